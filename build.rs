@@ -1,0 +1,10 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // A vendored protoc keeps the build free of system packages.
+    std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
+    tonic_prost_build::configure()
+        // Batch payloads are tens of MB: share the buffer instead of copying it.
+        .bytes(".shardfeed.v1.Batch.images")
+        .compile_protos(&["proto/shardfeed/v1/shardfeed.proto"], &["proto"])?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

@@ -1,0 +1,284 @@
+"""A small client for the shardfeed gRPC service that yields numpy arrays."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from ._proto import shardfeed_pb2 as pb
+from ._proto import shardfeed_pb2_grpc as pb_grpc
+
+ImageSize = Union[int, tuple[int, int]]
+
+# Batches are tens of MB: lift gRPC's 4 MB default and let HTTP/2 flow control
+# grow its windows for large messages.
+_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", 16 << 20),
+    ("grpc.http2.bdp_probe", 1),
+    ("grpc.http2.lookahead_bytes", 64 << 20),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+_PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
+_RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
+
+
+class ShardfeedError(Exception):
+    """Any error from the server: the gRPC status code name and its message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable, so DataLoader workers can pass it to the main process.
+        return (ShardfeedError, (self.code, self.message))
+
+
+def _error(exc: grpc.RpcError) -> ShardfeedError:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return ShardfeedError(code.name if code is not None else "UNKNOWN", details or "")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    shards: int
+    samples: int
+    batches_per_rank: int
+    dropped_per_epoch: int
+    padded_per_epoch: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class EpochPosition:
+    """Where an epoch stands, valid at any world size with the same global batch.
+
+    Each segment is ``(world_size, batches)``: batches every rank completed at
+    that world size. Pass it back as ``resume_from`` after a restart.
+    """
+
+    segments: tuple[tuple[int, int], ...] = ()
+
+    def to_dict(self) -> dict[str, list[list[int]]]:
+        return {"segments": [list(s) for s in self.segments]}
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Sequence[Sequence[int]]]) -> EpochPosition:
+        return cls(tuple((int(w), int(b)) for w, b in value["segments"]))
+
+
+@dataclass(frozen=True)
+class Batch:
+    epoch: int
+    index: int
+    images: npt.NDArray[np.uint8]
+    labels: npt.NDArray[np.int64]
+    keys: list[str]
+    shards: list[str]
+    substituted: list[int]
+    substitution_reasons: list[str]
+    position: EpochPosition
+    global_samples: int
+
+
+def _batch_from_message(message: Any) -> Batch:
+    shape = message.shape
+    # np.frombuffer shares the message's bytes: no copy of the payload.
+    images = np.frombuffer(message.images, dtype=np.uint8).reshape(
+        shape.n, shape.height, shape.width, shape.channels
+    )
+    return Batch(
+        epoch=message.epoch,
+        index=message.index,
+        images=images,
+        labels=np.asarray(message.labels, dtype=np.int64),
+        keys=list(message.keys),
+        shards=list(message.shards),
+        substituted=list(message.substituted),
+        substitution_reasons=list(message.substitution_reasons),
+        position=EpochPosition(
+            tuple((s.world_size, s.batches) for s in message.position.segments)
+        ),
+        global_samples=message.global_samples,
+    )
+
+
+def distributed_rank_and_world() -> tuple[int, int]:
+    """torch.distributed if initialized, else RANK / WORLD_SIZE, else (0, 1)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except ImportError:
+        pass
+    rank = os.environ.get("RANK")
+    world = os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None:
+        return int(rank), int(world)
+    return 0, 1
+
+
+def _image_size(size: ImageSize) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    height, width = size
+    return int(height), int(width)
+
+
+class Client:
+    """Connects to one shardfeed server.
+
+    The channel is created lazily, once per process: a Client made before a
+    DataLoader forks its workers is safe to use in each of them.
+    """
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float | None = None) -> None:
+        self._target = target
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+
+    @property
+    def target(self) -> str:
+        return self._target
+
+    def _get_stub(self) -> Any:
+        with self._lock:
+            if self._pid != os.getpid() or self._stub is None:
+                options = list(_CHANNEL_OPTIONS)
+                if self._target.startswith("unix:"):
+                    # tonic rejects the default authority grpcio sends over UDS.
+                    options.append(("grpc.default_authority", "localhost"))
+                self._channel = grpc.insecure_channel(self._target, options=options)
+                self._stub = pb_grpc.ShardfeedStub(self._channel)
+                self._pid = os.getpid()
+            return self._stub
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None and self._pid == os.getpid():
+                self._channel.close()
+            self._channel = None
+            self._stub = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"target": self._target, "timeout": self._timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["target"], timeout=state["timeout"])  # type: ignore[misc]
+
+    def describe(
+        self,
+        dataset: str,
+        *,
+        world_size: int | None = None,
+        batch_size: int = 128,
+        partition: str = "drop_last",
+    ) -> DatasetInfo:
+        if world_size is None:
+            world_size = distributed_rank_and_world()[1]
+        request = pb.DescribeRequest(
+            dataset=dataset,
+            world_size=world_size,
+            batch_size=batch_size,
+            partition=_partition(partition),
+        )
+        try:
+            response = self._get_stub().Describe(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return DatasetInfo(
+            shards=response.shards,
+            samples=response.samples,
+            batches_per_rank=response.batches_per_rank,
+            dropped_per_epoch=response.dropped_per_epoch,
+            padded_per_epoch=response.padded_per_epoch,
+            total_bytes=response.total_bytes,
+        )
+
+    def batches(
+        self,
+        dataset: str,
+        *,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        batch_size: int = 128,
+        image_size: ImageSize = 224,
+        start_batch: int = 0,
+        shuffle: bool = True,
+        partition: str = "drop_last",
+        resize: str = "center_crop",
+        resume_from: EpochPosition | None = None,
+        shuffle_buffer: int = 0,
+        interleave: int = 0,
+    ) -> Iterator[Batch]:
+        """Streams this rank's batches of one epoch, in order."""
+        if rank is None or world_size is None:
+            default_rank, default_world = distributed_rank_and_world()
+            rank = default_rank if rank is None else rank
+            world_size = default_world if world_size is None else world_size
+        height, width = _image_size(image_size)
+        if resize not in _RESIZE:
+            raise ValueError(f"resize must be one of {sorted(_RESIZE)}, not {resize!r}")
+        request = pb.StreamBatchesRequest(
+            dataset=dataset,
+            seed=seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            height=height,
+            width=width,
+            start_batch=start_batch,
+            shuffle=shuffle,
+            partition=_partition(partition),
+            resize=_RESIZE[resize],
+            shuffle_buffer=shuffle_buffer,
+            interleave=interleave,
+        )
+        if resume_from is not None:
+            request.resume_from.segments.extend(
+                pb.PositionSegment(world_size=w, batches=b) for w, b in resume_from.segments
+            )
+        return self._stream(request)
+
+    def _stream(self, request: Any) -> Iterator[Batch]:
+        call = self._get_stub().StreamBatches(request, timeout=self._timeout)
+        try:
+            for message in call:
+                yield _batch_from_message(message)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        finally:
+            # Leaving the loop early cancels the stream, freeing the server's work.
+            call.cancel()
+
+
+def _partition(name: str) -> int:
+    try:
+        return int(_PARTITIONS[name])
+    except KeyError:
+        raise ValueError(f"partition must be one of {sorted(_PARTITIONS)}, not {name!r}") from None

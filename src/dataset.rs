@@ -1,0 +1,474 @@
+//! Datasets: URIs, the shard index, and the registry of opened datasets.
+//!
+//! The index lives beside the shards under `_shardfeed/`: a summary
+//! (`index.json`: shards, sizes, ETags, sample counts; O(shards)) and one small
+//! file per shard with each sample's key and byte range, read only when a
+//! stream is about to read that shard. `shardfeed index URI` writes it; a
+//! server that finds none builds it by scanning once and keeps it in memory.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::OnceCell;
+
+use crate::shard::{SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::store::local::LocalStore;
+use crate::store::retry::{read_parts, ReadConfig};
+use crate::store::s3::{S3Config, S3Store};
+use crate::store::{get_all, ObjectStore, StoreError};
+
+pub const INDEX_DIR: &str = "_shardfeed/";
+pub const INDEX_VERSION: u32 = 1;
+const SHARD_EXTENSION: &str = ".tar";
+/// Shards scanned at once when building an index.
+const INDEX_CONCURRENCY: usize = 8;
+/// Per-shard indexes kept in memory when loaded lazily.
+const SHARD_INDEX_CACHE: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetUri {
+    S3 { bucket: String, prefix: String },
+    Local { root: PathBuf },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("invalid dataset URI {uri:?}: {reason}")]
+    InvalidUri { uri: String, reason: &'static str },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no *.tar shards under {location}")]
+    NoShards { location: String },
+    #[error("corrupt index {location}: {message}")]
+    CorruptIndex { location: String, message: String },
+    #[error("shard {location}: {source}")]
+    Shard {
+        location: String,
+        #[source]
+        source: ShardError,
+    },
+}
+
+impl DatasetUri {
+    pub fn parse(uri: &str) -> Result<Self, DatasetError> {
+        let invalid = |reason| DatasetError::InvalidUri {
+            uri: uri.to_string(),
+            reason,
+        };
+        if let Some(rest) = uri.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(invalid(
+                    "missing bucket name (expected s3://bucket/prefix/)",
+                ));
+            }
+            let mut prefix = prefix.to_string();
+            if !prefix.is_empty() && !prefix.ends_with('/') {
+                prefix.push('/');
+            }
+            Ok(Self::S3 {
+                bucket: bucket.to_string(),
+                prefix,
+            })
+        } else if let Some(path) = uri.strip_prefix("file://") {
+            if !path.starts_with('/') {
+                return Err(invalid(
+                    "file URIs need an absolute path (file:///abs/dir/)",
+                ));
+            }
+            Ok(Self::Local {
+                root: PathBuf::from(path),
+            })
+        } else if uri.is_empty() {
+            Err(invalid("dataset is empty"))
+        } else {
+            Err(invalid("expected s3://bucket/prefix/ or file:///abs/dir/"))
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// Object key relative to the dataset prefix.
+    pub name: String,
+    pub size: u64,
+    pub etag: Option<String>,
+    pub samples: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetIndex {
+    pub version: u32,
+    pub shards: Vec<ShardEntry>,
+}
+
+impl DatasetIndex {
+    pub fn samples(&self) -> u64 {
+        self.shards.iter().map(|s| s.samples).sum()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.size).sum()
+    }
+}
+
+/// Each sample's key and byte range `[starts[i], ends[i])` in one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardIndex {
+    pub version: u32,
+    pub etag: Option<String>,
+    pub keys: Vec<String>,
+    pub starts: Vec<u64>,
+    pub ends: Vec<u64>,
+}
+
+fn shard_index_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}{INDEX_DIR}shards/{name}.json")
+}
+
+fn summary_key(prefix: &str) -> String {
+    format!("{prefix}{INDEX_DIR}index.json")
+}
+
+/// An opened dataset: its store, its summary, and per-shard indexes on demand.
+#[derive(Debug)]
+pub struct Dataset {
+    pub uri: String,
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: String,
+    pub index: DatasetIndex,
+    shard_indexes: Mutex<ShardIndexCache>,
+    /// True when the index was built in memory (no per-shard files to load).
+    resident: bool,
+}
+
+#[derive(Debug, Default)]
+struct ShardIndexCache {
+    map: HashMap<u32, Arc<ShardIndex>>,
+    order: VecDeque<u32>,
+}
+
+impl Dataset {
+    /// Opens the dataset, building the index by a scan when none is stored.
+    pub async fn open(
+        uri: &str,
+        store: Arc<dyn ObjectStore>,
+        prefix: String,
+        read: &ReadConfig,
+    ) -> Result<Self, DatasetError> {
+        let summary_key = summary_key(&prefix);
+        match get_all(store.as_ref(), &summary_key).await {
+            Ok(bytes) => {
+                let index: DatasetIndex = parse_json(&bytes, &store.location(&summary_key))?;
+                Ok(Self {
+                    uri: uri.to_string(),
+                    store,
+                    prefix,
+                    index,
+                    shard_indexes: Mutex::default(),
+                    resident: false,
+                })
+            }
+            Err(StoreError::NotFound { .. }) => {
+                let started = Instant::now();
+                let (index, shard_indexes) = build_index(store.clone(), &prefix, read).await?;
+                crate::metrics::index_built();
+                tracing::warn!(
+                    dataset = uri,
+                    shards = index.shards.len(),
+                    seconds = started.elapsed().as_secs_f64(),
+                    "no index found; built one by scanning every shard and kept it in memory. \
+                     Run `shardfeed index {uri}` once to save this scan"
+                );
+                let cache = ShardIndexCache {
+                    map: shard_indexes
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, s)| (i as u32, Arc::new(s)))
+                        .collect(),
+                    order: VecDeque::new(),
+                };
+                Ok(Self {
+                    uri: uri.to_string(),
+                    store,
+                    prefix,
+                    index,
+                    shard_indexes: Mutex::new(cache),
+                    resident: true,
+                })
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    pub fn shard_samples(&self) -> Vec<u64> {
+        self.index.shards.iter().map(|s| s.samples).collect()
+    }
+
+    pub fn shard_key(&self, shard: u32) -> String {
+        format!("{}{}", self.prefix, self.index.shards[shard as usize].name)
+    }
+
+    pub async fn shard_index(&self, shard: u32) -> Result<Arc<ShardIndex>, DatasetError> {
+        if let Some(found) = self.lock_cache().map.get(&shard) {
+            return Ok(found.clone());
+        }
+        let entry = &self.index.shards[shard as usize];
+        let key = shard_index_key(&self.prefix, &entry.name);
+        let location = self.store.location(&key);
+        let bytes = get_all(self.store.as_ref(), &key).await?;
+        let loaded: ShardIndex = parse_json(&bytes, &location)?;
+        if loaded.keys.len() as u64 != entry.samples
+            || loaded.starts.len() != loaded.keys.len()
+            || loaded.ends.len() != loaded.keys.len()
+        {
+            return Err(DatasetError::CorruptIndex {
+                location,
+                message: format!("expected {} samples", entry.samples),
+            });
+        }
+        let loaded = Arc::new(loaded);
+        let mut cache = self.lock_cache();
+        if !self.resident {
+            cache.order.push_back(shard);
+            while cache.order.len() > SHARD_INDEX_CACHE {
+                if let Some(old) = cache.order.pop_front() {
+                    cache.map.remove(&old);
+                }
+            }
+        }
+        cache.map.insert(shard, loaded.clone());
+        Ok(loaded)
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, ShardIndexCache> {
+        self.shard_indexes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    location: &str,
+) -> Result<T, DatasetError> {
+    serde_json::from_slice(bytes).map_err(|e| DatasetError::CorruptIndex {
+        location: location.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Lists the shards under `prefix` and scans each once.
+pub async fn build_index(
+    store: Arc<dyn ObjectStore>,
+    prefix: &str,
+    read: &ReadConfig,
+) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
+    let objects = store.list(prefix).await?;
+    let shards: Vec<_> = objects
+        .into_iter()
+        .filter(|o| {
+            o.key.ends_with(SHARD_EXTENSION) && !o.key[prefix.len()..].starts_with(INDEX_DIR)
+        })
+        .collect();
+    if shards.is_empty() {
+        return Err(DatasetError::NoShards {
+            location: store.location(prefix),
+        });
+    }
+    let scans = futures::stream::iter(shards.into_iter().map(|object| {
+        let store = store.clone();
+        let read = read.clone();
+        async move {
+            let index =
+                scan_shard(store, &object.key, object.size, object.etag.clone(), read).await?;
+            Ok::<_, DatasetError>((object, index))
+        }
+    }))
+    .buffered(INDEX_CONCURRENCY)
+    .try_collect::<Vec<_>>()
+    .await?;
+    let mut entries = Vec::with_capacity(scans.len());
+    let mut indexes = Vec::with_capacity(scans.len());
+    for (object, index) in scans {
+        entries.push(ShardEntry {
+            name: object.key[prefix.len()..].to_string(),
+            size: object.size,
+            etag: object.etag,
+            samples: index.keys.len() as u64,
+        });
+        indexes.push(index);
+    }
+    Ok((
+        DatasetIndex {
+            version: INDEX_VERSION,
+            shards: entries,
+        },
+        indexes,
+    ))
+}
+
+async fn scan_shard(
+    store: Arc<dyn ObjectStore>,
+    key: &str,
+    size: u64,
+    etag: Option<String>,
+    read: ReadConfig,
+) -> Result<ShardIndex, DatasetError> {
+    let location = store.location(key);
+    let shard_error = |source| DatasetError::Shard {
+        location: location.clone(),
+        source,
+    };
+    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
+    let mut index = ShardIndex {
+        version: INDEX_VERSION,
+        etag: etag.clone(),
+        keys: Vec::new(),
+        starts: Vec::new(),
+        ends: Vec::new(),
+    };
+    let mut parts = std::pin::pin!(read_parts(
+        store.clone(),
+        key.to_string(),
+        0..size,
+        etag,
+        read
+    ));
+    while let Some(part) = parts.next().await {
+        let (_, bytes) = part?;
+        splitter.push(&bytes);
+        while let Some(sample) = splitter.next_sample().map_err(shard_error)? {
+            index.keys.push(sample.key);
+            index.starts.push(sample.start);
+            index.ends.push(sample.end);
+        }
+    }
+    while let Some(sample) = splitter.finish().map_err(shard_error)? {
+        index.keys.push(sample.key);
+        index.starts.push(sample.start);
+        index.ends.push(sample.end);
+    }
+    Ok(index)
+}
+
+/// Writes the index beside the shards.
+pub async fn write_index(
+    store: &dyn ObjectStore,
+    prefix: &str,
+    index: &DatasetIndex,
+    shard_indexes: &[ShardIndex],
+) -> Result<(), DatasetError> {
+    // Per-shard files first: a reader that finds the summary finds them too.
+    for (entry, shard) in index.shards.iter().zip(shard_indexes) {
+        store
+            .put(&shard_index_key(prefix, &entry.name), to_json(shard))
+            .await?;
+    }
+    store.put(&summary_key(prefix), to_json(index)).await?;
+    Ok(())
+}
+
+fn to_json<T: Serialize>(value: &T) -> Bytes {
+    // Plain structs of strings and integers: serialization cannot fail.
+    Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+/// Opens stores for URIs and keeps opened datasets, one per URI, so that every
+/// stream on the host shares one index.
+#[derive(Debug)]
+pub struct DatasetRegistry {
+    s3: S3Config,
+    read: ReadConfig,
+    s3_client: OnceCell<aws_sdk_s3::Client>,
+    datasets: Mutex<HashMap<String, Arc<OnceCell<Arc<Dataset>>>>>,
+}
+
+impl DatasetRegistry {
+    pub fn new(s3: S3Config, read: ReadConfig) -> Self {
+        Self {
+            s3,
+            read,
+            s3_client: OnceCell::new(),
+            datasets: Mutex::default(),
+        }
+    }
+
+    pub fn read_config(&self) -> &ReadConfig {
+        &self.read
+    }
+
+    /// The store and key prefix for a dataset URI.
+    pub async fn store_for(&self, uri: &DatasetUri) -> (Arc<dyn ObjectStore>, String) {
+        match uri {
+            DatasetUri::S3 { bucket, prefix } => {
+                let client = self
+                    .s3_client
+                    .get_or_init(|| crate::store::s3::client(&self.s3))
+                    .await
+                    .clone();
+                (
+                    Arc::new(S3Store::new(client, bucket.clone())),
+                    prefix.clone(),
+                )
+            }
+            DatasetUri::Local { root } => (Arc::new(LocalStore::new(root.clone())), String::new()),
+        }
+    }
+
+    /// The dataset at `uri`, opened once; concurrent first requests share one
+    /// open (and one index build). Failures are not cached.
+    pub async fn open(&self, uri: &str) -> Result<Arc<Dataset>, DatasetError> {
+        let parsed = DatasetUri::parse(uri)?;
+        let cell = {
+            let mut datasets = self
+                .datasets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            datasets.entry(uri.to_string()).or_default().clone()
+        };
+        cell.get_or_try_init(|| async {
+            let (store, prefix) = self.store_for(&parsed).await;
+            Dataset::open(uri, store, prefix, &self.read)
+                .await
+                .map(Arc::new)
+        })
+        .await
+        .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_uris() {
+        assert_eq!(
+            DatasetUri::parse("s3://b/train").unwrap(),
+            DatasetUri::S3 {
+                bucket: "b".into(),
+                prefix: "train/".into()
+            }
+        );
+        assert_eq!(
+            DatasetUri::parse("s3://b").unwrap(),
+            DatasetUri::S3 {
+                bucket: "b".into(),
+                prefix: String::new()
+            }
+        );
+        assert!(DatasetUri::parse("s3:///x").is_err());
+        assert!(DatasetUri::parse("file://relative").is_err());
+        assert!(DatasetUri::parse("http://x").is_err());
+        assert!(matches!(
+            DatasetUri::parse("file:///data/").unwrap(),
+            DatasetUri::Local { .. }
+        ));
+    }
+}

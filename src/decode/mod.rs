@@ -1,0 +1,241 @@
+//! Image decode and resize: compressed bytes in, `H x W x 3` uint8 out.
+//!
+//! Pure CPU work: nothing here awaits or does I/O. The pipeline calls
+//! [`Decoder::decode_into`] from its decode pool with the sample's slot of the
+//! batch buffer as the destination, so the resized pixels are written once,
+//! where they will be sent from. Decoders sit behind one small trait so a
+//! faster JPEG path can replace the default without touching the pipeline.
+
+use std::cell::RefCell;
+
+use fast_image_resize as fir;
+
+use crate::shard::ImageFormat;
+
+pub const CHANNELS: usize = 3;
+pub const DEFAULT_SIZE: u32 = 224;
+/// Largest accepted output side; bounds batch buffers.
+pub const MAX_SIZE: u32 = 4096;
+/// Images with more pixels than this are rejected rather than decoded
+/// (decompression bombs).
+pub const MAX_SOURCE_PIXELS: u64 = 100_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResizeMode {
+    /// Scale the shorter side to the target, then take the center.
+    #[default]
+    CenterCrop,
+    /// Scale each side to the target, ignoring the aspect ratio.
+    Stretch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputSpec {
+    pub height: u32,
+    pub width: u32,
+    pub mode: ResizeMode,
+}
+
+impl OutputSpec {
+    pub fn bytes(&self) -> usize {
+        self.height as usize * self.width as usize * CHANNELS
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("corrupt or unsupported image: {0}")]
+    Corrupt(String),
+    #[error("image of {width}x{height} exceeds the {MAX_SOURCE_PIXELS}-pixel limit")]
+    TooLarge { width: u32, height: u32 },
+    #[error("resize failed: {0}")]
+    Resize(String),
+}
+
+impl DecodeError {
+    /// A short, bounded reason for metrics labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DecodeError::Corrupt(_) => "corrupt",
+            DecodeError::TooLarge { .. } => "too_large",
+            DecodeError::Resize(_) => "resize",
+        }
+    }
+}
+
+pub trait Decoder: Send + Sync + std::fmt::Debug {
+    /// Decodes `data` and writes the resized RGB pixels to `out`
+    /// (`spec.bytes()` long).
+    fn decode_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError>;
+}
+
+/// The `image` crate's decoders (zune-jpeg, png, image-webp) with
+/// fast_image_resize's SIMD convolution.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ImageCrateDecoder;
+
+impl Decoder for ImageCrateDecoder {
+    fn decode_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        let format = match format {
+            ImageFormat::Jpeg => image::ImageFormat::Jpeg,
+            ImageFormat::Png => image::ImageFormat::Png,
+            ImageFormat::Webp => image::ImageFormat::WebP,
+        };
+        let mut reader = image::ImageReader::with_format(std::io::Cursor::new(data), format);
+        let mut limits = image::Limits::default();
+        limits.max_alloc = Some(MAX_SOURCE_PIXELS * 4);
+        reader.limits(limits);
+        let decoded = reader
+            .decode()
+            .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
+        let (width, height) = (decoded.width(), decoded.height());
+        if u64::from(width) * u64::from(height) > MAX_SOURCE_PIXELS {
+            return Err(DecodeError::TooLarge { width, height });
+        }
+        // Grayscale, CMYK-converted, 16-bit and alpha images all become RGB8.
+        let rgb = match decoded {
+            image::DynamicImage::ImageRgb8(rgb) => rgb,
+            other => other.to_rgb8(),
+        };
+        resize_rgb(rgb.as_raw(), width, height, spec, out)
+    }
+}
+
+/// The source rectangle (left, top, width, height) that `mode` maps onto the output.
+pub fn source_crop(width: u32, height: u32, spec: &OutputSpec) -> (f64, f64, f64, f64) {
+    let (w, h) = (f64::from(width), f64::from(height));
+    match spec.mode {
+        ResizeMode::Stretch => (0.0, 0.0, w, h),
+        ResizeMode::CenterCrop => {
+            let scale = (f64::from(spec.width) / w).max(f64::from(spec.height) / h);
+            let crop_w = (f64::from(spec.width) / scale).min(w);
+            let crop_h = (f64::from(spec.height) / scale).min(h);
+            ((w - crop_w) / 2.0, (h - crop_h) / 2.0, crop_w, crop_h)
+        }
+    }
+}
+
+thread_local! {
+    // Resizers keep scratch buffers: one per decode thread, reused per image.
+    static RESIZER: RefCell<fir::Resizer> = RefCell::new(fir::Resizer::new());
+}
+
+/// Resizes packed RGB8 `src` into `out` per `spec` (bilinear convolution,
+/// which widens its support when downscaling, so it antialiases).
+pub fn resize_rgb(
+    src: &[u8],
+    width: u32,
+    height: u32,
+    spec: &OutputSpec,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
+    let resize_error = |e: &dyn std::fmt::Display| DecodeError::Resize(e.to_string());
+    let source = fir::images::ImageRef::new(width, height, src, fir::PixelType::U8x3)
+        .map_err(|e| resize_error(&e))?;
+    let mut target = fir::images::Image::from_slice_u8(
+        spec.width,
+        spec.height,
+        &mut out[..spec.bytes()],
+        fir::PixelType::U8x3,
+    )
+    .map_err(|e| resize_error(&e))?;
+    let (left, top, crop_w, crop_h) = source_crop(width, height, spec);
+    let options = fir::ResizeOptions::new()
+        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
+        .crop(left, top, crop_w, crop_h);
+    RESIZER.with(|resizer| {
+        resizer
+            .borrow_mut()
+            .resize(&source, &mut target, &options)
+            .map_err(|e| resize_error(&e))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode_jpeg(width: u32, height: u32, pixel: impl Fn(u32, u32) -> [u8; 3]) -> Vec<u8> {
+        let image = image::RgbImage::from_fn(width, height, |x, y| image::Rgb(pixel(x, y)));
+        let mut out = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 95)
+            .encode_image(&image)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn center_crop_takes_the_middle_of_the_long_side() {
+        let spec = OutputSpec {
+            height: 100,
+            width: 100,
+            mode: ResizeMode::CenterCrop,
+        };
+        assert_eq!(source_crop(400, 200, &spec), (100.0, 0.0, 200.0, 200.0));
+        assert_eq!(source_crop(200, 400, &spec), (0.0, 100.0, 200.0, 200.0));
+        let stretch = OutputSpec {
+            mode: ResizeMode::Stretch,
+            ..spec
+        };
+        assert_eq!(source_crop(400, 200, &stretch), (0.0, 0.0, 400.0, 200.0));
+    }
+
+    #[test]
+    fn center_crop_keeps_the_middle_stripe() {
+        // Left third red, middle third green, right third blue: the crop of a
+        // 3:1 image to a square keeps only green.
+        let jpeg = encode_jpeg(300, 100, |x, _| match x / 100 {
+            0 => [255, 0, 0],
+            1 => [0, 255, 0],
+            _ => [0, 0, 255],
+        });
+        let spec = OutputSpec {
+            height: 32,
+            width: 32,
+            mode: ResizeMode::CenterCrop,
+        };
+        let mut out = vec![0u8; spec.bytes()];
+        ImageCrateDecoder
+            .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &mut out)
+            .unwrap();
+        let center = &out[(16 * 32 + 16) * 3..][..3];
+        assert!(
+            center[1] > 200 && center[0] < 40 && center[2] < 40,
+            "{center:?}"
+        );
+        let edge = &out[(16 * 32 + 2) * 3..][..3];
+        assert!(edge[1] > 150, "edge pixel {edge:?} should still be green");
+    }
+
+    #[test]
+    fn corrupt_bytes_are_an_error_not_a_panic() {
+        let spec = OutputSpec {
+            height: 8,
+            width: 8,
+            mode: ResizeMode::CenterCrop,
+        };
+        let mut out = vec![0u8; spec.bytes()];
+        let mut jpeg = encode_jpeg(64, 64, |x, y| [x as u8, y as u8, 0]);
+        jpeg.truncate(20);
+        for format in [ImageFormat::Jpeg, ImageFormat::Png, ImageFormat::Webp] {
+            assert!(ImageCrateDecoder
+                .decode_into(format, &jpeg, &spec, &mut out)
+                .is_err());
+            assert!(ImageCrateDecoder
+                .decode_into(format, b"", &spec, &mut out)
+                .is_err());
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The `shardfeed` binary: parses configuration, starts logging and metrics,
+//! and calls into the library.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use shardfeed::dataset::{build_index, write_index, DatasetRegistry, DatasetUri};
+use shardfeed::pipeline::{self, PipelineConfig};
+use shardfeed::plan::{self, ShuffleConfig};
+use shardfeed::server::{self, ListenAddr, Listener, ServiceConfig, ShardfeedService};
+use shardfeed::store::retry::{self, ReadConfig, RetryPolicy};
+use shardfeed::store::s3::S3Config;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shardfeed",
+    version,
+    about = "Streams decoded, batched images from tar shards in S3 to GPU trainers over gRPC"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format.
+    #[arg(long, global = true, env = "SHARDFEED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve batches over gRPC.
+    Serve(ServeArgs),
+    /// Scan a dataset's shards and write its index beside them.
+    Index(IndexArgs),
+    /// Run the whole path on a synthetic dataset in an in-process S3 server.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct S3Args {
+    /// S3 endpoint URL (default: the AWS chain, e.g. AWS_ENDPOINT_URL).
+    #[arg(long, env = "SHARDFEED_S3_ENDPOINT")]
+    s3_endpoint: Option<String>,
+    /// Address buckets as https://endpoint/bucket (most S3-compatible servers).
+    #[arg(long, env = "SHARDFEED_S3_FORCE_PATH_STYLE")]
+    s3_force_path_style: bool,
+    /// Region (default: the AWS chain, then us-east-1).
+    #[arg(long, env = "SHARDFEED_S3_REGION")]
+    s3_region: Option<String>,
+}
+
+impl S3Args {
+    fn config(&self) -> S3Config {
+        S3Config {
+            endpoint: self.s3_endpoint.clone(),
+            force_path_style: self.s3_force_path_style,
+            region: self.s3_region.clone(),
+            static_credentials: None,
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+struct ReadArgs {
+    /// Bytes per ranged GET.
+    #[arg(long, env = "SHARDFEED_PART_SIZE", default_value_t = retry::DEFAULT_PART_SIZE)]
+    part_size: u64,
+    /// Ranged GETs in flight per shard reader.
+    #[arg(long, env = "SHARDFEED_PARTS_IN_FLIGHT", default_value_t = retry::DEFAULT_PARTS_IN_FLIGHT)]
+    parts_in_flight: usize,
+    /// Attempts per S3 request before the stream fails with UNAVAILABLE.
+    #[arg(long, env = "SHARDFEED_S3_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts)]
+    s3_max_attempts: u32,
+}
+
+impl ReadArgs {
+    fn config(&self) -> ReadConfig {
+        ReadConfig {
+            part_size: self.part_size,
+            parts_in_flight: self.parts_in_flight,
+            retry: RetryPolicy {
+                max_attempts: self.s3_max_attempts,
+                ..RetryPolicy::default()
+            },
+        }
+    }
+
+    fn problems(&self, problems: &mut Vec<String>) {
+        if self.part_size < 64 << 10 {
+            problems.push(format!("--part-size {} is below 64 KiB", self.part_size));
+        }
+        if self.parts_in_flight == 0 {
+            problems.push("--parts-in-flight must be at least 1".into());
+        }
+        if self.s3_max_attempts == 0 {
+            problems.push("--s3-max-attempts must be at least 1".into());
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// gRPC address: host:port or unix:/path/to.sock.
+    #[arg(long, env = "SHARDFEED_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: String,
+    /// Prometheus metrics address (serves /metrics).
+    #[arg(
+        long,
+        env = "SHARDFEED_METRICS_LISTEN",
+        default_value = "127.0.0.1:9464"
+    )]
+    metrics_listen: String,
+    #[command(flatten)]
+    s3: S3Args,
+    #[command(flatten)]
+    read: ReadArgs,
+    /// Decode threads (default: one per core).
+    #[arg(long, env = "SHARDFEED_DECODE_THREADS")]
+    decode_threads: Option<usize>,
+    /// Streams open at once; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SHARDFEED_MAX_STREAMS", default_value_t = server::DEFAULT_MAX_STREAMS)]
+    max_streams: usize,
+    /// Shard readers started ahead of the ones in use, per stream.
+    #[arg(long, env = "SHARDFEED_PREFETCH_SHARDS", default_value_t = pipeline::DEFAULT_PREFETCH_SEGMENTS)]
+    prefetch_shards: usize,
+    /// Decoded batches queued per stream for the client.
+    #[arg(long, env = "SHARDFEED_READY_BATCHES", default_value_t = pipeline::DEFAULT_READY_BATCHES)]
+    ready_batches: usize,
+    /// Default shuffle buffer in samples (requests may override).
+    #[arg(long, env = "SHARDFEED_SHUFFLE_BUFFER", default_value_t = plan::DEFAULT_SHUFFLE_BUFFER)]
+    shuffle_buffer: u32,
+    /// Default shards read at once per rank (requests may override).
+    #[arg(long, env = "SHARDFEED_INTERLEAVE", default_value_t = plan::DEFAULT_INTERLEAVE)]
+    interleave: u32,
+    /// Seconds open streams may run on after SIGTERM.
+    #[arg(long, env = "SHARDFEED_SHUTDOWN_GRACE", default_value_t = server::DEFAULT_SHUTDOWN_GRACE.as_secs())]
+    shutdown_grace: u64,
+}
+
+#[derive(Args, Debug)]
+struct IndexArgs {
+    /// s3://bucket/prefix/ or file:///abs/dir/
+    uri: String,
+    #[command(flatten)]
+    s3: S3Args,
+    #[command(flatten)]
+    read: ReadArgs,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    #[arg(long, default_value_t = 8)]
+    shards: usize,
+    #[arg(long, default_value_t = 192)]
+    samples_per_shard: usize,
+    #[arg(long, default_value_t = 2)]
+    epochs: u64,
+    #[arg(long, default_value_t = 128)]
+    batch_size: u32,
+    #[arg(long, default_value_t = 224)]
+    image_size: u32,
+    #[arg(long)]
+    decode_threads: Option<usize>,
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDFEED_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("shardfeed-io")
+        .build()
+        .context("starting the async runtime")?;
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(cli.log_format, "info");
+            runtime.block_on(serve(args))
+        }
+        Command::Index(args) => {
+            init_logging(cli.log_format, "info");
+            runtime.block_on(index(args))
+        }
+        Command::Demo(args) => {
+            init_logging(cli.log_format, "warn");
+            let defaults = shardfeed::demo::DemoOptions::default();
+            let options = shardfeed::demo::DemoOptions {
+                data: shardfeed::demo::SyntheticSpec {
+                    shards: args.shards,
+                    samples_per_shard: args.samples_per_shard,
+                    ..defaults.data
+                },
+                epochs: args.epochs,
+                batch_size: args.batch_size,
+                image_size: args.image_size,
+                decode_threads: args.decode_threads.unwrap_or(defaults.decode_threads),
+            };
+            runtime
+                .block_on(shardfeed::demo::run(options))
+                .map_err(|e| anyhow::anyhow!(e))
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Report every configuration problem at once.
+    let mut problems = Vec::new();
+    let listen: Option<ListenAddr> = args
+        .listen
+        .parse()
+        .map_err(|e| problems.push(format!("--listen: {e}")))
+        .ok();
+    let metrics_listen: Option<SocketAddr> = args
+        .metrics_listen
+        .parse()
+        .map_err(|e| problems.push(format!("--metrics-listen {:?}: {e}", args.metrics_listen)))
+        .ok();
+    args.read.problems(&mut problems);
+    if args.decode_threads == Some(0) {
+        problems.push("--decode-threads must be at least 1".into());
+    }
+    if args.max_streams == 0 {
+        problems.push("--max-streams must be at least 1".into());
+    }
+    if args.ready_batches == 0 {
+        problems.push("--ready-batches must be at least 1".into());
+    }
+    if args.shuffle_buffer > plan::MAX_SHUFFLE_BUFFER {
+        problems.push(format!(
+            "--shuffle-buffer exceeds {}",
+            plan::MAX_SHUFFLE_BUFFER
+        ));
+    }
+    if args.interleave == 0 || args.interleave > plan::MAX_INTERLEAVE {
+        problems.push(format!(
+            "--interleave must be in 1..={}",
+            plan::MAX_INTERLEAVE
+        ));
+    }
+    let (Some(listen), Some(metrics_listen), true) = (listen, metrics_listen, problems.is_empty())
+    else {
+        bail!("invalid configuration:\n  {}", problems.join("\n  "));
+    };
+
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(metrics_listen)
+        .install()
+        .with_context(|| format!("starting the metrics listener on {metrics_listen}"))?;
+    shardfeed::metrics::describe();
+
+    let registry = Arc::new(DatasetRegistry::new(args.s3.config(), args.read.config()));
+    let pipeline = PipelineConfig {
+        read: args.read.config(),
+        prefetch_segments: args.prefetch_shards,
+        ready_batches: args.ready_batches,
+        ..PipelineConfig::default()
+    };
+    let config = ServiceConfig {
+        max_streams: args.max_streams,
+        decode_threads: args
+            .decode_threads
+            .unwrap_or_else(server::default_decode_threads),
+        default_shuffle: ShuffleConfig {
+            enabled: true,
+            interleave: args.interleave,
+            buffer: args.shuffle_buffer,
+        },
+    };
+    let service = ShardfeedService::new(registry, pipeline, config.clone())
+        .context("starting the decode pool")?;
+    let listener = Listener::bind(&listen).await?;
+    tracing::info!(
+        listen = %listener.local_addr(),
+        metrics = %metrics_listen,
+        decode_threads = config.decode_threads,
+        max_streams = config.max_streams,
+        "shardfeed serving"
+    );
+    let grace = Duration::from_secs(args.shutdown_grace);
+    server::serve(listener, service, shutdown_signal(), grace).await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, never start shutdown from here.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(1);
+    });
+}
+
+async fn index(args: IndexArgs) -> anyhow::Result<()> {
+    let mut problems = Vec::new();
+    args.read.problems(&mut problems);
+    if !problems.is_empty() {
+        bail!("invalid configuration:\n  {}", problems.join("\n  "));
+    }
+    let uri = DatasetUri::parse(&args.uri)?;
+    let registry = DatasetRegistry::new(args.s3.config(), args.read.config());
+    let (store, prefix) = registry.store_for(&uri).await;
+    let started = std::time::Instant::now();
+    let (index, shard_indexes) =
+        build_index(store.clone(), &prefix, registry.read_config()).await?;
+    write_index(store.as_ref(), &prefix, &index, &shard_indexes).await?;
+    println!(
+        "indexed {}: {} shards, {} samples, {:.1} MB in {:.1}s; wrote {}",
+        args.uri,
+        index.shards.len(),
+        index.samples(),
+        index.bytes() as f64 / 1e6,
+        started.elapsed().as_secs_f64(),
+        store.location(&format!("{prefix}{}", shardfeed::dataset::INDEX_DIR)),
+    );
+    Ok(())
+}

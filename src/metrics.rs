@@ -1,0 +1,165 @@
+//! Metric names, units and help texts, in one place.
+//!
+//! Names follow `shardfeed_<thing>_<unit>`: counters end in `_total`,
+//! durations are `_seconds` histograms, sizes `_bytes`. Label sets are
+//! bounded (operation, outcome, gRPC code): never a key, shard or dataset.
+//! `docs/METRICS.md` is the table for operators.
+
+use std::time::Duration;
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
+
+pub const REQUESTS: &str = "shardfeed_requests_total";
+pub const STREAMS_ACTIVE: &str = "shardfeed_streams_active";
+pub const BATCHES: &str = "shardfeed_batches_total";
+pub const SAMPLES: &str = "shardfeed_samples_total";
+pub const SUBSTITUTED: &str = "shardfeed_substituted_samples_total";
+pub const INVALID_LABELS: &str = "shardfeed_invalid_labels_total";
+pub const DECODE_SECONDS: &str = "shardfeed_decode_seconds";
+pub const S3_REQUESTS: &str = "shardfeed_s3_requests_total";
+pub const S3_REQUEST_SECONDS: &str = "shardfeed_s3_request_seconds";
+pub const S3_BYTES: &str = "shardfeed_s3_received_bytes_total";
+pub const STORE_RETRIES: &str = "shardfeed_store_retries_total";
+pub const INDEX_BUILDS: &str = "shardfeed_index_builds_total";
+pub const CONSUMER_WAIT_SECONDS: &str = "shardfeed_consumer_wait_seconds";
+pub const READY_WAIT_SECONDS: &str = "shardfeed_ready_batch_wait_seconds";
+
+/// Registers help texts; call once after installing the recorder.
+pub fn describe() {
+    describe_counter!(REQUESTS, "RPCs handled, by rpc and gRPC code.");
+    describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");
+    describe_counter!(BATCHES, "Batches sent to clients.");
+    describe_counter!(SAMPLES, "Samples sent to clients.");
+    describe_counter!(
+        SUBSTITUTED,
+        "Samples whose image could not be decoded and were replaced, by reason."
+    );
+    describe_counter!(
+        INVALID_LABELS,
+        "Samples whose .cls member was not an integer (sent as -1)."
+    );
+    describe_histogram!(
+        DECODE_SECONDS,
+        Unit::Seconds,
+        "Decode and resize time per image."
+    );
+    describe_counter!(S3_REQUESTS, "S3 requests, by operation and outcome.");
+    describe_histogram!(
+        S3_REQUEST_SECONDS,
+        Unit::Seconds,
+        "S3 request latency to the response headers, by operation."
+    );
+    describe_counter!(S3_BYTES, Unit::Bytes, "Body bytes received from S3.");
+    describe_counter!(
+        STORE_RETRIES,
+        "Store requests retried or resumed after a transient failure."
+    );
+    describe_counter!(
+        INDEX_BUILDS,
+        "Dataset indexes built by scanning shards (no index found)."
+    );
+    describe_histogram!(
+        CONSUMER_WAIT_SECONDS,
+        Unit::Seconds,
+        "Per batch, time the client waited for a batch that was not ready (data-bound)."
+    );
+    describe_histogram!(
+        READY_WAIT_SECONDS,
+        Unit::Seconds,
+        "Per batch, time a ready batch waited for the client to take it (compute-bound)."
+    );
+}
+
+pub fn request(rpc: &'static str, code: tonic::Code) {
+    counter!(REQUESTS, "rpc" => rpc, "code" => format!("{code:?}")).increment(1);
+}
+
+pub fn s3_request(op: &'static str, outcome: &'static str, latency: Duration) {
+    counter!(S3_REQUESTS, "op" => op, "outcome" => outcome).increment(1);
+    histogram!(S3_REQUEST_SECONDS, "op" => op).record(latency.as_secs_f64());
+}
+
+pub fn s3_bytes(bytes: u64) {
+    counter!(S3_BYTES).increment(bytes);
+}
+
+pub fn store_retry() {
+    counter!(STORE_RETRIES).increment(1);
+}
+
+pub fn index_built() {
+    counter!(INDEX_BUILDS).increment(1);
+}
+
+pub fn invalid_label() {
+    counter!(INVALID_LABELS).increment(1);
+}
+
+pub fn substituted(reason: &'static str) {
+    counter!(SUBSTITUTED, "reason" => reason).increment(1);
+}
+
+/// Per-stream handles, resolved once per stream rather than per sample.
+#[derive(Clone)]
+pub struct StreamMetrics {
+    batches: metrics::Counter,
+    samples: metrics::Counter,
+    decode_seconds: metrics::Histogram,
+    consumer_wait: metrics::Histogram,
+    ready_wait: metrics::Histogram,
+}
+
+impl Default for StreamMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamMetrics {
+    pub fn new() -> Self {
+        Self {
+            batches: counter!(BATCHES),
+            samples: counter!(SAMPLES),
+            decode_seconds: histogram!(DECODE_SECONDS),
+            consumer_wait: histogram!(CONSUMER_WAIT_SECONDS),
+            ready_wait: histogram!(READY_WAIT_SECONDS),
+        }
+    }
+
+    pub fn batch_sent(&self, samples: u64) {
+        self.batches.increment(1);
+        self.samples.increment(samples);
+    }
+
+    pub fn decode_time(&self, seconds: f64) {
+        self.decode_seconds.record(seconds);
+    }
+
+    /// The client asked for a batch that was not ready yet (data-bound).
+    pub fn consumer_waited(&self, waited: Duration) {
+        self.consumer_wait.record(waited.as_secs_f64());
+    }
+
+    /// A ready batch waited for the client to ask (compute-bound).
+    pub fn ready_waited(&self, waited: Duration) {
+        self.ready_wait.record(waited.as_secs_f64());
+    }
+}
+
+/// Guard that counts one open stream for as long as it lives.
+pub struct ActiveStream;
+
+impl ActiveStream {
+    pub fn open() -> Self {
+        gauge!(STREAMS_ACTIVE).increment(1.0);
+        ActiveStream
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        gauge!(STREAMS_ACTIVE).decrement(1.0);
+    }
+}

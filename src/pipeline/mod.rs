@@ -1,0 +1,501 @@
+//! The stream pipeline: wires fetch, parse, shuffle, decode and batch with
+//! bounded channels, following a [`StreamPlan`] step by step.
+//!
+//! # Shape of one stream
+//!
+//! ```text
+//! segment readers ──► producer task ──► decode pool ──► ready queue ──► gRPC
+//! (tokio tasks:       (follows the      (rayon, shared  (bounded mpsc)
+//!  ranged GETs,        plan's Pull/Emit   by all streams)
+//!  tar parse)          steps; holds the
+//!                      shuffle buffer)
+//! ```
+//!
+//! # Where memory is bounded
+//!
+//! Every queue has a configured bound; nothing grows with the dataset:
+//!
+//! * **Segment readers.** At most `interleave + prefetch_segments` readers are
+//!   alive per stream. Each holds up to `parts_in_flight * part_size` bytes of
+//!   ranged GETs in flight, one part being parsed, and `reader_queue` parsed
+//!   samples waiting in its channel.
+//! * **Shuffle buffer.** `shuffle_buffer` compressed samples (the plan's
+//!   buffer, mirrored here on real bytes).
+//! * **Batches.** `decode_ahead` batches being decoded plus `ready_batches`
+//!   decoded batches waiting for the client, each
+//!   `batch_size * height * width * 3` bytes.
+//!
+//! Peak per stream ≈ `(interleave + prefetch_segments) * (parts_in_flight + 1)
+//! * part_size + (interleave + prefetch_segments) * reader_queue * S
+//! + shuffle_buffer * S + (decode_ahead + ready_batches + 1) * batch_bytes`,
+//! with `S` the mean compressed sample size.
+//!
+//! # Who blocks whom
+//!
+//! A slow client fills the ready queue; the producer then waits to send, stops
+//! pulling, readers fill their channels and stop fetching. A client that goes
+//! away closes the ready queue: the producer notices at once (it watches the
+//! queue while it waits) and drops its readers, which aborts their requests.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
+use rayon::prelude::*;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use crate::dataset::{Dataset, DatasetError};
+use crate::decode::{Decoder, OutputSpec};
+use crate::metrics;
+use crate::plan::{RankPlan, SampleRef, Step, StreamPlan};
+use crate::shard::{Label, RawSample, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::store::retry::{read_parts, ReadConfig};
+use crate::store::StoreError;
+
+pub const DEFAULT_PREFETCH_SEGMENTS: usize = 2;
+pub const DEFAULT_READER_QUEUE: usize = 64;
+pub const DEFAULT_READY_BATCHES: usize = 2;
+pub const DEFAULT_DECODE_AHEAD: usize = 2;
+
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    pub read: ReadConfig,
+    /// Segment readers started ahead of the ones the schedule is using.
+    pub prefetch_segments: usize,
+    /// Parsed samples queued per segment reader.
+    pub reader_queue: usize,
+    /// Decoded batches queued for the client.
+    pub ready_batches: usize,
+    /// Batches being decoded at once per stream.
+    pub decode_ahead: usize,
+    pub max_member_bytes: u64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            read: ReadConfig::default(),
+            prefetch_segments: DEFAULT_PREFETCH_SEGMENTS,
+            reader_queue: DEFAULT_READER_QUEUE,
+            ready_batches: DEFAULT_READY_BATCHES,
+            decode_ahead: DEFAULT_DECODE_AHEAD,
+            max_member_bytes: DEFAULT_MAX_MEMBER_BYTES,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("shard {location}: {source}")]
+    Shard {
+        location: String,
+        #[source]
+        source: ShardError,
+    },
+    #[error(
+        "shard {location} does not match its index (sample {index}: expected key {expected:?}, \
+         found {found:?}); rebuild the index with `shardfeed index`"
+    )]
+    StaleIndex {
+        location: String,
+        index: u64,
+        expected: String,
+        found: String,
+    },
+    #[error("internal pipeline error: {0}")]
+    Internal(String),
+}
+
+/// A decoded batch, ready to send.
+#[derive(Debug, Clone)]
+pub struct DecodedBatch {
+    pub index: u64,
+    pub size: usize,
+    /// `size * height * width * 3` bytes, NHWC.
+    pub images: Bytes,
+    pub labels: Vec<i64>,
+    pub keys: Vec<String>,
+    pub shards: Vec<String>,
+    /// (slot, reason) of samples replaced by a substitute.
+    pub substituted: Vec<(u32, String)>,
+    /// When the batch became ready (for stall accounting).
+    pub ready_at: Instant,
+}
+
+/// What one stream needs to run.
+#[derive(Clone)]
+pub struct StreamContext {
+    pub dataset: Arc<Dataset>,
+    pub plan: Arc<StreamPlan>,
+    pub spec: OutputSpec,
+    pub config: PipelineConfig,
+    pub pool: Arc<rayon::ThreadPool>,
+    pub decoder: Arc<dyn Decoder>,
+}
+
+pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
+
+/// Starts the stream's producer task and returns its ready queue. Dropping
+/// the receiver stops the stream and frees its resources.
+pub fn spawn_stream(context: StreamContext) -> BatchReceiver {
+    let (tx, rx) = mpsc::channel(context.config.ready_batches.max(1));
+    tokio::spawn(async move {
+        tokio::select! {
+            result = produce(&context, &tx) => {
+                if let Err(error) = result {
+                    let _ = tx.send(Err(error)).await;
+                }
+            }
+            () = tx.closed() => {
+                tracing::debug!("client went away; stream stopped");
+            }
+        }
+    });
+    rx
+}
+
+/// A sample leaving the shuffle buffer, on its way to the decoder.
+struct EmittedSample {
+    shard: u32,
+    sample: RawSample,
+}
+
+async fn produce(
+    context: &StreamContext,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+) -> Result<(), PipelineError> {
+    let plan = &context.plan;
+    let batch_size = plan.batch_size as usize;
+    let mut pending: Vec<EmittedSample> = Vec::with_capacity(batch_size);
+    let mut decoding = FuturesOrdered::new();
+    let mut next_index = plan.first_batch;
+
+    for part in &plan.parts {
+        let rank_plan = &plan.rank_plans[part.rank_plan];
+        let mut schedule = rank_plan.schedule();
+        let held = schedule.skip_emits(part.from);
+        let mut readers = SegmentReaders::new(context, rank_plan, schedule.segment_starts(&held));
+        let mut buffer: HashMap<SampleRef, RawSample> = HashMap::with_capacity(held.len());
+        for sample in held {
+            buffer.insert(sample, readers.take(sample).await?);
+        }
+        let mut emitted = part.from;
+        while emitted < part.to {
+            match schedule.next() {
+                Some(Step::Pull(sample)) => {
+                    buffer.insert(sample, readers.take(sample).await?);
+                }
+                Some(Step::Emit(sample)) => {
+                    let raw = buffer.remove(&sample).ok_or_else(|| {
+                        PipelineError::Internal(format!("{sample:?} emitted before it was pulled"))
+                    })?;
+                    emitted += 1;
+                    pending.push(EmittedSample {
+                        shard: rank_plan.segments[sample.segment as usize].shard,
+                        sample: raw,
+                    });
+                    if pending.len() == batch_size {
+                        let samples =
+                            std::mem::replace(&mut pending, Vec::with_capacity(batch_size));
+                        decoding.push_back(decode_batch(context, samples, next_index));
+                        next_index += 1;
+                        while decoding.len() >= context.config.decode_ahead.max(1) {
+                            if !send_next(&mut decoding, tx).await? {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                None => {
+                    return Err(PipelineError::Internal(format!(
+                        "schedule ended after {emitted} of {} samples",
+                        part.to
+                    )))
+                }
+            }
+        }
+    }
+    if !pending.is_empty() {
+        return Err(PipelineError::Internal(format!(
+            "{} samples left over: the plan is not a whole number of batches",
+            pending.len()
+        )));
+    }
+    while !decoding.is_empty() {
+        if !send_next(&mut decoding, tx).await? {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Sends the oldest decoded batch. `Ok(false)`: the client went away.
+async fn send_next(
+    decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+) -> Result<bool, PipelineError> {
+    let batch = decoding
+        .next()
+        .await
+        .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
+        .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
+    Ok(tx.send(Ok(batch)).await.is_ok())
+}
+
+/// Decodes a batch on the pool, each image straight into its slot.
+fn decode_batch(
+    context: &StreamContext,
+    samples: Vec<EmittedSample>,
+    index: u64,
+) -> oneshot::Receiver<DecodedBatch> {
+    let (tx, rx) = oneshot::channel();
+    let decoder = context.decoder.clone();
+    let spec = context.spec;
+    let dataset = context.dataset.clone();
+    let stream_metrics = metrics::StreamMetrics::new();
+    context.pool.spawn(move || {
+        let slot = spec.bytes();
+        let mut images = vec![0u8; slot * samples.len()];
+        let failures: Vec<Option<String>> = images
+            .par_chunks_mut(slot)
+            .zip(samples.par_iter())
+            .map(|(out, emitted)| {
+                let started = Instant::now();
+                let result = match &emitted.sample.image {
+                    Some((format, data)) => decoder
+                        .decode_into(*format, data, &spec, out)
+                        .map_err(|e| (e.reason(), e.to_string())),
+                    None => Err((
+                        "no_image",
+                        "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
+                    )),
+                };
+                stream_metrics.decode_time(started.elapsed().as_secs_f64());
+                match result {
+                    Ok(()) => None,
+                    Err((reason, message)) => {
+                        // The substitute is all zeros: deterministic, and the
+                        // batch names the slot so the trainer can mask it.
+                        out.fill(0);
+                        metrics::substituted(reason);
+                        tracing::warn!(
+                            shard = %dataset.shard_key(emitted.shard),
+                            key = %emitted.sample.key,
+                            error = %message,
+                            "substituted a sample that could not be decoded"
+                        );
+                        Some(message)
+                    }
+                }
+            })
+            .collect();
+        let mut substituted = Vec::new();
+        for (slot, failure) in failures.into_iter().enumerate() {
+            if let Some(reason) = failure {
+                substituted.push((slot as u32, reason));
+            }
+        }
+        let labels = samples
+            .iter()
+            .map(|emitted| {
+                if let Label::Invalid(text) = &emitted.sample.label {
+                    metrics::invalid_label();
+                    tracing::warn!(
+                        shard = %dataset.shard_key(emitted.shard),
+                        key = %emitted.sample.key,
+                        label = %text,
+                        "label is not an integer; sent as -1"
+                    );
+                }
+                emitted.sample.label.value()
+            })
+            .collect();
+        let batch = DecodedBatch {
+            index,
+            size: samples.len(),
+            images: Bytes::from(images),
+            labels,
+            keys: samples.iter().map(|e| e.sample.key.clone()).collect(),
+            shards: samples
+                .iter()
+                .map(|e| dataset.index.shards[e.shard as usize].name.clone())
+                .collect(),
+            substituted,
+            ready_at: Instant::now(),
+        };
+        let _ = tx.send(batch);
+    });
+    rx
+}
+
+type SampleResult = Result<(u64, RawSample), PipelineError>;
+
+/// The readers of one rank plan's segments, started in order, a window ahead.
+struct SegmentReaders<'a> {
+    context: &'a StreamContext,
+    plan: &'a RankPlan,
+    starts: Vec<Option<u64>>,
+    receivers: HashMap<u32, mpsc::Receiver<SampleResult>>,
+    /// Aborts every reader when the stream ends or is dropped.
+    tasks: JoinSet<()>,
+    next_to_spawn: u32,
+}
+
+impl<'a> SegmentReaders<'a> {
+    fn new(context: &'a StreamContext, plan: &'a RankPlan, starts: Vec<Option<u64>>) -> Self {
+        Self {
+            context,
+            plan,
+            starts,
+            receivers: HashMap::new(),
+            tasks: JoinSet::new(),
+            next_to_spawn: 0,
+        }
+    }
+
+    fn ensure_spawned(&mut self, segment: u32) {
+        let last = (segment as usize + self.context.config.prefetch_segments)
+            .min(self.plan.segments.len().saturating_sub(1)) as u32;
+        while self.next_to_spawn <= last {
+            let index = self.next_to_spawn;
+            self.next_to_spawn += 1;
+            let Some(first) = self.starts[index as usize] else {
+                continue;
+            };
+            let segment = self.plan.segments[index as usize];
+            let (tx, rx) = mpsc::channel(self.context.config.reader_queue.max(1));
+            self.receivers.insert(index, rx);
+            let job = ReadJob {
+                dataset: self.context.dataset.clone(),
+                shard: segment.shard,
+                first,
+                end: segment.end,
+                read: self.context.config.read.clone(),
+                max_member: self.context.config.max_member_bytes,
+            };
+            self.tasks.spawn(async move {
+                if let Err(error) = job.run(&tx).await {
+                    let _ = tx.send(Err(error)).await;
+                }
+            });
+        }
+    }
+
+    /// The bytes of `sample`, skipping samples its reader had to read past.
+    async fn take(&mut self, sample: SampleRef) -> Result<RawSample, PipelineError> {
+        self.ensure_spawned(sample.segment);
+        let end = self.plan.segments[sample.segment as usize].end;
+        let receiver = self.receivers.get_mut(&sample.segment).ok_or_else(|| {
+            PipelineError::Internal(format!("no reader for segment {}", sample.segment))
+        })?;
+        loop {
+            match receiver.recv().await {
+                Some(Ok((index, raw))) if index == sample.index => {
+                    if index + 1 == end {
+                        self.receivers.remove(&sample.segment);
+                    }
+                    return Ok(raw);
+                }
+                // Emitted before the resume point: parsed, never decoded.
+                Some(Ok((index, _))) if index < sample.index => continue,
+                Some(Ok((index, _))) => {
+                    return Err(PipelineError::Internal(format!(
+                        "reader passed sample {} (at {index})",
+                        sample.index
+                    )))
+                }
+                Some(Err(error)) => return Err(error),
+                None => {
+                    return Err(PipelineError::Internal(format!(
+                        "reader for segment {} ended before sample {}",
+                        sample.segment, sample.index
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// Reads samples `[first, end)` of one shard: one sequential byte range.
+struct ReadJob {
+    dataset: Arc<Dataset>,
+    shard: u32,
+    first: u64,
+    end: u64,
+    read: ReadConfig,
+    max_member: u64,
+}
+
+impl ReadJob {
+    async fn run(self, tx: &mpsc::Sender<SampleResult>) -> Result<(), PipelineError> {
+        let index = self.dataset.shard_index(self.shard).await?;
+        let entry = &self.dataset.index.shards[self.shard as usize];
+        let key = self.dataset.shard_key(self.shard);
+        let location = self.dataset.store.location(&key);
+        let range = index.starts[self.first as usize]..index.ends[self.end as usize - 1];
+        let mut splitter = SampleSplitter::new(range.start, self.max_member);
+        let mut parts = std::pin::pin!(read_parts(
+            self.dataset.store.clone(),
+            key,
+            range,
+            entry.etag.clone(),
+            self.read,
+        ));
+        let mut next = self.first;
+        let shard_error = |source| PipelineError::Shard {
+            location: location.clone(),
+            source,
+        };
+        let mut finished = false;
+        loop {
+            let sample = if finished {
+                splitter.finish().map_err(shard_error)?
+            } else {
+                match splitter.next_sample().map_err(shard_error)? {
+                    Some(sample) => Some(sample),
+                    None => {
+                        match parts.next().await {
+                            Some(part) => splitter.push(&part?.1),
+                            None => finished = true,
+                        }
+                        continue;
+                    }
+                }
+            };
+            let Some(sample) = sample else { break };
+            if next >= self.end {
+                break;
+            }
+            let expected = &index.keys[next as usize];
+            if *expected != sample.key {
+                return Err(PipelineError::StaleIndex {
+                    location,
+                    index: next,
+                    expected: expected.clone(),
+                    found: sample.key,
+                });
+            }
+            if tx.send(Ok((next, sample))).await.is_err() {
+                return Ok(());
+            }
+            next += 1;
+        }
+        if next < self.end {
+            return Err(PipelineError::StaleIndex {
+                location,
+                index: next,
+                expected: index.keys[next as usize].clone(),
+                found: "<end of range>".into(),
+            });
+        }
+        Ok(())
+    }
+}

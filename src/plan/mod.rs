@@ -1,0 +1,714 @@
+//! Epoch planning: which samples a rank emits in an epoch, and in which order.
+//!
+//! This module is a pure function of (shard sample counts, seed, epoch, rank,
+//! world size, batch size, shuffle settings, resume position). All randomness
+//! of shardfeed lives here. It never does I/O, never reads a clock and never
+//! depends on thread timing; the pipeline follows its [`Schedule`] exactly,
+//! which is what makes streams byte-for-byte reproducible.
+//!
+//! The rules, in order:
+//! 1. **Shard order.** The epoch's sample sequence is the shards' samples in
+//!    stored order, shards permuted by (seed, epoch) when shuffling.
+//! 2. **Partition.** With global batch `G = world_size * batch_size`, the
+//!    epoch has `steps = floor(N / G)` (drop_last) or `ceil(N / G)` (pad)
+//!    steps. Rank `r` takes the contiguous positions
+//!    `[r * steps * B, (r + 1) * steps * B)` of the sequence; positions past
+//!    `N` wrap to the start (pad mode), so what is dropped or repeated changes
+//!    with the shard order every epoch. Contiguous ranges keep reads
+//!    sequential: a rank reads only its byte range of a boundary shard.
+//! 3. **Rank order.** A rank reads `interleave` of its segments at once,
+//!    drawing each next sample from a random open segment, and passes the
+//!    samples through a seeded shuffle buffer.
+//! 4. **Resume.** `start_batch` skips emitted samples by simulating the
+//!    schedule on sample ids (no data). An [`EpochPosition`] reached at other
+//!    world sizes (same global batch) is replayed segment by segment: each
+//!    segment's unconsumed samples, in their order, are concatenated and
+//!    split contiguously over the new ranks.
+//!
+//! Cost: O(shards) per epoch to plan, O(samples emitted) integer work to
+//! resume, O(interleave + shuffle_buffer) memory per schedule.
+
+pub mod rng;
+
+use rng::Rng;
+
+/// Default number of segments (shards) a rank reads at once.
+pub const DEFAULT_INTERLEAVE: u32 = 4;
+/// Default shuffle buffer, in samples (holds compressed bytes).
+pub const DEFAULT_SHUFFLE_BUFFER: u32 = 2_000;
+/// Largest accepted shuffle buffer; bounds a stream's memory.
+pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 20;
+/// Largest accepted interleave; each open segment holds a reader.
+pub const MAX_INTERLEAVE: u32 = 256;
+
+// Stream purposes keyed into the generator so the streams are independent.
+const PURPOSE_SHARD_ORDER: u64 = 1;
+const PURPOSE_RANK_ORDER: u64 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Partition {
+    #[default]
+    DropLast,
+    Pad,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShuffleConfig {
+    pub enabled: bool,
+    /// Segments read at once (>= 1).
+    pub interleave: u32,
+    /// Shuffle buffer size in samples (0 = no buffer).
+    pub buffer: u32,
+}
+
+impl Default for ShuffleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interleave: DEFAULT_INTERLEAVE,
+            buffer: DEFAULT_SHUFFLE_BUFFER,
+        }
+    }
+}
+
+impl ShuffleConfig {
+    /// `shuffle = false` means the stored order: one segment at a time, no buffer.
+    fn effective(self) -> Self {
+        if self.enabled {
+            Self {
+                interleave: self.interleave.max(1),
+                ..self
+            }
+        } else {
+            Self {
+                enabled: false,
+                interleave: 1,
+                buffer: 0,
+            }
+        }
+    }
+}
+
+/// A stretch of an epoch trained at one world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PositionSegment {
+    pub world_size: u32,
+    /// Batches every rank completed at this world size.
+    pub batches: u64,
+}
+
+/// A point in an epoch, valid at any world size with the same global batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EpochPosition {
+    pub segments: Vec<PositionSegment>,
+}
+
+impl EpochPosition {
+    /// Drops empty segments and merges neighbours of equal world size: two
+    /// stretches at the same world size continue each other exactly.
+    pub fn normalized(&self) -> Self {
+        let mut segments: Vec<PositionSegment> = Vec::with_capacity(self.segments.len());
+        for segment in self.segments.iter().filter(|s| s.batches > 0) {
+            match segments.last_mut() {
+                Some(last) if last.world_size == segment.world_size => {
+                    last.batches += segment.batches
+                }
+                _ => segments.push(*segment),
+            }
+        }
+        Self { segments }
+    }
+
+    /// Global steps (batches per rank) completed.
+    pub fn steps(&self) -> u64 {
+        self.segments.iter().map(|s| s.batches).sum()
+    }
+
+    /// The position after `batches` more batches at `world_size`.
+    pub fn advanced(&self, world_size: u32, batches: u64) -> Self {
+        let mut segments = self.segments.clone();
+        segments.push(PositionSegment {
+            world_size,
+            batches,
+        });
+        Self { segments }.normalized()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanRequest {
+    pub seed: u64,
+    pub epoch: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub batch_size: u32,
+    pub shuffle: ShuffleConfig,
+    pub partition: Partition,
+    /// Batches to skip after `resume_from`.
+    pub start_batch: u64,
+    pub resume_from: EpochPosition,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("batch_size must be at least 1")]
+    ZeroBatchSize,
+    #[error("world_size must be at least 1")]
+    ZeroWorldSize,
+    #[error("rank {rank} is out of range for world_size {world_size}")]
+    RankOutOfRange { rank: u32, world_size: u32 },
+    #[error("the dataset has no samples")]
+    EmptyDataset,
+    #[error(
+        "the dataset has {samples} samples, fewer than one global batch \
+         (world_size {world_size} x batch_size {batch_size}); use a smaller batch, \
+         fewer ranks, or partition=pad"
+    )]
+    TooFewSamples {
+        samples: u64,
+        world_size: u32,
+        batch_size: u32,
+    },
+    #[error("shuffle_buffer {0} exceeds the maximum {MAX_SHUFFLE_BUFFER}")]
+    ShuffleBufferTooLarge(u32),
+    #[error("interleave {0} exceeds the maximum {MAX_INTERLEAVE}")]
+    InterleaveTooLarge(u32),
+    #[error(
+        "resume position segment world_size {world_size} does not divide the global batch \
+         {global_batch} (world_size x batch_size must stay the same across a resize)"
+    )]
+    ResumeWorldSize { world_size: u32, global_batch: u64 },
+    #[error("resume position is {steps} batches into an epoch of {total} batches per rank")]
+    ResumePastEnd { steps: u64, total: u64 },
+    #[error("start_batch {start} is past the {available} batches left in the epoch")]
+    StartPastEnd { start: u64, available: u64 },
+}
+
+/// Epoch-level counts for a dataset of `samples` samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochCounts {
+    pub samples: u64,
+    pub global_batch: u64,
+    /// Batches per rank.
+    pub steps: u64,
+    pub dropped: u64,
+    pub padded: u64,
+}
+
+pub fn epoch_counts(
+    samples: u64,
+    world_size: u32,
+    batch_size: u32,
+    partition: Partition,
+) -> Result<EpochCounts, PlanError> {
+    if batch_size == 0 {
+        return Err(PlanError::ZeroBatchSize);
+    }
+    if world_size == 0 {
+        return Err(PlanError::ZeroWorldSize);
+    }
+    if samples == 0 {
+        return Err(PlanError::EmptyDataset);
+    }
+    let global_batch = u64::from(world_size) * u64::from(batch_size);
+    let (steps, dropped, padded) = match partition {
+        Partition::DropLast => {
+            let steps = samples / global_batch;
+            if steps == 0 {
+                return Err(PlanError::TooFewSamples {
+                    samples,
+                    world_size,
+                    batch_size,
+                });
+            }
+            (steps, samples - steps * global_batch, 0)
+        }
+        Partition::Pad => {
+            let steps = samples.div_ceil(global_batch);
+            (steps, 0, steps * global_batch - samples)
+        }
+    };
+    Ok(EpochCounts {
+        samples,
+        global_batch,
+        steps,
+        dropped,
+        padded,
+    })
+}
+
+/// A contiguous run of samples `[start, end)` of one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub shard: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Segment {
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+}
+
+/// The epoch's sample sequence: shards in (possibly permuted) order.
+#[derive(Debug, Clone)]
+pub struct EpochLayout {
+    order: Vec<u32>,
+    /// `starts[i]` is the sequence position of the first sample of `order[i]`.
+    starts: Vec<u64>,
+    total: u64,
+    shard_samples: Vec<u64>,
+}
+
+impl EpochLayout {
+    pub fn new(shard_samples: &[u64], seed: u64, epoch: u64, shuffle: bool) -> Self {
+        let mut order: Vec<u32> = (0..shard_samples.len() as u32).collect();
+        if shuffle {
+            Rng::derive(&[seed, epoch, PURPOSE_SHARD_ORDER]).shuffle(&mut order);
+        }
+        let mut starts = Vec::with_capacity(order.len());
+        let mut total = 0u64;
+        for &shard in &order {
+            starts.push(total);
+            total += shard_samples[shard as usize];
+        }
+        Self {
+            order,
+            starts,
+            total,
+            shard_samples: shard_samples.to_vec(),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The shard order of this epoch.
+    pub fn shard_order(&self) -> &[u32] {
+        &self.order
+    }
+
+    /// Segments covering positions `[from, to)`; positions past the end wrap
+    /// around to the start (pad mode).
+    pub fn segments(&self, from: u64, to: u64) -> Vec<Segment> {
+        let mut segments = Vec::new();
+        let mut position = from;
+        while position < to && self.total > 0 {
+            let wrapped = position % self.total;
+            // Last shard whose first position is <= wrapped (skips empty shards).
+            let slot = self.starts.partition_point(|&s| s <= wrapped) - 1;
+            let shard = self.order[slot];
+            let start = wrapped - self.starts[slot];
+            let available = self.shard_samples[shard as usize] - start;
+            let take = available.min(to - position);
+            segments.push(Segment {
+                shard,
+                start,
+                end: start + take,
+            });
+            position += take;
+        }
+        segments
+    }
+}
+
+/// One rank's samples for an epoch at one world size, and how they are shuffled.
+#[derive(Debug, Clone)]
+pub struct RankPlan {
+    pub world_size: u32,
+    pub rank: u32,
+    pub segments: Vec<Segment>,
+    pub len: u64,
+    shuffle: ShuffleConfig,
+    rng_key: [u64; 5],
+}
+
+impl RankPlan {
+    pub fn schedule(&self) -> Schedule<'_> {
+        Schedule::new(self)
+    }
+}
+
+/// A stretch `[from, to)` of one rank plan's emitted sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub rank_plan: usize,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// Everything one stream emits: parts of rank plans, concatenated, batched.
+#[derive(Debug, Clone)]
+pub struct StreamPlan {
+    pub counts: EpochCounts,
+    pub batch_size: u32,
+    pub rank_plans: Vec<RankPlan>,
+    pub parts: Vec<Part>,
+    /// Batches this stream emits.
+    pub batches: u64,
+    /// Index of the first emitted batch (= start_batch).
+    pub first_batch: u64,
+    /// The position the stream's batch indexes count from.
+    pub base_position: EpochPosition,
+    pub world_size: u32,
+    /// Shard order of the epoch (for prefetch hints and diagnostics).
+    pub layout: EpochLayout,
+}
+
+impl StreamPlan {
+    /// Samples this stream emits.
+    pub fn samples(&self) -> u64 {
+        self.parts.iter().map(|p| p.to - p.from).sum()
+    }
+
+    /// The epoch position once every rank has finished batch `index`.
+    pub fn position_after(&self, index: u64) -> EpochPosition {
+        self.base_position.advanced(self.world_size, index + 1)
+    }
+
+    /// Samples consumed across all ranks once every rank finished batch `index`.
+    pub fn global_samples_after(&self, index: u64) -> u64 {
+        (self.base_position.steps() + index + 1) * self.counts.global_batch
+    }
+}
+
+fn validate_shuffle(shuffle: ShuffleConfig) -> Result<(), PlanError> {
+    if shuffle.buffer > MAX_SHUFFLE_BUFFER {
+        return Err(PlanError::ShuffleBufferTooLarge(shuffle.buffer));
+    }
+    if shuffle.interleave > MAX_INTERLEAVE {
+        return Err(PlanError::InterleaveTooLarge(shuffle.interleave));
+    }
+    Ok(())
+}
+
+/// Plans one rank's stream. `shard_samples[i]` is the sample count of shard i.
+pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<StreamPlan, PlanError> {
+    let PlanRequest {
+        seed,
+        epoch,
+        rank,
+        world_size,
+        batch_size,
+        shuffle,
+        partition,
+        start_batch,
+        ref resume_from,
+    } = *request;
+    validate_shuffle(shuffle)?;
+    let shuffle = shuffle.effective();
+    let total: u64 = shard_samples.iter().sum();
+    let counts = epoch_counts(total, world_size, batch_size, partition)?;
+    if rank >= world_size {
+        return Err(PlanError::RankOutOfRange { rank, world_size });
+    }
+    let layout = EpochLayout::new(shard_samples, seed, epoch, shuffle.enabled);
+    let global_batch = counts.global_batch;
+    let resume = resume_from.normalized();
+    for segment in &resume.segments {
+        if segment.world_size == 0 || global_batch % u64::from(segment.world_size) != 0 {
+            return Err(PlanError::ResumeWorldSize {
+                world_size: segment.world_size,
+                global_batch,
+            });
+        }
+    }
+    if resume.steps() > counts.steps {
+        return Err(PlanError::ResumePastEnd {
+            steps: resume.steps(),
+            total: counts.steps,
+        });
+    }
+
+    let make_rank_plan = |world_size: u32, rank: u32| -> RankPlan {
+        let per_rank = counts.steps * (global_batch / u64::from(world_size));
+        let from = u64::from(rank) * per_rank;
+        let segments = layout.segments(from, from + per_rank);
+        RankPlan {
+            world_size,
+            rank,
+            len: per_rank,
+            segments,
+            shuffle,
+            rng_key: [
+                seed,
+                epoch,
+                u64::from(world_size),
+                u64::from(rank),
+                PURPOSE_RANK_ORDER,
+            ],
+        }
+    };
+
+    // Phase one: the partition at the world size the epoch started with.
+    let first_world = resume.segments.first().map_or(world_size, |s| s.world_size);
+    let mut rank_plans: Vec<RankPlan> = Vec::new();
+    let mut plan_index = std::collections::HashMap::new();
+    let mut rank_parts = |rank: u32, rank_plans: &mut Vec<RankPlan>| -> Vec<Part> {
+        let index = *plan_index.entry(rank).or_insert_with(|| {
+            rank_plans.push(make_rank_plan(first_world, rank));
+            rank_plans.len() - 1
+        });
+        vec![Part {
+            rank_plan: index,
+            from: 0,
+            to: rank_plans[index].len,
+        }]
+    };
+
+    // Each completed segment consumes a prefix of every rank's sequence; the
+    // remainders, concatenated in rank order, are split over the next world.
+    let mut world = first_world;
+    let mut current: Option<Vec<Vec<Part>>> = None; // per-rank parts, phase >= 2
+    for (i, segment) in resume.segments.iter().enumerate() {
+        let next_world = resume
+            .segments
+            .get(i + 1)
+            .map_or(world_size, |s| s.world_size);
+        let per_rank_batch = global_batch / u64::from(segment.world_size);
+        let skip = segment.batches * per_rank_batch;
+        // The universe after this segment, as one list of parts.
+        let mut universe: Vec<Part> = Vec::new();
+        for r in 0..segment.world_size {
+            let parts = match &current {
+                Some(per_rank) => per_rank[r as usize].clone(),
+                None => rank_parts(r, &mut rank_plans),
+            };
+            universe.extend(slice_parts(&parts, skip, u64::MAX));
+        }
+        let remaining: u64 = universe.iter().map(|p| p.to - p.from).sum();
+        let per_rank = remaining / u64::from(next_world);
+        current = Some(
+            (0..u64::from(next_world))
+                .map(|r| slice_parts(&universe, r * per_rank, (r + 1) * per_rank))
+                .collect(),
+        );
+        world = next_world;
+    }
+    debug_assert_eq!(world, world_size);
+    let _ = world;
+    let own_parts = match current {
+        Some(mut per_rank) => per_rank.swap_remove(rank as usize),
+        None => rank_parts(rank, &mut rank_plans),
+    };
+
+    let available = counts.steps - resume.steps();
+    if start_batch > available {
+        return Err(PlanError::StartPastEnd {
+            start: start_batch,
+            available,
+        });
+    }
+    let skip = start_batch * u64::from(batch_size);
+    let parts = slice_parts(&own_parts, skip, u64::MAX);
+    Ok(StreamPlan {
+        counts,
+        batch_size,
+        rank_plans,
+        parts,
+        batches: available - start_batch,
+        first_batch: start_batch,
+        base_position: resume,
+        world_size,
+        layout,
+    })
+}
+
+/// The sub-sequence `[from, to)` of the concatenation of `parts`.
+fn slice_parts(parts: &[Part], from: u64, to: u64) -> Vec<Part> {
+    let mut out = Vec::new();
+    let mut offset = 0u64;
+    for part in parts {
+        let len = part.to - part.from;
+        let lo = from.max(offset);
+        let hi = to.min(offset + len);
+        if lo < hi {
+            out.push(Part {
+                rank_plan: part.rank_plan,
+                from: part.from + (lo - offset),
+                to: part.from + (hi - offset),
+            });
+        }
+        offset += len;
+    }
+    out
+}
+
+/// A sample of a rank plan: the segment it belongs to (index into
+/// `RankPlan::segments`) and its index within its shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SampleRef {
+    pub segment: u32,
+    pub index: u64,
+}
+
+/// One step of a rank's schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The next sample of a segment enters the shuffle buffer.
+    Pull(SampleRef),
+    /// A sample leaves the buffer: it is the stream's next sample.
+    Emit(SampleRef),
+}
+
+/// The exact order in which a rank pulls samples from its segments and emits
+/// them. The pipeline runs the same steps on real bytes.
+#[derive(Debug, Clone)]
+pub struct Schedule<'a> {
+    plan: &'a RankPlan,
+    rng: Rng,
+    /// Open segments: (segment index, next sample index).
+    open: Vec<(u32, u64)>,
+    next_segment: u32,
+    buffer: Vec<SampleRef>,
+    capacity: usize,
+    pending_emit: Option<SampleRef>,
+    emitted: u64,
+}
+
+impl<'a> Schedule<'a> {
+    fn new(plan: &'a RankPlan) -> Self {
+        let mut schedule = Self {
+            plan,
+            rng: Rng::derive(&plan.rng_key),
+            open: Vec::with_capacity(plan.shuffle.interleave as usize),
+            next_segment: 0,
+            buffer: Vec::with_capacity(plan.shuffle.buffer as usize),
+            capacity: plan.shuffle.buffer as usize,
+            pending_emit: None,
+            emitted: 0,
+        };
+        while schedule.open.len() < plan.shuffle.interleave as usize
+            && schedule.open_next().is_some()
+        {}
+        schedule
+    }
+
+    fn open_next(&mut self) -> Option<()> {
+        loop {
+            let index = self.next_segment;
+            let segment = self.plan.segments.get(index as usize)?;
+            self.next_segment += 1;
+            if !segment.is_empty() {
+                self.open.push((index, segment.start));
+                return Some(());
+            }
+        }
+    }
+
+    /// Samples emitted so far.
+    pub fn emitted(&self) -> u64 {
+        self.emitted
+    }
+
+    /// Runs the schedule on ids only until `count` samples have been emitted.
+    /// Returns the samples then held in the shuffle buffer, sorted by segment
+    /// and index: the pipeline pulls them first (they were pulled before the
+    /// resume point but not yet emitted).
+    pub fn skip_emits(&mut self, count: u64) -> Vec<SampleRef> {
+        while self.emitted < count {
+            if self.next().is_none() {
+                break;
+            }
+        }
+        let mut held = self.buffer.clone();
+        if let Some(pending) = self.pending_emit {
+            held.push(pending);
+        }
+        held.sort_unstable();
+        held
+    }
+
+    /// The first sample index of each segment the rest of the schedule needs,
+    /// given the samples `held` in the buffer at a resume point; `None` for
+    /// segments it never reads again.
+    pub fn segment_starts(&self, held: &[SampleRef]) -> Vec<Option<u64>> {
+        let mut starts: Vec<Option<u64>> = vec![None; self.plan.segments.len()];
+        for (index, segment) in self.plan.segments.iter().enumerate() {
+            if (index as u32) >= self.next_segment && !segment.is_empty() {
+                starts[index] = Some(segment.start);
+            }
+        }
+        for &(segment, next) in &self.open {
+            starts[segment as usize] = Some(next);
+        }
+        for sample in held {
+            let start = &mut starts[sample.segment as usize];
+            *start = Some(start.map_or(sample.index, |s| s.min(sample.index)));
+        }
+        starts
+    }
+
+    fn pull(&mut self) -> Option<SampleRef> {
+        if self.open.is_empty() {
+            return None;
+        }
+        let slot = self.rng.below(self.open.len() as u64) as usize;
+        let (segment, index) = self.open[slot];
+        let end = self.plan.segments[segment as usize].end;
+        if index + 1 < end {
+            self.open[slot].1 = index + 1;
+        } else {
+            // Keep the order of the remaining open segments stable.
+            self.open.remove(slot);
+            self.open_next();
+        }
+        Some(SampleRef { segment, index })
+    }
+}
+
+impl Iterator for Schedule<'_> {
+    type Item = Step;
+
+    fn next(&mut self) -> Option<Step> {
+        if let Some(sample) = self.pending_emit.take() {
+            self.emitted += 1;
+            return Some(Step::Emit(sample));
+        }
+        if let Some(sample) = self.pull() {
+            if self.capacity == 0 {
+                self.pending_emit = Some(sample);
+            } else if self.buffer.len() < self.capacity {
+                self.buffer.push(sample);
+            } else {
+                let slot = self.rng.below(self.capacity as u64) as usize;
+                self.pending_emit = Some(std::mem::replace(&mut self.buffer[slot], sample));
+            }
+            return Some(Step::Pull(sample));
+        }
+        if self.buffer.is_empty() {
+            return None;
+        }
+        let slot = self.rng.below(self.buffer.len() as u64) as usize;
+        self.emitted += 1;
+        Some(Step::Emit(self.buffer.swap_remove(slot)))
+    }
+}
+
+/// The samples a plan emits, in order, as (shard, index) pairs. For tests and
+/// tools: it walks the whole stream.
+pub fn emitted_samples(plan: &StreamPlan) -> Vec<(u32, u64)> {
+    let mut out = Vec::with_capacity(plan.samples() as usize);
+    for part in &plan.parts {
+        let rank_plan = &plan.rank_plans[part.rank_plan];
+        let mut schedule = rank_plan.schedule();
+        schedule.skip_emits(part.from);
+        let emits = schedule.filter_map(|step| match step {
+            Step::Emit(sample) => Some(sample),
+            Step::Pull(_) => None,
+        });
+        for sample in emits.take((part.to - part.from) as usize) {
+            out.push((
+                rank_plan.segments[sample.segment as usize].shard,
+                sample.index,
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,390 @@
+//! An S3-compatible HTTP server held in memory, on loopback.
+//!
+//! Built on the s3s crate (the S3 wire protocol, SigV4 auth); this module is
+//! only the storage backend. `shardfeed demo` serves its synthetic dataset from
+//! it, tests write fixtures into it through aws-sdk-s3 and read them back
+//! through shardfeed, and [`Faults`] scripts failures per request (throttling,
+//! slow first byte, bodies cut short) the way a real S3 produces them.
+//! It also counts requests at the server side, so tests can check what
+//! shardfeed really asked for.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use s3s::dto::{self, ETag, StreamingBlob, Timestamp};
+use s3s::{s3_error, S3Request, S3Response, S3Result, S3};
+
+pub const DEMO_ACCESS_KEY: &str = "shardfeed-demo";
+pub const DEMO_SECRET_KEY: &str = "shardfeed-demo-secret";
+
+#[derive(Debug, Clone)]
+struct Object {
+    data: Bytes,
+    etag: String,
+    modified: SystemTime,
+}
+
+/// Failures to inject, consumed one per matching GET.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Delay before every GET's response (simulates S3's time to first byte).
+    pub get_delay: Mutex<Duration>,
+    /// The next N GETs fail with 503 SlowDown.
+    pub slow_down: AtomicU64,
+    /// The next N GET bodies stop after this many bytes.
+    pub cut_bodies: AtomicU64,
+    pub cut_after: AtomicU64,
+    /// The next N GETs answer 500 InternalError (for tests of exhausted retries).
+    pub internal_errors: AtomicU64,
+}
+
+impl Faults {
+    pub fn set_get_delay(&self, delay: Duration) {
+        *self
+            .get_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+    }
+
+    fn take(counter: &AtomicU64) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// Requests served, by operation, counted at the server.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub get: AtomicU64,
+    pub head: AtomicU64,
+    pub list: AtomicU64,
+    pub put: AtomicU64,
+    pub get_bytes: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub struct MemoryS3 {
+    buckets: RwLock<HashMap<String, BTreeMap<String, Object>>>,
+    pub faults: Faults,
+    pub counts: RequestCounts,
+}
+
+fn etag_of(data: &[u8]) -> String {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    data.hash(&mut hasher);
+    format!("{:016x}{:08x}", hasher.finish(), data.len())
+}
+
+impl MemoryS3 {
+    pub fn create_bucket(&self, bucket: &str) {
+        self.write().entry(bucket.to_string()).or_default();
+    }
+
+    /// Stores an object directly (fixtures that need no SDK round trip).
+    pub fn insert(&self, bucket: &str, key: &str, data: Bytes) {
+        let object = Object {
+            etag: etag_of(&data),
+            data,
+            modified: SystemTime::now(),
+        };
+        self.write()
+            .entry(bucket.to_string())
+            .or_default()
+            .insert(key.to_string(), object);
+    }
+
+    pub fn object(&self, bucket: &str, key: &str) -> Option<Bytes> {
+        self.read().get(bucket)?.get(key).map(|o| o.data.clone())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, BTreeMap<String, Object>>> {
+        self.buckets
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, BTreeMap<String, Object>>> {
+        self.buckets
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, bucket: &str, key: &str) -> S3Result<Object> {
+        let buckets = self.read();
+        let objects = buckets
+            .get(bucket)
+            .ok_or_else(|| s3_error!(NoSuchBucket, "bucket {bucket} does not exist"))?;
+        objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| s3_error!(NoSuchKey, "key {key} does not exist"))
+    }
+}
+
+/// The s3s backend; cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Backend(pub Arc<MemoryS3>);
+
+#[async_trait::async_trait]
+impl S3 for Backend {
+    async fn create_bucket(
+        &self,
+        req: S3Request<dto::CreateBucketInput>,
+    ) -> S3Result<S3Response<dto::CreateBucketOutput>> {
+        self.0.create_bucket(&req.input.bucket);
+        Ok(S3Response::new(dto::CreateBucketOutput::default()))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<dto::HeadBucketInput>,
+    ) -> S3Result<S3Response<dto::HeadBucketOutput>> {
+        if !self.0.read().contains_key(&req.input.bucket) {
+            return Err(s3_error!(NoSuchBucket));
+        }
+        Ok(S3Response::new(dto::HeadBucketOutput::default()))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<dto::PutObjectInput>,
+    ) -> S3Result<S3Response<dto::PutObjectOutput>> {
+        self.0.counts.put.fetch_add(1, Ordering::Relaxed);
+        let input = req.input;
+        if !self.0.read().contains_key(&input.bucket) {
+            return Err(s3_error!(NoSuchBucket));
+        }
+        let mut data = BytesMut::new();
+        if let Some(mut body) = input.body {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| s3_error!(IncompleteBody, "{e}"))?;
+                data.extend_from_slice(&chunk);
+            }
+        }
+        let data = data.freeze();
+        let etag = etag_of(&data);
+        self.0.insert(&input.bucket, &input.key, data);
+        Ok(S3Response::new(dto::PutObjectOutput {
+            e_tag: Some(ETag::Strong(etag)),
+            ..Default::default()
+        }))
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<dto::HeadObjectInput>,
+    ) -> S3Result<S3Response<dto::HeadObjectOutput>> {
+        self.0.counts.head.fetch_add(1, Ordering::Relaxed);
+        let object = self.0.get(&req.input.bucket, &req.input.key)?;
+        Ok(S3Response::new(dto::HeadObjectOutput {
+            content_length: Some(object.data.len() as i64),
+            e_tag: Some(ETag::Strong(object.etag)),
+            last_modified: Some(Timestamp::from(object.modified)),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<dto::GetObjectInput>,
+    ) -> S3Result<S3Response<dto::GetObjectOutput>> {
+        let server = &self.0;
+        server.counts.get.fetch_add(1, Ordering::Relaxed);
+        let delay = *server
+            .faults
+            .get_delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if Faults::take(&server.faults.slow_down) {
+            return Err(s3_error!(SlowDown, "injected throttling"));
+        }
+        if Faults::take(&server.faults.internal_errors) {
+            return Err(s3_error!(InternalError, "injected failure"));
+        }
+        let input = req.input;
+        let object = server.get(&input.bucket, &input.key)?;
+        if let Some(condition) = &input.if_match {
+            if let Some(expected) = condition.as_etag() {
+                if expected.value() != object.etag {
+                    return Err(s3_error!(PreconditionFailed));
+                }
+            }
+        }
+        let len = object.data.len() as u64;
+        let range = match input.range {
+            Some(range) => range
+                .check(len)
+                .map_err(|_| s3_error!(InvalidRange, "range not satisfiable for {len} bytes"))?,
+            None => 0..len,
+        };
+        let body = object.data.slice(range.start as usize..range.end as usize);
+        server
+            .counts
+            .get_bytes
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
+        let content_length = body.len() as i64;
+        let cut = Faults::take(&server.faults.cut_bodies)
+            .then(|| server.faults.cut_after.load(Ordering::SeqCst) as usize);
+        let stream = body_stream(body, cut);
+        Ok(S3Response::new(dto::GetObjectOutput {
+            body: Some(StreamingBlob::wrap(stream)),
+            content_length: Some(content_length),
+            content_range: input.range.map(|_| {
+                format!(
+                    "bytes {}-{}/{len}",
+                    range.start,
+                    range.end.saturating_sub(1)
+                )
+            }),
+            e_tag: Some(ETag::Strong(object.etag)),
+            last_modified: Some(Timestamp::from(object.modified)),
+            accept_ranges: Some("bytes".into()),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<dto::ListObjectsV2Input>,
+    ) -> S3Result<S3Response<dto::ListObjectsV2Output>> {
+        self.0.counts.list.fetch_add(1, Ordering::Relaxed);
+        let input = req.input;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let max_keys = input.max_keys.unwrap_or(1000).clamp(1, 1000) as usize;
+        let after = input
+            .continuation_token
+            .clone()
+            .or(input.start_after.clone())
+            .unwrap_or_default();
+        let buckets = self.0.read();
+        let objects = buckets
+            .get(&input.bucket)
+            .ok_or_else(|| s3_error!(NoSuchBucket, "bucket {} does not exist", input.bucket))?;
+        let mut contents = Vec::new();
+        let mut truncated = false;
+        for (key, object) in objects.range(after.clone()..) {
+            if key == &after || !key.starts_with(&prefix) {
+                continue;
+            }
+            if contents.len() == max_keys {
+                truncated = true;
+                break;
+            }
+            contents.push(dto::Object {
+                key: Some(key.clone()),
+                size: Some(object.data.len() as i64),
+                e_tag: Some(ETag::Strong(object.etag.clone())),
+                last_modified: Some(Timestamp::from(object.modified)),
+                ..Default::default()
+            });
+        }
+        let next = truncated
+            .then(|| contents.last().and_then(|o: &dto::Object| o.key.clone()))
+            .flatten();
+        Ok(S3Response::new(dto::ListObjectsV2Output {
+            name: Some(input.bucket),
+            prefix: input.prefix,
+            key_count: Some(contents.len() as i32),
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(truncated),
+            continuation_token: input.continuation_token,
+            next_continuation_token: next,
+            contents: Some(contents),
+            ..Default::default()
+        }))
+    }
+}
+
+/// The body in 64 KiB frames, optionally failing after `cut` bytes.
+fn body_stream(
+    body: Bytes,
+    cut: Option<usize>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
+    const FRAME: usize = 64 << 10;
+    let limit = cut.unwrap_or(usize::MAX).min(body.len());
+    let frames: Vec<Result<Bytes, std::io::Error>> = (0..limit)
+        .step_by(FRAME)
+        .map(|start| Ok(body.slice(start..(start + FRAME).min(limit))))
+        .chain(cut.filter(|&c| c < body.len()).map(|c| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                format!("injected: body cut after {c} bytes"),
+            ))
+        }))
+        .collect();
+    futures::stream::iter(frames)
+}
+
+/// A running server. Dropping it stops accepting connections.
+pub struct RunningS3 {
+    pub addr: SocketAddr,
+    pub state: Arc<MemoryS3>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningS3 {
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A store config that reaches this server with its credentials.
+    pub fn s3_config(&self) -> crate::store::s3::S3Config {
+        crate::store::s3::S3Config {
+            endpoint: Some(self.endpoint()),
+            force_path_style: true,
+            region: Some("us-east-1".into()),
+            static_credentials: Some((DEMO_ACCESS_KEY.into(), DEMO_SECRET_KEY.into())),
+        }
+    }
+}
+
+impl Drop for RunningS3 {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts the server on `127.0.0.1:port` (0 picks a free port).
+pub async fn start(port: u16) -> std::io::Result<RunningS3> {
+    let state = Arc::new(MemoryS3::default());
+    let service = {
+        let mut builder = s3s::service::S3ServiceBuilder::new(Backend(state.clone()));
+        builder.set_auth(s3s::auth::SimpleAuth::from_single(
+            DEMO_ACCESS_KEY,
+            DEMO_SECRET_KEY,
+        ));
+        builder.build()
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            // Without it small responses wait ~40 ms for delayed ACKs.
+            let _ = stream.set_nodelay(true);
+            let service = service.clone();
+            connections.spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let builder = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                let _ = builder.serve_connection(io, service).await;
+            });
+            while connections.try_join_next().is_some() {}
+        }
+    });
+    Ok(RunningS3 { addr, state, task })
+}

@@ -1,0 +1,98 @@
+//! Object stores: where shard bytes come from.
+//!
+//! One small trait, [`ObjectStore`], in front of S3 ([`s3::S3Store`]) and a
+//! local directory ([`local::LocalStore`]); a disk cache wraps another store
+//! the same way. Retries and resume-from-offset live in [`retry`] and nowhere
+//! else. This module knows nothing about tar, images or plans.
+
+pub mod local;
+pub mod retry;
+pub mod s3;
+
+use std::fmt;
+use std::ops::Range;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+/// One object as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub key: String,
+    pub size: u64,
+    pub etag: Option<String>,
+}
+
+/// Body of a ranged GET: consecutive `(offset, bytes)` pieces.
+pub type PartStream = BoxStream<'static, Result<(u64, Bytes), StoreError>>;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("{location} not found{}", detail(.message))]
+    NotFound { location: String, message: String },
+    #[error("access to {location} denied{}", detail(.message))]
+    PermissionDenied { location: String, message: String },
+    #[error("{location} changed since it was indexed (ETag no longer matches); rebuild the index with `shardfeed index`")]
+    Changed { location: String },
+    /// Worth retrying: throttling, 5xx, timeouts, broken connections.
+    #[error("transient failure reading {location}: {message}")]
+    Transient { location: String, message: String },
+    #[error("retries exhausted reading {location} after {attempts} attempts: {message}")]
+    Exhausted {
+        location: String,
+        attempts: u32,
+        message: String,
+    },
+    #[error("{location}: {message}")]
+    Other { location: String, message: String },
+}
+
+fn detail(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
+    }
+}
+
+impl StoreError {
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Transient { .. })
+    }
+}
+
+#[async_trait]
+pub trait ObjectStore: Send + Sync + fmt::Debug {
+    /// Objects whose key starts with `prefix`, sorted by key.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
+
+    /// Bytes `range` of `key`. With `if_match`, fails with
+    /// [`StoreError::Changed`] when the object's ETag differs.
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<PartStream, StoreError>;
+
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError>;
+
+    /// Human-readable location of `key`, for errors and logs.
+    fn location(&self, key: &str) -> String;
+}
+
+/// Reads a whole small object into memory (index files).
+pub async fn get_all(store: &dyn ObjectStore, key: &str) -> Result<Bytes, StoreError> {
+    let meta = store.head(key).await?;
+    retry::read_range(
+        store,
+        key,
+        0..meta.size,
+        meta.etag.as_deref(),
+        &retry::RetryPolicy::default(),
+    )
+    .await
+}

@@ -1,0 +1,253 @@
+//! Amazon S3 (and S3-compatible servers) through aws-sdk-s3.
+//!
+//! Credentials, region and endpoint come from the standard AWS chain
+//! (`AWS_REGION`, `AWS_ENDPOINT_URL`, IRSA, instance profile, ...); the
+//! overrides here are for S3-compatible servers. The SDK's own retries are
+//! off: [`super::retry`] is the single retry layer, so attempts are counted
+//! once and broken bodies resume from the right byte.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
+use crate::metrics;
+
+/// How to reach S3; everything unset comes from the AWS default chain.
+#[derive(Debug, Clone, Default)]
+pub struct S3Config {
+    pub endpoint: Option<String>,
+    pub force_path_style: bool,
+    pub region: Option<String>,
+    /// Static credentials (access key, secret key); for the demo's local server.
+    pub static_credentials: Option<(String, String)>,
+}
+
+/// Builds one client per process; it is cheap to clone and pools connections.
+pub async fn client(config: &S3Config) -> Client {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(endpoint) = &config.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    if let Some((access_key, secret_key)) = &config.static_credentials {
+        loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+            access_key,
+            secret_key,
+            None,
+            None,
+            "shardfeed-static",
+        ));
+    }
+    let region = aws_config::meta::region::RegionProviderChain::first_try(
+        config.region.clone().map(aws_sdk_s3::config::Region::new),
+    )
+    .or_default_provider()
+    .or_else("us-east-1");
+    let shared = loader.region(region).load().await;
+    let s3_config = aws_sdk_s3::config::Builder::from(&shared)
+        .force_path_style(config.force_path_style)
+        .retry_config(RetryConfig::disabled())
+        .build();
+    Client::from_conf(s3_config)
+}
+
+#[derive(Debug, Clone)]
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+}
+
+impl S3Store {
+    pub fn new(client: Client, bucket: impl Into<String>) -> Self {
+        Self {
+            client,
+            bucket: bucket.into(),
+        }
+    }
+}
+
+fn classify<E>(
+    location: String,
+    error: SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match &error {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let code = service.err().code().unwrap_or_default().to_string();
+            let message = match service.err().message() {
+                Some(text) => format!("{code} (HTTP {status}): {text}"),
+                None => format!("{code} (HTTP {status})").trim_start().to_string(),
+            };
+            match (status, code.as_str()) {
+                (_, "NoSuchBucket") => StoreError::NotFound {
+                    location: location.split('/').take(3).collect::<Vec<_>>().join("/"),
+                    message: "no such bucket".into(),
+                },
+                (404, _) | (_, "NoSuchKey") => StoreError::NotFound { location, message },
+                (401 | 403, _) => StoreError::PermissionDenied { location, message },
+                (412, _) => StoreError::Changed { location },
+                (408 | 429 | 500..=599, _)
+                | (_, "SlowDown" | "RequestTimeout" | "InternalError") => {
+                    StoreError::Transient { location, message }
+                }
+                _ => StoreError::Other { location, message },
+            }
+        }
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            StoreError::Transient {
+                location,
+                message: DisplayErrorContext(&error).to_string(),
+            }
+        }
+        _ => StoreError::Other {
+            location,
+            message: DisplayErrorContext(&error).to_string(),
+        },
+    }
+}
+
+fn outcome<T>(result: &Result<T, StoreError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(StoreError::NotFound { .. }) => "not_found",
+        Err(StoreError::PermissionDenied { .. }) => "denied",
+        Err(StoreError::Changed { .. }) => "changed",
+        Err(StoreError::Transient { .. }) => "transient",
+        Err(_) => "error",
+    }
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        let mut objects = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let started = Instant::now();
+            let result = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_continuation_token(token.clone())
+                .send()
+                .await
+                .map_err(|e| classify(self.location(prefix), e));
+            metrics::s3_request("list", outcome(&result), started.elapsed());
+            let page = result?;
+            for object in page.contents() {
+                if let Some(key) = object.key() {
+                    objects.push(ObjectMeta {
+                        key: key.to_string(),
+                        size: object.size().unwrap_or(0).max(0) as u64,
+                        etag: object.e_tag().map(str::to_string),
+                    });
+                }
+            }
+            token = page.next_continuation_token().map(str::to_string);
+            if token.is_none() || page.is_truncated() != Some(true) {
+                break;
+            }
+        }
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(objects)
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        let started = Instant::now();
+        let result = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| classify(self.location(key), e));
+        metrics::s3_request("head", outcome(&result), started.elapsed());
+        let head = result?;
+        Ok(ObjectMeta {
+            key: key.to_string(),
+            size: head.content_length().unwrap_or(0).max(0) as u64,
+            etag: head.e_tag().map(str::to_string),
+        })
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<PartStream, StoreError> {
+        if range.is_empty() {
+            return Ok(futures::stream::empty().boxed());
+        }
+        let started = Instant::now();
+        let result = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .range(format!("bytes={}-{}", range.start, range.end - 1))
+            .set_if_match(if_match.map(str::to_string))
+            .send()
+            .await
+            .map_err(|e| classify(self.location(key), e));
+        metrics::s3_request("get", outcome(&result), started.elapsed());
+        let body = result?.body;
+        let location = self.location(key);
+        let stream = futures::stream::unfold(
+            (body, range.start, location),
+            |(mut body, offset, location)| async move {
+                match body.next().await? {
+                    Ok(bytes) => {
+                        metrics::s3_bytes(bytes.len() as u64);
+                        let len = bytes.len() as u64;
+                        Some((Ok((offset, bytes)), (body, offset + len, location)))
+                    }
+                    Err(error) => {
+                        let error = StoreError::Transient {
+                            location: location.clone(),
+                            message: format!(
+                                "body broke at byte {offset}: {}",
+                                DisplayErrorContext(&error)
+                            ),
+                        };
+                        // End the stream after the error.
+                        Some((Err(error), (ByteStream::from_static(b""), offset, location)))
+                    }
+                }
+            },
+        );
+        Ok(stream.boxed())
+    }
+
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| classify(self.location(key), e));
+        metrics::s3_request("put", outcome(&result), started.elapsed());
+        result
+    }
+
+    fn location(&self, key: &str) -> String {
+        format!("s3://{}/{}", self.bucket, key)
+    }
+}

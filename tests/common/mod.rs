@@ -1,0 +1,255 @@
+//! Shared test fixtures: a real S3-compatible server on loopback, datasets
+//! written into it through aws-sdk-s3, and a shardfeed server in front.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_s3::primitives::ByteStream;
+use shardfeed::dataset::DatasetRegistry;
+use shardfeed::pipeline::PipelineConfig;
+use shardfeed::s3mem::{self, RunningS3};
+use shardfeed::server::pb::shardfeed_client::ShardfeedClient;
+use shardfeed::server::{self, pb, ListenAddr, Listener, ServiceConfig, ShardfeedService};
+use shardfeed::shard::tar::TarWriter;
+use shardfeed::store::retry::{ReadConfig, RetryPolicy};
+use tonic::transport::Channel;
+
+/// A sample to write: key, image member (extension, bytes), label text.
+#[derive(Clone)]
+pub struct Sample {
+    pub key: String,
+    pub image: Option<(&'static str, Vec<u8>)>,
+    pub label: Option<String>,
+}
+
+pub fn jpeg(width: u32, height: u32, seed: u64) -> Vec<u8> {
+    let pixels = shardfeed::demo::synthetic_image(seed, seed, (seed % 10) as u32, width, height);
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85)
+        .encode_image(&pixels)
+        .unwrap();
+    out
+}
+
+/// `shards` shards of `per_shard` small JPEG samples; sample `i` has label `i % 7`.
+pub fn simple_dataset(shards: usize, per_shard: usize) -> Vec<Vec<Sample>> {
+    (0..shards)
+        .map(|s| {
+            (0..per_shard)
+                .map(|i| {
+                    let n = (s * per_shard + i) as u64;
+                    Sample {
+                        key: format!("s{s:03}/k{n:06}"),
+                        image: Some(("jpg", jpeg(40 + (n % 5) as u32 * 8, 32 + (n % 3) as u32 * 8, n))),
+                        label: Some((n % 7).to_string()),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+pub fn tar_of(samples: &[Sample]) -> Vec<u8> {
+    let mut tar = TarWriter::new();
+    for sample in samples {
+        if let Some((ext, data)) = &sample.image {
+            tar.append(&format!("{}.{ext}", sample.key), data);
+        }
+        if let Some(label) = &sample.label {
+            tar.append(&format!("{}.cls", sample.key), label.as_bytes());
+        }
+    }
+    tar.finish()
+}
+
+/// An SDK client of our own for fixtures, independent of shardfeed's store.
+pub async fn sdk_client(s3: &RunningS3) -> aws_sdk_s3::Client {
+    let creds = aws_sdk_s3::config::Credentials::new(
+        s3mem::DEMO_ACCESS_KEY,
+        s3mem::DEMO_SECRET_KEY,
+        None,
+        None,
+        "tests",
+    );
+    let config = aws_sdk_s3::config::Builder::new()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .endpoint_url(s3.endpoint())
+        .region(aws_sdk_s3::config::Region::new("us-east-1"))
+        .credentials_provider(creds)
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// Uploads shards to `s3://bucket/prefix` and returns the dataset URI.
+pub async fn upload(s3: &RunningS3, bucket: &str, prefix: &str, shards: &[Vec<Sample>]) -> String {
+    let client = sdk_client(s3).await;
+    let _ = client.create_bucket().bucket(bucket).send().await;
+    for (i, shard) in shards.iter().enumerate() {
+        client
+            .put_object()
+            .bucket(bucket)
+            .key(format!("{prefix}shard-{i:04}.tar"))
+            .body(ByteStream::from(tar_of(shard)))
+            .send()
+            .await
+            .unwrap();
+    }
+    format!("s3://{bucket}/{prefix}")
+}
+
+pub struct Harness {
+    pub s3: RunningS3,
+    pub addr: ListenAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub server: tokio::task::JoinHandle<Result<(), server::ServeError>>,
+}
+
+pub struct Options {
+    pub decode_threads: usize,
+    pub listen: ListenAddr,
+    pub pipeline: PipelineConfig,
+    pub max_streams: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            decode_threads: 2,
+            listen: ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
+            pipeline: PipelineConfig {
+                read: fast_retries(),
+                ..PipelineConfig::default()
+            },
+            max_streams: 16,
+        }
+    }
+}
+
+/// Retries quick enough for tests (the injected faults are immediate).
+pub fn fast_retries() -> ReadConfig {
+    ReadConfig {
+        // Small parts so that even small shards are read in several GETs.
+        part_size: 64 << 10,
+        parts_in_flight: 3,
+        retry: RetryPolicy {
+            max_attempts: 4,
+            base_delay: Duration::from_millis(5),
+            max_delay: Duration::from_millis(50),
+            idle_timeout: Duration::from_secs(10),
+        },
+    }
+}
+
+impl Harness {
+    pub async fn start(options: Options) -> Self {
+        let s3 = s3mem::start(0).await.unwrap();
+        Self::with_s3(s3, options).await
+    }
+
+    pub async fn with_s3(s3: RunningS3, options: Options) -> Self {
+        let registry = Arc::new(DatasetRegistry::new(s3.s3_config(), options.pipeline.read.clone()));
+        let service = ShardfeedService::new(
+            registry,
+            options.pipeline,
+            ServiceConfig {
+                decode_threads: options.decode_threads,
+                max_streams: options.max_streams,
+                ..ServiceConfig::default()
+            },
+        )
+        .unwrap();
+        let listener = Listener::bind(&options.listen).await.unwrap();
+        let addr = listener.local_addr();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(server::serve(
+            listener,
+            service,
+            async move {
+                let _ = stop_rx.await;
+            },
+            Duration::from_secs(5),
+        ));
+        Self {
+            s3,
+            addr,
+            stop: Some(stop),
+            server,
+        }
+    }
+
+    pub async fn client(&self) -> ShardfeedClient<Channel> {
+        let channel = match &self.addr {
+            ListenAddr::Tcp(addr) => Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+            ListenAddr::Unix(path) => {
+                let path = path.clone();
+                Channel::from_static("http://localhost")
+                    .connect_with_connector(tower::service_fn(move |_| {
+                        let path = path.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                                tokio::net::UnixStream::connect(path).await?,
+                            ))
+                        }
+                    }))
+                    .await
+                    .unwrap()
+            }
+        };
+        ShardfeedClient::new(channel).max_decoding_message_size(usize::MAX)
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.server).await;
+    }
+}
+
+pub fn request(dataset: &str) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        dataset: dataset.to_string(),
+        world_size: 1,
+        batch_size: Some(8),
+        height: 24,
+        width: 32,
+        ..Default::default()
+    }
+}
+
+/// Every batch of a stream, or the status that ended it.
+pub async fn collect(
+    client: &mut ShardfeedClient<Channel>,
+    request: pb::StreamBatchesRequest,
+) -> Result<Vec<pb::Batch>, tonic::Status> {
+    let mut stream = client.stream_batches(request).await?.into_inner();
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.message().await? {
+        batches.push(batch);
+    }
+    Ok(batches)
+}
+
+pub fn keys(batches: &[pb::Batch]) -> Vec<String> {
+    batches.iter().flat_map(|b| b.keys.clone()).collect()
+}
+
+/// A digest of everything a batch carries, for byte-for-byte comparisons.
+pub fn digest(batches: &[pb::Batch]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for batch in batches {
+        batch.index.hash(&mut hasher);
+        batch.images.hash(&mut hasher);
+        batch.labels.hash(&mut hasher);
+        batch.keys.hash(&mut hasher);
+        batch.substituted.hash(&mut hasher);
+    }
+    hasher.finish()
+}
