@@ -94,10 +94,7 @@ pub fn synthetic_image(
         let (fx, fy) = (x as f32, y as f32);
         let t = ((fx / width as f32 - 0.5) * ca + (fy / height as f32 - 0.5) * sa + 0.5)
             .clamp(0.0, 1.0);
-        let mut rgb = [0f32; 3];
-        for c in 0..3 {
-            rgb[c] = top[c] * (1.0 - t) + bottom[c] * t;
-        }
+        let mut rgb: [f32; 3] = std::array::from_fn(|c| top[c] * (1.0 - t) + bottom[c] * t);
         for shape in &shapes {
             let (dx, dy) = (fx - shape.cx, fy - shape.cy);
             let inside = if shape.square {
@@ -108,9 +105,7 @@ pub fn synthetic_image(
             if inside {
                 // Shading across the shape, like light on an object.
                 let shade = 0.75 + 0.25 * (dx / shape.r);
-                for c in 0..3 {
-                    rgb[c] = shape.color[c] * shade;
-                }
+                rgb = shape.color.map(|v| v * shade);
             }
         }
         let texture = 0.06 * ((fx * freq).sin() * (fy * freq * 1.3).cos());

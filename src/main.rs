@@ -43,6 +43,18 @@ enum Command {
     Index(IndexArgs),
     /// Run the whole path on a synthetic dataset in an in-process S3 server.
     Demo(DemoArgs),
+    /// Run an in-memory S3-compatible server for tests and benchmarks (data
+    /// is lost on exit; credentials: shardfeed-demo / shardfeed-demo-secret).
+    DevS3(DevS3Args),
+}
+
+#[derive(Args, Debug)]
+struct DevS3Args {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Delay before every GET response, like S3's time to first byte.
+    #[arg(long, default_value_t = 0)]
+    get_delay_ms: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -200,6 +212,10 @@ fn main() -> anyhow::Result<()> {
             init_logging(cli.log_format, "info");
             runtime.block_on(index(args))
         }
+        Command::DevS3(args) => {
+            init_logging(cli.log_format, "warn");
+            runtime.block_on(dev_s3(args))
+        }
         Command::Demo(args) => {
             init_logging(cli.log_format, "warn");
             let defaults = shardfeed::demo::DemoOptions::default();
@@ -347,5 +363,21 @@ async fn index(args: IndexArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64(),
         store.location(&format!("{prefix}{}", shardfeed::dataset::INDEX_DIR)),
     );
+    Ok(())
+}
+
+async fn dev_s3(args: DevS3Args) -> anyhow::Result<()> {
+    use std::io::Write;
+    let server = shardfeed::s3mem::start_on(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    server
+        .state
+        .faults
+        .set_get_delay(Duration::from_millis(args.get_delay_ms));
+    // Tests read this line to learn the port.
+    println!("listening on {}", server.endpoint());
+    std::io::stdout().flush()?;
+    shutdown_signal().await;
     Ok(())
 }

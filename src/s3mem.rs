@@ -356,6 +356,11 @@ impl Drop for RunningS3 {
 
 /// Starts the server on `127.0.0.1:port` (0 picks a free port).
 pub async fn start(port: u16) -> std::io::Result<RunningS3> {
+    start_on(SocketAddr::from(([127, 0, 0, 1], port))).await
+}
+
+/// Starts the server on `addr`.
+pub async fn start_on(addr: SocketAddr) -> std::io::Result<RunningS3> {
     let state = Arc::new(MemoryS3::default());
     let service = {
         let mut builder = s3s::service::S3ServiceBuilder::new(Backend(state.clone()));
@@ -365,7 +370,7 @@ pub async fn start(port: u16) -> std::io::Result<RunningS3> {
         ));
         builder.build()
     };
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();

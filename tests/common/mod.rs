@@ -41,7 +41,10 @@ pub fn simple_dataset(shards: usize, per_shard: usize) -> Vec<Vec<Sample>> {
                     let n = (s * per_shard + i) as u64;
                     Sample {
                         key: format!("s{s:03}/k{n:06}"),
-                        image: Some(("jpg", jpeg(40 + (n % 5) as u32 * 8, 32 + (n % 3) as u32 * 8, n))),
+                        image: Some((
+                            "jpg",
+                            jpeg(40 + (n % 5) as u32 * 8, 32 + (n % 3) as u32 * 8, n),
+                        )),
                         label: Some((n % 7).to_string()),
                     }
                 })
@@ -149,7 +152,10 @@ impl Harness {
     }
 
     pub async fn with_s3(s3: RunningS3, options: Options) -> Self {
-        let registry = Arc::new(DatasetRegistry::new(s3.s3_config(), options.pipeline.read.clone()));
+        let registry = Arc::new(DatasetRegistry::new(
+            s3.s3_config(),
+            options.pipeline.read.clone(),
+        ));
         let service = ShardfeedService::new(
             registry,
             options.pipeline,

