@@ -43,9 +43,18 @@ enum Command {
     Index(IndexArgs),
     /// Run the whole path on a synthetic dataset in an in-process S3 server.
     Demo(DemoArgs),
+    /// Exit 0 if the server at --listen reports SERVING (for probes).
+    Health(HealthArgs),
     /// Run an in-memory S3-compatible server for tests and benchmarks (data
     /// is lost on exit; credentials: shardfeed-demo / shardfeed-demo-secret).
     DevS3(DevS3Args),
+}
+
+#[derive(Args, Debug)]
+struct HealthArgs {
+    /// The server's gRPC address (the same value it was started with).
+    #[arg(long, env = "SHARDFEED_LISTEN", default_value = "127.0.0.1:50051")]
+    listen: String,
 }
 
 #[derive(Args, Debug)]
@@ -211,6 +220,18 @@ fn main() -> anyhow::Result<()> {
         Command::Index(args) => {
             init_logging(cli.log_format, "info");
             runtime.block_on(index(args))
+        }
+        Command::Health(args) => {
+            init_logging(cli.log_format, "warn");
+            let addr: ListenAddr = args
+                .listen
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
+            match runtime.block_on(server::check_health(&addr)) {
+                Ok(true) => Ok(()),
+                Ok(false) => bail!("{addr} is NOT_SERVING"),
+                Err(status) => bail!("{addr}: {}", status.message()),
+            }
         }
         Command::DevS3(args) => {
             init_logging(cli.log_format, "warn");

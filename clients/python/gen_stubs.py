@@ -38,9 +38,7 @@ def generate(into: Path) -> dict[str, str]:
         text = (into / "shardfeed" / "v1" / name).read_text()
         # protoc writes absolute imports of the proto package, which would
         # collide with our own `shardfeed` package: make them relative.
-        text = re.sub(
-            r"^from shardfeed\.v1 import (\w+)", r"from . import \1", text, flags=re.M
-        )
+        text = re.sub(r"^from shardfeed\.v1 import (\w+)", r"from . import \1", text, flags=re.M)
         files[name] = text
     return files
 
@@ -52,7 +50,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         files = generate(Path(tmp))
     if args.check:
-        stale = [n for n, text in files.items() if not (OUT / n).exists() or (OUT / n).read_text() != text]
+        stale = [
+            n
+            for n, text in files.items()
+            if not (OUT / n).exists() or (OUT / n).read_text() != text
+        ]
         if stale:
             print(f"stale stubs: {', '.join(stale)}; run python clients/python/gen_stubs.py")
             return 1
@@ -61,7 +63,9 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (OUT / name).write_text(text)
-    (OUT / "__init__.py").write_text('"""Generated gRPC stubs (see gen_stubs.py); do not edit."""\n')
+    (OUT / "__init__.py").write_text(
+        '"""Generated gRPC stubs (see gen_stubs.py); do not edit."""\n'
+    )
     print(f"wrote {', '.join(files)} to {OUT}")
     return 0
 

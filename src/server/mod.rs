@@ -529,6 +529,49 @@ impl Listener {
     }
 }
 
+/// A client channel to a shardfeed server, over TCP or a Unix socket.
+pub async fn connect(
+    addr: &ListenAddr,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    use tonic::transport::Endpoint;
+    match addr {
+        ListenAddr::Tcp(socket) => {
+            Endpoint::from_shared(format!("http://{socket}"))?
+                .connect()
+                .await
+        }
+        ListenAddr::Unix(path) => {
+            let path = path.clone();
+            // The authority is unused over a Unix socket but must be valid.
+            Endpoint::from_static("http://localhost")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await
+        }
+    }
+}
+
+/// Asks the server's `grpc.health.v1` service whether it is serving.
+pub async fn check_health(addr: &ListenAddr) -> Result<bool, Status> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let channel = connect(addr)
+        .await
+        .map_err(|e| Status::unavailable(format!("cannot connect to {addr}: {e}")))?;
+    let response = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await?
+        .into_inner();
+    Ok(response.status == ServingStatus::Serving as i32)
+}
+
 /// How long open streams may run on after shutdown starts.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 

@@ -186,27 +186,7 @@ impl Harness {
     }
 
     pub async fn client(&self) -> ShardfeedClient<Channel> {
-        let channel = match &self.addr {
-            ListenAddr::Tcp(addr) => Channel::from_shared(format!("http://{addr}"))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap(),
-            ListenAddr::Unix(path) => {
-                let path = path.clone();
-                Channel::from_static("http://localhost")
-                    .connect_with_connector(tower::service_fn(move |_| {
-                        let path = path.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                                tokio::net::UnixStream::connect(path).await?,
-                            ))
-                        }
-                    }))
-                    .await
-                    .unwrap()
-            }
-        };
+        let channel = server::connect(&self.addr).await.unwrap();
         ShardfeedClient::new(channel).max_decoding_message_size(usize::MAX)
     }
 

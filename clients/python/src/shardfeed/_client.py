@@ -108,9 +108,7 @@ def _batch_from_message(message: Any) -> Batch:
         shards=list(message.shards),
         substituted=list(message.substituted),
         substitution_reasons=list(message.substitution_reasons),
-        position=EpochPosition(
-            tuple((s.world_size, s.batches) for s in message.position.segments)
-        ),
+        position=EpochPosition(tuple((s.world_size, s.batches) for s in message.position.segments)),
         global_samples=message.global_samples,
     )
 
@@ -165,7 +163,7 @@ class Client:
                     # tonic rejects the default authority grpcio sends over UDS.
                     options.append(("grpc.default_authority", "localhost"))
                 self._channel = grpc.insecure_channel(self._target, options=options)
-                self._stub = pb_grpc.ShardfeedStub(self._channel)
+                self._stub = pb_grpc.ShardfeedStub(self._channel)  # type: ignore[no-untyped-call]
                 self._pid = os.getpid()
             return self._stub
 
@@ -277,8 +275,8 @@ class Client:
             call.cancel()
 
 
-def _partition(name: str) -> int:
+def _partition(name: str) -> Any:
     try:
-        return int(_PARTITIONS[name])
+        return _PARTITIONS[name]
     except KeyError:
         raise ValueError(f"partition must be one of {sorted(_PARTITIONS)}, not {name!r}") from None

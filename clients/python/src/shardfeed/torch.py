@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset
 from ._client import Client, ImageSize
 
 
-class ShardfeedIterable(IterableDataset):  # type: ignore[type-arg]
+class ShardfeedIterable(IterableDataset):  # type: ignore[misc]
     """Yields ``(images, labels)``: uint8 NHWC and int64 tensors of one batch.
 
     ``set_epoch(n)`` selects the epoch, like ``DistributedSampler``.

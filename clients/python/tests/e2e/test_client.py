@@ -55,7 +55,16 @@ def test_describe_and_stream_match(server: Server, colors) -> None:  # type: ign
     info = client.describe(uri, world_size=1, batch_size=8)
     assert (info.shards, info.samples, info.batches_per_rank) == (3, 30, 3)
     batches = list(
-        client.batches(uri, seed=0, epoch=0, rank=0, world_size=1, batch_size=8, image_size=(16, 24), shuffle=False)
+        client.batches(
+            uri,
+            seed=0,
+            epoch=0,
+            rank=0,
+            world_size=1,
+            batch_size=8,
+            image_size=(16, 24),
+            shuffle=False,
+        )
     )
     assert len(batches) == info.batches_per_rank
     by_key = {key: (label, color) for key, label, color in written}
@@ -105,7 +114,9 @@ def test_errors_carry_the_grpc_code(server: Server, colors) -> None:  # type: ig
 
 
 def test_rank_and_world_size_come_from_the_environment(
-    server: Server, colors, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    server: Server,
+    colors,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     uri, _ = colors
     client = Client(server.target)
@@ -138,7 +149,9 @@ def test_resume_and_early_exit(server: Server, colors) -> None:  # type: ignore[
         seen += [k for b in batches for k in b.keys]
         position = batches[-1].position
     assert position == EpochPosition(((2, 3),))
-    rest = list(client.batches(uri, seed=3, batch_size=4, rank=0, world_size=1, resume_from=position))
+    rest = list(
+        client.batches(uri, seed=3, batch_size=4, rank=0, world_size=1, resume_from=position)
+    )
     seen += [k for b in rest for k in b.keys]
     assert len(seen) == len(set(seen)) == 28
 
