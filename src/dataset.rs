@@ -81,6 +81,10 @@ impl DatasetUri {
                     "file URIs need an absolute path (file:///abs/dir/)",
                 ));
             }
+            // `..` would escape an --allow prefix.
+            if path.split('/').any(|segment| segment == "..") {
+                return Err(invalid("file URIs may not contain `..`"));
+            }
             Ok(Self::Local {
                 root: PathBuf::from(path),
             })
@@ -466,6 +470,7 @@ mod tests {
         assert!(DatasetUri::parse("s3:///x").is_err());
         assert!(DatasetUri::parse("file://relative").is_err());
         assert!(DatasetUri::parse("http://x").is_err());
+        assert!(DatasetUri::parse("file:///data/../etc/").is_err());
         assert!(matches!(
             DatasetUri::parse("file:///data/").unwrap(),
             DatasetUri::Local { .. }

@@ -64,6 +64,9 @@ struct DevS3Args {
     /// Delay before every GET response, like S3's time to first byte.
     #[arg(long, default_value_t = 0)]
     get_delay_ms: u64,
+    /// Fail every Nth GET with 503 SlowDown, as a throttled bucket does (0: never).
+    #[arg(long, default_value_t = 0)]
+    slow_down_every: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -162,6 +165,10 @@ struct ServeArgs {
     /// Default shards read at once per rank (requests may override).
     #[arg(long, env = "SHARDFEED_INTERLEAVE", default_value_t = plan::DEFAULT_INTERLEAVE)]
     interleave: u32,
+    /// Dataset URI prefix that may be requested (repeatable). Without any,
+    /// every dataset the pod's credentials can read may be requested.
+    #[arg(long = "allow", env = "SHARDFEED_ALLOW", value_delimiter = ',')]
+    allow: Vec<String>,
     /// Seconds open streams may run on after SIGTERM.
     #[arg(long, env = "SHARDFEED_SHUTDOWN_GRACE", default_value_t = server::DEFAULT_SHUTDOWN_GRACE.as_secs())]
     shutdown_grace: u64,
@@ -275,6 +282,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.decode_threads == Some(0) {
         problems.push("--decode-threads must be at least 1".into());
     }
+    for rule in &args.allow {
+        if let Err(error) = DatasetUri::parse(rule) {
+            problems.push(format!("--allow {rule:?}: {error}"));
+        }
+    }
     if args.max_streams == 0 {
         problems.push("--max-streams must be at least 1".into());
     }
@@ -300,6 +312,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(metrics_listen)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+            shardfeed::metrics::SECONDS_BUCKETS,
+        )?
         .install()
         .with_context(|| format!("starting the metrics listener on {metrics_listen}"))?;
     shardfeed::metrics::describe();
@@ -321,6 +337,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             interleave: args.interleave,
             buffer: args.shuffle_buffer,
         },
+        allow: args.allow.clone(),
     };
     let service = ShardfeedService::new(registry, pipeline, config.clone())
         .context("starting the decode pool")?;
@@ -330,6 +347,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics = %metrics_listen,
         decode_threads = config.decode_threads,
         max_streams = config.max_streams,
+        allow = ?config.allow,
         "shardfeed serving"
     );
     let grace = Duration::from_secs(args.shutdown_grace);
@@ -396,6 +414,11 @@ async fn dev_s3(args: DevS3Args) -> anyhow::Result<()> {
         .state
         .faults
         .set_get_delay(Duration::from_millis(args.get_delay_ms));
+    server
+        .state
+        .faults
+        .slow_down_every
+        .store(args.slow_down_every, std::sync::atomic::Ordering::Relaxed);
     // Tests read this line to learn the port.
     println!("listening on {}", server.endpoint());
     std::io::stdout().flush()?;

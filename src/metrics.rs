@@ -25,6 +25,14 @@ pub const STORE_RETRIES: &str = "shardfeed_store_retries_total";
 pub const INDEX_BUILDS: &str = "shardfeed_index_builds_total";
 pub const CONSUMER_WAIT_SECONDS: &str = "shardfeed_consumer_wait_seconds";
 pub const READY_WAIT_SECONDS: &str = "shardfeed_ready_batch_wait_seconds";
+pub const PARTS_IN_FLIGHT: &str = "shardfeed_s3_parts_in_flight";
+pub const DECODE_QUEUE: &str = "shardfeed_decode_queue_samples";
+pub const READY_BATCHES: &str = "shardfeed_ready_batches";
+
+/// Histogram buckets for every `_seconds` metric.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// Registers help texts; call once after installing the recorder.
 pub fn describe() {
@@ -65,6 +73,15 @@ pub fn describe() {
         Unit::Seconds,
         "Per batch, time the client waited for a batch that was not ready (data-bound)."
     );
+    describe_gauge!(
+        PARTS_IN_FLIGHT,
+        "Ranged GETs in flight or fetched and not yet parsed."
+    );
+    describe_gauge!(
+        DECODE_QUEUE,
+        "Samples handed to the decode pool and not yet decoded."
+    );
+    describe_gauge!(READY_BATCHES, "Decoded batches waiting for their client.");
     describe_histogram!(
         READY_WAIT_SECONDS,
         Unit::Seconds,
@@ -111,20 +128,21 @@ pub struct StreamMetrics {
     ready_wait: metrics::Histogram,
 }
 
-impl Default for StreamMetrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl StreamMetrics {
-    pub fn new() -> Self {
+    /// Stall figures are labelled by rank: a host serves a handful of ranks,
+    /// so the label set stays small; ranks past 1023 share one label.
+    pub fn new(rank: u32) -> Self {
+        let rank = if rank < 1024 {
+            rank.to_string()
+        } else {
+            "1024+".to_string()
+        };
         Self {
             batches: counter!(BATCHES),
             samples: counter!(SAMPLES),
             decode_seconds: histogram!(DECODE_SECONDS),
-            consumer_wait: histogram!(CONSUMER_WAIT_SECONDS),
-            ready_wait: histogram!(READY_WAIT_SECONDS),
+            consumer_wait: histogram!(CONSUMER_WAIT_SECONDS, "rank" => rank.clone()),
+            ready_wait: histogram!(READY_WAIT_SECONDS, "rank" => rank),
         }
     }
 
@@ -145,6 +163,26 @@ impl StreamMetrics {
     /// A ready batch waited for the client to ask (compute-bound).
     pub fn ready_waited(&self, waited: Duration) {
         self.ready_wait.record(waited.as_secs_f64());
+    }
+}
+
+/// Raises a gauge by `amount` for as long as it lives.
+pub struct GaugeGuard {
+    gauge: metrics::Gauge,
+    amount: f64,
+}
+
+impl GaugeGuard {
+    pub fn new(name: &'static str, amount: f64) -> Self {
+        let gauge = gauge!(name);
+        gauge.increment(amount);
+        Self { gauge, amount }
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.gauge.decrement(self.amount);
     }
 }
 

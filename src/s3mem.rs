@@ -42,6 +42,9 @@ pub struct Faults {
     pub cut_after: AtomicU64,
     /// The next N GETs answer 500 InternalError (for tests of exhausted retries).
     pub internal_errors: AtomicU64,
+    /// Every Nth GET fails with 503 SlowDown (0: never).
+    pub slow_down_every: AtomicU64,
+    gets_seen: AtomicU64,
 }
 
 impl Faults {
@@ -205,7 +208,9 @@ impl S3 for Backend {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        if Faults::take(&server.faults.slow_down) {
+        let every = server.faults.slow_down_every.load(Ordering::Relaxed);
+        let seen = server.faults.gets_seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if Faults::take(&server.faults.slow_down) || (every > 0 && seen.is_multiple_of(every)) {
             return Err(s3_error!(SlowDown, "injected throttling"));
         }
         if Faults::take(&server.faults.internal_errors) {

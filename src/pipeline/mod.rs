@@ -145,9 +145,9 @@ pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
 
 /// Starts the stream's producer task and returns its ready queue. Dropping
 /// the receiver stops the stream and frees its resources.
-pub fn spawn_stream(context: StreamContext) -> BatchReceiver {
+pub fn spawn_stream(context: StreamContext, span: tracing::Span) -> BatchReceiver {
     let (tx, rx) = mpsc::channel(context.config.ready_batches.max(1));
-    tokio::spawn(async move {
+    let task = async move {
         tokio::select! {
             result = produce(&context, &tx) => {
                 if let Err(error) = result {
@@ -158,7 +158,8 @@ pub fn spawn_stream(context: StreamContext) -> BatchReceiver {
                 tracing::debug!("client went away; stream stopped");
             }
         }
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
     rx
 }
 
@@ -177,6 +178,8 @@ async fn produce(
     let mut pending: Vec<EmittedSample> = Vec::with_capacity(batch_size);
     let mut decoding = FuturesOrdered::new();
     let mut next_index = plan.first_batch;
+    // Per-stream series would be unbounded; the stream label is its rank.
+    let ready_gauge = ::metrics::gauge!(metrics::READY_BATCHES, "rank" => plan_rank_label(plan));
 
     for part in &plan.parts {
         let rank_plan = &plan.rank_plans[part.rank_plan];
@@ -208,7 +211,7 @@ async fn produce(
                         decoding.push_back(decode_batch(context, samples, next_index));
                         next_index += 1;
                         while decoding.len() >= context.config.decode_ahead.max(1) {
-                            if !send_next(&mut decoding, tx).await? {
+                            if !send_next(&mut decoding, tx, &ready_gauge).await? {
                                 return Ok(());
                             }
                         }
@@ -230,24 +233,31 @@ async fn produce(
         )));
     }
     while !decoding.is_empty() {
-        if !send_next(&mut decoding, tx).await? {
+        if !send_next(&mut decoding, tx, &ready_gauge).await? {
             return Ok(());
         }
     }
     Ok(())
 }
 
+fn plan_rank_label(plan: &StreamPlan) -> String {
+    plan.rank.to_string()
+}
+
 /// Sends the oldest decoded batch. `Ok(false)`: the client went away.
 async fn send_next(
     decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
     tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    ready_gauge: &::metrics::Gauge,
 ) -> Result<bool, PipelineError> {
     let batch = decoding
         .next()
         .await
         .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
         .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
-    Ok(tx.send(Ok(batch)).await.is_ok())
+    let sent = tx.send(Ok(batch)).await.is_ok();
+    ready_gauge.set((tx.max_capacity() - tx.capacity()) as f64);
+    Ok(sent)
 }
 
 /// Decodes a batch on the pool, each image straight into its slot.
@@ -260,7 +270,8 @@ fn decode_batch(
     let decoder = context.decoder.clone();
     let spec = context.spec;
     let dataset = context.dataset.clone();
-    let stream_metrics = metrics::StreamMetrics::new();
+    let stream_metrics = metrics::StreamMetrics::new(context.plan.rank);
+    let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
         let mut images = vec![0u8; slot * samples.len()];
@@ -331,6 +342,7 @@ fn decode_batch(
             substituted,
             ready_at: Instant::now(),
         };
+        drop(queued);
         let _ = tx.send(batch);
     });
     rx

@@ -357,6 +357,7 @@ pub struct StreamPlan {
     /// The position the stream's batch indexes count from.
     pub base_position: EpochPosition,
     pub world_size: u32,
+    pub rank: u32,
     /// Shard order of the epoch (for prefetch hints and diagnostics).
     pub layout: EpochLayout,
 }
@@ -516,6 +517,7 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
         first_batch: start_batch,
         base_position: resume,
         world_size,
+        rank,
         layout,
     })
 }

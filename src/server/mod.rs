@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Request, Response, Status};
 
 use crate::dataset::{DatasetError, DatasetRegistry};
@@ -38,8 +39,9 @@ pub const MAX_BATCH_BYTES: u64 = 1 << 30;
 /// Outgoing messages: one batch plus metadata.
 pub const MAX_MESSAGE_BYTES: usize = (MAX_BATCH_BYTES as usize) + (16 << 20);
 /// HTTP/2 flow-control windows sized for multi-megabyte messages.
-pub const STREAM_WINDOW_BYTES: u32 = 16 << 20;
-pub const CONNECTION_WINDOW_BYTES: u32 = 64 << 20;
+pub const DEFAULT_STREAM_WINDOW_BYTES: u32 = 16 << 20;
+/// Connections carry several streams: their window is this many stream windows.
+const CONNECTION_WINDOWS_PER_STREAM: u32 = 4;
 
 /// Settings of the service itself (the pipeline has its own).
 #[derive(Debug, Clone)]
@@ -47,6 +49,8 @@ pub struct ServiceConfig {
     pub max_streams: usize,
     pub decode_threads: usize,
     pub default_shuffle: ShuffleConfig,
+    /// Dataset URI prefixes that may be requested; empty allows any.
+    pub allow: Vec<String>,
 }
 
 impl Default for ServiceConfig {
@@ -55,8 +59,22 @@ impl Default for ServiceConfig {
             max_streams: DEFAULT_MAX_STREAMS,
             decode_threads: default_decode_threads(),
             default_shuffle: ShuffleConfig::default(),
+            allow: Vec::new(),
         }
     }
+}
+
+/// Whether `--allow` rule `rule` admits `dataset`. A rule without a trailing
+/// slash still ends at a path boundary: `s3://b/train` admits
+/// `s3://b/train/x/` but not `s3://b/training/`.
+pub fn rule_allows(rule: &str, dataset: &str) -> bool {
+    let dataset = dataset.trim_end_matches('/');
+    let rule_dir = rule.trim_end_matches('/');
+    dataset == rule_dir
+        || dataset
+            .strip_prefix(rule_dir)
+            .is_some_and(|rest| rest.starts_with('/'))
+        || (rule.ends_with("://") && dataset.starts_with(rule))
 }
 
 pub fn default_decode_threads() -> usize {
@@ -76,6 +94,10 @@ pub enum ServiceError {
     Pipeline(#[from] PipelineError),
     #[error("too many streams open (limit {0}); close one or raise --max-streams")]
     TooManyStreams(usize),
+    #[error("dataset {dataset} is not allowed: this server only serves datasets under --allow {rules:?}")]
+    NotAllowed { dataset: String, rules: Vec<String> },
+    #[error("shardfeed is draining (shutting down); retry on its replacement")]
+    Draining,
 }
 
 fn store_status(error: &StoreError) -> tonic::Code {
@@ -95,6 +117,8 @@ impl ServiceError {
         match self {
             ServiceError::InvalidArgument(_) | ServiceError::Plan(_) => Code::InvalidArgument,
             ServiceError::TooManyStreams(_) => Code::ResourceExhausted,
+            ServiceError::NotAllowed { .. } => Code::PermissionDenied,
+            ServiceError::Draining => Code::Unavailable,
             ServiceError::Dataset(error)
             | ServiceError::Pipeline(PipelineError::Dataset(error)) => match error {
                 DatasetError::InvalidUri { .. } => Code::InvalidArgument,
@@ -128,6 +152,23 @@ pub struct ShardfeedService {
     pool: Arc<rayon::ThreadPool>,
     decoder: Arc<dyn Decoder>,
     streams: Arc<Semaphore>,
+    shutdown: ShutdownHandle,
+}
+
+/// Lets `serve` drain the service: `drain` makes streams end after the batch
+/// in flight, `abort` ends them at once (grace period over).
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle {
+    drain: CancellationToken,
+    abort: CancellationToken,
+    streams: Arc<Semaphore>,
+    max_streams: usize,
+}
+
+impl ShutdownHandle {
+    pub fn open_streams(&self) -> usize {
+        self.max_streams - self.streams.available_permits()
+    }
 }
 
 impl ShardfeedService {
@@ -141,14 +182,42 @@ impl ShardfeedService {
             .thread_name(|i| format!("shardfeed-decode-{i}"))
             .build()
             .map_err(std::io::Error::other)?;
+        let streams = Arc::new(Semaphore::new(config.max_streams));
         Ok(Self {
             registry,
             pipeline,
-            streams: Arc::new(Semaphore::new(config.max_streams)),
+            shutdown: ShutdownHandle {
+                drain: CancellationToken::new(),
+                abort: CancellationToken::new(),
+                streams: streams.clone(),
+                max_streams: config.max_streams,
+            },
+            streams,
             config,
             pool: Arc::new(pool),
             decoder: Arc::new(decode::ImageCrateDecoder),
         })
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    fn check_allowed(&self, dataset: &str) -> Result<(), ServiceError> {
+        if self.config.allow.is_empty()
+            || self
+                .config
+                .allow
+                .iter()
+                .any(|rule| rule_allows(rule, dataset))
+        {
+            Ok(())
+        } else {
+            Err(ServiceError::NotAllowed {
+                dataset: dataset.to_string(),
+                rules: self.config.allow.clone(),
+            })
+        }
     }
 
     pub fn into_server(self) -> ShardfeedServer<Self> {
@@ -239,6 +308,10 @@ impl ShardfeedService {
         &self,
         request: pb::StreamBatchesRequest,
     ) -> Result<BatchStream, ServiceError> {
+        if self.shutdown.drain.is_cancelled() {
+            return Err(ServiceError::Draining);
+        }
+        self.check_allowed(&request.dataset)?;
         let (plan_request, spec) = self.plan_request(&request)?;
         let permit = self
             .streams
@@ -247,31 +320,46 @@ impl ShardfeedService {
             .map_err(|_| ServiceError::TooManyStreams(self.config.max_streams))?;
         let dataset = self.registry.open(&request.dataset).await?;
         let plan = plan::plan_stream(&dataset.shard_samples(), &plan_request)?;
-        tracing::info!(
+        let span = tracing::info_span!(
+            "stream",
             dataset = %request.dataset,
             rank = plan_request.rank,
             world_size = plan_request.world_size,
             epoch = plan_request.epoch,
-            batches = plan.batches,
-            start_batch = plan.first_batch,
-            "stream started"
         );
-        let plan = Arc::new(plan);
-        let receiver = pipeline::spawn_stream(StreamContext {
-            dataset,
-            plan: plan.clone(),
-            spec,
-            config: self.pipeline.clone(),
-            pool: self.pool.clone(),
-            decoder: self.decoder.clone(),
+        span.in_scope(|| {
+            tracing::info!(
+                batches = plan.batches,
+                start_batch = plan.first_batch,
+                "stream started"
+            )
         });
+        let plan = Arc::new(plan);
+        let receiver = pipeline::spawn_stream(
+            StreamContext {
+                dataset,
+                plan: plan.clone(),
+                spec,
+                config: self.pipeline.clone(),
+                pool: self.pool.clone(),
+                decoder: self.decoder.clone(),
+            },
+            span.clone(),
+        );
         Ok(BatchStream {
             receiver,
             plan,
             spec,
             epoch: plan_request.epoch,
-            metrics: StreamMetrics::new(),
+            metrics: StreamMetrics::new(plan_request.rank),
             waiting_since: None,
+            next_index: plan_request.start_batch,
+            drain: Box::pin(self.shutdown.drain.clone().cancelled_owned()),
+            abort: Box::pin(self.shutdown.abort.clone().cancelled_owned()),
+            draining: false,
+            sent_since_drain: false,
+            finished: false,
+            span,
             _active: ActiveStream::open(),
             _permit: permit,
         })
@@ -305,6 +393,15 @@ pub struct BatchStream {
     metrics: StreamMetrics,
     /// Set when the client asked for a batch that was not ready.
     waiting_since: Option<Instant>,
+    /// Index of the next batch to send (for the resume hint on drain).
+    next_index: u64,
+    drain: Pin<Box<WaitForCancellationFutureOwned>>,
+    abort: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Draining: send the batch in flight, then end with UNAVAILABLE.
+    draining: bool,
+    sent_since_drain: bool,
+    finished: bool,
+    span: tracing::Span,
     _active: ActiveStream,
     _permit: OwnedSemaphorePermit,
 }
@@ -350,21 +447,50 @@ pub fn position_message(position: &EpochPosition) -> pb::EpochPosition {
     }
 }
 
+impl BatchStream {
+    fn drained_status(&mut self) -> Status {
+        self.finished = true;
+        let _entered = self.span.enter();
+        tracing::info!(next_batch = self.next_index, "stream ended by shutdown");
+        metrics::request("StreamBatches", tonic::Code::Unavailable);
+        Status::unavailable(format!(
+            "shardfeed is shutting down; resume this stream with start_batch={}",
+            self.next_index
+        ))
+    }
+}
+
 impl Stream for BatchStream {
     type Item = Result<pb::Batch, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        if self.abort.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(self.drained_status())));
+        }
+        if !self.draining && self.drain.as_mut().poll(cx).is_ready() {
+            self.draining = true;
+        }
+        if self.draining && self.sent_since_drain {
+            // The batch that was in flight when draining began has been sent.
+            return Poll::Ready(Some(Err(self.drained_status())));
+        }
         match self.receiver.poll_recv(cx) {
             Poll::Pending => {
                 self.waiting_since.get_or_insert_with(Instant::now);
                 Poll::Pending
             }
             Poll::Ready(None) => {
+                self.finished = true;
                 metrics::request("StreamBatches", tonic::Code::Ok);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(error))) => {
+                self.finished = true;
                 let error = ServiceError::from(error);
+                let _entered = self.span.enter();
                 tracing::error!(%error, "stream failed");
                 metrics::request("StreamBatches", error.code());
                 Poll::Ready(Some(Err(error.into())))
@@ -376,7 +502,10 @@ impl Stream for BatchStream {
                     None => self.metrics.ready_waited(batch.ready_at.elapsed()),
                 }
                 self.metrics.batch_sent(batch.size as u64);
+                self.next_index = batch.index + 1;
                 let message = self.to_message(batch);
+                // While draining, this was the batch in flight: end after it.
+                self.sent_since_drain = self.draining;
                 Poll::Ready(Some(Ok(message)))
             }
         }
@@ -410,6 +539,7 @@ impl Shardfeed for ShardfeedService {
             let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
             let world_size = request.world_size.max(1);
             let partition = partition(request.partition)?;
+            self.check_allowed(&request.dataset)?;
             let dataset = self.registry.open(&request.dataset).await?;
             let counts =
                 plan::epoch_counts(dataset.index.samples(), world_size, batch_size, partition)?;
@@ -575,14 +705,19 @@ pub async fn check_health(addr: &ListenAddr) -> Result<bool, Status> {
 /// How long open streams may run on after shutdown starts.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// Serves until `shutdown` resolves, then reports NOT_SERVING, stops taking
-/// new streams and gives open ones `grace` to finish.
+/// Serves until `shutdown` resolves, then drains: reports NOT_SERVING, refuses
+/// new streams, lets each open stream send its batch in flight and end with
+/// UNAVAILABLE (and a resume hint), and after `grace` ends whatever is left.
 pub async fn serve(
     listener: Listener,
     service: ShardfeedService,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), ServeError> {
+    let shutdown_handle = service.shutdown_handle();
+    // Our receive windows (client requests are small; these matter when the
+    // server is reached through a proxy that also streams to us).
+    let window = DEFAULT_STREAM_WINDOW_BYTES;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<ShardfeedServer<ShardfeedService>>()
@@ -592,8 +727,8 @@ pub async fn serve(
         let _ = drain_rx.await;
     };
     let router = tonic::transport::Server::builder()
-        .initial_stream_window_size(STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window.saturating_mul(CONNECTION_WINDOWS_PER_STREAM))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_nodelay(true)
@@ -621,8 +756,11 @@ pub async fn serve(
         result = &mut server => return result.map_err(ServeError::from),
         () = shutdown => {}
     }
+    // Drain: report NOT_SERVING (probes and new connections still get
+    // answers), refuse new streams, let open ones send their batch in flight.
     tracing::info!(
         grace_seconds = grace.as_secs_f64(),
+        open_streams = shutdown_handle.open_streams(),
         "shutting down: NOT_SERVING, draining open streams"
     );
     health_reporter
@@ -631,12 +769,25 @@ pub async fn serve(
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
-    let _ = drain_tx.send(());
-    match tokio::time::timeout(grace, &mut server).await {
-        Ok(result) => result.map_err(ServeError::from),
-        Err(_) => {
-            tracing::warn!("grace period over; closing the streams still open");
-            Ok(())
+    shutdown_handle.drain.cancel();
+    let deadline = tokio::time::Instant::now() + grace;
+    while shutdown_handle.open_streams() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::select! {
+            result = &mut server => return result.map_err(ServeError::from),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
+    }
+    if shutdown_handle.open_streams() > 0 {
+        tracing::warn!(
+            open_streams = shutdown_handle.open_streams(),
+            "grace period over; ending the streams still open"
+        );
+        shutdown_handle.abort.cancel();
+    }
+    // Let the final statuses reach the clients, then close connections.
+    let _ = drain_tx.send(());
+    match tokio::time::timeout(Duration::from_secs(2), &mut server).await {
+        Ok(result) => result.map_err(ServeError::from),
+        Err(_) => Ok(()),
     }
 }

@@ -194,6 +194,9 @@ pub fn read_parts(
             let config = config.clone();
             let end = (start + part_size).min(range.end);
             async move {
+                // Counted until the part is handed to the consumer.
+                let in_flight =
+                    crate::metrics::GaugeGuard::new(crate::metrics::PARTS_IN_FLIGHT, 1.0);
                 let bytes = read_range(
                     store.as_ref(),
                     &key,
@@ -202,8 +205,9 @@ pub fn read_parts(
                     &config.retry,
                 )
                 .await?;
-                Ok((start, bytes))
+                Ok::<_, StoreError>((start, bytes, in_flight))
             }
         })
         .buffered(parts_in_flight)
+        .map(|part| part.map(|(start, bytes, _in_flight)| (start, bytes)))
 }

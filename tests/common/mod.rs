@@ -114,6 +114,8 @@ pub struct Options {
     pub listen: ListenAddr,
     pub pipeline: PipelineConfig,
     pub max_streams: usize,
+    pub allow: Vec<String>,
+    pub grace: Duration,
 }
 
 impl Default for Options {
@@ -126,6 +128,8 @@ impl Default for Options {
                 ..PipelineConfig::default()
             },
             max_streams: 16,
+            allow: Vec::new(),
+            grace: Duration::from_secs(5),
         }
     }
 }
@@ -162,6 +166,7 @@ impl Harness {
             ServiceConfig {
                 decode_threads: options.decode_threads,
                 max_streams: options.max_streams,
+                allow: options.allow,
                 ..ServiceConfig::default()
             },
         )
@@ -175,7 +180,7 @@ impl Harness {
             async move {
                 let _ = stop_rx.await;
             },
-            Duration::from_secs(5),
+            options.grace,
         ));
         Self {
             s3,
@@ -188,6 +193,13 @@ impl Harness {
     pub async fn client(&self) -> ShardfeedClient<Channel> {
         let channel = server::connect(&self.addr).await.unwrap();
         ShardfeedClient::new(channel).max_decoding_message_size(usize::MAX)
+    }
+
+    /// Starts shutdown (as SIGTERM would) without waiting for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 
     pub async fn shutdown(mut self) {

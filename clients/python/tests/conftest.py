@@ -65,14 +65,8 @@ class S3:
 
 @pytest.fixture(scope="session")
 def s3() -> Iterator[S3]:
-    process = subprocess.Popen(
-        [str(binary()), "dev-s3", "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline().decode()
-    assert line.startswith("listening on "), line
-    yield S3(line.split()[-1])
+    server, process = start_s3()
+    yield server
     stop(process)
 
 
@@ -153,3 +147,25 @@ def server(s3: S3) -> Iterator[Server]:
     srv = start_server(s3, f"127.0.0.1:{free_port()}")
     yield srv
     stop(srv.process)
+
+
+def start_s3(*extra: str) -> tuple[S3, subprocess.Popen[bytes]]:
+    process = subprocess.Popen(
+        [str(binary()), "dev-s3", "--listen", "127.0.0.1:0", *extra], stdout=subprocess.PIPE
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline().decode()
+    assert line.startswith("listening on "), line
+    return S3(line.split()[-1]), process
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text as {'name{labels}': value}."""
+    import urllib.request
+
+    samples = {}
+    for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples

@@ -23,7 +23,6 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", 16 << 20),
     ("grpc.http2.bdp_probe", 1),
-    ("grpc.http2.lookahead_bytes", 64 << 20),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]

@@ -1,0 +1,156 @@
+"""Operators' view: the metrics endpoint of the real binary during streams."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from shardfeed import Client
+
+from ..conftest import (
+    REPO,
+    S3,
+    Server,
+    free_port,
+    scrape,
+    start_s3,
+    start_server,
+    stop,
+    upload,
+    write_tar,
+)
+from .test_client import COLORS, jpeg
+
+
+def documented_metrics() -> list[str]:
+    table = (REPO / "docs" / "METRICS.md").read_text()
+    return re.findall(r"^\| `(shardfeed_[a-z0-9_]+)`", table, flags=re.M)
+
+
+def total(samples: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels`."""
+    found = 0.0
+    for key, value in samples.items():
+        metric, _, rest = key.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            found += value
+    return found
+
+
+@pytest.fixture(scope="module")
+def throttled() -> Iterator[tuple[S3, Server]]:
+    """A server whose S3 throttles every other GET."""
+    s3, s3_process = start_s3("--slow-down-every", "2")
+    server = start_server(s3, f"127.0.0.1:{_port()}")
+    yield s3, server
+    stop(server.process)
+    stop(s3_process)
+
+
+def _port() -> int:
+    return free_port()
+
+
+def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None:
+    s3, server = throttled
+    samples = []
+    for i in range(40):
+        members = {"jpg": jpeg(COLORS[i % 5], (64, 48)), "cls": str(i % 5).encode()}
+        if i == 3:
+            members["jpg"] = b"corrupt"
+        if i == 4:
+            members["cls"] = b"cat"
+        samples.append((f"m{i:03d}", members))
+    # No index: the server builds one (counted) on first use.
+    uri = upload(s3, "ops", "", [write_tar(samples[:20]), write_tar(samples[20:])])
+    before = scrape(server.metrics_url)
+    client = Client(server.target)
+    stream = client.batches(uri, batch_size=4, image_size=32)
+    next(stream)
+    during = scrape(server.metrics_url)
+    assert total(during, "shardfeed_streams_active") == 1
+    rest = list(stream)
+    assert len(rest) == 9
+    after = scrape(server.metrics_url)
+    assert total(after, "shardfeed_streams_active") == 0
+
+    names = documented_metrics()
+    assert len(names) >= 15
+    present = {
+        key.partition("{")[0].removesuffix("_sum").removesuffix("_count").removesuffix("_bucket")
+        for key in after
+    }
+    missing = [n for n in names if n not in present]
+    assert not missing, f"documented but not exported: {missing}"
+
+    def moved(name: str, suffix: str = "", **labels: str) -> float:
+        return total(after, name + suffix, **labels) - total(before, name + suffix, **labels)
+
+    assert moved("shardfeed_batches_total") == 10
+    assert moved("shardfeed_samples_total") == 40
+    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="Ok") == 1
+    assert moved("shardfeed_substituted_samples_total", reason="corrupt") == 1
+    assert moved("shardfeed_invalid_labels_total") == 1
+    assert moved("shardfeed_index_builds_total") == 1
+    assert moved("shardfeed_store_retries_total") >= 1
+    assert moved("shardfeed_s3_requests_total", op="get", outcome="transient") >= 1
+    assert moved("shardfeed_s3_requests_total", op="get", outcome="ok") >= 2
+    assert moved("shardfeed_s3_received_bytes_total") > 0
+    assert moved("shardfeed_decode_seconds", "_count") == 40
+    assert moved("shardfeed_s3_request_seconds", "_count", op="get") >= 3
+
+
+def consume(client: Client, uri: str, rank: int, pause: float) -> None:
+    # 8 x 224 x 224 x 3 = 1.2 MB batches: a few fill the client's HTTP/2
+    # window, so a slow consumer's back-pressure reaches the server.
+    for _ in client.batches(uri, batch_size=8, image_size=224, rank=rank, world_size=2):
+        time.sleep(pause)
+
+
+def stall(url: str, rank: str) -> tuple[float, float]:
+    samples = scrape(url)
+    return (
+        total(samples, "shardfeed_consumer_wait_seconds_sum", rank=rank),
+        total(samples, "shardfeed_ready_batch_wait_seconds_sum", rank=rank),
+    )
+
+
+def test_stall_metrics_attribute_the_bottleneck(s3: S3) -> None:
+    samples = [(f"st{i:03d}", {"jpg": jpeg(COLORS[i % 5], (48, 48))}) for i in range(192)]
+    shards = [write_tar(samples[:96]), write_tar(samples[96:])]
+    uri = upload(s3, "stall", "", shards)
+
+    # Compute-bound: the trainer (consumer) is slow, batches wait for it.
+    server = start_server(s3, f"127.0.0.1:{_port()}")
+    try:
+        consume(Client(server.target), uri, rank=1, pause=0.3)
+        data_wait, ready_wait = stall(server.metrics_url, "1")
+    finally:
+        stop(server.process)
+    # 12 batches, 0.3 s apart (slower than even a debug build decodes); those
+    # beyond what the transport buffers wait for the consumer.
+    assert ready_wait > 1.0, (data_wait, ready_wait)
+    assert data_wait < ready_wait / 2, (data_wait, ready_wait)
+
+    # Data-bound: S3 answers slowly, the trainer waits for batches.
+    slow_s3, slow_process = start_s3("--get-delay-ms", "400")
+    slow_server = start_server(slow_s3, f"127.0.0.1:{_port()}", "--part-size", "65536")
+    try:
+        slow_uri = upload(slow_s3, "stall", "", shards)
+        thread = threading.Thread(
+            target=consume, args=(Client(slow_server.target), slow_uri, 1, 0.0)
+        )
+        thread.start()
+        thread.join(timeout=60)
+        data_wait, ready_wait = stall(slow_server.metrics_url, "1")
+        assert data_wait > 0.3, (data_wait, ready_wait)
+        assert ready_wait < data_wait / 2, (data_wait, ready_wait)
+    finally:
+        stop(slow_server.process)
+        stop(slow_process)

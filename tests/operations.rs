@@ -1,0 +1,213 @@
+//! Operational behaviour: draining on shutdown, health, limits, access control.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use shardfeed::server::{self, pb};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_mid_stream_drains_cleanly() {
+    let mut harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(4, 16)).await;
+    let mut client = harness.client().await;
+    assert!(server::check_health(&harness.addr).await.unwrap());
+
+    // A stream that finishes before shutdown ends whole.
+    let whole = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(whole.len(), 8);
+
+    // A stream whose first batch is still being fetched when shutdown starts.
+    harness
+        .s3
+        .state
+        .faults
+        .set_get_delay(Duration::from_millis(1500));
+    let mut open = client
+        .stream_batches(pb::StreamBatchesRequest {
+            epoch: 1,
+            ..request(&uri)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    harness.begin_shutdown();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Draining: probes see NOT_SERVING, new streams are refused clearly.
+    assert!(
+        !server::check_health(&harness.addr).await.unwrap(),
+        "health must report NOT_SERVING while draining"
+    );
+    let mut late = harness.client().await;
+    let refused = collect(&mut late, request(&uri)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(
+        refused.message().contains("draining"),
+        "{}",
+        refused.message()
+    );
+
+    // The open stream gets its batch in flight, then a status saying where to resume.
+    let first = open
+        .message()
+        .await
+        .unwrap()
+        .expect("the in-flight batch is delivered");
+    assert_eq!(first.index, 0);
+    let ended = open.message().await.unwrap_err();
+    assert_eq!(ended.code(), tonic::Code::Unavailable);
+    assert!(
+        ended.message().contains("start_batch=1"),
+        "{}",
+        ended.message()
+    );
+
+    harness.server.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "drained well within the grace period"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grace_expiry_ends_open_streams_with_a_status() {
+    let mut harness = Harness::start(Options {
+        grace: Duration::from_millis(300),
+        ..Options::default()
+    })
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 8)).await;
+    let mut client = harness.client().await;
+    harness
+        .s3
+        .state
+        .faults
+        .set_get_delay(Duration::from_secs(5));
+    let mut open = client
+        .stream_batches(request(&uri))
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    harness.begin_shutdown();
+    let ended = open.message().await.unwrap_err();
+    assert_eq!(ended.code(), tonic::Code::Unavailable);
+    assert!(
+        ended.message().contains("start_batch=0"),
+        "{}",
+        ended.message()
+    );
+    harness.server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_over_the_limit_are_refused() {
+    let harness = Harness::start(Options {
+        max_streams: 1,
+        ..Options::default()
+    })
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 8)).await;
+    let mut client = harness.client().await;
+    harness
+        .s3
+        .state
+        .faults
+        .set_get_delay(Duration::from_millis(800));
+    let _held = client
+        .stream_batches(request(&uri))
+        .await
+        .unwrap()
+        .into_inner();
+    let refused = collect(&mut client, request(&uri)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("--max-streams"),
+        "{}",
+        refused.message()
+    );
+    drop(_held);
+    harness.s3.state.faults.set_get_delay(Duration::ZERO);
+    // The permit is released when the client goes away.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match collect(&mut client, request(&uri)).await {
+            Ok(batches) => {
+                assert_eq!(batches.len(), 2);
+                break;
+            }
+            Err(status)
+                if status.code() == tonic::Code::ResourceExhausted && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allowed_datasets_are_served() {
+    let harness = Harness::start(Options {
+        allow: vec!["s3://data/train".into()],
+        ..Options::default()
+    })
+    .await;
+    let allowed = upload(&harness.s3, "data", "train/", &simple_dataset(1, 8)).await;
+    let denied = upload(
+        &harness.s3,
+        "data",
+        "training-secret/",
+        &simple_dataset(1, 8),
+    )
+    .await;
+    let mut client = harness.client().await;
+    assert_eq!(
+        collect(&mut client, request(&allowed)).await.unwrap().len(),
+        1
+    );
+    let gets = harness.s3.state.counts.get.load(Ordering::SeqCst);
+    for uri in [denied.clone(), "s3://other/train/".to_string()] {
+        let status = collect(&mut client, request(&uri)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{uri}");
+        assert!(
+            status.message().contains("s3://data/train"),
+            "names the rule: {}",
+            status.message()
+        );
+        let described = client
+            .describe(pb::DescribeRequest {
+                dataset: uri,
+                world_size: 1,
+                batch_size: Some(8),
+                partition: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(described.code(), tonic::Code::PermissionDenied);
+    }
+    assert_eq!(
+        harness.s3.state.counts.get.load(Ordering::SeqCst),
+        gets,
+        "denied requests never reach S3"
+    );
+    harness.shutdown().await;
+}
+
+#[test]
+fn allow_rules_end_at_path_boundaries() {
+    use shardfeed::server::rule_allows;
+    assert!(rule_allows("s3://b/train", "s3://b/train/"));
+    assert!(rule_allows("s3://b/train/", "s3://b/train/part1/"));
+    assert!(!rule_allows("s3://b/train", "s3://b/training/"));
+    assert!(!rule_allows("s3://b/train/", "s3://c/train/"));
+    assert!(rule_allows("s3://b", "s3://b/anything/"));
+    assert!(rule_allows("s3://", "s3://any/"));
+    assert!(!rule_allows("s3://", "file:///etc/"));
+}
