@@ -45,9 +45,27 @@ enum Command {
     Demo(DemoArgs),
     /// Exit 0 if the server at --listen reports SERVING (for probes).
     Health(HealthArgs),
+    /// Compare shuffle quality with the WebDataset recipe on a class-sorted
+    /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
+    ShuffleQuality(ShuffleQualityArgs),
     /// Run an in-memory S3-compatible server for tests and benchmarks (data
     /// is lost on exit; credentials: shardfeed-demo / shardfeed-demo-secret).
     DevS3(DevS3Args),
+}
+
+#[derive(Args, Debug)]
+struct ShuffleQualityArgs {
+    #[arg(long, default_value_t = 100)]
+    classes: u32,
+    #[arg(long, default_value_t = 500)]
+    samples_per_class: u64,
+    /// Shards hold 1-2 classes when this is at most samples_per_class.
+    #[arg(long, default_value_t = 400)]
+    samples_per_shard: u64,
+    #[arg(long, default_value_t = 128)]
+    batch_size: u32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -227,6 +245,10 @@ fn main() -> anyhow::Result<()> {
         Command::Index(args) => {
             init_logging(cli.log_format, "info");
             runtime.block_on(index(args))
+        }
+        Command::ShuffleQuality(args) => {
+            shuffle_quality(&args);
+            Ok(())
         }
         Command::Health(args) => {
             init_logging(cli.log_format, "warn");
@@ -424,4 +446,60 @@ async fn dev_s3(args: DevS3Args) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     shutdown_signal().await;
     Ok(())
+}
+
+fn shuffle_quality(args: &ShuffleQualityArgs) {
+    use shardfeed::plan::quality::{
+        measure, shardfeed_order, uniform_order, webdataset_order, SortedDataset,
+    };
+    let dataset = SortedDataset {
+        classes: args.classes,
+        samples_per_class: args.samples_per_class,
+        samples_per_shard: args.samples_per_shard,
+    };
+    let batch = args.batch_size as usize;
+    let uniform = measure(&dataset, &uniform_order(&dataset, args.seed), batch);
+    let defaults = ShuffleConfig::default();
+    for world_size in [1u32, 8] {
+        for buffer in [1_000u32, defaults.buffer] {
+            let rows = [
+                (
+                    "shardfeed",
+                    defaults.interleave,
+                    shardfeed_order(
+                        &dataset,
+                        ShuffleConfig { buffer, ..defaults },
+                        world_size,
+                        args.batch_size,
+                        args.seed,
+                    ),
+                ),
+                (
+                    "webdataset_recipe",
+                    1,
+                    webdataset_order(&dataset, buffer as usize, world_size, args.seed),
+                ),
+            ];
+            for (method, interleave, order) in rows {
+                let quality = measure(&dataset, &order, batch);
+                // A uniform permutation of this stream's own samples moves
+                // each by about a third of the stream.
+                let uniform_displacement = order.len() as f64 / 3.0;
+                println!(
+                    "{{\"method\":\"{method}\",\"world_size\":{world_size},\"buffer_samples\":{buffer},\"interleave\":{interleave},\"samples\":{},\"distinct_labels_per_batch\":{:.2},\"distinct_vs_uniform\":{:.3},\"mean_displacement\":{:.0},\"displacement_vs_uniform\":{:.3}}}",
+                    order.len(),
+                    quality.distinct_labels_per_batch,
+                    quality.distinct_labels_per_batch / uniform.distinct_labels_per_batch,
+                    quality.mean_displacement,
+                    quality.mean_displacement / uniform_displacement,
+                );
+            }
+        }
+    }
+    println!(
+        "{{\"method\":\"uniform_permutation\",\"samples\":{},\"distinct_labels_per_batch\":{:.2},\"mean_displacement\":{:.0}}}",
+        dataset.total(),
+        uniform.distinct_labels_per_batch,
+        uniform.mean_displacement
+    );
 }

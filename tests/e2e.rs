@@ -456,3 +456,50 @@ async fn reads_file_uris_with_a_written_index() {
     assert_eq!(batches.len(), 1);
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pad_mode_covers_every_sample_and_matches_describe() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(5, 11)).await; // 55 samples
+    let mut client = harness.client().await;
+    let (world, batch) = (3u32, 4u32);
+    let described = client
+        .describe(pb::DescribeRequest {
+            dataset: uri.clone(),
+            world_size: world,
+            batch_size: Some(batch),
+            partition: pb::Partition::Pad as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // ceil(55 / 12) = 5 batches per rank; 60 - 55 = 5 samples repeated.
+    assert_eq!(
+        (described.batches_per_rank, described.padded_per_epoch),
+        (5, 5)
+    );
+    let mut seen = Vec::new();
+    for rank in 0..world {
+        let batches = collect(
+            &mut client,
+            pb::StreamBatchesRequest {
+                rank,
+                world_size: world,
+                batch_size: Some(batch),
+                partition: pb::Partition::Pad as i32,
+                ..request(&uri)
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(batches.len() as u64, described.batches_per_rank);
+        seen.extend(keys(&batches));
+    }
+    assert_eq!(seen.len(), 60);
+    assert_eq!(
+        seen.iter().collect::<HashSet<_>>().len(),
+        55,
+        "every sample at least once"
+    );
+    harness.shutdown().await;
+}

@@ -56,7 +56,10 @@ mod tests {
             ..S3Config::default()
         };
         let shown = format!("{config:?}");
-        assert!(!shown.contains("very-secret") && !shown.contains("AKIAEXAMPLE"), "{shown}");
+        assert!(
+            !shown.contains("very-secret") && !shown.contains("AKIAEXAMPLE"),
+            "{shown}"
+        );
         assert!(shown.contains("<redacted>"));
     }
 }
