@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
 use crate::shard::{SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::store::cache::{CacheStore, DiskCache};
 use crate::store::local::LocalStore;
 use crate::store::retry::{read_parts, ReadConfig};
 use crate::store::s3::{S3Config, S3Store};
@@ -391,6 +392,7 @@ pub struct DatasetRegistry {
     read: ReadConfig,
     s3_client: OnceCell<aws_sdk_s3::Client>,
     datasets: Mutex<HashMap<String, Arc<OnceCell<Arc<Dataset>>>>>,
+    cache: Option<Arc<DiskCache>>,
 }
 
 impl DatasetRegistry {
@@ -400,7 +402,18 @@ impl DatasetRegistry {
             read,
             s3_client: OnceCell::new(),
             datasets: Mutex::default(),
+            cache: None,
         }
+    }
+
+    /// Reads S3 datasets through `cache` (local directories are not cached).
+    pub fn with_cache(mut self, cache: Arc<DiskCache>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    pub fn cache(&self) -> Option<&Arc<DiskCache>> {
+        self.cache.as_ref()
     }
 
     pub fn read_config(&self) -> &ReadConfig {
@@ -416,10 +429,14 @@ impl DatasetRegistry {
                     .get_or_init(|| crate::store::s3::client(&self.s3))
                     .await
                     .clone();
-                (
-                    Arc::new(S3Store::new(client, bucket.clone())),
-                    prefix.clone(),
-                )
+                let s3: Arc<dyn ObjectStore> = Arc::new(S3Store::new(client, bucket.clone()));
+                let store: Arc<dyn ObjectStore> = match &self.cache {
+                    Some(cache) => {
+                        Arc::new(CacheStore::new(s3, cache.clone(), self.read.retry.clone()))
+                    }
+                    None => s3,
+                };
+                (store, prefix.clone())
             }
             DatasetUri::Local { root } => (Arc::new(LocalStore::new(root.clone())), String::new()),
         }

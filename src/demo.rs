@@ -183,6 +183,8 @@ pub struct DemoOptions {
     pub batch_size: u32,
     pub image_size: u32,
     pub decode_threads: usize,
+    /// Read through a disk cache in this directory (epoch 2 then makes no GETs).
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -193,6 +195,7 @@ impl Default for DemoOptions {
             batch_size: 128,
             image_size: 224,
             decode_threads: server::default_decode_threads(),
+            cache_dir: None,
         }
     }
 }
@@ -234,7 +237,21 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error +
     let uri = format!("s3://{DEMO_BUCKET}/{DEMO_PREFIX}");
     println!("uploaded and indexed {uri}");
 
-    let registry = Arc::new(DatasetRegistry::new(s3.s3_config(), read));
+    let mut registry = DatasetRegistry::new(s3.s3_config(), read);
+    if let Some(dir) = &options.cache_dir {
+        registry = registry.with_cache(crate::store::cache::DiskCache::open(
+            crate::store::cache::CacheConfig {
+                dir: dir.clone(),
+                max_bytes: u64::MAX,
+                min_free_percent: crate::store::cache::DEFAULT_MIN_FREE_PERCENT,
+                block_size: crate::store::cache::DEFAULT_BLOCK_SIZE,
+                policy: crate::store::cache::EvictionPolicy::Planned,
+                metadata_ttl: None,
+            },
+        )?);
+        println!("reading through a disk cache in {}", dir.display());
+    }
+    let registry = Arc::new(registry);
     let service = ShardfeedService::new(
         registry,
         PipelineConfig::default(),

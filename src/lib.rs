@@ -4,6 +4,7 @@
 //! Data flows `plan → store → shard → (shuffle) → decode → pipeline → server`;
 //! see DESIGN.md for the invariants each module guards.
 
+pub mod bench;
 pub mod dataset;
 pub mod decode;
 pub mod demo;

@@ -12,6 +12,7 @@ use shardfeed::dataset::{build_index, write_index, DatasetRegistry, DatasetUri};
 use shardfeed::pipeline::{self, PipelineConfig};
 use shardfeed::plan::{self, ShuffleConfig};
 use shardfeed::server::{self, ListenAddr, Listener, ServiceConfig, ShardfeedService};
+use shardfeed::store::cache::{self, CacheConfig, DiskCache, EvictionPolicy};
 use shardfeed::store::retry::{self, ReadConfig, RetryPolicy};
 use shardfeed::store::s3::S3Config;
 
@@ -41,10 +42,15 @@ enum Command {
     Serve(ServeArgs),
     /// Scan a dataset's shards and write its index beside them.
     Index(IndexArgs),
+    /// Fill the disk cache with a dataset ahead of training, within its size limit.
+    Warm(WarmArgs),
     /// Run the whole path on a synthetic dataset in an in-process S3 server.
     Demo(DemoArgs),
     /// Exit 0 if the server at --listen reports SERVING (for probes).
     Health(HealthArgs),
+    /// Compare cache eviction policies: S3 bytes per epoch with a cache of
+    /// half the dataset (in-process S3 server). Prints JSON lines.
+    CacheBench,
     /// Compare shuffle quality with the WebDataset recipe on a class-sorted
     /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
     ShuffleQuality(ShuffleQualityArgs),
@@ -149,6 +155,82 @@ impl ReadArgs {
     }
 }
 
+#[derive(Args, Debug, Clone)]
+struct CacheArgs {
+    /// Directory of the host's shard cache (shared by every stream). Unset: no cache.
+    #[arg(long, env = "SHARDFEED_CACHE_DIR")]
+    cache_dir: Option<std::path::PathBuf>,
+    /// Most bytes the cache may hold, e.g. 500G, 64Gi, 1T.
+    #[arg(long, env = "SHARDFEED_CACHE_SIZE", value_parser = parse_size, default_value = "100G")]
+    cache_size: u64,
+    /// Free disk space (percent of the file system) the cache always leaves.
+    #[arg(long, env = "SHARDFEED_CACHE_MIN_FREE_PERCENT", default_value_t = cache::DEFAULT_MIN_FREE_PERCENT)]
+    cache_min_free_percent: f64,
+    /// Eviction: `planned` (what the streams' plans need furthest ahead) or `lru`.
+    #[arg(long, env = "SHARDFEED_CACHE_POLICY", value_enum, default_value_t = PolicyArg::Planned)]
+    cache_policy: PolicyArg,
+    /// Seconds listings and object metadata are trusted (0: for the process's life).
+    #[arg(long, env = "SHARDFEED_METADATA_TTL", default_value_t = 0)]
+    metadata_ttl: u64,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum PolicyArg {
+    Planned,
+    Lru,
+}
+
+impl CacheArgs {
+    fn problems(&self, problems: &mut Vec<String>) {
+        if !(0.0..100.0).contains(&self.cache_min_free_percent) {
+            problems.push("--cache-min-free-percent must be in [0, 100)".into());
+        }
+    }
+
+    fn open(&self) -> anyhow::Result<Option<Arc<DiskCache>>> {
+        let Some(dir) = &self.cache_dir else {
+            return Ok(None);
+        };
+        let cache = DiskCache::open(CacheConfig {
+            dir: dir.clone(),
+            max_bytes: self.cache_size,
+            min_free_percent: self.cache_min_free_percent,
+            block_size: cache::DEFAULT_BLOCK_SIZE,
+            policy: match self.cache_policy {
+                PolicyArg::Planned => EvictionPolicy::Planned,
+                PolicyArg::Lru => EvictionPolicy::Lru,
+            },
+            metadata_ttl: (self.metadata_ttl > 0).then(|| Duration::from_secs(self.metadata_ttl)),
+        })?;
+        Ok(Some(cache))
+    }
+}
+
+/// Sizes like `100G` (10^9), `64Gi` (2^30) or plain bytes.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 500G"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "ki" | "kib" => 1024.0,
+        "mi" | "mib" => 1024f64.powi(2),
+        "gi" | "gib" => 1024f64.powi(3),
+        "ti" | "tib" => 1024f64.powi(4),
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    Ok((number * scale) as u64)
+}
+
 #[derive(Args, Debug)]
 struct ServeArgs {
     /// gRPC address: host:port or unix:/path/to.sock.
@@ -165,6 +247,8 @@ struct ServeArgs {
     s3: S3Args,
     #[command(flatten)]
     read: ReadArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// Decode threads (default: one per core).
     #[arg(long, env = "SHARDFEED_DECODE_THREADS")]
     decode_threads: Option<usize>,
@@ -203,6 +287,18 @@ struct IndexArgs {
 }
 
 #[derive(Args, Debug)]
+struct WarmArgs {
+    /// s3://bucket/prefix/
+    uri: String,
+    #[command(flatten)]
+    s3: S3Args,
+    #[command(flatten)]
+    read: ReadArgs,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+#[derive(Args, Debug)]
 struct DemoArgs {
     #[arg(long, default_value_t = 8)]
     shards: usize,
@@ -216,6 +312,9 @@ struct DemoArgs {
     image_size: u32,
     #[arg(long)]
     decode_threads: Option<usize>,
+    /// Read through a disk cache in this directory.
+    #[arg(long)]
+    cache_dir: Option<std::path::PathBuf>,
 }
 
 fn init_logging(format: LogFormat, default_level: &str) {
@@ -245,6 +344,18 @@ fn main() -> anyhow::Result<()> {
         Command::Index(args) => {
             init_logging(cli.log_format, "info");
             runtime.block_on(index(args))
+        }
+        Command::Warm(args) => {
+            init_logging(cli.log_format, "warn");
+            runtime.block_on(warm(args))
+        }
+        Command::CacheBench => {
+            init_logging(cli.log_format, "warn");
+            runtime
+                .block_on(shardfeed::bench::cache_policy(
+                    &shardfeed::bench::CacheBenchSpec::default(),
+                ))
+                .map_err(|e| anyhow::anyhow!(e))
         }
         Command::ShuffleQuality(args) => {
             shuffle_quality(&args);
@@ -279,6 +390,7 @@ fn main() -> anyhow::Result<()> {
                 batch_size: args.batch_size,
                 image_size: args.image_size,
                 decode_threads: args.decode_threads.unwrap_or(defaults.decode_threads),
+                cache_dir: args.cache_dir,
             };
             runtime
                 .block_on(shardfeed::demo::run(options))
@@ -301,6 +413,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| problems.push(format!("--metrics-listen {:?}: {e}", args.metrics_listen)))
         .ok();
     args.read.problems(&mut problems);
+    args.cache.problems(&mut problems);
     if args.decode_threads == Some(0) {
         problems.push("--decode-threads must be at least 1".into());
     }
@@ -342,7 +455,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("starting the metrics listener on {metrics_listen}"))?;
     shardfeed::metrics::describe();
 
-    let registry = Arc::new(DatasetRegistry::new(args.s3.config(), args.read.config()));
+    let mut registry = DatasetRegistry::new(args.s3.config(), args.read.config());
+    if let Some(cache) = args.cache.open()? {
+        registry = registry.with_cache(cache);
+    }
+    let registry = Arc::new(registry);
     let pipeline = PipelineConfig {
         read: args.read.config(),
         prefetch_segments: args.prefetch_shards,
@@ -502,4 +619,79 @@ fn shuffle_quality(args: &ShuffleQualityArgs) {
         uniform.distinct_labels_per_batch,
         uniform.mean_displacement
     );
+}
+
+async fn warm(args: WarmArgs) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut problems = Vec::new();
+    args.read.problems(&mut problems);
+    args.cache.problems(&mut problems);
+    if args.cache.cache_dir.is_none() {
+        problems.push("--cache-dir is required".into());
+    }
+    if !problems.is_empty() {
+        bail!("invalid configuration:\n  {}", problems.join("\n  "));
+    }
+    let Some(cache) = args.cache.open()? else {
+        bail!("--cache-dir is required");
+    };
+    let registry =
+        DatasetRegistry::new(args.s3.config(), args.read.config()).with_cache(cache.clone());
+    let dataset = registry.open(&args.uri).await?;
+    let total: u64 = dataset.index.bytes();
+    let started = std::time::Instant::now();
+    let (mut done, mut warmed) = (0u64, 0usize);
+    for (shard, entry) in dataset.index.shards.iter().enumerate() {
+        let key = dataset.shard_key(shard as u32);
+        let location = dataset.store.location(&key);
+        let cached = entry
+            .etag
+            .as_deref()
+            .map_or(0, |etag| cache.cached_bytes(&location, etag));
+        if cached >= entry.size {
+            // Already cached (an earlier warm, or the index scan just now).
+            done += entry.size;
+            warmed += 1;
+            continue;
+        }
+        // Stop rather than evict what was just warmed.
+        if !cache.fits_without_eviction(entry.size - cached) {
+            eprintln!();
+            println!(
+                "cache full: {warmed} of {} shards cached ({:.1} MB in {}); the rest is read from S3 during training",
+                dataset.index.shards.len(),
+                cache.used_bytes() as f64 / 1e6,
+                cache.config().dir.display(),
+            );
+            return Ok(());
+        }
+        let mut parts = std::pin::pin!(shardfeed::store::retry::read_parts(
+            dataset.store.clone(),
+            key,
+            0..entry.size,
+            entry.etag.clone(),
+            args.read.config(),
+        ));
+        while let Some(part) = futures::StreamExt::next(&mut parts).await {
+            done += part?.1.len() as u64;
+            let seconds = started.elapsed().as_secs_f64().max(1e-9);
+            eprint!(
+                "\rwarming {}: {:>5.1}% of {:.2} GB, {:.0} MB/s   ",
+                args.uri,
+                100.0 * done as f64 / total.max(1) as f64,
+                total as f64 / 1e9,
+                done as f64 / seconds / 1e6
+            );
+            std::io::stderr().flush()?;
+        }
+        warmed += 1;
+    }
+    eprintln!();
+    println!(
+        "all {warmed} shards cached ({:.1} MB) in {} after {:.1}s",
+        total as f64 / 1e6,
+        cache.config().dir.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }

@@ -25,6 +25,12 @@ pub const STORE_RETRIES: &str = "shardfeed_store_retries_total";
 pub const INDEX_BUILDS: &str = "shardfeed_index_builds_total";
 pub const CONSUMER_WAIT_SECONDS: &str = "shardfeed_consumer_wait_seconds";
 pub const READY_WAIT_SECONDS: &str = "shardfeed_ready_batch_wait_seconds";
+pub const CACHE_HITS: &str = "shardfeed_cache_hits_total";
+pub const CACHE_MISSES: &str = "shardfeed_cache_misses_total";
+pub const CACHE_READ_BYTES: &str = "shardfeed_cache_read_bytes_total";
+pub const CACHE_EVICTIONS: &str = "shardfeed_cache_evictions_total";
+pub const CACHE_CORRUPT: &str = "shardfeed_cache_corrupt_blocks_total";
+pub const CACHE_BYTES: &str = "shardfeed_cache_bytes";
 pub const PARTS_IN_FLIGHT: &str = "shardfeed_s3_parts_in_flight";
 pub const DECODE_QUEUE: &str = "shardfeed_decode_queue_samples";
 pub const READY_BATCHES: &str = "shardfeed_ready_batches";
@@ -73,6 +79,19 @@ pub fn describe() {
         Unit::Seconds,
         "Per batch, time the client waited for a batch that was not ready (data-bound)."
     );
+    describe_counter!(CACHE_HITS, "Cache blocks served from local disk.");
+    describe_counter!(CACHE_MISSES, "Cache blocks fetched from the origin store.");
+    describe_counter!(
+        CACHE_READ_BYTES,
+        Unit::Bytes,
+        "Bytes read through the cache, by source (cache or origin)."
+    );
+    describe_counter!(CACHE_EVICTIONS, "Cache entries evicted to make room.");
+    describe_counter!(
+        CACHE_CORRUPT,
+        "Cache blocks that failed their checksum and were fetched again."
+    );
+    describe_gauge!(CACHE_BYTES, Unit::Bytes, "Bytes of data in the disk cache.");
     describe_gauge!(
         PARTS_IN_FLIGHT,
         "Ranged GETs in flight or fetched and not yet parsed."
@@ -87,6 +106,31 @@ pub fn describe() {
         Unit::Seconds,
         "Per batch, time a ready batch waited for the client to take it (compute-bound)."
     );
+    // Export every series from the start (at zero), so dashboards and alerts
+    // see them before the first event.
+    for name in [
+        BATCHES,
+        SAMPLES,
+        INVALID_LABELS,
+        S3_BYTES,
+        STORE_RETRIES,
+        INDEX_BUILDS,
+        CACHE_HITS,
+        CACHE_MISSES,
+        CACHE_EVICTIONS,
+        CACHE_CORRUPT,
+    ] {
+        counter!(name).absolute(0);
+    }
+    for source in ["cache", "origin"] {
+        counter!(CACHE_READ_BYTES, "source" => source).absolute(0);
+    }
+    for reason in ["corrupt", "too_large", "resize", "no_image"] {
+        counter!(SUBSTITUTED, "reason" => reason).absolute(0);
+    }
+    for name in [STREAMS_ACTIVE, PARTS_IN_FLIGHT, DECODE_QUEUE, CACHE_BYTES] {
+        gauge!(name).set(0.0);
+    }
 }
 
 pub fn request(rpc: &'static str, code: tonic::Code) {

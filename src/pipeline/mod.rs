@@ -53,6 +53,7 @@ use crate::decode::{Decoder, OutputSpec};
 use crate::metrics;
 use crate::plan::{RankPlan, SampleRef, Step, StreamPlan};
 use crate::shard::{Label, RawSample, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::store::cache::DiskCache;
 use crate::store::retry::{read_parts, ReadConfig};
 use crate::store::StoreError;
 
@@ -130,6 +131,14 @@ pub struct DecodedBatch {
     pub ready_at: Instant,
 }
 
+/// Tells the disk cache which shards a stream has reached, so its eviction
+/// knows what is still ahead.
+#[derive(Clone)]
+pub struct CacheHints {
+    pub cache: Arc<DiskCache>,
+    pub stream: String,
+}
+
 /// What one stream needs to run.
 #[derive(Clone)]
 pub struct StreamContext {
@@ -139,6 +148,7 @@ pub struct StreamContext {
     pub config: PipelineConfig,
     pub pool: Arc<rayon::ThreadPool>,
     pub decoder: Arc<dyn Decoder>,
+    pub cache_hints: Option<CacheHints>,
 }
 
 pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
@@ -385,6 +395,14 @@ impl<'a> SegmentReaders<'a> {
             let segment = self.plan.segments[index as usize];
             let (tx, rx) = mpsc::channel(self.context.config.reader_queue.max(1));
             self.receivers.insert(index, rx);
+            if let Some(hints) = &self.context.cache_hints {
+                let location = self
+                    .context
+                    .dataset
+                    .store
+                    .location(&self.context.dataset.shard_key(segment.shard));
+                hints.cache.reached(&hints.stream, &location);
+            }
             let job = ReadJob {
                 dataset: self.context.dataset.clone(),
                 shard: segment.shard,

@@ -14,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Request, Response, Status};
 
-use crate::dataset::{DatasetError, DatasetRegistry};
+use crate::dataset::{Dataset, DatasetError, DatasetRegistry};
 use crate::decode::{self, Decoder, OutputSpec, ResizeMode};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::{
@@ -220,6 +220,54 @@ impl ShardfeedService {
         }
     }
 
+    /// Tells the host cache which shards this stream reads, in order, this
+    /// epoch and the next (a pure function of the request).
+    fn announce_to_cache(
+        &self,
+        uri: &str,
+        dataset: &Dataset,
+        plan: &plan::StreamPlan,
+        request: &PlanRequest,
+    ) -> Option<pipeline::CacheHints> {
+        let cache = self.registry.cache()?.clone();
+        let location = |shard: u32| dataset.store.location(&dataset.shard_key(shard));
+        let mut sequence = Vec::new();
+        for part in &plan.parts {
+            let rank_plan = &plan.rank_plans[part.rank_plan];
+            let mut schedule = rank_plan.schedule();
+            let held = schedule.skip_emits(part.from);
+            for (segment, start) in rank_plan
+                .segments
+                .iter()
+                .zip(schedule.segment_starts(&held))
+            {
+                if start.is_some() {
+                    sequence.push(location(segment.shard));
+                }
+            }
+        }
+        let next_epoch = PlanRequest {
+            epoch: request.epoch + 1,
+            start_batch: 0,
+            resume_from: EpochPosition::default(),
+            ..request.clone()
+        };
+        if let Ok(next) = plan::plan_stream(&dataset.shard_samples(), &next_epoch) {
+            for part in &next.parts {
+                sequence.extend(
+                    next.rank_plans[part.rank_plan]
+                        .segments
+                        .iter()
+                        .map(|s| location(s.shard)),
+                );
+            }
+        }
+        let stream =
+            crate::store::cache::stream_key(uri, request.seed, request.rank, request.world_size);
+        cache.announce(&stream, sequence);
+        Some(pipeline::CacheHints { cache, stream })
+    }
+
     pub fn into_server(self) -> ShardfeedServer<Self> {
         ShardfeedServer::new(self)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
@@ -334,6 +382,7 @@ impl ShardfeedService {
                 "stream started"
             )
         });
+        let cache_hints = self.announce_to_cache(&request.dataset, &dataset, &plan, &plan_request);
         let plan = Arc::new(plan);
         let receiver = pipeline::spawn_stream(
             StreamContext {
@@ -343,6 +392,7 @@ impl ShardfeedService {
                 config: self.pipeline.clone(),
                 pool: self.pool.clone(),
                 decoder: self.decoder.clone(),
+                cache_hints,
             },
             span.clone(),
         );

@@ -5,6 +5,7 @@
 //! the same way. Retries and resume-from-offset live in [`retry`] and nowhere
 //! else. This module knows nothing about tar, images or plans.
 
+pub mod cache;
 pub mod local;
 pub mod retry;
 pub mod s3;

@@ -12,6 +12,7 @@ use shardfeed::s3mem::{self, RunningS3};
 use shardfeed::server::pb::shardfeed_client::ShardfeedClient;
 use shardfeed::server::{self, pb, ListenAddr, Listener, ServiceConfig, ShardfeedService};
 use shardfeed::shard::tar::TarWriter;
+use shardfeed::store::cache::{CacheConfig, DiskCache, EvictionPolicy};
 use shardfeed::store::retry::{ReadConfig, RetryPolicy};
 use tonic::transport::Channel;
 
@@ -116,6 +117,7 @@ pub struct Options {
     pub max_streams: usize,
     pub allow: Vec<String>,
     pub grace: Duration,
+    pub cache: Option<Arc<DiskCache>>,
 }
 
 impl Default for Options {
@@ -130,6 +132,7 @@ impl Default for Options {
             max_streams: 16,
             allow: Vec::new(),
             grace: Duration::from_secs(5),
+            cache: None,
         }
     }
 }
@@ -156,10 +159,11 @@ impl Harness {
     }
 
     pub async fn with_s3(s3: RunningS3, options: Options) -> Self {
-        let registry = Arc::new(DatasetRegistry::new(
-            s3.s3_config(),
-            options.pipeline.read.clone(),
-        ));
+        let mut registry = DatasetRegistry::new(s3.s3_config(), options.pipeline.read.clone());
+        if let Some(cache) = options.cache {
+            registry = registry.with_cache(cache);
+        }
+        let registry = Arc::new(registry);
         let service = ShardfeedService::new(
             registry,
             options.pipeline,
@@ -250,4 +254,37 @@ pub fn digest(batches: &[pb::Batch]) -> u64 {
         batch.substituted.hash(&mut hasher);
     }
     hasher.finish()
+}
+
+pub fn cache_at(dir: &std::path::Path, max_bytes: u64, policy: EvictionPolicy) -> Arc<DiskCache> {
+    DiskCache::open(CacheConfig {
+        dir: dir.to_path_buf(),
+        max_bytes,
+        min_free_percent: 0.0,
+        // Small blocks so that small test shards span several.
+        block_size: 16 << 10,
+        policy,
+        metadata_ttl: None,
+    })
+    .unwrap()
+}
+
+/// Writes the dataset's index beside it (as `shardfeed index` does).
+pub async fn write_index(s3: &RunningS3, bucket: &str, prefix: &str) {
+    let client = shardfeed::store::s3::client(&s3.s3_config()).await;
+    let store: Arc<dyn shardfeed::store::ObjectStore> =
+        Arc::new(shardfeed::store::s3::S3Store::new(client, bucket));
+    let (index, shards) = shardfeed::dataset::build_index(store.clone(), prefix, &fast_retries())
+        .await
+        .unwrap();
+    shardfeed::dataset::write_index(store.as_ref(), prefix, &index, &shards)
+        .await
+        .unwrap();
+}
+
+pub fn gets(s3: &RunningS3) -> u64 {
+    s3.state
+        .counts
+        .get
+        .load(std::sync::atomic::Ordering::SeqCst)
 }

@@ -20,15 +20,15 @@ SECRET_KEY = "shardfeed-demo-secret"
 
 
 def binary() -> Path:
-    """The shardfeed binary: $SHARDFEED_BIN, else the release or debug build."""
+    """The shardfeed binary: $SHARDFEED_BIN, else the newer of the builds."""
     configured = os.environ.get("SHARDFEED_BIN")
     if configured:
         return Path(configured)
-    for profile in ("release", "debug"):
-        path = REPO / "target" / profile / "shardfeed"
-        if path.exists():
-            return path
-    pytest.fail("no shardfeed binary: run `cargo build` or set SHARDFEED_BIN")
+    builds = [REPO / "target" / p / "shardfeed" for p in ("release", "debug")]
+    existing = [b for b in builds if b.exists()]
+    if not existing:
+        pytest.fail("no shardfeed binary: run `cargo build` or set SHARDFEED_BIN")
+    return max(existing, key=lambda b: b.stat().st_mtime)
 
 
 def free_port() -> int:

@@ -1,0 +1,712 @@
+//! The host's disk cache: a store that wraps another store.
+//!
+//! One [`DiskCache`] per host serves every stream and rank. Objects are cached
+//! in fixed-size blocks, keyed by (location, ETag), so a changed object is a
+//! different entry and is never served stale. Each block carries a CRC32; a
+//! block that fails it is dropped, counted and fetched again. A block is
+//! recorded as present only after its bytes are written, so a partially
+//! written block is never read. Concurrent reads of a missing block share one
+//! download. Entries are described by small JSON files next to their data, so
+//! a restarted sidecar finds its warm cache.
+//!
+//! Eviction knows the future: streams register the shards they will read, in
+//! order, for this epoch and the next (the plan makes both pure functions), and
+//! the [`EvictionPolicy::Planned`] policy evicts the entry needed furthest in
+//! the future (Belady's rule), falling back to least-recently-used for entries
+//! no stream has announced. LRU alone re-downloads everything every epoch when
+//! the cache is smaller than the dataset and the order changes per epoch.
+//!
+//! Listings and object metadata are cached in memory for `metadata_ttl`
+//! (default: the life of the process; datasets are static during training).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
+use serde::{Deserialize, Serialize};
+
+use super::retry::{read_range, RetryPolicy};
+use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
+use crate::metrics;
+
+pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
+pub const DEFAULT_MIN_FREE_PERCENT: f64 = 5.0;
+/// Finished streams whose next-epoch plan is kept as eviction hints.
+const MAX_HINTS: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Evict what the registered plans need furthest in the future.
+    Planned,
+    /// Evict the least recently used entry.
+    Lru,
+}
+
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    /// Bytes of cached data at most.
+    pub max_bytes: u64,
+    /// Free space always left on the cache's file system, in percent.
+    pub min_free_percent: f64,
+    pub block_size: u64,
+    pub policy: EvictionPolicy,
+    /// How long listings and object metadata are trusted (`None`: forever).
+    pub metadata_ttl: Option<Duration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cache directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// On-disk description of one entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct EntryMeta {
+    location: String,
+    etag: String,
+    size: u64,
+    block_size: u64,
+    /// Present blocks and their CRC32.
+    blocks: BTreeMap<u64, u32>,
+}
+
+type BlockFuture = Shared<BoxFuture<'static, Result<Bytes, StoreError>>>;
+
+#[derive(Debug)]
+struct Entry {
+    meta: EntryMeta,
+    last_used: u64,
+    inflight: HashMap<u64, BlockFuture>,
+}
+
+impl Entry {
+    fn bytes(&self) -> u64 {
+        self.meta
+            .blocks
+            .keys()
+            .map(|&b| block_len(&self.meta, b))
+            .sum()
+    }
+}
+
+fn block_len(meta: &EntryMeta, block: u64) -> u64 {
+    meta.block_size.min(meta.size - block * meta.block_size)
+}
+
+/// Where one registered stream is in its announced shard sequence.
+#[derive(Debug)]
+struct Hint {
+    sequence: Vec<String>,
+    cursor: usize,
+    updated: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    used: u64,
+    clock: u64,
+    hints: HashMap<String, Hint>,
+}
+
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub evictions: AtomicU64,
+    pub corrupt: AtomicU64,
+}
+
+/// The cache shared by every stream on the host.
+#[derive(Debug)]
+pub struct DiskCache {
+    config: CacheConfig,
+    state: Mutex<State>,
+    pub stats: CacheStats,
+}
+
+fn entry_id(location: &str, etag: &str) -> String {
+    // Two independent 64-bit hashes: collisions would serve wrong bytes.
+    use std::hash::{Hash, Hasher};
+    let mut first = std::collections::hash_map::DefaultHasher::new();
+    (location, etag).hash(&mut first);
+    let mut second = std::collections::hash_map::DefaultHasher::new();
+    (etag, location, 0x5eed_u32).hash(&mut second);
+    format!("{:016x}{:016x}", first.finish(), second.finish())
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> CacheError {
+    CacheError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl DiskCache {
+    /// Opens (or creates) the cache and adopts the entries a previous run left.
+    pub fn open(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
+        std::fs::create_dir_all(&config.dir).map_err(|e| io_error(&config.dir, e))?;
+        let mut state = State::default();
+        for item in std::fs::read_dir(&config.dir).map_err(|e| io_error(&config.dir, e))? {
+            let path = item.map_err(|e| io_error(&config.dir, e))?.path();
+            let is_meta = path.extension().is_some_and(|ext| ext == "json");
+            if !is_meta {
+                // Data files are adopted through their metadata; leftovers of
+                // interrupted writes are removed.
+                if path.extension().is_some_and(|ext| ext == "tmp") {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
+            let adopted = std::fs::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<EntryMeta>(&bytes).ok())
+                .filter(|meta| meta.block_size == config.block_size);
+            let id = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            match (adopted, id) {
+                (Some(meta), Some(id)) if config.dir.join(format!("{id}.data")).exists() => {
+                    let entry = Entry {
+                        meta,
+                        last_used: 0,
+                        inflight: HashMap::new(),
+                    };
+                    state.used += entry.bytes();
+                    state.entries.insert(id, entry);
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        tracing::info!(
+            dir = %config.dir.display(),
+            entries = state.entries.len(),
+            bytes = state.used,
+            "disk cache opened"
+        );
+        let cache = Arc::new(Self {
+            config,
+            state: Mutex::new(state),
+            stats: CacheStats::default(),
+        });
+        cache.publish_usage();
+        Ok(cache)
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Bytes of cached data.
+    pub fn used_bytes(&self) -> u64 {
+        self.lock().used
+    }
+
+    fn publish_usage(&self) {
+        ::metrics::gauge!(metrics::CACHE_BYTES).set(self.used_bytes() as f64);
+    }
+
+    /// Announces the shard locations a stream will read, in order (this epoch,
+    /// then the next). `stream` identifies the stream across epochs (dataset,
+    /// seed, rank, world size), so the next epoch's stream replaces it.
+    pub fn announce(&self, stream: &str, sequence: Vec<String>) {
+        let mut state = self.lock();
+        state.clock += 1;
+        let updated = state.clock;
+        state.hints.insert(
+            stream.to_string(),
+            Hint {
+                sequence,
+                cursor: 0,
+                updated,
+            },
+        );
+        if state.hints.len() > MAX_HINTS {
+            if let Some(oldest) = state
+                .hints
+                .iter()
+                .min_by_key(|(_, hint)| hint.updated)
+                .map(|(key, _)| key.clone())
+            {
+                state.hints.remove(&oldest);
+            }
+        }
+    }
+
+    /// The stream has started reading `location`: its hints before it are past.
+    pub fn reached(&self, stream: &str, location: &str) {
+        let mut state = self.lock();
+        state.clock += 1;
+        let clock = state.clock;
+        if let Some(hint) = state.hints.get_mut(stream) {
+            if let Some(offset) = hint.sequence[hint.cursor..]
+                .iter()
+                .position(|l| l == location)
+            {
+                hint.cursor += offset;
+            }
+            hint.updated = clock;
+        }
+    }
+
+    /// Frees room for `bytes` more, evicting per policy. Returns false if
+    /// nothing (else) can be evicted; the caller then does not cache.
+    fn make_room(&self, state: &mut State, keep: &str, bytes: u64) -> bool {
+        loop {
+            let over_limit = state.used + bytes > self.config.max_bytes;
+            let low_disk = !self.disk_has_room(bytes);
+            if !over_limit && !low_disk {
+                return true;
+            }
+            let Some(victim) = self.pick_victim(state, keep) else {
+                return false;
+            };
+            if let Some(entry) = state.entries.remove(&victim) {
+                state.used -= entry.bytes();
+                let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.json")));
+                let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.data")));
+                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+                ::metrics::counter!(metrics::CACHE_EVICTIONS).increment(1);
+                tracing::debug!(location = %entry.meta.location, "evicted from the disk cache");
+            }
+        }
+    }
+
+    fn pick_victim(&self, state: &State, keep: &str) -> Option<String> {
+        let candidates = state.entries.iter().filter(|(id, entry)| {
+            id.as_str() != keep && entry.inflight.is_empty() && !entry.meta.blocks.is_empty()
+        });
+        match self.config.policy {
+            EvictionPolicy::Lru => candidates
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(id, _)| id.clone()),
+            EvictionPolicy::Planned => {
+                // Distance to each location's next announced use, over all streams.
+                let mut next_use: HashMap<&str, usize> = HashMap::new();
+                for hint in state.hints.values() {
+                    for (distance, location) in hint.sequence[hint.cursor..].iter().enumerate() {
+                        let slot = next_use.entry(location.as_str()).or_insert(distance);
+                        *slot = (*slot).min(distance);
+                    }
+                }
+                // Never-needed entries go first (oldest first), then the one
+                // needed furthest away.
+                candidates
+                    .max_by_key(|(_, e)| {
+                        let distance = next_use
+                            .get(e.meta.location.as_str())
+                            .copied()
+                            .unwrap_or(usize::MAX);
+                        (distance, u64::MAX - e.last_used)
+                    })
+                    .map(|(id, _)| id.clone())
+            }
+        }
+    }
+
+    fn disk_has_room(&self, bytes: u64) -> bool {
+        let Some((free, total)) = disk_space(&self.config.dir) else {
+            return true;
+        };
+        let floor = (total as f64 * self.config.min_free_percent / 100.0) as u64;
+        free.saturating_sub(bytes) >= floor
+    }
+
+    /// Blocks cached, over all entries.
+    pub fn blocks_cached(&self) -> u64 {
+        self.lock()
+            .entries
+            .values()
+            .map(|e| e.meta.blocks.len() as u64)
+            .sum()
+    }
+
+    /// Bytes of `location` (at `etag`) already cached.
+    pub fn cached_bytes(&self, location: &str, etag: &str) -> u64 {
+        self.lock()
+            .entries
+            .get(&entry_id(location, etag))
+            .map_or(0, Entry::bytes)
+    }
+
+    /// Whether an object of `size` bytes would fit next to what is cached,
+    /// without evicting (for `shardfeed warm`).
+    pub fn fits_without_eviction(&self, size: u64) -> bool {
+        self.used_bytes() + size <= self.config.max_bytes && self.disk_has_room(size)
+    }
+
+    fn read_block_from_disk(&self, id: &str, meta: &EntryMeta, block: u64) -> Option<Bytes> {
+        use std::os::unix::fs::FileExt;
+        let expected = *meta.blocks.get(&block)?;
+        let len = block_len(meta, block) as usize;
+        let file = std::fs::File::open(self.config.dir.join(format!("{id}.data"))).ok()?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, block * meta.block_size).ok()?;
+        if crc32fast::hash(&buf) != expected {
+            self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
+            ::metrics::counter!(metrics::CACHE_CORRUPT).increment(1);
+            tracing::warn!(location = %meta.location, block, "cache block failed its checksum; fetching it again");
+            let mut state = self.lock();
+            if let Some(entry) = state.entries.get_mut(id) {
+                if entry.meta.blocks.remove(&block).is_some() {
+                    state.used -= len as u64;
+                }
+                let meta = state.entries.get(id).map(|e| e.meta.clone());
+                drop(state);
+                if let Some(meta) = meta {
+                    let _ = self.write_meta(id, &meta);
+                }
+            }
+            return None;
+        }
+        Some(Bytes::from(buf))
+    }
+
+    fn write_block(
+        &self,
+        id: &str,
+        meta: &EntryMeta,
+        block: u64,
+        data: &[u8],
+    ) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.config.dir.join(format!("{id}.data")))?;
+        file.write_all_at(data, block * meta.block_size)
+    }
+
+    fn write_meta(&self, id: &str, meta: &EntryMeta) -> std::io::Result<()> {
+        // Write then rename: a reader (or a restart) never sees half a file.
+        let path = self.config.dir.join(format!("{id}.json"));
+        let tmp = self.config.dir.join(format!("{id}.json.tmp"));
+        std::fs::write(&tmp, serde_json::to_vec(meta).unwrap_or_default())?;
+        std::fs::rename(&tmp, &path)
+    }
+}
+
+fn disk_space(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid NUL-terminated string and `stat` a valid
+    // out-pointer for the duration of the call.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    if rc != 0 {
+        return None;
+    }
+    let unit = stat.f_frsize as u64;
+    Some((stat.f_bavail as u64 * unit, stat.f_blocks as u64 * unit))
+}
+
+/// A store that serves from the disk cache and fills it from `inner`.
+#[derive(Debug)]
+pub struct CacheStore {
+    source: BlockSource,
+    metadata: Mutex<MetadataCache>,
+}
+
+#[derive(Debug, Default)]
+struct MetadataCache {
+    heads: HashMap<String, (ObjectMeta, Instant)>,
+    lists: HashMap<String, (Vec<ObjectMeta>, Instant)>,
+}
+
+/// Everything needed to produce one block; cheap to clone into streams.
+#[derive(Debug, Clone)]
+struct BlockSource {
+    inner: Arc<dyn ObjectStore>,
+    cache: Arc<DiskCache>,
+    retry: RetryPolicy,
+}
+
+impl BlockSource {
+    /// One block of an entry: from disk, from a download in flight, or
+    /// downloaded now (and written to disk on the way).
+    async fn block(
+        &self,
+        key: &str,
+        id: &str,
+        meta: &EntryMeta,
+        block: u64,
+    ) -> Result<Bytes, StoreError> {
+        loop {
+            let found = {
+                let mut state = self.cache.lock();
+                state.clock += 1;
+                let clock = state.clock;
+                let entry = state
+                    .entries
+                    .entry(id.to_string())
+                    .or_insert_with(|| Entry {
+                        meta: EntryMeta {
+                            blocks: BTreeMap::new(),
+                            ..meta.clone()
+                        },
+                        last_used: clock,
+                        inflight: HashMap::new(),
+                    });
+                entry.last_used = clock;
+                if entry.meta.blocks.contains_key(&block) {
+                    Ok(entry.meta.clone())
+                } else if let Some(download) = entry.inflight.get(&block) {
+                    Err(download.clone())
+                } else {
+                    let download = self
+                        .clone()
+                        .download(key.to_string(), id.to_string(), meta.clone(), block)
+                        .boxed()
+                        .shared();
+                    entry.inflight.insert(block, download.clone());
+                    Err(download)
+                }
+            };
+            let entry_meta = match found {
+                Ok(entry_meta) => entry_meta,
+                Err(download) => return download.await,
+            };
+            let cache = self.cache.clone();
+            let owned_id = id.to_string();
+            let from_disk = tokio::task::spawn_blocking(move || {
+                cache.read_block_from_disk(&owned_id, &entry_meta, block)
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(bytes) = from_disk {
+                self.cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+                ::metrics::counter!(metrics::CACHE_HITS).increment(1);
+                ::metrics::counter!(metrics::CACHE_READ_BYTES, "source" => "cache")
+                    .increment(bytes.len() as u64);
+                return Ok(bytes);
+            }
+            // Corrupt or unreadable: the block was dropped; fetch it again.
+        }
+    }
+
+    /// Downloads one block, then records it (if there is room).
+    async fn download(
+        self,
+        key: String,
+        id: String,
+        meta: EntryMeta,
+        block: u64,
+    ) -> Result<Bytes, StoreError> {
+        let cache = self.cache;
+        cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+        ::metrics::counter!(metrics::CACHE_MISSES).increment(1);
+        let start = block * meta.block_size;
+        let range = start..start + block_len(&meta, block);
+        let bytes = match read_range(
+            self.inner.as_ref(),
+            &key,
+            range,
+            Some(&meta.etag),
+            &self.retry,
+        )
+        .await
+        {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                if let Some(entry) = cache.lock().entries.get_mut(&id) {
+                    entry.inflight.remove(&block);
+                }
+                return Err(error);
+            }
+        };
+        ::metrics::counter!(metrics::CACHE_READ_BYTES, "source" => "origin")
+            .increment(bytes.len() as u64);
+        let stored = {
+            let cache = cache.clone();
+            let bytes = bytes.clone();
+            tokio::task::spawn_blocking(move || store_block(&cache, &id, &meta, block, &bytes))
+                .await
+                .unwrap_or(false)
+        };
+        if !stored {
+            tracing::debug!(key, block, "block not cached (no room)");
+        }
+        Ok(bytes)
+    }
+}
+
+impl CacheStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, cache: Arc<DiskCache>, retry: RetryPolicy) -> Self {
+        Self {
+            source: BlockSource {
+                inner,
+                cache,
+                retry,
+            },
+            metadata: Mutex::default(),
+        }
+    }
+
+    fn fresh(&self, at: Instant) -> bool {
+        self.source
+            .cache
+            .config
+            .metadata_ttl
+            .is_none_or(|ttl| at.elapsed() < ttl)
+    }
+
+    fn metadata(&self) -> std::sync::MutexGuard<'_, MetadataCache> {
+        self.metadata
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Writes a downloaded block and records it; false if it was not cached.
+fn store_block(cache: &DiskCache, id: &str, meta: &EntryMeta, block: u64, data: &[u8]) -> bool {
+    let len = data.len() as u64;
+    let room = {
+        let mut state = cache.lock();
+        let room = cache.make_room(&mut state, id, len);
+        if room {
+            // Reserve the space before writing, released if the write fails.
+            state.used += len;
+        }
+        room
+    };
+    let written = room && cache.write_block(id, meta, block, data).is_ok();
+    let mut state = cache.lock();
+    let Some(entry) = state.entries.get_mut(id) else {
+        if room {
+            state.used -= len;
+        }
+        return false;
+    };
+    entry.inflight.remove(&block);
+    if !written {
+        if room {
+            state.used -= len;
+        }
+        return false;
+    }
+    entry.meta.blocks.insert(block, crc32fast::hash(data));
+    let snapshot = entry.meta.clone();
+    drop(state);
+    cache.publish_usage();
+    cache.write_meta(id, &snapshot).is_ok()
+}
+
+#[async_trait]
+impl ObjectStore for CacheStore {
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        if let Some((objects, at)) = self.metadata().lists.get(prefix) {
+            if self.fresh(*at) {
+                return Ok(objects.clone());
+            }
+        }
+        let objects = self.source.inner.list(prefix).await?;
+        let mut metadata = self.metadata();
+        for object in &objects {
+            metadata
+                .heads
+                .insert(object.key.clone(), (object.clone(), Instant::now()));
+        }
+        metadata
+            .lists
+            .insert(prefix.to_string(), (objects.clone(), Instant::now()));
+        Ok(objects)
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        if let Some((meta, at)) = self.metadata().heads.get(key) {
+            if self.fresh(*at) {
+                return Ok(meta.clone());
+            }
+        }
+        let meta = self.source.inner.head(key).await?;
+        self.metadata()
+            .heads
+            .insert(key.to_string(), (meta.clone(), Instant::now()));
+        Ok(meta)
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<PartStream, StoreError> {
+        let object = self.head(key).await?;
+        let etag = match (if_match, object.etag.as_deref()) {
+            (Some(wanted), _) => wanted.to_string(),
+            (None, Some(current)) => current.to_string(),
+            // Without an ETag nothing can be cached safely.
+            (None, None) => return self.source.inner.get_range(key, range, None).await,
+        };
+        let location = self.source.inner.location(key);
+        let meta = EntryMeta {
+            location: location.clone(),
+            etag: etag.clone(),
+            size: object.size,
+            block_size: self.source.cache.config.block_size,
+            blocks: BTreeMap::new(),
+        };
+        let id = entry_id(&location, &etag);
+        let end = range.end.min(object.size);
+        let block_size = meta.block_size;
+        let first = range.start / block_size;
+        let last = end.div_ceil(block_size);
+        let source = self.source.clone();
+        let key = key.to_string();
+        // Blocks are produced one at a time as the consumer reads, each
+        // yielded as a slice of the block (no copy).
+        let stream = futures::stream::iter(first..last).map(move |block| {
+            let (source, key, id, meta) = (source.clone(), key.clone(), id.clone(), meta.clone());
+            let start = range.start;
+            async move {
+                let bytes = source.block(&key, &id, &meta, block).await?;
+                let block_start = block * block_size;
+                let from = start.max(block_start) - block_start;
+                let to = end.min(block_start + bytes.len() as u64) - block_start;
+                Ok((block_start + from, bytes.slice(from as usize..to as usize)))
+            }
+        });
+        // Two blocks in flight keep a range wider than a block streaming.
+        let stream = stream.buffered(2);
+        Ok(stream.boxed())
+    }
+
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        {
+            let mut metadata = self.metadata();
+            metadata.heads.remove(key);
+            metadata.lists.clear();
+        }
+        self.source.inner.put(key, data).await
+    }
+
+    fn location(&self, key: &str) -> String {
+        self.source.inner.location(key)
+    }
+}
+
+/// Entry locations the stream will read, for [`DiskCache::announce`].
+pub fn stream_key(dataset: &str, seed: u64, rank: u32, world_size: u32) -> String {
+    format!("{dataset}#seed={seed}#rank={rank}/{world_size}")
+}

@@ -1,0 +1,216 @@
+//! The disk cache, checked by counting requests at the S3 server.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::*;
+use shardfeed::server::pb;
+use shardfeed::store::cache::EvictionPolicy;
+
+const LARGE: u64 = 1 << 30;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_epoch_and_a_restart_make_no_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = shardfeed::s3mem::start(0).await.unwrap();
+    let uri = upload(&s3, "data", "train/", &simple_dataset(3, 12)).await;
+    write_index(&s3, "data", "train/").await;
+
+    let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            cache: Some(cache.clone()),
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut client = harness.client().await;
+    let before = gets(&harness.s3);
+    let epoch0 = collect(&mut client, request(&uri)).await.unwrap();
+    assert!(gets(&harness.s3) > before);
+    let after_first = gets(&harness.s3);
+    let epoch1 = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            epoch: 1,
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        gets(&harness.s3),
+        after_first,
+        "epoch 2 of a dataset that fits makes no GETs"
+    );
+    assert_ne!(keys(&epoch0), keys(&epoch1));
+    let digest0 = digest(&epoch0);
+    let Harness { s3, .. } = harness;
+
+    // A restarted sidecar (new process state, same directory) finds its warm cache.
+    let reopened = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    assert!(reopened.used_bytes() > 0);
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            cache: Some(reopened),
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut client = harness.client().await;
+    let before = gets(&harness.s3);
+    let again = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(gets(&harness.s3), before, "a warm cache survives a restart");
+    assert_eq!(
+        digest(&again),
+        digest0,
+        "cached bytes give identical batches"
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_cache_file_is_detected_and_refetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let harness = Harness::start(Options {
+        cache: Some(cache.clone()),
+        ..Options::default()
+    })
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 16)).await;
+    let mut client = harness.client().await;
+    let clean = collect(&mut client, request(&uri)).await.unwrap();
+
+    // Flip bytes in every cached data file.
+    for item in std::fs::read_dir(dir.path()).unwrap() {
+        let path = item.unwrap().path();
+        if path.extension().is_some_and(|e| e == "data") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0xFF;
+            bytes[0] ^= 0xFF;
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    let before = gets(&harness.s3);
+    let again = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(
+        digest(&again),
+        digest(&clean),
+        "identical batches after refetching"
+    );
+    assert!(cache.stats.corrupt.load(Ordering::SeqCst) >= 2);
+    assert!(
+        gets(&harness.s3) > before,
+        "corrupt blocks were fetched again"
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_streams_download_each_block_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = shardfeed::s3mem::start(0).await.unwrap();
+    let shards = simple_dataset(3, 20);
+    let uri = upload(&s3, "data", "", &shards).await;
+    write_index(&s3, "data", "").await;
+    let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            cache: Some(cache.clone()),
+            ..Options::default()
+        },
+    )
+    .await;
+    let before = gets(&harness.s3);
+    let (mut a, mut b) = (harness.client().await, harness.client().await);
+    let (first, second) = tokio::join!(
+        collect(&mut a, request(&uri)),
+        collect(&mut b, request(&uri))
+    );
+    assert_eq!(digest(&first.unwrap()), digest(&second.unwrap()));
+    // Each GET fetched a block no other request fetched: the number of GETs
+    // equals the number of distinct blocks now cached, and is at most every
+    // block of every shard (up to its last sample; the tar trailer is never
+    // read) plus the index summary and one index file per shard.
+    let fetched = gets(&harness.s3) - before;
+    assert_eq!(fetched, cache.blocks_cached());
+    assert_eq!(fetched, cache.stats.misses.load(Ordering::SeqCst));
+    let block = 16 << 10;
+    let all_blocks: u64 = shards
+        .iter()
+        .map(|s| (tar_of(s).len() as u64 - 1024).div_ceil(block))
+        .sum();
+    assert!(fetched <= all_blocks + 1 + shards.len() as u64);
+    assert!(fetched >= all_blocks - 1, "nearly every block is read once");
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_object_is_refetched_not_served_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = shardfeed::s3mem::start(0).await.unwrap();
+    let mut shards = simple_dataset(2, 8);
+    let uri = upload(&s3, "data", "", &shards).await;
+    let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            cache: Some(cache),
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut client = harness.client().await;
+    let old = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            shuffle: Some(false),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    let Harness { s3, .. } = harness;
+
+    // Replace shard 0 in S3 (new content, hence a new ETag), then restart.
+    for sample in &mut shards[0] {
+        sample.image = Some(("jpg", jpeg(64, 64, 999)));
+    }
+    upload(&s3, "data", "", &shards[..1]).await;
+    let reopened = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            cache: Some(reopened),
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut client = harness.client().await;
+    let before = gets(&harness.s3);
+    let new = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            shuffle: Some(false),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        gets(&harness.s3) > before,
+        "the replaced shard was fetched again"
+    );
+    assert_ne!(
+        old[0].images, new[0].images,
+        "shard 0's new content is served"
+    );
+    assert_eq!(old[1].images, new[1].images, "shard 1 is unchanged");
+    harness.shutdown().await;
+}
