@@ -158,3 +158,234 @@ fn tempdir() -> std::io::Result<std::path::PathBuf> {
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
+
+/// Single-thread decode + resize rate of `decoder` over `samples` (JPEG
+/// bytes), and the mean PSNR of its output against a full-resolution decode
+/// with a Lanczos3 resize.
+pub fn decode_kernel(
+    decoder: &dyn crate::decode::Decoder,
+    samples: &[Vec<u8>],
+    spec: &crate::decode::OutputSpec,
+    rounds: usize,
+) -> (f64, f64) {
+    use crate::shard::ImageFormat;
+    let mut out = vec![0u8; spec.bytes()];
+    let mut reference = vec![0u8; spec.bytes()];
+    let mut psnr_sum = 0.0;
+    let mut measured = 0usize;
+    for jpeg in samples.iter().take(64) {
+        if decoder
+            .decode_into(ImageFormat::Jpeg, jpeg, spec, &mut out)
+            .is_ok()
+            && crate::decode::reference_decode(ImageFormat::Jpeg, jpeg, spec, &mut reference)
+                .is_ok()
+        {
+            psnr_sum += crate::decode::psnr(&out, &reference).min(99.0);
+            measured += 1;
+        }
+    }
+    let started = std::time::Instant::now();
+    let mut decoded = 0usize;
+    for _ in 0..rounds {
+        for jpeg in samples {
+            if decoder
+                .decode_into(ImageFormat::Jpeg, jpeg, spec, &mut out)
+                .is_ok()
+            {
+                decoded += 1;
+            }
+        }
+    }
+    let rate = decoded as f64 / started.elapsed().as_secs_f64();
+    (rate, psnr_sum / measured.max(1) as f64)
+}
+
+/// A decoder wrapper that adds up the time spent decoding.
+#[derive(Debug)]
+pub struct TimedDecoder {
+    inner: Arc<dyn crate::decode::Decoder>,
+    pub nanos: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl TimedDecoder {
+    pub fn new(inner: Arc<dyn crate::decode::Decoder>) -> Self {
+        Self {
+            inner,
+            nanos: Arc::default(),
+        }
+    }
+}
+
+impl crate::decode::Decoder for TimedDecoder {
+    fn decode_into(
+        &self,
+        format: crate::shard::ImageFormat,
+        data: &[u8],
+        spec: &crate::decode::OutputSpec,
+        out: &mut [u8],
+    ) -> Result<(), crate::decode::DecodeError> {
+        let started = std::time::Instant::now();
+        let result = self.inner.decode_into(format, data, spec, out);
+        self.nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        result
+    }
+}
+
+/// CPU seconds (user + system) this process has used so far, and its peak RSS in bytes.
+pub fn cpu_and_peak_rss() -> (f64, u64) {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid out-pointer for the call.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (
+        seconds(usage.ru_utime) + seconds(usage.ru_stime),
+        usage.ru_maxrss as u64 * 1024,
+    )
+}
+
+#[derive(Debug, Clone)]
+pub struct EntitlementSpec {
+    pub batch_size: u32,
+    pub image_size: u32,
+    pub decode_threads: usize,
+    pub pipeline: PipelineConfig,
+    /// Stop after this many batches (0: the whole epoch).
+    pub max_batches: u64,
+}
+
+/// The entitlement benchmark: fetch + parse + decode + batch for one rank,
+/// no gRPC. Prints progress to stderr and a summary (and a JSON line) to stdout.
+pub async fn entitlement(
+    registry: Arc<DatasetRegistry>,
+    uri: &str,
+    spec: &EntitlementSpec,
+) -> Result<serde_json::Value, BenchError> {
+    use crate::decode::{default_decoder, default_decoder_name, OutputSpec, ResizeMode};
+    use crate::shard::SampleSplitter;
+    use std::io::Write;
+
+    let dataset = registry.open(uri).await?;
+    let output = OutputSpec {
+        height: spec.image_size,
+        width: spec.image_size,
+        mode: ResizeMode::CenterCrop,
+    };
+    // Kernel rate: one thread, decode + resize of the first shard's JPEGs.
+    let first_key = dataset.shard_key(0);
+    let first_size = dataset.index.shards[0].size.min(64 << 20);
+    let bytes = crate::store::retry::read_range(
+        dataset.store.as_ref(),
+        &first_key,
+        0..first_size,
+        dataset.index.shards[0].etag.as_deref(),
+        &spec.pipeline.read.retry,
+    )
+    .await?;
+    let mut splitter = SampleSplitter::new(0, crate::shard::DEFAULT_MAX_MEMBER_BYTES);
+    splitter.push(&bytes);
+    let mut jpegs = Vec::new();
+    while let Ok(Some(sample)) = splitter.next_sample() {
+        if let Some((crate::shard::ImageFormat::Jpeg, data)) = sample.image {
+            jpegs.push(data.to_vec());
+        }
+        if jpegs.len() == 200 {
+            break;
+        }
+    }
+    let decoder = default_decoder();
+    let (kernel_rate, psnr) = if jpegs.is_empty() {
+        (0.0, 0.0)
+    } else {
+        let kernel = decoder.clone();
+        let jpegs = Arc::new(jpegs);
+        let (rate, psnr) =
+            tokio::task::spawn_blocking(move || decode_kernel(kernel.as_ref(), &jpegs, &output, 2))
+                .await?;
+        (rate, psnr)
+    };
+    let mean_sample_bytes = dataset.index.bytes() as f64 / dataset.index.samples().max(1) as f64;
+
+    let plan_request = crate::plan::PlanRequest {
+        seed: 0,
+        epoch: 0,
+        rank: 0,
+        world_size: 1,
+        batch_size: spec.batch_size,
+        shuffle: crate::plan::ShuffleConfig::default(),
+        partition: crate::plan::Partition::DropLast,
+        start_batch: 0,
+        resume_from: crate::plan::EpochPosition::default(),
+    };
+    let plan = crate::plan::plan_stream(&dataset.shard_samples(), &plan_request)?;
+    let timed = Arc::new(TimedDecoder::new(decoder));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(spec.decode_threads.max(1))
+        .build()?;
+    let (cpu_before, _) = cpu_and_peak_rss();
+    let started = std::time::Instant::now();
+    let mut receiver = crate::pipeline::spawn_stream(
+        crate::pipeline::StreamContext {
+            dataset: dataset.clone(),
+            plan: Arc::new(plan),
+            spec: output,
+            config: spec.pipeline.clone(),
+            pool: Arc::new(pool),
+            decoder: timed.clone(),
+            cache_hints: None,
+        },
+        tracing::Span::none(),
+    );
+    let (mut samples, mut batches, mut payload) = (0u64, 0u64, 0u64);
+    let mut first_batch = None;
+    let mut last_print = std::time::Instant::now();
+    while let Some(batch) = receiver.recv().await {
+        let batch = batch?;
+        first_batch.get_or_insert_with(|| started.elapsed());
+        samples += batch.size as u64;
+        payload += batch.images.len() as u64;
+        batches += 1;
+        if last_print.elapsed().as_millis() >= 500 {
+            last_print = std::time::Instant::now();
+            eprint!(
+                "\r{batches} batches, {samples} samples, {:.0} samples/s   ",
+                samples as f64 / started.elapsed().as_secs_f64()
+            );
+            std::io::stderr().flush()?;
+        }
+        if spec.max_batches > 0 && batches >= spec.max_batches {
+            break;
+        }
+    }
+    drop(receiver);
+    eprintln!();
+    let wall = started.elapsed().as_secs_f64();
+    let (cpu_after, peak_rss) = cpu_and_peak_rss();
+    let cpu = cpu_after - cpu_before;
+    let decode_seconds = timed.nanos.load(Ordering::Relaxed) as f64 / 1e9;
+    let rate = samples as f64 / wall;
+    let cores = spec.decode_threads as f64;
+    let summary = serde_json::json!({
+        "benchmark": "entitlement",
+        "dataset": uri,
+        "decoder": default_decoder_name(),
+        "batch_size": spec.batch_size,
+        "image_size": spec.image_size,
+        "decode_threads": spec.decode_threads,
+        "samples": samples,
+        "wall_seconds": wall,
+        "samples_per_second": rate,
+        "compressed_mb_per_second": rate * mean_sample_bytes / 1e6,
+        "output_mb_per_second": payload as f64 / wall / 1e6,
+        "first_batch_seconds": first_batch.map(|d| d.as_secs_f64()),
+        "kernel_samples_per_second_per_thread": kernel_rate,
+        "fraction_of_kernel_times_threads": rate / (kernel_rate * cores).max(1e-9),
+        "psnr_vs_full_decode_lanczos_db": psnr,
+        "cpu_seconds": cpu,
+        "cpu_utilisation_cores": cpu / wall,
+        "decode_resize_seconds": decode_seconds,
+        "cpu_share_outside_decode": ((cpu - decode_seconds) / cpu.max(1e-9)).max(0.0),
+        "peak_rss_bytes": peak_rss,
+    });
+    Ok(summary)
+}

@@ -200,29 +200,14 @@ impl Default for DemoOptions {
     }
 }
 
-/// Runs the demo, printing progress and a summary to stdout.
-pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let s3 = s3mem::start(0).await?;
-    println!(
-        "S3-compatible server (in-process, in memory) at {}",
-        s3.endpoint()
-    );
-
-    let started = Instant::now();
-    let spec = options.data.clone();
-    let shards = tokio::task::spawn_blocking(move || synthesize_shards(&spec)).await?;
-    let bytes: usize = shards.iter().map(|(_, tar)| tar.len()).sum();
-    let samples = options.data.shards * options.data.samples_per_shard;
-    println!(
-        "synthesized {samples} photo-like JPEGs (~{}x{}) in {} shards, {:.1} MB, in {:.1}s",
-        options.data.width,
-        options.data.height,
-        shards.len(),
-        bytes as f64 / 1e6,
-        started.elapsed().as_secs_f64()
-    );
-
-    // Upload through the real SDK, as a user's pipeline would.
+/// Synthesizes `spec`'s shards, uploads them through aws-sdk-s3 into `s3`
+/// and writes their index; returns the dataset URI.
+pub async fn publish(
+    s3: &s3mem::RunningS3,
+    spec: &SyntheticSpec,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    let owned = spec.clone();
+    let shards = tokio::task::spawn_blocking(move || synthesize_shards(&owned)).await?;
     let client = crate::store::s3::client(&s3.s3_config()).await;
     client.create_bucket().bucket(DEMO_BUCKET).send().await?;
     let store: Arc<dyn ObjectStore> = Arc::new(S3Store::new(client, DEMO_BUCKET));
@@ -234,9 +219,29 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error +
     let read = crate::store::retry::ReadConfig::default();
     let (index, shard_indexes) = build_index(store.clone(), DEMO_PREFIX, &read).await?;
     write_index(store.as_ref(), DEMO_PREFIX, &index, &shard_indexes).await?;
-    let uri = format!("s3://{DEMO_BUCKET}/{DEMO_PREFIX}");
-    println!("uploaded and indexed {uri}");
+    Ok(format!("s3://{DEMO_BUCKET}/{DEMO_PREFIX}"))
+}
 
+/// Runs the demo, printing progress and a summary to stdout.
+pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let s3 = s3mem::start(0).await?;
+    println!(
+        "S3-compatible server (in-process, in memory) at {}",
+        s3.endpoint()
+    );
+
+    let started = Instant::now();
+    let uri = publish(&s3, &options.data).await?;
+    let samples = options.data.shards * options.data.samples_per_shard;
+    println!(
+        "synthesized {samples} photo-like JPEGs (~{}x{}) in {} shards, wrote them through aws-sdk-s3 \
+         and indexed {uri} in {:.1}s",
+        options.data.width,
+        options.data.height,
+        options.data.shards,
+        started.elapsed().as_secs_f64()
+    );
+    let read = crate::store::retry::ReadConfig::default();
     let mut registry = DatasetRegistry::new(s3.s3_config(), read);
     if let Some(dir) = &options.cache_dir {
         registry = registry.with_cache(crate::store::cache::DiskCache::open(

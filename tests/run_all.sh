@@ -20,6 +20,13 @@ cargo clippy --locked --all-targets -- -D warnings
 step "rust: unit, property and integration tests"
 cargo test --locked
 
+step "rust: the libjpeg-turbo decode path (feature turbojpeg)"
+if command -v cmake >/dev/null && command -v nasm >/dev/null; then
+  cargo test --locked --features turbojpeg --lib decode
+else
+  echo "skipped: the turbojpeg feature needs cmake and nasm (apt-get install cmake nasm)"
+fi
+
 step "python: stubs are current, lints, types"
 .venv/bin/python clients/python/gen_stubs.py --check
 .venv/bin/ruff check clients/python

@@ -6,6 +6,9 @@
 //! where they will be sent from. Decoders sit behind one small trait so a
 //! faster JPEG path can replace the default without touching the pipeline.
 
+#[cfg(feature = "turbojpeg")]
+pub mod turbo;
+
 use std::cell::RefCell;
 
 use fast_image_resize as fir;
@@ -111,6 +114,73 @@ impl Decoder for ImageCrateDecoder {
         };
         resize_rgb(rgb.as_raw(), width, height, spec, out)
     }
+}
+
+/// The fastest decoder this build has: libjpeg-turbo with DCT scaling for
+/// JPEG when built with the `turbojpeg` feature, else the `image` crate.
+pub fn default_decoder() -> std::sync::Arc<dyn Decoder> {
+    #[cfg(feature = "turbojpeg")]
+    return std::sync::Arc::new(turbo::TurboJpegDecoder::default());
+    #[cfg(not(feature = "turbojpeg"))]
+    return std::sync::Arc::new(ImageCrateDecoder);
+}
+
+/// Name of [`default_decoder`]'s JPEG path, for logs and benchmarks.
+pub fn default_decoder_name() -> &'static str {
+    if cfg!(feature = "turbojpeg") {
+        "libjpeg-turbo (DCT scaling) + fast_image_resize"
+    } else {
+        "image (zune-jpeg) + fast_image_resize"
+    }
+}
+
+/// Peak signal-to-noise ratio of `a` against `b`, in dB.
+pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
+    let mse: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum::<f64>()
+        / a.len().max(1) as f64;
+    if mse == 0.0 {
+        f64::INFINITY
+    } else {
+        10.0 * (255.0f64 * 255.0 / mse).log10()
+    }
+}
+
+/// The quality reference: full-resolution decode, then a Lanczos3 resize.
+pub fn reference_decode(
+    format: ImageFormat,
+    data: &[u8],
+    spec: &OutputSpec,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
+    let format = match format {
+        ImageFormat::Jpeg => image::ImageFormat::Jpeg,
+        ImageFormat::Png => image::ImageFormat::Png,
+        ImageFormat::Webp => image::ImageFormat::WebP,
+    };
+    let rgb = image::load_from_memory_with_format(data, format)
+        .map_err(|e| DecodeError::Corrupt(e.to_string()))?
+        .to_rgb8();
+    let (width, height) = rgb.dimensions();
+    let source = fir::images::ImageRef::new(width, height, rgb.as_raw(), fir::PixelType::U8x3)
+        .map_err(|e| DecodeError::Resize(e.to_string()))?;
+    let mut target = fir::images::Image::from_slice_u8(
+        spec.width,
+        spec.height,
+        &mut out[..spec.bytes()],
+        fir::PixelType::U8x3,
+    )
+    .map_err(|e| DecodeError::Resize(e.to_string()))?;
+    let (left, top, crop_w, crop_h) = source_crop(width, height, spec);
+    let options = fir::ResizeOptions::new()
+        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Lanczos3))
+        .crop(left, top, crop_w, crop_h);
+    fir::Resizer::new()
+        .resize(&source, &mut target, &options)
+        .map_err(|e| DecodeError::Resize(e.to_string()))
 }
 
 /// The source rectangle (left, top, width, height) that `mode` maps onto the output.

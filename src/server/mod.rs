@@ -195,7 +195,7 @@ impl ShardfeedService {
             streams,
             config,
             pool: Arc::new(pool),
-            decoder: Arc::new(decode::ImageCrateDecoder),
+            decoder: decode::default_decoder(),
         })
     }
 

@@ -1,0 +1,378 @@
+"""Delivered-into-Python benchmark: shardfeed vs a DataLoader-style baseline.
+
+    python -m shardfeed.bench --synthetic            # self-contained
+    python -m shardfeed.bench --target HOST:PORT --dataset s3://b/p/ \\
+        --s3-endpoint http://...                     # an existing setup
+
+Both read the same tar shards from the same S3 endpoint and deliver uint8
+batches of the same size into this process. The baseline is what a PyTorch
+user has today: one worker process per core, each streaming whole shards with
+boto3, decoding with Pillow (shorter side to the target, center crop) and
+handing batches to the main process through a queue, like a DataLoader with
+``num_workers=cores``. Prints samples/s for each, the ratio, and CPU-seconds
+per sample (shardfeed's server plus this process; the baseline's workers plus
+this process). Needs the ``bench`` extra (boto3, Pillow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing as mp
+import os
+import resource
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ACCESS_KEY = "shardfeed-demo"
+SECRET_KEY = "shardfeed-demo-secret"
+
+
+def _s3_client(endpoint: str | None) -> Any:
+    import boto3
+
+    if endpoint:
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+            aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            region_name=os.environ.get("AWS_REGION", "us-east-1"),
+        )
+    return boto3.client("s3")
+
+
+def _decode(data: bytes, size: int, draft: bool) -> np.ndarray:
+    from PIL import Image
+
+    image: Image.Image = Image.open(io.BytesIO(data))
+    if draft:
+        # Pillow's DCT-domain downscaling; torchvision's default path skips it.
+        image.draft("RGB", (size, size))
+    image = image.convert("RGB")
+    width, height = image.size
+    scale = size / min(width, height)
+    image = image.resize(
+        (max(size, round(width * scale)), max(size, round(height * scale))),
+        Image.Resampling.BILINEAR,
+    )
+    width, height = image.size
+    left, top = (width - size) // 2, (height - size) // 2
+    return np.asarray(image.crop((left, top, left + size, top + size)), dtype=np.uint8)
+
+
+def _baseline_worker(
+    endpoint: str | None,
+    bucket: str,
+    keys: list[str],
+    batch_size: int,
+    size: int,
+    draft: bool,
+    queue: Any,
+) -> None:
+    client = _s3_client(endpoint)
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    for key in keys:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        with tarfile.open(fileobj=body, mode="r|") as tar:
+            for member in tar:
+                name = member.name.lower()
+                handle = tar.extractfile(member)
+                if handle is None:
+                    continue
+                data = handle.read()
+                if name.endswith((".jpg", ".jpeg", ".png", ".webp")):
+                    images.append(_decode(data, size, draft))
+                elif name.endswith(".cls"):
+                    labels.append(int(data))
+                if len(images) == batch_size:
+                    queue.put((np.stack(images), np.asarray(labels[:batch_size], dtype=np.int64)))
+                    images, labels = [], []
+    queue.put(None)
+
+
+def run_baseline(
+    endpoint: str | None,
+    dataset: str,
+    workers: int,
+    batch_size: int,
+    size: int,
+    max_batches: int,
+    draft: bool = False,
+) -> dict[str, float]:
+    bucket, _, prefix = dataset.removeprefix("s3://").partition("/")
+    client = _s3_client(endpoint)
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    keys = sorted(
+        o["Key"]
+        for o in listed.get("Contents", [])
+        if o["Key"].endswith(".tar") and "_shardfeed/" not in o["Key"]
+    )
+    context = mp.get_context("fork")
+    queue = context.Queue(maxsize=2 * workers)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    processes = [
+        context.Process(
+            target=_baseline_worker,
+            args=(endpoint, bucket, keys[w::workers], batch_size, size, draft, queue),
+        )
+        for w in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    samples = batches = finished = 0
+    first = None
+    while finished < workers:
+        item = queue.get()
+        if item is None:
+            finished += 1
+            continue
+        first = first or time.perf_counter() - started
+        samples += len(item[0])
+        batches += 1
+        if max_batches and batches >= max_batches:
+            break
+    wall = time.perf_counter() - started
+    for process in processes:
+        process.terminate() if process.is_alive() and max_batches else None
+        process.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) + (
+        self_after.ru_utime + self_after.ru_stime - self_before.ru_utime - self_before.ru_stime
+    )
+    return {
+        "samples": samples,
+        "seconds": wall,
+        "samples_per_second": samples / wall,
+        "cpu_seconds_per_sample": cpu / max(samples, 1),
+        "first_batch_seconds": first or 0.0,
+    }
+
+
+def _process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_shardfeed(
+    target: str,
+    dataset: str,
+    batch_size: int,
+    size: int,
+    max_batches: int,
+    server_pid: int | None,
+) -> dict[str, float]:
+    from . import Client
+
+    client = Client(target)
+    server_before = _process_cpu(server_pid) if server_pid else 0.0
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    samples = batches = 0
+    first = None
+    checksum = 0
+    for batch in client.batches(
+        dataset, batch_size=batch_size, image_size=size, rank=0, world_size=1
+    ):
+        first = first or time.perf_counter() - started
+        checksum += int(batch.images[0, 0, 0, 0])  # touch the array, as a trainer would
+        samples += len(batch.labels)
+        batches += 1
+        if max_batches and batches >= max_batches:
+            break
+    wall = time.perf_counter() - started
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = self_after.ru_utime + self_after.ru_stime - self_before.ru_utime - self_before.ru_stime
+    if server_pid:
+        cpu += _process_cpu(server_pid) - server_before
+    return {
+        "samples": samples,
+        "seconds": wall,
+        "samples_per_second": samples / wall,
+        "cpu_seconds_per_sample": cpu / max(samples, 1),
+        "first_batch_seconds": first or 0.0,
+    }
+
+
+def _synthetic_jpeg(index: int, rng: np.random.Generator) -> bytes:
+    """A photo-like JPEG (gradient, shapes, texture, noise) of ~110 KB."""
+    from PIL import Image, ImageDraw
+
+    width, height = int(rng.integers(420, 560)), int(rng.integers(320, 420))
+    y, x = np.mgrid[0:height, 0:width]
+    base = rng.integers(0, 255, size=3)
+    gradient = (x / width)[..., None] * rng.integers(-120, 120, size=3) + (y / height)[
+        ..., None
+    ] * rng.integers(-120, 120, size=3)
+    texture = 20 * np.sin(x * rng.uniform(0.02, 0.2))[..., None] * np.cos(y * 0.07)[..., None]
+    noise = rng.normal(0, 18, size=(height, width, 3))
+    pixels = np.clip(base + gradient + texture + noise, 0, 255).astype(np.uint8)
+    image = Image.fromarray(pixels)
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(3, 8))):
+        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+        r = int(rng.integers(20, 120))
+        fill = tuple(int(v) for v in rng.integers(0, 255, size=3))
+        draw.ellipse((x0 - r, y0 - r, x0 + r, y0 + r), fill=fill)
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=95)
+    return out.getvalue()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def synthetic_setup(binary: str, shards: int, per_shard: int, get_delay_ms: int) -> dict[str, Any]:
+    """Starts dev-s3 and shardfeed, uploads a synthetic dataset; returns handles."""
+    s3 = subprocess.Popen(
+        [binary, "dev-s3", "--get-delay-ms", str(get_delay_ms)], stdout=subprocess.PIPE
+    )
+    assert s3.stdout is not None
+    endpoint = s3.stdout.readline().decode().split()[-1]
+    client = _s3_client(endpoint)
+    client.create_bucket(Bucket="bench")
+    rng = np.random.default_rng(0)
+    total = 0
+    for shard in range(shards):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(per_shard):
+                key = f"s{shard:04d}-{i:05d}"
+                for ext, data in (
+                    ("jpg", _synthetic_jpeg(i, rng)),
+                    ("cls", str(int(rng.integers(0, 1000))).encode()),
+                ):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        total += out.tell()
+        client.put_object(Bucket="bench", Key=f"data/shard-{shard:05d}.tar", Body=out.getvalue())
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+        AWS_REGION="us-east-1",
+        SHARDFEED_S3_ENDPOINT=endpoint,
+        SHARDFEED_S3_FORCE_PATH_STYLE="true",
+    )
+    subprocess.run([binary, "index", "s3://bench/data/"], env=env, check=True, capture_output=True)
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            binary,
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            f"127.0.0.1:{_free_port()}",
+        ],
+        env=dict(env, SHARDFEED_LOG="warn"),
+    )
+    import grpc
+
+    grpc.channel_ready_future(grpc.insecure_channel(f"127.0.0.1:{port}")).result(timeout=30)
+    return {
+        "endpoint": endpoint,
+        "dataset": "s3://bench/data/",
+        "target": f"127.0.0.1:{port}",
+        "processes": [server, s3],
+        "server_pid": server.pid,
+        "mean_sample_kb": total / (shards * per_shard) / 1e3,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--synthetic", action="store_true", help="set up dev-s3 + shardfeed + data")
+    parser.add_argument("--binary", default=os.environ.get("SHARDFEED_BIN", "shardfeed"))
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--samples-per-shard", type=int, default=256)
+    parser.add_argument("--get-delay-ms", type=int, default=0)
+    parser.add_argument("--target", default="127.0.0.1:50051")
+    parser.add_argument("--dataset")
+    parser.add_argument("--s3-endpoint")
+    parser.add_argument("--server-pid", type=int)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--max-batches", type=int, default=0)
+    parser.add_argument(
+        "--pillow-draft", action="store_true", help="let the baseline use Pillow's DCT scaling"
+    )
+    args = parser.parse_args(argv)
+
+    setup: dict[str, Any] = {}
+    if args.synthetic:
+        print("setting up a synthetic dataset ...", file=sys.stderr)
+        setup = synthetic_setup(args.binary, args.shards, args.samples_per_shard, args.get_delay_ms)
+        args.dataset, args.target = setup["dataset"], setup["target"]
+        args.s3_endpoint, args.server_pid = setup["endpoint"], setup["server_pid"]
+    if not args.dataset:
+        parser.error("--dataset is required without --synthetic")
+    try:
+        ours = run_shardfeed(
+            args.target,
+            args.dataset,
+            args.batch_size,
+            args.image_size,
+            args.max_batches,
+            args.server_pid,
+        )
+        baseline = run_baseline(
+            args.s3_endpoint,
+            args.dataset,
+            args.workers,
+            args.batch_size,
+            args.image_size,
+            args.max_batches,
+            args.pillow_draft,
+        )
+    finally:
+        for process in setup.get("processes", []):
+            process.terminate()
+            process.wait()
+    result = {
+        "benchmark": "delivered_into_python",
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "baseline_workers": args.workers,
+        "baseline_pillow_draft": args.pillow_draft,
+        "mean_sample_kb": setup.get("mean_sample_kb"),
+        "shardfeed": ours,
+        "pillow_dataloader": baseline,
+        "speedup": ours["samples_per_second"] / baseline["samples_per_second"],
+    }
+    print(
+        f"shardfeed: {ours['samples_per_second']:.0f} samples/s, "
+        f"{ours['cpu_seconds_per_sample'] * 1e3:.2f} CPU-ms/sample; "
+        f"Pillow DataLoader-style ({args.workers} workers): "
+        f"{baseline['samples_per_second']:.0f} samples/s, "
+        f"{baseline['cpu_seconds_per_sample'] * 1e3:.2f} CPU-ms/sample; "
+        f"ratio {result['speedup']:.2f}x"
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory():
+        sys.exit(main())
