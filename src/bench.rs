@@ -9,7 +9,7 @@ use bytes::Bytes;
 use crate::dataset::{build_index, write_index, DatasetRegistry};
 use crate::pipeline::PipelineConfig;
 use crate::s3mem;
-use crate::server::{self, pb, ListenAddr, Listener, ServiceConfig, ShardfeedService};
+use crate::server::{pb, ListenAddr, LocalServer, ServiceConfig, ShardfeedService};
 use crate::shard::tar::TarWriter;
 use crate::store::cache::{CacheConfig, DiskCache, EvictionPolicy};
 use crate::store::retry::ReadConfig;
@@ -107,19 +107,13 @@ pub async fn cache_policy(spec: &CacheBenchSpec) -> Result<(), BenchError> {
             },
             ServiceConfig::default(),
         )?;
-        let listener = Listener::bind(&ListenAddr::Tcp(([127, 0, 0, 1], 0).into())).await?;
-        let addr = listener.local_addr();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(server::serve(
-            listener,
+        let local = LocalServer::start(
             service,
-            async move {
-                let _ = stopped.await;
-            },
+            &ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
             Duration::from_secs(1),
-        ));
-        let mut client = pb::shardfeed_client::ShardfeedClient::new(server::connect(&addr).await?)
-            .max_decoding_message_size(usize::MAX);
+        )
+        .await?;
+        let mut client = local.client().await?;
         let epochs = if policy.is_none() { 1 } else { spec.epochs };
         for epoch in 0..epochs {
             let before = s3.state.counts.get_bytes.load(Ordering::SeqCst);
@@ -143,8 +137,7 @@ pub async fn cache_policy(spec: &CacheBenchSpec) -> Result<(), BenchError> {
                 fetched as f64 / dataset_bytes as f64
             );
         }
-        let _ = stop.send(());
-        serving.await??;
+        local.stop().await?;
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())

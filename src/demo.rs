@@ -15,7 +15,7 @@ use crate::dataset::{build_index, write_index, DatasetRegistry};
 use crate::pipeline::PipelineConfig;
 use crate::plan::rng::Rng;
 use crate::s3mem;
-use crate::server::{self, pb, ListenAddr, Listener, ServiceConfig, ShardfeedService};
+use crate::server::{self, pb, ListenAddr, LocalServer, ServiceConfig, ShardfeedService};
 use crate::shard::tar::TarWriter;
 use crate::store::s3::S3Store;
 use crate::store::ObjectStore;
@@ -265,25 +265,17 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error +
             ..ServiceConfig::default()
         },
     )?;
-    let listener = Listener::bind(&ListenAddr::Tcp(([127, 0, 0, 1], 0).into())).await?;
-    let addr = listener.local_addr();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::serve(
-        listener,
+    let local = LocalServer::start(
         service,
-        async move {
-            let _ = stop_rx.await;
-        },
+        &ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
         Duration::from_secs(1),
-    ));
+    )
+    .await?;
     println!(
-        "shardfeed serving on {addr} with {} decode threads",
-        options.decode_threads
+        "shardfeed serving on {} with {} decode threads",
+        local.addr, options.decode_threads
     );
-
-    let mut client = pb::shardfeed_client::ShardfeedClient::connect(format!("http://{addr}"))
-        .await?
-        .max_decoding_message_size(usize::MAX);
+    let mut client = local.client().await?;
     let described = client
         .describe(pb::DescribeRequest {
             dataset: uri.clone(),
@@ -352,7 +344,6 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error +
         counts.get_bytes.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
         first_keys,
     );
-    let _ = stop_tx.send(());
-    server.await??;
+    local.stop().await?;
     Ok(())
 }

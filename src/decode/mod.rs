@@ -91,29 +91,35 @@ impl Decoder for ImageCrateDecoder {
         spec: &OutputSpec,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
-        let format = match format {
-            ImageFormat::Jpeg => image::ImageFormat::Jpeg,
-            ImageFormat::Png => image::ImageFormat::Png,
-            ImageFormat::Webp => image::ImageFormat::WebP,
-        };
-        let mut reader = image::ImageReader::with_format(std::io::Cursor::new(data), format);
-        let mut limits = image::Limits::default();
-        limits.max_alloc = Some(MAX_SOURCE_PIXELS * 4);
-        reader.limits(limits);
-        let decoded = reader
-            .decode()
-            .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-        let (width, height) = (decoded.width(), decoded.height());
-        if u64::from(width) * u64::from(height) > MAX_SOURCE_PIXELS {
-            return Err(DecodeError::TooLarge { width, height });
-        }
-        // Grayscale, CMYK-converted, 16-bit and alpha images all become RGB8.
-        let rgb = match decoded {
-            image::DynamicImage::ImageRgb8(rgb) => rgb,
-            other => other.to_rgb8(),
-        };
+        let rgb = decode_rgb(format, data)?;
+        let (width, height) = rgb.dimensions();
         resize_rgb(rgb.as_raw(), width, height, spec, out)
     }
+}
+
+/// Full-size RGB8 decode with the `image` crate (grayscale, CMYK-converted,
+/// 16-bit and alpha images all become RGB8), refusing decompression bombs.
+fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
+    let format = match format {
+        ImageFormat::Jpeg => image::ImageFormat::Jpeg,
+        ImageFormat::Png => image::ImageFormat::Png,
+        ImageFormat::Webp => image::ImageFormat::WebP,
+    };
+    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(data), format);
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_SOURCE_PIXELS * 4);
+    reader.limits(limits);
+    let decoded = reader
+        .decode()
+        .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
+    let (width, height) = (decoded.width(), decoded.height());
+    if u64::from(width) * u64::from(height) > MAX_SOURCE_PIXELS {
+        return Err(DecodeError::TooLarge { width, height });
+    }
+    Ok(match decoded {
+        image::DynamicImage::ImageRgb8(rgb) => rgb,
+        other => other.to_rgb8(),
+    })
 }
 
 /// The fastest decoder this build has: libjpeg-turbo with DCT scaling for
@@ -156,31 +162,18 @@ pub fn reference_decode(
     spec: &OutputSpec,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
-    let format = match format {
-        ImageFormat::Jpeg => image::ImageFormat::Jpeg,
-        ImageFormat::Png => image::ImageFormat::Png,
-        ImageFormat::Webp => image::ImageFormat::WebP,
-    };
-    let rgb = image::load_from_memory_with_format(data, format)
-        .map_err(|e| DecodeError::Corrupt(e.to_string()))?
-        .to_rgb8();
+    let rgb = decode_rgb(format, data)?;
     let (width, height) = rgb.dimensions();
-    let source = fir::images::ImageRef::new(width, height, rgb.as_raw(), fir::PixelType::U8x3)
-        .map_err(|e| DecodeError::Resize(e.to_string()))?;
-    let mut target = fir::images::Image::from_slice_u8(
-        spec.width,
-        spec.height,
-        &mut out[..spec.bytes()],
-        fir::PixelType::U8x3,
+    let mut resizer = fir::Resizer::new();
+    resize_with(
+        &mut resizer,
+        fir::FilterType::Lanczos3,
+        rgb.as_raw(),
+        width,
+        height,
+        spec,
+        out,
     )
-    .map_err(|e| DecodeError::Resize(e.to_string()))?;
-    let (left, top, crop_w, crop_h) = source_crop(width, height, spec);
-    let options = fir::ResizeOptions::new()
-        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Lanczos3))
-        .crop(left, top, crop_w, crop_h);
-    fir::Resizer::new()
-        .resize(&source, &mut target, &options)
-        .map_err(|e| DecodeError::Resize(e.to_string()))
 }
 
 /// The source rectangle (left, top, width, height) that `mode` maps onto the output.
@@ -211,6 +204,28 @@ pub fn resize_rgb(
     spec: &OutputSpec,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
+    RESIZER.with(|resizer| {
+        resize_with(
+            &mut resizer.borrow_mut(),
+            fir::FilterType::Bilinear,
+            src,
+            width,
+            height,
+            spec,
+            out,
+        )
+    })
+}
+
+fn resize_with(
+    resizer: &mut fir::Resizer,
+    filter: fir::FilterType,
+    src: &[u8],
+    width: u32,
+    height: u32,
+    spec: &OutputSpec,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
     let resize_error = |e: &dyn std::fmt::Display| DecodeError::Resize(e.to_string());
     let source = fir::images::ImageRef::new(width, height, src, fir::PixelType::U8x3)
         .map_err(|e| resize_error(&e))?;
@@ -223,14 +238,11 @@ pub fn resize_rgb(
     .map_err(|e| resize_error(&e))?;
     let (left, top, crop_w, crop_h) = source_crop(width, height, spec);
     let options = fir::ResizeOptions::new()
-        .resize_alg(fir::ResizeAlg::Convolution(fir::FilterType::Bilinear))
+        .resize_alg(fir::ResizeAlg::Convolution(filter))
         .crop(left, top, crop_w, crop_h);
-    RESIZER.with(|resizer| {
-        resizer
-            .borrow_mut()
-            .resize(&source, &mut target, &options)
-            .map_err(|e| resize_error(&e))
-    })
+    resizer
+        .resize(&source, &mut target, &options)
+        .map_err(|e| resize_error(&e))
 }
 
 #[cfg(test)]

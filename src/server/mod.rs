@@ -841,3 +841,58 @@ pub async fn serve(
         Err(_) => Ok(()),
     }
 }
+
+/// A server on a local listener, run in this process (demo, benchmarks).
+pub struct LocalServer {
+    pub addr: ListenAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl LocalServer {
+    pub async fn start(
+        service: ShardfeedService,
+        listen: &ListenAddr,
+        grace: Duration,
+    ) -> Result<Self, ServeError> {
+        let listener = Listener::bind(listen).await?;
+        let addr = listener.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(
+            listener,
+            service,
+            async move {
+                let _ = stopped.await;
+            },
+            grace,
+        ));
+        Ok(Self {
+            addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// A client with message limits raised for whole batches.
+    pub async fn client(
+        &self,
+    ) -> Result<
+        pb::shardfeed_client::ShardfeedClient<tonic::transport::Channel>,
+        tonic::transport::Error,
+    > {
+        Ok(
+            pb::shardfeed_client::ShardfeedClient::new(connect(&self.addr).await?)
+                .max_decoding_message_size(usize::MAX),
+        )
+    }
+
+    /// Shuts down (draining) and waits for the server to finish.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task)
+            .await
+            .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
+    }
+}
