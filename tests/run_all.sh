@@ -38,5 +38,7 @@ step "container and chart"
 .venv/bin/python helm/check_chart.py
 
 step "python: client tests against the real binary"
-cargo build --locked
+# `cargo test` built target/debug/shardfeed for the integration tests; a plain
+# `cargo build` would resolve dependency features without the dev-dependencies
+# and rebuild much of the tree.
 (cd clients/python && SHARDFEED_BIN="$PWD/../../target/debug/shardfeed" ../../.venv/bin/python -m pytest -q)
