@@ -188,6 +188,8 @@ async fn produce(
     let mut pending: Vec<EmittedSample> = Vec::with_capacity(batch_size);
     let mut decoding = FuturesOrdered::new();
     let mut next_index = plan.first_batch;
+    // Metric handles are resolved once per stream, not per batch or sample.
+    let stream_metrics = metrics::StreamMetrics::new(plan.rank);
     // Per-stream series would be unbounded; the stream label is its rank.
     let ready_gauge = ::metrics::gauge!(metrics::READY_BATCHES, "rank" => plan_rank_label(plan));
 
@@ -218,7 +220,12 @@ async fn produce(
                     if pending.len() == batch_size {
                         let samples =
                             std::mem::replace(&mut pending, Vec::with_capacity(batch_size));
-                        decoding.push_back(decode_batch(context, samples, next_index));
+                        decoding.push_back(decode_batch(
+                            context,
+                            &stream_metrics,
+                            samples,
+                            next_index,
+                        ));
                         next_index += 1;
                         while decoding.len() >= context.config.decode_ahead.max(1) {
                             if !send_next(&mut decoding, tx, &ready_gauge).await? {
@@ -273,6 +280,7 @@ async fn send_next(
 /// Decodes a batch on the pool, each image straight into its slot.
 fn decode_batch(
     context: &StreamContext,
+    stream_metrics: &metrics::StreamMetrics,
     samples: Vec<EmittedSample>,
     index: u64,
 ) -> oneshot::Receiver<DecodedBatch> {
@@ -280,7 +288,7 @@ fn decode_batch(
     let decoder = context.decoder.clone();
     let spec = context.spec;
     let dataset = context.dataset.clone();
-    let stream_metrics = metrics::StreamMetrics::new(context.plan.rank);
+    let stream_metrics = stream_metrics.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
@@ -344,11 +352,12 @@ fn decode_batch(
             size: samples.len(),
             images: Bytes::from(images),
             labels,
-            keys: samples.iter().map(|e| e.sample.key.clone()).collect(),
             shards: samples
                 .iter()
                 .map(|e| dataset.index.shards[e.shard as usize].name.clone())
                 .collect(),
+            // The samples are done with: move their keys rather than copy them.
+            keys: samples.into_iter().map(|e| e.sample.key).collect(),
             substituted,
             ready_at: Instant::now(),
         };

@@ -359,8 +359,6 @@ pub struct StreamPlan {
     pub base_position: EpochPosition,
     pub world_size: u32,
     pub rank: u32,
-    /// Shard order of the epoch (for prefetch hints and diagnostics).
-    pub layout: EpochLayout,
 }
 
 impl StreamPlan {
@@ -519,7 +517,6 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
         base_position: resume,
         world_size,
         rank,
-        layout,
     })
 }
 

@@ -111,6 +111,17 @@ fn store_status(error: &StoreError) -> tonic::Code {
     }
 }
 
+fn dataset_status(error: &DatasetError) -> tonic::Code {
+    use tonic::Code;
+    match error {
+        DatasetError::InvalidUri { .. } => Code::InvalidArgument,
+        DatasetError::Store(store) => store_status(store),
+        DatasetError::NoShards { .. } => Code::NotFound,
+        DatasetError::CorruptIndex { .. } => Code::FailedPrecondition,
+        DatasetError::Shard { .. } => Code::DataLoss,
+    }
+}
+
 impl ServiceError {
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
@@ -119,16 +130,9 @@ impl ServiceError {
             ServiceError::TooManyStreams(_) => Code::ResourceExhausted,
             ServiceError::NotAllowed { .. } => Code::PermissionDenied,
             ServiceError::Draining => Code::Unavailable,
-            ServiceError::Dataset(error)
-            | ServiceError::Pipeline(PipelineError::Dataset(error)) => match error {
-                DatasetError::InvalidUri { .. } => Code::InvalidArgument,
-                DatasetError::Store(store) => store_status(store),
-                DatasetError::NoShards { .. } => Code::NotFound,
-                DatasetError::CorruptIndex { .. } => Code::FailedPrecondition,
-                DatasetError::Shard { .. } => Code::DataLoss,
-            },
+            ServiceError::Dataset(error) => dataset_status(error),
             ServiceError::Pipeline(error) => match error {
-                PipelineError::Dataset(_) => unreachable!("matched above"),
+                PipelineError::Dataset(error) => dataset_status(error),
                 PipelineError::Store(store) => store_status(store),
                 PipelineError::Shard { .. } => Code::DataLoss,
                 PipelineError::StaleIndex { .. } => Code::FailedPrecondition,

@@ -111,11 +111,6 @@ impl SampleSplitter {
         }
     }
 
-    /// Bytes buffered but not yet parsed.
-    pub fn buffered(&self) -> usize {
-        self.buf.len()
-    }
-
     /// The next complete sample, if the bytes pushed so far hold one.
     pub fn next_sample(&mut self) -> Result<Option<RawSample>, ShardError> {
         while !self.ended {
