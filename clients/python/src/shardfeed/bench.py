@@ -117,7 +117,9 @@ def run_baseline(
         for o in listed.get("Contents", [])
         if o["Key"].endswith(".tar") and "_shardfeed/" not in o["Key"]
     )
-    context = mp.get_context("fork")
+    # Not fork: this process already holds gRPC channels, and forking grpcio's
+    # threads is unsafe (DataLoader users pick spawn for the same reason).
+    context = mp.get_context("spawn")
     queue = context.Queue(maxsize=2 * workers)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     self_before = resource.getrusage(resource.RUSAGE_SELF)
