@@ -250,3 +250,39 @@ fn resume_positions_are_validated() {
         Err(PlanError::ResumePastEnd { .. })
     ));
 }
+
+#[test]
+fn a_large_shuffle_buffer_starts_emitting_early_and_stays_bounded() {
+    use shardfeed::plan::{Step, SHUFFLE_RAMP_START};
+    let shards = vec![1_000u64; 8];
+    let mut req = request(1, 0, 16, Partition::DropLast);
+    req.shuffle.buffer = 2_000;
+    let plan = plan_stream(&shards, &req).unwrap();
+    let (mut pulls, mut emits, mut first_emit_after) = (0u64, 0u64, None);
+    for step in plan.rank_plans[0].schedule() {
+        match step {
+            Step::Pull(_) => pulls += 1,
+            Step::Emit(_) => {
+                emits += 1;
+                first_emit_after.get_or_insert(pulls);
+            }
+        }
+        // The buffer plus the one sample a pull displaces, emitted next.
+        assert!(pulls - emits <= 2_001, "buffer over capacity");
+    }
+    assert_eq!(first_emit_after, Some(SHUFFLE_RAMP_START as u64));
+    assert_eq!(emits, 8_000);
+    // Resuming inside the ramp and after it gives the rest of the same stream.
+    let full = emitted_samples(&plan);
+    for start in [3u64, 40, 300] {
+        let resumed = plan_stream(
+            &shards,
+            &PlanRequest {
+                start_batch: start,
+                ..req.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(emitted_samples(&resumed), full[(start * 16) as usize..]);
+    }
+}
