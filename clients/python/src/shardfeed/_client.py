@@ -27,6 +27,7 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
 ]
 
+_SERVICE = pb.DESCRIPTOR.services_by_name["Shardfeed"].full_name
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
 _RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
 
@@ -92,12 +93,76 @@ class Batch:
     global_samples: int
 
 
-def _batch_from_message(message: Any) -> Batch:
+_IMAGES_FIELD = pb.Batch.DESCRIPTOR.fields_by_name["images"].number
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint in Batch message")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _split_images(data: bytes) -> tuple[int, int, bytes]:
+    """Finds the images field in an encoded Batch without copying it.
+
+    Returns (offset, length) of the image bytes inside ``data`` and the rest
+    of the message (a few KB: keys, labels, position) re-encoded without it.
+    Parsing the whole message would copy the payload twice (into the parser,
+    then into a bytes field): ~20 MB per batch, a tenth of a core at 1,000
+    samples/s.
+    """
+    pos, images, rest = 0, (0, 0), bytearray()
+    while pos < len(data):
+        start = pos
+        tag, pos = _read_varint(data, pos)
+        wire_type = tag & 7
+        if wire_type == 0:
+            _, pos = _read_varint(data, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length, pos = _read_varint(data, pos)
+            if tag >> 3 == _IMAGES_FIELD:
+                images = (pos, length)
+                pos += length
+                if pos > len(data):
+                    raise ValueError("images field runs past the end of the Batch message")
+                continue
+            pos += length
+        else:
+            raise ValueError(f"unsupported wire type {wire_type} in Batch message")
+        if pos > len(data):
+            raise ValueError("field runs past the end of the Batch message")
+        rest += data[start:pos]
+    return images[0], images[1], bytes(rest)
+
+
+def _batch_from_wire(data: bytes) -> Batch:
+    """The stream's deserializer: numpy views straight into gRPC's buffer."""
+    offset, length, rest = _split_images(data)
+    message = pb.Batch.FromString(rest)
+    images = np.frombuffer(data, dtype=np.uint8, count=length, offset=offset)
+    return _batch_with_images(message, images)
+
+
+def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
     shape = message.shape
-    # np.frombuffer shares the message's bytes: no copy of the payload.
-    images = np.frombuffer(message.images, dtype=np.uint8).reshape(
-        shape.n, shape.height, shape.width, shape.channels
-    )
+    expected = shape.n * shape.height * shape.width * shape.channels
+    if flat.size != expected:
+        raise ValueError(
+            f"batch {message.index}: {flat.size} image bytes for shape "
+            f"{shape.n}x{shape.height}x{shape.width}x{shape.channels}"
+        )
+    images = flat.reshape(shape.n, shape.height, shape.width, shape.channels)
     return Batch(
         epoch=message.epoch,
         index=message.index,
@@ -149,6 +214,7 @@ class Client:
         self._pid: int | None = None
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
+        self._stream_batches: Any = None
 
     @property
     def target(self) -> str:
@@ -163,6 +229,12 @@ class Client:
                     options.append(("grpc.default_authority", "localhost"))
                 self._channel = grpc.insecure_channel(self._target, options=options)
                 self._stub = pb_grpc.ShardfeedStub(self._channel)  # type: ignore[no-untyped-call]
+                # Batches skip the generated parser: see _split_images.
+                self._stream_batches = self._channel.unary_stream(
+                    f"/{_SERVICE}/StreamBatches",
+                    request_serializer=pb.StreamBatchesRequest.SerializeToString,
+                    response_deserializer=_batch_from_wire,
+                )
                 self._pid = os.getpid()
             return self._stub
 
@@ -263,10 +335,11 @@ class Client:
         return self._stream(request)
 
     def _stream(self, request: Any) -> Iterator[Batch]:
-        call = self._get_stub().StreamBatches(request, timeout=self._timeout)
+        self._get_stub()
+        assert self._stream_batches is not None
+        call = self._stream_batches(request, timeout=self._timeout)
         try:
-            for message in call:
-                yield _batch_from_message(message)
+            yield from call
         except grpc.RpcError as exc:
             raise _error(exc) from None
         finally:

@@ -38,3 +38,8 @@ def test_benchmark_compares_both_loaders(capsys: pytest.CaptureFixture[str]) -> 
     assert result["speedup"] == pytest.approx(
         ours["samples_per_second"] / baseline["samples_per_second"]
     )
+    # The same data through `shardfeed bench`, and the kernel it is held to.
+    assert result["entitlement"]["samples"] == 24
+    assert result["kernel_samples_per_second_per_thread"] > 0
+    assert 0 < result["fraction_of_kernel_times_cores"]
+    assert 0 <= result["cpu_share_beyond_kernel"] < 1
