@@ -110,7 +110,7 @@ pub fn synthetic_image(
         }
         let texture = 0.06 * ((fx * freq).sin() * (fy * freq * 1.3).cos());
         let grain = (noise.next_u64() >> 56) as f32 / 255.0 - 0.5;
-                // Grain sized so the mean file is ~110 KB at q90, as ImageNet's are:
+        // Grain sized so the mean file is ~110 KB at q90, as ImageNet's are:
         // entropy decoding cost follows the compressed size.
         let pixel = |v: f32| ((v + texture + grain * 0.3).clamp(0.0, 1.0) * 255.0) as u8;
         image::Rgb([pixel(rgb[0]), pixel(rgb[1]), pixel(rgb[2])])

@@ -37,6 +37,8 @@
 //! away closes the ready queue: the producer notices at once (it watches the
 //! queue while it waits) and drops its readers, which aborts their requests.
 
+mod buffers;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,6 +58,7 @@ use crate::shard::{Label, RawSample, SampleSplitter, ShardError, DEFAULT_MAX_MEM
 use crate::store::cache::DiskCache;
 use crate::store::retry::{read_parts, ReadConfig};
 use crate::store::StoreError;
+use buffers::BufferPool;
 
 pub const DEFAULT_PREFETCH_SEGMENTS: usize = 2;
 pub const DEFAULT_READER_QUEUE: usize = 64;
@@ -188,6 +191,8 @@ async fn produce(
     let mut pending: Vec<EmittedSample> = Vec::with_capacity(batch_size);
     let mut decoding = FuturesOrdered::new();
     let mut next_index = plan.first_batch;
+    // Batches alive at once: decoding, queued, and one being encoded.
+    let buffers = BufferPool::new(context.config.decode_ahead + context.config.ready_batches + 1);
     // Metric handles are resolved once per stream, not per batch or sample.
     let stream_metrics = metrics::StreamMetrics::new(plan.rank);
     // Per-stream series would be unbounded; the stream label is its rank.
@@ -222,6 +227,7 @@ async fn produce(
                             std::mem::replace(&mut pending, Vec::with_capacity(batch_size));
                         decoding.push_back(decode_batch(
                             context,
+                            &buffers,
                             &stream_metrics,
                             samples,
                             next_index,
@@ -280,6 +286,7 @@ async fn send_next(
 /// Decodes a batch on the pool, each image straight into its slot.
 fn decode_batch(
     context: &StreamContext,
+    buffers: &BufferPool,
     stream_metrics: &metrics::StreamMetrics,
     samples: Vec<EmittedSample>,
     index: u64,
@@ -289,10 +296,11 @@ fn decode_batch(
     let spec = context.spec;
     let dataset = context.dataset.clone();
     let stream_metrics = stream_metrics.clone();
+    let buffers = buffers.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
-        let mut images = vec![0u8; slot * samples.len()];
+        let mut images = buffers.take(slot * samples.len());
         let failures: Vec<Option<String>> = images
             .par_chunks_mut(slot)
             .zip(samples.par_iter())
@@ -350,7 +358,7 @@ fn decode_batch(
         let batch = DecodedBatch {
             index,
             size: samples.len(),
-            images: Bytes::from(images),
+            images: buffers.share(images),
             labels,
             shards: samples
                 .iter()

@@ -685,7 +685,7 @@ impl Iterator for Schedule<'_> {
             } else if self.buffer.len() < self.capacity {
                 self.buffer.push(sample);
                 if self.buffer.len() >= self.capacity.min(SHUFFLE_RAMP_START)
-                    && self.pulled % 2 == 0
+                    && self.pulled.is_multiple_of(2)
                 {
                     let slot = self.rng.below(self.buffer.len() as u64) as usize;
                     self.pending_emit = Some(self.buffer.swap_remove(slot));

@@ -25,6 +25,8 @@ use crate::plan::{
 };
 use crate::store::StoreError;
 
+pub mod codec;
+
 pub mod pb {
     tonic::include_proto!("shardfeed.v1");
 }
