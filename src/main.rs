@@ -85,13 +85,17 @@ struct BenchArgs {
     #[arg(long)]
     synthetic: bool,
     /// Synthetic dataset: shards and samples per shard.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     shards: usize,
     #[arg(long, default_value_t = 256)]
     samples_per_shard: usize,
     /// Synthetic dataset: delay before every GET response, like S3's time to first byte.
     #[arg(long, default_value_t = 0)]
     get_delay_ms: u64,
+    /// Synthetic dataset: run twice without and twice with this GET delay,
+    /// alternating, and print the throughput ratio.
+    #[arg(long)]
+    compare_get_delay_ms: Option<u64>,
     #[arg(long, default_value_t = 128)]
     batch_size: u32,
     #[arg(long, default_value_t = 224)]
@@ -757,6 +761,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     if args.synthetic == args.uri.is_some() {
         problems.push("give either a dataset URI or --synthetic".into());
     }
+    if args.compare_get_delay_ms.is_some() && !args.synthetic {
+        problems.push("--compare-get-delay-ms needs --synthetic".into());
+    }
     if !problems.is_empty() {
         bail!("invalid configuration:\n  {}", problems.join("\n  "));
     }
@@ -773,7 +780,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         },
         max_batches: args.max_batches,
     };
-    let (registry, uri, _s3) = if args.synthetic {
+    let (registry, uri, s3) = if args.synthetic {
         let s3 = shardfeed::s3mem::start(0).await?;
         let data = shardfeed::demo::SyntheticSpec {
             shards: args.shards,
@@ -800,7 +807,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             None,
         )
     };
-    let summary = shardfeed::bench::entitlement(Arc::new(registry), &uri, &spec)
+    let registry = Arc::new(registry);
+    if let (Some(delay_ms), Some(s3)) = (args.compare_get_delay_ms, &s3) {
+        return compare_get_delay(registry, &uri, &spec, s3, delay_ms).await;
+    }
+    let summary = shardfeed::bench::entitlement(registry, &uri, &spec)
         .await
         .map_err(|e| anyhow::anyhow!(e))?;
     let get = |key: &str| summary[key].as_f64().unwrap_or(0.0);
@@ -830,5 +841,55 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         get("peak_rss_bytes") / 1e6
     );
     println!("{summary}");
+    Ok(())
+}
+
+/// The entitlement benchmark alternately without and with a first-byte delay
+/// on every GET, on one dataset in one process, so the ratio is not skewed
+/// by a machine that got busier between two separate runs.
+async fn compare_get_delay(
+    registry: Arc<DatasetRegistry>,
+    uri: &str,
+    spec: &shardfeed::bench::EntitlementSpec,
+    s3: &shardfeed::s3mem::RunningS3,
+    delay_ms: u64,
+) -> anyhow::Result<()> {
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    let mut first_batch: [Vec<f64>; 2] = Default::default();
+    for _round in 0..2 {
+        for (slot, delay) in [0, delay_ms].into_iter().enumerate() {
+            s3.state.faults.set_get_delay(Duration::from_millis(delay));
+            let summary = shardfeed::bench::entitlement(registry.clone(), uri, spec)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let rate = summary["samples_per_second"].as_f64().unwrap_or(0.0);
+            let first = summary["first_batch_seconds"].as_f64().unwrap_or(0.0);
+            println!(
+                "GET delay {delay:>3} ms: {rate:.0} samples/s, first batch after {:.0} ms",
+                first * 1e3
+            );
+            rates[slot].push(rate);
+            first_batch[slot].push(first);
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let ratio = mean(&rates[1]) / mean(&rates[0]).max(1e-9);
+    println!(
+        "with {delay_ms} ms before every GET: {:.1}% of the throughput without ({:+.1}%)",
+        100.0 * ratio,
+        100.0 * (ratio - 1.0)
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "benchmark": "get_delay",
+            "get_delay_ms": delay_ms,
+            "samples_per_second_without": rates[0],
+            "samples_per_second_with": rates[1],
+            "first_batch_seconds_without": first_batch[0],
+            "first_batch_seconds_with": first_batch[1],
+            "throughput_ratio": ratio,
+        })
+    );
     Ok(())
 }

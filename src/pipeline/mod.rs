@@ -27,8 +27,10 @@
 //!
 //! Peak per stream ≈ `(interleave + prefetch_segments) * (parts_in_flight + 1)
 //! * part_size + (interleave + prefetch_segments) * reader_queue * S
-//! + shuffle_buffer * S + (decode_ahead + ready_batches + 1) * batch_bytes`,
-//! with `S` the mean compressed sample size.
+//! + shuffle_buffer * S + (decode_ahead + ready_batches + 3) * batch_bytes`,
+//! with `S` the mean compressed sample size: the stream's pooled batch
+//! buffers (decoding, queued, one being encoded) plus the encoded copies
+//! gRPC holds while sending.
 //!
 //! # Who blocks whom
 //!
