@@ -25,12 +25,18 @@
 //!   decoded batches waiting for the client, each
 //!   `batch_size * height * width * 3` bytes.
 //!
-//! Peak per stream ≈ `(interleave + prefetch_segments) * (parts_in_flight + 1)
-//! * part_size + (interleave + prefetch_segments) * reader_queue * S
-//! + shuffle_buffer * S + (decode_ahead + ready_batches + 3) * batch_bytes`,
-//! with `S` the mean compressed sample size: the stream's pooled batch
-//! buffers (decoding, queued, one being encoded) plus the encoded copies
-//! gRPC holds while sending.
+//! Peak per stream ≈
+//!
+//! ```text
+//! (interleave + prefetch_segments) * (parts_in_flight + 1) * part_size
+//! + (interleave + prefetch_segments) * reader_queue * S
+//! + shuffle_buffer * S
+//! + (decode_ahead + ready_batches + 3) * batch_bytes
+//! ```
+//!
+//! with `S` the mean compressed sample size. The batch term is the stream's
+//! pooled batch buffers (decoding, queued, one being encoded) plus the
+//! encoded copies gRPC holds while sending.
 //!
 //! # Who blocks whom
 //!
