@@ -372,10 +372,7 @@ pub async fn entitlement(
     let decode_seconds = timed.nanos.load(Ordering::Relaxed) as f64 / 1e9;
     let rate = samples as f64 / wall;
     let cores = spec.decode_threads as f64;
-    // Training runs for hours: the rate after the first batch is what it sees.
     let first_batch_seconds = first_batch.map_or(0.0, |d| d.as_secs_f64());
-    let steady_rate = samples.saturating_sub(u64::from(spec.batch_size)) as f64
-        / (wall - first_batch_seconds).max(1e-9);
     // CPU the decode kernel alone would need for these samples.
     let kernel_cpu = samples as f64 / kernel_rate.max(1e-9);
     let summary = serde_json::json!({
@@ -391,10 +388,8 @@ pub async fn entitlement(
         "compressed_mb_per_second": rate * mean_sample_bytes / 1e6,
         "output_mb_per_second": payload as f64 / wall / 1e6,
         "first_batch_seconds": first_batch_seconds,
-        "steady_samples_per_second": steady_rate,
         "kernel_samples_per_second_per_thread": kernel_rate,
         "fraction_of_kernel_times_threads": rate / (kernel_rate * cores).max(1e-9),
-        "steady_fraction_of_kernel_times_threads": steady_rate / (kernel_rate * cores).max(1e-9),
         "psnr_vs_full_decode_lanczos_db": psnr,
         "cpu_seconds": cpu,
         "cpu_utilisation_cores": cpu / wall,

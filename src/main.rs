@@ -816,19 +816,17 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let get = |key: &str| summary[key].as_f64().unwrap_or(0.0);
     println!(
-        "{} samples in {:.2}s: {:.0} samples/s ({:.0} after the first batch), {:.1} MB/s compressed, first batch after {:.0} ms",
+        "{} samples in {:.2}s: {:.0} samples/s, {:.1} MB/s compressed, first batch after {:.0} ms",
         summary["samples"],
         get("wall_seconds"),
         get("samples_per_second"),
-        get("steady_samples_per_second"),
         get("compressed_mb_per_second"),
         get("first_batch_seconds") * 1e3
     );
     println!(
-        "decode+resize kernel: {:.0} samples/s per thread x {threads} threads; pipeline reaches {:.0}% of that ({:.0}% after the first batch); PSNR {:.1} dB vs full decode + Lanczos3",
+        "decode+resize kernel: {:.0} samples/s per thread x {threads} threads; pipeline reaches {:.0}% of that; PSNR {:.1} dB vs full decode + Lanczos3",
         get("kernel_samples_per_second_per_thread"),
         100.0 * get("fraction_of_kernel_times_threads"),
-        100.0 * get("steady_fraction_of_kernel_times_threads"),
         get("psnr_vs_full_decode_lanczos_db")
     );
     println!(
