@@ -2,14 +2,13 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::dataset::{build_index, write_index, DatasetRegistry};
 use crate::pipeline::PipelineConfig;
 use crate::s3mem;
-use crate::server::{pb, ListenAddr, LocalServer, ServiceConfig, ShardfeedService};
+use crate::server::{pb, LocalServer, ServiceConfig, ShardfeedService};
 use crate::shard::tar::TarWriter;
 use crate::store::cache::{CacheConfig, DiskCache, EvictionPolicy};
 use crate::store::retry::ReadConfig;
@@ -107,12 +106,7 @@ pub async fn cache_policy(spec: &CacheBenchSpec) -> Result<(), BenchError> {
             },
             ServiceConfig::default(),
         )?;
-        let local = LocalServer::start(
-            service,
-            &ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
-            Duration::from_secs(1),
-        )
-        .await?;
+        let local = LocalServer::loopback(service).await?;
         let mut client = local.client().await?;
         let epochs = if policy.is_none() { 1 } else { spec.epochs };
         for epoch in 0..epochs {

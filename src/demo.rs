@@ -6,7 +6,7 @@
 //! serves them over real gRPC and streams two epochs through a gRPC client.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use rayon::prelude::*;
@@ -15,7 +15,7 @@ use crate::dataset::{build_index, write_index, DatasetRegistry};
 use crate::pipeline::PipelineConfig;
 use crate::plan::rng::Rng;
 use crate::s3mem;
-use crate::server::{self, pb, ListenAddr, LocalServer, ServiceConfig, ShardfeedService};
+use crate::server::{self, pb, LocalServer, ServiceConfig, ShardfeedService};
 use crate::shard::tar::TarWriter;
 use crate::store::s3::S3Store;
 use crate::store::ObjectStore;
@@ -267,12 +267,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error +
             ..ServiceConfig::default()
         },
     )?;
-    let local = LocalServer::start(
-        service,
-        &ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
-        Duration::from_secs(1),
-    )
-    .await?;
+    let local = LocalServer::loopback(service).await?;
     println!(
         "shardfeed serving on {} with {} decode threads",
         local.addr, options.decode_threads

@@ -10,6 +10,21 @@ use shardfeed::store::cache::EvictionPolicy;
 
 const LARGE: u64 = 1 << 30;
 
+/// A server on `s3` that reads through `cache`.
+async fn cached_harness(
+    s3: shardfeed::s3mem::RunningS3,
+    cache: std::sync::Arc<shardfeed::store::cache::DiskCache>,
+) -> Harness {
+    Harness::with_s3(
+        s3,
+        Options {
+            cache: Some(cache),
+            ..Options::default()
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_epoch_and_a_restart_make_no_gets() {
     let dir = tempfile::tempdir().unwrap();
@@ -18,14 +33,7 @@ async fn a_second_epoch_and_a_restart_make_no_gets() {
     write_index(&s3, "data", "train/").await;
 
     let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            cache: Some(cache.clone()),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = cached_harness(s3, cache.clone()).await;
     let mut client = harness.client().await;
     let before = gets(&harness.s3);
     let epoch0 = collect(&mut client, request(&uri)).await.unwrap();
@@ -52,14 +60,7 @@ async fn a_second_epoch_and_a_restart_make_no_gets() {
     // A restarted sidecar (new process state, same directory) finds its warm cache.
     let reopened = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
     assert!(reopened.used_bytes() > 0);
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            cache: Some(reopened),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = cached_harness(s3, reopened).await;
     let mut client = harness.client().await;
     let before = gets(&harness.s3);
     let again = collect(&mut client, request(&uri)).await.unwrap();
@@ -119,14 +120,7 @@ async fn concurrent_streams_download_each_block_once() {
     let uri = upload(&s3, "data", "", &shards).await;
     write_index(&s3, "data", "").await;
     let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            cache: Some(cache.clone()),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = cached_harness(s3, cache.clone()).await;
     let before = gets(&harness.s3);
     let (mut a, mut b) = (harness.client().await, harness.client().await);
     let (first, second) = tokio::join!(
@@ -158,24 +152,9 @@ async fn a_replaced_object_is_refetched_not_served_stale() {
     let mut shards = simple_dataset(2, 8);
     let uri = upload(&s3, "data", "", &shards).await;
     let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            cache: Some(cache),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = cached_harness(s3, cache).await;
     let mut client = harness.client().await;
-    let old = collect(
-        &mut client,
-        pb::StreamBatchesRequest {
-            shuffle: Some(false),
-            ..request(&uri)
-        },
-    )
-    .await
-    .unwrap();
+    let old = collect(&mut client, unshuffled(&uri)).await.unwrap();
     let Harness { s3, .. } = harness;
 
     // Replace shard 0 in S3 (new content, hence a new ETag), then restart.
@@ -184,25 +163,10 @@ async fn a_replaced_object_is_refetched_not_served_stale() {
     }
     upload(&s3, "data", "", &shards[..1]).await;
     let reopened = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            cache: Some(reopened),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = cached_harness(s3, reopened).await;
     let mut client = harness.client().await;
     let before = gets(&harness.s3);
-    let new = collect(
-        &mut client,
-        pb::StreamBatchesRequest {
-            shuffle: Some(false),
-            ..request(&uri)
-        },
-    )
-    .await
-    .unwrap();
+    let new = collect(&mut client, unshuffled(&uri)).await.unwrap();
     assert!(
         gets(&harness.s3) > before,
         "the replaced shard was fetched again"

@@ -34,15 +34,7 @@ async fn batch_counts_labels_and_keys_match_what_was_written() {
     assert_eq!(info.dropped_per_epoch, 7);
 
     // Stored order: shuffle off, one rank.
-    let batches = collect(
-        &mut client,
-        pb::StreamBatchesRequest {
-            shuffle: Some(false),
-            ..request(&uri)
-        },
-    )
-    .await
-    .unwrap();
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
     assert_eq!(batches.len() as u64, info.batches_per_rank);
     let written: Vec<_> = shards.iter().flatten().collect();
     for (i, (key, label)) in batches
@@ -252,6 +244,35 @@ async fn bad_requests_get_clear_statuses() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn substitutes_in_later_batches_are_zeros_not_old_pixels() {
+    // Batch buffers are reused once sent (at most decode_ahead + ready + 1
+    // alive), so by batch 6 of 10 every buffer has held an earlier batch: a
+    // substitute must overwrite its whole slot.
+    let mut shards = simple_dataset(1, 80);
+    let corrupt: Vec<usize> = (6..10).map(|batch| batch * 8 + 3).collect();
+    for &index in &corrupt {
+        shards[0][index].image = Some(("jpg", b"not a jpeg".to_vec()));
+    }
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &shards).await;
+    let mut client = harness.client().await;
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    assert_eq!(batches.len(), 10);
+    let slot = 24 * 32 * 3;
+    for (index, batch) in batches.iter().enumerate() {
+        for (position, pixels) in batch.images.chunks(slot).enumerate() {
+            let substituted = corrupt.contains(&(index * 8 + position));
+            assert_eq!(
+                pixels.iter().all(|&v| v == 0),
+                substituted,
+                "batch {index} slot {position}"
+            );
+        }
+    }
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_images_are_substituted_and_counted_in_place() {
     let mut shards = simple_dataset(1, 8);
     shards[0][2].image = Some(("jpg", b"not a jpeg at all".to_vec()));
@@ -259,15 +280,7 @@ async fn corrupt_images_are_substituted_and_counted_in_place() {
     let harness = Harness::start(Options::default()).await;
     let uri = upload(&harness.s3, "data", "", &shards).await;
     let mut client = harness.client().await;
-    let batches = collect(
-        &mut client,
-        pb::StreamBatchesRequest {
-            shuffle: Some(false),
-            ..request(&uri)
-        },
-    )
-    .await
-    .unwrap();
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
     assert_eq!(batches.len(), 1);
     let batch = &batches[0];
     assert_eq!(batch.substituted, vec![2, 5]);
@@ -443,15 +456,7 @@ async fn reads_file_uris_with_a_written_index() {
 
     let harness = Harness::start(Options::default()).await;
     let mut client = harness.client().await;
-    let batches = collect(
-        &mut client,
-        pb::StreamBatchesRequest {
-            shuffle: Some(false),
-            ..request(&uri)
-        },
-    )
-    .await
-    .unwrap();
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
     assert_eq!(keys(&batches)[0], "s000/k000000");
     assert_eq!(batches.len(), 1);
     harness.shutdown().await;

@@ -119,9 +119,7 @@ impl Decoder for TurboJpegDecoder {
         }
         match self.decode_jpeg(data, spec, out) {
             Ok(()) => Ok(()),
-            Err(DecodeError::TooLarge { width, height }) => {
-                Err(DecodeError::TooLarge { width, height })
-            }
+            Err(too_large @ DecodeError::TooLarge { .. }) => Err(too_large),
             // CMYK, unusual sampling, or a truncated file libjpeg-turbo
             // rejects: the other decoder decides.
             Err(_) => ImageCrateDecoder.decode_into(format, data, spec, out),

@@ -856,6 +856,17 @@ pub struct LocalServer {
 }
 
 impl LocalServer {
+    /// On an ephemeral loopback port, with a one-second drain: the in-process
+    /// server the demo and the benchmarks stream through.
+    pub async fn loopback(service: ShardfeedService) -> Result<Self, ServeError> {
+        Self::start(
+            service,
+            &ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
+            Duration::from_secs(1),
+        )
+        .await
+    }
+
     pub async fn start(
         service: ShardfeedService,
         listen: &ListenAddr,

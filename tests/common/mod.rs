@@ -225,6 +225,14 @@ pub fn request(dataset: &str) -> pb::StreamBatchesRequest {
     }
 }
 
+/// `request` in the dataset's stored order: batches hold known samples.
+pub fn unshuffled(dataset: &str) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        shuffle: Some(false),
+        ..request(dataset)
+    }
+}
+
 /// Every batch of a stream, or the status that ended it.
 pub async fn collect(
     client: &mut ShardfeedClient<Channel>,
