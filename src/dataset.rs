@@ -19,9 +19,10 @@ use tokio::sync::OnceCell;
 use crate::shard::{SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::cache::{CacheStore, DiskCache};
 use crate::store::local::LocalStore;
-use crate::store::retry::{read_parts, ReadConfig};
+use crate::store::read::{get_all, read_parts, ReadConfig};
+use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::s3::{S3Config, S3Store};
-use crate::store::{get_all, ObjectStore, StoreError};
+use crate::store::{ObjectStore, StoreError};
 
 pub const INDEX_DIR: &str = "_shardfeed/";
 pub const INDEX_VERSION: u32 = 1;
@@ -41,7 +42,7 @@ pub enum DatasetUri {
 pub enum DatasetError {
     #[error("invalid dataset URI {uri:?}: {reason}")]
     InvalidUri { uri: String, reason: &'static str },
-    #[error(transparent)]
+    #[error("{0}")]
     Store(#[from] StoreError),
     #[error("no *.tar shards under {location}")]
     NoShards { location: String },
@@ -338,13 +339,7 @@ async fn scan_shard(
         starts: Vec::new(),
         ends: Vec::new(),
     };
-    let mut parts = std::pin::pin!(read_parts(
-        store.clone(),
-        key.to_string(),
-        0..size,
-        etag,
-        read
-    ));
+    let mut parts = std::pin::pin!(read_parts(store, key.to_string(), 0..size, etag, &read));
     while let Some(part) = parts.next().await {
         let (_, bytes) = part?;
         splitter.push(&bytes);
@@ -389,6 +384,7 @@ fn to_json<T: Serialize>(value: &T) -> Bytes {
 #[derive(Debug)]
 pub struct DatasetRegistry {
     s3: S3Config,
+    retry: RetryPolicy,
     read: ReadConfig,
     s3_client: OnceCell<aws_sdk_s3::Client>,
     datasets: Mutex<HashMap<String, Arc<OnceCell<Arc<Dataset>>>>>,
@@ -396,9 +392,13 @@ pub struct DatasetRegistry {
 }
 
 impl DatasetRegistry {
-    pub fn new(s3: S3Config, read: ReadConfig) -> Self {
+    /// Datasets in S3 (reached with `s3`) or local directories, every store
+    /// wrapped in a [`RetryingStore`] with `retry`; indexes are built with
+    /// reads of `read`.
+    pub fn new(s3: S3Config, retry: RetryPolicy, read: ReadConfig) -> Self {
         Self {
             s3,
+            retry,
             read,
             s3_client: OnceCell::new(),
             datasets: Mutex::default(),
@@ -420,8 +420,12 @@ impl DatasetRegistry {
         &self.read
     }
 
-    /// The store and key prefix for a dataset URI.
+    /// The store and key prefix for a dataset URI: the origin, wrapped in
+    /// the retrying store, behind the disk cache for S3.
     pub async fn store_for(&self, uri: &DatasetUri) -> (Arc<dyn ObjectStore>, String) {
+        let retrying = |origin: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
+            Arc::new(RetryingStore::new(origin, self.retry.clone()))
+        };
         match uri {
             DatasetUri::S3 { bucket, prefix } => {
                 let client = self
@@ -429,16 +433,17 @@ impl DatasetRegistry {
                     .get_or_init(|| crate::store::s3::client(&self.s3))
                     .await
                     .clone();
-                let s3: Arc<dyn ObjectStore> = Arc::new(S3Store::new(client, bucket.clone()));
+                let s3 = retrying(Arc::new(S3Store::new(client, bucket.clone())));
                 let store: Arc<dyn ObjectStore> = match &self.cache {
-                    Some(cache) => {
-                        Arc::new(CacheStore::new(s3, cache.clone(), self.read.retry.clone()))
-                    }
+                    Some(cache) => Arc::new(CacheStore::new(s3, cache.clone())),
                     None => s3,
                 };
                 (store, prefix.clone())
             }
-            DatasetUri::Local { root } => (Arc::new(LocalStore::new(root.clone())), String::new()),
+            DatasetUri::Local { root } => (
+                retrying(Arc::new(LocalStore::new(root.clone()))),
+                String::new(),
+            ),
         }
     }
 

@@ -2,16 +2,19 @@
 //! from WebDataset tar shards in S3 to GPU trainers over gRPC.
 //!
 //! Data flows `plan → store → shard → (shuffle) → decode → pipeline → server`;
-//! see DESIGN.md for the invariants each module guards.
+//! [`engine`] owns what every stream shares. `docs/ARCHITECTURE.md` says
+//! what each module owns and must never do; DESIGN.md gives the invariants.
 
-pub mod bench;
+pub mod cli;
 pub mod dataset;
 pub mod decode;
-pub mod demo;
+pub mod engine;
 pub mod metrics;
 pub mod pipeline;
 pub mod plan;
-pub mod s3mem;
 pub mod server;
 pub mod shard;
 pub mod store;
+
+#[cfg(feature = "dev")]
+pub mod dev;

@@ -12,7 +12,7 @@ const LARGE: u64 = 1 << 30;
 
 /// A server on `s3` that reads through `cache`.
 async fn cached_harness(
-    s3: shardfeed::s3mem::RunningS3,
+    s3: shardfeed::dev::s3mem::RunningS3,
     cache: std::sync::Arc<shardfeed::store::cache::DiskCache>,
 ) -> Harness {
     Harness::with_s3(
@@ -28,7 +28,7 @@ async fn cached_harness(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_epoch_and_a_restart_make_no_gets() {
     let dir = tempfile::tempdir().unwrap();
-    let s3 = shardfeed::s3mem::start(0).await.unwrap();
+    let s3 = shardfeed::dev::s3mem::start(0).await.unwrap();
     let uri = upload(&s3, "data", "train/", &simple_dataset(3, 12)).await;
     write_index(&s3, "data", "train/").await;
 
@@ -115,7 +115,7 @@ async fn a_corrupted_cache_file_is_detected_and_refetched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_streams_download_each_block_once() {
     let dir = tempfile::tempdir().unwrap();
-    let s3 = shardfeed::s3mem::start(0).await.unwrap();
+    let s3 = shardfeed::dev::s3mem::start(0).await.unwrap();
     let shards = simple_dataset(3, 20);
     let uri = upload(&s3, "data", "", &shards).await;
     write_index(&s3, "data", "").await;
@@ -148,7 +148,7 @@ async fn concurrent_streams_download_each_block_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_object_is_refetched_not_served_stale() {
     let dir = tempfile::tempdir().unwrap();
-    let s3 = shardfeed::s3mem::start(0).await.unwrap();
+    let s3 = shardfeed::dev::s3mem::start(0).await.unwrap();
     let mut shards = simple_dataset(2, 8);
     let uri = upload(&s3, "data", "", &shards).await;
     let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);

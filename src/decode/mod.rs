@@ -99,7 +99,7 @@ impl Decoder for ImageCrateDecoder {
 
 /// Full-size RGB8 decode with the `image` crate (grayscale, CMYK-converted,
 /// 16-bit and alpha images all become RGB8), refusing decompression bombs.
-fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
+pub fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
     let format = match format {
         ImageFormat::Jpeg => image::ImageFormat::Jpeg,
         ImageFormat::Png => image::ImageFormat::Png,
@@ -138,42 +138,6 @@ pub fn default_decoder_name() -> &'static str {
     } else {
         "image (zune-jpeg) + fast_image_resize"
     }
-}
-
-/// Peak signal-to-noise ratio of `a` against `b`, in dB.
-pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
-    let mse: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum::<f64>()
-        / a.len().max(1) as f64;
-    if mse == 0.0 {
-        f64::INFINITY
-    } else {
-        10.0 * (255.0f64 * 255.0 / mse).log10()
-    }
-}
-
-/// The quality reference: full-resolution decode, then a Lanczos3 resize.
-pub fn reference_decode(
-    format: ImageFormat,
-    data: &[u8],
-    spec: &OutputSpec,
-    out: &mut [u8],
-) -> Result<(), DecodeError> {
-    let rgb = decode_rgb(format, data)?;
-    let (width, height) = rgb.dimensions();
-    let mut resizer = fir::Resizer::new();
-    resize_with(
-        &mut resizer,
-        fir::FilterType::Lanczos3,
-        rgb.as_raw(),
-        width,
-        height,
-        spec,
-        out,
-    )
 }
 
 /// The source rectangle (left, top, width, height) that `mode` maps onto the output.
@@ -217,7 +181,9 @@ pub fn resize_rgb(
     })
 }
 
-fn resize_with(
+/// Resizes with an explicit filter and resizer (the pipeline's path uses
+/// [`resize_rgb`]; quality references use Lanczos3).
+pub fn resize_with(
     resizer: &mut fir::Resizer,
     filter: fir::FilterType,
     src: &[u8],

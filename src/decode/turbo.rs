@@ -151,9 +151,10 @@ mod tests {
         assert_eq!(dct_scale(100, 100, &spec, any), ScalingFactor::ONE);
     }
 
+    #[cfg(feature = "dev")]
     #[test]
     fn fast_path_stays_close_to_a_full_decode() {
-        let pixels = crate::demo::synthetic_image(3, 3, 3, 640, 480);
+        let pixels = crate::dev::synthetic::synthetic_image(3, 3, 3, 640, 480);
         let mut jpeg = Vec::new();
         image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
             .encode_image(&pixels)
@@ -173,7 +174,7 @@ mod tests {
         ImageCrateDecoder
             .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &mut reference)
             .unwrap();
-        let psnr = crate::decode::psnr(&fast, &reference);
+        let psnr = crate::dev::kernel::psnr(&fast, &reference);
         assert!(psnr > 30.0, "PSNR {psnr:.1} dB");
     }
 }

@@ -4,7 +4,7 @@
 //! # Shape of one stream
 //!
 //! ```text
-//! segment readers ──► producer task ──► decode pool ──► ready queue ──► gRPC
+//! shard readers  ──► producer task ──► decode pool ──► ready queue ──► gRPC
 //! (tokio tasks:       (follows the      (rayon, shared  (bounded mpsc)
 //!  ranged GETs,        plan's Pull/Emit   by all streams)
 //!  tar parse)          steps; holds the
@@ -15,7 +15,7 @@
 //!
 //! Every queue has a configured bound; nothing grows with the dataset:
 //!
-//! * **Segment readers.** At most `interleave + prefetch_segments` readers are
+//! * **Shard readers.** At most `interleave + prefetch_shards` readers are
 //!   alive per stream. Each holds up to `parts_in_flight * part_size` bytes of
 //!   ranged GETs in flight, one part being parsed, and `reader_queue` parsed
 //!   samples waiting in its channel.
@@ -28,8 +28,8 @@
 //! Peak per stream ≈
 //!
 //! ```text
-//! (interleave + prefetch_segments) * (parts_in_flight + 1) * part_size
-//! + (interleave + prefetch_segments) * reader_queue * S
+//! (interleave + prefetch_shards) * (parts_in_flight + 1) * part_size
+//! + (interleave + prefetch_shards) * reader_queue * S
 //! + shuffle_buffer * S
 //! + (decode_ahead + ready_batches + 3) * batch_bytes
 //! ```
@@ -64,11 +64,11 @@ use crate::metrics;
 use crate::plan::{RankPlan, SampleRef, Step, StreamPlan};
 use crate::shard::{Label, RawSample, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::cache::DiskCache;
-use crate::store::retry::{read_parts, ReadConfig};
+use crate::store::read::{read_parts, ReadConfig};
 use crate::store::StoreError;
 use buffers::BufferPool;
 
-pub const DEFAULT_PREFETCH_SEGMENTS: usize = 2;
+pub const DEFAULT_PREFETCH_SHARDS: usize = 2;
 pub const DEFAULT_READER_QUEUE: usize = 64;
 pub const DEFAULT_READY_BATCHES: usize = 2;
 pub const DEFAULT_DECODE_AHEAD: usize = 2;
@@ -76,8 +76,9 @@ pub const DEFAULT_DECODE_AHEAD: usize = 2;
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
     pub read: ReadConfig,
-    /// Segment readers started ahead of the ones the schedule is using.
-    pub prefetch_segments: usize,
+    /// Shard readers (one per plan segment) started ahead of the ones the
+    /// schedule is using.
+    pub prefetch_shards: usize,
     /// Parsed samples queued per segment reader.
     pub reader_queue: usize,
     /// Decoded batches queued for the client.
@@ -91,7 +92,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             read: ReadConfig::default(),
-            prefetch_segments: DEFAULT_PREFETCH_SEGMENTS,
+            prefetch_shards: DEFAULT_PREFETCH_SHARDS,
             reader_queue: DEFAULT_READER_QUEUE,
             ready_batches: DEFAULT_READY_BATCHES,
             decode_ahead: DEFAULT_DECODE_AHEAD,
@@ -102,9 +103,9 @@ impl Default for PipelineConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
-    #[error(transparent)]
+    #[error("{0}")]
     Dataset(#[from] DatasetError),
-    #[error(transparent)]
+    #[error("{0}")]
     Store(#[from] StoreError),
     #[error("shard {location}: {source}")]
     Shard {
@@ -160,6 +161,8 @@ pub struct StreamContext {
     pub pool: Arc<rayon::ThreadPool>,
     pub decoder: Arc<dyn Decoder>,
     pub cache_hints: Option<CacheHints>,
+    /// The stream's metric handles, resolved once.
+    pub metrics: metrics::StreamMetrics,
 }
 
 pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
@@ -201,22 +204,20 @@ async fn produce(
     let mut next_index = plan.first_batch;
     // Batches alive at once: decoding, queued, and one being encoded.
     let buffers = BufferPool::new(context.config.decode_ahead + context.config.ready_batches + 1);
-    // Metric handles are resolved once per stream, not per batch or sample.
-    let stream_metrics = metrics::StreamMetrics::new(plan.rank);
+    let stream_metrics = &context.metrics;
     // Per-stream series would be unbounded; the stream label is its rank.
     let ready_gauge = ::metrics::gauge!(metrics::READY_BATCHES, "rank" => plan_rank_label(plan));
 
-    for part in &plan.parts {
-        let rank_plan = &plan.rank_plans[part.rank_plan];
-        let mut schedule = rank_plan.schedule();
-        let held = schedule.skip_emits(part.from);
-        let mut readers = SegmentReaders::new(context, rank_plan, schedule.segment_starts(&held));
-        let mut buffer: HashMap<SampleRef, RawSample> = HashMap::with_capacity(held.len());
-        for sample in held {
+    for slice in plan.resumed_slices() {
+        let rank_plan = slice.rank_plan;
+        let mut schedule = slice.schedule;
+        let mut readers = ShardReaders::new(context, rank_plan, slice.segment_starts);
+        let mut buffer: HashMap<SampleRef, RawSample> = HashMap::with_capacity(slice.held.len());
+        for sample in slice.held {
             buffer.insert(sample, readers.take(sample).await?);
         }
-        let mut emitted = part.from;
-        while emitted < part.to {
+        let mut emitted = 0;
+        while emitted < slice.emits {
             match schedule.next() {
                 Some(Step::Pull(sample)) => {
                     buffer.insert(sample, readers.take(sample).await?);
@@ -236,7 +237,7 @@ async fn produce(
                         decoding.push_back(decode_batch(
                             context,
                             &buffers,
-                            &stream_metrics,
+                            stream_metrics,
                             samples,
                             next_index,
                         ));
@@ -251,7 +252,7 @@ async fn produce(
                 None => {
                     return Err(PipelineError::Internal(format!(
                         "schedule ended after {emitted} of {} samples",
-                        part.to
+                        slice.emits
                     )))
                 }
             }
@@ -385,8 +386,9 @@ fn decode_batch(
 
 type SampleResult = Result<(u64, RawSample), PipelineError>;
 
-/// The readers of one rank plan's segments, started in order, a window ahead.
-struct SegmentReaders<'a> {
+/// The shard readers of one rank plan, one per segment (a byte range of a
+/// shard), started in order, a window ahead.
+struct ShardReaders<'a> {
     context: &'a StreamContext,
     plan: &'a RankPlan,
     starts: Vec<Option<u64>>,
@@ -396,7 +398,7 @@ struct SegmentReaders<'a> {
     next_to_spawn: u32,
 }
 
-impl<'a> SegmentReaders<'a> {
+impl<'a> ShardReaders<'a> {
     fn new(context: &'a StreamContext, plan: &'a RankPlan, starts: Vec<Option<u64>>) -> Self {
         Self {
             context,
@@ -409,7 +411,7 @@ impl<'a> SegmentReaders<'a> {
     }
 
     fn ensure_spawned(&mut self, segment: u32) {
-        let last = (segment as usize + self.context.config.prefetch_segments)
+        let last = (segment as usize + self.context.config.prefetch_shards)
             .min(self.plan.segments.len().saturating_sub(1)) as u32;
         while self.next_to_spawn <= last {
             let index = self.next_to_spawn;
@@ -502,7 +504,7 @@ impl ReadJob {
             key,
             range,
             entry.etag.clone(),
-            self.read,
+            &self.read,
         ));
         let mut next = self.first;
         let shard_error = |source| PipelineError::Shard {

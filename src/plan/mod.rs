@@ -21,14 +21,13 @@
 //!    samples through a seeded shuffle buffer.
 //! 4. **Resume.** `start_batch` skips emitted samples by simulating the
 //!    schedule on sample ids (no data). An [`EpochPosition`] reached at other
-//!    world sizes (same global batch) is replayed segment by segment: each
-//!    segment's unconsumed samples, in their order, are concatenated and
+//!    world sizes (same global batch) is replayed phase by phase: each
+//!    phase's unconsumed samples, in their order, are concatenated and
 //!    split contiguously over the new ranks.
 //!
 //! Cost: O(shards) per epoch to plan, O(samples emitted) integer work to
 //! resume, O(interleave + shuffle_buffer) memory per schedule.
 
-pub mod quality;
 pub mod rng;
 
 use rng::Rng;
@@ -95,9 +94,11 @@ impl ShuffleConfig {
     }
 }
 
-/// A stretch of an epoch trained at one world size.
+/// A phase of an epoch: a stretch trained at one world size. (On the wire a
+/// phase is a `PositionSegment`; in this crate "segment" means a run of one
+/// shard's samples.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PositionSegment {
+pub struct Phase {
     pub world_size: u32,
     /// Batches every rank completed at this world size.
     pub batches: u64,
@@ -106,38 +107,36 @@ pub struct PositionSegment {
 /// A point in an epoch, valid at any world size with the same global batch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EpochPosition {
-    pub segments: Vec<PositionSegment>,
+    pub phases: Vec<Phase>,
 }
 
 impl EpochPosition {
     /// Drops empty segments and merges neighbours of equal world size: two
     /// stretches at the same world size continue each other exactly.
     pub fn normalized(&self) -> Self {
-        let mut segments: Vec<PositionSegment> = Vec::with_capacity(self.segments.len());
-        for segment in self.segments.iter().filter(|s| s.batches > 0) {
-            match segments.last_mut() {
-                Some(last) if last.world_size == segment.world_size => {
-                    last.batches += segment.batches
-                }
-                _ => segments.push(*segment),
+        let mut phases: Vec<Phase> = Vec::with_capacity(self.phases.len());
+        for phase in self.phases.iter().filter(|p| p.batches > 0) {
+            match phases.last_mut() {
+                Some(last) if last.world_size == phase.world_size => last.batches += phase.batches,
+                _ => phases.push(*phase),
             }
         }
-        Self { segments }
+        Self { phases }
     }
 
     /// Global steps (batches per rank) completed.
     pub fn steps(&self) -> u64 {
-        self.segments.iter().map(|s| s.batches).sum()
+        self.phases.iter().map(|p| p.batches).sum()
     }
 
     /// The position after `batches` more batches at `world_size`.
     pub fn advanced(&self, world_size: u32, batches: u64) -> Self {
-        let mut segments = self.segments.clone();
-        segments.push(PositionSegment {
+        let mut phases = self.phases.clone();
+        phases.push(Phase {
             world_size,
             batches,
         });
-        Self { segments }.normalized()
+        Self { phases }.normalized()
     }
 }
 
@@ -341,21 +340,21 @@ impl RankPlan {
     }
 }
 
-/// A stretch `[from, to)` of one rank plan's emitted sequence.
+/// A slice `[from, to)` of one rank plan's emitted sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Part {
+pub struct Slice {
     pub rank_plan: usize,
     pub from: u64,
     pub to: u64,
 }
 
-/// Everything one stream emits: parts of rank plans, concatenated, batched.
+/// Everything one stream emits: slices of rank plans, concatenated, batched.
 #[derive(Debug, Clone)]
 pub struct StreamPlan {
     pub counts: EpochCounts,
     pub batch_size: u32,
     pub rank_plans: Vec<RankPlan>,
-    pub parts: Vec<Part>,
+    pub slices: Vec<Slice>,
     /// Batches this stream emits.
     pub batches: u64,
     /// Index of the first emitted batch (= start_batch).
@@ -369,7 +368,7 @@ pub struct StreamPlan {
 impl StreamPlan {
     /// Samples this stream emits.
     pub fn samples(&self) -> u64 {
-        self.parts.iter().map(|p| p.to - p.from).sum()
+        self.slices.iter().map(|p| p.to - p.from).sum()
     }
 
     /// The epoch position once every rank has finished batch `index`.
@@ -416,10 +415,10 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
     let layout = EpochLayout::new(shard_samples, seed, epoch, shuffle.enabled);
     let global_batch = counts.global_batch;
     let resume = resume_from.normalized();
-    for segment in &resume.segments {
-        if segment.world_size == 0 || global_batch % u64::from(segment.world_size) != 0 {
+    for phase in &resume.phases {
+        if phase.world_size == 0 || global_batch % u64::from(phase.world_size) != 0 {
             return Err(PlanError::ResumeWorldSize {
-                world_size: segment.world_size,
+                world_size: phase.world_size,
                 global_batch,
             });
         }
@@ -452,35 +451,35 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
     };
 
     // Phase one: the partition at the world size the epoch started with.
-    let first_world = resume.segments.first().map_or(world_size, |s| s.world_size);
+    let first_world = resume.phases.first().map_or(world_size, |p| p.world_size);
     let mut rank_plans: Vec<RankPlan> = Vec::new();
     let mut plan_index = std::collections::HashMap::new();
-    let mut rank_parts = |rank: u32, rank_plans: &mut Vec<RankPlan>| -> Vec<Part> {
+    let mut rank_parts = |rank: u32, rank_plans: &mut Vec<RankPlan>| -> Vec<Slice> {
         let index = *plan_index.entry(rank).or_insert_with(|| {
             rank_plans.push(make_rank_plan(first_world, rank));
             rank_plans.len() - 1
         });
-        vec![Part {
+        vec![Slice {
             rank_plan: index,
             from: 0,
             to: rank_plans[index].len,
         }]
     };
 
-    // Each completed segment consumes a prefix of every rank's sequence; the
+    // Each completed phase consumes a prefix of every rank's sequence; the
     // remainders, concatenated in rank order, are split over the next world.
     let mut world = first_world;
-    let mut current: Option<Vec<Vec<Part>>> = None; // per-rank parts, phase >= 2
-    for (i, segment) in resume.segments.iter().enumerate() {
+    let mut current: Option<Vec<Vec<Slice>>> = None; // per-rank slices, phase >= 2
+    for (i, phase) in resume.phases.iter().enumerate() {
         let next_world = resume
-            .segments
+            .phases
             .get(i + 1)
-            .map_or(world_size, |s| s.world_size);
-        let per_rank_batch = global_batch / u64::from(segment.world_size);
-        let skip = segment.batches * per_rank_batch;
-        // The universe after this segment, as one list of parts.
-        let mut universe: Vec<Part> = Vec::new();
-        for r in 0..segment.world_size {
+            .map_or(world_size, |p| p.world_size);
+        let per_rank_batch = global_batch / u64::from(phase.world_size);
+        let skip = phase.batches * per_rank_batch;
+        // The universe after this phase, as one list of slices.
+        let mut universe: Vec<Slice> = Vec::new();
+        for r in 0..phase.world_size {
             let parts = match &current {
                 Some(per_rank) => per_rank[r as usize].clone(),
                 None => rank_parts(r, &mut rank_plans),
@@ -511,12 +510,12 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
         });
     }
     let skip = start_batch * u64::from(batch_size);
-    let parts = slice_parts(&own_parts, skip, u64::MAX);
+    let slices = slice_parts(&own_parts, skip, u64::MAX);
     Ok(StreamPlan {
         counts,
         batch_size,
         rank_plans,
-        parts,
+        slices,
         batches: available - start_batch,
         first_batch: start_batch,
         base_position: resume,
@@ -526,7 +525,7 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
 }
 
 /// The sub-sequence `[from, to)` of the concatenation of `parts`.
-fn slice_parts(parts: &[Part], from: u64, to: u64) -> Vec<Part> {
+fn slice_parts(parts: &[Slice], from: u64, to: u64) -> Vec<Slice> {
     let mut out = Vec::new();
     let mut offset = 0u64;
     for part in parts {
@@ -534,7 +533,7 @@ fn slice_parts(parts: &[Part], from: u64, to: u64) -> Vec<Part> {
         let lo = from.max(offset);
         let hi = to.min(offset + len);
         if lo < hi {
-            out.push(Part {
+            out.push(Slice {
                 rank_plan: part.rank_plan,
                 from: part.from + (lo - offset),
                 to: part.from + (hi - offset),
@@ -705,19 +704,92 @@ impl Iterator for Schedule<'_> {
     }
 }
 
+/// One slice of a stream plan, its schedule advanced to where the slice
+/// starts: what a reader of the slice follows.
+pub struct ResumedSlice<'a> {
+    pub rank_plan: &'a RankPlan,
+    /// The rest of the rank's schedule; the slice emits `emits` samples of it.
+    pub schedule: Schedule<'a>,
+    pub emits: u64,
+    /// Samples in the shuffle buffer at the slice's start, sorted: they were
+    /// pulled before the slice began but not yet emitted, so they are read first.
+    pub held: Vec<SampleRef>,
+    /// The first sample of each segment the slice still reads; `None` for
+    /// segments it never reads again.
+    pub segment_starts: Vec<Option<u64>>,
+}
+
+impl<'a> ResumedSlice<'a> {
+    fn new(plan: &'a StreamPlan, slice: &Slice) -> Self {
+        let rank_plan = &plan.rank_plans[slice.rank_plan];
+        let mut schedule = rank_plan.schedule();
+        let held = schedule.skip_emits(slice.from);
+        let segment_starts = schedule.segment_starts(&held);
+        Self {
+            rank_plan,
+            schedule,
+            emits: slice.to - slice.from,
+            held,
+            segment_starts,
+        }
+    }
+
+    /// The shards this slice reads, in the order it starts reading them.
+    pub fn shards(&self) -> impl Iterator<Item = u32> + '_ {
+        self.rank_plan
+            .segments
+            .iter()
+            .zip(&self.segment_starts)
+            .filter(|(_, start)| start.is_some())
+            .map(|(segment, _)| segment.shard)
+    }
+}
+
+impl StreamPlan {
+    /// The stream's slices, each ready to be read from its start. Resuming
+    /// costs integer work per skipped sample, no data.
+    pub fn resumed_slices(&self) -> impl Iterator<Item = ResumedSlice<'_>> {
+        self.slices
+            .iter()
+            .map(|slice| ResumedSlice::new(self, slice))
+    }
+
+    /// The shards this stream reads, in order: what a cache should keep.
+    pub fn shard_sequence(&self) -> Vec<u32> {
+        let mut shards = Vec::new();
+        for slice in self.resumed_slices() {
+            shards.extend(slice.shards());
+        }
+        shards
+    }
+}
+
+/// The shards the same stream reads in the epoch after `request`'s, from its
+/// start: the look-ahead a cache needs to keep what the next epoch reads.
+pub fn next_epoch_shard_sequence(
+    shard_samples: &[u64],
+    request: &PlanRequest,
+) -> Result<Vec<u32>, PlanError> {
+    let next = PlanRequest {
+        epoch: request.epoch + 1,
+        start_batch: 0,
+        resume_from: EpochPosition::default(),
+        ..request.clone()
+    };
+    Ok(plan_stream(shard_samples, &next)?.shard_sequence())
+}
+
 /// The samples a plan emits, in order, as (shard, index) pairs. For tests and
 /// tools: it walks the whole stream.
 pub fn emitted_samples(plan: &StreamPlan) -> Vec<(u32, u64)> {
     let mut out = Vec::with_capacity(plan.samples() as usize);
-    for part in &plan.parts {
-        let rank_plan = &plan.rank_plans[part.rank_plan];
-        let mut schedule = rank_plan.schedule();
-        schedule.skip_emits(part.from);
-        let emits = schedule.filter_map(|step| match step {
+    for slice in plan.resumed_slices() {
+        let rank_plan = slice.rank_plan;
+        let emits = slice.schedule.filter_map(|step| match step {
             Step::Emit(sample) => Some(sample),
             Step::Pull(_) => None,
         });
-        for sample in emits.take((part.to - part.from) as usize) {
+        for sample in emits.take(slice.emits as usize) {
             out.push((
                 rank_plan.segments[sample.segment as usize].shard,
                 sample.index,

@@ -32,12 +32,13 @@ use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 
-use super::retry::{read_range, RetryPolicy};
+use super::read::read_range;
 use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
 use crate::metrics;
 
 pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
 pub const DEFAULT_MIN_FREE_PERCENT: f64 = 5.0;
+pub const DEFAULT_MAX_BYTES: u64 = 100_000_000_000;
 /// Finished streams whose next-epoch plan is kept as eviction hints.
 const MAX_HINTS: usize = 256;
 
@@ -60,6 +61,20 @@ pub struct CacheConfig {
     pub policy: EvictionPolicy,
     /// How long listings and object metadata are trusted (`None`: forever).
     pub metadata_ttl: Option<Duration>,
+}
+
+impl CacheConfig {
+    /// The defaults, in `dir`.
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            max_bytes: DEFAULT_MAX_BYTES,
+            min_free_percent: DEFAULT_MIN_FREE_PERCENT,
+            block_size: DEFAULT_BLOCK_SIZE,
+            policy: EvictionPolicy::Planned,
+            metadata_ttl: None,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -436,9 +451,9 @@ struct MetadataCache {
 /// Everything needed to produce one block; cheap to clone into streams.
 #[derive(Debug, Clone)]
 struct BlockSource {
+    /// The origin; it retries (a [`super::retry::RetryingStore`]).
     inner: Arc<dyn ObjectStore>,
     cache: Arc<DiskCache>,
-    retry: RetryPolicy,
 }
 
 impl BlockSource {
@@ -518,15 +533,7 @@ impl BlockSource {
         ::metrics::counter!(metrics::CACHE_MISSES).increment(1);
         let start = block * meta.block_size;
         let range = start..start + block_len(&meta, block);
-        let bytes = match read_range(
-            self.inner.as_ref(),
-            &key,
-            range,
-            Some(&meta.etag),
-            &self.retry,
-        )
-        .await
-        {
+        let bytes = match read_range(self.inner.as_ref(), &key, range, Some(&meta.etag)).await {
             Ok(bytes) => bytes,
             Err(error) => {
                 if let Some(entry) = cache.lock().entries.get_mut(&id) {
@@ -552,13 +559,9 @@ impl BlockSource {
 }
 
 impl CacheStore {
-    pub fn new(inner: Arc<dyn ObjectStore>, cache: Arc<DiskCache>, retry: RetryPolicy) -> Self {
+    pub fn new(inner: Arc<dyn ObjectStore>, cache: Arc<DiskCache>) -> Self {
         Self {
-            source: BlockSource {
-                inner,
-                cache,
-                retry,
-            },
+            source: BlockSource { inner, cache },
             metadata: Mutex::default(),
         }
     }

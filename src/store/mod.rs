@@ -1,12 +1,16 @@
 //! Object stores: where shard bytes come from.
 //!
 //! One small trait, [`ObjectStore`], in front of S3 ([`s3::S3Store`]) and a
-//! local directory ([`local::LocalStore`]); a disk cache wraps another store
-//! the same way. Retries and resume-from-offset live in [`retry`] and nowhere
-//! else. This module knows nothing about tar, images or plans.
+//! local directory ([`local::LocalStore`]). Wrappers implement it too: the
+//! disk cache ([`cache::CacheStore`]) in front of a store, and
+//! [`retry::RetryingStore`], which retries every operation, bounds every
+//! attempt in time and resumes broken bodies: retries live there and nowhere
+//! else. [`read`] splits large ranges into ranged GETs in flight. This module
+//! knows nothing about tar, images or plans.
 
 pub mod cache;
 pub mod local;
+pub mod read;
 pub mod retry;
 pub mod s3;
 
@@ -83,17 +87,4 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
 
     /// Human-readable location of `key`, for errors and logs.
     fn location(&self, key: &str) -> String;
-}
-
-/// Reads a whole small object into memory (index files).
-pub async fn get_all(store: &dyn ObjectStore, key: &str) -> Result<Bytes, StoreError> {
-    let meta = store.head(key).await?;
-    retry::read_range(
-        store,
-        key,
-        0..meta.size,
-        meta.etag.as_deref(),
-        &retry::RetryPolicy::default(),
-    )
-    .await
 }

@@ -1,17 +1,24 @@
-//! Retries, resume-from-offset and parallel ranged reads: the one place where
-//! transient store failures are absorbed.
+//! The retrying store: wraps any [`ObjectStore`] and applies one
+//! [`RetryPolicy`] to every operation (list, head, put and ranged GETs). It is
+//! the one place where transient failures are absorbed; nothing else in
+//! shardfeed retries a store request.
 //!
-//! A broken body is resumed from the byte where it broke, so a retry never
-//! re-downloads what already arrived and never changes the bytes delivered.
+//! Every attempt is bounded in time: a request that makes no progress for
+//! `idle_timeout` (no response, or a body that stops delivering) is treated
+//! as broken and retried. A broken body is resumed from the byte where it
+//! broke, so a retry never re-downloads what already arrived and never
+//! changes the bytes delivered.
 
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use futures::{Stream, StreamExt};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
 
-use super::{ObjectStore, StoreError};
+use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
@@ -19,7 +26,8 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     pub base_delay: Duration,
     pub max_delay: Duration,
-    /// A body that delivers nothing for this long is treated as broken.
+    /// An attempt that makes no progress (no response, no body bytes) for
+    /// this long is treated as broken.
     pub idle_timeout: Duration,
 }
 
@@ -35,7 +43,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Exponential backoff with full jitter. Jitter only changes timing, never data.
+    /// Exponential backoff with jitter. Jitter only changes timing, never data.
     fn delay(&self, attempt: u32) -> Duration {
         let exp = self
             .base_delay
@@ -47,28 +55,20 @@ impl RetryPolicy {
         let fraction = f64::from(nanos % 1000) / 1000.0;
         exp.mul_f64(0.5 + fraction / 2.0)
     }
-}
 
-/// Runs `op` until it succeeds, fails for good, or runs out of attempts.
-pub async fn with_retries<T, F, Fut>(policy: &RetryPolicy, mut op: F) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    let mut attempt = 0;
-    loop {
-        match op().await {
-            Err(error) if error.is_transient() => {
-                attempt += 1;
-                if attempt >= policy.max_attempts {
-                    return Err(exhausted(error, attempt));
-                }
-                crate::metrics::store_retry();
-                tracing::debug!(%error, attempt, "retrying store request");
-                tokio::time::sleep(policy.delay(attempt)).await;
-            }
-            other => return other,
+    /// After failed attempt number `attempt` (1-based) with `error`: `Ok` to
+    /// try again after the backoff, or the error to give up with.
+    async fn back_off(&self, error: StoreError, attempt: u32) -> Result<(), StoreError> {
+        if !error.is_transient() {
+            return Err(error);
         }
+        if attempt >= self.max_attempts {
+            return Err(exhausted(error, attempt));
+        }
+        crate::metrics::store_retry();
+        tracing::debug!(%error, attempt, "retrying store request");
+        tokio::time::sleep(self.delay(attempt)).await;
+        Ok(())
     }
 }
 
@@ -83,131 +83,182 @@ fn exhausted(error: StoreError, attempts: u32) -> StoreError {
     }
 }
 
-/// Reads `range` of `key` into one buffer, resuming broken bodies.
-pub async fn read_range(
-    store: &dyn ObjectStore,
-    key: &str,
-    range: Range<u64>,
-    if_match: Option<&str>,
-    policy: &RetryPolicy,
-) -> Result<Bytes, StoreError> {
-    let mut buf = BytesMut::with_capacity((range.end - range.start) as usize);
-    let mut attempt = 0;
-    loop {
-        let next = range.start + buf.len() as u64;
-        if next >= range.end {
-            return Ok(buf.freeze());
-        }
-        match read_into(store, key, next..range.end, if_match, policy, &mut buf).await {
-            Ok(()) => {}
-            Err(error) if error.is_transient() => {
-                attempt += 1;
-                if attempt >= policy.max_attempts {
-                    return Err(exhausted(error, attempt));
-                }
-                crate::metrics::store_retry();
-                tracing::debug!(%error, attempt, resume_at = range.start + buf.len() as u64, "resuming ranged read");
-                tokio::time::sleep(policy.delay(attempt)).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
+/// A store whose every operation is retried under one policy.
+#[derive(Debug)]
+pub struct RetryingStore {
+    inner: Arc<dyn ObjectStore>,
+    policy: Arc<RetryPolicy>,
 }
 
-async fn read_into(
-    store: &dyn ObjectStore,
-    key: &str,
-    range: Range<u64>,
-    if_match: Option<&str>,
-    policy: &RetryPolicy,
-    buf: &mut BytesMut,
-) -> Result<(), StoreError> {
-    let mut body = store.get_range(key, range.clone(), if_match).await?;
-    let mut expected = range.start;
-    loop {
-        let item = tokio::time::timeout(policy.idle_timeout, body.next())
-            .await
-            .map_err(|_| StoreError::Transient {
-                location: store.location(key),
-                message: format!("no data for {:?}", policy.idle_timeout),
-            })?;
-        match item {
-            None if expected < range.end => {
-                return Err(StoreError::Transient {
-                    location: store.location(key),
-                    message: format!("body ended at {expected}, expected {}", range.end),
-                })
-            }
-            None => return Ok(()),
-            Some(Err(error)) => return Err(error),
-            Some(Ok((offset, bytes))) => {
-                debug_assert_eq!(offset, expected);
-                let take = bytes.len().min((range.end - expected) as usize);
-                buf.extend_from_slice(&bytes[..take]);
-                expected += take as u64;
-            }
-        }
-    }
-}
-
-/// How a large range is split into concurrent ranged GETs.
-#[derive(Debug, Clone)]
-pub struct ReadConfig {
-    pub part_size: u64,
-    /// Parts fetched concurrently per reader.
-    pub parts_in_flight: usize,
-    pub retry: RetryPolicy,
-}
-
-pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
-pub const DEFAULT_PARTS_IN_FLIGHT: usize = 2;
-
-impl Default for ReadConfig {
-    fn default() -> Self {
+impl RetryingStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, policy: RetryPolicy) -> Self {
         Self {
-            part_size: DEFAULT_PART_SIZE,
-            parts_in_flight: DEFAULT_PARTS_IN_FLIGHT,
-            retry: RetryPolicy::default(),
+            inner,
+            policy: Arc::new(policy),
+        }
+    }
+
+    /// Runs `op` until it succeeds, fails for good, or runs out of attempts;
+    /// each attempt is cut off after the idle timeout.
+    async fn retry<T, F, Fut>(&self, key: &str, mut op: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let error = match tokio::time::timeout(self.policy.idle_timeout, op()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) => error,
+                Err(_) => timed_out(self.inner.location(key), self.policy.idle_timeout),
+            };
+            self.policy.back_off(error, attempt).await?;
         }
     }
 }
 
-/// Reads `range` front to back as `part_size` ranged GETs, `parts_in_flight`
-/// at a time, yielding parts in order. Memory: at most
-/// `parts_in_flight * part_size` bytes are held (plus the consumer's part).
-pub fn read_parts(
-    store: Arc<dyn ObjectStore>,
-    key: String,
-    range: Range<u64>,
-    if_match: Option<String>,
-    config: ReadConfig,
-) -> impl Stream<Item = Result<(u64, Bytes), StoreError>> + Send + 'static {
-    let part_size = config.part_size.max(1);
-    let starts = (range.start..range.end).step_by(part_size as usize);
-    let parts_in_flight = config.parts_in_flight.max(1);
-    let config = Arc::new(config);
-    futures::stream::iter(starts)
-        .map(move |start| {
-            let store = store.clone();
-            let key = key.clone();
-            let if_match = if_match.clone();
-            let config = config.clone();
-            let end = (start + part_size).min(range.end);
-            async move {
-                // Counted until the part is handed to the consumer.
-                let in_flight =
-                    crate::metrics::GaugeGuard::new(crate::metrics::PARTS_IN_FLIGHT, 1.0);
-                let bytes = read_range(
-                    store.as_ref(),
-                    &key,
-                    start..end,
-                    if_match.as_deref(),
-                    &config.retry,
-                )
-                .await?;
-                Ok::<_, StoreError>((start, bytes, in_flight))
+fn timed_out(location: String, after: Duration) -> StoreError {
+    StoreError::Transient {
+        location,
+        message: format!("no response for {after:?}"),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for RetryingStore {
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        self.retry(prefix, || self.inner.list(prefix)).await
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        self.retry(key, || self.inner.head(key)).await
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<PartStream, StoreError> {
+        let mut body = ResumingBody {
+            inner: self.inner.clone(),
+            policy: self.policy.clone(),
+            key: key.to_string(),
+            if_match: if_match.map(str::to_string),
+            next: range.start,
+            end: range.end,
+            attempt: 0,
+            body: None,
+        };
+        // Fail here, not in the stream, when the object cannot be read at
+        // all (missing, denied): callers tell those apart from a broken body.
+        body.connect().await?;
+        Ok(futures::stream::unfold(Some(body), |state| async move {
+            let mut body = state?;
+            match body.next_part().await {
+                Ok(Some(part)) => Some((Ok(part), Some(body))),
+                Ok(None) => None,
+                // End the stream after the error.
+                Err(error) => Some((Err(error), None)),
             }
         })
-        .buffered(parts_in_flight)
-        .map(|part| part.map(|(start, bytes, _in_flight)| (start, bytes)))
+        .boxed())
+    }
+
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        self.retry(key, || self.inner.put(key, data.clone())).await
+    }
+
+    fn location(&self, key: &str) -> String {
+        self.inner.location(key)
+    }
+}
+
+/// A ranged GET that reconnects from the next missing byte when its body
+/// breaks or stalls; attempts are counted over the whole range.
+struct ResumingBody {
+    inner: Arc<dyn ObjectStore>,
+    policy: Arc<RetryPolicy>,
+    key: String,
+    if_match: Option<String>,
+    /// The next byte to deliver.
+    next: u64,
+    end: u64,
+    attempt: u32,
+    body: Option<PartStream>,
+}
+
+impl ResumingBody {
+    /// Opens the body from `next`, retrying transient failures.
+    async fn connect(&mut self) -> Result<(), StoreError> {
+        while self.body.is_none() && self.next < self.end {
+            let request =
+                self.inner
+                    .get_range(&self.key, self.next..self.end, self.if_match.as_deref());
+            let error = match tokio::time::timeout(self.policy.idle_timeout, request).await {
+                Ok(Ok(body)) => {
+                    self.body = Some(body);
+                    return Ok(());
+                }
+                Ok(Err(error)) => error,
+                Err(_) => timed_out(self.inner.location(&self.key), self.policy.idle_timeout),
+            };
+            self.attempt += 1;
+            self.policy.back_off(error, self.attempt).await?;
+        }
+        Ok(())
+    }
+
+    async fn next_part(&mut self) -> Result<Option<(u64, Bytes)>, StoreError> {
+        loop {
+            if self.next >= self.end {
+                return Ok(None);
+            }
+            self.connect().await?;
+            let Some(body) = self.body.as_mut() else {
+                return Ok(None);
+            };
+            let error = match tokio::time::timeout(self.policy.idle_timeout, body.next()).await {
+                Ok(Some(Ok((offset, bytes)))) => {
+                    // Trim anything outside [next, end): a store may send
+                    // more than asked, never less without saying so.
+                    let skip = self.next.saturating_sub(offset);
+                    if offset > self.next || skip >= bytes.len() as u64 {
+                        if offset > self.next {
+                            return Err(StoreError::Other {
+                                location: self.inner.location(&self.key),
+                                message: format!(
+                                    "body skipped from byte {} to {offset}",
+                                    self.next
+                                ),
+                            });
+                        }
+                        continue;
+                    }
+                    let take = (bytes.len() as u64).min(self.end - offset) as usize;
+                    let bytes = bytes.slice(skip as usize..take);
+                    let at = self.next;
+                    self.next += bytes.len() as u64;
+                    return Ok(Some((at, bytes)));
+                }
+                Ok(Some(Err(error))) => error,
+                Ok(None) => StoreError::Transient {
+                    location: self.inner.location(&self.key),
+                    message: format!("body ended at byte {}, expected {}", self.next, self.end),
+                },
+                Err(_) => StoreError::Transient {
+                    location: self.inner.location(&self.key),
+                    message: format!(
+                        "body stalled at byte {}: no data for {:?}",
+                        self.next, self.policy.idle_timeout
+                    ),
+                },
+            };
+            self.body = None;
+            self.attempt += 1;
+            tracing::debug!(resume_at = self.next, "resuming ranged read");
+            self.policy.back_off(error, self.attempt).await?;
+        }
+    }
 }

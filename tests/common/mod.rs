@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use aws_sdk_s3::primitives::ByteStream;
 use shardfeed::dataset::DatasetRegistry;
+use shardfeed::dev::s3mem::{self, RunningS3};
+use shardfeed::engine::{Engine, EngineConfig};
 use shardfeed::pipeline::PipelineConfig;
-use shardfeed::s3mem::{self, RunningS3};
 use shardfeed::server::pb::shardfeed_client::ShardfeedClient;
-use shardfeed::server::{self, pb, ListenAddr, Listener, ServiceConfig, ShardfeedService};
+use shardfeed::server::{pb, ListenAddr, LocalServer, ServiceConfig, ShardfeedService};
 use shardfeed::shard::tar::TarWriter;
 use shardfeed::store::cache::{CacheConfig, DiskCache, EvictionPolicy};
-use shardfeed::store::retry::{ReadConfig, RetryPolicy};
+use shardfeed::store::read::ReadConfig;
+use shardfeed::store::retry::RetryPolicy;
 use tonic::transport::Channel;
 
 /// A sample to write: key, image member (extension, bytes), label text.
@@ -25,7 +27,8 @@ pub struct Sample {
 }
 
 pub fn jpeg(width: u32, height: u32, seed: u64) -> Vec<u8> {
-    let pixels = shardfeed::demo::synthetic_image(seed, seed, (seed % 10) as u32, width, height);
+    let pixels =
+        shardfeed::dev::synthetic::synthetic_image(seed, seed, (seed % 10) as u32, width, height);
     let mut out = Vec::new();
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85)
         .encode_image(&pixels)
@@ -103,17 +106,18 @@ pub async fn upload(s3: &RunningS3, bucket: &str, prefix: &str, shards: &[Vec<Sa
     format!("s3://{bucket}/{prefix}")
 }
 
+/// The loopback S3 server and a shardfeed server in front of it.
 pub struct Harness {
     pub s3: RunningS3,
     pub addr: ListenAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    pub server: tokio::task::JoinHandle<Result<(), server::ServeError>>,
+    pub server: LocalServer,
 }
 
 pub struct Options {
     pub decode_threads: usize,
     pub listen: ListenAddr,
     pub pipeline: PipelineConfig,
+    pub retry: RetryPolicy,
     pub max_streams: usize,
     pub allow: Vec<String>,
     pub grace: Duration,
@@ -126,9 +130,10 @@ impl Default for Options {
             decode_threads: 2,
             listen: ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
             pipeline: PipelineConfig {
-                read: fast_retries(),
+                read: small_parts(),
                 ..PipelineConfig::default()
             },
+            retry: fast_retries(),
             max_streams: 16,
             allow: Vec::new(),
             grace: Duration::from_secs(5),
@@ -137,18 +142,21 @@ impl Default for Options {
     }
 }
 
-/// Retries quick enough for tests (the injected faults are immediate).
-pub fn fast_retries() -> ReadConfig {
+/// Small parts, so that even small shards are read in several GETs.
+pub fn small_parts() -> ReadConfig {
     ReadConfig {
-        // Small parts so that even small shards are read in several GETs.
         part_size: 64 << 10,
         parts_in_flight: 3,
-        retry: RetryPolicy {
-            max_attempts: 4,
-            base_delay: Duration::from_millis(5),
-            max_delay: Duration::from_millis(50),
-            idle_timeout: Duration::from_secs(10),
-        },
+    }
+}
+
+/// Retries quick enough for tests (the injected faults are immediate).
+pub fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 4,
+        base_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(50),
+        idle_timeout: Duration::from_secs(10),
     }
 }
 
@@ -159,58 +167,48 @@ impl Harness {
     }
 
     pub async fn with_s3(s3: RunningS3, options: Options) -> Self {
-        let mut registry = DatasetRegistry::new(s3.s3_config(), options.pipeline.read.clone());
+        let mut registry =
+            DatasetRegistry::new(s3.s3_config(), options.retry, options.pipeline.read.clone());
         if let Some(cache) = options.cache {
             registry = registry.with_cache(cache);
         }
-        let registry = Arc::new(registry);
-        let service = ShardfeedService::new(
-            registry,
-            options.pipeline,
-            ServiceConfig {
+        let engine = Engine::new(
+            Arc::new(registry),
+            EngineConfig {
+                pipeline: options.pipeline,
                 decode_threads: options.decode_threads,
-                max_streams: options.max_streams,
-                allow: options.allow,
-                ..ServiceConfig::default()
+                ..EngineConfig::default()
             },
         )
         .unwrap();
-        let listener = Listener::bind(&options.listen).await.unwrap();
-        let addr = listener.local_addr();
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(server::serve(
-            listener,
-            service,
-            async move {
-                let _ = stop_rx.await;
+        let service = ShardfeedService::new(
+            engine,
+            ServiceConfig {
+                max_streams: options.max_streams,
+                allow: options.allow,
             },
-            options.grace,
-        ));
+        );
+        let server = LocalServer::start(service, &options.listen, options.grace)
+            .await
+            .unwrap();
         Self {
             s3,
-            addr,
-            stop: Some(stop),
+            addr: server.addr.clone(),
             server,
         }
     }
 
     pub async fn client(&self) -> ShardfeedClient<Channel> {
-        let channel = server::connect(&self.addr).await.unwrap();
-        ShardfeedClient::new(channel).max_decoding_message_size(usize::MAX)
+        self.server.client().await.unwrap()
     }
 
     /// Starts shutdown (as SIGTERM would) without waiting for it.
     pub fn begin_shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.server.begin_shutdown();
     }
 
-    pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = (&mut self.server).await;
+    pub async fn shutdown(self) {
+        let _ = self.server.stop().await;
     }
 }
 
@@ -266,13 +264,12 @@ pub fn digest(batches: &[pb::Batch]) -> u64 {
 
 pub fn cache_at(dir: &std::path::Path, max_bytes: u64, policy: EvictionPolicy) -> Arc<DiskCache> {
     DiskCache::open(CacheConfig {
-        dir: dir.to_path_buf(),
         max_bytes,
         min_free_percent: 0.0,
         // Small blocks so that small test shards span several.
         block_size: 16 << 10,
         policy,
-        metadata_ttl: None,
+        ..CacheConfig::new(dir.to_path_buf())
     })
     .unwrap()
 }
@@ -282,7 +279,7 @@ pub async fn write_index(s3: &RunningS3, bucket: &str, prefix: &str) {
     let client = shardfeed::store::s3::client(&s3.s3_config()).await;
     let store: Arc<dyn shardfeed::store::ObjectStore> =
         Arc::new(shardfeed::store::s3::S3Store::new(client, bucket));
-    let (index, shards) = shardfeed::dataset::build_index(store.clone(), prefix, &fast_retries())
+    let (index, shards) = shardfeed::dataset::build_index(store.clone(), prefix, &small_parts())
         .await
         .unwrap();
     shardfeed::dataset::write_index(store.as_ref(), prefix, &index, &shards)

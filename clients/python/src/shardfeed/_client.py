@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -200,16 +201,78 @@ def _image_size(size: ImageSize) -> tuple[int, int]:
     return int(height), int(width)
 
 
+DEFAULT_CALL_TIMEOUT = 60.0
+DEFAULT_BATCH_TIMEOUT = 600.0
+
+
+class _IdleWatchdog:
+    """Cancels a stream when the consumer has waited too long for one batch.
+
+    Only time spent waiting for the next batch counts: a training step that
+    takes long between two batches never trips it. An epoch may take hours;
+    a whole-call deadline would cut it, so streams get this instead.
+    """
+
+    def __init__(self, call: Any, limit: float) -> None:
+        self._call = call
+        self._limit = limit
+        self._waiting_since: float | None = None
+        self._stopped = threading.Event()
+        self.expired = False
+        self._thread = threading.Thread(target=self._watch, name="shardfeed-watchdog", daemon=True)
+        self._thread.start()
+
+    def waiting(self) -> None:
+        self._waiting_since = time.monotonic()
+
+    def received(self) -> None:
+        self._waiting_since = None
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        check = min(1.0, self._limit / 4)
+        while not self._stopped.wait(check):
+            since = self._waiting_since
+            if since is not None and time.monotonic() - since > self._limit:
+                self.expired = True
+                self._call.cancel()
+                return
+
+
 class Client:
     """Connects to one shardfeed server.
+
+    ``call_timeout`` is the deadline, in seconds, of each short call
+    (``describe``); ``batch_timeout`` is how long a stream may keep the caller
+    waiting for its next batch before it is cancelled with
+    ``DEADLINE_EXCEEDED`` (time the caller spends between batches does not
+    count, so long epochs and slow steps are fine). ``None`` disables either.
+    ``timeout`` is the former name of ``call_timeout``.
 
     The channel is created lazily, once per process: a Client made before a
     DataLoader forks its workers is safe to use in each of them.
     """
 
-    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
+        batch_timeout: float | None = DEFAULT_BATCH_TIMEOUT,
+        timeout: float | None = None,
+    ) -> None:
+        for name, value in (
+            ("call_timeout", call_timeout),
+            ("batch_timeout", batch_timeout),
+            ("timeout", timeout),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive or None, not {value!r}")
         self._target = target
-        self._timeout = timeout
+        self._call_timeout = timeout if timeout is not None else call_timeout
+        self._batch_timeout = batch_timeout
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._channel: grpc.Channel | None = None
@@ -252,10 +315,18 @@ class Client:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"target": self._target, "timeout": self._timeout}
+        return {
+            "target": self._target,
+            "call_timeout": self._call_timeout,
+            "batch_timeout": self._batch_timeout,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["target"], timeout=state["timeout"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["target"],
+            call_timeout=state["call_timeout"],
+            batch_timeout=state["batch_timeout"],
+        )
 
     def describe(
         self,
@@ -274,7 +345,7 @@ class Client:
             partition=_partition(partition),
         )
         try:
-            response = self._get_stub().Describe(request, timeout=self._timeout)
+            response = self._get_stub().Describe(request, timeout=self._call_timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return DatasetInfo(
@@ -337,12 +408,29 @@ class Client:
     def _stream(self, request: Any) -> Iterator[Batch]:
         self._get_stub()
         assert self._stream_batches is not None
-        call = self._stream_batches(request, timeout=self._timeout)
+        call = self._stream_batches(request)
+        limit = self._batch_timeout
+        watchdog = _IdleWatchdog(call, limit) if limit is not None else None
         try:
-            yield from call
+            while True:
+                if watchdog is not None:
+                    watchdog.waiting()
+                try:
+                    batch = next(call)
+                except StopIteration:
+                    return
+                if watchdog is not None:
+                    watchdog.received()
+                yield batch
         except grpc.RpcError as exc:
+            if watchdog is not None and watchdog.expired:
+                raise ShardfeedError(
+                    "DEADLINE_EXCEEDED", f"no batch arrived within batch_timeout={limit}s"
+                ) from None
             raise _error(exc) from None
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             # Leaving the loop early cancels the stream, freeing the server's work.
             call.cancel()
 

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from shardfeed import bench
+from shardfeed_benchmarks import delivered
 
 from ..conftest import binary
 
 
 def test_benchmark_compares_both_loaders(capsys: pytest.CaptureFixture[str]) -> None:
-    code = bench.main(
+    code = delivered.main(
         [
             "--synthetic",
             "--binary",

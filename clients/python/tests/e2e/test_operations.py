@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardfeed import Client
+from shardfeed import Client, ShardfeedError
 
 from ..conftest import (
     REPO,
@@ -159,6 +159,42 @@ def test_stall_metrics_attribute_the_bottleneck(s3: S3) -> None:
         data_wait, ready_wait = stall(slow_server.metrics_url, "1")
         assert data_wait > 0.3, (data_wait, ready_wait)
         assert ready_wait < data_wait / 2, (data_wait, ready_wait)
+    finally:
+        stop(slow_server.process)
+        stop(slow_process)
+
+
+def test_batch_timeout_bounds_the_wait_for_a_batch_not_the_epoch(s3: S3) -> None:
+    samples = [(f"bt{i:04d}", {"jpg": jpeg(COLORS[i % 5], (32, 32))}) for i in range(64)]
+    shards = [write_tar(samples)]
+
+    # A slow consumer: 0.6 s per step, longer than batch_timeout, is fine.
+    uri = upload(s3, "patient", "", shards)
+    server = start_server(s3, f"127.0.0.1:{_port()}")
+    try:
+        client = Client(server.target, batch_timeout=0.5)
+        got = 0
+        for batch in client.batches(uri, batch_size=16, image_size=16, world_size=1, rank=0):
+            got += len(batch.labels)
+            time.sleep(0.6)
+        assert got == 64
+    finally:
+        stop(server.process)
+
+    # A server whose every GET waits 2 s: the caller waits at most ~batch_timeout.
+    slow_s3, slow_process = start_s3("--get-delay-ms", "2000")
+    slow_server = start_server(slow_s3, f"127.0.0.1:{_port()}")
+    try:
+        slow_uri = upload(slow_s3, "impatient", "", shards)
+        # Describe first: the index is built (slowly) before the timed stream.
+        Client(slow_server.target, call_timeout=60).describe(slow_uri, world_size=1, batch_size=16)
+        client = Client(slow_server.target, batch_timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(ShardfeedError) as raised:
+            for _ in client.batches(slow_uri, batch_size=16, image_size=16, world_size=1, rank=0):
+                pass
+        assert raised.value.code == "DEADLINE_EXCEEDED", raised.value
+        assert time.monotonic() - started < 1.9
     finally:
         stop(slow_server.process)
         stop(slow_process)

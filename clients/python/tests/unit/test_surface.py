@@ -37,8 +37,18 @@ def test_errors_and_clients_pickle() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, ShardfeedError)
     assert (again.code, again.message) == ("NOT_FOUND", "s3://b not found")
-    client = pickle.loads(pickle.dumps(Client("unix:///tmp/x.sock", timeout=3.0)))
+    client = pickle.loads(
+        pickle.dumps(Client("unix:///tmp/x.sock", call_timeout=3.0, batch_timeout=None))
+    )
     assert client.target == "unix:///tmp/x.sock"
+    assert (client._call_timeout, client._batch_timeout) == (3.0, None)
+    # The former name of call_timeout still works.
+    assert Client("127.0.0.1:1", timeout=7.0)._call_timeout == 7.0
+
+
+def test_timeouts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="batch_timeout must be positive"):
+        Client("127.0.0.1:1", batch_timeout=0)
 
 
 def test_bad_resize_is_rejected_before_any_rpc() -> None:

@@ -30,9 +30,33 @@ struct Object {
     modified: SystemTime,
 }
 
-/// Failures to inject, consumed one per matching GET.
+/// The S3 operations shardfeed makes, for scripting faults per operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Get,
+    Head,
+    List,
+    Put,
+}
+
+/// A failure a scripted request answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Injected {
+    /// 503 SlowDown: throttling, transient.
+    SlowDown,
+    /// 500 InternalError: transient.
+    InternalError,
+    /// 403 AccessDenied: permanent.
+    AccessDenied,
+    /// 404 NoSuchKey: permanent.
+    NoSuchKey,
+}
+
+/// Failures to inject. The GET-only knobs are consumed one per matching GET;
+/// [`Faults::fail_next`] scripts any operation.
 #[derive(Debug, Default)]
 pub struct Faults {
+    script: Mutex<HashMap<Operation, std::collections::VecDeque<Injected>>>,
     /// Delay before every GET's response (simulates S3's time to first byte).
     pub get_delay: Mutex<Duration>,
     /// The next N GETs fail with 503 SlowDown.
@@ -53,6 +77,38 @@ impl Faults {
             .get_delay
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+    }
+
+    /// The next `count` requests of `operation` fail with `fault`, after
+    /// whatever was scripted before.
+    pub fn fail_next(&self, operation: Operation, count: usize, fault: Injected) {
+        self.lock_script()
+            .entry(operation)
+            .or_default()
+            .extend(std::iter::repeat_n(fault, count));
+    }
+
+    /// Answers a request of `operation` with its next scripted failure, if any.
+    fn scripted(&self, operation: Operation) -> S3Result<()> {
+        let fault = self
+            .lock_script()
+            .get_mut(&operation)
+            .and_then(|queue| queue.pop_front());
+        match fault {
+            None => Ok(()),
+            Some(Injected::SlowDown) => Err(s3_error!(SlowDown, "injected throttling")),
+            Some(Injected::InternalError) => Err(s3_error!(InternalError, "injected failure")),
+            Some(Injected::AccessDenied) => Err(s3_error!(AccessDenied, "injected denial")),
+            Some(Injected::NoSuchKey) => Err(s3_error!(NoSuchKey, "injected: no such key")),
+        }
+    }
+
+    fn lock_script(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Operation, std::collections::VecDeque<Injected>>> {
+        self.script
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn take(counter: &AtomicU64) -> bool {
@@ -160,6 +216,7 @@ impl S3 for Backend {
         req: S3Request<dto::PutObjectInput>,
     ) -> S3Result<S3Response<dto::PutObjectOutput>> {
         self.0.counts.put.fetch_add(1, Ordering::Relaxed);
+        self.0.faults.scripted(Operation::Put)?;
         let input = req.input;
         if !self.0.read().contains_key(&input.bucket) {
             return Err(s3_error!(NoSuchBucket));
@@ -185,6 +242,7 @@ impl S3 for Backend {
         req: S3Request<dto::HeadObjectInput>,
     ) -> S3Result<S3Response<dto::HeadObjectOutput>> {
         self.0.counts.head.fetch_add(1, Ordering::Relaxed);
+        self.0.faults.scripted(Operation::Head)?;
         let object = self.0.get(&req.input.bucket, &req.input.key)?;
         Ok(S3Response::new(dto::HeadObjectOutput {
             content_length: Some(object.data.len() as i64),
@@ -216,6 +274,7 @@ impl S3 for Backend {
         if Faults::take(&server.faults.internal_errors) {
             return Err(s3_error!(InternalError, "injected failure"));
         }
+        server.faults.scripted(Operation::Get)?;
         let input = req.input;
         let object = server.get(&input.bucket, &input.key)?;
         if let Some(condition) = &input.if_match {
@@ -263,6 +322,7 @@ impl S3 for Backend {
         req: S3Request<dto::ListObjectsV2Input>,
     ) -> S3Result<S3Response<dto::ListObjectsV2Output>> {
         self.0.counts.list.fetch_add(1, Ordering::Relaxed);
+        self.0.faults.scripted(Operation::List)?;
         let input = req.input;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max_keys = input.max_keys.unwrap_or(1000).clamp(1, 1000) as usize;
@@ -310,7 +370,9 @@ impl S3 for Backend {
     }
 }
 
-/// The body in 64 KiB frames, optionally failing after `cut` bytes.
+/// The body in 64 KiB frames, optionally failing after `cut` bytes. The
+/// bytes before the cut reach the client, as when a connection breaks
+/// mid-body: the failure waits until they are written out.
 fn body_stream(
     body: Bytes,
     cut: Option<usize>,
@@ -320,14 +382,19 @@ fn body_stream(
     let frames: Vec<Result<Bytes, std::io::Error>> = (0..limit)
         .step_by(FRAME)
         .map(|start| Ok(body.slice(start..(start + FRAME).min(limit))))
-        .chain(cut.filter(|&c| c < body.len()).map(|c| {
-            Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                format!("injected: body cut after {c} bytes"),
-            ))
-        }))
         .collect();
-    futures::stream::iter(frames)
+    let failure = cut.filter(|&c| c < body.len()).map(|c| {
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            format!("injected: body cut after {c} bytes"),
+        )
+    });
+    futures::stream::iter(frames).chain(futures::stream::unfold(failure, |failure| async move {
+        let failure = failure?;
+        // Let the server flush what was sent before the connection breaks.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Some((Err(failure), None))
+    }))
 }
 
 /// A running server. Dropping it stops accepting connections.

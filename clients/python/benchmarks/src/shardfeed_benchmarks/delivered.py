@@ -1,7 +1,7 @@
 """Delivered-into-Python benchmark: shardfeed vs a DataLoader-style baseline.
 
-    python -m shardfeed.bench --synthetic            # self-contained
-    python -m shardfeed.bench --target HOST:PORT --dataset s3://b/p/ \\
+    python -m shardfeed_benchmarks --synthetic            # self-contained
+    python -m shardfeed_benchmarks --target HOST:PORT --dataset s3://b/p/ \\
         --s3-endpoint http://...                     # an existing setup
 
 Both read the same tar shards from the same S3 endpoint and deliver uint8
@@ -15,7 +15,7 @@ this process). In the same run, ``shardfeed bench`` on the same data gives the
 single-thread decode+resize kernel rate, so the figures read as a fraction of
 kernel x cores and a share of CPU spent beyond the kernel. ``--synthetic``
 serves the demo's ~110 KB photos from ``shardfeed dev-s3``. Needs the
-``bench`` extra (boto3, Pillow).
+shardfeed-benchmarks package's dependencies (boto3, Pillow).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import resource
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -208,7 +207,7 @@ def run_shardfeed(
     server_pid: int | None,
     s3_pid: int | None = None,
 ) -> dict[str, Any]:
-    from . import Client
+    from shardfeed import Client
 
     client = Client(target)
     server_before = _process_cpu(server_pid)
@@ -378,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--dataset is required without --synthetic")
     entitlement: dict[str, Any] | None = None
     try:
-        from . import Client
+        from shardfeed import Client
 
         info = Client(args.target).describe(args.dataset, world_size=1, batch_size=args.batch_size)
         ours = run_shardfeed(
@@ -465,8 +464,3 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(json.dumps(result))
     return 0
-
-
-if __name__ == "__main__":
-    with tempfile.TemporaryDirectory():
-        sys.exit(main())

@@ -1,17 +1,24 @@
-//! Benchmarks that run the real path in-process and print JSON lines.
+//! Benchmarks that run the real path in-process and print their figures
+//! and JSON lines: the entitlement benchmark (fetch + parse + decode + batch,
+//! no gRPC), its cost under S3-like first-byte latency, and the cache's
+//! eviction policies.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::kernel::{cpu_and_peak_rss, decode_kernel, TimedDecoder};
+use super::s3mem;
+use super::synthetic::{self, SyntheticSpec};
 use crate::dataset::{build_index, write_index, DatasetRegistry};
+use crate::engine::{Engine, EngineConfig, StreamRequest};
 use crate::pipeline::PipelineConfig;
-use crate::s3mem;
 use crate::server::{pb, LocalServer, ServiceConfig, ShardfeedService};
 use crate::shard::tar::TarWriter;
 use crate::store::cache::{CacheConfig, DiskCache, EvictionPolicy};
-use crate::store::retry::ReadConfig;
+use crate::store::read::ReadConfig;
 use crate::store::s3::S3Store;
 use crate::store::ObjectStore;
 
@@ -48,7 +55,7 @@ pub async fn cache_policy(spec: &CacheBenchSpec) -> Result<(), BenchError> {
     client.create_bucket().bucket("bench").send().await?;
     let store: Arc<dyn ObjectStore> = Arc::new(S3Store::new(client, "bench"));
     let jpeg = {
-        let pixels = crate::demo::synthetic_image(1, 1, 1, 32, 32);
+        let pixels = synthetic::synthetic_image(1, 1, 1, 32, 32);
         let mut out = Vec::new();
         image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 80).encode_image(&pixels)?;
         out
@@ -85,28 +92,29 @@ pub async fn cache_policy(spec: &CacheBenchSpec) -> Result<(), BenchError> {
         ("planned", Some(EvictionPolicy::Planned)),
     ] {
         let dir = tempdir()?;
-        let mut registry = DatasetRegistry::new(s3.s3_config(), read.clone());
+        let mut registry = DatasetRegistry::new(s3.s3_config(), Default::default(), read.clone());
         if let Some(policy) = policy {
             registry = registry.with_cache(DiskCache::open(CacheConfig {
-                dir: dir.clone(),
                 max_bytes: cache_bytes,
                 min_free_percent: 0.0,
                 // As in production: one cache block per ranged GET.
                 block_size: read.part_size,
                 policy,
-                metadata_ttl: None,
+                ..CacheConfig::new(dir.clone())
             })?);
         }
-        let registry = Arc::new(registry);
-        let service = ShardfeedService::new(
-            registry,
-            PipelineConfig {
-                read: read.clone(),
-                ..PipelineConfig::default()
+        let engine = Engine::new(
+            Arc::new(registry),
+            EngineConfig {
+                pipeline: PipelineConfig {
+                    read: read.clone(),
+                    ..PipelineConfig::default()
+                },
+                ..EngineConfig::default()
             },
-            ServiceConfig::default(),
         )?;
-        let local = LocalServer::loopback(service).await?;
+        let local =
+            LocalServer::loopback(ShardfeedService::new(engine, ServiceConfig::default())).await?;
         let mut client = local.client().await?;
         let epochs = if policy.is_none() { 1 } else { spec.epochs };
         for epoch in 0..epochs {
@@ -146,105 +154,6 @@ fn tempdir() -> std::io::Result<std::path::PathBuf> {
     Ok(dir)
 }
 
-/// Single-thread decode + resize rate of `decoder` over `samples` (JPEG
-/// bytes), and the mean PSNR of its output against a full-resolution decode
-/// with a Lanczos3 resize.
-pub fn decode_kernel(
-    decoder: &dyn crate::decode::Decoder,
-    samples: &[Vec<u8>],
-    spec: &crate::decode::OutputSpec,
-    rounds: usize,
-) -> (f64, f64) {
-    use crate::shard::ImageFormat;
-    let mut out = vec![0u8; spec.bytes()];
-    let mut reference = vec![0u8; spec.bytes()];
-    let mut psnr_sum = 0.0;
-    let mut measured = 0usize;
-    for jpeg in samples.iter().take(64) {
-        if decoder
-            .decode_into(ImageFormat::Jpeg, jpeg, spec, &mut out)
-            .is_ok()
-            && crate::decode::reference_decode(ImageFormat::Jpeg, jpeg, spec, &mut reference)
-                .is_ok()
-        {
-            psnr_sum += crate::decode::psnr(&out, &reference).min(99.0);
-            measured += 1;
-        }
-    }
-    let started = std::time::Instant::now();
-    let mut decoded = 0usize;
-    for _ in 0..rounds {
-        for jpeg in samples {
-            if decoder
-                .decode_into(ImageFormat::Jpeg, jpeg, spec, &mut out)
-                .is_ok()
-            {
-                decoded += 1;
-            }
-        }
-    }
-    let rate = decoded as f64 / started.elapsed().as_secs_f64();
-    (rate, psnr_sum / measured.max(1) as f64)
-}
-
-/// CPU time of the calling thread: unlike wall time, it does not count the
-/// time a decode thread waits for a core the other processes hold.
-fn thread_cpu_nanos() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid out-pointer; the clock id is a constant.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
-}
-
-/// A decoder wrapper that adds up the CPU time its threads spend decoding.
-#[derive(Debug)]
-pub struct TimedDecoder {
-    inner: Arc<dyn crate::decode::Decoder>,
-    pub nanos: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl TimedDecoder {
-    pub fn new(inner: Arc<dyn crate::decode::Decoder>) -> Self {
-        Self {
-            inner,
-            nanos: Arc::default(),
-        }
-    }
-}
-
-impl crate::decode::Decoder for TimedDecoder {
-    fn decode_into(
-        &self,
-        format: crate::shard::ImageFormat,
-        data: &[u8],
-        spec: &crate::decode::OutputSpec,
-        out: &mut [u8],
-    ) -> Result<(), crate::decode::DecodeError> {
-        let started = thread_cpu_nanos();
-        let result = self.inner.decode_into(format, data, spec, out);
-        self.nanos.fetch_add(
-            thread_cpu_nanos().saturating_sub(started),
-            Ordering::Relaxed,
-        );
-        result
-    }
-}
-
-/// CPU seconds (user + system) this process has used so far, and its peak RSS in bytes.
-pub fn cpu_and_peak_rss() -> (f64, u64) {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a valid out-pointer for the call.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (
-        seconds(usage.ru_utime) + seconds(usage.ru_stime),
-        usage.ru_maxrss as u64 * 1024,
-    )
-}
-
 #[derive(Debug, Clone)]
 pub struct EntitlementSpec {
     pub batch_size: u32,
@@ -275,12 +184,11 @@ pub async fn entitlement(
     // Kernel rate: one thread, decode + resize of the first shard's JPEGs.
     let first_key = dataset.shard_key(0);
     let first_size = dataset.index.shards[0].size.min(64 << 20);
-    let bytes = crate::store::retry::read_range(
+    let bytes = crate::store::read::read_range(
         dataset.store.as_ref(),
         &first_key,
         0..first_size,
         dataset.index.shards[0].etag.as_deref(),
-        &spec.pipeline.read.retry,
     )
     .await?;
     let mut splitter = SampleSplitter::new(0, crate::shard::DEFAULT_MAX_MEMBER_BYTES);
@@ -318,25 +226,26 @@ pub async fn entitlement(
         start_batch: 0,
         resume_from: crate::plan::EpochPosition::default(),
     };
-    let plan = crate::plan::plan_stream(&dataset.shard_samples(), &plan_request)?;
     let timed = Arc::new(TimedDecoder::new(decoder));
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(spec.decode_threads.max(1))
-        .build()?;
+    let engine = Engine::with_decoder(
+        registry,
+        EngineConfig {
+            pipeline: spec.pipeline.clone(),
+            decode_threads: spec.decode_threads,
+            ..EngineConfig::default()
+        },
+        timed.clone(),
+    )?;
     let (cpu_before, _) = cpu_and_peak_rss();
     let started = std::time::Instant::now();
-    let mut receiver = crate::pipeline::spawn_stream(
-        crate::pipeline::StreamContext {
-            dataset: dataset.clone(),
-            plan: Arc::new(plan),
-            spec: output,
-            config: spec.pipeline.clone(),
-            pool: Arc::new(pool),
-            decoder: timed.clone(),
-            cache_hints: None,
-        },
-        tracing::Span::none(),
-    );
+    let mut receiver = engine
+        .open_stream(StreamRequest {
+            dataset: uri.to_string(),
+            plan: plan_request,
+            output,
+        })
+        .await?
+        .batches;
     let (mut samples, mut batches, mut payload) = (0u64, 0u64, 0u64);
     let mut first_batch = None;
     let mut last_print = std::time::Instant::now();
@@ -393,4 +302,128 @@ pub async fn entitlement(
         "peak_rss_bytes": peak_rss,
     });
     Ok(summary)
+}
+
+/// Where `shardfeed bench` reads from.
+#[derive(Debug, Clone)]
+pub enum BenchSource {
+    /// A dataset the configured store reaches.
+    Uri {
+        uri: String,
+        s3: crate::store::s3::S3Config,
+    },
+    /// A synthetic photo dataset in an in-process S3 server, with a delay
+    /// before every GET response (S3's time to first byte).
+    Synthetic {
+        data: SyntheticSpec,
+        get_delay: Duration,
+        /// Run alternately without and with this delay and print the ratio.
+        compare_get_delay: Option<Duration>,
+    },
+}
+
+/// `shardfeed bench`: the entitlement benchmark, printed for people and as JSON.
+pub async fn run(source: BenchSource, spec: &EntitlementSpec) -> Result<(), BenchError> {
+    let retry = crate::store::retry::RetryPolicy::default();
+    let read = spec.pipeline.read.clone();
+    let (registry, uri, s3) = match source {
+        BenchSource::Uri { uri, s3 } => (DatasetRegistry::new(s3, retry, read), uri, None),
+        BenchSource::Synthetic {
+            data,
+            get_delay,
+            compare_get_delay,
+        } => {
+            let s3 = s3mem::start(0).await?;
+            eprintln!(
+                "synthesizing {} photo-like JPEGs ...",
+                data.shards * data.samples_per_shard
+            );
+            let uri = synthetic::publish(&s3, &data).await?;
+            s3.state.faults.set_get_delay(get_delay);
+            let registry = DatasetRegistry::new(s3.s3_config(), retry, read);
+            (registry, uri, Some((s3, compare_get_delay)))
+        }
+    };
+    let registry = Arc::new(registry);
+    if let Some((s3, Some(delay))) = &s3 {
+        return compare_get_delay(registry, &uri, spec, s3, *delay).await;
+    }
+    let summary = entitlement(registry, &uri, spec).await?;
+    let get = |key: &str| summary[key].as_f64().unwrap_or(0.0);
+    println!(
+        "{} samples in {:.2}s: {:.0} samples/s, {:.1} MB/s compressed, first batch after {:.0} ms",
+        summary["samples"],
+        get("wall_seconds"),
+        get("samples_per_second"),
+        get("compressed_mb_per_second"),
+        get("first_batch_seconds") * 1e3
+    );
+    println!(
+        "decode+resize kernel: {:.0} samples/s per thread x {} threads; pipeline reaches {:.0}% of that; PSNR {:.1} dB vs full decode + Lanczos3",
+        get("kernel_samples_per_second_per_thread"),
+        spec.decode_threads,
+        100.0 * get("fraction_of_kernel_times_threads"),
+        get("psnr_vs_full_decode_lanczos_db")
+    );
+    println!(
+        "CPU: {:.2} s ({:.2} cores busy), {:.2} s decoding+resizing: {:.1}% outside decode ({:.1}% beyond the kernel's own cost); peak RSS {:.0} MB",
+        get("cpu_seconds"),
+        get("cpu_utilisation_cores"),
+        get("decode_resize_seconds"),
+        100.0 * get("cpu_share_outside_decode"),
+        100.0 * get("cpu_share_beyond_kernel"),
+        get("peak_rss_bytes") / 1e6
+    );
+    println!("{summary}");
+    Ok(())
+}
+
+/// The entitlement benchmark alternately without and with a first-byte delay
+/// on every GET, on one dataset in one process, so the ratio is not skewed
+/// by a machine that got busier between two separate runs.
+async fn compare_get_delay(
+    registry: Arc<DatasetRegistry>,
+    uri: &str,
+    spec: &EntitlementSpec,
+    s3: &s3mem::RunningS3,
+    delay: Duration,
+) -> Result<(), BenchError> {
+    let mut rates: [Vec<f64>; 2] = Default::default();
+    let mut first_batch: [Vec<f64>; 2] = Default::default();
+    for _round in 0..2 {
+        for (slot, delay) in [Duration::ZERO, delay].into_iter().enumerate() {
+            s3.state.faults.set_get_delay(delay);
+            let summary = entitlement(registry.clone(), uri, spec).await?;
+            let rate = summary["samples_per_second"].as_f64().unwrap_or(0.0);
+            let first = summary["first_batch_seconds"].as_f64().unwrap_or(0.0);
+            println!(
+                "GET delay {:>3} ms: {rate:.0} samples/s, first batch after {:.0} ms",
+                delay.as_millis(),
+                first * 1e3
+            );
+            rates[slot].push(rate);
+            first_batch[slot].push(first);
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let ratio = mean(&rates[1]) / mean(&rates[0]).max(1e-9);
+    let delay_ms = delay.as_millis();
+    println!(
+        "with {delay_ms} ms before every GET: {:.1}% of the throughput without ({:+.1}%)",
+        100.0 * ratio,
+        100.0 * (ratio - 1.0)
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "benchmark": "get_delay",
+            "get_delay_ms": delay_ms,
+            "samples_per_second_without": rates[0],
+            "samples_per_second_with": rates[1],
+            "first_batch_seconds_without": first_batch[0],
+            "first_batch_seconds_with": first_batch[1],
+            "throughput_ratio": ratio,
+        })
+    );
+    Ok(())
 }

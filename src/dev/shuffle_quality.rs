@@ -10,8 +10,10 @@
 
 use std::collections::HashSet;
 
-use super::rng::Rng;
-use super::{emitted_samples, plan_stream, EpochPosition, Partition, PlanRequest, ShuffleConfig};
+use crate::plan::rng::Rng;
+use crate::plan::{
+    emitted_samples, plan_stream, EpochPosition, Partition, PlanRequest, ShuffleConfig,
+};
 
 #[derive(Debug, Clone)]
 pub struct SortedDataset {
@@ -149,6 +151,77 @@ pub fn webdataset_order(
         out.push(pool.swap_remove(pick));
     }
     out
+}
+
+/// `shardfeed shuffle-quality`: shardfeed's order against the WebDataset
+/// recipe at world sizes 1 and 8 and two buffer sizes, as JSON lines.
+pub fn run(dataset: &SortedDataset, batch_size: u32, seed: u64) {
+    let batch = batch_size as usize;
+    let uniform = measure(dataset, &uniform_order(dataset, seed), batch);
+    let defaults = ShuffleConfig::default();
+    for world_size in [1u32, 8] {
+        for buffer in [1_000u32, defaults.buffer] {
+            let rows = [
+                (
+                    "shardfeed",
+                    defaults.interleave,
+                    shardfeed_order(
+                        dataset,
+                        ShuffleConfig { buffer, ..defaults },
+                        world_size,
+                        batch_size,
+                        seed,
+                    ),
+                ),
+                (
+                    "webdataset_recipe",
+                    1,
+                    webdataset_order(dataset, buffer as usize, world_size, seed),
+                ),
+            ];
+            for (method, interleave, order) in rows {
+                let quality = measure(dataset, &order, batch);
+                // A uniform permutation of this stream's own samples moves
+                // each by about a third of the stream.
+                let uniform_displacement = order.len() as f64 / 3.0;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "method": method,
+                        "world_size": world_size,
+                        "buffer_samples": buffer,
+                        "interleave": interleave,
+                        "samples": order.len(),
+                        "distinct_labels_per_batch": round2(quality.distinct_labels_per_batch),
+                        "distinct_vs_uniform": round3(
+                            quality.distinct_labels_per_batch / uniform.distinct_labels_per_batch
+                        ),
+                        "mean_displacement": quality.mean_displacement.round(),
+                        "displacement_vs_uniform": round3(
+                            quality.mean_displacement / uniform_displacement
+                        ),
+                    })
+                );
+            }
+        }
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "method": "uniform_permutation",
+            "samples": dataset.total(),
+            "distinct_labels_per_batch": round2(uniform.distinct_labels_per_batch),
+            "mean_displacement": uniform.mean_displacement.round(),
+        })
+    );
+}
+
+fn round2(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

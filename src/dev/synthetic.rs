@@ -1,22 +1,18 @@
-//! `shardfeed demo`: the whole path on one machine, with no account needed.
-//!
-//! Synthesizes photo-like JPEGs (gradients, shapes, texture, noise: their
-//! decode cost is realistic, unlike flat colors), writes them as WebDataset
-//! shards through aws-sdk-s3 into the in-process S3 server, indexes them,
-//! serves them over real gRPC and streams two epochs through a gRPC client.
+//! Synthetic photo-like JPEGs (gradients, shapes, texture, noise: their
+//! decode cost is realistic, unlike flat colors) packed as WebDataset shards,
+//! and published through aws-sdk-s3 into the in-memory S3 server: the data of
+//! the demo and the benchmarks.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use rayon::prelude::*;
 
-use crate::dataset::{build_index, write_index, DatasetRegistry};
-use crate::pipeline::PipelineConfig;
+use super::s3mem;
+use crate::dataset::{build_index, write_index};
 use crate::plan::rng::Rng;
-use crate::s3mem;
-use crate::server::{self, pb, LocalServer, ServiceConfig, ShardfeedService};
 use crate::shard::tar::TarWriter;
+use crate::store::read::ReadConfig;
 use crate::store::s3::S3Store;
 use crate::store::ObjectStore;
 
@@ -178,30 +174,6 @@ pub fn synthesize_shards(spec: &SyntheticSpec) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-#[derive(Debug, Clone)]
-pub struct DemoOptions {
-    pub data: SyntheticSpec,
-    pub epochs: u64,
-    pub batch_size: u32,
-    pub image_size: u32,
-    pub decode_threads: usize,
-    /// Read through a disk cache in this directory (epoch 2 then makes no GETs).
-    pub cache_dir: Option<std::path::PathBuf>,
-}
-
-impl Default for DemoOptions {
-    fn default() -> Self {
-        Self {
-            data: SyntheticSpec::default(),
-            epochs: 2,
-            batch_size: 128,
-            image_size: 224,
-            decode_threads: server::default_decode_threads(),
-            cache_dir: None,
-        }
-    }
-}
-
 /// Synthesizes `spec`'s shards, uploads them through aws-sdk-s3 into `s3`
 /// and writes their index; returns the dataset URI.
 pub async fn publish(
@@ -218,129 +190,8 @@ pub async fn publish(
             .put(&format!("{DEMO_PREFIX}{name}"), Bytes::from(tar))
             .await?;
     }
-    let read = crate::store::retry::ReadConfig::default();
-    let (index, shard_indexes) = build_index(store.clone(), DEMO_PREFIX, &read).await?;
+    let (index, shard_indexes) =
+        build_index(store.clone(), DEMO_PREFIX, &ReadConfig::default()).await?;
     write_index(store.as_ref(), DEMO_PREFIX, &index, &shard_indexes).await?;
     Ok(format!("s3://{DEMO_BUCKET}/{DEMO_PREFIX}"))
-}
-
-/// Runs the demo, printing progress and a summary to stdout.
-pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let s3 = s3mem::start(0).await?;
-    println!(
-        "S3-compatible server (in-process, in memory) at {}",
-        s3.endpoint()
-    );
-
-    let started = Instant::now();
-    let uri = publish(&s3, &options.data).await?;
-    let samples = options.data.shards * options.data.samples_per_shard;
-    println!(
-        "synthesized {samples} photo-like JPEGs (~{}x{}) in {} shards, wrote them through aws-sdk-s3 \
-         and indexed {uri} in {:.1}s",
-        options.data.width,
-        options.data.height,
-        options.data.shards,
-        started.elapsed().as_secs_f64()
-    );
-    let read = crate::store::retry::ReadConfig::default();
-    let mut registry = DatasetRegistry::new(s3.s3_config(), read);
-    if let Some(dir) = &options.cache_dir {
-        registry = registry.with_cache(crate::store::cache::DiskCache::open(
-            crate::store::cache::CacheConfig {
-                dir: dir.clone(),
-                max_bytes: u64::MAX,
-                min_free_percent: crate::store::cache::DEFAULT_MIN_FREE_PERCENT,
-                block_size: crate::store::cache::DEFAULT_BLOCK_SIZE,
-                policy: crate::store::cache::EvictionPolicy::Planned,
-                metadata_ttl: None,
-            },
-        )?);
-        println!("reading through a disk cache in {}", dir.display());
-    }
-    let registry = Arc::new(registry);
-    let service = ShardfeedService::new(
-        registry,
-        PipelineConfig::default(),
-        ServiceConfig {
-            decode_threads: options.decode_threads,
-            ..ServiceConfig::default()
-        },
-    )?;
-    let local = LocalServer::loopback(service).await?;
-    println!(
-        "shardfeed serving on {} with {} decode threads",
-        local.addr, options.decode_threads
-    );
-    let mut client = local.client().await?;
-    let described = client
-        .describe(pb::DescribeRequest {
-            dataset: uri.clone(),
-            world_size: 1,
-            batch_size: Some(options.batch_size),
-            partition: 0,
-        })
-        .await?
-        .into_inner();
-    println!(
-        "describe: {} shards, {} samples, {} batches per rank of {}",
-        described.shards, described.samples, described.batches_per_rank, options.batch_size
-    );
-
-    let mut total_samples = 0u64;
-    let mut total_seconds = 0f64;
-    let mut first_keys = Vec::new();
-    for epoch in 0..options.epochs {
-        let request = pb::StreamBatchesRequest {
-            dataset: uri.clone(),
-            seed: 0,
-            epoch,
-            world_size: 1,
-            batch_size: Some(options.batch_size),
-            height: options.image_size,
-            width: options.image_size,
-            ..Default::default()
-        };
-        let epoch_started = Instant::now();
-        let mut stream = client.stream_batches(request).await?.into_inner();
-        let (mut batches, mut epoch_samples, mut substituted, mut payload) =
-            (0u64, 0u64, 0usize, 0usize);
-        let mut first_batch = None;
-        let mut label_sum = 0i64;
-        while let Some(batch) = stream.message().await? {
-            first_batch.get_or_insert_with(|| epoch_started.elapsed());
-            if batches == 0 {
-                first_keys.push(batch.keys.first().cloned().unwrap_or_default());
-            }
-            batches += 1;
-            epoch_samples += batch.labels.len() as u64;
-            substituted += batch.substituted.len();
-            payload += batch.images.len();
-            label_sum += batch.labels.iter().sum::<i64>();
-        }
-        let seconds = epoch_started.elapsed().as_secs_f64();
-        total_samples += epoch_samples;
-        total_seconds += seconds;
-        println!(
-            "epoch {epoch}: {batches} batches, {epoch_samples} samples in {seconds:.2}s = {:.0} samples/s, \
-             {:.0} MB/s of {}x{}x3 uint8, first batch after {:.0} ms, {substituted} substituted, mean label {:.2}",
-            epoch_samples as f64 / seconds,
-            payload as f64 / seconds / 1e6,
-            options.image_size,
-            options.image_size,
-            first_batch.unwrap_or_default().as_secs_f64() * 1e3,
-            label_sum as f64 / epoch_samples.max(1) as f64,
-        );
-    }
-    let counts = &s3.state.counts;
-    println!(
-        "summary: {total_samples} samples in {total_seconds:.2}s = {:.0} samples/s; S3 served {} GETs, {:.1} MB; \
-         epochs start with {:?} (shuffled per epoch)",
-        total_samples as f64 / total_seconds.max(1e-9),
-        counts.get.load(std::sync::atomic::Ordering::Relaxed),
-        counts.get_bytes.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6,
-        first_keys,
-    );
-    local.stop().await?;
-    Ok(())
 }

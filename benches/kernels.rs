@@ -1,0 +1,129 @@
+//! Kernel benchmarks: `cargo bench --bench kernels` (add `--features
+//! turbojpeg` for the libjpeg-turbo path). Decode + resize of photo-like
+//! JPEGs, tar parsing and epoch planning, each with throughput units.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use shardfeed::decode::{default_decoder, default_decoder_name, OutputSpec, ResizeMode};
+use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
+use shardfeed::plan::{
+    emitted_samples, plan_stream, EpochPosition, Partition, PlanRequest, ShuffleConfig,
+};
+use shardfeed::shard::{ImageFormat, SampleSplitter, DEFAULT_MAX_MEMBER_BYTES};
+
+/// One shard of the demo's ~110 KB photos (500x375 on average, JPEG q90).
+fn photo_shard(samples: usize) -> Vec<u8> {
+    let spec = SyntheticSpec {
+        shards: 1,
+        samples_per_shard: samples,
+        ..SyntheticSpec::default()
+    };
+    synthesize_shards(&spec).remove(0).1
+}
+
+fn jpegs_of(shard: &[u8]) -> Vec<Vec<u8>> {
+    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
+    splitter.push(shard);
+    let mut jpegs = Vec::new();
+    while let Ok(Some(sample)) = splitter.next_sample() {
+        if let Some((ImageFormat::Jpeg, data)) = sample.image {
+            jpegs.push(data.to_vec());
+        }
+    }
+    jpegs
+}
+
+fn decode_resize(c: &mut Criterion) {
+    let jpegs = jpegs_of(&photo_shard(32));
+    let decoder = default_decoder();
+    let mut group = c.benchmark_group("decode_resize");
+    group.throughput(Throughput::Elements(jpegs.len() as u64));
+    for mode in [ResizeMode::CenterCrop, ResizeMode::Stretch] {
+        let spec = OutputSpec {
+            height: 224,
+            width: 224,
+            mode,
+        };
+        let mut out = vec![0u8; spec.bytes()];
+        group.bench_function(
+            BenchmarkId::new(default_decoder_name(), format!("{mode:?}_224")),
+            |b| {
+                b.iter(|| {
+                    for jpeg in &jpegs {
+                        let _ = decoder.decode_into(ImageFormat::Jpeg, jpeg, &spec, &mut out);
+                    }
+                    black_box(&out);
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+fn tar_parse(c: &mut Criterion) {
+    let shard = photo_shard(64);
+    let mut group = c.benchmark_group("tar_parse");
+    group.throughput(Throughput::Bytes(shard.len() as u64));
+    // Parts of 8 MiB, as the default ranged GETs deliver them, and 64 KiB.
+    for part in [8 << 20, 64 << 10] {
+        group.bench_function(BenchmarkId::new("samples", format!("part_{part}")), |b| {
+            b.iter(|| {
+                let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
+                let mut samples = 0;
+                for chunk in shard.chunks(part) {
+                    splitter.push(chunk);
+                    while let Ok(Some(_)) = splitter.next_sample() {
+                        samples += 1;
+                    }
+                }
+                while let Ok(Some(_)) = splitter.finish() {
+                    samples += 1;
+                }
+                black_box(samples)
+            })
+        });
+    }
+    group.finish();
+}
+
+fn planning(c: &mut Criterion) {
+    // ImageNet-like: 1,024 shards of ~1,250 samples, 8 ranks.
+    let shards: Vec<u64> = (0..1024).map(|i| 1_200 + (i % 100)).collect();
+    let request = PlanRequest {
+        seed: 1,
+        epoch: 3,
+        rank: 5,
+        world_size: 8,
+        batch_size: 128,
+        shuffle: ShuffleConfig::default(),
+        partition: Partition::DropLast,
+        start_batch: 0,
+        resume_from: EpochPosition::default(),
+    };
+    let mut group = c.benchmark_group("plan");
+    group.throughput(Throughput::Elements(shards.len() as u64));
+    group.bench_function("plan_stream_1024_shards", |b| {
+        b.iter(|| black_box(plan_stream(&shards, &request).unwrap().batches))
+    });
+    let plan = plan_stream(&shards, &request).unwrap();
+    group.throughput(Throughput::Elements(plan.samples()));
+    group.bench_function("schedule_one_rank_epoch", |b| {
+        b.iter(|| black_box(emitted_samples(&plan).len()))
+    });
+    let resumed = PlanRequest {
+        start_batch: plan.batches / 2,
+        ..request.clone()
+    };
+    group.throughput(Throughput::Elements(plan.samples() / 2));
+    group.bench_function("resume_mid_epoch", |b| {
+        b.iter(|| {
+            let plan = plan_stream(&shards, &resumed).unwrap();
+            black_box(plan.shard_sequence().len())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(kernels, decode_resize, tar_parse, planning);
+criterion_main!(kernels);

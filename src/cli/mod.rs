@@ -1,0 +1,593 @@
+//! The command line: clap definitions, grouped under help headings, and
+//! their conversion into the library's plain config structs. Every flag is
+//! also a `SHARDFEED_*` environment variable. clap checks ranges; what needs
+//! more than one flag is checked in `*_config`, which reports every problem
+//! at once. [`run`] carries out a parsed command.
+
+mod run;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::RangedU64ValueParser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::dataset::DatasetUri;
+use crate::engine::{self, EngineConfig};
+use crate::pipeline::{self, PipelineConfig};
+use crate::plan::{self, ShuffleConfig};
+use crate::server::{self, ListenAddr, ServiceConfig};
+use crate::store::cache::{self, CacheConfig, EvictionPolicy};
+use crate::store::read::{self, ReadConfig};
+use crate::store::retry::RetryPolicy;
+use crate::store::s3::S3Config;
+
+pub use run::run;
+
+/// What a command can fail with.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Configuration problems, all of them, reported together.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  {}", .0.join("\n  "))]
+pub struct ConfigError(pub Vec<String>);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shardfeed",
+    version,
+    about = "Streams decoded, batched images from tar shards in S3 to GPU trainers over gRPC"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format.
+    #[arg(long, global = true, env = "SHARDFEED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve batches over gRPC.
+    Serve(ServeArgs),
+    /// Scan a dataset's shards and write its index beside them.
+    Index(IndexArgs),
+    /// Fill the disk cache with a dataset ahead of training, within its size limit.
+    Warm(WarmArgs),
+    /// Exit 0 if the server at --listen reports SERVING (for probes).
+    Health(HealthArgs),
+    /// Run the whole path on a synthetic dataset in an in-process S3 server.
+    #[cfg(feature = "dev")]
+    Demo(DemoArgs),
+    /// Entitlement benchmark: fetch + parse + decode + batch for one rank, no
+    /// gRPC. With --synthetic, on a demo-like dataset in an in-process S3.
+    #[cfg(feature = "dev")]
+    Bench(BenchArgs),
+    /// Compare cache eviction policies: S3 bytes per epoch with a cache of
+    /// half the dataset (in-process S3 server). Prints JSON lines.
+    #[cfg(feature = "dev")]
+    CacheBench,
+    /// Compare shuffle quality with the WebDataset recipe on a class-sorted
+    /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
+    #[cfg(feature = "dev")]
+    ShuffleQuality(ShuffleQualityArgs),
+    /// Run an in-memory S3-compatible server for tests and benchmarks (data
+    /// is lost on exit; credentials: shardfeed-demo / shardfeed-demo-secret).
+    #[cfg(feature = "dev")]
+    DevS3(DevS3Args),
+}
+
+impl Command {
+    /// The log level when SHARDFEED_LOG is unset: servers log their life,
+    /// tools only warnings (their output is the point).
+    pub fn default_log_level(&self) -> &'static str {
+        match self {
+            Command::Serve(_) | Command::Index(_) => "info",
+            _ => "warn",
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "S3")]
+pub struct S3Args {
+    /// S3 endpoint URL (default: the AWS chain, e.g. AWS_ENDPOINT_URL).
+    #[arg(long, env = "SHARDFEED_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// Address buckets as https://endpoint/bucket (most S3-compatible servers).
+    #[arg(long, env = "SHARDFEED_S3_FORCE_PATH_STYLE")]
+    pub s3_force_path_style: bool,
+    /// Region (default: the AWS chain, then us-east-1).
+    #[arg(long, env = "SHARDFEED_S3_REGION")]
+    pub s3_region: Option<String>,
+}
+
+impl S3Args {
+    pub fn config(&self) -> S3Config {
+        S3Config {
+            endpoint: self.s3_endpoint.clone(),
+            force_path_style: self.s3_force_path_style,
+            region: self.s3_region.clone(),
+            static_credentials: None,
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Reading")]
+pub struct ReadArgs {
+    /// Bytes per ranged GET (at least 64 KiB).
+    #[arg(long, env = "SHARDFEED_PART_SIZE", default_value_t = read::DEFAULT_PART_SIZE,
+          value_parser = RangedU64ValueParser::<u64>::new().range(64 << 10..=1 << 30))]
+    pub part_size: u64,
+    /// Ranged GETs in flight per shard reader.
+    #[arg(long, env = "SHARDFEED_PARTS_IN_FLIGHT", default_value_t = read::DEFAULT_PARTS_IN_FLIGHT,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub parts_in_flight: usize,
+    /// Attempts per S3 request before the stream fails with UNAVAILABLE.
+    #[arg(long, env = "SHARDFEED_S3_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub s3_max_attempts: u32,
+    /// Seconds an S3 request may make no progress (no response, no body
+    /// bytes) before it is cancelled and retried from the byte it reached.
+    #[arg(long, env = "SHARDFEED_S3_IDLE_TIMEOUT", default_value_t = RetryPolicy::default().idle_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub s3_idle_timeout: u64,
+}
+
+impl ReadArgs {
+    pub fn read_config(&self) -> ReadConfig {
+        ReadConfig {
+            part_size: self.part_size,
+            parts_in_flight: self.parts_in_flight,
+        }
+    }
+
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: self.s3_max_attempts,
+            idle_timeout: Duration::from_secs(self.s3_idle_timeout),
+            ..RetryPolicy::default()
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Disk cache")]
+pub struct CacheArgs {
+    /// Directory of the host's shard cache (shared by every stream). Unset: no cache.
+    #[arg(long, env = "SHARDFEED_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Most bytes the cache may hold, e.g. 500G, 64Gi, 1T.
+    #[arg(long, env = "SHARDFEED_CACHE_SIZE", value_parser = parse_size, default_value = "100G")]
+    pub cache_size: u64,
+    /// Free disk space (percent of the file system) the cache always leaves.
+    #[arg(long, env = "SHARDFEED_CACHE_MIN_FREE_PERCENT", default_value_t = cache::DEFAULT_MIN_FREE_PERCENT)]
+    pub cache_min_free_percent: f64,
+    /// Eviction: `planned` (what the streams' plans need furthest ahead) or `lru`.
+    #[arg(long, env = "SHARDFEED_CACHE_POLICY", value_enum, default_value_t = PolicyArg::Planned)]
+    pub cache_policy: PolicyArg,
+    /// Seconds listings and object metadata are trusted (0: for the process's life).
+    #[arg(long, env = "SHARDFEED_METADATA_TTL", default_value_t = 0)]
+    pub metadata_ttl: u64,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    Planned,
+    Lru,
+}
+
+impl CacheArgs {
+    /// The cache's configuration; `None` without --cache-dir.
+    pub fn config(&self, problems: &mut Vec<String>) -> Option<CacheConfig> {
+        if !(0.0..100.0).contains(&self.cache_min_free_percent) {
+            problems.push("--cache-min-free-percent must be in [0, 100)".into());
+        }
+        Some(CacheConfig {
+            max_bytes: self.cache_size,
+            min_free_percent: self.cache_min_free_percent,
+            policy: match self.cache_policy {
+                PolicyArg::Planned => EvictionPolicy::Planned,
+                PolicyArg::Lru => EvictionPolicy::Lru,
+            },
+            metadata_ttl: (self.metadata_ttl > 0).then(|| Duration::from_secs(self.metadata_ttl)),
+            ..CacheConfig::new(self.cache_dir.clone()?)
+        })
+    }
+}
+
+/// Sizes like `100G` (10^9), `64Gi` (2^30) or plain bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 500G"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "ki" | "kib" => 1024.0,
+        "mi" | "mib" => 1024f64.powi(2),
+        "gi" | "gib" => 1024f64.powi(3),
+        "ti" | "tib" => 1024f64.powi(4),
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    Ok((number * scale) as u64)
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// gRPC address: host:port or unix:/path/to.sock.
+    #[arg(
+        long,
+        env = "SHARDFEED_LISTEN",
+        default_value = "127.0.0.1:50051",
+        help_heading = "Listening"
+    )]
+    pub listen: ListenAddr,
+    /// Prometheus metrics address (serves /metrics).
+    #[arg(
+        long,
+        env = "SHARDFEED_METRICS_LISTEN",
+        default_value = "127.0.0.1:9464",
+        help_heading = "Listening"
+    )]
+    pub metrics_listen: SocketAddr,
+    /// Streams open at once; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SHARDFEED_MAX_STREAMS", default_value_t = server::DEFAULT_MAX_STREAMS,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=4096), help_heading = "Listening")]
+    pub max_streams: usize,
+    /// Dataset URI prefix that may be requested (repeatable). Without any,
+    /// every dataset the pod's credentials can read may be requested.
+    #[arg(
+        long = "allow",
+        env = "SHARDFEED_ALLOW",
+        value_delimiter = ',',
+        help_heading = "Listening"
+    )]
+    pub allow: Vec<String>,
+    /// Seconds open streams may run on after SIGTERM.
+    #[arg(long, env = "SHARDFEED_SHUTDOWN_GRACE", default_value_t = server::DEFAULT_SHUTDOWN_GRACE.as_secs(),
+          help_heading = "Listening")]
+    pub shutdown_grace: u64,
+    #[command(flatten)]
+    pub s3: S3Args,
+    #[command(flatten)]
+    pub read: ReadArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
+    pub streams: StreamArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Streams")]
+pub struct StreamArgs {
+    /// Decode threads (default: one per core).
+    #[arg(long, env = "SHARDFEED_DECODE_THREADS",
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub decode_threads: Option<usize>,
+    /// Shard readers started ahead of the ones in use, per stream.
+    #[arg(long, env = "SHARDFEED_PREFETCH_SHARDS", default_value_t = pipeline::DEFAULT_PREFETCH_SHARDS,
+          value_parser = RangedU64ValueParser::<usize>::new().range(0..=64))]
+    pub prefetch_shards: usize,
+    /// Decoded batches queued per stream for the client.
+    #[arg(long, env = "SHARDFEED_READY_BATCHES", default_value_t = pipeline::DEFAULT_READY_BATCHES,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub ready_batches: usize,
+    /// Default shuffle buffer in samples (requests may override).
+    #[arg(long, env = "SHARDFEED_SHUFFLE_BUFFER", default_value_t = plan::DEFAULT_SHUFFLE_BUFFER,
+          value_parser = clap::value_parser!(u32).range(0..=plan::MAX_SHUFFLE_BUFFER as i64))]
+    pub shuffle_buffer: u32,
+    /// Default shards read at once per rank (requests may override).
+    #[arg(long, env = "SHARDFEED_INTERLEAVE", default_value_t = plan::DEFAULT_INTERLEAVE,
+          value_parser = clap::value_parser!(u32).range(1..=plan::MAX_INTERLEAVE as i64))]
+    pub interleave: u32,
+}
+
+/// Everything `shardfeed serve` runs with.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: ListenAddr,
+    pub metrics_listen: SocketAddr,
+    pub s3: S3Config,
+    pub retry: RetryPolicy,
+    pub read: ReadConfig,
+    pub cache: Option<CacheConfig>,
+    pub engine: EngineConfig,
+    pub service: ServiceConfig,
+    pub shutdown_grace: Duration,
+}
+
+impl ServeArgs {
+    pub fn config(&self) -> Result<ServeConfig, ConfigError> {
+        let mut problems = Vec::new();
+        let cache = self.cache.config(&mut problems);
+        for rule in &self.allow {
+            if let Err(error) = DatasetUri::parse(rule) {
+                problems.push(format!("--allow {rule:?}: {error}"));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError(problems));
+        }
+        Ok(ServeConfig {
+            listen: self.listen.clone(),
+            metrics_listen: self.metrics_listen,
+            s3: self.s3.config(),
+            retry: self.read.retry_policy(),
+            read: self.read.read_config(),
+            cache,
+            engine: self.streams.engine_config(self.read.read_config()),
+            service: ServiceConfig {
+                max_streams: self.max_streams,
+                allow: self.allow.clone(),
+            },
+            shutdown_grace: Duration::from_secs(self.shutdown_grace),
+        })
+    }
+}
+
+impl StreamArgs {
+    pub fn engine_config(&self, read: ReadConfig) -> EngineConfig {
+        EngineConfig {
+            pipeline: PipelineConfig {
+                read,
+                prefetch_shards: self.prefetch_shards,
+                ready_batches: self.ready_batches,
+                ..PipelineConfig::default()
+            },
+            decode_threads: self
+                .decode_threads
+                .unwrap_or_else(engine::default_decode_threads),
+            default_shuffle: ShuffleConfig {
+                enabled: true,
+                interleave: self.interleave,
+                buffer: self.shuffle_buffer,
+            },
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct IndexArgs {
+    /// s3://bucket/prefix/ or file:///abs/dir/
+    pub uri: String,
+    #[command(flatten)]
+    pub s3: S3Args,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct WarmArgs {
+    /// s3://bucket/prefix/
+    pub uri: String,
+    #[command(flatten)]
+    pub s3: S3Args,
+    #[command(flatten)]
+    pub read: ReadArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+impl WarmArgs {
+    pub fn cache_config(&self) -> Result<CacheConfig, ConfigError> {
+        let mut problems = Vec::new();
+        let config = self.cache.config(&mut problems);
+        if config.is_none() {
+            problems.push("--cache-dir is required".into());
+        }
+        match config {
+            Some(config) if problems.is_empty() => Ok(config),
+            _ => Err(ConfigError(problems)),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct HealthArgs {
+    /// The server's gRPC address (the same value it was started with).
+    #[arg(long, env = "SHARDFEED_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: ListenAddr,
+}
+
+#[cfg(feature = "dev")]
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[arg(long, default_value_t = 8, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub shards: usize,
+    #[arg(long, default_value_t = 192, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub samples_per_shard: usize,
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u64,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch_size: u32,
+    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(8..=crate::decode::MAX_SIZE as i64))]
+    pub image_size: u32,
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub decode_threads: Option<usize>,
+    /// Read through a disk cache in this directory.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[cfg(feature = "dev")]
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// s3://bucket/prefix/ or file:///abs/dir/ (omit with --synthetic).
+    pub uri: Option<String>,
+    /// Benchmark a synthetic photo-like dataset served from memory.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Synthetic dataset: shards and samples per shard.
+    #[arg(long, default_value_t = 16)]
+    pub shards: usize,
+    #[arg(long, default_value_t = 256)]
+    pub samples_per_shard: usize,
+    /// Synthetic dataset: delay before every GET response, like S3's time to first byte.
+    #[arg(long, default_value_t = 0)]
+    pub get_delay_ms: u64,
+    /// Synthetic dataset: run twice without and twice with this GET delay,
+    /// alternating, and print the throughput ratio.
+    #[arg(long)]
+    pub compare_get_delay_ms: Option<u64>,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch_size: u32,
+    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(8..=crate::decode::MAX_SIZE as i64))]
+    pub image_size: u32,
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub decode_threads: Option<usize>,
+    /// Stop after this many batches (0: one whole epoch).
+    #[arg(long, default_value_t = 0)]
+    pub max_batches: u64,
+    #[command(flatten)]
+    pub s3: S3Args,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+#[cfg(feature = "dev")]
+impl BenchArgs {
+    pub fn source(&self) -> Result<crate::dev::bench::BenchSource, ConfigError> {
+        use crate::dev::bench::BenchSource;
+        let mut problems = Vec::new();
+        if self.synthetic == self.uri.is_some() {
+            problems.push("give either a dataset URI or --synthetic".to_string());
+        }
+        if self.compare_get_delay_ms.is_some() && !self.synthetic {
+            problems.push("--compare-get-delay-ms needs --synthetic".into());
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError(problems));
+        }
+        Ok(match &self.uri {
+            Some(uri) => BenchSource::Uri {
+                uri: uri.clone(),
+                s3: self.s3.config(),
+            },
+            None => BenchSource::Synthetic {
+                data: crate::dev::synthetic::SyntheticSpec {
+                    shards: self.shards,
+                    samples_per_shard: self.samples_per_shard,
+                    ..Default::default()
+                },
+                get_delay: Duration::from_millis(self.get_delay_ms),
+                compare_get_delay: self.compare_get_delay_ms.map(Duration::from_millis),
+            },
+        })
+    }
+
+    pub fn spec(&self) -> crate::dev::bench::EntitlementSpec {
+        crate::dev::bench::EntitlementSpec {
+            batch_size: self.batch_size,
+            image_size: self.image_size,
+            decode_threads: self
+                .decode_threads
+                .unwrap_or_else(engine::default_decode_threads),
+            pipeline: PipelineConfig {
+                read: self.read.read_config(),
+                ..PipelineConfig::default()
+            },
+            max_batches: self.max_batches,
+        }
+    }
+}
+
+#[cfg(feature = "dev")]
+#[derive(Args, Debug)]
+pub struct ShuffleQualityArgs {
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub classes: u32,
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub samples_per_class: u64,
+    /// Shards hold 1-2 classes when this is at most samples_per_class.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub samples_per_shard: u64,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[cfg(feature = "dev")]
+#[derive(Args, Debug)]
+pub struct DevS3Args {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Delay before every GET response, like S3's time to first byte.
+    #[arg(long, default_value_t = 0)]
+    pub get_delay_ms: u64,
+    /// Fail every Nth GET with 503 SlowDown, as a throttled bucket does (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub slow_down_every: u64,
+    /// Publish the demo's synthetic photo dataset (this many shards) before
+    /// listening, so benchmarks elsewhere read the same data as `shardfeed bench --synthetic`.
+    #[arg(long, default_value_t = 0)]
+    pub synthetic_shards: usize,
+    #[arg(long, default_value_t = crate::dev::synthetic::SyntheticSpec::default().samples_per_shard)]
+    pub samples_per_shard: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_decimal_and_binary_units() {
+        assert_eq!(parse_size("500G"), Ok(500_000_000_000));
+        assert_eq!(parse_size("64Gi"), Ok(64 << 30));
+        assert_eq!(parse_size("1.5k"), Ok(1500));
+        assert_eq!(parse_size("123"), Ok(123));
+        assert!(parse_size("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn clap_checks_ranges_and_config_reports_every_problem() {
+        use clap::Parser;
+        let parse = |args: &[&str]| Cli::try_parse_from(["shardfeed", "serve"].iter().chain(args));
+        assert!(parse(&["--parts-in-flight", "0"]).is_err());
+        assert!(parse(&["--part-size", "1024"]).is_err());
+        assert!(parse(&["--interleave", "0"]).is_err());
+        assert!(parse(&["--listen", "nowhere"]).is_err());
+        let Command::Serve(args) = parse(&[
+            "--cache-dir",
+            "/tmp/x",
+            "--cache-min-free-percent",
+            "120",
+            "--allow",
+            "ftp://x",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not serve");
+        };
+        let error = args.config().unwrap_err();
+        assert_eq!(error.0.len(), 2, "{error}");
+        let Command::Serve(args) = parse(&["--listen", "unix:/run/sf.sock"]).unwrap().command
+        else {
+            panic!("not serve");
+        };
+        let config = args.config().unwrap();
+        assert_eq!(config.listen, ListenAddr::Unix("/run/sf.sock".into()));
+        assert_eq!(
+            config.engine.pipeline.prefetch_shards,
+            pipeline::DEFAULT_PREFETCH_SHARDS
+        );
+    }
+}

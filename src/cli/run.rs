@@ -1,0 +1,225 @@
+//! Carries out a parsed command by calling into the library.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use super::{CliError, Command, IndexArgs, ServeArgs, WarmArgs};
+use crate::dataset::{build_index, write_index, DatasetRegistry, DatasetUri, INDEX_DIR};
+use crate::engine::{warm, Engine};
+use crate::server::{self, Listener, ShardfeedService};
+use crate::store::cache::DiskCache;
+
+/// Runs `command` to completion.
+pub async fn run(command: Command) -> Result<(), CliError> {
+    match command {
+        Command::Serve(args) => serve(args).await,
+        Command::Index(args) => index(args).await,
+        Command::Warm(args) => warm_cache(args).await,
+        Command::Health(args) => {
+            if server::check_health(&args.listen).await? {
+                Ok(())
+            } else {
+                Err(format!("{} is not SERVING", args.listen).into())
+            }
+        }
+        #[cfg(feature = "dev")]
+        Command::Demo(args) => {
+            use crate::dev::demo::DemoOptions;
+            let defaults = DemoOptions::default();
+            crate::dev::demo::run(DemoOptions {
+                data: crate::dev::synthetic::SyntheticSpec {
+                    shards: args.shards,
+                    samples_per_shard: args.samples_per_shard,
+                    ..defaults.data
+                },
+                epochs: args.epochs,
+                batch_size: args.batch_size,
+                image_size: args.image_size,
+                decode_threads: args.decode_threads.unwrap_or(defaults.decode_threads),
+                cache_dir: args.cache_dir,
+            })
+            .await
+        }
+        #[cfg(feature = "dev")]
+        Command::Bench(args) => crate::dev::bench::run(args.source()?, &args.spec()).await,
+        #[cfg(feature = "dev")]
+        Command::CacheBench => {
+            crate::dev::bench::cache_policy(&crate::dev::bench::CacheBenchSpec::default()).await
+        }
+        #[cfg(feature = "dev")]
+        Command::ShuffleQuality(args) => {
+            let dataset = crate::dev::shuffle_quality::SortedDataset {
+                classes: args.classes,
+                samples_per_class: args.samples_per_class,
+                samples_per_shard: args.samples_per_shard,
+            };
+            crate::dev::shuffle_quality::run(&dataset, args.batch_size, args.seed);
+            Ok(())
+        }
+        #[cfg(feature = "dev")]
+        Command::DevS3(args) => dev_s3(args).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    let config = args.config()?;
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(config.metrics_listen)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+            crate::metrics::SECONDS_BUCKETS,
+        )?
+        .install()
+        .map_err(|e| {
+            format!(
+                "starting the metrics listener on {}: {e}",
+                config.metrics_listen
+            )
+        })?;
+    crate::metrics::describe();
+
+    let mut registry = DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read);
+    if let Some(cache) = config.cache.clone() {
+        registry = registry.with_cache(DiskCache::open(cache)?);
+    }
+    let engine = Engine::new(Arc::new(registry), config.engine.clone())
+        .map_err(|e| format!("starting the decode pool: {e}"))?;
+    let service = ShardfeedService::new(engine, config.service.clone());
+    let listener = Listener::bind(&config.listen).await?;
+    tracing::info!(
+        listen = %listener.local_addr(),
+        metrics = %config.metrics_listen,
+        decode_threads = config.engine.decode_threads,
+        max_streams = config.service.max_streams,
+        allow = ?config.service.allow,
+        "shardfeed serving"
+    );
+    server::serve(listener, service, shutdown_signal(), config.shutdown_grace).await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, never start shutdown from here.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(1);
+    });
+}
+
+async fn index(args: IndexArgs) -> Result<(), CliError> {
+    let uri = DatasetUri::parse(&args.uri)?;
+    let registry = DatasetRegistry::new(
+        args.s3.config(),
+        args.read.retry_policy(),
+        args.read.read_config(),
+    );
+    let (store, prefix) = registry.store_for(&uri).await;
+    let started = std::time::Instant::now();
+    let (index, shard_indexes) =
+        build_index(store.clone(), &prefix, registry.read_config()).await?;
+    write_index(store.as_ref(), &prefix, &index, &shard_indexes).await?;
+    println!(
+        "indexed {}: {} shards, {} samples, {:.1} MB in {:.1}s; wrote {}",
+        args.uri,
+        index.shards.len(),
+        index.samples(),
+        index.bytes() as f64 / 1e6,
+        started.elapsed().as_secs_f64(),
+        store.location(&format!("{prefix}{INDEX_DIR}")),
+    );
+    Ok(())
+}
+
+async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
+    let cache_config = args.cache_config()?;
+    let cache = DiskCache::open(cache_config)?;
+    let registry = DatasetRegistry::new(
+        args.s3.config(),
+        args.read.retry_policy(),
+        args.read.read_config(),
+    )
+    .with_cache(cache.clone());
+    let started = std::time::Instant::now();
+    let report = warm::warm(
+        &registry,
+        &args.uri,
+        &args.read.read_config(),
+        |done, total| {
+            let seconds = started.elapsed().as_secs_f64().max(1e-9);
+            eprint!(
+                "\rwarming {}: {:>5.1}% of {:.2} GB, {:.0} MB/s   ",
+                args.uri,
+                100.0 * done as f64 / total.max(1) as f64,
+                total as f64 / 1e9,
+                done as f64 / seconds / 1e6
+            );
+            let _ = std::io::stderr().flush();
+        },
+    )
+    .await?;
+    eprintln!();
+    if report.complete() {
+        println!(
+            "all {} shards cached ({:.1} MB) in {} after {:.1}s",
+            report.total_shards,
+            report.total_bytes as f64 / 1e6,
+            cache.config().dir.display(),
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        println!(
+            "cache full: {} of {} shards cached ({:.1} MB in {}); the rest is read from S3 during training",
+            report.cached_shards,
+            report.total_shards,
+            report.cache_used_bytes as f64 / 1e6,
+            cache.config().dir.display(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(feature = "dev")]
+async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let server = crate::dev::s3mem::start_on(args.listen)
+        .await
+        .map_err(|e| format!("listening on {}: {e}", args.listen))?;
+    if args.synthetic_shards > 0 {
+        let spec = crate::dev::synthetic::SyntheticSpec {
+            shards: args.synthetic_shards,
+            samples_per_shard: args.samples_per_shard,
+            ..Default::default()
+        };
+        let uri = crate::dev::synthetic::publish(&server, &spec).await?;
+        eprintln!("published {uri}");
+    }
+    // Faults start after publishing, which goes through the same server.
+    let faults = &server.state.faults;
+    faults.set_get_delay(Duration::from_millis(args.get_delay_ms));
+    faults
+        .slow_down_every
+        .store(args.slow_down_every, Ordering::Relaxed);
+    // Tests read this line to learn the port.
+    println!("listening on {}", server.endpoint());
+    std::io::stdout().flush()?;
+    shutdown_signal().await;
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! Development tooling, behind the `dev` cargo feature (on by default, off
+//! in the container image): the in-memory S3-compatible server with scripted
+//! faults, synthetic photo datasets, the demo and the benchmarks. The
+//! sidecar never links any of it.
+
+pub mod bench;
+pub mod demo;
+pub mod kernel;
+pub mod s3mem;
+pub mod shuffle_quality;
+pub mod synthetic;

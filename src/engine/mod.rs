@@ -1,0 +1,205 @@
+//! The engine: what every stream on the host shares, and the one way to
+//! turn a validated request into a stream of batches.
+//!
+//! An [`Engine`] owns the dataset registry (opened datasets and their
+//! indexes, the stores, the disk cache), the decoder and its decode pool
+//! (one rayon pool sized to the cores, shared by all streams), and the
+//! plan-driven cache hints. It plans each stream, tells the cache which
+//! shards the stream reads this epoch and the next, and starts the stream's
+//! pipeline. It knows nothing of protobuf or gRPC: the server translates
+//! requests into [`StreamRequest`]s and errors into statuses.
+
+pub mod warm;
+
+use std::sync::Arc;
+
+use crate::dataset::{DatasetError, DatasetRegistry};
+use crate::decode::{self, Decoder, OutputSpec};
+use crate::metrics::StreamMetrics;
+use crate::pipeline::{self, BatchReceiver, CacheHints, PipelineConfig, StreamContext};
+use crate::plan::{
+    self, EpochCounts, Partition, PlanError, PlanRequest, ShuffleConfig, StreamPlan,
+};
+
+/// Decode threads when none are configured: one per core.
+pub fn default_decode_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub pipeline: PipelineConfig,
+    /// Threads of the decode pool shared by every stream.
+    pub decode_threads: usize,
+    /// Shuffle settings for requests that leave them unset.
+    pub default_shuffle: ShuffleConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            pipeline: PipelineConfig::default(),
+            decode_threads: default_decode_threads(),
+            default_shuffle: ShuffleConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Dataset(#[from] DatasetError),
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+}
+
+/// One stream to open: a dataset, its plan request and the output images.
+#[derive(Debug, Clone)]
+pub struct StreamRequest {
+    pub dataset: String,
+    pub plan: PlanRequest,
+    pub output: OutputSpec,
+}
+
+/// A started stream: its batches, in order, and what they were planned from.
+pub struct OpenStream {
+    /// Dropping it stops the stream and frees its resources.
+    pub batches: BatchReceiver,
+    pub plan: Arc<StreamPlan>,
+    pub metrics: StreamMetrics,
+    /// The stream's tracing span (dataset, rank, world size, epoch).
+    pub span: tracing::Span,
+}
+
+/// What `describe` tells about a dataset at a world size and batch size.
+#[derive(Debug, Clone, Copy)]
+pub struct DatasetSummary {
+    pub shards: u64,
+    pub total_bytes: u64,
+    pub counts: EpochCounts,
+}
+
+#[derive(Debug)]
+pub struct Engine {
+    registry: Arc<DatasetRegistry>,
+    config: EngineConfig,
+    pool: Arc<rayon::ThreadPool>,
+    decoder: Arc<dyn Decoder>,
+}
+
+impl Engine {
+    /// An engine with the default decoder (libjpeg-turbo when built in).
+    pub fn new(registry: Arc<DatasetRegistry>, config: EngineConfig) -> std::io::Result<Self> {
+        Self::with_decoder(registry, config, decode::default_decoder())
+    }
+
+    pub fn with_decoder(
+        registry: Arc<DatasetRegistry>,
+        config: EngineConfig,
+        decoder: Arc<dyn Decoder>,
+    ) -> std::io::Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.decode_threads.max(1))
+            .thread_name(|i| format!("shardfeed-decode-{i}"))
+            .build()
+            .map_err(std::io::Error::other)?;
+        Ok(Self {
+            registry,
+            config,
+            pool: Arc::new(pool),
+            decoder,
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn registry(&self) -> &Arc<DatasetRegistry> {
+        &self.registry
+    }
+
+    /// Plans the stream and starts its pipeline; batches arrive on the
+    /// returned receiver.
+    pub async fn open_stream(&self, request: StreamRequest) -> Result<OpenStream, EngineError> {
+        let dataset = self.registry.open(&request.dataset).await?;
+        let shard_samples = dataset.shard_samples();
+        let plan = Arc::new(plan::plan_stream(&shard_samples, &request.plan)?);
+        let span = tracing::info_span!(
+            "stream",
+            dataset = %request.dataset,
+            rank = request.plan.rank,
+            world_size = request.plan.world_size,
+            epoch = request.plan.epoch,
+        );
+        span.in_scope(|| {
+            tracing::info!(
+                batches = plan.batches,
+                start_batch = plan.first_batch,
+                "stream started"
+            )
+        });
+        let cache_hints = self.registry.cache().map(|cache| {
+            // The shards this stream reads, in order, this epoch and the next:
+            // both pure functions of the request, so eviction can look ahead.
+            let mut sequence = plan.shard_sequence();
+            match plan::next_epoch_shard_sequence(&shard_samples, &request.plan) {
+                Ok(next) => sequence.extend(next),
+                Err(error) => tracing::debug!(%error, "no next-epoch hints"),
+            }
+            let locations = sequence
+                .into_iter()
+                .map(|shard| dataset.store.location(&dataset.shard_key(shard)))
+                .collect();
+            let stream = crate::store::cache::stream_key(
+                &request.dataset,
+                request.plan.seed,
+                request.plan.rank,
+                request.plan.world_size,
+            );
+            cache.announce(&stream, locations);
+            CacheHints {
+                cache: cache.clone(),
+                stream,
+            }
+        });
+        let metrics = StreamMetrics::new(request.plan.rank);
+        let batches = pipeline::spawn_stream(
+            StreamContext {
+                dataset,
+                plan: plan.clone(),
+                spec: request.output,
+                config: self.config.pipeline.clone(),
+                pool: self.pool.clone(),
+                decoder: self.decoder.clone(),
+                cache_hints,
+                metrics: metrics.clone(),
+            },
+            span.clone(),
+        );
+        Ok(OpenStream {
+            batches,
+            plan,
+            metrics,
+            span,
+        })
+    }
+
+    /// Sizes of `dataset` and its epoch counts at this world and batch size.
+    pub async fn describe(
+        &self,
+        dataset: &str,
+        world_size: u32,
+        batch_size: u32,
+        partition: Partition,
+    ) -> Result<DatasetSummary, EngineError> {
+        let dataset = self.registry.open(dataset).await?;
+        let counts =
+            plan::epoch_counts(dataset.index.samples(), world_size, batch_size, partition)?;
+        Ok(DatasetSummary {
+            shards: dataset.index.shards.len() as u64,
+            total_bytes: dataset.index.bytes(),
+            counts,
+        })
+    }
+}

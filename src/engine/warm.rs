@@ -1,0 +1,89 @@
+//! Cache warming: fills the host's disk cache with a dataset ahead of
+//! training, shard by shard, and stops at the size limit rather than evict
+//! what it just cached.
+
+use futures::StreamExt;
+
+use crate::dataset::{DatasetError, DatasetRegistry};
+use crate::store::read::{read_parts, ReadConfig};
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    #[error("warming needs a disk cache (--cache-dir)")]
+    NoCache,
+    #[error("{0}")]
+    Dataset(#[from] DatasetError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+/// How a warm run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarmReport {
+    /// Shards now wholly cached.
+    pub cached_shards: usize,
+    pub total_shards: usize,
+    pub total_bytes: u64,
+    /// Bytes the cache holds now (all datasets).
+    pub cache_used_bytes: u64,
+}
+
+impl WarmReport {
+    /// False when the cache filled up before the last shard.
+    pub fn complete(&self) -> bool {
+        self.cached_shards == self.total_shards
+    }
+}
+
+/// Reads every shard of `uri` through the registry's cache until all are
+/// cached or the next would need an eviction. `progress(done, total)` is
+/// called with bytes after each part.
+pub async fn warm(
+    registry: &DatasetRegistry,
+    uri: &str,
+    read: &ReadConfig,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<WarmReport, WarmError> {
+    let cache = registry.cache().ok_or(WarmError::NoCache)?.clone();
+    let dataset = registry.open(uri).await?;
+    let total_bytes = dataset.index.bytes();
+    let mut report = WarmReport {
+        cached_shards: 0,
+        total_shards: dataset.index.shards.len(),
+        total_bytes,
+        cache_used_bytes: 0,
+    };
+    let mut done = 0u64;
+    for (shard, entry) in dataset.index.shards.iter().enumerate() {
+        let key = dataset.shard_key(shard as u32);
+        let location = dataset.store.location(&key);
+        let cached = entry
+            .etag
+            .as_deref()
+            .map_or(0, |etag| cache.cached_bytes(&location, etag));
+        if cached >= entry.size {
+            // Already cached (an earlier warm, or the index scan just now).
+            done += entry.size;
+            report.cached_shards += 1;
+            continue;
+        }
+        if !cache.fits_without_eviction(entry.size - cached) {
+            break;
+        }
+        let mut parts = std::pin::pin!(read_parts(
+            dataset.store.clone(),
+            key,
+            0..entry.size,
+            entry.etag.clone(),
+            read,
+        ));
+        while let Some(part) = parts.next().await {
+            done += part?.1.len() as u64;
+            progress(done, total_bytes);
+        }
+        report.cached_shards += 1;
+    }
+    report.cache_used_bytes = cache.used_bytes();
+    Ok(report)
+}

@@ -1,0 +1,269 @@
+//! Listening and lifecycle: where the server listens (TCP or a Unix
+//! socket), the tonic server with its HTTP/2 settings and health service,
+//! and graceful shutdown (NOT_SERVING, drain, grace period).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::client::connect;
+use super::pb::shardfeed_server::ShardfeedServer;
+use super::service::ShardfeedService;
+use super::{pb, CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
+
+/// Where the gRPC server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        if let Some(path) = value
+            .strip_prefix("unix://")
+            .or_else(|| value.strip_prefix("unix:"))
+        {
+            if path.is_empty() {
+                return Err("unix socket path is empty".into());
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        value
+            .parse()
+            .map(Self::Tcp)
+            .map_err(|e| format!("{value:?} is neither host:port nor unix:/path ({e})"))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(addr) => write!(f, "{addr}"),
+            ListenAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// A bound listener, so callers (tests, the demo) learn the real port first.
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+impl Listener {
+    pub async fn bind(addr: &ListenAddr) -> Result<Self, ServeError> {
+        let bind_error = |source| ServeError::Bind {
+            addr: addr.to_string(),
+            source,
+        };
+        match addr {
+            ListenAddr::Tcp(socket) => Ok(Self::Tcp(
+                tokio::net::TcpListener::bind(socket)
+                    .await
+                    .map_err(bind_error)?,
+            )),
+            ListenAddr::Unix(path) => {
+                // A socket file left by a previous run would make bind fail.
+                if std::fs::symlink_metadata(path).is_ok() {
+                    std::fs::remove_file(path).map_err(bind_error)?;
+                }
+                Ok(Self::Unix(
+                    tokio::net::UnixListener::bind(path).map_err(bind_error)?,
+                    path.clone(),
+                ))
+            }
+        }
+    }
+
+    pub fn local_addr(&self) -> ListenAddr {
+        match self {
+            Listener::Tcp(listener) => ListenAddr::Tcp(
+                listener
+                    .local_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0))),
+            ),
+            Listener::Unix(_, path) => ListenAddr::Unix(path.clone()),
+        }
+    }
+}
+
+/// How long open streams may run on after shutdown starts.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Serves until `shutdown` resolves, then drains: reports NOT_SERVING, refuses
+/// new streams, lets each open stream send its batch in flight and end with
+/// UNAVAILABLE (and a resume hint), and after `grace` ends whatever is left.
+pub async fn serve(
+    listener: Listener,
+    service: ShardfeedService,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<(), ServeError> {
+    let shutdown_handle = service.shutdown_handle();
+    // Our receive windows (client requests are small; these matter when the
+    // server is reached through a proxy that also streams to us).
+    let window = DEFAULT_STREAM_WINDOW_BYTES;
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<ShardfeedServer<ShardfeedService>>()
+        .await;
+    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain_started = async move {
+        let _ = drain_rx.await;
+    };
+    let router = tonic::transport::Server::builder()
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window.saturating_mul(CONNECTION_WINDOWS_PER_STREAM))
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .tcp_nodelay(true)
+        .add_service(health_service)
+        .add_service(service.into_server());
+    let server = async move {
+        match listener {
+            Listener::Tcp(listener) => {
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                router
+                    .serve_with_incoming_shutdown(incoming, drain_started)
+                    .await
+            }
+            Listener::Unix(listener, _) => {
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                router
+                    .serve_with_incoming_shutdown(incoming, drain_started)
+                    .await
+            }
+        }
+    };
+    let mut server = std::pin::pin!(server);
+    tokio::select! {
+        result = &mut server => return result.map_err(ServeError::from),
+        () = shutdown => {}
+    }
+    // Drain: report NOT_SERVING (probes and new connections still get
+    // answers), refuse new streams, let open ones send their batch in flight.
+    tracing::info!(
+        grace_seconds = grace.as_secs_f64(),
+        open_streams = shutdown_handle.open_streams(),
+        "shutting down: NOT_SERVING, draining open streams"
+    );
+    health_reporter
+        .set_not_serving::<ShardfeedServer<ShardfeedService>>()
+        .await;
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    shutdown_handle.drain.cancel();
+    // Every open stream holds a token of the tracker: once closed, `wait`
+    // resolves when the last one is dropped.
+    shutdown_handle.open.close();
+    tokio::select! {
+        result = &mut server => return result.map_err(ServeError::from),
+        drained = tokio::time::timeout(grace, shutdown_handle.open.wait()) => {
+            if drained.is_err() {
+                tracing::warn!(
+                    open_streams = shutdown_handle.open_streams(),
+                    "grace period over; ending the streams still open"
+                );
+                shutdown_handle.abort.cancel();
+            }
+        }
+    }
+    // Let the final statuses reach the clients, then close connections.
+    let _ = drain_tx.send(());
+    match tokio::time::timeout(Duration::from_secs(2), &mut server).await {
+        Ok(result) => result.map_err(ServeError::from),
+        Err(_) => Ok(()),
+    }
+}
+
+/// A server on a local listener, run in this process: the one in-process
+/// server of the demo, the benchmarks and the tests.
+pub struct LocalServer {
+    pub addr: ListenAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl LocalServer {
+    /// On an ephemeral loopback port, with a one-second drain: the in-process
+    /// server the demo and the benchmarks stream through.
+    pub async fn loopback(service: ShardfeedService) -> Result<Self, ServeError> {
+        Self::start(
+            service,
+            &ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
+            Duration::from_secs(1),
+        )
+        .await
+    }
+
+    pub async fn start(
+        service: ShardfeedService,
+        listen: &ListenAddr,
+        grace: Duration,
+    ) -> Result<Self, ServeError> {
+        let listener = Listener::bind(listen).await?;
+        let addr = listener.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(
+            listener,
+            service,
+            async move {
+                let _ = stopped.await;
+            },
+            grace,
+        ));
+        Ok(Self {
+            addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// A client with message limits raised for whole batches.
+    pub async fn client(
+        &self,
+    ) -> Result<
+        pb::shardfeed_client::ShardfeedClient<tonic::transport::Channel>,
+        tonic::transport::Error,
+    > {
+        Ok(
+            pb::shardfeed_client::ShardfeedClient::new(connect(&self.addr).await?)
+                .max_decoding_message_size(usize::MAX),
+        )
+    }
+
+    /// Starts shutdown (as SIGTERM would) without waiting for it.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Shuts down (draining) and waits for the server to finish.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        self.begin_shutdown();
+        (&mut self.task)
+            .await
+            .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
+    }
+}

@@ -1,0 +1,440 @@
+//! The `shardfeed.v1.Shardfeed` service: checks and translates requests into
+//! the engine's types, admits streams (`--allow`, `--max-streams`, drain),
+//! and turns the engine's batches into protobuf messages with stall
+//! accounting. No plan, pipeline or cache logic lives here.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures::Stream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status};
+
+use super::pb::shardfeed_server::{Shardfeed, ShardfeedServer};
+use super::status::ServiceError;
+use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES};
+use crate::decode::{self, OutputSpec, ResizeMode};
+use crate::engine::{Engine, StreamRequest};
+use crate::metrics::{self, ActiveStream, StreamMetrics};
+use crate::pipeline::{BatchReceiver, DecodedBatch};
+use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig, StreamPlan};
+
+/// Settings of the service itself (the engine has its own).
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    pub max_streams: usize,
+    /// Dataset URI prefixes that may be requested; empty allows any.
+    pub allow: Vec<String>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            max_streams: DEFAULT_MAX_STREAMS,
+            allow: Vec::new(),
+        }
+    }
+}
+
+/// Whether `--allow` rule `rule` admits `dataset`. A rule without a trailing
+/// slash still ends at a path boundary: `s3://b/train` admits
+/// `s3://b/train/x/` but not `s3://b/training/`.
+pub fn rule_allows(rule: &str, dataset: &str) -> bool {
+    let dataset = dataset.trim_end_matches('/');
+    let rule_dir = rule.trim_end_matches('/');
+    dataset == rule_dir
+        || dataset
+            .strip_prefix(rule_dir)
+            .is_some_and(|rest| rest.starts_with('/'))
+        || (rule.ends_with("://") && dataset.starts_with(rule))
+}
+
+#[derive(Debug)]
+pub struct ShardfeedService {
+    engine: Arc<Engine>,
+    config: ServiceConfig,
+    streams: Arc<Semaphore>,
+    shutdown: ShutdownHandle,
+}
+
+/// Lets `serve` drain the service: `drain` makes streams end after the batch
+/// in flight, `abort` ends them at once (grace period over), and `open`
+/// tracks the streams still open: each holds a token until it is dropped.
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle {
+    pub(super) drain: CancellationToken,
+    pub(super) abort: CancellationToken,
+    pub(super) open: TaskTracker,
+}
+
+impl ShutdownHandle {
+    pub fn open_streams(&self) -> usize {
+        self.open.len()
+    }
+}
+
+impl ShardfeedService {
+    pub fn new(engine: Engine, config: ServiceConfig) -> Self {
+        Self {
+            engine: Arc::new(engine),
+            streams: Arc::new(Semaphore::new(config.max_streams)),
+            shutdown: ShutdownHandle {
+                drain: CancellationToken::new(),
+                abort: CancellationToken::new(),
+                open: TaskTracker::new(),
+            },
+            config,
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    pub fn into_server(self) -> ShardfeedServer<Self> {
+        ShardfeedServer::new(self)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(4 << 20)
+    }
+
+    fn check_allowed(&self, dataset: &str) -> Result<(), ServiceError> {
+        if self.config.allow.is_empty()
+            || self
+                .config
+                .allow
+                .iter()
+                .any(|rule| rule_allows(rule, dataset))
+        {
+            Ok(())
+        } else {
+            Err(ServiceError::NotAllowed {
+                dataset: dataset.to_string(),
+                rules: self.config.allow.clone(),
+            })
+        }
+    }
+
+    /// The engine's request for a `StreamBatches` call.
+    fn stream_request(
+        &self,
+        request: &pb::StreamBatchesRequest,
+    ) -> Result<StreamRequest, ServiceError> {
+        let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
+        let world_size = request.world_size.max(1);
+        let height = nonzero_or(request.height, decode::DEFAULT_SIZE);
+        let width = nonzero_or(request.width, decode::DEFAULT_SIZE);
+        if height > decode::MAX_SIZE || width > decode::MAX_SIZE {
+            return Err(ServiceError::InvalidArgument(format!(
+                "output size {height}x{width} exceeds the maximum side of {}",
+                decode::MAX_SIZE
+            )));
+        }
+        let output = OutputSpec {
+            height,
+            width,
+            mode: match pb::ResizeMode::try_from(request.resize) {
+                Ok(pb::ResizeMode::CenterCrop) => ResizeMode::CenterCrop,
+                Ok(pb::ResizeMode::Stretch) => ResizeMode::Stretch,
+                Err(_) => {
+                    return Err(ServiceError::InvalidArgument(format!(
+                        "unknown resize mode {}",
+                        request.resize
+                    )))
+                }
+            },
+        };
+        if output.bytes() as u64 * u64::from(batch_size) > MAX_BATCH_BYTES {
+            return Err(ServiceError::InvalidArgument(format!(
+                "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
+            )));
+        }
+        let defaults = self.engine.config().default_shuffle;
+        let shuffle = ShuffleConfig {
+            enabled: request.shuffle.unwrap_or(true),
+            interleave: nonzero_or(request.interleave, defaults.interleave),
+            buffer: nonzero_or(request.shuffle_buffer, defaults.buffer),
+        };
+        let resume_from = EpochPosition {
+            phases: request
+                .resume_from
+                .as_ref()
+                .map(|position| {
+                    position
+                        .segments
+                        .iter()
+                        .map(|s| Phase {
+                            world_size: s.world_size,
+                            batches: s.batches,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        Ok(StreamRequest {
+            dataset: request.dataset.clone(),
+            plan: PlanRequest {
+                seed: request.seed,
+                epoch: request.epoch,
+                rank: request.rank,
+                world_size,
+                batch_size,
+                shuffle,
+                partition: partition(request.partition)?,
+                start_batch: request.start_batch,
+                resume_from,
+            },
+            output,
+        })
+    }
+
+    async fn start_stream(
+        &self,
+        request: pb::StreamBatchesRequest,
+    ) -> Result<BatchStream, ServiceError> {
+        if self.shutdown.drain.is_cancelled() {
+            return Err(ServiceError::Draining);
+        }
+        self.check_allowed(&request.dataset)?;
+        let request = self.stream_request(&request)?;
+        let permit = self
+            .streams
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ServiceError::TooManyStreams(self.config.max_streams))?;
+        let epoch = request.plan.epoch;
+        let next_index = request.plan.start_batch;
+        let output = request.output;
+        let stream = self.engine.open_stream(request).await?;
+        Ok(BatchStream {
+            receiver: stream.batches,
+            plan: stream.plan,
+            output,
+            epoch,
+            metrics: stream.metrics,
+            waiting_since: None,
+            next_index,
+            drain: Box::pin(self.shutdown.drain.clone().cancelled_owned()),
+            abort: Box::pin(self.shutdown.abort.clone().cancelled_owned()),
+            draining: false,
+            sent_since_drain: false,
+            finished: false,
+            span: stream.span,
+            _active: ActiveStream::open(),
+            _open: self.shutdown.open.token(),
+            _permit: permit,
+        })
+    }
+}
+
+fn nonzero_or(value: u32, default: u32) -> u32 {
+    if value == 0 {
+        default
+    } else {
+        value
+    }
+}
+
+fn partition(value: i32) -> Result<Partition, ServiceError> {
+    match pb::Partition::try_from(value) {
+        Ok(pb::Partition::DropLast) => Ok(Partition::DropLast),
+        Ok(pb::Partition::Pad) => Ok(Partition::Pad),
+        Err(_) => Err(ServiceError::InvalidArgument(format!(
+            "unknown partition {value}"
+        ))),
+    }
+}
+
+/// The response stream of one `StreamBatches` call.
+pub struct BatchStream {
+    receiver: BatchReceiver,
+    plan: Arc<StreamPlan>,
+    output: OutputSpec,
+    epoch: u64,
+    metrics: StreamMetrics,
+    /// Set when the client asked for a batch that was not ready.
+    waiting_since: Option<Instant>,
+    /// Index of the next batch to send (for the resume hint on drain).
+    next_index: u64,
+    drain: Pin<Box<WaitForCancellationFutureOwned>>,
+    abort: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Draining: send the batch in flight, then end with UNAVAILABLE.
+    draining: bool,
+    sent_since_drain: bool,
+    finished: bool,
+    span: tracing::Span,
+    _active: ActiveStream,
+    /// Shutdown waits until every stream has dropped this.
+    _open: TaskTrackerToken,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl BatchStream {
+    fn to_message(&self, batch: DecodedBatch) -> pb::Batch {
+        let position = self.plan.position_after(batch.index);
+        pb::Batch {
+            epoch: self.epoch,
+            index: batch.index,
+            shape: Some(pb::Shape {
+                n: batch.size as u32,
+                height: self.output.height,
+                width: self.output.width,
+                channels: decode::CHANNELS as u32,
+            }),
+            images: batch.images,
+            labels: batch.labels,
+            keys: batch.keys,
+            substituted: batch.substituted.iter().map(|(slot, _)| *slot).collect(),
+            substitution_reasons: batch
+                .substituted
+                .into_iter()
+                .map(|(_, reason)| reason)
+                .collect(),
+            position: Some(position_message(&position)),
+            global_samples: self.plan.global_samples_after(batch.index),
+            shards: batch.shards,
+        }
+    }
+}
+
+pub fn position_message(position: &EpochPosition) -> pb::EpochPosition {
+    pb::EpochPosition {
+        segments: position
+            .phases
+            .iter()
+            .map(|s| pb::PositionSegment {
+                world_size: s.world_size,
+                batches: s.batches,
+            })
+            .collect(),
+    }
+}
+
+impl BatchStream {
+    fn drained_status(&mut self) -> Status {
+        self.finished = true;
+        let _entered = self.span.enter();
+        tracing::info!(next_batch = self.next_index, "stream ended by shutdown");
+        metrics::request("StreamBatches", tonic::Code::Unavailable);
+        Status::unavailable(format!(
+            "shardfeed is shutting down; resume this stream with start_batch={}",
+            self.next_index
+        ))
+    }
+}
+
+impl Stream for BatchStream {
+    type Item = Result<pb::Batch, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        if self.abort.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(self.drained_status())));
+        }
+        if !self.draining && self.drain.as_mut().poll(cx).is_ready() {
+            self.draining = true;
+        }
+        if self.draining && self.sent_since_drain {
+            // The batch that was in flight when draining began has been sent.
+            return Poll::Ready(Some(Err(self.drained_status())));
+        }
+        match self.receiver.poll_recv(cx) {
+            Poll::Pending => {
+                self.waiting_since.get_or_insert_with(Instant::now);
+                Poll::Pending
+            }
+            Poll::Ready(None) => {
+                self.finished = true;
+                metrics::request("StreamBatches", tonic::Code::Ok);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(error))) => {
+                self.finished = true;
+                let error = ServiceError::from(error);
+                let _entered = self.span.enter();
+                tracing::error!(%error, "stream failed");
+                metrics::request("StreamBatches", error.code());
+                Poll::Ready(Some(Err(error.into())))
+            }
+            Poll::Ready(Some(Ok(batch))) => {
+                // Stall accounting: did the client wait for us, or we for it?
+                match self.waiting_since.take() {
+                    Some(since) => self.metrics.consumer_waited(since.elapsed()),
+                    None => self.metrics.ready_waited(batch.ready_at.elapsed()),
+                }
+                self.metrics.batch_sent(batch.size as u64);
+                self.next_index = batch.index + 1;
+                let message = self.to_message(batch);
+                // While draining, this was the batch in flight: end after it.
+                self.sent_since_drain = self.draining;
+                Poll::Ready(Some(Ok(message)))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Shardfeed for ShardfeedService {
+    type StreamBatchesStream = BatchStream;
+
+    async fn stream_batches(
+        &self,
+        request: Request<pb::StreamBatchesRequest>,
+    ) -> Result<Response<Self::StreamBatchesStream>, Status> {
+        match self.start_stream(request.into_inner()).await {
+            Ok(stream) => Ok(Response::new(stream)),
+            Err(error) => {
+                tracing::warn!(%error, "stream refused");
+                metrics::request("StreamBatches", error.code());
+                Err(error.into())
+            }
+        }
+    }
+
+    async fn describe(
+        &self,
+        request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let result = async {
+            let request = request.into_inner();
+            let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
+            let world_size = request.world_size.max(1);
+            let partition = partition(request.partition)?;
+            self.check_allowed(&request.dataset)?;
+            let summary = self
+                .engine
+                .describe(&request.dataset, world_size, batch_size, partition)
+                .await?;
+            Ok::<_, ServiceError>(pb::DescribeResponse {
+                shards: summary.shards,
+                samples: summary.counts.samples,
+                batches_per_rank: summary.counts.steps,
+                dropped_per_epoch: summary.counts.dropped,
+                padded_per_epoch: summary.counts.padded,
+                total_bytes: summary.total_bytes,
+            })
+        }
+        .await;
+        match result {
+            Ok(response) => {
+                metrics::request("Describe", tonic::Code::Ok);
+                Ok(Response::new(response))
+            }
+            Err(error) => {
+                metrics::request("Describe", error.code());
+                Err(error.into())
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Every error a request can end with, and the one table that maps errors
+//! to gRPC status codes.
+//!
+//! The table is keyed on the most specific error: [`status_code`] walks an
+//! error's source chain to its leaf and takes the code of the deepest error
+//! it knows, so a store's 403 reached through a dataset and a pipeline is
+//! still `PERMISSION_DENIED`.
+
+use std::error::Error;
+
+use tonic::{Code, Status};
+
+use crate::dataset::DatasetError;
+use crate::engine::EngineError;
+use crate::pipeline::PipelineError;
+use crate::plan::PlanError;
+use crate::shard::ShardError;
+use crate::store::StoreError;
+
+/// Everything that can fail a request at the edge.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+    #[error("{0}")]
+    Pipeline(#[from] PipelineError),
+    #[error("too many streams open (limit {0}); close one or raise --max-streams")]
+    TooManyStreams(usize),
+    #[error("dataset {dataset} is not allowed: this server only serves datasets under --allow {rules:?}")]
+    NotAllowed { dataset: String, rules: Vec<String> },
+    #[error("shardfeed is draining (shutting down); retry on its replacement")]
+    Draining,
+}
+
+impl ServiceError {
+    pub fn code(&self) -> Code {
+        status_code(self)
+    }
+}
+
+impl From<ServiceError> for Status {
+    fn from(error: ServiceError) -> Self {
+        Status::new(error.code(), error.to_string())
+    }
+}
+
+/// The status code for `error`: that of the deepest error in its source
+/// chain with a code of its own; `INTERNAL` when none has.
+pub fn status_code(error: &(dyn Error + 'static)) -> Code {
+    let mut chain = Vec::new();
+    let mut next = Some(error);
+    while let Some(current) = next {
+        chain.push(current);
+        next = current.source();
+    }
+    chain
+        .into_iter()
+        .rev()
+        .find_map(own_code)
+        .unwrap_or(Code::Internal)
+}
+
+/// The code an error implies by itself; `None` for wrappers that only
+/// carry an inner error.
+fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
+    if let Some(error) = error.downcast_ref::<StoreError>() {
+        return Some(match error {
+            StoreError::NotFound { .. } => Code::NotFound,
+            StoreError::PermissionDenied { .. } => Code::PermissionDenied,
+            StoreError::Changed { .. } => Code::FailedPrecondition,
+            StoreError::Transient { .. } | StoreError::Exhausted { .. } => Code::Unavailable,
+            StoreError::Other { .. } => Code::Unknown,
+        });
+    }
+    if error.is::<PlanError>() {
+        return Some(Code::InvalidArgument);
+    }
+    if error.is::<ShardError>() {
+        return Some(Code::DataLoss);
+    }
+    if let Some(error) = error.downcast_ref::<DatasetError>() {
+        return match error {
+            DatasetError::InvalidUri { .. } => Some(Code::InvalidArgument),
+            DatasetError::NoShards { .. } => Some(Code::NotFound),
+            DatasetError::CorruptIndex { .. } => Some(Code::FailedPrecondition),
+            DatasetError::Shard { .. } => Some(Code::DataLoss),
+            DatasetError::Store(_) => None,
+        };
+    }
+    if let Some(error) = error.downcast_ref::<PipelineError>() {
+        return match error {
+            PipelineError::Shard { .. } => Some(Code::DataLoss),
+            PipelineError::StaleIndex { .. } => Some(Code::FailedPrecondition),
+            PipelineError::Internal(_) => Some(Code::Internal),
+            PipelineError::Dataset(_) | PipelineError::Store(_) => None,
+        };
+    }
+    if let Some(error) = error.downcast_ref::<ServiceError>() {
+        return match error {
+            ServiceError::InvalidArgument(_) => Some(Code::InvalidArgument),
+            ServiceError::TooManyStreams(_) => Some(Code::ResourceExhausted),
+            ServiceError::NotAllowed { .. } => Some(Code::PermissionDenied),
+            ServiceError::Draining => Some(Code::Unavailable),
+            ServiceError::Engine(_) | ServiceError::Pipeline(_) => None,
+        };
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied() -> StoreError {
+        StoreError::PermissionDenied {
+            location: "s3://b/k".into(),
+            message: "AccessDenied".into(),
+        }
+    }
+
+    #[test]
+    fn the_leaf_error_decides_through_every_wrapper() {
+        let through_pipeline =
+            ServiceError::Pipeline(PipelineError::Dataset(DatasetError::Store(denied())));
+        assert_eq!(through_pipeline.code(), Code::PermissionDenied);
+        let through_engine = ServiceError::Engine(EngineError::Dataset(DatasetError::Store(
+            StoreError::Exhausted {
+                location: "s3://b/k".into(),
+                attempts: 8,
+                message: "SlowDown".into(),
+            },
+        )));
+        assert_eq!(through_engine.code(), Code::Unavailable);
+        let shard = ServiceError::Pipeline(PipelineError::Shard {
+            location: "s3://b/k".into(),
+            source: ShardError::Tar(crate::shard::tar::TarError::BadChecksum { offset: 512 }),
+        });
+        assert_eq!(shard.code(), Code::DataLoss);
+        assert_eq!(
+            ServiceError::Engine(EngineError::Plan(PlanError::ZeroBatchSize)).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            ServiceError::TooManyStreams(4).code(),
+            Code::ResourceExhausted
+        );
+        assert_eq!(
+            ServiceError::Pipeline(PipelineError::Internal("x".into())).code(),
+            Code::Internal
+        );
+    }
+}

@@ -1,0 +1,93 @@
+//! Reading ranges of objects: large ranges as several ranged GETs in flight,
+//! small objects whole. These helpers never retry; the store they are given
+//! does (see [`super::retry::RetryingStore`]).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+
+use super::{ObjectStore, StoreError};
+
+pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
+pub const DEFAULT_PARTS_IN_FLIGHT: usize = 2;
+
+/// How a large range is split into concurrent ranged GETs ("parts").
+#[derive(Debug, Clone)]
+pub struct ReadConfig {
+    pub part_size: u64,
+    /// Parts fetched concurrently per reader.
+    pub parts_in_flight: usize,
+}
+
+impl Default for ReadConfig {
+    fn default() -> Self {
+        Self {
+            part_size: DEFAULT_PART_SIZE,
+            parts_in_flight: DEFAULT_PARTS_IN_FLIGHT,
+        }
+    }
+}
+
+/// Reads `range` of `key` into one buffer.
+pub async fn read_range(
+    store: &dyn ObjectStore,
+    key: &str,
+    range: Range<u64>,
+    if_match: Option<&str>,
+) -> Result<Bytes, StoreError> {
+    let mut buf = BytesMut::with_capacity((range.end - range.start) as usize);
+    let mut body = store.get_range(key, range.clone(), if_match).await?;
+    while let Some(piece) = body.next().await {
+        buf.extend_from_slice(&piece?.1);
+    }
+    if buf.len() as u64 != range.end - range.start {
+        return Err(StoreError::Other {
+            location: store.location(key),
+            message: format!(
+                "read {} bytes of range {range:?} ({} expected)",
+                buf.len(),
+                range.end - range.start
+            ),
+        });
+    }
+    Ok(buf.freeze())
+}
+
+/// Reads a whole small object into memory (index files).
+pub async fn get_all(store: &dyn ObjectStore, key: &str) -> Result<Bytes, StoreError> {
+    let meta = store.head(key).await?;
+    read_range(store, key, 0..meta.size, meta.etag.as_deref()).await
+}
+
+/// Reads `range` front to back as `part_size` ranged GETs, `parts_in_flight`
+/// at a time, yielding parts in order. Memory: at most
+/// `parts_in_flight * part_size` bytes are held (plus the consumer's part).
+pub fn read_parts(
+    store: Arc<dyn ObjectStore>,
+    key: String,
+    range: Range<u64>,
+    if_match: Option<String>,
+    config: &ReadConfig,
+) -> impl Stream<Item = Result<(u64, Bytes), StoreError>> + Send + 'static {
+    let part_size = config.part_size.max(1);
+    let starts = (range.start..range.end).step_by(part_size as usize);
+    futures::stream::iter(starts)
+        .map(move |start| {
+            let store = store.clone();
+            let key = key.clone();
+            let if_match = if_match.clone();
+            let end = (start + part_size).min(range.end);
+            async move {
+                // Counted until the part is handed to the consumer.
+                let in_flight =
+                    crate::metrics::GaugeGuard::new(crate::metrics::PARTS_IN_FLIGHT, 1.0);
+                let bytes =
+                    read_range(store.as_ref(), &key, start..end, if_match.as_deref()).await?;
+                Ok::<_, StoreError>((start, bytes, in_flight))
+            }
+        })
+        .buffered(config.parts_in_flight.max(1))
+        .map(|part| part.map(|(start, bytes, _in_flight)| (start, bytes)))
+}

@@ -1,0 +1,160 @@
+//! The retrying store, through aws-sdk-s3 against the loopback S3 server
+//! with faults scripted per request: every operation kind retries transient
+//! failures and gives up at once on permanent ones.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use futures::StreamExt;
+use shardfeed::dev::s3mem::{self, Injected, Operation, RunningS3};
+use shardfeed::store::read::{get_all, read_range};
+use shardfeed::store::retry::RetryingStore;
+use shardfeed::store::s3::S3Store;
+use shardfeed::store::{ObjectStore, StoreError};
+
+const OBJECT: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+
+async fn setup() -> (RunningS3, RetryingStore) {
+    let s3 = s3mem::start(0).await.unwrap();
+    s3.state.create_bucket("retries");
+    s3.state
+        .insert("retries", "data/object", Bytes::from_static(OBJECT));
+    let client = shardfeed::store::s3::client(&s3.s3_config()).await;
+    let store = RetryingStore::new(Arc::new(S3Store::new(client, "retries")), fast_retries());
+    (s3, store)
+}
+
+fn requests(s3: &RunningS3, operation: Operation) -> u64 {
+    let counts = &s3.state.counts;
+    match operation {
+        Operation::Get => counts.get.load(Ordering::SeqCst),
+        Operation::Head => counts.head.load(Ordering::SeqCst),
+        Operation::List => counts.list.load(Ordering::SeqCst),
+        Operation::Put => counts.put.load(Ordering::SeqCst),
+    }
+}
+
+/// Runs `operation` once through the retrying store.
+async fn exercise(store: &RetryingStore, operation: Operation) -> Result<(), StoreError> {
+    match operation {
+        Operation::Get => {
+            let bytes = read_range(store, "data/object", 3..20, None).await?;
+            assert_eq!(&bytes[..], &OBJECT[3..20]);
+        }
+        Operation::Head => assert_eq!(store.head("data/object").await?.size, 36),
+        Operation::List => assert_eq!(store.list("data/").await?.len(), 1),
+        Operation::Put => store.put("data/new", Bytes::from_static(b"new")).await?,
+    }
+    Ok(())
+}
+
+const OPERATIONS: [Operation; 4] = [
+    Operation::Get,
+    Operation::Head,
+    Operation::List,
+    Operation::Put,
+];
+
+#[tokio::test]
+async fn transient_failures_of_every_operation_are_retried() {
+    for operation in OPERATIONS {
+        for fault in [Injected::SlowDown, Injected::InternalError] {
+            let (s3, store) = setup().await;
+            s3.state.faults.fail_next(operation, 2, fault);
+            exercise(&store, operation)
+                .await
+                .unwrap_or_else(|e| panic!("{operation:?} after two {fault:?}: {e}"));
+            assert_eq!(
+                requests(&s3, operation),
+                3,
+                "{operation:?}: two failures and the success"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn permanent_failures_are_not_retried() {
+    for operation in OPERATIONS {
+        let (s3, store) = setup().await;
+        s3.state
+            .faults
+            .fail_next(operation, 1, Injected::AccessDenied);
+        let error = exercise(&store, operation).await.unwrap_err();
+        assert!(
+            matches!(error, StoreError::PermissionDenied { .. }),
+            "{operation:?}: {error:?}"
+        );
+        assert_eq!(requests(&s3, operation), 1, "{operation:?}: one request");
+    }
+    for operation in [Operation::Get, Operation::Head] {
+        let (s3, store) = setup().await;
+        s3.state.faults.fail_next(operation, 1, Injected::NoSuchKey);
+        let error = exercise(&store, operation).await.unwrap_err();
+        assert!(
+            matches!(error, StoreError::NotFound { .. }),
+            "{operation:?}: {error:?}"
+        );
+        assert_eq!(requests(&s3, operation), 1, "{operation:?}: one request");
+    }
+}
+
+#[tokio::test]
+async fn exhausted_retries_say_how_often_they_tried() {
+    let (s3, store) = setup().await;
+    let attempts = fast_retries().max_attempts;
+    s3.state
+        .faults
+        .fail_next(Operation::Head, attempts as usize, Injected::SlowDown);
+    let error = store.head("data/object").await.unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Exhausted { attempts: a, .. } if *a == attempts),
+        "{error:?}"
+    );
+    assert_eq!(requests(&s3, Operation::Head), u64::from(attempts));
+}
+
+#[tokio::test]
+async fn a_broken_body_resumes_from_the_byte_where_it_broke() {
+    let (s3, store) = setup().await;
+    // Large enough that the server sends whole frames before each cut.
+    let object: Vec<u8> = (0..400_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    s3.state
+        .insert("retries", "data/large", Bytes::from(object.clone()));
+    let faults = &s3.state.faults;
+    faults.cut_after.store(150_000, Ordering::SeqCst);
+    faults.cut_bodies.store(2, Ordering::SeqCst);
+    let len = object.len() as u64;
+    let mut body = store.get_range("data/large", 0..len, None).await.unwrap();
+    let mut bytes = Vec::new();
+    while let Some(piece) = body.next().await {
+        let (offset, piece) = piece.unwrap();
+        assert_eq!(offset as usize, bytes.len(), "pieces are contiguous");
+        bytes.extend_from_slice(&piece);
+    }
+    assert!(bytes == object, "the bytes delivered are the object's");
+    assert_eq!(requests(&s3, Operation::Get), 3);
+    // The server counts each response's whole range: had a retry started
+    // over from byte 0, it would count 3 x the object.
+    let served = s3.state.counts.get_bytes.load(Ordering::SeqCst);
+    assert!(
+        served < 3 * len - 100_000,
+        "each retry asked only for what had not arrived: {served} bytes served for {len}"
+    );
+}
+
+#[tokio::test]
+async fn index_files_are_read_through_retries() {
+    let (s3, store) = setup().await;
+    s3.state
+        .faults
+        .fail_next(Operation::Head, 1, Injected::SlowDown);
+    s3.state
+        .faults
+        .fail_next(Operation::Get, 1, Injected::SlowDown);
+    assert_eq!(&get_all(&store, "data/object").await.unwrap()[..], OBJECT);
+}
