@@ -357,6 +357,31 @@ async fn scan_shard(
     Ok(index)
 }
 
+/// The index of a whole shard held in memory (as `shardfeed pack` writes it):
+/// the same parse as a scan, so the two always agree.
+pub fn index_shard_bytes(tar: &[u8], etag: Option<String>) -> Result<ShardIndex, ShardError> {
+    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
+    splitter.push(tar);
+    let mut index = ShardIndex {
+        version: INDEX_VERSION,
+        etag,
+        keys: Vec::new(),
+        starts: Vec::new(),
+        ends: Vec::new(),
+    };
+    loop {
+        let sample = match splitter.next_sample()? {
+            Some(sample) => Some(sample),
+            None => splitter.finish()?,
+        };
+        let Some(sample) = sample else { break };
+        index.keys.push(sample.key);
+        index.starts.push(sample.start);
+        index.ends.push(sample.end);
+    }
+    Ok(index)
+}
+
 /// Writes the index beside the shards.
 pub async fn write_index(
     store: &dyn ObjectStore,

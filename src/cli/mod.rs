@@ -61,6 +61,9 @@ pub enum Command {
     Index(IndexArgs),
     /// Fill the disk cache with a dataset ahead of training, within its size limit.
     Warm(WarmArgs),
+    /// Pack an image folder (ImageFolder layout, or a CSV/JSONL manifest of
+    /// path,label) into WebDataset tar shards and their index.
+    Pack(PackArgs),
     /// Exit 0 if the server at --listen reports SERVING (for probes).
     Health(HealthArgs),
     /// Run the whole path on a synthetic dataset in an in-process S3 server.
@@ -396,6 +399,52 @@ impl WarmArgs {
             Some(config) if problems.is_empty() => Ok(config),
             _ => Err(ConfigError(problems)),
         }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct PackArgs {
+    /// The image folder: one directory per class, or any layout with --manifest.
+    pub source: PathBuf,
+    /// Where the shards go: s3://bucket/prefix/ or file:///abs/dir/
+    pub dest: String,
+    /// CSV (`path,label`) or JSONL (`{"path": …, "label": …}`) listing the
+    /// files, paths relative to SOURCE; labels are integers or class names.
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Target shard size, e.g. 256M, 1G (S3 reads fastest at 100 MB-1 GB).
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    pub shard_size: u64,
+    /// Seed of the order samples are spread over the shards.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub s3: S3Args,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+impl PackArgs {
+    pub fn config(&self) -> Result<crate::pack::PackConfig, ConfigError> {
+        let mut problems = Vec::new();
+        if !self.source.is_dir() {
+            problems.push(format!("{} is not a directory", self.source.display()));
+        }
+        if let Err(error) = DatasetUri::parse(&self.dest) {
+            problems.push(error.to_string());
+        }
+        if self.shard_size < 1 << 20 {
+            problems.push("--shard-size must be at least 1M".into());
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError(problems));
+        }
+        Ok(crate::pack::PackConfig {
+            source: self.source.clone(),
+            manifest: self.manifest.clone(),
+            shard_bytes: self.shard_size,
+            seed: self.seed,
+        })
     }
 }
 

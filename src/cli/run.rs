@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use super::{CliError, Command, IndexArgs, ServeArgs, WarmArgs};
+use super::{CliError, Command, IndexArgs, PackArgs, ServeArgs, WarmArgs};
 use crate::dataset::{build_index, write_index, DatasetRegistry, DatasetUri, INDEX_DIR};
 use crate::engine::{warm, Engine};
 use crate::server::{self, Listener, ShardfeedService};
@@ -15,6 +15,7 @@ pub async fn run(command: Command) -> Result<(), CliError> {
         Command::Serve(args) => serve(args).await,
         Command::Index(args) => index(args).await,
         Command::Warm(args) => warm_cache(args).await,
+        Command::Pack(args) => pack(args).await,
         Command::Health(args) => {
             if server::check_health(&args.listen).await? {
                 Ok(())
@@ -192,6 +193,54 @@ async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
             cache.config().dir.display(),
         );
     }
+    Ok(())
+}
+
+async fn pack(args: PackArgs) -> Result<(), CliError> {
+    let config = args.config()?;
+    let registry = DatasetRegistry::new(
+        args.s3.config(),
+        args.read.retry_policy(),
+        args.read.read_config(),
+    );
+    let (store, prefix) = registry.store_for(&DatasetUri::parse(&args.dest)?).await;
+    let started = std::time::Instant::now();
+    let report = crate::pack::pack(&config, store, &prefix, |p| {
+        let fraction = p.bytes_done as f64 / p.bytes.max(1) as f64;
+        let filled = (fraction * 30.0) as usize;
+        eprint!(
+            "\r[{}{}] {:>5.1}%  {}/{} files, {} shards, {:.0} MB/s   ",
+            "#".repeat(filled),
+            ".".repeat(30 - filled.min(30)),
+            100.0 * fraction,
+            p.files_done,
+            p.files,
+            p.shards_done,
+            p.bytes_done as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e6,
+        );
+        let _ = std::io::stderr().flush();
+    })
+    .await?;
+    eprintln!();
+    for skipped in report.skipped.iter().take(20) {
+        eprintln!("skipped {}: {}", skipped.path.display(), skipped.reason);
+    }
+    if report.skipped.len() > 20 {
+        eprintln!("… and {} more skipped", report.skipped.len() - 20);
+    }
+    println!(
+        "packed {} samples into {} shards ({:.1} MB) at {} in {:.1}s: {:.0} images/s, {:.1} MB/s; \
+         {} classes; {} files skipped",
+        report.samples,
+        report.shards,
+        report.bytes as f64 / 1e6,
+        args.dest,
+        report.seconds,
+        report.samples as f64 / report.seconds.max(1e-9),
+        report.bytes as f64 / report.seconds.max(1e-9) / 1e6,
+        report.classes.len(),
+        report.skipped.len(),
+    );
     Ok(())
 }
 

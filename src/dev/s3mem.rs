@@ -126,11 +126,19 @@ pub struct RequestCounts {
     pub list: AtomicU64,
     pub put: AtomicU64,
     pub get_bytes: AtomicU64,
+    /// Multipart uploads completed.
+    pub multipart_uploads: AtomicU64,
 }
+
+/// A multipart upload in progress: bucket, key, parts by number.
+type Upload = (String, String, BTreeMap<i32, Bytes>);
 
 #[derive(Debug, Default)]
 pub struct MemoryS3 {
     buckets: RwLock<HashMap<String, BTreeMap<String, Object>>>,
+    /// Multipart uploads in progress: id -> (bucket, key, parts by number).
+    uploads: Mutex<HashMap<String, Upload>>,
+    next_upload: AtomicU64,
     pub faults: Faults,
     pub counts: RequestCounts,
 }
@@ -161,6 +169,17 @@ impl MemoryS3 {
 
     pub fn object(&self, bucket: &str, key: &str) -> Option<Bytes> {
         self.read().get(bucket)?.get(key).map(|o| o.data.clone())
+    }
+
+    fn lock_uploads(&self) -> std::sync::MutexGuard<'_, HashMap<String, Upload>> {
+        self.uploads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Multipart uploads started and neither completed nor aborted.
+    pub fn open_uploads(&self) -> usize {
+        self.lock_uploads().len()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, BTreeMap<String, Object>>> {
@@ -235,6 +254,111 @@ impl S3 for Backend {
             e_tag: Some(ETag::Strong(etag)),
             ..Default::default()
         }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<dto::CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<dto::CreateMultipartUploadOutput>> {
+        self.0.counts.put.fetch_add(1, Ordering::Relaxed);
+        self.0.faults.scripted(Operation::Put)?;
+        let input = req.input;
+        if !self.0.read().contains_key(&input.bucket) {
+            return Err(s3_error!(NoSuchBucket));
+        }
+        let id = format!(
+            "upload-{}",
+            self.0.next_upload.fetch_add(1, Ordering::SeqCst)
+        );
+        self.0.lock_uploads().insert(
+            id.clone(),
+            (input.bucket.clone(), input.key.clone(), BTreeMap::new()),
+        );
+        Ok(S3Response::new(dto::CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(id),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<dto::UploadPartInput>,
+    ) -> S3Result<S3Response<dto::UploadPartOutput>> {
+        self.0.counts.put.fetch_add(1, Ordering::Relaxed);
+        self.0.faults.scripted(Operation::Put)?;
+        let input = req.input;
+        let mut data = BytesMut::new();
+        if let Some(mut body) = input.body {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| s3_error!(IncompleteBody, "{e}"))?;
+                data.extend_from_slice(&chunk);
+            }
+        }
+        let data = data.freeze();
+        let etag = etag_of(&data);
+        let mut uploads = self.0.lock_uploads();
+        let (_, _, parts) = uploads
+            .get_mut(&input.upload_id)
+            .ok_or_else(|| s3_error!(NoSuchUpload))?;
+        parts.insert(input.part_number, data);
+        Ok(S3Response::new(dto::UploadPartOutput {
+            e_tag: Some(ETag::Strong(etag)),
+            ..Default::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<dto::CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<dto::CompleteMultipartUploadOutput>> {
+        self.0.counts.put.fetch_add(1, Ordering::Relaxed);
+        self.0.faults.scripted(Operation::Put)?;
+        let input = req.input;
+        let (bucket, key, parts) = self
+            .0
+            .lock_uploads()
+            .remove(&input.upload_id)
+            .ok_or_else(|| s3_error!(NoSuchUpload))?;
+        let listed: Vec<i32> = input
+            .multipart_upload
+            .and_then(|upload| upload.parts)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|part| part.part_number)
+            .collect();
+        if listed.is_empty() || listed != parts.keys().copied().collect::<Vec<_>>() {
+            return Err(s3_error!(
+                InvalidPart,
+                "parts listed {listed:?} are not the parts uploaded"
+            ));
+        }
+        let mut data = BytesMut::new();
+        for part in parts.values() {
+            data.extend_from_slice(part);
+        }
+        let data = data.freeze();
+        let etag = etag_of(&data);
+        self.0.insert(&bucket, &key, data);
+        self.0
+            .counts
+            .multipart_uploads
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(S3Response::new(dto::CompleteMultipartUploadOutput {
+            bucket: Some(bucket),
+            key: Some(key),
+            e_tag: Some(ETag::Strong(etag)),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<dto::AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<dto::AbortMultipartUploadOutput>> {
+        self.0.lock_uploads().remove(&req.input.upload_id);
+        Ok(S3Response::new(dto::AbortMultipartUploadOutput::default()))
     }
 
     async fn head_object(

@@ -244,7 +244,8 @@ fn pax_path(data: &[u8]) -> Option<String> {
     path
 }
 
-/// Writes archives (for `shardfeed demo`, tests and benchmarks).
+/// Writes archives (`shardfeed pack`, the demo, tests and benchmarks).
+/// Headers carry no times or owners, so the same members give the same bytes.
 #[derive(Debug, Default)]
 pub struct TarWriter {
     out: Vec<u8>,
@@ -253,6 +254,24 @@ pub struct TarWriter {
 impl TarWriter {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A writer whose buffer holds `bytes` before it grows.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            out: Vec::with_capacity(bytes),
+        }
+    }
+
+    /// Bytes a member of `size` bytes named `name` adds to the archive.
+    pub fn member_bytes(name: &str, size: u64) -> u64 {
+        let block = BLOCK as u64;
+        let long_name = if name.len() > 99 {
+            block + (name.len() as u64 + 1).div_ceil(block) * block
+        } else {
+            0
+        };
+        long_name + block + size.div_ceil(block) * block
     }
 
     pub fn len(&self) -> usize {

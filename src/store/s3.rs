@@ -92,6 +92,15 @@ pub async fn client(config: &S3Config) -> Client {
     Client::from_conf(s3_config)
 }
 
+/// Objects larger than this are uploaded in parts (S3 takes at most 5 GB in
+/// one PUT; parts upload in parallel and a failure costs one part).
+pub const MULTIPART_THRESHOLD: u64 = 64 << 20;
+/// Upload part size: 16 MiB (S3's minimum is 5 MiB, its maximum part count
+/// 10,000: objects up to 160 GB).
+pub const MULTIPART_PART_SIZE: usize = 16 << 20;
+/// Parts uploaded at once.
+const MULTIPART_PARTS_IN_FLIGHT: usize = 4;
+
 #[derive(Debug, Clone)]
 pub struct S3Store {
     client: Client,
@@ -266,6 +275,9 @@ impl ObjectStore for S3Store {
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        if data.len() as u64 > MULTIPART_THRESHOLD {
+            return self.put_multipart(key, data).await;
+        }
         let started = Instant::now();
         let result = self
             .client
@@ -283,5 +295,95 @@ impl ObjectStore for S3Store {
 
     fn location(&self, key: &str) -> String {
         format!("s3://{}/{}", self.bucket, key)
+    }
+}
+
+impl S3Store {
+    /// A multipart upload: parts in parallel, completed in order; aborted on
+    /// failure so that no orphaned parts are billed. The object appears
+    /// only when the upload completes.
+    async fn put_multipart(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| classify(self.location(key), e));
+        metrics::s3_request("put", outcome(&result), started.elapsed());
+        let upload_id = result?.upload_id().unwrap_or_default().to_string();
+        let result = self.upload_parts(key, &upload_id, data).await;
+        if result.is_err() {
+            let _ = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(&upload_id)
+                .send()
+                .await;
+        }
+        result
+    }
+
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        data: Bytes,
+    ) -> Result<(), StoreError> {
+        use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+        let chunks = (0..data.len()).step_by(MULTIPART_PART_SIZE).enumerate();
+        let parts: Vec<CompletedPart> = futures::stream::iter(chunks)
+            .map(|(i, start)| {
+                let body = data.slice(start..(start + MULTIPART_PART_SIZE).min(data.len()));
+                let number = i as i32 + 1;
+                async move {
+                    let started = Instant::now();
+                    let result = self
+                        .client
+                        .upload_part()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .upload_id(upload_id)
+                        .part_number(number)
+                        .body(ByteStream::from(body))
+                        .send()
+                        .await
+                        .map_err(|e| classify(self.location(key), e));
+                    metrics::s3_request("put", outcome(&result), started.elapsed());
+                    Ok::<_, StoreError>(
+                        CompletedPart::builder()
+                            .part_number(number)
+                            .set_e_tag(result?.e_tag().map(str::to_string))
+                            .build(),
+                    )
+                }
+            })
+            .buffered(MULTIPART_PARTS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()?;
+        let started = Instant::now();
+        let result = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| classify(self.location(key), e));
+        metrics::s3_request("put", outcome(&result), started.elapsed());
+        result
     }
 }

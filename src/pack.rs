@@ -1,0 +1,611 @@
+//! `shardfeed pack`: turns a folder of images into WebDataset tar shards and
+//! their index, in S3 or a local directory.
+//!
+//! Sources: the ImageFolder layout (one directory per class; labels are the
+//! indexes of the sorted class names) or any folder with a manifest (CSV or
+//! JSONL of `path,label`; labels are integers, or class names indexed in
+//! sorted order). Class names go to `classes.txt` beside the shards.
+//!
+//! Packing is a pure function of the files and the seed: samples are shuffled
+//! across shards (so a shard is not one class), shard boundaries follow the
+//! files' sizes, and tar headers carry no times, so the same input and seed
+//! give the same bytes. Files that cannot be read, are not JPEG/PNG/WebP, or
+//! exceed the member limit are reported and skipped. Shards are written
+//! first, then their index, the summary last: a reader (which starts from the
+//! summary) never sees a half-packed dataset, and an interrupted pack is
+//! simply run again.
+//!
+//! Memory: at most `SHARDS_IN_FLIGHT + 1` shards (each about the target
+//! size) are held at once: one being read, the others uploading.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use rayon::prelude::*;
+use serde::Deserialize;
+
+use crate::dataset::{index_shard_bytes, write_index, DatasetError, DatasetIndex, ShardEntry};
+use crate::dataset::{ShardIndex, INDEX_VERSION};
+use crate::plan::rng::Rng;
+use crate::shard::tar::TarWriter;
+use crate::shard::{ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::store::{ObjectStore, StoreError};
+
+/// S3 reads fastest in objects of 100 MB to 1 GB.
+pub const DEFAULT_SHARD_BYTES: u64 = 256_000_000;
+/// Shards being uploaded while the next one is read.
+const SHARDS_IN_FLIGHT: usize = 2;
+/// Class names, one per line, line `i` naming label `i`.
+pub const CLASSES_FILE: &str = "classes.txt";
+// Keys the shuffle of the pack order apart from the plan's streams.
+const PURPOSE_PACK_ORDER: u64 = 0x5041_434B;
+
+#[derive(Debug, Clone)]
+pub struct PackConfig {
+    /// The image folder.
+    pub source: PathBuf,
+    /// A CSV or JSONL manifest of `path,label` (paths relative to `source`);
+    /// `None`: the ImageFolder layout.
+    pub manifest: Option<PathBuf>,
+    /// Shards close before they would exceed this many bytes.
+    pub shard_bytes: u64,
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("manifest {path}, line {line}: {message}")]
+    Manifest {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{0}")]
+    Layout(String),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Dataset(#[from] DatasetError),
+    #[error("indexing a packed shard: {0}")]
+    Shard(#[from] ShardError),
+}
+
+/// Why a file was left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PackReport {
+    pub shards: usize,
+    pub samples: u64,
+    /// Bytes of shards written.
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Class names (empty when the labels were integers).
+    pub classes: Vec<String>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// Progress after each shard: samples and input bytes done, and the totals.
+#[derive(Debug, Clone, Copy)]
+pub struct PackProgress {
+    pub files_done: usize,
+    pub files: usize,
+    pub bytes_done: u64,
+    pub bytes: u64,
+    pub shards_done: usize,
+}
+
+/// A file to pack.
+#[derive(Debug, Clone)]
+struct Input {
+    path: PathBuf,
+    key: String,
+    label: i64,
+    size: u64,
+}
+
+/// Packs `config.source` into shards under `prefix` of `store`.
+pub async fn pack(
+    config: &PackConfig,
+    store: Arc<dyn ObjectStore>,
+    prefix: &str,
+    mut progress: impl FnMut(PackProgress),
+) -> Result<PackReport, PackError> {
+    let started = Instant::now();
+    let source = config.source.clone();
+    let manifest = config.manifest.clone();
+    let (inputs, classes, mut skipped) =
+        tokio::task::spawn_blocking(move || list_inputs(&source, manifest.as_deref()))
+            .await
+            .map_err(|e| PackError::Layout(format!("listing the source failed: {e}")))??;
+    if inputs.is_empty() {
+        return Err(PackError::Layout(format!(
+            "no files to pack under {}",
+            config.source.display()
+        )));
+    }
+    let shards = assign_shards(shuffled(inputs, config.seed), config.shard_bytes);
+    let files: usize = shards.iter().map(Vec::len).sum();
+    let bytes: u64 = shards.iter().flatten().map(|i| i.size).sum();
+    let mut done = PackProgress {
+        files_done: 0,
+        files,
+        bytes_done: 0,
+        bytes,
+        shards_done: 0,
+    };
+    progress(done);
+
+    let total_shards = shards.len();
+    let uploads = futures::stream::iter(shards.into_iter().enumerate())
+        .map(|(number, inputs)| {
+            let store = store.clone();
+            let name = shard_name(number, total_shards);
+            let key = format!("{prefix}{name}");
+            async move {
+                let input_bytes: u64 = inputs.iter().map(|i| i.size).sum();
+                let input_files = inputs.len();
+                let built = tokio::task::spawn_blocking(move || build_shard(&inputs))
+                    .await
+                    .map_err(|e| PackError::Layout(format!("building {name} failed: {e}")))?;
+                let written = match &built.tar {
+                    Some(tar) => {
+                        store.put(&key, tar.clone()).await?;
+                        let etag = store.head(&key).await?.etag;
+                        let index = index_shard_bytes(tar, etag.clone())?;
+                        Some((
+                            ShardEntry {
+                                name,
+                                size: tar.len() as u64,
+                                etag,
+                                samples: index.keys.len() as u64,
+                            },
+                            index,
+                        ))
+                    }
+                    None => None,
+                };
+                Ok::<_, PackError>((written, built.skipped, input_files, input_bytes))
+            }
+        })
+        .buffered(SHARDS_IN_FLIGHT);
+    let mut uploads = std::pin::pin!(uploads);
+    let mut entries: Vec<ShardEntry> = Vec::new();
+    let mut indexes: Vec<ShardIndex> = Vec::new();
+    while let Some(result) = uploads.next().await {
+        let (written, shard_skipped, input_files, input_bytes) = result?;
+        skipped.extend(shard_skipped);
+        if let Some((entry, index)) = written {
+            entries.push(entry);
+            indexes.push(index);
+        }
+        done.files_done += input_files;
+        done.bytes_done += input_bytes;
+        done.shards_done += 1;
+        progress(done);
+    }
+    if entries.is_empty() {
+        return Err(PackError::Layout(format!(
+            "none of the {files} files under {} is a readable image",
+            config.source.display()
+        )));
+    }
+    if !classes.is_empty() {
+        let mut text = classes.join("\n");
+        text.push('\n');
+        store
+            .put(&format!("{prefix}{CLASSES_FILE}"), Bytes::from(text))
+            .await?;
+    }
+    let index = DatasetIndex {
+        version: INDEX_VERSION,
+        shards: entries,
+    };
+    // Per-shard files, then the summary: the dataset appears whole or not at all.
+    write_index(store.as_ref(), prefix, &index, &indexes).await?;
+    skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(PackReport {
+        shards: index.shards.len(),
+        samples: index.samples(),
+        bytes: index.bytes(),
+        seconds: started.elapsed().as_secs_f64(),
+        classes,
+        skipped,
+    })
+}
+
+/// `shard-000042.tar`, numbered at least six digits wide so names sort in order.
+fn shard_name(number: usize, total: usize) -> String {
+    let width = total.saturating_sub(1).to_string().len().max(6);
+    format!("shard-{number:0width$}.tar")
+}
+
+type Listing = (Vec<Input>, Vec<String>, Vec<Skipped>);
+/// Files with their labels, and the class names (empty for integer labels).
+type Labelled = (Vec<(PathBuf, i64)>, Vec<String>);
+
+/// The files to pack with their labels, sorted by path; class names; files
+/// already known to be unusable.
+fn list_inputs(source: &Path, manifest: Option<&Path>) -> Result<Listing, PackError> {
+    let (entries, classes) = match manifest {
+        Some(manifest) => read_manifest(source, manifest)?,
+        None => image_folder(source)?,
+    };
+    let mut inputs = Vec::with_capacity(entries.len());
+    let mut skipped = Vec::new();
+    let mut keys = HashSet::new();
+    for (path, label) in entries {
+        let size = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => meta.len(),
+            Ok(_) => {
+                skipped.push(Skipped {
+                    path,
+                    reason: "not a regular file".into(),
+                });
+                continue;
+            }
+            Err(error) => {
+                skipped.push(Skipped {
+                    path,
+                    reason: format!("unreadable: {error}"),
+                });
+                continue;
+            }
+        };
+        if size > DEFAULT_MAX_MEMBER_BYTES {
+            skipped.push(Skipped {
+                path,
+                reason: format!(
+                    "{size} bytes, over the {DEFAULT_MAX_MEMBER_BYTES}-byte member limit"
+                ),
+            });
+            continue;
+        }
+        let key = unique_key(sample_key(source, &path), &mut keys);
+        inputs.push(Input {
+            path,
+            key,
+            label,
+            size,
+        });
+    }
+    Ok((inputs, classes, skipped))
+}
+
+/// The ImageFolder layout: `source/<class>/**/<file>`, classes sorted.
+fn image_folder(source: &Path) -> Result<Labelled, PackError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| PackError::Io { path, source }
+    };
+    let mut classes = BTreeSet::new();
+    for entry in std::fs::read_dir(source).map_err(io(source))? {
+        let entry = entry.map_err(io(source))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().map_err(io(&entry.path()))?.is_dir() && !name.starts_with('.') {
+            classes.insert(name);
+        }
+    }
+    if classes.is_empty() {
+        return Err(PackError::Layout(format!(
+            "{} has no class directories (ImageFolder layout: one directory per class); \
+             for a flat folder give --manifest",
+            source.display()
+        )));
+    }
+    let classes: Vec<String> = classes.into_iter().collect();
+    let mut files = Vec::new();
+    for (label, class) in classes.iter().enumerate() {
+        let mut found = Vec::new();
+        walk_files(&source.join(class), &mut found)?;
+        files.extend(found.into_iter().map(|path| (path, label as i64)));
+    }
+    files.sort();
+    Ok((files, classes))
+}
+
+/// Every file under `dir` (symlinks included), skipping hidden names.
+fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), PackError> {
+    let io = |source| PackError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type().map_err(io)?.is_dir() {
+            walk_files(&path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct JsonEntry {
+    path: String,
+    label: serde_json::Value,
+}
+
+/// A CSV (`path,label`, optional header) or JSONL (`{"path":…,"label":…}`)
+/// manifest. Integer labels are kept; names are indexed in sorted order.
+fn read_manifest(source: &Path, manifest: &Path) -> Result<Labelled, PackError> {
+    let text = std::fs::read_to_string(manifest).map_err(|source| PackError::Io {
+        path: manifest.to_path_buf(),
+        source,
+    })?;
+    let bad = |line: usize, message: String| PackError::Manifest {
+        path: manifest.to_path_buf(),
+        line,
+        message,
+    };
+    let jsonl = manifest
+        .extension()
+        .is_some_and(|e| e == "jsonl" || e == "json");
+    let mut rows: Vec<(usize, String, String)> = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let number = number + 1;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if jsonl {
+            let entry: JsonEntry = serde_json::from_str(line).map_err(|e| {
+                bad(
+                    number,
+                    format!("expected {{\"path\": …, \"label\": …}}: {e}"),
+                )
+            })?;
+            let label = match entry.label {
+                serde_json::Value::String(name) => name,
+                serde_json::Value::Number(n) if n.is_i64() => n.to_string(),
+                other => {
+                    return Err(bad(
+                        number,
+                        format!("label {other} is neither an integer nor a name"),
+                    ))
+                }
+            };
+            rows.push((number, entry.path, label));
+        } else {
+            let Some((path, label)) = line.rsplit_once(',') else {
+                return Err(bad(number, "expected path,label".into()));
+            };
+            let (path, label) = (
+                path.trim().trim_matches('"'),
+                label.trim().trim_matches('"'),
+            );
+            if rows.is_empty() && path == "path" && label == "label" {
+                continue; // header
+            }
+            rows.push((number, path.to_string(), label.to_string()));
+        }
+    }
+    let integers = rows
+        .iter()
+        .all(|(_, _, label)| label.parse::<i64>().is_ok());
+    let classes: Vec<String> = if integers {
+        Vec::new()
+    } else {
+        let names: BTreeSet<&str> = rows.iter().map(|(_, _, l)| l.as_str()).collect();
+        names.into_iter().map(str::to_string).collect()
+    };
+    let class_index: BTreeMap<&str, i64> = classes
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (name.as_str(), i as i64))
+        .collect();
+    let mut files = Vec::with_capacity(rows.len());
+    for (number, path, label) in &rows {
+        let relative = Path::new(path);
+        if relative.is_absolute()
+            || relative
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(bad(
+                *number,
+                format!("path {path:?} must be relative to the source folder, without `..`"),
+            ));
+        }
+        let label = if integers {
+            label.parse().unwrap_or(-1)
+        } else {
+            class_index[label.as_str()]
+        };
+        files.push((source.join(relative), label));
+    }
+    files.sort();
+    files.dedup_by(|a, b| a.0 == b.0);
+    Ok((files, classes))
+}
+
+/// The sample key: the path below `source` without its extension, dots in
+/// the file name replaced (a WebDataset key ends at the file name's first dot).
+fn sample_key(source: &Path, path: &Path) -> String {
+    let relative = path.strip_prefix(source).unwrap_or(path);
+    let relative = relative.to_string_lossy().replace('\\', "/");
+    let (dir, file) = match relative.rfind('/') {
+        Some(slash) => (&relative[..=slash], &relative[slash + 1..]),
+        None => ("", relative.as_str()),
+    };
+    let stem = file.rsplit_once('.').map_or(file, |(stem, _)| stem);
+    format!("{dir}{}", stem.replace('.', "_"))
+}
+
+/// `key`, or `key_2`, `key_3`, … when taken (e.g. `a.jpg` beside `a.png`).
+fn unique_key(key: String, taken: &mut HashSet<String>) -> String {
+    if taken.insert(key.clone()) {
+        return key;
+    }
+    let mut n = 2;
+    loop {
+        let candidate = format!("{key}_{n}");
+        if taken.insert(candidate.clone()) {
+            return candidate;
+        }
+        n += 1;
+    }
+}
+
+fn shuffled(mut inputs: Vec<Input>, seed: u64) -> Vec<Input> {
+    Rng::derive(&[seed, PURPOSE_PACK_ORDER]).shuffle(&mut inputs);
+    inputs
+}
+
+/// Bytes a sample adds to a shard (image and label members).
+fn tar_bytes(input: &Input) -> u64 {
+    TarWriter::member_bytes(&format!("{}.jpeg", input.key), input.size)
+        + TarWriter::member_bytes(&format!("{}.cls", input.key), 20)
+}
+
+/// Consecutive runs of samples, each closed before it would pass `target`.
+fn assign_shards(inputs: Vec<Input>, target: u64) -> Vec<Vec<Input>> {
+    let mut shards: Vec<Vec<Input>> = Vec::new();
+    let mut current: Vec<Input> = Vec::new();
+    let mut bytes = 1024; // the closing blocks
+    for input in inputs {
+        let size = tar_bytes(&input);
+        if !current.is_empty() && bytes + size > target {
+            shards.push(std::mem::take(&mut current));
+            bytes = 1024;
+        }
+        bytes += size;
+        current.push(input);
+    }
+    if !current.is_empty() {
+        shards.push(current);
+    }
+    shards
+}
+
+struct BuiltShard {
+    /// `None` when no file of the shard was usable.
+    tar: Option<Bytes>,
+    skipped: Vec<Skipped>,
+}
+
+/// Reads the shard's files in parallel and writes them in order.
+fn build_shard(inputs: &[Input]) -> BuiltShard {
+    let read: Vec<Result<(Vec<u8>, &'static str), String>> = inputs
+        .par_iter()
+        .map(|input| {
+            let data = std::fs::read(&input.path).map_err(|e| format!("unreadable: {e}"))?;
+            let extension = image_extension(&data)
+                .ok_or_else(|| "not a JPEG, PNG or WebP image".to_string())?;
+            Ok((data, extension))
+        })
+        .collect();
+    let capacity: u64 = inputs.iter().map(tar_bytes).sum::<u64>() + 1024;
+    let mut tar = TarWriter::with_capacity(capacity as usize);
+    let mut skipped = Vec::new();
+    for (input, result) in inputs.iter().zip(read) {
+        match result {
+            Ok((data, extension)) => {
+                tar.append(&format!("{}.{extension}", input.key), &data);
+                tar.append(
+                    &format!("{}.cls", input.key),
+                    input.label.to_string().as_bytes(),
+                );
+            }
+            Err(reason) => skipped.push(Skipped {
+                path: input.path.clone(),
+                reason,
+            }),
+        }
+    }
+    let tar = (!tar.is_empty()).then(|| Bytes::from(tar.finish()));
+    BuiltShard { tar, skipped }
+}
+
+/// The member extension for an image's bytes, from its signature.
+fn image_extension(data: &[u8]) -> Option<&'static str> {
+    if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Some("jpg")
+    } else if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("png")
+    } else if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
+        Some("webp")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_drop_the_extension_and_inner_dots() {
+        let source = Path::new("/data");
+        assert_eq!(
+            sample_key(source, Path::new("/data/cat/img.001.jpeg")),
+            "cat/img_001"
+        );
+        assert_eq!(sample_key(source, Path::new("/data/x")), "x");
+        let mut taken = HashSet::new();
+        assert_eq!(unique_key("a".into(), &mut taken), "a");
+        assert_eq!(unique_key("a".into(), &mut taken), "a_2");
+        assert_eq!(unique_key("a".into(), &mut taken), "a_3");
+    }
+
+    #[test]
+    fn shards_close_before_the_target() {
+        let inputs: Vec<Input> = (0..10)
+            .map(|i| Input {
+                path: PathBuf::from(format!("/f{i}")),
+                key: format!("f{i}"),
+                label: 0,
+                size: 10_000,
+            })
+            .collect();
+        // A sample is 11,776 tar bytes (headers, padding, label); three and
+        // the closing blocks fit in 40,000, four do not.
+        let shards = assign_shards(inputs, 40_000);
+        assert_eq!(
+            shards.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![3, 3, 3, 1]
+        );
+        // A sample larger than the target still gets a shard of its own.
+        let big = Input {
+            path: PathBuf::from("/big"),
+            key: "big".into(),
+            label: 0,
+            size: 100_000,
+        };
+        assert_eq!(assign_shards(vec![big], 35_000).len(), 1);
+    }
+
+    #[test]
+    fn signatures_pick_the_member_extension() {
+        assert_eq!(image_extension(&[0xFF, 0xD8, 0xFF, 0xE0]), Some("jpg"));
+        assert_eq!(image_extension(b"\x89PNG\r\n\x1a\n...."), Some("png"));
+        assert_eq!(image_extension(b"RIFF\0\0\0\0WEBPVP8 "), Some("webp"));
+        assert_eq!(image_extension(b"hello"), None);
+        assert_eq!(image_extension(b""), None);
+    }
+
+    #[test]
+    fn shard_names_sort_in_order() {
+        assert_eq!(shard_name(3, 10), "shard-000003.tar");
+        assert_eq!(shard_name(3, 2_000_000), "shard-0000003.tar");
+    }
+}
