@@ -419,10 +419,13 @@ async fn serves_over_a_unix_socket_and_builds_the_index_on_first_use() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("shardfeed.sock");
     let harness = Harness::start(Options {
-        listen: ListenAddr::Unix(socket),
+        listen: ListenAddr::Unix(socket.clone()),
         ..Options::default()
     })
     .await;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "the pod's group may connect, others not");
     let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 8)).await;
     let mut client = harness.client().await;
     let batches = collect(&mut client, request(&uri)).await.unwrap();

