@@ -89,7 +89,7 @@ pub fn describe() {
     describe_counter!(CACHE_EVICTIONS, "Cache entries evicted to make room.");
     describe_counter!(
         CACHE_CORRUPT,
-        "Cache blocks that failed their checksum and were fetched again."
+        "Cache blocks that failed their checksum or could not be read back, and were fetched again."
     );
     describe_gauge!(CACHE_BYTES, Unit::Bytes, "Bytes of data in the disk cache.");
     describe_gauge!(

@@ -178,3 +178,79 @@ async fn a_replaced_object_is_refetched_not_served_stale() {
     assert_eq!(old[1].images, new[1].images, "shard 1 is unchanged");
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_truncated_data_files_are_refetched_without_spinning() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let harness = Harness::start(Options {
+        cache: Some(cache.clone()),
+        ..Options::default()
+    })
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(3, 16)).await;
+    let mut client = harness.client().await;
+    let clean = collect(&mut client, request(&uri)).await.unwrap();
+
+    // One data file deleted, the others cut short, as a crash or a second
+    // process on the same directory would leave them.
+    let mut data_files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|item| item.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "data"))
+        .collect();
+    data_files.sort();
+    assert!(data_files.len() >= 2, "{data_files:?}");
+    std::fs::remove_file(&data_files[0]).unwrap();
+    for path in &data_files[1..] {
+        let len = std::fs::metadata(path).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(len / 3)
+            .unwrap();
+    }
+    let before = gets(&harness.s3);
+    let cpu_before = process_cpu_seconds();
+    let again = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        collect(&mut client, request(&uri)),
+    )
+    .await
+    .expect("the stream finishes (no spin on unreadable blocks)")
+    .unwrap();
+    assert_eq!(digest(&again), digest(&clean), "identical batches");
+    assert!(
+        gets(&harness.s3) > before,
+        "the lost blocks were fetched again"
+    );
+    assert!(cache.stats.corrupt.load(Ordering::SeqCst) >= 2);
+    assert!(
+        process_cpu_seconds() - cpu_before < 20.0,
+        "CPU time stays bounded"
+    );
+    // The cache healed: a third epoch reads the disk again.
+    let before = gets(&harness.s3);
+    let third = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(digest(&third), digest(&clean));
+    assert_eq!(
+        gets(&harness.s3),
+        before,
+        "healed blocks are served from disk"
+    );
+    harness.shutdown().await;
+}
+
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // utime and stime, fields 14 and 15 of the whole line (11 and 12 here).
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}

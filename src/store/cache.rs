@@ -369,31 +369,40 @@ impl DiskCache {
         self.used_bytes() + size <= self.config.max_bytes && self.disk_has_room(size)
     }
 
+    /// A recorded block from disk. A block that cannot be read back whole
+    /// and intact (data file deleted, truncated, corrupted, replaced) is
+    /// dropped from the entry, counted and logged: the caller fetches it
+    /// again instead of trying the disk forever.
     fn read_block_from_disk(&self, id: &str, meta: &EntryMeta, block: u64) -> Option<Bytes> {
         use std::os::unix::fs::FileExt;
         let expected = *meta.blocks.get(&block)?;
         let len = block_len(meta, block) as usize;
-        let file = std::fs::File::open(self.config.dir.join(format!("{id}.data"))).ok()?;
-        let mut buf = vec![0u8; len];
-        file.read_exact_at(&mut buf, block * meta.block_size).ok()?;
-        if crc32fast::hash(&buf) != expected {
-            self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
-            ::metrics::counter!(metrics::CACHE_CORRUPT).increment(1);
-            tracing::warn!(location = %meta.location, block, "cache block failed its checksum; fetching it again");
-            let mut state = self.lock();
-            if let Some(entry) = state.entries.get_mut(id) {
-                if entry.meta.blocks.remove(&block).is_some() {
-                    state.used -= len as u64;
-                }
-                let meta = state.entries.get(id).map(|e| e.meta.clone());
-                drop(state);
-                if let Some(meta) = meta {
-                    let _ = self.write_meta(id, &meta);
-                }
+        let path = self.config.dir.join(format!("{id}.data"));
+        let read = std::fs::File::open(&path).and_then(|file| {
+            let mut buf = vec![0u8; len];
+            file.read_exact_at(&mut buf, block * meta.block_size)?;
+            Ok(buf)
+        });
+        let problem = match read {
+            Ok(buf) if crc32fast::hash(&buf) == expected => return Some(Bytes::from(buf)),
+            Ok(_) => "failed its checksum".to_string(),
+            Err(error) => format!("could not be read ({error})"),
+        };
+        self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
+        ::metrics::counter!(metrics::CACHE_CORRUPT).increment(1);
+        tracing::warn!(location = %meta.location, block, file = %path.display(), "cache block {problem}; fetching it again");
+        let mut state = self.lock();
+        if let Some(entry) = state.entries.get_mut(id) {
+            if entry.meta.blocks.remove(&block).is_some() {
+                state.used = state.used.saturating_sub(len as u64);
             }
-            return None;
+            let meta = state.entries.get(id).map(|e| e.meta.clone());
+            drop(state);
+            if let Some(meta) = meta {
+                let _ = self.write_meta(id, &meta);
+            }
         }
-        Some(Bytes::from(buf))
+        None
     }
 
     fn write_block(
@@ -466,7 +475,16 @@ impl BlockSource {
         meta: &EntryMeta,
         block: u64,
     ) -> Result<Bytes, StoreError> {
+        // A block that fails on disk is dropped there and downloaded on the
+        // next pass; one that fails again (a disk that keeps failing) is read
+        // from the origin without the cache. Never a spin.
+        let mut disk_failures = 0;
         loop {
+            if disk_failures >= 2 {
+                let start = block * meta.block_size;
+                let range = start..start + block_len(meta, block);
+                return read_range(self.inner.as_ref(), key, range, Some(&meta.etag)).await;
+            }
             let found = {
                 let mut state = self.cache.lock();
                 state.clock += 1;
@@ -517,6 +535,7 @@ impl BlockSource {
                 return Ok(bytes);
             }
             // Corrupt or unreadable: the block was dropped; fetch it again.
+            disk_failures += 1;
         }
     }
 
