@@ -170,7 +170,16 @@ impl Dataset {
         let summary_key = summary_key(&prefix);
         match get_all(store.as_ref(), &summary_key).await {
             Ok(bytes) => {
-                let index: DatasetIndex = parse_json(&bytes, &store.location(&summary_key))?;
+                let location = store.location(&summary_key);
+                let index: DatasetIndex = parse_json(&bytes, &location)?;
+                for entry in &index.shards {
+                    check_shard_name(&entry.name).map_err(|message| {
+                        DatasetError::CorruptIndex {
+                            location: location.clone(),
+                            message,
+                        }
+                    })?;
+                }
                 Ok(Self {
                     uri: uri.to_string(),
                     store,
@@ -257,6 +266,25 @@ impl Dataset {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// A shard name from an index must name an object under the dataset's root:
+/// relative, without `.` or `..` segments (so neither a local path nor an
+/// HTTP client's dot-segment normalisation leaves the prefix `--allow`
+/// admitted).
+fn check_shard_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.starts_with('/')
+        || name.contains('\\')
+        || name
+            .split('/')
+            .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        return Err(format!(
+            "shard name {name:?} does not stay inside the dataset (relative, no `.`/`..` segments)"
+        ));
+    }
+    Ok(())
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(
@@ -497,6 +525,23 @@ impl DatasetRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn index_shard_names_stay_inside_the_dataset() {
+        assert!(check_shard_name("shard-000001.tar").is_ok());
+        assert!(check_shard_name("train/part-1.tar").is_ok());
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../other/x.tar",
+            "a/../../x.tar",
+            "a//b.tar",
+            "./a.tar",
+            "a\\b.tar",
+        ] {
+            assert!(check_shard_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     #[test]
     fn parses_uris() {

@@ -511,3 +511,66 @@ async fn pad_mode_covers_every_sample_and_matches_describe() {
     );
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_cannot_name_shards_outside_the_dataset() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(
+        outside.path().join("secret.tar"),
+        tar_of(&simple_dataset(1, 8)[0]),
+    )
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let dataset = root.path().join("train");
+    std::fs::create_dir_all(dataset.join("_shardfeed")).unwrap();
+    let uri = format!("file://{}/", dataset.display());
+    let harness = Harness::start(Options {
+        allow: vec![uri.clone()],
+        ..Options::default()
+    })
+    .await;
+    let mut client = harness.client().await;
+
+    // An index naming a path with `..` is refused as corrupt.
+    let escape = format!("../../{}", outside.path().join("secret.tar").display());
+    let summary = serde_json::json!({
+        "version": 1,
+        "shards": [{"name": escape, "size": 10240, "etag": null, "samples": 8}],
+    });
+    std::fs::write(dataset.join("_shardfeed/index.json"), summary.to_string()).unwrap();
+    let refused = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("does not stay inside"),
+        "{refused:?}"
+    );
+
+    // An index naming a shard that is a symlink out of the dataset: the
+    // read is refused.
+    let secret = tar_of(&simple_dataset(1, 8)[0]);
+    std::os::unix::fs::symlink(outside.path().join("secret.tar"), dataset.join("link.tar"))
+        .unwrap();
+    let shard_index = shardfeed::dataset::index_shard_bytes(&secret, None).unwrap();
+    std::fs::create_dir_all(dataset.join("_shardfeed/shards")).unwrap();
+    std::fs::write(
+        dataset.join("_shardfeed/shards/link.tar.json"),
+        serde_json::to_vec(&shard_index).unwrap(),
+    )
+    .unwrap();
+    let summary = serde_json::json!({
+        "version": 1,
+        "shards": [{"name": "link.tar", "size": secret.len(), "etag": null, "samples": 8}],
+    });
+    std::fs::write(dataset.join("_shardfeed/index.json"), summary.to_string()).unwrap();
+    let refused = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("outside the dataset"),
+        "{refused:?}"
+    );
+    harness.shutdown().await;
+}

@@ -3,7 +3,7 @@
 
 use std::io::SeekFrom;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -24,8 +24,42 @@ impl LocalStore {
         Self { root: root.into() }
     }
 
-    fn path(&self, key: &str) -> PathBuf {
-        self.root.join(key)
+    /// The file of `key`, which must stay inside the root: no absolute
+    /// keys, no `..`, and no symlink that resolves outside the root (a
+    /// dataset's index names its shards; `--allow` admits the root only).
+    async fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
+        let escapes = |message: &str| StoreError::PermissionDenied {
+            location: self.location(key),
+            message: message.to_string(),
+        };
+        let relative = Path::new(key);
+        if relative.is_absolute()
+            || relative
+                .components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(escapes("the key leaves the dataset directory"));
+        }
+        let path = self.root.join(relative);
+        // Resolve the deepest existing ancestor: a file being created has none yet.
+        let mut existing = path.as_path();
+        let resolved = loop {
+            match tokio::fs::canonicalize(existing).await {
+                Ok(resolved) => break Some(resolved),
+                Err(_) => match existing.parent() {
+                    Some(parent) => existing = parent,
+                    None => break None,
+                },
+            }
+        };
+        if let (Some(resolved), Ok(root)) = (resolved, tokio::fs::canonicalize(&self.root).await) {
+            if !resolved.starts_with(&root) {
+                return Err(escapes(
+                    "the key resolves outside the dataset directory (a symlink)",
+                ));
+            }
+        }
+        Ok(path)
     }
 
     fn io_error(&self, key: &str, error: std::io::Error) -> StoreError {
@@ -107,7 +141,7 @@ impl ObjectStore for LocalStore {
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        let meta = tokio::fs::metadata(self.path(key))
+        let meta = tokio::fs::metadata(self.path(key).await?)
             .await
             .map_err(|e| self.io_error(key, e))?;
         Ok(ObjectMeta {
@@ -123,7 +157,7 @@ impl ObjectStore for LocalStore {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<PartStream, StoreError> {
-        let path = self.path(key);
+        let path = self.path(key).await?;
         let mut file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| self.io_error(key, e))?;
@@ -174,7 +208,7 @@ impl ObjectStore for LocalStore {
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
-        let path = self.path(key);
+        let path = self.path(key).await?;
         if let Some(parent) = path.parent() {
             tokio::fs::create_dir_all(parent)
                 .await
