@@ -332,6 +332,13 @@ async fn retried_and_resumed_reads_yield_identical_batches() {
         "{}",
         status.message()
     );
+    assert!(
+        status
+            .message()
+            .contains("resume this stream with start_batch="),
+        "{}",
+        status.message()
+    );
     faults.internal_errors.store(0, Ordering::SeqCst);
     harness.shutdown().await;
 }

@@ -158,3 +158,40 @@ async fn index_files_are_read_through_retries() {
         .fail_next(Operation::Get, 1, Injected::SlowDown);
     assert_eq!(&get_all(&store, "data/object").await.unwrap()[..], OBJECT);
 }
+
+#[tokio::test]
+async fn retries_ride_out_an_outage_shorter_than_the_budget_and_stop_at_it() {
+    let (s3, _) = setup().await;
+    let client = shardfeed::store::s3::client(&s3.s3_config()).await;
+    let policy = shardfeed::store::retry::RetryPolicy {
+        max_attempts: 10_000,
+        budget: std::time::Duration::from_millis(600),
+        base_delay: std::time::Duration::from_millis(2),
+        max_delay: std::time::Duration::from_millis(20),
+        idle_timeout: std::time::Duration::from_secs(10),
+    };
+    let store = RetryingStore::new(Arc::new(S3Store::new(client, "retries")), policy);
+
+    // Twelve throttled answers in a row fit well inside the budget.
+    s3.state
+        .faults
+        .fail_next(Operation::Head, 12, Injected::SlowDown);
+    assert_eq!(store.head("data/object").await.unwrap().size, 36);
+    assert_eq!(requests(&s3, Operation::Head), 13);
+
+    // An outage longer than the budget ends after about the budget, with
+    // many attempts but far from the attempt limit.
+    s3.state
+        .faults
+        .fail_next(Operation::Head, 100_000, Injected::InternalError);
+    let started = std::time::Instant::now();
+    let error = store.head("data/object").await.unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(matches!(error, StoreError::Exhausted { .. }), "{error:?}");
+    assert!(
+        elapsed >= std::time::Duration::from_millis(500)
+            && elapsed < std::time::Duration::from_secs(5),
+        "gave up after {elapsed:?}"
+    );
+    assert!(requests(&s3, Operation::Head) > 20);
+}

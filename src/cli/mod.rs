@@ -134,10 +134,15 @@ pub struct ReadArgs {
     #[arg(long, env = "SHARDFEED_PARTS_IN_FLIGHT", default_value_t = read::DEFAULT_PARTS_IN_FLIGHT,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub parts_in_flight: usize,
-    /// Attempts per S3 request before the stream fails with UNAVAILABLE.
+    /// Attempts per S3 request at most (a backstop to --s3-retry-budget).
     #[arg(long, env = "SHARDFEED_S3_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts,
-          value_parser = clap::value_parser!(u32).range(1..=1000))]
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub s3_max_attempts: u32,
+    /// Seconds a failing S3 request keeps retrying (exponential backoff with
+    /// jitter) before the stream ends with UNAVAILABLE.
+    #[arg(long, env = "SHARDFEED_S3_RETRY_BUDGET", default_value_t = RetryPolicy::default().budget.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub s3_retry_budget: u64,
     /// Seconds an S3 request may make no progress (no response, no body
     /// bytes) before it is cancelled and retried from the byte it reached.
     #[arg(long, env = "SHARDFEED_S3_IDLE_TIMEOUT", default_value_t = RetryPolicy::default().idle_timeout.as_secs(),
@@ -156,6 +161,7 @@ impl ReadArgs {
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
             max_attempts: self.s3_max_attempts,
+            budget: Duration::from_secs(self.s3_retry_budget),
             idle_timeout: Duration::from_secs(self.s3_idle_timeout),
             ..RetryPolicy::default()
         }

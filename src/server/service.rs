@@ -363,9 +363,17 @@ impl Stream for BatchStream {
                 self.finished = true;
                 let error = ServiceError::from(error);
                 let _entered = self.span.enter();
-                tracing::error!(%error, "stream failed");
-                metrics::request("StreamBatches", error.code());
-                Poll::Ready(Some(Err(error.into())))
+                tracing::error!(%error, next_batch = self.next_index, "stream failed");
+                let code = error.code();
+                metrics::request("StreamBatches", code);
+                // Every batch before this one was delivered: say where to resume.
+                Poll::Ready(Some(Err(Status::new(
+                    code,
+                    format!(
+                        "{error}; resume this stream with start_batch={}",
+                        self.next_index
+                    ),
+                ))))
             }
             Poll::Ready(Some(Ok(batch))) => {
                 // Stall accounting: did the client wait for us, or we for it?

@@ -43,7 +43,7 @@ pub enum StoreError {
     /// Worth retrying: throttling, 5xx, timeouts, broken connections.
     #[error("transient failure reading {location}: {message}")]
     Transient { location: String, message: String },
-    #[error("retries exhausted reading {location} after {attempts} attempts: {message}")]
+    #[error("retries exhausted for {location} after {attempts} attempts (retry budget or attempt limit reached): {message}")]
     Exhausted {
         location: String,
         attempts: u32,

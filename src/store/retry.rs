@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -22,8 +22,12 @@ use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
-    /// Attempts per request, the first included.
+    /// Attempts per request, the first included (a backstop; the budget
+    /// below is what ends an outage).
     pub max_attempts: u32,
+    /// How long a request keeps retrying after its first failure: long
+    /// enough to ride out a regional hiccup of a minute or two.
+    pub budget: Duration,
     pub base_delay: Duration,
     pub max_delay: Duration,
     /// An attempt that makes no progress (no response, no body bytes) for
@@ -34,7 +38,8 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_attempts: 8,
+            max_attempts: 100,
+            budget: Duration::from_secs(120),
             base_delay: Duration::from_millis(50),
             max_delay: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
@@ -56,18 +61,25 @@ impl RetryPolicy {
         exp.mul_f64(0.5 + fraction / 2.0)
     }
 
-    /// After failed attempt number `attempt` (1-based) with `error`: `Ok` to
-    /// try again after the backoff, or the error to give up with.
-    async fn back_off(&self, error: StoreError, attempt: u32) -> Result<(), StoreError> {
+    /// After failed attempt number `attempt` (1-based) with `error`, the
+    /// first failure having been at `first_failure`: `Ok` to try again after
+    /// the backoff, or the error to give up with.
+    async fn back_off(
+        &self,
+        error: StoreError,
+        attempt: u32,
+        first_failure: Instant,
+    ) -> Result<(), StoreError> {
         if !error.is_transient() {
             return Err(error);
         }
-        if attempt >= self.max_attempts {
+        let delay = self.delay(attempt);
+        if attempt >= self.max_attempts || first_failure.elapsed() + delay > self.budget {
             return Err(exhausted(error, attempt));
         }
         crate::metrics::store_retry();
         tracing::debug!(%error, attempt, "retrying store request");
-        tokio::time::sleep(self.delay(attempt)).await;
+        tokio::time::sleep(delay).await;
         Ok(())
     }
 }
@@ -106,6 +118,7 @@ impl RetryingStore {
         Fut: Future<Output = Result<T, StoreError>>,
     {
         let mut attempt = 0;
+        let mut first_failure = None;
         loop {
             attempt += 1;
             let error = match tokio::time::timeout(self.policy.idle_timeout, op()).await {
@@ -113,7 +126,8 @@ impl RetryingStore {
                 Ok(Err(error)) => error,
                 Err(_) => timed_out(self.inner.location(key), self.policy.idle_timeout),
             };
-            self.policy.back_off(error, attempt).await?;
+            let first_failure = *first_failure.get_or_insert_with(Instant::now);
+            self.policy.back_off(error, attempt, first_failure).await?;
         }
     }
 }
@@ -149,6 +163,7 @@ impl ObjectStore for RetryingStore {
             next: range.start,
             end: range.end,
             attempt: 0,
+            first_failure: None,
             body: None,
         };
         // Fail here, not in the stream, when the object cannot be read at
@@ -186,6 +201,8 @@ struct ResumingBody {
     next: u64,
     end: u64,
     attempt: u32,
+    /// When the range first failed: the retry budget counts from here.
+    first_failure: Option<Instant>,
     body: Option<PartStream>,
 }
 
@@ -205,7 +222,10 @@ impl ResumingBody {
                 Err(_) => timed_out(self.inner.location(&self.key), self.policy.idle_timeout),
             };
             self.attempt += 1;
-            self.policy.back_off(error, self.attempt).await?;
+            let first_failure = *self.first_failure.get_or_insert_with(Instant::now);
+            self.policy
+                .back_off(error, self.attempt, first_failure)
+                .await?;
         }
         Ok(())
     }
@@ -258,7 +278,10 @@ impl ResumingBody {
             self.body = None;
             self.attempt += 1;
             tracing::debug!(resume_at = self.next, "resuming ranged read");
-            self.policy.back_off(error, self.attempt).await?;
+            let first_failure = *self.first_failure.get_or_insert_with(Instant::now);
+            self.policy
+                .back_off(error, self.attempt, first_failure)
+                .await?;
         }
     }
 }

@@ -154,6 +154,7 @@ pub fn small_parts() -> ReadConfig {
 pub fn fast_retries() -> RetryPolicy {
     RetryPolicy {
         max_attempts: 4,
+        budget: Duration::from_secs(10),
         base_delay: Duration::from_millis(5),
         max_delay: Duration::from_millis(50),
         idle_timeout: Duration::from_secs(10),
