@@ -22,6 +22,7 @@ use crate::store::local::LocalStore;
 use crate::store::read::{get_all, read_parts, ReadConfig};
 use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::s3::{S3Config, S3Store};
+use crate::store::throttle::{RequestLimiter, DEFAULT_INITIAL_LIMIT};
 use crate::store::{ObjectStore, StoreError};
 
 pub const INDEX_DIR: &str = "_shardfeed/";
@@ -440,6 +441,8 @@ pub struct DatasetRegistry {
     retry: RetryPolicy,
     read: ReadConfig,
     s3_client: OnceCell<aws_sdk_s3::Client>,
+    /// S3 requests in flight, host-wide, adapted to throttling.
+    limiter: Arc<RequestLimiter>,
     datasets: Mutex<HashMap<String, Arc<OnceCell<Arc<Dataset>>>>>,
     cache: Option<Arc<DiskCache>>,
 }
@@ -454,6 +457,7 @@ impl DatasetRegistry {
             retry,
             read,
             s3_client: OnceCell::new(),
+            limiter: RequestLimiter::new(DEFAULT_INITIAL_LIMIT),
             datasets: Mutex::default(),
             cache: None,
         }
@@ -476,9 +480,6 @@ impl DatasetRegistry {
     /// The store and key prefix for a dataset URI: the origin, wrapped in
     /// the retrying store, behind the disk cache for S3.
     pub async fn store_for(&self, uri: &DatasetUri) -> (Arc<dyn ObjectStore>, String) {
-        let retrying = |origin: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
-            Arc::new(RetryingStore::new(origin, self.retry.clone()))
-        };
         match uri {
             DatasetUri::S3 { bucket, prefix } => {
                 let client = self
@@ -486,7 +487,13 @@ impl DatasetRegistry {
                     .get_or_init(|| crate::store::s3::client(&self.s3))
                     .await
                     .clone();
-                let s3 = retrying(Arc::new(S3Store::new(client, bucket.clone())));
+                let s3: Arc<dyn ObjectStore> = Arc::new(
+                    RetryingStore::new(
+                        Arc::new(S3Store::new(client, bucket.clone())),
+                        self.retry.clone(),
+                    )
+                    .with_limiter(self.limiter.clone()),
+                );
                 let store: Arc<dyn ObjectStore> = match &self.cache {
                     Some(cache) => Arc::new(CacheStore::new(s3, cache.clone())),
                     None => s3,
@@ -494,7 +501,10 @@ impl DatasetRegistry {
                 (store, prefix.clone())
             }
             DatasetUri::Local { root } => (
-                retrying(Arc::new(LocalStore::new(root.clone()))),
+                Arc::new(RetryingStore::new(
+                    Arc::new(LocalStore::new(root.clone())),
+                    self.retry.clone(),
+                )),
                 String::new(),
             ),
         }

@@ -32,6 +32,7 @@ pub const CACHE_EVICTIONS: &str = "shardfeed_cache_evictions_total";
 pub const CACHE_CORRUPT: &str = "shardfeed_cache_corrupt_blocks_total";
 pub const CACHE_BYTES: &str = "shardfeed_cache_bytes";
 pub const PARTS_IN_FLIGHT: &str = "shardfeed_s3_parts_in_flight";
+pub const S3_REQUEST_LIMIT: &str = "shardfeed_s3_request_limit";
 pub const DECODE_QUEUE: &str = "shardfeed_decode_queue_samples";
 pub const READY_BATCHES: &str = "shardfeed_ready_batches";
 
@@ -92,6 +93,10 @@ pub fn describe() {
         "Cache blocks that failed their checksum or could not be read back, and were fetched again."
     );
     describe_gauge!(CACHE_BYTES, Unit::Bytes, "Bytes of data in the disk cache.");
+    describe_gauge!(
+        S3_REQUEST_LIMIT,
+        "S3 requests the host may have waiting for a response (halved when throttled)."
+    );
     describe_gauge!(
         PARTS_IN_FLIGHT,
         "Ranged GETs in flight or fetched and not yet parsed."

@@ -195,3 +195,46 @@ async fn retries_ride_out_an_outage_shorter_than_the_budget_and_stop_at_it() {
     );
     assert!(requests(&s3, Operation::Head) > 20);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_lowers_the_requests_in_flight_and_recovery_raises_them() {
+    use shardfeed::store::throttle::RequestLimiter;
+    let (s3, _) = setup().await;
+    let client = shardfeed::store::s3::client(&s3.s3_config()).await;
+    let limiter = RequestLimiter::new(32.0);
+    let store = Arc::new(
+        RetryingStore::new(Arc::new(S3Store::new(client, "retries")), fast_retries())
+            .with_limiter(limiter.clone()),
+    );
+
+    // A storm of SlowDown answers to 16 concurrent requests, spread over
+    // several retry rounds: the limit halves per round, not per answer.
+    s3.state
+        .faults
+        .fail_next(Operation::Head, 30, Injected::SlowDown);
+    let heads: Vec<_> = (0..16)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.head("data/object").await })
+        })
+        .collect();
+    for head in heads {
+        // With 4 attempts some requests give up; what matters is the limit.
+        let _ = head.await.unwrap();
+    }
+    let throttled = limiter.limit();
+    assert!(
+        (2..32).contains(&throttled),
+        "limit {throttled} after the storm"
+    );
+
+    // When the throttling stops, successes raise the limit again.
+    for _ in 0..300 {
+        store.head("data/object").await.unwrap();
+    }
+    assert!(
+        limiter.limit() > throttled + 5,
+        "limit {} after 300 successes (was {throttled})",
+        limiter.limit()
+    );
+}

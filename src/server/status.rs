@@ -70,7 +70,9 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             StoreError::NotFound { .. } => Code::NotFound,
             StoreError::PermissionDenied { .. } => Code::PermissionDenied,
             StoreError::Changed { .. } => Code::FailedPrecondition,
-            StoreError::Transient { .. } | StoreError::Exhausted { .. } => Code::Unavailable,
+            StoreError::Transient { .. }
+            | StoreError::Throttled { .. }
+            | StoreError::Exhausted { .. } => Code::Unavailable,
             StoreError::Other { .. } => Code::Unknown,
         });
     }

@@ -13,6 +13,7 @@ pub mod local;
 pub mod read;
 pub mod retry;
 pub mod s3;
+pub mod throttle;
 
 use std::fmt;
 use std::ops::Range;
@@ -40,9 +41,12 @@ pub enum StoreError {
     PermissionDenied { location: String, message: String },
     #[error("{location} changed since it was indexed (ETag no longer matches); rebuild the index with `shardfeed index`")]
     Changed { location: String },
-    /// Worth retrying: throttling, 5xx, timeouts, broken connections.
+    /// Worth retrying: 5xx, timeouts, broken connections.
     #[error("transient failure reading {location}: {message}")]
     Transient { location: String, message: String },
+    /// Worth retrying, more slowly: the store asked for fewer requests.
+    #[error("{location} is throttled: {message}")]
+    Throttled { location: String, message: String },
     #[error("retries exhausted for {location} after {attempts} attempts (retry budget or attempt limit reached): {message}")]
     Exhausted {
         location: String,
@@ -63,7 +67,10 @@ fn detail(message: &str) -> String {
 
 impl StoreError {
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Transient { .. })
+        matches!(
+            self,
+            StoreError::Transient { .. } | StoreError::Throttled { .. }
+        )
     }
 }
 

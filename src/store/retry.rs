@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 
+use super::throttle::{RequestLimiter, Slot};
 use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
 
 #[derive(Debug, Clone)]
@@ -86,7 +87,8 @@ impl RetryPolicy {
 
 fn exhausted(error: StoreError, attempts: u32) -> StoreError {
     match error {
-        StoreError::Transient { location, message } => StoreError::Exhausted {
+        StoreError::Transient { location, message }
+        | StoreError::Throttled { location, message } => StoreError::Exhausted {
             location,
             attempts,
             message,
@@ -100,6 +102,7 @@ fn exhausted(error: StoreError, attempts: u32) -> StoreError {
 pub struct RetryingStore {
     inner: Arc<dyn ObjectStore>,
     policy: Arc<RetryPolicy>,
+    limiter: Option<Arc<RequestLimiter>>,
 }
 
 impl RetryingStore {
@@ -107,7 +110,15 @@ impl RetryingStore {
         Self {
             inner,
             policy: Arc::new(policy),
+            limiter: None,
         }
+    }
+
+    /// Requests wait for a slot of `limiter`, which shrinks when the store
+    /// throttles and grows back when it stops (see [`super::throttle`]).
+    pub fn with_limiter(mut self, limiter: Arc<RequestLimiter>) -> Self {
+        self.limiter = Some(limiter);
+        self
     }
 
     /// Runs `op` until it succeeds, fails for good, or runs out of attempts;
@@ -121,14 +132,38 @@ impl RetryingStore {
         let mut first_failure = None;
         loop {
             attempt += 1;
-            let error = match tokio::time::timeout(self.policy.idle_timeout, op()).await {
-                Ok(Ok(value)) => return Ok(value),
+            let slot = acquire(&self.limiter).await;
+            let result = tokio::time::timeout(self.policy.idle_timeout, op()).await;
+            drop(slot);
+            let error = match result {
+                Ok(Ok(value)) => {
+                    adapt(&self.limiter, None);
+                    return Ok(value);
+                }
                 Ok(Err(error)) => error,
                 Err(_) => timed_out(self.inner.location(key), self.policy.idle_timeout),
             };
+            adapt(&self.limiter, Some(&error));
             let first_failure = *first_failure.get_or_insert_with(Instant::now);
             self.policy.back_off(error, attempt, first_failure).await?;
         }
+    }
+}
+
+async fn acquire(limiter: &Option<Arc<RequestLimiter>>) -> Option<Slot> {
+    match limiter {
+        Some(limiter) => Some(limiter.acquire().await),
+        None => None,
+    }
+}
+
+/// Tells the limiter how a request was answered (`None`: it succeeded).
+fn adapt(limiter: &Option<Arc<RequestLimiter>>, error: Option<&StoreError>) {
+    let Some(limiter) = limiter else { return };
+    match error {
+        None => limiter.on_success(),
+        Some(StoreError::Throttled { .. }) => limiter.on_throttled(),
+        Some(_) => {}
     }
 }
 
@@ -158,6 +193,7 @@ impl ObjectStore for RetryingStore {
         let mut body = ResumingBody {
             inner: self.inner.clone(),
             policy: self.policy.clone(),
+            limiter: self.limiter.clone(),
             key: key.to_string(),
             if_match: if_match.map(str::to_string),
             next: range.start,
@@ -195,6 +231,7 @@ impl ObjectStore for RetryingStore {
 struct ResumingBody {
     inner: Arc<dyn ObjectStore>,
     policy: Arc<RetryPolicy>,
+    limiter: Option<Arc<RequestLimiter>>,
     key: String,
     if_match: Option<String>,
     /// The next byte to deliver.
@@ -210,17 +247,22 @@ impl ResumingBody {
     /// Opens the body from `next`, retrying transient failures.
     async fn connect(&mut self) -> Result<(), StoreError> {
         while self.body.is_none() && self.next < self.end {
+            let slot = acquire(&self.limiter).await;
             let request =
                 self.inner
                     .get_range(&self.key, self.next..self.end, self.if_match.as_deref());
-            let error = match tokio::time::timeout(self.policy.idle_timeout, request).await {
+            let result = tokio::time::timeout(self.policy.idle_timeout, request).await;
+            drop(slot);
+            let error = match result {
                 Ok(Ok(body)) => {
+                    adapt(&self.limiter, None);
                     self.body = Some(body);
                     return Ok(());
                 }
                 Ok(Err(error)) => error,
                 Err(_) => timed_out(self.inner.location(&self.key), self.policy.idle_timeout),
             };
+            adapt(&self.limiter, Some(&error));
             self.attempt += 1;
             let first_failure = *self.first_failure.get_or_insert_with(Instant::now);
             self.policy

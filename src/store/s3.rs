@@ -139,8 +139,16 @@ where
                 (404, _) | (_, "NoSuchKey") => StoreError::NotFound { location, message },
                 (401 | 403, _) => StoreError::PermissionDenied { location, message },
                 (412, _) => StoreError::Changed { location },
-                (408 | 429 | 500..=599, _)
-                | (_, "SlowDown" | "RequestTimeout" | "InternalError") => {
+                (429 | 503, _)
+                | (
+                    _,
+                    "SlowDown"
+                    | "Throttling"
+                    | "ThrottlingException"
+                    | "RequestLimitExceeded"
+                    | "TooManyRequestsException",
+                ) => StoreError::Throttled { location, message },
+                (408 | 500..=599, _) | (_, "RequestTimeout" | "InternalError") => {
                     StoreError::Transient { location, message }
                 }
                 _ => StoreError::Other { location, message },
@@ -166,6 +174,7 @@ fn outcome<T>(result: &Result<T, StoreError>) -> &'static str {
         Err(StoreError::PermissionDenied { .. }) => "denied",
         Err(StoreError::Changed { .. }) => "changed",
         Err(StoreError::Transient { .. }) => "transient",
+        Err(StoreError::Throttled { .. }) => "throttled",
         Err(_) => "error",
     }
 }
