@@ -240,14 +240,7 @@ impl S3 for Backend {
         if !self.0.read().contains_key(&input.bucket) {
             return Err(s3_error!(NoSuchBucket));
         }
-        let mut data = BytesMut::new();
-        if let Some(mut body) = input.body {
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| s3_error!(IncompleteBody, "{e}"))?;
-                data.extend_from_slice(&chunk);
-            }
-        }
-        let data = data.freeze();
+        let data = read_body(input.body).await?;
         let etag = etag_of(&data);
         self.0.insert(&input.bucket, &input.key, data);
         Ok(S3Response::new(dto::PutObjectOutput {
@@ -289,14 +282,7 @@ impl S3 for Backend {
         self.0.counts.put.fetch_add(1, Ordering::Relaxed);
         self.0.faults.scripted(Operation::Put)?;
         let input = req.input;
-        let mut data = BytesMut::new();
-        if let Some(mut body) = input.body {
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| s3_error!(IncompleteBody, "{e}"))?;
-                data.extend_from_slice(&chunk);
-            }
-        }
-        let data = data.freeze();
+        let data = read_body(input.body).await?;
         let etag = etag_of(&data);
         let mut uploads = self.0.lock_uploads();
         let (_, _, parts) = uploads
@@ -492,6 +478,18 @@ impl S3 for Backend {
             ..Default::default()
         }))
     }
+}
+
+/// A request body, whole.
+async fn read_body(body: Option<StreamingBlob>) -> S3Result<Bytes> {
+    let mut data = BytesMut::new();
+    if let Some(mut body) = body {
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| s3_error!(IncompleteBody, "{e}"))?;
+            data.extend_from_slice(&chunk);
+        }
+    }
+    Ok(data.freeze())
 }
 
 /// The body in 64 KiB frames, optionally failing after `cut` bytes. The
