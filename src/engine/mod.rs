@@ -115,10 +115,6 @@ impl Engine {
         &self.config
     }
 
-    pub fn registry(&self) -> &Arc<DatasetRegistry> {
-        &self.registry
-    }
-
     /// Plans the stream and starts its pipeline; batches arrive on the
     /// returned receiver.
     pub async fn open_stream(&self, request: StreamRequest) -> Result<OpenStream, EngineError> {

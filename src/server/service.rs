@@ -93,10 +93,6 @@ impl ShardfeedService {
         }
     }
 
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
-    }
-
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.clone()
     }
