@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
-use crate::shard::{SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{BadShardPolicy, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::cache::{CacheStore, DiskCache};
 use crate::store::local::LocalStore;
 use crate::store::read::{get_all, read_parts, ReadConfig};
@@ -39,7 +40,7 @@ pub enum DatasetUri {
     Local { root: PathBuf },
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DatasetError {
     #[error("invalid dataset URI {uri:?}: {reason}")]
     InvalidUri { uri: String, reason: &'static str },
@@ -55,6 +56,8 @@ pub enum DatasetError {
         #[source]
         source: ShardError,
     },
+    #[error("opening the dataset failed inside the server: {0}")]
+    Internal(String),
 }
 
 impl DatasetUri {
@@ -167,6 +170,7 @@ impl Dataset {
         store: Arc<dyn ObjectStore>,
         prefix: String,
         read: &ReadConfig,
+        on_bad_shard: BadShardPolicy,
     ) -> Result<Self, DatasetError> {
         let summary_key = summary_key(&prefix);
         match get_all(store.as_ref(), &summary_key).await {
@@ -192,7 +196,8 @@ impl Dataset {
             }
             Err(StoreError::NotFound { .. }) => {
                 let started = Instant::now();
-                let (index, shard_indexes) = build_index(store.clone(), &prefix, read).await?;
+                let (index, shard_indexes) =
+                    build_index(store.clone(), &prefix, read, on_bad_shard).await?;
                 crate::metrics::index_built();
                 tracing::warn!(
                     dataset = uri,
@@ -303,6 +308,7 @@ pub async fn build_index(
     store: Arc<dyn ObjectStore>,
     prefix: &str,
     read: &ReadConfig,
+    on_bad_shard: BadShardPolicy,
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
     let objects = store.list(prefix).await?;
     let shards: Vec<_> = objects
@@ -320,8 +326,15 @@ pub async fn build_index(
         let store = store.clone();
         let read = read.clone();
         async move {
-            let index =
-                scan_shard(store, &object.key, object.size, object.etag.clone(), read).await?;
+            let index = scan_shard(
+                store,
+                &object.key,
+                object.size,
+                object.etag.clone(),
+                read,
+                on_bad_shard,
+            )
+            .await?;
             Ok::<_, DatasetError>((object, index))
         }
     }))
@@ -354,13 +367,9 @@ async fn scan_shard(
     size: u64,
     etag: Option<String>,
     read: ReadConfig,
+    on_bad_shard: BadShardPolicy,
 ) -> Result<ShardIndex, DatasetError> {
     let location = store.location(key);
-    let shard_error = |source| DatasetError::Shard {
-        location: location.clone(),
-        source,
-    };
-    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
     let mut index = ShardIndex {
         version: INDEX_VERSION,
         etag: etag.clone(),
@@ -368,22 +377,55 @@ async fn scan_shard(
         starts: Vec::new(),
         ends: Vec::new(),
     };
+    match scan_into(&mut index, store, key, size, etag, read).await {
+        Ok(()) => Ok(index),
+        Err(ScanError::Shard(source)) if on_bad_shard == BadShardPolicy::Skip => {
+            // The samples before the damage are whole (a sample is only
+            // emitted once the next one starts): keep them.
+            crate::metrics::bad_shard();
+            tracing::warn!(
+                shard = %location,
+                error = %source,
+                kept = index.keys.len(),
+                "indexing a damaged shard: kept the samples before the damage (--on-bad-shard skip)"
+            );
+            Ok(index)
+        }
+        Err(ScanError::Shard(source)) => Err(DatasetError::Shard { location, source }),
+        Err(ScanError::Store(error)) => Err(error.into()),
+    }
+}
+
+enum ScanError {
+    Shard(ShardError),
+    Store(StoreError),
+}
+
+async fn scan_into(
+    index: &mut ShardIndex,
+    store: Arc<dyn ObjectStore>,
+    key: &str,
+    size: u64,
+    etag: Option<String>,
+    read: ReadConfig,
+) -> Result<(), ScanError> {
+    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
     let mut parts = std::pin::pin!(read_parts(store, key.to_string(), 0..size, etag, &read));
     while let Some(part) = parts.next().await {
-        let (_, bytes) = part?;
+        let (_, bytes) = part.map_err(ScanError::Store)?;
         splitter.push(&bytes);
-        while let Some(sample) = splitter.next_sample().map_err(shard_error)? {
+        while let Some(sample) = splitter.next_sample().map_err(ScanError::Shard)? {
             index.keys.push(sample.key);
             index.starts.push(sample.start);
             index.ends.push(sample.end);
         }
     }
-    while let Some(sample) = splitter.finish().map_err(shard_error)? {
+    while let Some(sample) = splitter.finish().map_err(ScanError::Shard)? {
         index.keys.push(sample.key);
         index.starts.push(sample.start);
         index.ends.push(sample.end);
     }
-    Ok(index)
+    Ok(())
 }
 
 /// The index of a whole shard held in memory (as `shardfeed pack` writes it):
@@ -443,9 +485,15 @@ pub struct DatasetRegistry {
     s3_client: OnceCell<aws_sdk_s3::Client>,
     /// S3 requests in flight, host-wide, adapted to throttling.
     limiter: Arc<RequestLimiter>,
-    datasets: Mutex<HashMap<String, Arc<OnceCell<Arc<Dataset>>>>>,
+    /// Opened datasets, and opens in progress: an open (which may build an
+    /// index for minutes) runs in its own task, so it goes on when the
+    /// caller that started it leaves, and every caller awaits the same one.
+    datasets: Mutex<HashMap<String, SharedOpen>>,
     cache: Option<Arc<DiskCache>>,
+    on_bad_shard: BadShardPolicy,
 }
+
+type SharedOpen = Shared<BoxFuture<'static, Result<Arc<Dataset>, DatasetError>>>;
 
 impl DatasetRegistry {
     /// Datasets in S3 (reached with `s3`) or local directories, every store
@@ -460,7 +508,14 @@ impl DatasetRegistry {
             limiter: RequestLimiter::new(DEFAULT_INITIAL_LIMIT),
             datasets: Mutex::default(),
             cache: None,
+            on_bad_shard: BadShardPolicy::Fail,
         }
+    }
+
+    /// What an index build does with a shard it cannot parse.
+    pub fn with_bad_shard_policy(mut self, policy: BadShardPolicy) -> Self {
+        self.on_bad_shard = policy;
+        self
     }
 
     /// Reads S3 datasets through `cache` (local directories are not cached).
@@ -510,25 +565,54 @@ impl DatasetRegistry {
         }
     }
 
-    /// The dataset at `uri`, opened once; concurrent first requests share one
-    /// open (and one index build). Failures are not cached.
+    /// The dataset at `uri`, opened once; concurrent requests share one open
+    /// (and one index build), which finishes even if they all leave.
+    /// Failures are not kept: the next request tries again.
     pub async fn open(&self, uri: &str) -> Result<Arc<Dataset>, DatasetError> {
         let parsed = DatasetUri::parse(uri)?;
-        let cell = {
-            let mut datasets = self
-                .datasets
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            datasets.entry(uri.to_string()).or_default().clone()
+        let existing = self.lock_datasets().get(uri).cloned();
+        let open = match existing {
+            Some(open) => open,
+            None => {
+                let (store, prefix) = self.store_for(&parsed).await;
+                let (read, policy, owned_uri) =
+                    (self.read.clone(), self.on_bad_shard, uri.to_string());
+                self.lock_datasets()
+                    .entry(uri.to_string())
+                    .or_insert_with(|| {
+                        let task = tokio::spawn(async move {
+                            Dataset::open(&owned_uri, store, prefix, &read, policy)
+                                .await
+                                .map(Arc::new)
+                        });
+                        async move {
+                            task.await.unwrap_or_else(|error| {
+                                Err(DatasetError::Internal(format!("open task ended: {error}")))
+                            })
+                        }
+                        .boxed()
+                        .shared()
+                    })
+                    .clone()
+            }
         };
-        cell.get_or_try_init(|| async {
-            let (store, prefix) = self.store_for(&parsed).await;
-            Dataset::open(uri, store, prefix, &self.read)
-                .await
-                .map(Arc::new)
-        })
-        .await
-        .cloned()
+        let result = open.clone().await;
+        if result.is_err() {
+            let mut datasets = self.lock_datasets();
+            if datasets
+                .get(uri)
+                .is_some_and(|current| current.ptr_eq(&open))
+            {
+                datasets.remove(uri);
+            }
+        }
+        result
+    }
+
+    fn lock_datasets(&self) -> std::sync::MutexGuard<'_, HashMap<String, SharedOpen>> {
+        self.datasets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

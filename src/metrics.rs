@@ -35,6 +35,10 @@ pub const PARTS_IN_FLIGHT: &str = "shardfeed_s3_parts_in_flight";
 pub const S3_REQUEST_LIMIT: &str = "shardfeed_s3_request_limit";
 pub const DECODE_QUEUE: &str = "shardfeed_decode_queue_samples";
 pub const READY_BATCHES: &str = "shardfeed_ready_batches";
+pub const MEMORY_BUDGET: &str = "shardfeed_stream_memory_budget_bytes";
+pub const MEMORY_RESERVED: &str = "shardfeed_stream_memory_reserved_bytes";
+pub const BAD_SHARDS: &str = "shardfeed_bad_shards_total";
+pub const CACHE_WRITE_FAILURES: &str = "shardfeed_cache_write_failures_total";
 
 /// Histogram buckets for every `_seconds` metric.
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -106,6 +110,24 @@ pub fn describe() {
         "Samples handed to the decode pool and not yet decoded."
     );
     describe_gauge!(READY_BATCHES, "Decoded batches waiting for their client.");
+    describe_gauge!(
+        MEMORY_BUDGET,
+        Unit::Bytes,
+        "Memory all streams together may reserve (from --memory-limit)."
+    );
+    describe_gauge!(
+        MEMORY_RESERVED,
+        Unit::Bytes,
+        "Memory reserved by the open streams (each stream's formula)."
+    );
+    describe_counter!(
+        BAD_SHARDS,
+        "Damaged shards whose rest was substituted (--on-bad-shard skip), while serving or indexing."
+    );
+    describe_counter!(
+        CACHE_WRITE_FAILURES,
+        "Blocks the disk cache could not write (disk full or I/O error); served from S3 instead."
+    );
     describe_histogram!(
         READY_WAIT_SECONDS,
         Unit::Seconds,
@@ -124,16 +146,32 @@ pub fn describe() {
         CACHE_MISSES,
         CACHE_EVICTIONS,
         CACHE_CORRUPT,
+        BAD_SHARDS,
+        CACHE_WRITE_FAILURES,
     ] {
         counter!(name).absolute(0);
     }
     for source in ["cache", "origin"] {
         counter!(CACHE_READ_BYTES, "source" => source).absolute(0);
     }
-    for reason in ["corrupt", "too_large", "resize", "no_image"] {
+    for reason in [
+        "corrupt",
+        "too_large",
+        "over_budget",
+        "resize",
+        "panic",
+        "no_image",
+        "bad_shard",
+    ] {
         counter!(SUBSTITUTED, "reason" => reason).absolute(0);
     }
-    for name in [STREAMS_ACTIVE, PARTS_IN_FLIGHT, DECODE_QUEUE, CACHE_BYTES] {
+    for name in [
+        STREAMS_ACTIVE,
+        PARTS_IN_FLIGHT,
+        DECODE_QUEUE,
+        CACHE_BYTES,
+        MEMORY_RESERVED,
+    ] {
         gauge!(name).set(0.0);
     }
 }
@@ -153,6 +191,14 @@ pub fn s3_bytes(bytes: u64) {
 
 pub fn store_retry() {
     counter!(STORE_RETRIES).increment(1);
+}
+
+pub fn bad_shard() {
+    counter!(BAD_SHARDS).increment(1);
+}
+
+pub fn cache_write_failed() {
+    counter!(CACHE_WRITE_FAILURES).increment(1);
 }
 
 pub fn index_built() {
@@ -216,6 +262,7 @@ impl StreamMetrics {
 }
 
 /// Raises a gauge by `amount` for as long as it lives.
+#[derive(Debug)]
 pub struct GaugeGuard {
     gauge: metrics::Gauge,
     amount: f64,

@@ -243,13 +243,45 @@ async fn bad_requests_get_clear_statuses() {
     harness.shutdown().await;
 }
 
+/// Checks that every substituted slot holds an exact copy of the image and
+/// label of the good slot it names, chosen as documented.
+fn assert_substitutes_copy_their_source(batch: &pb::Batch, slot_bytes: usize) {
+    let good: Vec<u32> = (0..batch.labels.len() as u32)
+        .filter(|slot| !batch.substituted.contains(slot))
+        .collect();
+    assert_eq!(batch.substitute_sources.len(), batch.substituted.len());
+    for (&slot, &source) in batch.substituted.iter().zip(&batch.substitute_sources) {
+        let slot = slot as usize;
+        let pixels = &batch.images[slot * slot_bytes..(slot + 1) * slot_bytes];
+        let expected = shardfeed::pipeline::substitute_source(&batch.keys[slot], &good);
+        match expected {
+            Some(from) => {
+                assert_eq!(source, from as i32, "slot {slot}");
+                let from = from as usize;
+                assert_eq!(
+                    pixels,
+                    &batch.images[from * slot_bytes..(from + 1) * slot_bytes]
+                );
+                assert_eq!(batch.labels[slot], batch.labels[from]);
+            }
+            None => {
+                assert_eq!(source, -1);
+                assert!(pixels.iter().all(|&v| v == 0));
+                assert_eq!(batch.labels[slot], -1);
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn substitutes_in_later_batches_are_zeros_not_old_pixels() {
+async fn substitutes_in_reused_buffers_are_whole_copies_of_a_good_sample() {
     // Batch buffers are reused once sent (at most decode_ahead + ready + 1
     // alive), so by batch 6 of 10 every buffer has held an earlier batch: a
-    // substitute must overwrite its whole slot.
+    // substitute must overwrite its whole slot. Batch 9 fails entirely: no
+    // sample to copy, so zeros and label -1.
     let mut shards = simple_dataset(1, 80);
-    let corrupt: Vec<usize> = (6..10).map(|batch| batch * 8 + 3).collect();
+    let mut corrupt: Vec<usize> = (6..9).map(|batch| batch * 8 + 3).collect();
+    corrupt.extend(72..80);
     for &index in &corrupt {
         shards[0][index].image = Some(("jpg", b"not a jpeg".to_vec()));
     }
@@ -260,15 +292,20 @@ async fn substitutes_in_later_batches_are_zeros_not_old_pixels() {
     assert_eq!(batches.len(), 10);
     let slot = 24 * 32 * 3;
     for (index, batch) in batches.iter().enumerate() {
+        let expected: Vec<u32> = (0..8)
+            .filter(|position| corrupt.contains(&(index * 8 + *position as usize)))
+            .collect();
+        assert_eq!(batch.substituted, expected, "batch {index}");
+        assert_substitutes_copy_their_source(batch, slot);
         for (position, pixels) in batch.images.chunks(slot).enumerate() {
-            let substituted = corrupt.contains(&(index * 8 + position));
             assert_eq!(
                 pixels.iter().all(|&v| v == 0),
-                substituted,
+                index == 9,
                 "batch {index} slot {position}"
             );
         }
     }
+    assert!(batches[9].labels.iter().all(|&label| label == -1));
     harness.shutdown().await;
 }
 
@@ -286,10 +323,11 @@ async fn corrupt_images_are_substituted_and_counted_in_place() {
     assert_eq!(batch.substituted, vec![2, 5]);
     assert_eq!(batch.substitution_reasons.len(), 2);
     assert!(batch.substitution_reasons[1].contains("no .jpg"));
-    let slot = 24 * 32 * 3;
-    assert!(batch.images[2 * slot..3 * slot].iter().all(|&p| p == 0));
-    assert!(batch.images[3 * slot..4 * slot].iter().any(|&p| p != 0));
-    assert_eq!(batch.labels[2], 2, "a substituted sample keeps its label");
+    assert_eq!(
+        batch.keys[2], "s000/k000002",
+        "keys name the planned sample"
+    );
+    assert_substitutes_copy_their_source(batch, 24 * 32 * 3);
     harness.shutdown().await;
 }
 

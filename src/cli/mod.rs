@@ -14,10 +14,12 @@ use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::dataset::DatasetUri;
+use crate::engine::budget::MemoryConfig;
 use crate::engine::{self, EngineConfig};
 use crate::pipeline::{self, PipelineConfig};
 use crate::plan::{self, ShuffleConfig};
 use crate::server::{self, ListenAddr, ServiceConfig};
+use crate::shard::BadShardPolicy;
 use crate::store::cache::{self, CacheConfig, EvictionPolicy};
 use crate::store::read::{self, ReadConfig};
 use crate::store::retry::RetryPolicy;
@@ -148,6 +150,10 @@ pub struct ReadArgs {
     #[arg(long, env = "SHARDFEED_S3_IDLE_TIMEOUT", default_value_t = RetryPolicy::default().idle_timeout.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub s3_idle_timeout: u64,
+    /// A shard that cannot be parsed: `fail` the stream (DATA_LOSS) or the index build, or `skip`
+    /// the rest of it, substituting its samples (counts stay equal on every rank).
+    #[arg(long, env = "SHARDFEED_ON_BAD_SHARD", value_enum, default_value_t = BadShardArg::Fail)]
+    pub on_bad_shard: BadShardArg,
 }
 
 impl ReadArgs {
@@ -306,6 +312,27 @@ pub struct StreamArgs {
     #[arg(long, env = "SHARDFEED_INTERLEAVE", default_value_t = plan::DEFAULT_INTERLEAVE,
           value_parser = clap::value_parser!(u32).range(1..=plan::MAX_INTERLEAVE as i64))]
     pub interleave: u32,
+    /// Memory the server plans for, e.g. 8Gi (default: the container's cgroup
+    /// limit, else the machine's memory). Streams may reserve 3/4 of it minus
+    /// the decode scratch budget, min(limit/8, 1 GiB); a stream that does not
+    /// fit is refused (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "SHARDFEED_MEMORY_LIMIT", value_parser = parse_size)]
+    pub memory_limit: Option<u64>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BadShardArg {
+    Fail,
+    Skip,
+}
+
+impl From<BadShardArg> for BadShardPolicy {
+    fn from(arg: BadShardArg) -> Self {
+        match arg {
+            BadShardArg::Fail => BadShardPolicy::Fail,
+            BadShardArg::Skip => BadShardPolicy::Skip,
+        }
+    }
 }
 
 /// Everything `shardfeed serve` runs with.
@@ -334,6 +361,7 @@ impl ServeArgs {
         if !problems.is_empty() {
             return Err(ConfigError(problems));
         }
+        let engine = self.streams.engine_config(self.read.read_config());
         Ok(ServeConfig {
             listen: self.listen.clone(),
             metrics_listen: self.metrics_listen,
@@ -341,7 +369,13 @@ impl ServeArgs {
             retry: self.read.retry_policy(),
             read: self.read.read_config(),
             cache,
-            engine: self.streams.engine_config(self.read.read_config()),
+            engine: EngineConfig {
+                pipeline: PipelineConfig {
+                    on_bad_shard: self.read.on_bad_shard.into(),
+                    ..engine.pipeline
+                },
+                ..engine
+            },
             service: ServiceConfig {
                 max_streams: self.max_streams,
                 allow: self.allow.clone(),
@@ -359,6 +393,10 @@ impl StreamArgs {
                 prefetch_shards: self.prefetch_shards,
                 ready_batches: self.ready_batches,
                 ..PipelineConfig::default()
+            },
+            memory: match self.memory_limit {
+                Some(limit) => MemoryConfig::from_limit(limit),
+                None => MemoryConfig::detect(),
             },
             decode_threads: self
                 .decode_threads

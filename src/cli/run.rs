@@ -79,7 +79,8 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         })?;
     crate::metrics::describe();
 
-    let mut registry = DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read);
+    let mut registry = DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)
+        .with_bad_shard_policy(config.engine.pipeline.on_bad_shard);
     if let Some(cache) = config.cache.clone() {
         registry = registry.with_cache(DiskCache::open(cache)?);
     }
@@ -133,8 +134,13 @@ async fn index(args: IndexArgs) -> Result<(), CliError> {
     );
     let (store, prefix) = registry.store_for(&uri).await;
     let started = std::time::Instant::now();
-    let (index, shard_indexes) =
-        build_index(store.clone(), &prefix, registry.read_config()).await?;
+    let (index, shard_indexes) = build_index(
+        store.clone(),
+        &prefix,
+        registry.read_config(),
+        args.read.on_bad_shard.into(),
+    )
+    .await?;
     write_index(store.as_ref(), &prefix, &index, &shard_indexes).await?;
     println!(
         "indexed {}: {} shards, {} samples, {:.1} MB in {:.1}s; wrote {}",

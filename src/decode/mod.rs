@@ -10,6 +10,8 @@
 pub mod turbo;
 
 use std::cell::RefCell;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 use fast_image_resize as fir;
 
@@ -53,6 +55,18 @@ pub enum DecodeError {
     TooLarge { width: u32, height: u32 },
     #[error("resize failed: {0}")]
     Resize(String),
+    #[error(
+        "image of {width}x{height} needs {bytes} bytes to decode, more than the decode \
+         memory budget of {budget} bytes"
+    )]
+    OverBudget {
+        width: u32,
+        height: u32,
+        bytes: u64,
+        budget: u64,
+    },
+    #[error("the decoder panicked: {0}")]
+    Panicked(String),
 }
 
 impl DecodeError {
@@ -62,6 +76,8 @@ impl DecodeError {
             DecodeError::Corrupt(_) => "corrupt",
             DecodeError::TooLarge { .. } => "too_large",
             DecodeError::Resize(_) => "resize",
+            DecodeError::OverBudget { .. } => "over_budget",
+            DecodeError::Panicked(_) => "panic",
         }
     }
 }
@@ -100,12 +116,8 @@ impl Decoder for ImageCrateDecoder {
 /// Full-size RGB8 decode with the `image` crate (grayscale, CMYK-converted,
 /// 16-bit and alpha images all become RGB8), refusing decompression bombs.
 pub fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
-    let format = match format {
-        ImageFormat::Jpeg => image::ImageFormat::Jpeg,
-        ImageFormat::Png => image::ImageFormat::Png,
-        ImageFormat::Webp => image::ImageFormat::WebP,
-    };
-    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(data), format);
+    let mut reader =
+        image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format));
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(MAX_SOURCE_PIXELS * 4);
     reader.limits(limits);
@@ -120,6 +132,142 @@ pub fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, D
         image::DynamicImage::ImageRgb8(rgb) => rgb,
         other => other.to_rgb8(),
     })
+}
+
+/// Working memory a full-size decode holds per source pixel: the RGB
+/// output plus the decoder's own planes (progressive JPEGs keep
+/// coefficients for the whole image).
+pub const SCRATCH_BYTES_PER_PIXEL: u64 = 6;
+/// Decodes below this much scratch skip the budget: with `threads` decode
+/// threads at most `threads` of them are alive at once.
+pub const SMALL_DECODE_BYTES: u64 = 8 << 20;
+
+/// Bytes of full-size decode buffers that all decode threads together may
+/// hold. A large image waits for others to finish rather than multiplying
+/// peak memory by the thread count; one larger than the whole budget is
+/// refused. Holders never wait on anything but their own decode, so every
+/// wait ends.
+#[derive(Debug)]
+pub struct ScratchBudget {
+    limit: u64,
+    used: Mutex<u64>,
+    freed: Condvar,
+}
+
+/// Scratch memory held by one decode; returned when dropped.
+pub struct ScratchPermit<'a> {
+    budget: &'a ScratchBudget,
+    bytes: u64,
+}
+
+impl ScratchBudget {
+    pub fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.used
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until `bytes` fit beside the decodes in progress.
+    fn acquire(&self, bytes: u64) -> ScratchPermit<'_> {
+        let mut used = self.lock();
+        let started = std::time::Instant::now();
+        let mut warned = false;
+        while *used + bytes > self.limit {
+            let (guard, timeout) = self
+                .freed
+                .wait_timeout(used, Duration::from_secs(10))
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            used = guard;
+            if timeout.timed_out() && !warned {
+                warned = true;
+                tracing::warn!(
+                    waited_s = started.elapsed().as_secs(),
+                    bytes,
+                    "a large decode is waiting for decode memory"
+                );
+            }
+        }
+        *used += bytes;
+        ScratchPermit {
+            budget: self,
+            bytes,
+        }
+    }
+}
+
+impl Drop for ScratchPermit<'_> {
+    fn drop(&mut self) {
+        *self.budget.lock() -= self.bytes;
+        self.budget.freed.notify_all();
+    }
+}
+
+/// The pixel size of an image from its headers, without decoding it.
+pub fn source_dimensions(format: ImageFormat, data: &[u8]) -> Result<(u32, u32), DecodeError> {
+    image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format))
+        .into_dimensions()
+        .map_err(|e| DecodeError::Corrupt(e.to_string()))
+}
+
+/// Decodes like [`Decoder::decode_into`], within the budgets: the pixel
+/// limit and the decode memory budget are checked from the headers before
+/// anything is allocated, and a panic inside the decoder becomes an error
+/// for this image instead of taking the decode thread (and the process)
+/// down.
+pub fn decode_bounded(
+    decoder: &dyn Decoder,
+    budget: &ScratchBudget,
+    format: ImageFormat,
+    data: &[u8],
+    spec: &OutputSpec,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (width, height) = source_dimensions(format, data)?;
+        let pixels = u64::from(width) * u64::from(height);
+        if pixels > MAX_SOURCE_PIXELS {
+            return Err(DecodeError::TooLarge { width, height });
+        }
+        let bytes = pixels * SCRATCH_BYTES_PER_PIXEL;
+        if bytes > budget.limit {
+            return Err(DecodeError::OverBudget {
+                width,
+                height,
+                bytes,
+                budget: budget.limit,
+            });
+        }
+        let _permit = (bytes > SMALL_DECODE_BYTES).then(|| budget.acquire(bytes));
+        decoder.decode_into(format, data, spec, out)
+    }))
+    .unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "non-text panic payload".into());
+        Err(DecodeError::Panicked(message))
+    })
+}
+
+fn image_format(format: ImageFormat) -> image::ImageFormat {
+    match format {
+        ImageFormat::Jpeg => image::ImageFormat::Jpeg,
+        ImageFormat::Png => image::ImageFormat::Png,
+        ImageFormat::Webp => image::ImageFormat::WebP,
+    }
 }
 
 /// The fastest decoder this build has: libjpeg-turbo with DCT scaling for

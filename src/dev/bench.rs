@@ -17,6 +17,7 @@ use crate::engine::{Engine, EngineConfig, StreamRequest};
 use crate::pipeline::PipelineConfig;
 use crate::server::{pb, LocalServer, ServiceConfig, ShardfeedService};
 use crate::shard::tar::TarWriter;
+use crate::shard::BadShardPolicy;
 use crate::store::cache::{CacheConfig, DiskCache, EvictionPolicy};
 use crate::store::read::ReadConfig;
 use crate::store::s3::S3Store;
@@ -80,7 +81,8 @@ pub async fn cache_policy(spec: &CacheBenchSpec) -> Result<(), BenchError> {
         part_size: 256 << 10,
         ..ReadConfig::default()
     };
-    let (index, shard_indexes) = build_index(store.clone(), "data/", &read).await?;
+    let (index, shard_indexes) =
+        build_index(store.clone(), "data/", &read, BadShardPolicy::Fail).await?;
     write_index(store.as_ref(), "data/", &index, &shard_indexes).await?;
     let cache_bytes = (dataset_bytes as f64 * spec.cache_fraction) as u64;
 

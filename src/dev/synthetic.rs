@@ -12,6 +12,7 @@ use super::s3mem;
 use crate::dataset::{build_index, write_index};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
+use crate::shard::BadShardPolicy;
 use crate::store::read::ReadConfig;
 use crate::store::s3::S3Store;
 use crate::store::ObjectStore;
@@ -190,8 +191,13 @@ pub async fn publish(
             .put(&format!("{DEMO_PREFIX}{name}"), Bytes::from(tar))
             .await?;
     }
-    let (index, shard_indexes) =
-        build_index(store.clone(), DEMO_PREFIX, &ReadConfig::default()).await?;
+    let (index, shard_indexes) = build_index(
+        store.clone(),
+        DEMO_PREFIX,
+        &ReadConfig::default(),
+        BadShardPolicy::Fail,
+    )
+    .await?;
     write_index(store.as_ref(), DEMO_PREFIX, &index, &shard_indexes).await?;
     Ok(format!("s3://{DEMO_BUCKET}/{DEMO_PREFIX}"))
 }

@@ -9,12 +9,15 @@
 //! pipeline. It knows nothing of protobuf or gRPC: the server translates
 //! requests into [`StreamRequest`]s and errors into statuses.
 
+pub mod budget;
 pub mod warm;
 
 use std::sync::Arc;
 
+use budget::{BudgetError, MemoryBudget, MemoryConfig, StreamCost, StreamShape};
+
 use crate::dataset::{DatasetError, DatasetRegistry};
-use crate::decode::{self, Decoder, OutputSpec};
+use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
 use crate::metrics::StreamMetrics;
 use crate::pipeline::{self, BatchReceiver, CacheHints, PipelineConfig, StreamContext};
 use crate::plan::{
@@ -33,6 +36,8 @@ pub struct EngineConfig {
     pub decode_threads: usize,
     /// Shuffle settings for requests that leave them unset.
     pub default_shuffle: ShuffleConfig,
+    /// How `--memory-limit` is shared between streams and decode scratch.
+    pub memory: MemoryConfig,
 }
 
 impl Default for EngineConfig {
@@ -41,6 +46,7 @@ impl Default for EngineConfig {
             pipeline: PipelineConfig::default(),
             decode_threads: default_decode_threads(),
             default_shuffle: ShuffleConfig::default(),
+            memory: MemoryConfig::detect(),
         }
     }
 }
@@ -51,6 +57,10 @@ pub enum EngineError {
     Dataset(#[from] DatasetError),
     #[error("{0}")]
     Plan(#[from] PlanError),
+    #[error("{0}")]
+    Memory(#[from] BudgetError),
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// One stream to open: a dataset, its plan request and the output images.
@@ -85,6 +95,8 @@ pub struct Engine {
     config: EngineConfig,
     pool: Arc<rayon::ThreadPool>,
     decoder: Arc<dyn Decoder>,
+    memory: MemoryBudget,
+    scratch: Arc<ScratchBudget>,
 }
 
 impl Engine {
@@ -104,6 +116,8 @@ impl Engine {
             .build()
             .map_err(std::io::Error::other)?;
         Ok(Self {
+            memory: MemoryBudget::new(config.memory.streams),
+            scratch: Arc::new(ScratchBudget::new(config.memory.decode_scratch)),
             registry,
             config,
             pool: Arc::new(pool),
@@ -115,12 +129,60 @@ impl Engine {
         &self.config
     }
 
-    /// Plans the stream and starts its pipeline; batches arrive on the
-    /// returned receiver.
+    /// The streams' memory budget (for observers and tests).
+    pub fn memory_budget(&self) -> &MemoryBudget {
+        &self.memory
+    }
+
+    /// What a stream of `request` over a dataset with `mean_sample_bytes`
+    /// per sample reserves.
+    pub fn stream_cost(&self, request: &StreamRequest, mean_sample_bytes: u64) -> StreamCost {
+        let shuffle = request.plan.shuffle.effective();
+        StreamCost::new(
+            &self.config.pipeline,
+            StreamShape {
+                interleave: shuffle.interleave,
+                shuffle_buffer: shuffle.buffer,
+                batch_bytes: request.output.bytes() as u64 * u64::from(request.plan.batch_size),
+                mean_sample_bytes,
+            },
+        )
+    }
+
+    /// Admits, plans and starts the stream; batches arrive on the returned
+    /// receiver. The stream's memory is reserved before anything of it is
+    /// allocated, and planning (whose cost follows the dataset) runs off the
+    /// async runtime.
     pub async fn open_stream(&self, request: StreamRequest) -> Result<OpenStream, EngineError> {
+        plan::validate_shuffle(request.plan.shuffle)?;
         let dataset = self.registry.open(&request.dataset).await?;
+        let mean_sample = dataset
+            .index
+            .bytes()
+            .div_ceil(dataset.index.samples().max(1));
+        let reservation = self
+            .memory
+            .reserve(self.stream_cost(&request, mean_sample))?;
         let shard_samples = dataset.shard_samples();
-        let plan = Arc::new(plan::plan_stream(&shard_samples, &request.plan)?);
+        let want_hints = self.registry.cache().is_some();
+        let plan_request = request.plan.clone();
+        let (plan, hinted_shards) = tokio::task::spawn_blocking(move || {
+            let plan = plan::plan_stream(&shard_samples, &plan_request)?;
+            // The shards this stream reads this epoch and the next: both
+            // pure functions of the request, so cache eviction can look ahead.
+            let mut sequence = Vec::new();
+            if want_hints {
+                sequence = plan.shard_sequence();
+                match plan::next_epoch_shard_sequence(&shard_samples, &plan_request) {
+                    Ok(next) => sequence.extend(next),
+                    Err(error) => tracing::debug!(%error, "no next-epoch hints"),
+                }
+            }
+            Ok::<_, PlanError>((plan, sequence))
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("planning task failed: {e}")))??;
+        let plan = Arc::new(plan);
         let span = tracing::info_span!(
             "stream",
             dataset = %request.dataset,
@@ -136,14 +198,7 @@ impl Engine {
             )
         });
         let cache_hints = self.registry.cache().map(|cache| {
-            // The shards this stream reads, in order, this epoch and the next:
-            // both pure functions of the request, so eviction can look ahead.
-            let mut sequence = plan.shard_sequence();
-            match plan::next_epoch_shard_sequence(&shard_samples, &request.plan) {
-                Ok(next) => sequence.extend(next),
-                Err(error) => tracing::debug!(%error, "no next-epoch hints"),
-            }
-            let locations = sequence
+            let locations = hinted_shards
                 .into_iter()
                 .map(|shard| dataset.store.location(&dataset.shard_key(shard)))
                 .collect();
@@ -168,10 +223,12 @@ impl Engine {
                 config: self.config.pipeline.clone(),
                 pool: self.pool.clone(),
                 decoder: self.decoder.clone(),
+                scratch: self.scratch.clone(),
                 cache_hints,
                 metrics: metrics.clone(),
             },
             span.clone(),
+            reservation,
         );
         Ok(OpenStream {
             batches,

@@ -58,11 +58,13 @@ use rayon::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::dataset::{Dataset, DatasetError};
-use crate::decode::{Decoder, OutputSpec};
+use crate::dataset::{Dataset, DatasetError, ShardIndex};
+use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
 use crate::metrics;
 use crate::plan::{RankPlan, SampleRef, Step, StreamPlan};
-use crate::shard::{Label, RawSample, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{
+    BadShardPolicy, Label, RawSample, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES,
+};
 use crate::store::cache::DiskCache;
 use crate::store::read::{read_parts, ReadConfig};
 use crate::store::StoreError;
@@ -86,6 +88,7 @@ pub struct PipelineConfig {
     /// Batches being decoded at once per stream.
     pub decode_ahead: usize,
     pub max_member_bytes: u64,
+    pub on_bad_shard: BadShardPolicy,
 }
 
 impl Default for PipelineConfig {
@@ -97,6 +100,7 @@ impl Default for PipelineConfig {
             ready_batches: DEFAULT_READY_BATCHES,
             decode_ahead: DEFAULT_DECODE_AHEAD,
             max_member_bytes: DEFAULT_MAX_MEMBER_BYTES,
+            on_bad_shard: BadShardPolicy::Fail,
         }
     }
 }
@@ -137,10 +141,88 @@ pub struct DecodedBatch {
     pub labels: Vec<i64>,
     pub keys: Vec<String>,
     pub shards: Vec<String>,
-    /// (slot, reason) of samples replaced by a substitute.
-    pub substituted: Vec<(u32, String)>,
+    /// Samples replaced by a substitute, in slot order.
+    pub substituted: Vec<Substitution>,
     /// When the batch became ready (for stall accounting).
     pub ready_at: Instant,
+}
+
+/// A sample that could not be decoded, and what was sent in its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Substitution {
+    pub slot: u32,
+    pub reason: String,
+    /// The slot whose image and label were copied into this one; `None`
+    /// when no sample of the batch decoded (then zeros and label -1).
+    pub source: Option<u32>,
+}
+
+/// The slot that stands in for the failed sample `key` among the batch's
+/// good slots: a pure function of the key and the batch (FNV-1a of the key,
+/// then MurmurHash3's 64-bit finalizer so every bit counts), so a rerun
+/// substitutes exactly the same way.
+pub fn substitute_source(key: &str, good_slots: &[u32]) -> Option<u32> {
+    if good_slots.is_empty() {
+        return None;
+    }
+    let mut hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^= hash >> 33;
+    Some(good_slots[(hash % good_slots.len() as u64) as usize])
+}
+
+/// Replaces every failed slot by a copy of a good sample of the same batch
+/// (image and label), so training never sees a blank image with a class;
+/// counts and logs each failure with its shard and key.
+fn substitute_failures(
+    failures: &[Option<(&'static str, String)>],
+    samples: &[EmittedSample],
+    dataset: &Dataset,
+    images: &mut [u8],
+    labels: &mut [i64],
+    slot_bytes: usize,
+) -> Vec<Substitution> {
+    let good: Vec<u32> = (0..failures.len() as u32)
+        .filter(|&slot| failures[slot as usize].is_none())
+        .collect();
+    let mut substituted = Vec::new();
+    for (slot, failure) in failures.iter().enumerate() {
+        let Some((reason, message)) = failure else {
+            continue;
+        };
+        let emitted = &samples[slot];
+        metrics::substituted(reason);
+        tracing::warn!(
+            shard = %dataset.shard_key(emitted.shard),
+            key = %emitted.sample.key,
+            error = %message,
+            "substituted a sample that could not be decoded"
+        );
+        let source = substitute_source(&emitted.sample.key, &good);
+        let target = slot * slot_bytes..(slot + 1) * slot_bytes;
+        match source {
+            Some(from) => {
+                let from = from as usize;
+                images.copy_within(from * slot_bytes..(from + 1) * slot_bytes, target.start);
+                labels[slot] = labels[from];
+            }
+            None => {
+                images[target].fill(0);
+                labels[slot] = -1;
+            }
+        }
+        substituted.push(Substitution {
+            slot: slot as u32,
+            reason: message.clone(),
+            source,
+        });
+    }
+    substituted
 }
 
 /// Tells the disk cache which shards a stream has reached, so its eviction
@@ -160,6 +242,8 @@ pub struct StreamContext {
     pub config: PipelineConfig,
     pub pool: Arc<rayon::ThreadPool>,
     pub decoder: Arc<dyn Decoder>,
+    /// Decode memory shared by every stream's decodes.
+    pub scratch: Arc<ScratchBudget>,
     pub cache_hints: Option<CacheHints>,
     /// The stream's metric handles, resolved once.
     pub metrics: metrics::StreamMetrics,
@@ -169,9 +253,17 @@ pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
 
 /// Starts the stream's producer task and returns its ready queue. Dropping
 /// the receiver stops the stream and frees its resources.
-pub fn spawn_stream(context: StreamContext, span: tracing::Span) -> BatchReceiver {
+///
+/// `held` lives as long as the stream's task (e.g. its memory reservation):
+/// it is released when the last stage of the stream has stopped.
+pub fn spawn_stream<H: Send + 'static>(
+    context: StreamContext,
+    span: tracing::Span,
+    held: H,
+) -> BatchReceiver {
     let (tx, rx) = mpsc::channel(context.config.ready_batches.max(1));
     let task = async move {
+        let _held = held;
         tokio::select! {
             result = produce(&context, &tx) => {
                 if let Err(error) = result {
@@ -306,50 +398,32 @@ fn decode_batch(
     let dataset = context.dataset.clone();
     let stream_metrics = stream_metrics.clone();
     let buffers = buffers.clone();
+    let scratch = context.scratch.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
         let mut images = buffers.take(slot * samples.len());
-        let failures: Vec<Option<String>> = images
+        let failures: Vec<Option<(&'static str, String)>> = images
             .par_chunks_mut(slot)
             .zip(samples.par_iter())
             .map(|(out, emitted)| {
                 let started = Instant::now();
-                let result = match &emitted.sample.image {
-                    Some((format, data)) => decoder
-                        .decode_into(*format, data, &spec, out)
-                        .map_err(|e| (e.reason(), e.to_string())),
-                    None => Err((
+                let result = match (&emitted.sample.unreadable, &emitted.sample.image) {
+                    (Some(why), _) => Err(("bad_shard", why.clone())),
+                    (None, Some((format, data))) => {
+                        decode::decode_bounded(&*decoder, &scratch, *format, data, &spec, out)
+                            .map_err(|e| (e.reason(), e.to_string()))
+                    }
+                    (None, None) => Err((
                         "no_image",
                         "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
                     )),
                 };
                 stream_metrics.decode_time(started.elapsed().as_secs_f64());
-                match result {
-                    Ok(()) => None,
-                    Err((reason, message)) => {
-                        // The substitute is all zeros: deterministic, and the
-                        // batch names the slot so the trainer can mask it.
-                        out.fill(0);
-                        metrics::substituted(reason);
-                        tracing::warn!(
-                            shard = %dataset.shard_key(emitted.shard),
-                            key = %emitted.sample.key,
-                            error = %message,
-                            "substituted a sample that could not be decoded"
-                        );
-                        Some(message)
-                    }
-                }
+                result.err()
             })
             .collect();
-        let mut substituted = Vec::new();
-        for (slot, failure) in failures.into_iter().enumerate() {
-            if let Some(reason) = failure {
-                substituted.push((slot as u32, reason));
-            }
-        }
-        let labels = samples
+        let mut labels: Vec<i64> = samples
             .iter()
             .map(|emitted| {
                 if let Label::Invalid(text) = &emitted.sample.label {
@@ -364,6 +438,14 @@ fn decode_batch(
                 emitted.sample.label.value()
             })
             .collect();
+        let substituted = substitute_failures(
+            &failures,
+            &samples,
+            &dataset,
+            &mut images,
+            &mut labels,
+            slot,
+        );
         let batch = DecodedBatch {
             index,
             size: samples.len(),
@@ -437,6 +519,7 @@ impl<'a> ShardReaders<'a> {
                 end: segment.end,
                 read: self.context.config.read.clone(),
                 max_member: self.context.config.max_member_bytes,
+                on_bad_shard: self.context.config.on_bad_shard,
             };
             self.tasks.spawn(async move {
                 if let Err(error) = job.run(&tx).await {
@@ -489,11 +572,48 @@ struct ReadJob {
     end: u64,
     read: ReadConfig,
     max_member: u64,
+    on_bad_shard: BadShardPolicy,
 }
 
 impl ReadJob {
     async fn run(self, tx: &mpsc::Sender<SampleResult>) -> Result<(), PipelineError> {
         let index = self.dataset.shard_index(self.shard).await?;
+        let mut next = self.first;
+        let result = self.read(&index, tx, &mut next).await;
+        let damaged = matches!(
+            result,
+            Err(PipelineError::Shard { .. } | PipelineError::StaleIndex { .. })
+        );
+        if !(damaged && self.on_bad_shard == BadShardPolicy::Skip) {
+            return result;
+        }
+        let Err(error) = result else { return Ok(()) };
+        // Keep every rank's counts: the rest of the range becomes
+        // placeholders that the decode stage substitutes.
+        metrics::bad_shard();
+        tracing::warn!(
+            %error,
+            substituted = self.end - next,
+            "skipping the rest of a damaged shard (--on-bad-shard skip)"
+        );
+        let why = error.to_string();
+        while next < self.end {
+            let placeholder = RawSample::unreadable(index.keys[next as usize].clone(), why.clone());
+            if tx.send(Ok((next, placeholder))).await.is_err() {
+                break;
+            }
+            next += 1;
+        }
+        Ok(())
+    }
+
+    /// Sends samples from `*next` on, advancing it past each one sent.
+    async fn read(
+        &self,
+        index: &ShardIndex,
+        tx: &mpsc::Sender<SampleResult>,
+        next: &mut u64,
+    ) -> Result<(), PipelineError> {
         let entry = &self.dataset.index.shards[self.shard as usize];
         let key = self.dataset.shard_key(self.shard);
         let location = self.dataset.store.location(&key);
@@ -506,7 +626,6 @@ impl ReadJob {
             entry.etag.clone(),
             &self.read,
         ));
-        let mut next = self.first;
         let shard_error = |source| PipelineError::Shard {
             location: location.clone(),
             source,
@@ -528,31 +647,49 @@ impl ReadJob {
                 }
             };
             let Some(sample) = sample else { break };
-            if next >= self.end {
+            if *next >= self.end {
                 break;
             }
-            let expected = &index.keys[next as usize];
+            let expected = &index.keys[*next as usize];
             if *expected != sample.key {
                 return Err(PipelineError::StaleIndex {
                     location,
-                    index: next,
+                    index: *next,
                     expected: expected.clone(),
                     found: sample.key,
                 });
             }
-            if tx.send(Ok((next, sample))).await.is_err() {
+            if tx.send(Ok((*next, sample))).await.is_err() {
                 return Ok(());
             }
-            next += 1;
+            *next += 1;
         }
-        if next < self.end {
+        if *next < self.end {
             return Err(PipelineError::StaleIndex {
                 location,
-                index: next,
-                expected: index.keys[next as usize].clone(),
+                index: *next,
+                expected: index.keys[*next as usize].clone(),
                 found: "<end of range>".into(),
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::substitute_source;
+
+    #[test]
+    fn substitute_sources_are_frozen() {
+        // A change here changes which pixels training sees for a failed
+        // sample: make it on purpose, with a note for users.
+        let good = [0, 1, 3, 4, 6, 7];
+        let picked: Vec<Option<u32>> = ["a", "train/000123", "s000/k000002", ""]
+            .iter()
+            .map(|key| substitute_source(key, &good))
+            .collect();
+        assert_eq!(picked, vec![Some(7), Some(6), Some(7), Some(3)]);
+        assert_eq!(substitute_source("a", &[]), None);
     }
 }

@@ -45,6 +45,10 @@ pub const SHUFFLE_RAMP_START: usize = 256;
 pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 20;
 /// Largest accepted interleave; each open segment holds a reader.
 pub const MAX_INTERLEAVE: u32 = 256;
+/// Largest world size planned for (requests and resume positions alike).
+pub const MAX_WORLD_SIZE: u32 = 1 << 16;
+/// Most world-size changes within one epoch a resume position may hold.
+pub const MAX_RESUME_PHASES: usize = 64;
 
 // Stream purposes keyed into the generator so the streams are independent.
 const PURPOSE_SHARD_ORDER: u64 = 1;
@@ -78,7 +82,8 @@ impl Default for ShuffleConfig {
 
 impl ShuffleConfig {
     /// `shuffle = false` means the stored order: one segment at a time, no buffer.
-    fn effective(self) -> Self {
+    /// The settings in force: no interleave or buffer when shuffle is off.
+    pub fn effective(self) -> Self {
         if self.enabled {
             Self {
                 interleave: self.interleave.max(1),
@@ -117,7 +122,10 @@ impl EpochPosition {
         let mut phases: Vec<Phase> = Vec::with_capacity(self.phases.len());
         for phase in self.phases.iter().filter(|p| p.batches > 0) {
             match phases.last_mut() {
-                Some(last) if last.world_size == phase.world_size => last.batches += phase.batches,
+                Some(last) if last.world_size == phase.world_size => {
+                    // Saturates: a sum past the epoch is refused by the plan.
+                    last.batches = last.batches.saturating_add(phase.batches);
+                }
                 _ => phases.push(*phase),
             }
         }
@@ -126,7 +134,9 @@ impl EpochPosition {
 
     /// Global steps (batches per rank) completed.
     pub fn steps(&self) -> u64 {
-        self.phases.iter().map(|p| p.batches).sum()
+        self.phases
+            .iter()
+            .fold(0u64, |sum, p| sum.saturating_add(p.batches))
     }
 
     /// The position after `batches` more batches at `world_size`.
@@ -160,6 +170,8 @@ pub enum PlanError {
     ZeroBatchSize,
     #[error("world_size must be at least 1")]
     ZeroWorldSize,
+    #[error("world_size {0} exceeds the maximum {MAX_WORLD_SIZE}")]
+    WorldTooLarge(u32),
     #[error("rank {rank} is out of range for world_size {world_size}")]
     RankOutOfRange { rank: u32, world_size: u32 },
     #[error("the dataset has no samples")]
@@ -183,6 +195,11 @@ pub enum PlanError {
          {global_batch} (world_size x batch_size must stay the same across a resize)"
     )]
     ResumeWorldSize { world_size: u32, global_batch: u64 },
+    #[error(
+        "resume position has {0} segments of different world sizes; at most {MAX_RESUME_PHASES} \
+         resizes within one epoch are supported"
+    )]
+    TooManyResumePhases(usize),
     #[error("resume position is {steps} batches into an epoch of {total} batches per rank")]
     ResumePastEnd { steps: u64, total: u64 },
     #[error("start_batch {start} is past the {available} batches left in the epoch")]
@@ -211,6 +228,9 @@ pub fn epoch_counts(
     }
     if world_size == 0 {
         return Err(PlanError::ZeroWorldSize);
+    }
+    if world_size > MAX_WORLD_SIZE {
+        return Err(PlanError::WorldTooLarge(world_size));
     }
     if samples == 0 {
         return Err(PlanError::EmptyDataset);
@@ -382,7 +402,8 @@ impl StreamPlan {
     }
 }
 
-fn validate_shuffle(shuffle: ShuffleConfig) -> Result<(), PlanError> {
+/// Checks the shuffle settings against their hard limits.
+pub fn validate_shuffle(shuffle: ShuffleConfig) -> Result<(), PlanError> {
     if shuffle.buffer > MAX_SHUFFLE_BUFFER {
         return Err(PlanError::ShuffleBufferTooLarge(shuffle.buffer));
     }
@@ -415,7 +436,16 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
     let layout = EpochLayout::new(shard_samples, seed, epoch, shuffle.enabled);
     let global_batch = counts.global_batch;
     let resume = resume_from.normalized();
+    // Planning walks every rank of every phase: the phase count is bounded
+    // here and each phase's world size by the global batch (which the
+    // dataset bounds), so a request cannot make planning arbitrarily long.
+    if resume.phases.len() > MAX_RESUME_PHASES {
+        return Err(PlanError::TooManyResumePhases(resume.phases.len()));
+    }
     for phase in &resume.phases {
+        if phase.world_size > MAX_WORLD_SIZE {
+            return Err(PlanError::WorldTooLarge(phase.world_size));
+        }
         if phase.world_size == 0 || global_batch % u64::from(phase.world_size) != 0 {
             return Err(PlanError::ResumeWorldSize {
                 world_size: phase.world_size,
@@ -771,7 +801,7 @@ pub fn next_epoch_shard_sequence(
     request: &PlanRequest,
 ) -> Result<Vec<u32>, PlanError> {
     let next = PlanRequest {
-        epoch: request.epoch + 1,
+        epoch: request.epoch.wrapping_add(1),
         start_batch: 0,
         resume_from: EpochPosition::default(),
         ..request.clone()

@@ -289,12 +289,13 @@ impl BatchStream {
             images: batch.images,
             labels: batch.labels,
             keys: batch.keys,
-            substituted: batch.substituted.iter().map(|(slot, _)| *slot).collect(),
-            substitution_reasons: batch
+            substituted: batch.substituted.iter().map(|s| s.slot).collect(),
+            substitute_sources: batch
                 .substituted
-                .into_iter()
-                .map(|(_, reason)| reason)
+                .iter()
+                .map(|s| s.source.map_or(-1, |slot| slot as i32))
                 .collect(),
+            substitution_reasons: batch.substituted.into_iter().map(|s| s.reason).collect(),
             position: Some(position_message(&position)),
             global_samples: self.plan.global_samples_after(batch.index),
             shards: batch.shards,

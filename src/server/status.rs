@@ -11,6 +11,7 @@ use std::error::Error;
 use tonic::{Code, Status};
 
 use crate::dataset::DatasetError;
+use crate::engine::budget::BudgetError;
 use crate::engine::EngineError;
 use crate::pipeline::PipelineError;
 use crate::plan::PlanError;
@@ -88,6 +89,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             DatasetError::NoShards { .. } => Some(Code::NotFound),
             DatasetError::CorruptIndex { .. } => Some(Code::FailedPrecondition),
             DatasetError::Shard { .. } => Some(Code::DataLoss),
+            DatasetError::Internal(_) => Some(Code::Internal),
             DatasetError::Store(_) => None,
         };
     }
@@ -97,6 +99,18 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             PipelineError::StaleIndex { .. } => Some(Code::FailedPrecondition),
             PipelineError::Internal(_) => Some(Code::Internal),
             PipelineError::Dataset(_) | PipelineError::Store(_) => None,
+        };
+    }
+    if let Some(error) = error.downcast_ref::<BudgetError>() {
+        return Some(match error {
+            BudgetError::NeverFits { .. } => Code::InvalidArgument,
+            BudgetError::Busy { .. } => Code::ResourceExhausted,
+        });
+    }
+    if let Some(error) = error.downcast_ref::<EngineError>() {
+        return match error {
+            EngineError::Internal(_) => Some(Code::Internal),
+            _ => None,
         };
     }
     if let Some(error) = error.downcast_ref::<ServiceError>() {

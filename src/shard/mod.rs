@@ -7,12 +7,25 @@
 
 pub mod tar;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tar::{Parsed, TarError, TarParser};
 
 /// Default limit on one tar member; larger ones are an error, which bounds the
 /// parser's buffer.
 pub const DEFAULT_MAX_MEMBER_BYTES: u64 = 64 << 20;
+
+/// What to do with a shard whose bytes cannot be parsed (truncated, garbage,
+/// not matching its index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BadShardPolicy {
+    /// End the stream with `DATA_LOSS` naming the shard.
+    #[default]
+    Fail,
+    /// Substitute every sample of the shard from the damage on (and, when
+    /// building an index, keep the samples before it): batch counts stay
+    /// equal on every rank.
+    Skip,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageFormat {
@@ -68,6 +81,24 @@ pub struct RawSample {
     /// its last member.
     pub start: u64,
     pub end: u64,
+    /// Why the sample's bytes could not be read (the rest of a damaged shard
+    /// skipped under `--on-bad-shard skip`); the sample is substituted.
+    pub unreadable: Option<String>,
+}
+
+impl RawSample {
+    /// A placeholder for a sample of a damaged shard, keeping its place in
+    /// the plan.
+    pub fn unreadable(key: String, why: String) -> Self {
+        Self {
+            key,
+            image: None,
+            label: Label::Missing,
+            start: 0,
+            end: 0,
+            unreadable: Some(why),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,12 +151,14 @@ impl SampleSplitter {
                     self.ended = true;
                     self.buf.clear();
                 }
-                Parsed::Skip { consumed } => {
-                    let _ = self.buf.split_to(consumed);
-                }
+                Parsed::Skip { consumed } => self.buf.advance(consumed),
                 Parsed::Member { member, consumed } => {
-                    let entry = self.buf.split_to(consumed).freeze();
-                    let data = entry.slice(member.data.clone());
+                    // A copy the size of the member: a sample held in a
+                    // shuffle buffer must not keep the whole parse buffer
+                    // (megabytes of other samples) alive, and the buffer's
+                    // space is reused once nothing else points into it.
+                    let data = Bytes::copy_from_slice(&self.buf[member.data.clone()]);
+                    self.buf.advance(consumed);
                     if let Some(done) =
                         self.add_member(&member.name, data, member.header_offset, member.end_offset)
                     {
@@ -166,6 +199,7 @@ impl SampleSplitter {
             label: Label::Missing,
             start,
             end,
+            unreadable: None,
         });
         sample.end = end;
         let ext = ext.to_ascii_lowercase();

@@ -85,6 +85,40 @@ pub enum CacheError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "cache directory {dir} is in use by another shardfeed process (it holds {dir}/{LOCK_FILE}); \
+         give each server its own --cache-dir"
+    )]
+    Locked { dir: PathBuf },
+}
+
+/// Held (flock) by the process using a cache directory: two servers writing
+/// one directory would overwrite each other's blocks and metadata. The
+/// kernel drops the lock when the process exits, however it exits.
+pub const LOCK_FILE: &str = ".lock";
+
+fn lock_dir(dir: &Path) -> Result<std::fs::File, CacheError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error(&path, e))?;
+    // SAFETY: a valid open descriptor for the duration of the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(if error.kind() == std::io::ErrorKind::WouldBlock {
+            CacheError::Locked {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            io_error(&path, error)
+        });
+    }
+    Ok(file)
 }
 
 /// On-disk description of one entry.
@@ -151,6 +185,11 @@ pub struct DiskCache {
     config: CacheConfig,
     state: Mutex<State>,
     pub stats: CacheStats,
+    /// The directory's lock, held for the cache's life.
+    _lock: std::fs::File,
+    /// Whether a failed write was already logged at warning level (then
+    /// the rest go to debug; the counter counts them all).
+    write_failure_logged: std::sync::atomic::AtomicBool,
 }
 
 fn entry_id(location: &str, etag: &str) -> String {
@@ -174,9 +213,14 @@ impl DiskCache {
     /// Opens (or creates) the cache and adopts the entries a previous run left.
     pub fn open(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
         std::fs::create_dir_all(&config.dir).map_err(|e| io_error(&config.dir, e))?;
+        let lock = lock_dir(&config.dir)?;
         let mut state = State::default();
+        let mut healed = 0usize;
         for item in std::fs::read_dir(&config.dir).map_err(|e| io_error(&config.dir, e))? {
             let path = item.map_err(|e| io_error(&config.dir, e))?.path();
+            if path.file_name().is_some_and(|name| name == LOCK_FILE) {
+                continue;
+            }
             let is_meta = path.extension().is_some_and(|ext| ext == "json");
             if !is_meta {
                 // Data files are adopted through their metadata; leftovers of
@@ -191,8 +235,28 @@ impl DiskCache {
                 .and_then(|bytes| serde_json::from_slice::<EntryMeta>(&bytes).ok())
                 .filter(|meta| meta.block_size == config.block_size);
             let id = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            let data_len = |id: &str| {
+                std::fs::metadata(config.dir.join(format!("{id}.data")))
+                    .ok()
+                    .map(|m| m.len())
+            };
             match (adopted, id) {
-                (Some(meta), Some(id)) if config.dir.join(format!("{id}.data")).exists() => {
+                (Some(mut meta), Some(id)) if data_len(&id).is_some() => {
+                    // A data file cut short (a crash, a full disk, someone
+                    // else) loses the blocks past its end: forget them now
+                    // rather than discover them one failed read at a time.
+                    let len = data_len(&id).unwrap_or(0);
+                    let before = meta.blocks.len();
+                    let block_size = meta.block_size;
+                    let size = meta.size;
+                    meta.blocks.retain(|&block, _| {
+                        block * block_size + block_size.min(size.saturating_sub(block * block_size))
+                            <= len
+                    });
+                    if meta.blocks.len() != before {
+                        healed += before - meta.blocks.len();
+                        let _ = write_meta_file(&config.dir, &id, &meta);
+                    }
                     let entry = Entry {
                         meta,
                         last_used: 0,
@@ -206,6 +270,13 @@ impl DiskCache {
                 }
             }
         }
+        if healed > 0 {
+            tracing::warn!(
+                dir = %config.dir.display(),
+                blocks = healed,
+                "cache data files were shorter than their metadata; dropped the missing blocks"
+            );
+        }
         tracing::info!(
             dir = %config.dir.display(),
             entries = state.entries.len(),
@@ -216,6 +287,8 @@ impl DiskCache {
             config,
             state: Mutex::new(state),
             stats: CacheStats::default(),
+            _lock: lock,
+            write_failure_logged: std::sync::atomic::AtomicBool::new(false),
         });
         cache.publish_usage();
         Ok(cache)
@@ -295,14 +368,18 @@ impl DiskCache {
             let Some(victim) = self.pick_victim(state, keep) else {
                 return false;
             };
-            if let Some(entry) = state.entries.remove(&victim) {
-                state.used -= entry.bytes();
-                let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.json")));
-                let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.data")));
-                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
-                ::metrics::counter!(metrics::CACHE_EVICTIONS).increment(1);
-                tracing::debug!(location = %entry.meta.location, "evicted from the disk cache");
-            }
+            self.evict(state, &victim);
+        }
+    }
+
+    fn evict(&self, state: &mut State, victim: &str) {
+        if let Some(entry) = state.entries.remove(victim) {
+            state.used -= entry.bytes();
+            let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.json")));
+            let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.data")));
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            ::metrics::counter!(metrics::CACHE_EVICTIONS).increment(1);
+            tracing::debug!(location = %entry.meta.location, "evicted from the disk cache");
         }
     }
 
@@ -422,12 +499,48 @@ impl DiskCache {
     }
 
     fn write_meta(&self, id: &str, meta: &EntryMeta) -> std::io::Result<()> {
-        // Write then rename: a reader (or a restart) never sees half a file.
-        let path = self.config.dir.join(format!("{id}.json"));
-        let tmp = self.config.dir.join(format!("{id}.json.tmp"));
-        std::fs::write(&tmp, serde_json::to_vec(meta).unwrap_or_default())?;
-        std::fs::rename(&tmp, &path)
+        write_meta_file(&self.config.dir, id, meta).inspect_err(|error| self.write_failed(error))
     }
+
+    /// Counts a failed cache write; the first is a warning (a full disk is
+    /// an operator's problem), the rest are counted quietly.
+    fn write_failed(&self, error: &std::io::Error) {
+        metrics::cache_write_failed();
+        if !self.write_failure_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                dir = %self.config.dir.display(),
+                %error,
+                "disk cache write failed; serving from S3 and evicting to make room \
+                 (further failures are counted in shardfeed_cache_write_failures_total)"
+            );
+        } else {
+            tracing::debug!(%error, "disk cache write failed");
+        }
+    }
+
+    /// Evicts entries until `bytes` were freed (a write found the disk full
+    /// before our own limits said so). False if nothing could be evicted.
+    fn evict_at_least(&self, keep: &str, bytes: u64) -> bool {
+        let mut state = self.lock();
+        let mut freed = 0;
+        while freed < bytes {
+            let Some(victim) = self.pick_victim(&state, keep) else {
+                return freed > 0;
+            };
+            let before = state.used;
+            self.evict(&mut state, &victim);
+            freed += before - state.used;
+        }
+        true
+    }
+}
+
+fn write_meta_file(dir: &Path, id: &str, meta: &EntryMeta) -> std::io::Result<()> {
+    // Write then rename: a reader (or a restart) never sees half a file.
+    let path = dir.join(format!("{id}.json"));
+    let tmp = dir.join(format!("{id}.json.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec(meta).unwrap_or_default())?;
+    std::fs::rename(&tmp, &path)
 }
 
 fn disk_space(dir: &Path) -> Option<(u64, u64)> {
@@ -612,7 +725,17 @@ fn store_block(cache: &DiskCache, id: &str, meta: &EntryMeta, block: u64, data: 
         }
         room
     };
-    let written = room && cache.write_block(id, meta, block, data).is_ok();
+    let written = room
+        && match cache.write_block(id, meta, block, data) {
+            Ok(()) => true,
+            Err(error) => {
+                cache.write_failed(&error);
+                // The disk filled up under us: make room for the next one
+                // (this block is served from memory either way).
+                let _ = cache.evict_at_least(id, len);
+                false
+            }
+        };
     let mut state = cache.lock();
     let Some(entry) = state.entries.get_mut(id) else {
         if room {

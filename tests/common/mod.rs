@@ -8,6 +8,7 @@ use std::time::Duration;
 use aws_sdk_s3::primitives::ByteStream;
 use shardfeed::dataset::DatasetRegistry;
 use shardfeed::dev::s3mem::{self, RunningS3};
+use shardfeed::engine::budget::MemoryConfig;
 use shardfeed::engine::{Engine, EngineConfig};
 use shardfeed::pipeline::PipelineConfig;
 use shardfeed::server::pb::shardfeed_client::ShardfeedClient;
@@ -122,6 +123,7 @@ pub struct Options {
     pub allow: Vec<String>,
     pub grace: Duration,
     pub cache: Option<Arc<DiskCache>>,
+    pub memory: MemoryConfig,
 }
 
 impl Default for Options {
@@ -138,6 +140,7 @@ impl Default for Options {
             allow: Vec::new(),
             grace: Duration::from_secs(5),
             cache: None,
+            memory: MemoryConfig::from_limit(8 << 30),
         }
     }
 }
@@ -169,7 +172,8 @@ impl Harness {
 
     pub async fn with_s3(s3: RunningS3, options: Options) -> Self {
         let mut registry =
-            DatasetRegistry::new(s3.s3_config(), options.retry, options.pipeline.read.clone());
+            DatasetRegistry::new(s3.s3_config(), options.retry, options.pipeline.read.clone())
+                .with_bad_shard_policy(options.pipeline.on_bad_shard);
         if let Some(cache) = options.cache {
             registry = registry.with_cache(cache);
         }
@@ -178,6 +182,7 @@ impl Harness {
             EngineConfig {
                 pipeline: options.pipeline,
                 decode_threads: options.decode_threads,
+                memory: options.memory,
                 ..EngineConfig::default()
             },
         )
@@ -280,9 +285,14 @@ pub async fn write_index(s3: &RunningS3, bucket: &str, prefix: &str) {
     let client = shardfeed::store::s3::client(&s3.s3_config()).await;
     let store: Arc<dyn shardfeed::store::ObjectStore> =
         Arc::new(shardfeed::store::s3::S3Store::new(client, bucket));
-    let (index, shards) = shardfeed::dataset::build_index(store.clone(), prefix, &small_parts())
-        .await
-        .unwrap();
+    let (index, shards) = shardfeed::dataset::build_index(
+        store.clone(),
+        prefix,
+        &small_parts(),
+        shardfeed::shard::BadShardPolicy::Fail,
+    )
+    .await
+    .unwrap();
     shardfeed::dataset::write_index(store.as_ref(), prefix, &index, &shards)
         .await
         .unwrap();

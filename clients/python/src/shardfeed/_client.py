@@ -90,6 +90,9 @@ class Batch:
     shards: list[str]
     substituted: list[int]
     substitution_reasons: list[str]
+    # Parallel to `substituted`: the slot whose image and label were copied
+    # into it, or -1 when no sample of the batch decoded (zeros, label -1).
+    substitute_sources: list[int]
     position: EpochPosition
     global_samples: int
 
@@ -173,6 +176,7 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         shards=list(message.shards),
         substituted=list(message.substituted),
         substitution_reasons=list(message.substitution_reasons),
+        substitute_sources=list(message.substitute_sources),
         position=EpochPosition(tuple((s.world_size, s.batches) for s in message.position.segments)),
         global_samples=message.global_samples,
     )

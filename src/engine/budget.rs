@@ -1,0 +1,325 @@
+//! The host's memory budget: what one stream costs by the stated formula,
+//! and admission of streams against `--memory-limit`.
+//!
+//! A stream's memory is fixed when it is opened: every queue and buffer of
+//! its pipeline has a bound (see `pipeline`), so its peak is a formula of the
+//! request and the server's settings. The engine computes it, before
+//! planning or allocating anything, and reserves it from the budget for the
+//! life of the stream; a stream that cannot fit is refused with the term that
+//! dominates, so the caller knows which field to lower.
+//!
+//! The budget splits `--memory-limit` (default: the cgroup's limit, else the
+//! machine's memory) three ways:
+//!
+//! ```text
+//! streams        = limit * 3/4 - decode scratch
+//! decode scratch = min(limit / 8, 1 GiB)     (full-size decodes, all threads)
+//! the rest       = limit / 4                 (runtime, indexes, gRPC, allocator slack)
+//! ```
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics;
+use crate::pipeline::PipelineConfig;
+
+/// Admission counts in KiB so that budgets of terabytes fit the semaphore's
+/// `u32` requests.
+const UNIT: u64 = 1 << 10;
+const MAX_DECODE_SCRATCH: u64 = 1 << 30;
+
+/// The memory limit the server plans for: `--memory-limit`, or what the
+/// container (cgroup v2 or v1) or the machine allows.
+pub fn detect_memory_limit() -> Option<u64> {
+    cgroup_limit().or_else(machine_memory)
+}
+
+fn cgroup_limit() -> Option<u64> {
+    let parse = |text: &str| text.trim().parse::<u64>().ok();
+    // cgroup v2: this process's cgroup, as /proc/self/cgroup names it.
+    let v2 = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("0::").map(str::to_string))
+        })
+        .and_then(|path| {
+            std::fs::read_to_string(format!("/sys/fs/cgroup{}/memory.max", path.trim_end()))
+                .ok()
+                .or_else(|| std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok())
+        })
+        .and_then(|text| parse(&text));
+    // cgroup v1 reports "no limit" as a huge number; the machine bounds it.
+    let v1 = || {
+        std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+            .ok()
+            .and_then(|text| parse(&text))
+    };
+    let limit = v2.or_else(v1)?;
+    Some(match machine_memory() {
+        Some(machine) => limit.min(machine),
+        None => limit,
+    })
+}
+
+fn machine_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// How `--memory-limit` is shared out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Bytes all streams together may reserve.
+    pub streams: u64,
+    /// Bytes of full-size decode buffers all decode threads may hold at once.
+    pub decode_scratch: u64,
+}
+
+impl MemoryConfig {
+    pub fn from_limit(limit: u64) -> Self {
+        let decode_scratch = (limit / 8).min(MAX_DECODE_SCRATCH);
+        Self {
+            streams: (limit / 4 * 3).saturating_sub(decode_scratch),
+            decode_scratch,
+        }
+    }
+
+    /// From the detected limit; 8 GiB (the chart's default) when none can
+    /// be read.
+    pub fn detect() -> Self {
+        Self::from_limit(detect_memory_limit().unwrap_or(8 << 30))
+    }
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self::detect()
+    }
+}
+
+/// The terms of one stream's peak memory, in bytes (the README's formula).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamCost {
+    /// `(interleave + prefetch_shards) * (parts_in_flight + 1) * part_size`
+    pub readers: u64,
+    /// `(interleave + prefetch_shards) * reader_queue * S`
+    pub reader_queues: u64,
+    /// `shuffle_buffer * S`
+    pub shuffle_buffer: u64,
+    /// `(decode_ahead + ready_batches + 3) * batch_size * H * W * 3`
+    pub batches: u64,
+}
+
+/// The inputs of [`StreamCost`] a request chooses.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamShape {
+    pub interleave: u32,
+    pub shuffle_buffer: u32,
+    pub batch_bytes: u64,
+    /// Mean compressed sample size of the dataset (`S`).
+    pub mean_sample_bytes: u64,
+}
+
+impl StreamCost {
+    pub fn new(config: &PipelineConfig, shape: StreamShape) -> Self {
+        let readers = u64::from(shape.interleave) + config.prefetch_shards as u64;
+        let part = config.read.part_size;
+        let parts = config.read.parts_in_flight as u64 + 1;
+        let s = shape.mean_sample_bytes;
+        let batches = (config.decode_ahead + config.ready_batches + 3) as u64;
+        Self {
+            readers: readers.saturating_mul(parts).saturating_mul(part),
+            reader_queues: readers
+                .saturating_mul(config.reader_queue as u64)
+                .saturating_mul(s),
+            shuffle_buffer: u64::from(shape.shuffle_buffer).saturating_mul(s),
+            batches: batches.saturating_mul(shape.batch_bytes),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.readers
+            .saturating_add(self.reader_queues)
+            .saturating_add(self.shuffle_buffer)
+            .saturating_add(self.batches)
+    }
+
+    /// The request field whose term dominates, to name in a refusal.
+    pub fn dominant_field(&self) -> &'static str {
+        let terms = [
+            (self.batches, "batch_size x height x width"),
+            (self.shuffle_buffer, "shuffle_buffer"),
+            (
+                self.readers.saturating_add(self.reader_queues),
+                "interleave",
+            ),
+        ];
+        terms
+            .iter()
+            .max_by_key(|(bytes, _)| *bytes)
+            .map_or("batch_size", |(_, field)| field)
+    }
+}
+
+impl std::fmt::Display for StreamCost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (readers {} + reader queues {} + shuffle buffer {} + batches {})",
+            mib(self.total()),
+            mib(self.readers),
+            mib(self.reader_queues),
+            mib(self.shuffle_buffer),
+            mib(self.batches)
+        )
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BudgetError {
+    #[error(
+        "this stream needs {cost}, more than the {budget} all streams may use \
+         (--memory-limit); lower {field}"
+    )]
+    NeverFits {
+        cost: StreamCost,
+        budget: String,
+        field: &'static str,
+    },
+    #[error(
+        "this stream needs {cost}; {free} of the {budget} stream memory budget is free \
+         (--memory-limit). Retry when a stream ends, or lower {field}"
+    )]
+    Busy {
+        cost: StreamCost,
+        free: String,
+        budget: String,
+        field: &'static str,
+    },
+}
+
+/// The streams' share of the memory limit, reserved stream by stream.
+#[derive(Debug, Clone)]
+pub struct MemoryBudget {
+    total: u64,
+    free: Arc<Semaphore>,
+}
+
+/// Memory reserved for one stream; returned when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    _permit: OwnedSemaphorePermit,
+    _gauge: metrics::GaugeGuard,
+}
+
+impl MemoryBudget {
+    pub fn new(bytes: u64) -> Self {
+        let units = (bytes / UNIT).min(Semaphore::MAX_PERMITS as u64);
+        ::metrics::gauge!(metrics::MEMORY_BUDGET).set(bytes as f64);
+        Self {
+            total: units * UNIT,
+            free: Arc::new(Semaphore::new(units as usize)),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub fn free(&self) -> u64 {
+        self.free.available_permits() as u64 * UNIT
+    }
+
+    /// Reserves `cost` or says why not; never waits.
+    pub fn reserve(&self, cost: StreamCost) -> Result<Reservation, BudgetError> {
+        let bytes = cost.total();
+        let units = bytes.div_ceil(UNIT);
+        let field = cost.dominant_field();
+        if bytes > self.total {
+            return Err(BudgetError::NeverFits {
+                cost,
+                budget: mib(self.total),
+                field,
+            });
+        }
+        let permit = u32::try_from(units)
+            .ok()
+            .and_then(|units| self.free.clone().try_acquire_many_owned(units).ok())
+            .ok_or_else(|| BudgetError::Busy {
+                cost,
+                free: mib(self.free()),
+                budget: mib(self.total),
+                field,
+            })?;
+        Ok(Reservation {
+            _permit: permit,
+            _gauge: metrics::GaugeGuard::new(metrics::MEMORY_RESERVED, (units * UNIT) as f64),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(shuffle_buffer: u32, batch_bytes: u64) -> StreamShape {
+        StreamShape {
+            interleave: 4,
+            shuffle_buffer,
+            batch_bytes,
+            mean_sample_bytes: 110_000,
+        }
+    }
+
+    #[test]
+    fn the_default_stream_costs_what_the_readme_says() {
+        let cost = StreamCost::new(
+            &PipelineConfig::default(),
+            shape(2_000, 128 * 224 * 224 * 3),
+        );
+        // README: 144 MiB + 42 MiB + 220 MB + 7 batches of 19.3 MB.
+        assert_eq!(cost.readers, 6 * 3 * (8 << 20));
+        assert_eq!(cost.reader_queues, 6 * 64 * 110_000);
+        assert_eq!(cost.shuffle_buffer, 2_000 * 110_000);
+        assert_eq!(cost.batches, 7 * 128 * 224 * 224 * 3);
+        assert!(cost.total() > 500 << 20 && cost.total() < 700 << 20);
+    }
+
+    #[test]
+    fn reservations_are_refused_named_and_returned() {
+        let budget = MemoryBudget::new(2 << 30);
+        let config = PipelineConfig::default();
+        let huge = StreamCost::new(&config, shape(1 << 20, 19 << 20));
+        match budget.reserve(huge) {
+            Err(BudgetError::NeverFits { field, .. }) => assert_eq!(field, "shuffle_buffer"),
+            other => panic!("{other:?}"),
+        }
+        let one = StreamCost::new(&config, shape(2_000, 128 * 224 * 224 * 3));
+        let first = budget.reserve(one).unwrap();
+        let second = budget.reserve(one).unwrap();
+        let third = budget.reserve(one).unwrap();
+        assert!(matches!(budget.reserve(one), Err(BudgetError::Busy { .. })));
+        drop((first, second));
+        assert!(budget.reserve(one).is_ok());
+        drop(third);
+        assert_eq!(budget.free(), budget.total());
+    }
+
+    #[test]
+    fn the_limit_is_shared_out_as_documented() {
+        let config = MemoryConfig::from_limit(8 << 30);
+        assert_eq!(config.decode_scratch, 1 << 30);
+        assert_eq!(config.streams, 5 << 30);
+        let small = MemoryConfig::from_limit(1 << 30);
+        assert_eq!(small.decode_scratch, 128 << 20);
+        assert!(detect_memory_limit().is_some_and(|limit| limit > 0));
+    }
+}
