@@ -55,7 +55,8 @@ async fn a_second_epoch_and_a_restart_make_no_gets() {
     );
     assert_ne!(keys(&epoch0), keys(&epoch1));
     let digest0 = digest(&epoch0);
-    let Harness { s3, .. } = harness;
+    drop(cache);
+    let s3 = harness.restart_s3().await;
 
     // A restarted sidecar (new process state, same directory) finds its warm cache.
     let reopened = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
@@ -155,7 +156,7 @@ async fn a_replaced_object_is_refetched_not_served_stale() {
     let harness = cached_harness(s3, cache).await;
     let mut client = harness.client().await;
     let old = collect(&mut client, unshuffled(&uri)).await.unwrap();
-    let Harness { s3, .. } = harness;
+    let s3 = harness.restart_s3().await;
 
     // Replace shard 0 in S3 (new content, hence a new ETag), then restart.
     for sample in &mut shards[0] {
@@ -239,6 +240,80 @@ async fn missing_and_truncated_data_files_are_refetched_without_spinning() {
         before,
         "healed blocks are served from disk"
     );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_is_refused_and_short_files_are_healed_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let second = shardfeed::store::cache::DiskCache::open(cache.config().clone()).unwrap_err();
+    assert!(
+        matches!(second, shardfeed::store::cache::CacheError::Locked { .. }),
+        "{second}"
+    );
+    assert!(second.to_string().contains("--cache-dir"), "{second}");
+
+    let s3 = shardfeed::dev::s3mem::start(0).await.unwrap();
+    let uri = upload(&s3, "data", "", &simple_dataset(3, 16)).await;
+    write_index(&s3, "data", "").await;
+    let harness = cached_harness(s3, cache.clone()).await;
+    let mut client = harness.client().await;
+    let clean = collect(&mut client, request(&uri)).await.unwrap();
+    let full = cache.used_bytes();
+    drop(cache);
+    let s3 = harness.restart_s3().await;
+
+    // Cut every data file to a third, as a crash mid-write would.
+    for item in std::fs::read_dir(dir.path()).unwrap() {
+        let path = item.unwrap().path();
+        if path.extension().is_some_and(|e| e == "data") {
+            let len = std::fs::metadata(&path).unwrap().len();
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_len(len / 3).unwrap();
+        }
+    }
+    let reopened = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    assert!(
+        reopened.used_bytes() < full,
+        "blocks past the end of a data file are forgotten at start-up"
+    );
+    let harness = cached_harness(s3, reopened.clone()).await;
+    let mut client = harness.client().await;
+    let again = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(digest(&again), digest(&clean));
+    assert_eq!(
+        reopened.stats.corrupt.load(Ordering::SeqCst),
+        0,
+        "nothing left to discover on read"
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_counted_and_served_from_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache_at(dir.path(), LARGE, EvictionPolicy::Planned);
+    let harness = cached_harness(
+        shardfeed::dev::s3mem::start(0).await.unwrap(),
+        cache.clone(),
+    )
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 16)).await;
+    write_index(&harness.s3, "data", "").await;
+    let mut client = harness.client().await;
+    let clean = collect(&mut client, request(&uri)).await.unwrap();
+    // Every data file now writes to /dev/full (ENOSPC) and reads zeros.
+    for item in std::fs::read_dir(dir.path()).unwrap() {
+        let path = item.unwrap().path();
+        if path.extension().is_some_and(|e| e == "data") {
+            std::fs::remove_file(&path).unwrap();
+            std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        }
+    }
+    let again = collect(&mut client, request(&uri)).await.unwrap();
+    assert_eq!(digest(&again), digest(&clean), "served from S3 instead");
+    assert!(cache.stats.write_failures.load(Ordering::SeqCst) >= 1);
     harness.shutdown().await;
 }
 

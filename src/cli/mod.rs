@@ -628,6 +628,9 @@ pub struct DevS3Args {
     /// Fail every Nth GET with 503 SlowDown, as a throttled bucket does (0: never).
     #[arg(long, default_value_t = 0)]
     pub slow_down_every: u64,
+    /// Fail this percentage of all requests (500 or 503 SlowDown), for soak tests.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub fail_percent: u64,
     /// Publish the demo's synthetic photo dataset (this many shards) before
     /// listening, so benchmarks elsewhere read the same data as `shardfeed bench --synthetic`.
     #[arg(long, default_value_t = 0)]

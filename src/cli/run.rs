@@ -272,6 +272,9 @@ async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
     faults
         .slow_down_every
         .store(args.slow_down_every, Ordering::Relaxed);
+    faults
+        .fail_percent
+        .store(args.fail_percent, Ordering::Relaxed);
     // Tests read this line to learn the port.
     println!("listening on {}", server.endpoint());
     std::io::stdout().flush()?;

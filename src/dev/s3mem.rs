@@ -69,6 +69,12 @@ pub struct Faults {
     /// Every Nth GET fails with 503 SlowDown (0: never).
     pub slow_down_every: AtomicU64,
     gets_seen: AtomicU64,
+    /// Every request until this instant answers 503 (a regional outage).
+    outage_until: Mutex<Option<std::time::Instant>>,
+    /// Percent of all requests (0-100) that fail, alternating 500
+    /// InternalError and 503 SlowDown, at pseudo-random (a fixed sequence).
+    pub fail_percent: AtomicU64,
+    requests_seen: AtomicU64,
 }
 
 impl Faults {
@@ -88,8 +94,39 @@ impl Faults {
             .extend(std::iter::repeat_n(fault, count));
     }
 
+    /// Every request fails with 503 for `duration` from now.
+    pub fn outage(&self, duration: Duration) {
+        *self
+            .outage_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(std::time::Instant::now() + duration);
+    }
+
     /// Answers a request of `operation` with its next scripted failure, if any.
     fn scripted(&self, operation: Operation) -> S3Result<()> {
+        let in_outage = self
+            .outage_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some_and(|until| std::time::Instant::now() < until);
+        if in_outage {
+            return Err(s3_error!(ServiceUnavailable, "injected outage"));
+        }
+        let percent = self.fail_percent.load(Ordering::Relaxed);
+        if percent > 0 {
+            let n = self.requests_seen.fetch_add(1, Ordering::Relaxed);
+            // A fixed scramble of the request number: the same run of
+            // failures every time, spread over the requests.
+            let draw = n.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) % 100;
+            if draw < percent {
+                return Err(if n % 2 == 0 {
+                    s3_error!(InternalError, "injected random failure")
+                } else {
+                    s3_error!(SlowDown, "injected random throttling")
+                });
+            }
+        }
         let fault = self
             .lock_script()
             .get_mut(&operation)

@@ -79,6 +79,10 @@ pub struct OpenStream {
     pub metrics: StreamMetrics,
     /// The stream's tracing span (dataset, rank, world size, epoch).
     pub span: tracing::Span,
+    /// The stream's memory, reserved until both this handle and the
+    /// pipeline's task are gone: decoded batches wait in the ready queue
+    /// after the pipeline has finished.
+    pub reservation: Arc<budget::Reservation>,
 }
 
 /// What `describe` tells about a dataset at a world size and batch size.
@@ -160,9 +164,10 @@ impl Engine {
             .index
             .bytes()
             .div_ceil(dataset.index.samples().max(1));
-        let reservation = self
-            .memory
-            .reserve(self.stream_cost(&request, mean_sample))?;
+        let reservation = Arc::new(
+            self.memory
+                .reserve(self.stream_cost(&request, mean_sample))?,
+        );
         let shard_samples = dataset.shard_samples();
         let want_hints = self.registry.cache().is_some();
         let plan_request = request.plan.clone();
@@ -228,13 +233,14 @@ impl Engine {
                 metrics: metrics.clone(),
             },
             span.clone(),
-            reservation,
+            reservation.clone(),
         );
         Ok(OpenStream {
             batches,
             plan,
             metrics,
             span,
+            reservation,
         })
     }
 

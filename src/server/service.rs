@@ -228,6 +228,7 @@ impl ShardfeedService {
             _active: ActiveStream::open(),
             _open: self.shutdown.open.token(),
             _permit: permit,
+            _memory: stream.reservation,
         })
     }
 }
@@ -272,6 +273,7 @@ pub struct BatchStream {
     /// Shutdown waits until every stream has dropped this.
     _open: TaskTrackerToken,
     _permit: OwnedSemaphorePermit,
+    _memory: Arc<crate::engine::budget::Reservation>,
 }
 
 impl BatchStream {

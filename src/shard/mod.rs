@@ -21,9 +21,10 @@ pub enum BadShardPolicy {
     /// End the stream with `DATA_LOSS` naming the shard.
     #[default]
     Fail,
-    /// Substitute every sample of the shard from the damage on (and, when
-    /// building an index, keep the samples before it): batch counts stay
-    /// equal on every rank.
+    /// Substitute every sample of the shard from the damage on (from the
+    /// sample being parsed when it was found: a sample is only known whole
+    /// once the next one starts), and when building an index, keep the
+    /// samples before it: batch counts stay equal on every rank.
     Skip,
 }
 

@@ -177,6 +177,7 @@ pub struct CacheStats {
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
     pub corrupt: AtomicU64,
+    pub write_failures: AtomicU64,
 }
 
 /// The cache shared by every stream on the host.
@@ -505,6 +506,7 @@ impl DiskCache {
     /// Counts a failed cache write; the first is a warning (a full disk is
     /// an operator's problem), the rest are counted quietly.
     fn write_failed(&self, error: &std::io::Error) {
+        self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
         metrics::cache_write_failed();
         if !self.write_failure_logged.swap(true, Ordering::Relaxed) {
             tracing::warn!(

@@ -124,6 +124,8 @@ pub struct Options {
     pub grace: Duration,
     pub cache: Option<Arc<DiskCache>>,
     pub memory: MemoryConfig,
+    /// The decoder (default: the build's fastest).
+    pub decoder: Option<Arc<dyn shardfeed::decode::Decoder>>,
 }
 
 impl Default for Options {
@@ -141,6 +143,7 @@ impl Default for Options {
             grace: Duration::from_secs(5),
             cache: None,
             memory: MemoryConfig::from_limit(8 << 30),
+            decoder: None,
         }
     }
 }
@@ -177,7 +180,7 @@ impl Harness {
         if let Some(cache) = options.cache {
             registry = registry.with_cache(cache);
         }
-        let engine = Engine::new(
+        let engine = Engine::with_decoder(
             Arc::new(registry),
             EngineConfig {
                 pipeline: options.pipeline,
@@ -185,6 +188,9 @@ impl Harness {
                 memory: options.memory,
                 ..EngineConfig::default()
             },
+            options
+                .decoder
+                .unwrap_or_else(shardfeed::decode::default_decoder),
         )
         .unwrap();
         let service = ShardfeedService::new(
@@ -215,6 +221,14 @@ impl Harness {
 
     pub async fn shutdown(self) {
         let _ = self.server.stop().await;
+    }
+
+    /// Stops the server (releasing everything it holds, the disk cache's
+    /// lock included) and hands back the S3 server, as a sidecar restart
+    /// against the same bucket.
+    pub async fn restart_s3(self) -> RunningS3 {
+        let _ = self.server.stop().await;
+        self.s3
     }
 }
 
@@ -269,15 +283,27 @@ pub fn digest(batches: &[pb::Batch]) -> u64 {
 }
 
 pub fn cache_at(dir: &std::path::Path, max_bytes: u64, policy: EvictionPolicy) -> Arc<DiskCache> {
-    DiskCache::open(CacheConfig {
+    let config = CacheConfig {
         max_bytes,
         min_free_percent: 0.0,
         // Small blocks so that small test shards span several.
         block_size: 16 << 10,
         policy,
         ..CacheConfig::new(dir.to_path_buf())
-    })
-    .unwrap()
+    };
+    // A stopped server's connection tasks may still be winding down (and
+    // holding the previous cache, hence its lock) for a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match DiskCache::open(config.clone()) {
+            Err(shardfeed::store::cache::CacheError::Locked { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            result => return result.unwrap(),
+        }
+    }
 }
 
 /// Writes the dataset's index beside it (as `shardfeed index` does).

@@ -1,0 +1,357 @@
+//! Hostile requests, damaged data and a misbehaving decoder: each gets its
+//! documented status or substitution, and the server keeps serving.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use shardfeed::decode::{self, DecodeError, Decoder, ImageCrateDecoder, OutputSpec};
+use shardfeed::engine::budget::MemoryConfig;
+use shardfeed::pipeline::PipelineConfig;
+use shardfeed::server::pb;
+use shardfeed::shard::{BadShardPolicy, ImageFormat};
+use tonic::Code;
+
+fn big_output(batch_size: u32, side: u32, uri: &str) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        batch_size: Some(batch_size),
+        height: side,
+        width: side,
+        ..unshuffled(uri)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_admitted_against_the_memory_budget_and_free_it_when_they_leave() {
+    // 1 GiB limit: streams may reserve 640 MiB; one stream of 32 x 512² batches
+    // reserves 7 x 24 MiB + readers ≈ 170 MiB, so three fit and a fourth does not.
+    let harness = Harness::start(Options {
+        memory: MemoryConfig::from_limit(1 << 30),
+        ..Options::default()
+    })
+    .await;
+    // Long enough that no stream can finish ahead of its client.
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(6, 40)).await;
+    let mut client = harness.client().await;
+
+    let never = client
+        .stream_batches(big_output(64, 1024, &uri))
+        .await
+        .unwrap_err();
+    assert_eq!(never.code(), Code::InvalidArgument, "{never:?}");
+    assert!(
+        never.message().contains("batch_size x height x width")
+            && never.message().contains("--memory-limit"),
+        "{}",
+        never.message()
+    );
+
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut stream = client
+            .stream_batches(big_output(32, 512, &uri))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(stream.message().await.unwrap().is_some());
+        open.push(stream);
+    }
+    let busy = client
+        .stream_batches(big_output(32, 512, &uri))
+        .await
+        .unwrap_err();
+    assert_eq!(busy.code(), Code::ResourceExhausted, "{busy:?}");
+    assert!(
+        busy.message().contains("memory budget"),
+        "{}",
+        busy.message()
+    );
+
+    // A client that leaves mid-stream frees its reservation promptly.
+    drop(open.pop());
+    let left = Instant::now();
+    loop {
+        match client.stream_batches(big_output(32, 512, &uri)).await {
+            Ok(_) => break,
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                assert!(
+                    left.elapsed() < Duration::from_secs(1),
+                    "memory still reserved {:?} after the client left",
+                    left.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+    println!(
+        "reservation freed {:?} after the client left",
+        left.elapsed()
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_plans_are_refused_at_once_and_the_server_keeps_serving() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 24)).await;
+    let mut client = harness.client().await;
+    let segment = |world_size, batches| pb::PositionSegment {
+        world_size,
+        batches,
+    };
+    let hostile = [
+        (
+            "many world sizes",
+            pb::StreamBatchesRequest {
+                world_size: 2,
+                batch_size: Some(2),
+                resume_from: Some(pb::EpochPosition {
+                    segments: (0..200)
+                        .map(|i| segment(1 + i % 4, 0))
+                        .chain((0..200).map(|i| segment(1 + i % 2, 1)))
+                        .collect(),
+                }),
+                ..request(&uri)
+            },
+            "resizes within one epoch",
+        ),
+        (
+            "a huge world",
+            pb::StreamBatchesRequest {
+                world_size: u32::MAX,
+                batch_size: Some(1),
+                partition: pb::Partition::Pad as i32,
+                ..request(&uri)
+            },
+            "world_size",
+        ),
+        (
+            "a huge resume world",
+            pb::StreamBatchesRequest {
+                resume_from: Some(pb::EpochPosition {
+                    segments: vec![segment(u32::MAX, 1)],
+                }),
+                ..request(&uri)
+            },
+            "world_size",
+        ),
+        (
+            "batch counts that overflow",
+            pb::StreamBatchesRequest {
+                resume_from: Some(pb::EpochPosition {
+                    segments: vec![segment(1, u64::MAX), segment(1, u64::MAX)],
+                }),
+                ..request(&uri)
+            },
+            "resume position",
+        ),
+        (
+            "a start past the end",
+            pb::StreamBatchesRequest {
+                start_batch: u64::MAX,
+                ..request(&uri)
+            },
+            "start_batch",
+        ),
+        (
+            "a huge shuffle buffer",
+            pb::StreamBatchesRequest {
+                shuffle_buffer: u32::MAX,
+                ..request(&uri)
+            },
+            "shuffle_buffer",
+        ),
+        (
+            "epoch at the end of time",
+            pb::StreamBatchesRequest {
+                epoch: u64::MAX,
+                world_size: 3,
+                ..request(&uri)
+            },
+            "",
+        ),
+    ];
+    for (what, request, mentions) in hostile {
+        let started = Instant::now();
+        let result = collect(&mut client, request).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: {:?}",
+            started.elapsed()
+        );
+        match result {
+            Err(status) => {
+                assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+                assert!(
+                    status.message().contains(mentions),
+                    "{what}: {}",
+                    status.message()
+                );
+            }
+            // The last is legal: the epoch number only seeds the shuffle.
+            Ok(batches) => assert_eq!(mentions, "", "{what}: served {} batches", batches.len()),
+        }
+    }
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    assert_eq!(batches.len(), 6);
+    harness.shutdown().await;
+}
+
+/// Panics on images of one width, like a decoder bug on one odd file.
+#[derive(Debug)]
+struct PanicsOnWidth(u32);
+
+impl Decoder for PanicsOnWidth {
+    fn decode_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
+        let (width, _) = decode::source_dimensions(format, data)?;
+        assert_ne!(width, self.0, "decoder bug on a {width}-pixel-wide image");
+        ImageCrateDecoder.decode_into(format, data, spec, out)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_decode_is_substituted_and_the_server_lives_on() {
+    let harness = Harness::start(Options {
+        decoder: Some(Arc::new(PanicsOnWidth(56))),
+        ..Options::default()
+    })
+    .await;
+    // simple_dataset's sample n is 40 + (n % 5) * 8 wide: n % 5 == 2 panics.
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(1, 16)).await;
+    let mut client = harness.client().await;
+    for _ in 0..2 {
+        let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+        assert_eq!(batches.len(), 2);
+        for (b, batch) in batches.iter().enumerate() {
+            let expected: Vec<u32> = (0..8)
+                .filter(|slot| (b as u32 * 8 + slot) % 5 == 2)
+                .collect();
+            assert_eq!(batch.substituted, expected);
+            assert!(batch
+                .substitution_reasons
+                .iter()
+                .all(|reason| reason.contains("panicked")));
+        }
+    }
+    harness.shutdown().await;
+}
+
+/// Writes `shards` as `part-N.tar` files under a temp dir and indexes them
+/// with the real binary.
+fn indexed_local_dataset(shards: &[Vec<Sample>]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, shard) in shards.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("part-{i}.tar")), tar_of(shard)).unwrap();
+    }
+    let uri = format!("file://{}/", dir.path().display());
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_shardfeed"))
+        .args(["index", &uri])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (dir, uri)
+}
+
+/// Overwrites bytes of a file in place, keeping its size and modification
+/// time (so its ETag stand-in, and the index, still match).
+fn damage_in_place(path: &std::path::Path, at: usize, len: usize) {
+    let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at..at + len].fill(0x5a);
+    std::fs::write(path, &bytes).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_times(std::fs::FileTimes::new().set_modified(modified))
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_shard_fails_the_stream_or_is_skipped_keeping_counts() {
+    let shards = simple_dataset(2, 8);
+    let (dir, uri) = indexed_local_dataset(&shards);
+    // Garbage over the headers of shard 1 from its fourth sample on.
+    let shard_path = dir.path().join("part-1.tar");
+    let tar = std::fs::read(&shard_path).unwrap();
+    let fourth_sample = tar
+        .windows(12)
+        .position(|name| name == b"s001/k000011")
+        .unwrap();
+    damage_in_place(&shard_path, fourth_sample, 2048);
+
+    let failing = Harness::start(Options::default()).await;
+    let mut client = failing.client().await;
+    let status = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+    assert_eq!(status.code(), Code::DataLoss, "{status:?}");
+    assert!(
+        status.message().contains("part-1.tar"),
+        "{}",
+        status.message()
+    );
+    failing.shutdown().await;
+
+    let skipping = Harness::start(Options {
+        pipeline: PipelineConfig {
+            on_bad_shard: BadShardPolicy::Skip,
+            ..Options::default().pipeline
+        },
+        ..Options::default()
+    })
+    .await;
+    let mut client = skipping.client().await;
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    assert_eq!(batches.len(), 2, "counts stay as planned");
+    // Shard 1 is the second batch (unshuffled). The damage starts at sample
+    // 3; sample 2 was still open (a sample ends where the next key starts),
+    // so samples 2.. are substituted by copies of the good samples 0 and 1.
+    assert!(batches[0].substituted.is_empty());
+    assert_eq!(batches[1].substituted, vec![2, 3, 4, 5, 6, 7]);
+    assert!(batches[1]
+        .substitute_sources
+        .iter()
+        .all(|&source| (0..2).contains(&source)));
+    assert_eq!(
+        keys(&batches)[11],
+        "s001/k000011",
+        "keys still name the planned samples"
+    );
+    skipping.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_build_outlives_a_caller_that_gives_up() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(4, 12)).await;
+    // No index: the first stream scans every shard, slowly.
+    harness
+        .s3
+        .state
+        .faults
+        .set_get_delay(Duration::from_millis(150));
+    let mut client = harness.client().await;
+    // The caller gives up (its call is dropped, the HTTP/2 stream reset).
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        client.stream_batches(unshuffled(&uri)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the scan should take longer than 100 ms");
+    harness.s3.state.faults.set_get_delay(Duration::ZERO);
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    assert_eq!(batches.len(), 6);
+    // One listing: the build the first caller started went on and was shared.
+    assert_eq!(harness.s3.state.counts.list.load(Ordering::SeqCst), 1);
+    harness.shutdown().await;
+}
