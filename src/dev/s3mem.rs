@@ -120,7 +120,7 @@ impl Faults {
             // failures every time, spread over the requests.
             let draw = n.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) % 100;
             if draw < percent {
-                return Err(if n % 2 == 0 {
+                return Err(if n.is_multiple_of(2) {
                     s3_error!(InternalError, "injected random failure")
                 } else {
                     s3_error!(SlowDown, "injected random throttling")
