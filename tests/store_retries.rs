@@ -6,13 +6,14 @@ mod common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
 use futures::StreamExt;
 use shardfeed::dev::s3mem::{self, Injected, Operation, RunningS3};
 use shardfeed::store::read::{get_all, read_range};
-use shardfeed::store::retry::RetryingStore;
+use shardfeed::store::retry::{RetryPolicy, RetryingStore};
 use shardfeed::store::s3::S3Store;
 use shardfeed::store::{ObjectStore, StoreError};
 
@@ -237,4 +238,99 @@ async fn throttling_lowers_the_requests_in_flight_and_recovery_raises_them() {
         "limit {} after 300 successes (was {throttled})",
         limiter.limit()
     );
+}
+
+/// A credentials chain that finds nothing, as on a host with no role.
+#[derive(Debug)]
+struct NoCredentials;
+
+impl aws_sdk_s3::config::ProvideCredentials for NoCredentials {
+    fn provide_credentials<'a>(
+        &'a self,
+    ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        aws_credential_types::provider::future::ProvideCredentials::ready(Err(
+            aws_credential_types::provider::error::CredentialsError::not_loaded(
+                "no credentials in the chain (test)",
+            ),
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_credentials_are_not_retried_and_say_so() {
+    let s3 = s3mem::start(0).await.unwrap();
+    let config = aws_sdk_s3::config::Builder::new()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .region(aws_sdk_s3::config::Region::new("us-east-1"))
+        .endpoint_url(s3.endpoint())
+        .force_path_style(true)
+        .credentials_provider(NoCredentials)
+        .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
+        .build();
+    let client = aws_sdk_s3::Client::from_conf(config);
+    let store = RetryingStore::new(
+        Arc::new(S3Store::new(client, "data")),
+        RetryPolicy {
+            max_attempts: 10,
+            ..fast_retries()
+        },
+    );
+    let started = std::time::Instant::now();
+    let error = store.head("k").await.unwrap_err();
+    println!("{error:?}");
+    assert!(matches!(error, StoreError::Credentials { .. }), "{error:?}");
+    assert!(error.to_string().contains("credentials"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(2), "not retried");
+    assert_eq!(
+        shardfeed::server::status_code(&error),
+        tonic::Code::Unauthenticated
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_rides_out_a_minute_long_outage_with_identical_batches() {
+    let retry = RetryPolicy {
+        max_attempts: 1_000,
+        budget: Duration::from_secs(120),
+        base_delay: Duration::from_millis(50),
+        max_delay: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(10),
+    };
+    let harness = Harness::start(Options {
+        retry,
+        ..Options::default()
+    })
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(24, 16)).await;
+    write_index(&harness.s3, "data", "").await;
+    let mut client = harness.client().await;
+    let clean = collect(&mut client, unshuffled(&uri)).await.unwrap();
+
+    // S3 goes away for a minute just after the stream's first batch (read
+    // in order, three shards ahead: most GETs are still to come).
+    let mut stream = client
+        .stream_batches(unshuffled(&uri))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut batches = vec![stream.message().await.unwrap().unwrap()];
+    let outage = Duration::from_secs(60);
+    harness.s3.state.faults.outage(outage);
+    let started = std::time::Instant::now();
+    while let Some(batch) = stream.message().await.unwrap() {
+        batches.push(batch);
+    }
+    let took = started.elapsed();
+    println!("stream finished {took:?} after a {outage:?} outage began");
+    assert_eq!(
+        digest(&batches),
+        digest(&clean),
+        "byte-identical to a fault-free run"
+    );
+    assert!(took >= outage, "the outage was felt: {took:?}");
+    assert!(took < outage + Duration::from_secs(15), "bounded: {took:?}");
+    harness.shutdown().await;
 }

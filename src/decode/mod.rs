@@ -434,4 +434,88 @@ mod tests {
                 .is_err());
         }
     }
+
+    /// A PNG's signature, header and an empty data chunk: enough for
+    /// `source_dimensions`.
+    fn png_header(width: u32, height: u32) -> Vec<u8> {
+        let mut chunk = b"IHDR".to_vec();
+        chunk.extend(width.to_be_bytes());
+        chunk.extend(height.to_be_bytes());
+        chunk.extend([8, 2, 0, 0, 0]);
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        png.extend(13u32.to_be_bytes());
+        png.extend(&chunk);
+        png.extend(crc32fast::hash(&chunk).to_be_bytes());
+        // An empty IDAT: the decoder reads up to the first data chunk.
+        png.extend(0u32.to_be_bytes());
+        png.extend(b"IDAT");
+        png.extend(crc32fast::hash(b"IDAT").to_be_bytes());
+        png
+    }
+
+    /// Counts decodes in progress at once; takes 30 ms per image.
+    #[derive(Debug, Default)]
+    struct Counting {
+        now: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Decoder for Counting {
+        fn decode_into(
+            &self,
+            _: ImageFormat,
+            _: &[u8],
+            _: &OutputSpec,
+            _: &mut [u8],
+        ) -> Result<(), DecodeError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.now.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            std::thread::sleep(Duration::from_millis(30));
+            self.now.fetch_sub(1, SeqCst);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn large_decodes_share_the_scratch_budget_and_huge_ones_are_refused() {
+        let spec = OutputSpec {
+            height: 4,
+            width: 4,
+            mode: ResizeMode::CenterCrop,
+        };
+        // 1500² pixels need 13.5 MB of scratch: two do not fit in 20 MB.
+        let large = png_header(1500, 1500);
+        let budget = ScratchBudget::new(20 << 20);
+        let counting = Counting::default();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    let mut out = vec![0u8; spec.bytes()];
+                    decode_bounded(
+                        &counting,
+                        &budget,
+                        ImageFormat::Png,
+                        &large,
+                        &spec,
+                        &mut out,
+                    )
+                    .unwrap();
+                });
+            }
+        });
+        assert_eq!(counting.most.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        let mut out = vec![0u8; spec.bytes()];
+        let huge = png_header(3000, 3000);
+        assert!(matches!(
+            decode_bounded(&counting, &budget, ImageFormat::Png, &huge, &spec, &mut out),
+            Err(DecodeError::OverBudget { .. })
+        ));
+        let bomb = png_header(20_000, 20_000);
+        assert!(matches!(
+            decode_bounded(&counting, &budget, ImageFormat::Png, &bomb, &spec, &mut out),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
 }

@@ -70,6 +70,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
         return Some(match error {
             StoreError::NotFound { .. } => Code::NotFound,
             StoreError::PermissionDenied { .. } => Code::PermissionDenied,
+            StoreError::Credentials { .. } => Code::Unauthenticated,
             StoreError::Changed { .. } => Code::FailedPrecondition,
             StoreError::Transient { .. }
             | StoreError::Throttled { .. }

@@ -39,6 +39,10 @@ pub enum StoreError {
     NotFound { location: String, message: String },
     #[error("access to {location} denied{}", detail(.message))]
     PermissionDenied { location: String, message: String },
+    /// No usable credentials (none in the chain, expired, unknown key):
+    /// retrying cannot help; the operator must fix the environment.
+    #[error("no valid AWS credentials to read {location}: {message}")]
+    Credentials { location: String, message: String },
     #[error("{location} changed since it was indexed (ETag no longer matches); rebuild the index with `shardfeed index`")]
     Changed { location: String },
     /// Worth retrying: 5xx, timeouts, broken connections.

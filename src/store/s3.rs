@@ -132,6 +132,10 @@ where
                 None => format!("{code} (HTTP {status})").trim_start().to_string(),
             };
             match (status, code.as_str()) {
+                (
+                    _,
+                    "ExpiredToken" | "InvalidAccessKeyId" | "InvalidToken" | "TokenRefreshRequired",
+                ) => StoreError::Credentials { location, message },
                 (_, "NoSuchBucket") => StoreError::NotFound {
                     location: location.split('/').take(3).collect::<Vec<_>>().join("/"),
                     message: "no such bucket".into(),
@@ -154,6 +158,12 @@ where
                 _ => StoreError::Other { location, message },
             }
         }
+        // The credentials chain failed before anything was sent: a missing
+        // role or profile is not a network hiccup.
+        _ if caused_by_credentials(&error) => StoreError::Credentials {
+            location,
+            message: DisplayErrorContext(&error).to_string(),
+        },
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             StoreError::Transient {
                 location,
@@ -167,11 +177,23 @@ where
     }
 }
 
+fn caused_by_credentials(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(current) = next {
+        if current.is::<aws_credential_types::provider::error::CredentialsError>() {
+            return true;
+        }
+        next = current.source();
+    }
+    false
+}
+
 fn outcome<T>(result: &Result<T, StoreError>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(StoreError::NotFound { .. }) => "not_found",
         Err(StoreError::PermissionDenied { .. }) => "denied",
+        Err(StoreError::Credentials { .. }) => "credentials",
         Err(StoreError::Changed { .. }) => "changed",
         Err(StoreError::Transient { .. }) => "transient",
         Err(StoreError::Throttled { .. }) => "throttled",
