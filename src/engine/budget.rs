@@ -104,7 +104,9 @@ impl Default for MemoryConfig {
 /// The terms of one stream's peak memory, in bytes (the README's formula).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamCost {
-    /// `(interleave + prefetch_shards) * (parts_in_flight + 1) * part_size`
+    /// `(interleave + prefetch_shards) * (parts_in_flight + 2) * part_size`:
+    /// parts in flight, the part being handed to the parser, and the
+    /// parser's own buffer (up to a part plus the member it straddles).
     pub readers: u64,
     /// `(interleave + prefetch_shards) * reader_queue * S`
     pub reader_queues: u64,
@@ -128,7 +130,7 @@ impl StreamCost {
     pub fn new(config: &PipelineConfig, shape: StreamShape) -> Self {
         let readers = u64::from(shape.interleave) + config.prefetch_shards as u64;
         let part = config.read.part_size;
-        let parts = config.read.parts_in_flight as u64 + 1;
+        let parts = config.read.parts_in_flight as u64 + 2;
         let s = shape.mean_sample_bytes;
         let batches = (config.decode_ahead + config.ready_batches + 3) as u64;
         Self {
@@ -285,8 +287,8 @@ mod tests {
             &PipelineConfig::default(),
             shape(2_000, 128 * 224 * 224 * 3),
         );
-        // README: 144 MiB + 42 MiB + 220 MB + 7 batches of 19.3 MB.
-        assert_eq!(cost.readers, 6 * 3 * (8 << 20));
+        // README: 192 MiB + 42 MB + 220 MB + 7 batches of 19.3 MB.
+        assert_eq!(cost.readers, 6 * 4 * (8 << 20));
         assert_eq!(cost.reader_queues, 6 * 64 * 110_000);
         assert_eq!(cost.shuffle_buffer, 2_000 * 110_000);
         assert_eq!(cost.batches, 7 * 128 * 224 * 224 * 3);

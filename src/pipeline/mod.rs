@@ -17,8 +17,9 @@
 //!
 //! * **Shard readers.** At most `interleave + prefetch_shards` readers are
 //!   alive per stream. Each holds up to `parts_in_flight * part_size` bytes of
-//!   ranged GETs in flight, one part being parsed, and `reader_queue` parsed
-//!   samples waiting in its channel.
+//!   ranged GETs in flight, one part being handed to the parser, the parser's
+//!   buffer (up to a part plus the member it straddles), and `reader_queue`
+//!   parsed samples waiting in its channel.
 //! * **Shuffle buffer.** `shuffle_buffer` compressed samples (the plan's
 //!   buffer, mirrored here on real bytes).
 //! * **Batches.** `decode_ahead` batches being decoded plus `ready_batches`
@@ -28,7 +29,7 @@
 //! Peak per stream ≈
 //!
 //! ```text
-//! (interleave + prefetch_shards) * (parts_in_flight + 1) * part_size
+//! (interleave + prefetch_shards) * (parts_in_flight + 2) * part_size
 //! + (interleave + prefetch_shards) * reader_queue * S
 //! + shuffle_buffer * S
 //! + (decode_ahead + ready_batches + 3) * batch_bytes

@@ -1,0 +1,201 @@
+"""Peak server memory per stream, measured against the README's formula.
+
+``python -m shardfeed_benchmarks.memory`` starts ``shardfeed dev-s3`` with the
+demo's photo dataset, then for each setting a fresh ``shardfeed serve`` with
+that setting's flags. It opens the setting's streams, reads each one epoch
+with a consumer slower than the server (so every queue and buffer fills, the
+peak the formula describes), and prints the server's peak RSS growth
+(``VmHWM`` minus the RSS after start-up and indexing) next to the formula,
+per setting, as a table and JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardfeed import Client
+
+from .delivered import _free_port, _shardfeed_env
+
+MIB = 1 << 20
+
+
+@dataclass
+class Setting:
+    name: str
+    streams: int = 1
+    interleave: int = 4
+    shuffle_buffer: int = 2000
+    part_size: int = 8 * MIB
+    parts_in_flight: int = 2
+    batch_size: int = 128
+    image_size: int = 224
+    prefetch_shards: int = 2
+    reader_queue: int = 64
+    ready_batches: int = 2
+    decode_ahead: int = 2
+    flags: list[str] = field(default_factory=list)
+
+    def formula(self, mean_sample: float) -> dict[str, float]:
+        """The README's per-stream formula, in bytes, by term."""
+        readers = self.interleave + self.prefetch_shards
+        batch = self.batch_size * self.image_size * self.image_size * 3
+        return {
+            "readers": readers * (self.parts_in_flight + 2) * self.part_size,
+            "reader_queues": readers * self.reader_queue * mean_sample,
+            "shuffle_buffer": self.shuffle_buffer * mean_sample,
+            "batches": (self.decode_ahead + self.ready_batches + 3) * batch,
+        }
+
+    def serve_flags(self) -> list[str]:
+        return [
+            "--interleave",
+            str(self.interleave),
+            "--shuffle-buffer",
+            str(self.shuffle_buffer),
+            "--part-size",
+            str(self.part_size),
+            "--parts-in-flight",
+            str(self.parts_in_flight),
+            *self.flags,
+        ]
+
+
+SETTINGS = [
+    Setting("defaults"),
+    Setting("shuffle_buffer 500", shuffle_buffer=500),
+    Setting("part_size 16 MiB x 4", part_size=16 * MIB, parts_in_flight=4),
+    Setting("batch 256", batch_size=256),
+    Setting("interleave 8", interleave=8),
+    Setting("4 streams (ranks of world 4)", streams=4),
+]
+
+
+def _status_kib(pid: int, field_name: str) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field_name} for {pid}")
+
+
+def _consume(target: str, dataset: str, setting: Setting, rank: int, pause: float) -> int:
+    client = Client(target)
+    count = 0
+    for _ in client.batches(
+        dataset,
+        rank=rank,
+        world_size=setting.streams,
+        batch_size=setting.batch_size,
+        image_size=setting.image_size,
+    ):
+        count += 1
+        time.sleep(pause)
+    client.close()
+    return count
+
+
+def measure(
+    binary: str, endpoint: str, dataset: str, setting: Setting, pause: float
+) -> dict[str, Any]:
+    port = _free_port()
+    target = f"127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            binary,
+            "serve",
+            "--listen",
+            target,
+            "--metrics-listen",
+            f"127.0.0.1:{_free_port()}",
+            *setting.serve_flags(),
+        ],
+        env=dict(_shardfeed_env(endpoint), SHARDFEED_LOG="warn"),
+    )
+    try:
+        import grpc
+
+        grpc.channel_ready_future(grpc.insecure_channel(target)).result(timeout=30)
+        client = Client(target)
+        info = client.describe(dataset, world_size=setting.streams, batch_size=setting.batch_size)
+        client.close()
+        baseline = _status_kib(server.pid, "VmRSS") * 1024
+        threads = [
+            threading.Thread(target=_consume, args=(target, dataset, setting, rank, pause))
+            for rank in range(setting.streams)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        peak = _status_kib(server.pid, "VmHWM") * 1024
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    mean_sample = info.total_bytes / info.samples
+    terms = setting.formula(mean_sample)
+    formula = sum(terms.values()) * setting.streams
+    return {
+        "setting": setting.name,
+        "streams": setting.streams,
+        "mean_sample_bytes": round(mean_sample),
+        "formula_bytes": round(formula),
+        "formula_terms_per_stream": {k: round(v) for k, v in terms.items()},
+        "baseline_rss_bytes": baseline,
+        "peak_growth_bytes": peak - baseline,
+        "measured_over_formula": (peak - baseline) / formula,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--binary", default=os.environ.get("SHARDFEED_BIN", "shardfeed"))
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--samples-per-shard", type=int, default=256)
+    parser.add_argument(
+        "--pause", type=float, default=0.05, help="seconds the consumer sleeps per batch"
+    )
+    parser.add_argument("--only", help="run only the settings whose name contains this")
+    args = parser.parse_args(argv)
+    s3 = subprocess.Popen(
+        [
+            args.binary,
+            "dev-s3",
+            "--synthetic-shards",
+            str(args.shards),
+            "--samples-per-shard",
+            str(args.samples_per_shard),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert s3.stdout is not None
+        endpoint = s3.stdout.readline().decode().split()[-1]
+        rows = []
+        for setting in SETTINGS:
+            if args.only and args.only not in setting.name:
+                continue
+            row = measure(args.binary, endpoint, "s3://demo/photos/", setting, args.pause)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        s3.terminate()
+        s3.wait(timeout=30)
+    print(f"\n{'setting':32} {'formula MiB':>12} {'peak growth MiB':>16} {'measured/formula':>17}")
+    for row in rows:
+        print(
+            f"{row['setting']:32} {row['formula_bytes'] / MIB:12.0f} "
+            f"{row['peak_growth_bytes'] / MIB:16.0f} {row['measured_over_formula']:17.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
