@@ -355,3 +355,128 @@ async fn an_index_build_outlives_a_caller_that_gives_up() {
     assert_eq!(harness.s3.state.counts.list.load(Ordering::SeqCst), 1);
     harness.shutdown().await;
 }
+
+mod fuzz_properties {
+    //! The cargo-fuzz entry points (`fuzz/`), exercised on every test run
+    //! with generated inputs: damaged tars and extreme requests.
+
+    use super::*;
+    use proptest::prelude::*;
+    use shardfeed::dev::fuzz;
+
+    fn valid_tar() -> Vec<u8> {
+        tar_of(&simple_dataset(1, 3)[0])
+    }
+
+    fn extreme_u32() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            0u32..8,
+            Just(u32::MAX),
+            Just(1 << 16),
+            Just((1 << 16) + 1),
+            any::<u32>()
+        ]
+    }
+
+    fn extreme_u64() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..8, Just(u64::MAX), Just(u64::MAX / 2), any::<u64>()]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_damaged_tar_never_panics_and_chunking_never_changes_it(
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..12),
+            cut in any::<usize>(),
+            chunking in any::<u8>(),
+        ) {
+            let mut tar = valid_tar();
+            for (at, value) in flips {
+                let at = at % tar.len();
+                tar[at] = value;
+            }
+            tar.truncate(cut % (tar.len() + 1));
+            let mut input = vec![chunking];
+            input.extend(tar);
+            fuzz::tar_splitter(&input);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_parsers(
+            data in proptest::collection::vec(any::<u8>(), 0..2048),
+        ) {
+            fuzz::tar_splitter(&data);
+            fuzz::stream_request(&data);
+        }
+
+        #[test]
+        fn extreme_requests_are_checked_and_planned_without_panic(
+            world_size in extreme_u32(),
+            rank in extreme_u32(),
+            batch_size in proptest::option::of(extreme_u32()),
+            side in extreme_u32(),
+            shuffle_buffer in extreme_u32(),
+            interleave in extreme_u32(),
+            epoch in extreme_u64(),
+            start_batch in extreme_u64(),
+            segments in proptest::collection::vec((extreme_u32(), extreme_u64()), 0..80),
+            partition in 0i32..3,
+            resize in 0i32..3,
+        ) {
+            let request = pb::StreamBatchesRequest {
+                dataset: "s3://b/p/".into(),
+                world_size,
+                rank,
+                batch_size,
+                height: side,
+                width: side / 2,
+                shuffle_buffer,
+                interleave,
+                epoch,
+                start_batch,
+                partition,
+                resize,
+                resume_from: Some(pb::EpochPosition {
+                    segments: segments
+                        .into_iter()
+                        .map(|(world_size, batches)| pb::PositionSegment { world_size, batches })
+                        .collect(),
+                }),
+                ..Default::default()
+            };
+            let started = Instant::now();
+            fuzz::check_request(&request);
+            prop_assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        }
+
+        #[test]
+        fn resume_positions_at_the_edges_are_refused_or_planned_without_panic(
+            world_size in 1u32..=4,
+            rank in any::<u32>(),
+            batch_size in 1u32..=8,
+            start_batch in extreme_u64(),
+            segments in proptest::collection::vec((1u32..=8, extreme_u64()), 0..80),
+        ) {
+            let request = pb::StreamBatchesRequest {
+                dataset: "s3://b/p/".into(),
+                world_size,
+                rank: rank % world_size,
+                batch_size: Some(batch_size),
+                height: 8,
+                width: 8,
+                start_batch,
+                resume_from: Some(pb::EpochPosition {
+                    segments: segments
+                        .into_iter()
+                        .map(|(world_size, batches)| pb::PositionSegment { world_size, batches })
+                        .collect(),
+                }),
+                ..Default::default()
+            };
+            let started = Instant::now();
+            fuzz::check_request(&request);
+            prop_assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        }
+    }
+}

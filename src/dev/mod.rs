@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod fuzz;
 pub mod kernel;
 pub mod s3mem;
 pub mod shuffle_quality;

@@ -120,79 +120,6 @@ impl ShardfeedService {
         }
     }
 
-    /// The engine's request for a `StreamBatches` call.
-    fn stream_request(
-        &self,
-        request: &pb::StreamBatchesRequest,
-    ) -> Result<StreamRequest, ServiceError> {
-        let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
-        let world_size = request.world_size.max(1);
-        let height = nonzero_or(request.height, decode::DEFAULT_SIZE);
-        let width = nonzero_or(request.width, decode::DEFAULT_SIZE);
-        if height > decode::MAX_SIZE || width > decode::MAX_SIZE {
-            return Err(ServiceError::InvalidArgument(format!(
-                "output size {height}x{width} exceeds the maximum side of {}",
-                decode::MAX_SIZE
-            )));
-        }
-        let output = OutputSpec {
-            height,
-            width,
-            mode: match pb::ResizeMode::try_from(request.resize) {
-                Ok(pb::ResizeMode::CenterCrop) => ResizeMode::CenterCrop,
-                Ok(pb::ResizeMode::Stretch) => ResizeMode::Stretch,
-                Err(_) => {
-                    return Err(ServiceError::InvalidArgument(format!(
-                        "unknown resize mode {}",
-                        request.resize
-                    )))
-                }
-            },
-        };
-        if output.bytes() as u64 * u64::from(batch_size) > MAX_BATCH_BYTES {
-            return Err(ServiceError::InvalidArgument(format!(
-                "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
-            )));
-        }
-        let defaults = self.engine.config().default_shuffle;
-        let shuffle = ShuffleConfig {
-            enabled: request.shuffle.unwrap_or(true),
-            interleave: nonzero_or(request.interleave, defaults.interleave),
-            buffer: nonzero_or(request.shuffle_buffer, defaults.buffer),
-        };
-        let resume_from = EpochPosition {
-            phases: request
-                .resume_from
-                .as_ref()
-                .map(|position| {
-                    position
-                        .segments
-                        .iter()
-                        .map(|s| Phase {
-                            world_size: s.world_size,
-                            batches: s.batches,
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-        };
-        Ok(StreamRequest {
-            dataset: request.dataset.clone(),
-            plan: PlanRequest {
-                seed: request.seed,
-                epoch: request.epoch,
-                rank: request.rank,
-                world_size,
-                batch_size,
-                shuffle,
-                partition: partition(request.partition)?,
-                start_batch: request.start_batch,
-                resume_from,
-            },
-            output,
-        })
-    }
-
     async fn start_stream(
         &self,
         request: pb::StreamBatchesRequest,
@@ -201,7 +128,7 @@ impl ShardfeedService {
             return Err(ServiceError::Draining);
         }
         self.check_allowed(&request.dataset)?;
-        let request = self.stream_request(&request)?;
+        let request = stream_request(&request, self.engine.config().default_shuffle)?;
         let permit = self
             .streams
             .clone()
@@ -231,6 +158,80 @@ impl ShardfeedService {
             _memory: stream.reservation,
         })
     }
+}
+
+/// The engine's request for a `StreamBatches` call, with the fields checked
+/// that the engine cannot (output size, batch bytes, enum values); fields
+/// left unset take the server's defaults.
+pub fn stream_request(
+    request: &pb::StreamBatchesRequest,
+    defaults: ShuffleConfig,
+) -> Result<StreamRequest, ServiceError> {
+    let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
+    let world_size = request.world_size.max(1);
+    let height = nonzero_or(request.height, decode::DEFAULT_SIZE);
+    let width = nonzero_or(request.width, decode::DEFAULT_SIZE);
+    if height > decode::MAX_SIZE || width > decode::MAX_SIZE {
+        return Err(ServiceError::InvalidArgument(format!(
+            "output size {height}x{width} exceeds the maximum side of {}",
+            decode::MAX_SIZE
+        )));
+    }
+    let output = OutputSpec {
+        height,
+        width,
+        mode: match pb::ResizeMode::try_from(request.resize) {
+            Ok(pb::ResizeMode::CenterCrop) => ResizeMode::CenterCrop,
+            Ok(pb::ResizeMode::Stretch) => ResizeMode::Stretch,
+            Err(_) => {
+                return Err(ServiceError::InvalidArgument(format!(
+                    "unknown resize mode {}",
+                    request.resize
+                )))
+            }
+        },
+    };
+    if output.bytes() as u64 * u64::from(batch_size) > MAX_BATCH_BYTES {
+        return Err(ServiceError::InvalidArgument(format!(
+            "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
+        )));
+    }
+    let shuffle = ShuffleConfig {
+        enabled: request.shuffle.unwrap_or(true),
+        interleave: nonzero_or(request.interleave, defaults.interleave),
+        buffer: nonzero_or(request.shuffle_buffer, defaults.buffer),
+    };
+    let resume_from = EpochPosition {
+        phases: request
+            .resume_from
+            .as_ref()
+            .map(|position| {
+                position
+                    .segments
+                    .iter()
+                    .map(|s| Phase {
+                        world_size: s.world_size,
+                        batches: s.batches,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    Ok(StreamRequest {
+        dataset: request.dataset.clone(),
+        plan: PlanRequest {
+            seed: request.seed,
+            epoch: request.epoch,
+            rank: request.rank,
+            world_size,
+            batch_size,
+            shuffle,
+            partition: partition(request.partition)?,
+            start_batch: request.start_batch,
+            resume_from,
+        },
+        output,
+    })
 }
 
 fn nonzero_or(value: u32, default: u32) -> u32 {
