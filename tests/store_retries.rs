@@ -148,6 +148,46 @@ async fn a_broken_body_resumes_from_the_byte_where_it_broke() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_headers_and_stalled_bodies_are_cut_off_and_resumed() {
+    let s3 = s3mem::start(0).await.unwrap();
+    s3.state.create_bucket("retries");
+    let object: Vec<u8> = (0..400_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    s3.state
+        .insert("retries", "data/large", Bytes::from(object.clone()));
+    let client = shardfeed::store::s3::client(&s3.s3_config()).await;
+    let store = RetryingStore::new(
+        Arc::new(S3Store::new(client, "retries")),
+        RetryPolicy {
+            idle_timeout: Duration::from_millis(500),
+            ..fast_retries()
+        },
+    );
+    let faults = &s3.state.faults;
+    // The first GET never answers; the second stops sending mid-body with
+    // the connection open. Both would hang for two minutes.
+    faults.stall_headers.store(1, Ordering::SeqCst);
+    faults.cut_after.store(150_000, Ordering::SeqCst);
+    faults.stall_bodies.store(1, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let bytes = get_all(&store, "data/large").await.unwrap();
+    assert!(bytes == object, "the bytes delivered are the object's");
+    assert_eq!(requests(&s3, Operation::Get), 3);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "each stall cost one idle timeout: {:?}",
+        started.elapsed()
+    );
+    // The server counts each response's whole range: the stalled body's
+    // 400,000, then only the 250,000 that had not arrived.
+    let served = s3.state.counts.get_bytes.load(Ordering::SeqCst);
+    assert_eq!(
+        served,
+        2 * object.len() as u64 - 150_000,
+        "the retry after the stalled body asked only for the rest"
+    );
+}
+
 #[tokio::test]
 async fn index_files_are_read_through_retries() {
     let (s3, store) = setup().await;

@@ -66,6 +66,12 @@ pub struct Faults {
     pub cut_after: AtomicU64,
     /// The next N GETs answer 500 InternalError (for tests of exhausted retries).
     pub internal_errors: AtomicU64,
+    /// The next N GETs send no response headers for two minutes (a request
+    /// accepted and then forgotten).
+    pub stall_headers: AtomicU64,
+    /// The next N GET bodies stop after `cut_after` bytes and then send
+    /// nothing for two minutes, the connection left open.
+    pub stall_bodies: AtomicU64,
     /// Every Nth GET fails with 503 SlowDown (0: never).
     pub slow_down_every: AtomicU64,
     gets_seen: AtomicU64,
@@ -413,6 +419,9 @@ impl S3 for Backend {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
+        if Faults::take(&server.faults.stall_headers) {
+            tokio::time::sleep(STALL).await;
+        }
         let every = server.faults.slow_down_every.load(Ordering::Relaxed);
         let seen = server.faults.gets_seen.fetch_add(1, Ordering::Relaxed) + 1;
         if Faults::take(&server.faults.slow_down) || (every > 0 && seen.is_multiple_of(every)) {
@@ -444,9 +453,15 @@ impl S3 for Backend {
             .get_bytes
             .fetch_add(body.len() as u64, Ordering::Relaxed);
         let content_length = body.len() as i64;
-        let cut = Faults::take(&server.faults.cut_bodies)
-            .then(|| server.faults.cut_after.load(Ordering::SeqCst) as usize);
-        let stream = body_stream(body, cut);
+        let cut_after = server.faults.cut_after.load(Ordering::SeqCst) as usize;
+        let end = if Faults::take(&server.faults.stall_bodies) {
+            BodyEnd::StallAfter(cut_after)
+        } else if Faults::take(&server.faults.cut_bodies) {
+            BodyEnd::CutAfter(cut_after)
+        } else {
+            BodyEnd::Whole
+        };
+        let stream = body_stream(body, end);
         Ok(S3Response::new(dto::GetObjectOutput {
             body: Some(StreamingBlob::wrap(stream)),
             content_length: Some(content_length),
@@ -529,30 +544,48 @@ async fn read_body(body: Option<StreamingBlob>) -> S3Result<Bytes> {
     Ok(data.freeze())
 }
 
-/// The body in 64 KiB frames, optionally failing after `cut` bytes. The
-/// bytes before the cut reach the client, as when a connection breaks
-/// mid-body: the failure waits until they are written out.
+/// How long a stalled response waits: far longer than any client timeout.
+const STALL: Duration = Duration::from_secs(120);
+
+/// How a GET body ends.
+#[derive(Debug, Clone, Copy)]
+enum BodyEnd {
+    Whole,
+    /// The connection breaks after this many bytes.
+    CutAfter(usize),
+    /// Nothing more is sent after this many bytes, the connection kept open.
+    StallAfter(usize),
+}
+
+/// The body in 64 KiB frames, ending as `end` says. The bytes before a cut
+/// or stall reach the client, as when a connection breaks mid-body: the
+/// failure waits until they are written out.
 fn body_stream(
     body: Bytes,
-    cut: Option<usize>,
+    end: BodyEnd,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
     const FRAME: usize = 64 << 10;
-    let limit = cut.unwrap_or(usize::MAX).min(body.len());
+    let (limit, pause) = match end {
+        BodyEnd::Whole => (body.len(), None),
+        BodyEnd::CutAfter(at) => (at.min(body.len()), Some(Duration::from_millis(50))),
+        BodyEnd::StallAfter(at) => (at.min(body.len()), Some(STALL)),
+    };
     let frames: Vec<Result<Bytes, std::io::Error>> = (0..limit)
         .step_by(FRAME)
         .map(|start| Ok(body.slice(start..(start + FRAME).min(limit))))
         .collect();
-    let failure = cut.filter(|&c| c < body.len()).map(|c| {
-        std::io::Error::new(
+    let failure = pause.filter(|_| limit < body.len()).map(|pause| {
+        let error = std::io::Error::new(
             std::io::ErrorKind::ConnectionReset,
-            format!("injected: body cut after {c} bytes"),
-        )
+            format!("injected: body cut after {limit} bytes"),
+        );
+        (pause, error)
     });
     futures::stream::iter(frames).chain(futures::stream::unfold(failure, |failure| async move {
-        let failure = failure?;
+        let (pause, error) = failure?;
         // Let the server flush what was sent before the connection breaks.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        Some((Err(failure), None))
+        tokio::time::sleep(pause).await;
+        Some((Err(error), None))
     }))
 }
 
