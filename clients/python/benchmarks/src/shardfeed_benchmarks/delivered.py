@@ -270,24 +270,33 @@ def _shardfeed_env(endpoint: str) -> dict[str, str]:
     )
 
 
-def synthetic_setup(binary: str, shards: int, per_shard: int, get_delay_ms: int) -> dict[str, Any]:
-    """Starts dev-s3 holding the demo's photo dataset (the same JPEGs as
-    ``shardfeed bench --synthetic``: ~110 KB, ImageNet-like) and a server."""
+def start_dev_s3(
+    binary: str, shards: int, per_shard: int, *extra: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Starts ``shardfeed dev-s3`` publishing the demo's photo dataset (the
+    same JPEGs as ``shardfeed bench --synthetic``: ~110 KB, ImageNet-like);
+    returns the process and its endpoint."""
     s3 = subprocess.Popen(
         [
             binary,
             "dev-s3",
-            "--get-delay-ms",
-            str(get_delay_ms),
             "--synthetic-shards",
             str(shards),
             "--samples-per-shard",
             str(per_shard),
+            *extra,
         ],
         stdout=subprocess.PIPE,
+        # Injected failures would each be logged by the S3 stand-in.
+        env=dict(os.environ, SHARDFEED_LOG="warn,s3s=off"),
     )
     assert s3.stdout is not None
-    endpoint = s3.stdout.readline().decode().split()[-1]
+    return s3, s3.stdout.readline().decode().split()[-1]
+
+
+def synthetic_setup(binary: str, shards: int, per_shard: int, get_delay_ms: int) -> dict[str, Any]:
+    """Starts dev-s3 holding the demo's photo dataset and a server."""
+    s3, endpoint = start_dev_s3(binary, shards, per_shard, "--get-delay-ms", str(get_delay_ms))
     env = _shardfeed_env(endpoint)
     port = _free_port()
     server = subprocess.Popen(

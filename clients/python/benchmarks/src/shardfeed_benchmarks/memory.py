@@ -22,7 +22,7 @@ from typing import Any
 
 from shardfeed import Client
 
-from .delivered import _free_port, _shardfeed_env
+from .delivered import _free_port, _shardfeed_env, start_dev_s3
 
 MIB = 1 << 20
 
@@ -164,20 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", help="run only the settings whose name contains this")
     args = parser.parse_args(argv)
-    s3 = subprocess.Popen(
-        [
-            args.binary,
-            "dev-s3",
-            "--synthetic-shards",
-            str(args.shards),
-            "--samples-per-shard",
-            str(args.samples_per_shard),
-        ],
-        stdout=subprocess.PIPE,
-    )
+    s3, endpoint = start_dev_s3(args.binary, args.shards, args.samples_per_shard)
     try:
-        assert s3.stdout is not None
-        endpoint = s3.stdout.readline().decode().split()[-1]
         rows = []
         for setting in SETTINGS:
             if args.only and args.only not in setting.name:

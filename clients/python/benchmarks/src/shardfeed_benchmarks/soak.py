@@ -24,7 +24,7 @@ from typing import Any
 
 from shardfeed import Client, ShardfeedError
 
-from .delivered import _free_port, _shardfeed_env
+from .delivered import _free_port, _shardfeed_env, start_dev_s3
 from .memory import _status_kib
 
 
@@ -93,23 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    s3 = subprocess.Popen(
-        [
-            args.binary,
-            "dev-s3",
-            "--synthetic-shards",
-            str(args.shards),
-            "--samples-per-shard",
-            str(args.samples_per_shard),
-            "--fail-percent",
-            str(args.fail_percent),
-        ],
-        stdout=subprocess.PIPE,
-        # The injected failures would each be logged by the S3 stand-in.
-        env=dict(os.environ, SHARDFEED_LOG="warn,s3s=off"),
+    s3, endpoint = start_dev_s3(
+        args.binary,
+        args.shards,
+        args.samples_per_shard,
+        "--fail-percent",
+        str(args.fail_percent),
     )
-    assert s3.stdout is not None
-    endpoint = s3.stdout.readline().decode().split()[-1]
     target = f"127.0.0.1:{_free_port()}"
     server = subprocess.Popen(
         [args.binary, "serve", "--listen", target]
