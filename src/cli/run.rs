@@ -93,6 +93,8 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         metrics = %config.metrics_listen,
         decode_threads = config.engine.decode_threads,
         max_streams = config.service.max_streams,
+        stream_memory_mib = config.engine.memory.streams >> 20,
+        decode_scratch_mib = config.engine.memory.decode_scratch >> 20,
         allow = ?config.service.allow,
         "shardfeed serving"
     );
