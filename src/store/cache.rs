@@ -188,6 +188,8 @@ pub struct DiskCache {
     pub stats: CacheStats,
     /// The directory's lock, held for the cache's life.
     _lock: std::fs::File,
+    /// Serializes metadata writes (see `persist_meta`).
+    meta_writes: Mutex<()>,
     /// Whether a failed write was already logged at warning level (then
     /// the rest go to debug; the counter counts them all).
     write_failure_logged: std::sync::atomic::AtomicBool,
@@ -289,6 +291,7 @@ impl DiskCache {
             state: Mutex::new(state),
             stats: CacheStats::default(),
             _lock: lock,
+            meta_writes: Mutex::new(()),
             write_failure_logged: std::sync::atomic::AtomicBool::new(false),
         });
         cache.publish_usage();
@@ -474,11 +477,8 @@ impl DiskCache {
             if entry.meta.blocks.remove(&block).is_some() {
                 state.used = state.used.saturating_sub(len as u64);
             }
-            let meta = state.entries.get(id).map(|e| e.meta.clone());
             drop(state);
-            if let Some(meta) = meta {
-                let _ = self.write_meta(id, &meta);
-            }
+            let _ = self.persist_meta(id);
         }
         None
     }
@@ -499,8 +499,19 @@ impl DiskCache {
         file.write_all_at(data, block * meta.block_size)
     }
 
-    fn write_meta(&self, id: &str, meta: &EntryMeta) -> std::io::Result<()> {
-        write_meta_file(&self.config.dir, id, meta).inspect_err(|error| self.write_failed(error))
+    /// Writes an entry's metadata as it is now. Writers take turns and each
+    /// takes its snapshot in its turn: two blocks of one entry recorded at
+    /// once must not have the older snapshot land last (the newer block
+    /// would be forgotten at the next start).
+    fn persist_meta(&self, id: &str) -> std::io::Result<()> {
+        let _turn = self
+            .meta_writes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(meta) = self.lock().entries.get(id).map(|e| e.meta.clone()) else {
+            return Ok(());
+        };
+        write_meta_file(&self.config.dir, id, &meta).inspect_err(|error| self.write_failed(error))
     }
 
     /// Counts a failed cache write; the first is a warning (a full disk is
@@ -753,10 +764,9 @@ fn store_block(cache: &DiskCache, id: &str, meta: &EntryMeta, block: u64, data: 
         return false;
     }
     entry.meta.blocks.insert(block, crc32fast::hash(data));
-    let snapshot = entry.meta.clone();
     drop(state);
     cache.publish_usage();
-    cache.write_meta(id, &snapshot).is_ok()
+    cache.persist_meta(id).is_ok()
 }
 
 #[async_trait]
