@@ -486,20 +486,7 @@ async fn serves_over_a_unix_socket_and_builds_the_index_on_first_use() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_file_uris_with_a_written_index() {
-    let dir = tempfile::tempdir().unwrap();
-    for (i, shard) in simple_dataset(2, 6).iter().enumerate() {
-        std::fs::write(dir.path().join(format!("part-{i}.tar")), tar_of(shard)).unwrap();
-    }
-    let uri = format!("file://{}/", dir.path().display());
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_shardfeed"))
-        .args(["index", &uri])
-        .output()
-        .unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
+    let (dir, uri) = indexed_local_dataset(&simple_dataset(2, 6));
     assert!(dir.path().join("_shardfeed/index.json").exists());
 
     let harness = Harness::start(Options::default()).await;

@@ -246,26 +246,6 @@ async fn a_panicking_decode_is_substituted_and_the_server_lives_on() {
     harness.shutdown().await;
 }
 
-/// Writes `shards` as `part-N.tar` files under a temp dir and indexes them
-/// with the real binary.
-fn indexed_local_dataset(shards: &[Vec<Sample>]) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    for (i, shard) in shards.iter().enumerate() {
-        std::fs::write(dir.path().join(format!("part-{i}.tar")), tar_of(shard)).unwrap();
-    }
-    let uri = format!("file://{}/", dir.path().display());
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_shardfeed"))
-        .args(["index", &uri])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (dir, uri)
-}
-
 /// Overwrites bytes of a file in place, keeping its size and modification
 /// time (so its ETag stand-in, and the index, still match).
 fn damage_in_place(path: &std::path::Path, at: usize, len: usize) {
@@ -368,6 +348,18 @@ mod fuzz_properties {
         tar_of(&simple_dataset(1, 3)[0])
     }
 
+    fn position(segments: Vec<(u32, u64)>) -> pb::EpochPosition {
+        pb::EpochPosition {
+            segments: segments
+                .into_iter()
+                .map(|(world_size, batches)| pb::PositionSegment {
+                    world_size,
+                    batches,
+                })
+                .collect(),
+        }
+    }
+
     fn extreme_u32() -> impl Strategy<Value = u32> {
         prop_oneof![
             0u32..8,
@@ -437,12 +429,7 @@ mod fuzz_properties {
                 start_batch,
                 partition,
                 resize,
-                resume_from: Some(pb::EpochPosition {
-                    segments: segments
-                        .into_iter()
-                        .map(|(world_size, batches)| pb::PositionSegment { world_size, batches })
-                        .collect(),
-                }),
+                resume_from: Some(position(segments)),
                 ..Default::default()
             };
             let started = Instant::now();
@@ -466,12 +453,7 @@ mod fuzz_properties {
                 height: 8,
                 width: 8,
                 start_batch,
-                resume_from: Some(pb::EpochPosition {
-                    segments: segments
-                        .into_iter()
-                        .map(|(world_size, batches)| pb::PositionSegment { world_size, batches })
-                        .collect(),
-                }),
+                resume_from: Some(position(segments)),
                 ..Default::default()
             };
             let started = Instant::now();

@@ -330,3 +330,23 @@ pub fn gets(s3: &RunningS3) -> u64 {
         .get
         .load(std::sync::atomic::Ordering::SeqCst)
 }
+
+/// Writes `shards` as `part-N.tar` files under a temp dir and indexes them
+/// with the real binary.
+pub fn indexed_local_dataset(shards: &[Vec<Sample>]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, shard) in shards.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("part-{i}.tar")), tar_of(shard)).unwrap();
+    }
+    let uri = format!("file://{}/", dir.path().display());
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_shardfeed"))
+        .args(["index", &uri])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (dir, uri)
+}
