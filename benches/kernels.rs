@@ -5,7 +5,10 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use shardfeed::decode::{default_decoder, default_decoder_name, OutputSpec, ResizeMode};
+use shardfeed::decode::{
+    decode_bounded, default_decoder, default_decoder_name, Crop, OutputSpec, RandomResizedCrop,
+    SampleKey, ScratchBudget,
+};
 use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
 use shardfeed::plan::{
     emitted_samples, plan_stream, EpochPosition, Partition, PlanRequest, ShuffleConfig,
@@ -39,24 +42,43 @@ fn decode_resize(c: &mut Criterion) {
     let decoder = default_decoder();
     let mut group = c.benchmark_group("decode_resize");
     group.throughput(Throughput::Elements(jpegs.len() as u64));
-    for mode in [ResizeMode::CenterCrop, ResizeMode::Stretch] {
-        let spec = OutputSpec {
-            height: 224,
-            width: 224,
-            mode,
-        };
+    let budget = ScratchBudget::new(1 << 30);
+    let train = OutputSpec {
+        crop: Crop::RandomResized(RandomResizedCrop::default()),
+        flip: 0.5,
+        ..OutputSpec::center(224, 224)
+    };
+    let stretch = OutputSpec {
+        crop: Crop::Stretch,
+        ..OutputSpec::center(224, 224)
+    };
+    for (name, spec) in [
+        ("center_crop_224", OutputSpec::center(224, 224)),
+        ("random_resized_crop_flip_224", train),
+        ("stretch_224", stretch),
+    ] {
         let mut out = vec![0u8; spec.bytes()];
-        group.bench_function(
-            BenchmarkId::new(default_decoder_name(), format!("{mode:?}_224")),
-            |b| {
-                b.iter(|| {
-                    for jpeg in &jpegs {
-                        let _ = decoder.decode_into(ImageFormat::Jpeg, jpeg, &spec, &mut out);
-                    }
-                    black_box(&out);
-                })
-            },
-        );
+        group.bench_function(BenchmarkId::new(default_decoder_name(), name), |b| {
+            b.iter(|| {
+                for (sample, jpeg) in jpegs.iter().enumerate() {
+                    let key = SampleKey {
+                        seed: 0,
+                        epoch: 0,
+                        sample: sample as u64,
+                    };
+                    let _ = decode_bounded(
+                        &*decoder,
+                        &budget,
+                        ImageFormat::Jpeg,
+                        jpeg,
+                        &spec,
+                        &key,
+                        &mut out,
+                    );
+                }
+                black_box(&out);
+            })
+        });
     }
     group.finish();
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shardfeed::decode::{self, DecodeError, Decoder, ImageCrateDecoder, OutputSpec};
+use shardfeed::decode::{self, CropBox, DecodeError, Decoder, ImageCrateDecoder, OutputSpec};
 use shardfeed::engine::budget::MemoryConfig;
 use shardfeed::pipeline::PipelineConfig;
 use shardfeed::server::pb;
@@ -211,11 +211,12 @@ impl Decoder for PanicsOnWidth {
         format: ImageFormat,
         data: &[u8],
         spec: &OutputSpec,
+        crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let (width, _) = decode::source_dimensions(format, data)?;
         assert_ne!(width, self.0, "decoder bug on a {width}-pixel-wide image");
-        ImageCrateDecoder.decode_into(format, data, spec, out)
+        ImageCrateDecoder.decode_into(format, data, spec, crop, out)
     }
 }
 

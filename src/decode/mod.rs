@@ -6,8 +6,11 @@
 //! where they will be sent from. Decoders sit behind one small trait so a
 //! faster JPEG path can replace the default without touching the pipeline.
 
+pub mod augment;
 #[cfg(feature = "turbojpeg")]
 pub mod turbo;
+
+pub use augment::{Crop, CropBox, OutputSpec, RandomResizedCrop, SampleKey};
 
 use std::cell::RefCell;
 use std::sync::{Condvar, Mutex};
@@ -24,28 +27,6 @@ pub const MAX_SIZE: u32 = 4096;
 /// Images with more pixels than this are rejected rather than decoded
 /// (decompression bombs).
 pub const MAX_SOURCE_PIXELS: u64 = 100_000_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResizeMode {
-    /// Scale the shorter side to the target, then take the center.
-    #[default]
-    CenterCrop,
-    /// Scale each side to the target, ignoring the aspect ratio.
-    Stretch,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutputSpec {
-    pub height: u32,
-    pub width: u32,
-    pub mode: ResizeMode,
-}
-
-impl OutputSpec {
-    pub fn bytes(&self) -> usize {
-        self.height as usize * self.width as usize * CHANNELS
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -83,13 +64,15 @@ impl DecodeError {
 }
 
 pub trait Decoder: Send + Sync + std::fmt::Debug {
-    /// Decodes `data` and writes the resized RGB pixels to `out`
-    /// (`spec.bytes()` long).
+    /// Decodes `data` and writes the `crop` region of it, resized to
+    /// `spec.width x spec.height` RGB, to `out` (`spec.bytes()` long).
+    /// `crop.flipped` is the caller's to apply ([`decode_bounded`] does).
     fn decode_into(
         &self,
         format: ImageFormat,
         data: &[u8],
         spec: &OutputSpec,
+        crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError>;
 }
@@ -105,11 +88,12 @@ impl Decoder for ImageCrateDecoder {
         format: ImageFormat,
         data: &[u8],
         spec: &OutputSpec,
+        crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let rgb = decode_rgb(format, data)?;
         let (width, height) = rgb.dimensions();
-        resize_rgb(rgb.as_raw(), width, height, spec, out)
+        resize_rgb(rgb.as_raw(), width, height, crop, spec, out)
     }
 }
 
@@ -221,19 +205,23 @@ pub fn source_dimensions(format: ImageFormat, data: &[u8]) -> Result<(u32, u32),
         .map_err(|e| DecodeError::Corrupt(e.to_string()))
 }
 
-/// Decodes like [`Decoder::decode_into`], within the budgets: the pixel
-/// limit and the decode memory budget are checked from the headers before
-/// anything is allocated, and a panic inside the decoder becomes an error
-/// for this image instead of taking the decode thread (and the process)
-/// down.
+/// Decodes one sample within the budgets and returns the box it came from.
+///
+/// The image's size is read from its headers first: the pixel limit and the
+/// decode memory budget are checked before anything is allocated, and the
+/// sample's crop and flip are decided ([`OutputSpec::crop_box`]) before the
+/// decoder runs, so a decoder that can decode just the region does. A panic
+/// inside the decoder becomes an error for this image instead of taking the
+/// decode thread (and the process) down.
 pub fn decode_bounded(
     decoder: &dyn Decoder,
     budget: &ScratchBudget,
     format: ImageFormat,
     data: &[u8],
     spec: &OutputSpec,
+    key: &SampleKey,
     out: &mut [u8],
-) -> Result<(), DecodeError> {
+) -> Result<CropBox, DecodeError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let (width, height) = source_dimensions(format, data)?;
         let pixels = u64::from(width) * u64::from(height);
@@ -249,8 +237,13 @@ pub fn decode_bounded(
                 budget: budget.limit,
             });
         }
+        let crop = spec.crop_box(width, height, key);
         let _permit = (bytes > SMALL_DECODE_BYTES).then(|| budget.acquire(bytes));
-        decoder.decode_into(format, data, spec, out)
+        decoder.decode_into(format, data, spec, &crop, out)?;
+        if crop.flipped {
+            augment::flip_rows(&mut out[..spec.bytes()], spec.width);
+        }
+        Ok(crop)
     }))
     .unwrap_or_else(|panic| {
         let message = panic
@@ -288,31 +281,20 @@ pub fn default_decoder_name() -> &'static str {
     }
 }
 
-/// The source rectangle (left, top, width, height) that `mode` maps onto the output.
-pub fn source_crop(width: u32, height: u32, spec: &OutputSpec) -> (f64, f64, f64, f64) {
-    let (w, h) = (f64::from(width), f64::from(height));
-    match spec.mode {
-        ResizeMode::Stretch => (0.0, 0.0, w, h),
-        ResizeMode::CenterCrop => {
-            let scale = (f64::from(spec.width) / w).max(f64::from(spec.height) / h);
-            let crop_w = (f64::from(spec.width) / scale).min(w);
-            let crop_h = (f64::from(spec.height) / scale).min(h);
-            ((w - crop_w) / 2.0, (h - crop_h) / 2.0, crop_w, crop_h)
-        }
-    }
-}
-
 thread_local! {
     // Resizers keep scratch buffers: one per decode thread, reused per image.
     static RESIZER: RefCell<fir::Resizer> = RefCell::new(fir::Resizer::new());
 }
 
-/// Resizes packed RGB8 `src` into `out` per `spec` (bilinear convolution,
-/// which widens its support when downscaling, so it antialiases).
+/// Resizes the `crop` region of packed RGB8 `src` into `out` per `spec`
+/// (bilinear convolution, which widens its support when downscaling, so it
+/// antialiases; pixels just outside the box within the image feed the
+/// filter at its edges, as in Pillow's `resize(box=...)`).
 pub fn resize_rgb(
     src: &[u8],
     width: u32,
     height: u32,
+    crop: &CropBox,
     spec: &OutputSpec,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
@@ -323,6 +305,7 @@ pub fn resize_rgb(
             src,
             width,
             height,
+            crop,
             spec,
             out,
         )
@@ -331,12 +314,14 @@ pub fn resize_rgb(
 
 /// Resizes with an explicit filter and resizer (the pipeline's path uses
 /// [`resize_rgb`]; quality references use Lanczos3).
+#[allow(clippy::too_many_arguments)]
 pub fn resize_with(
     resizer: &mut fir::Resizer,
     filter: fir::FilterType,
     src: &[u8],
     width: u32,
     height: u32,
+    crop: &CropBox,
     spec: &OutputSpec,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
@@ -350,10 +335,9 @@ pub fn resize_with(
         fir::PixelType::U8x3,
     )
     .map_err(|e| resize_error(&e))?;
-    let (left, top, crop_w, crop_h) = source_crop(width, height, spec);
     let options = fir::ResizeOptions::new()
         .resize_alg(fir::ResizeAlg::Convolution(filter))
-        .crop(left, top, crop_w, crop_h);
+        .crop(crop.left, crop.top, crop.width, crop.height);
     resizer
         .resize(&source, &mut target, &options)
         .map_err(|e| resize_error(&e))
@@ -372,20 +356,28 @@ mod tests {
         out
     }
 
-    #[test]
-    fn center_crop_takes_the_middle_of_the_long_side() {
-        let spec = OutputSpec {
-            height: 100,
-            width: 100,
-            mode: ResizeMode::CenterCrop,
-        };
-        assert_eq!(source_crop(400, 200, &spec), (100.0, 0.0, 200.0, 200.0));
-        assert_eq!(source_crop(200, 400, &spec), (0.0, 100.0, 200.0, 200.0));
-        let stretch = OutputSpec {
-            mode: ResizeMode::Stretch,
-            ..spec
-        };
-        assert_eq!(source_crop(400, 200, &stretch), (0.0, 0.0, 400.0, 200.0));
+    const KEY: SampleKey = SampleKey {
+        seed: 0,
+        epoch: 0,
+        sample: 0,
+    };
+
+    fn decode_whole(
+        decoder: &dyn Decoder,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        out: &mut [u8],
+    ) -> Result<CropBox, DecodeError> {
+        decode_bounded(
+            decoder,
+            &ScratchBudget::new(1 << 30),
+            format,
+            data,
+            spec,
+            &KEY,
+            out,
+        )
     }
 
     #[test]
@@ -397,15 +389,16 @@ mod tests {
             1 => [0, 255, 0],
             _ => [0, 0, 255],
         });
-        let spec = OutputSpec {
-            height: 32,
-            width: 32,
-            mode: ResizeMode::CenterCrop,
-        };
+        let spec = OutputSpec::center(32, 32);
         let mut out = vec![0u8; spec.bytes()];
-        ImageCrateDecoder
-            .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &mut out)
-            .unwrap();
+        decode_whole(
+            &ImageCrateDecoder,
+            ImageFormat::Jpeg,
+            &jpeg,
+            &spec,
+            &mut out,
+        )
+        .unwrap();
         let center = &out[(16 * 32 + 16) * 3..][..3];
         assert!(
             center[1] > 200 && center[0] < 40 && center[2] < 40,
@@ -417,21 +410,13 @@ mod tests {
 
     #[test]
     fn corrupt_bytes_are_an_error_not_a_panic() {
-        let spec = OutputSpec {
-            height: 8,
-            width: 8,
-            mode: ResizeMode::CenterCrop,
-        };
+        let spec = OutputSpec::center(8, 8);
         let mut out = vec![0u8; spec.bytes()];
         let mut jpeg = encode_jpeg(64, 64, |x, y| [x as u8, y as u8, 0]);
         jpeg.truncate(20);
         for format in [ImageFormat::Jpeg, ImageFormat::Png, ImageFormat::Webp] {
-            assert!(ImageCrateDecoder
-                .decode_into(format, &jpeg, &spec, &mut out)
-                .is_err());
-            assert!(ImageCrateDecoder
-                .decode_into(format, b"", &spec, &mut out)
-                .is_err());
+            assert!(decode_whole(&ImageCrateDecoder, format, &jpeg, &spec, &mut out).is_err());
+            assert!(decode_whole(&ImageCrateDecoder, format, b"", &spec, &mut out).is_err());
         }
     }
 
@@ -466,6 +451,7 @@ mod tests {
             _: ImageFormat,
             _: &[u8],
             _: &OutputSpec,
+            _: &CropBox,
             _: &mut [u8],
         ) -> Result<(), DecodeError> {
             use std::sync::atomic::Ordering::SeqCst;
@@ -479,11 +465,7 @@ mod tests {
 
     #[test]
     fn large_decodes_share_the_scratch_budget_and_huge_ones_are_refused() {
-        let spec = OutputSpec {
-            height: 4,
-            width: 4,
-            mode: ResizeMode::CenterCrop,
-        };
+        let spec = OutputSpec::center(4, 4);
         // 1500² pixels need 13.5 MB of scratch: two do not fit in 20 MB.
         let large = png_header(1500, 1500);
         let budget = ScratchBudget::new(20 << 20);
@@ -498,6 +480,7 @@ mod tests {
                         ImageFormat::Png,
                         &large,
                         &spec,
+                        &KEY,
                         &mut out,
                     )
                     .unwrap();
@@ -509,12 +492,28 @@ mod tests {
         let mut out = vec![0u8; spec.bytes()];
         let huge = png_header(3000, 3000);
         assert!(matches!(
-            decode_bounded(&counting, &budget, ImageFormat::Png, &huge, &spec, &mut out),
+            decode_bounded(
+                &counting,
+                &budget,
+                ImageFormat::Png,
+                &huge,
+                &spec,
+                &KEY,
+                &mut out
+            ),
             Err(DecodeError::OverBudget { .. })
         ));
         let bomb = png_header(20_000, 20_000);
         assert!(matches!(
-            decode_bounded(&counting, &budget, ImageFormat::Png, &bomb, &spec, &mut out),
+            decode_bounded(
+                &counting,
+                &budget,
+                ImageFormat::Png,
+                &bomb,
+                &spec,
+                &KEY,
+                &mut out
+            ),
             Err(DecodeError::TooLarge { .. })
         ));
     }

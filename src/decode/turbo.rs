@@ -1,24 +1,92 @@
-//! The fast JPEG path: libjpeg-turbo with DCT-domain scaling.
+//! The fast JPEG path: libjpeg-turbo 3 decoding only the region the output
+//! needs, at the smallest DCT scale that still covers it.
 //!
 //! A JPEG can be decoded at 1/8, 2/8, ... 8/8 of its size for a fraction of
-//! the full cost. We decode at the smallest such size that still covers the
-//! output (so quality is kept: the final resize only ever shrinks), then
-//! resize with fast_image_resize. Anything libjpeg-turbo cannot decode to RGB
-//! (e.g. CMYK) falls back to the `image` crate.
+//! the full cost, and TurboJPEG 3 can decode a region: columns outside it
+//! (from the iMCU column that holds its left edge) skip the inverse DCT,
+//! chroma upsampling and color conversion, rows above it are only
+//! entropy-decoded, and decoding stops after its last row. We decode the
+//! sample's crop box plus the few pixels the resize filter reads around it,
+//! at the smallest scale whose box still covers the output (the final
+//! resize only ever shrinks, so quality is kept), then resize with
+//! fast_image_resize. Anything libjpeg-turbo cannot decode to RGB (e.g.
+//! CMYK) falls back to the `image` crate.
+//!
+//! The bindings are turbojpeg-sys's: the safe `turbojpeg` crate has no
+//! cropping region.
 
 use std::cell::RefCell;
+use std::ffi::CStr;
 
-use turbojpeg::{Decompressor, Image, PixelFormat, ScalingFactor};
+use turbojpeg_sys as tj;
 
 use super::{
-    resize_rgb, source_crop, DecodeError, Decoder, ImageCrateDecoder, OutputSpec, MAX_SOURCE_PIXELS,
+    resize_rgb, CropBox, DecodeError, Decoder, ImageCrateDecoder, OutputSpec, MAX_SOURCE_PIXELS,
 };
 use crate::shard::ImageFormat;
+
+/// Progressive JPEGs with more scans than this are refused: each scan is a
+/// pass over the whole image, and crafted files use thousands.
+const MAX_SCANS: i32 = 500;
+
+/// iMCU width in pixels per TurboJPEG subsampling (`TJSAMP_444` ... `_441`),
+/// as `turbojpeg.h`'s `tjMCUWidth`, which is a header-only table.
+const MCU_WIDTH: [u32; 7] = [8, 16, 16, 8, 8, 32, 8];
+
+/// One TurboJPEG decompressor instance.
+struct Handle(tj::tjhandle);
+
+impl Handle {
+    fn new() -> Result<Self, DecodeError> {
+        // SAFETY: plain constructor; a null handle is checked below.
+        let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as i32) };
+        if handle.is_null() {
+            return Err(DecodeError::Corrupt(
+                "libjpeg-turbo could not start a decompressor".into(),
+            ));
+        }
+        let this = Self(handle);
+        this.set(tj::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS)?;
+        this.set(tj::TJPARAM_TJPARAM_MAXPIXELS, MAX_SOURCE_PIXELS as i32)?;
+        Ok(this)
+    }
+
+    fn error(&self) -> DecodeError {
+        // SAFETY: the handle is live; the string is owned by it and copied here.
+        let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.0)) };
+        DecodeError::Corrupt(message.to_string_lossy().into_owned())
+    }
+
+    fn check(&self, status: i32) -> Result<(), DecodeError> {
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(self.error())
+        }
+    }
+
+    fn set(&self, param: tj::TJPARAM, value: i32) -> Result<(), DecodeError> {
+        // SAFETY: the handle is live; unknown parameters are reported as errors.
+        self.check(unsafe { tj::tj3Set(self.0, param as i32, value) })
+    }
+
+    fn get(&self, param: tj::TJPARAM) -> i32 {
+        // SAFETY: the handle is live.
+        unsafe { tj::tj3Get(self.0, param as i32) }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once.
+        unsafe { tj::tj3Destroy(self.0) }
+    }
+}
 
 thread_local! {
     // One decompressor and one scratch buffer per decode thread, reused for
     // every image: no per-sample allocation on this path.
-    static STATE: RefCell<Option<(Decompressor, Vec<u8>)>> = const { RefCell::new(None) };
+    static STATE: RefCell<Option<(Handle, Vec<u8>)>> = const { RefCell::new(None) };
 }
 
 /// Which DCT scale factors the decoder may use.
@@ -33,32 +101,109 @@ pub enum ScaleFactors {
     None,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TurboJpegDecoder {
-    pub factors: ScaleFactors,
+/// A DCT scale `num / 8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scale(pub u32);
+
+impl Scale {
+    /// TurboJPEG's `TJSCALED`: the scaled size of `dimension`, rounded up.
+    pub fn apply(self, dimension: u32) -> u32 {
+        (dimension * self.0).div_ceil(8)
+    }
+
+    fn lowest_terms(self) -> tj::tjscalingfactor {
+        let common = [8, 4, 2, 1]
+            .into_iter()
+            .find(|d| self.0.is_multiple_of(*d))
+            .unwrap_or(1);
+        tj::tjscalingfactor {
+            num: (self.0 / common) as i32,
+            denom: (8 / common) as i32,
+        }
+    }
 }
 
-/// The smallest allowed scale at which the source crop still covers the output.
-pub fn dct_scale(
-    width: u32,
-    height: u32,
-    spec: &OutputSpec,
-    factors: ScaleFactors,
-) -> ScalingFactor {
-    let (_, _, crop_w, crop_h) = source_crop(width, height, spec);
-    let need_w = f64::from(spec.width) / crop_w;
-    let need_h = f64::from(spec.height) / crop_h;
-    let need = need_w.max(need_h);
-    let allowed: &[usize] = match factors {
+#[derive(Debug, Clone, Copy)]
+pub struct TurboJpegDecoder {
+    pub factors: ScaleFactors,
+    /// Decode only the crop box's region (off: the whole image, then crop
+    /// while resizing; kept to measure against).
+    pub region: bool,
+    /// libjpeg-turbo's nearest-neighbour chroma upsampling instead of its
+    /// smooth ("fancy") one.
+    pub fast_upsample: bool,
+    /// libjpeg-turbo's fast integer IDCT instead of the accurate one.
+    pub fast_dct: bool,
+}
+
+impl Default for TurboJpegDecoder {
+    fn default() -> Self {
+        Self {
+            factors: ScaleFactors::default(),
+            region: true,
+            fast_upsample: false,
+            fast_dct: false,
+        }
+    }
+}
+
+/// The smallest allowed scale at which `crop` still covers the output.
+pub fn dct_scale(crop: &CropBox, spec: &OutputSpec, factors: ScaleFactors) -> Scale {
+    let need = (f64::from(spec.width) / crop.width).max(f64::from(spec.height) / crop.height);
+    let allowed: &[u32] = match factors {
         ScaleFactors::PowersOfTwo => &[1, 2, 4, 8],
         ScaleFactors::AnyEighth => &[1, 2, 3, 4, 5, 6, 7, 8],
         ScaleFactors::None => &[8],
     };
     allowed
         .iter()
-        .map(|&num| ScalingFactor::new(num, 8))
-        .find(|factor| factor.num() as f64 / factor.denom() as f64 >= need)
-        .unwrap_or(ScalingFactor::ONE)
+        .map(|&num| Scale(num))
+        .find(|scale| f64::from(scale.0) / 8.0 >= need)
+        .unwrap_or(Scale(8))
+}
+
+/// The pixel rectangle of the scaled image to decode for `crop`, and the
+/// box within it: the box plus the pixels the resize filter reads around
+/// it, its left edge moved back to an iMCU column boundary (`align`).
+fn decode_region(
+    crop: &CropBox,
+    spec: &OutputSpec,
+    scaled: (u32, u32),
+    source: (u32, u32),
+    align: u32,
+) -> (tj::tjregion, CropBox) {
+    let sx = f64::from(scaled.0) / f64::from(source.0);
+    let sy = f64::from(scaled.1) / f64::from(source.1);
+    let (left, top) = (crop.left * sx, crop.top * sy);
+    let (width, height) = (crop.width * sx, crop.height * sy);
+    // The bilinear filter's support grows with the downscale ratio.
+    let margin = (width / f64::from(spec.width))
+        .max(height / f64::from(spec.height))
+        .max(1.0)
+        .ceil()
+        + 1.0;
+    let clamp = |value: f64, end: u32| value.clamp(0.0, f64::from(end)) as u32;
+    let mut x0 = clamp((left - margin).floor(), scaled.0);
+    x0 -= x0 % align.max(1);
+    let x1 = clamp((left + width + margin).ceil(), scaled.0).max(x0 + 1);
+    let y0 = clamp((top - margin).floor(), scaled.1);
+    let y1 = clamp((top + height + margin).ceil(), scaled.1).max(y0 + 1);
+    let region = tj::tjregion {
+        x: x0 as i32,
+        y: y0 as i32,
+        w: (x1 - x0) as i32,
+        h: (y1 - y0) as i32,
+    };
+    let inner_left = left - f64::from(x0);
+    let inner_top = top - f64::from(y0);
+    let inner = CropBox {
+        left: inner_left,
+        top: inner_top,
+        width: width.min(f64::from(x1 - x0) - inner_left),
+        height: height.min(f64::from(y1 - y0) - inner_top),
+        flipped: crop.flipped,
+    };
+    (region, inner)
 }
 
 impl TurboJpegDecoder {
@@ -66,42 +211,94 @@ impl TurboJpegDecoder {
         &self,
         data: &[u8],
         spec: &OutputSpec,
+        crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         STATE.with(|state| {
             let mut state = state.borrow_mut();
             if state.is_none() {
-                let decompressor =
-                    Decompressor::new().map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-                *state = Some((decompressor, Vec::new()));
+                *state = Some((Handle::new()?, Vec::new()));
             }
-            let Some((decompressor, scratch)) = state.as_mut() else {
+            let Some((handle, scratch)) = state.as_mut() else {
                 return Err(DecodeError::Corrupt("no decompressor".into()));
             };
-            let header = decompressor
-                .read_header(data)
-                .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-            let (width, height) = (header.width as u32, header.height as u32);
+            // SAFETY: `data` outlives the call; the handle is live.
+            handle.check(unsafe {
+                tj::tj3DecompressHeader(handle.0, data.as_ptr(), data.len() as tj::size_t)
+            })?;
+            let width = handle.get(tj::TJPARAM_TJPARAM_JPEGWIDTH).max(0) as u32;
+            let height = handle.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT).max(0) as u32;
             if u64::from(width) * u64::from(height) > MAX_SOURCE_PIXELS {
                 return Err(DecodeError::TooLarge { width, height });
             }
-            let factor = dct_scale(width, height, spec, self.factors);
-            decompressor
-                .set_scaling_factor(factor)
-                .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-            let (scaled_w, scaled_h) = (factor.scale(header.width), factor.scale(header.height));
-            scratch.resize(scaled_w * scaled_h * 3, 0);
-            let image = Image {
-                pixels: scratch.as_mut_slice(),
-                width: scaled_w,
-                pitch: scaled_w * 3,
-                height: scaled_h,
-                format: PixelFormat::RGB,
+            let subsamp = handle.get(tj::TJPARAM_TJPARAM_SUBSAMP);
+            handle.set(
+                tj::TJPARAM_TJPARAM_FASTUPSAMPLE,
+                i32::from(self.fast_upsample),
+            )?;
+            handle.set(tj::TJPARAM_TJPARAM_FASTDCT, i32::from(self.fast_dct))?;
+            let scale = dct_scale(crop, spec, self.factors);
+            // SAFETY: the handle is live; the factor is one of TurboJPEG's
+            // (which it only recognizes in lowest terms).
+            handle.check(unsafe { tj::tj3SetScalingFactor(handle.0, scale.lowest_terms()) })?;
+            let scaled = (scale.apply(width), scale.apply(height));
+            let (region, inner) = match usize::try_from(subsamp) {
+                Ok(index) if self.region && index < MCU_WIDTH.len() => {
+                    let align = scale.apply(MCU_WIDTH[index]);
+                    decode_region(crop, spec, scaled, (width, height), align)
+                }
+                // Unknown subsampling cannot be cropped: decode it all.
+                _ => {
+                    let sx = f64::from(scaled.0) / f64::from(width);
+                    let sy = f64::from(scaled.1) / f64::from(height);
+                    let whole = tj::tjregion {
+                        x: 0,
+                        y: 0,
+                        w: scaled.0 as i32,
+                        h: scaled.1 as i32,
+                    };
+                    let inner = CropBox {
+                        left: crop.left * sx,
+                        top: crop.top * sy,
+                        width: (crop.width * sx).min(f64::from(scaled.0) - crop.left * sx),
+                        height: (crop.height * sy).min(f64::from(scaled.1) - crop.top * sy),
+                        flipped: crop.flipped,
+                    };
+                    (whole, inner)
+                }
             };
-            decompressor
-                .decompress(data, image)
-                .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-            resize_rgb(scratch, scaled_w as u32, scaled_h as u32, spec, out)
+            let whole = region.x == 0
+                && region.y == 0
+                && region.w as u32 == scaled.0
+                && region.h as u32 == scaled.1;
+            let requested = if whole {
+                tj::tjregion {
+                    x: 0,
+                    y: 0,
+                    w: 0,
+                    h: 0,
+                }
+            } else {
+                region
+            };
+            // SAFETY: the handle is live and has read this image's header.
+            handle.check(unsafe { tj::tj3SetCroppingRegion(handle.0, requested) })?;
+            let (region_w, region_h) = (region.w as usize, region.h as usize);
+            scratch.resize(region_w * region_h * 3, 0);
+            // SAFETY: `scratch` holds `region_h` rows of `region_w * 3`
+            // bytes, exactly what TurboJPEG writes for this cropping region
+            // (or the whole scaled image when uncropped).
+            handle.check(unsafe {
+                tj::tj3Decompress8(
+                    handle.0,
+                    data.as_ptr(),
+                    data.len() as tj::size_t,
+                    scratch.as_mut_ptr(),
+                    (region_w * 3) as i32,
+                    tj::TJPF_TJPF_RGB,
+                )
+            })?;
+            resize_rgb(scratch, region_w as u32, region_h as u32, &inner, spec, out)
         })
     }
 }
@@ -112,17 +309,18 @@ impl Decoder for TurboJpegDecoder {
         format: ImageFormat,
         data: &[u8],
         spec: &OutputSpec,
+        crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         if format != ImageFormat::Jpeg {
-            return ImageCrateDecoder.decode_into(format, data, spec, out);
+            return ImageCrateDecoder.decode_into(format, data, spec, crop, out);
         }
-        match self.decode_jpeg(data, spec, out) {
+        match self.decode_jpeg(data, spec, crop, out) {
             Ok(()) => Ok(()),
             Err(too_large @ DecodeError::TooLarge { .. }) => Err(too_large),
             // CMYK, unusual sampling, or a truncated file libjpeg-turbo
             // rejects: the other decoder decides.
-            Err(_) => ImageCrateDecoder.decode_into(format, data, spec, out),
+            Err(_) => ImageCrateDecoder.decode_into(format, data, spec, crop, out),
         }
     }
 }
@@ -130,51 +328,129 @@ impl Decoder for TurboJpegDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::ResizeMode;
+    use crate::decode::{Crop, RandomResizedCrop, SampleKey};
+
+    fn center_box(width: u32, height: u32, spec: &OutputSpec) -> CropBox {
+        spec.crop_box(
+            width,
+            height,
+            &SampleKey {
+                seed: 0,
+                epoch: 0,
+                sample: 0,
+            },
+        )
+    }
 
     #[test]
     fn picks_the_smallest_scale_that_covers_the_output() {
-        let spec = OutputSpec {
-            height: 224,
-            width: 224,
-            mode: ResizeMode::CenterCrop,
-        };
+        let spec = OutputSpec::center(224, 224);
         let any = ScaleFactors::AnyEighth;
         let pow2 = ScaleFactors::PowersOfTwo;
         // 500x375: crop 375x375 -> needs 224/375 = 0.597 -> 5/8, or 1 in powers of two.
-        assert_eq!(dct_scale(500, 375, &spec, any), ScalingFactor::new(5, 8));
-        assert_eq!(dct_scale(500, 375, &spec, pow2), ScalingFactor::ONE);
+        let photo = center_box(500, 375, &spec);
+        assert_eq!(dct_scale(&photo, &spec, any), Scale(5));
+        assert_eq!(dct_scale(&photo, &spec, pow2), Scale(8));
         // 2000x1500: needs 0.149 -> 2/8 = 1/4.
-        assert_eq!(dct_scale(2000, 1500, &spec, any), ScalingFactor::new(1, 4));
-        assert_eq!(dct_scale(2000, 1500, &spec, pow2), ScalingFactor::new(1, 4));
+        let large = center_box(2000, 1500, &spec);
+        assert_eq!(dct_scale(&large, &spec, any), Scale(2));
+        assert_eq!(dct_scale(&large, &spec, pow2), Scale(2));
         // Smaller than the output: full size.
-        assert_eq!(dct_scale(100, 100, &spec, any), ScalingFactor::ONE);
+        assert_eq!(
+            dct_scale(&center_box(100, 100, &spec), &spec, any),
+            Scale(8)
+        );
+    }
+
+    #[test]
+    fn the_region_covers_the_box_and_its_filter_margin() {
+        let spec = OutputSpec::center(224, 224);
+        let crop = CropBox {
+            left: 100.3,
+            top: 50.5,
+            width: 300.0,
+            height: 200.0,
+            flipped: false,
+        };
+        let (region, inner) = decode_region(&crop, &spec, (1000, 800), (1000, 800), 16);
+        assert_eq!(region.x % 16, 0);
+        assert!(region.x as f64 <= 100.3 - 2.0 && region.y as f64 <= 50.5 - 2.0);
+        assert!(f64::from(region.x + region.w) >= 400.3 + 2.0);
+        assert!(f64::from(region.y + region.h) >= 250.5 + 2.0);
+        assert!((inner.left + f64::from(region.x) - 100.3).abs() < 1e-9);
+        assert_eq!((inner.width, inner.height), (300.0, 200.0));
+        // At the image's edges the region stops there.
+        let edge = CropBox {
+            left: 0.0,
+            top: 0.0,
+            width: 1000.0,
+            height: 800.0,
+            flipped: false,
+        };
+        let (region, _) = decode_region(&edge, &spec, (500, 400), (1000, 800), 8);
+        assert_eq!((region.x, region.y, region.w, region.h), (0, 0, 500, 400));
     }
 
     #[cfg(feature = "dev")]
     #[test]
-    fn fast_path_stays_close_to_a_full_decode() {
+    fn region_decodes_match_a_full_decode_of_the_same_box() {
+        use crate::dev::kernel::psnr;
         let pixels = crate::dev::synthetic::synthetic_image(3, 3, 3, 640, 480);
         let mut jpeg = Vec::new();
         image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
             .encode_image(&pixels)
             .unwrap();
-        let spec = OutputSpec {
-            height: 224,
-            width: 224,
-            mode: ResizeMode::CenterCrop,
+        let train = OutputSpec {
+            crop: Crop::RandomResized(RandomResizedCrop::default()),
+            ..OutputSpec::center(224, 224)
         };
-        let mut fast = vec![0u8; spec.bytes()];
-        let mut reference = vec![0u8; spec.bytes()];
-        TurboJpegDecoder {
-            factors: ScaleFactors::AnyEighth,
-        }
-        .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &mut fast)
-        .unwrap();
-        ImageCrateDecoder
-            .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &mut reference)
+        for (sample, spec) in (0..12u64).map(|i| {
+            (
+                i,
+                if i < 2 {
+                    OutputSpec::center(224, 224)
+                } else {
+                    train
+                },
+            )
+        }) {
+            let crop = spec.crop_box(
+                640,
+                480,
+                &SampleKey {
+                    seed: 1,
+                    epoch: 0,
+                    sample,
+                },
+            );
+            let mut region = vec![0u8; spec.bytes()];
+            let mut whole = vec![0u8; spec.bytes()];
+            let mut reference = vec![0u8; spec.bytes()];
+            let decoder = TurboJpegDecoder::default();
+            // `decode_jpeg`: no fallback to the other decoder.
+            decoder
+                .decode_jpeg(&jpeg, &spec, &crop, &mut region)
+                .unwrap();
+            TurboJpegDecoder {
+                region: false,
+                ..decoder
+            }
+            .decode_jpeg(&jpeg, &spec, &crop, &mut whole)
             .unwrap();
-        let psnr = crate::dev::kernel::psnr(&fast, &reference);
-        assert!(psnr > 30.0, "PSNR {psnr:.1} dB");
+            ImageCrateDecoder
+                .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &crop, &mut reference)
+                .unwrap();
+
+            let same_scale = psnr(&region, &whole);
+            assert!(
+                same_scale > 40.0,
+                "{crop:?}: region vs whole {same_scale:.1} dB"
+            );
+            let vs_full = psnr(&region, &reference);
+            assert!(
+                vs_full > 30.0,
+                "{crop:?}: region vs full decode {vs_full:.1} dB"
+            );
+        }
     }
 }

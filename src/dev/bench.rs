@@ -173,16 +173,12 @@ pub async fn entitlement(
     uri: &str,
     spec: &EntitlementSpec,
 ) -> Result<serde_json::Value, BenchError> {
-    use crate::decode::{default_decoder, default_decoder_name, OutputSpec, ResizeMode};
+    use crate::decode::{default_decoder, default_decoder_name, OutputSpec};
     use crate::shard::SampleSplitter;
     use std::io::Write;
 
     let dataset = registry.open(uri).await?;
-    let output = OutputSpec {
-        height: spec.image_size,
-        width: spec.image_size,
-        mode: ResizeMode::CenterCrop,
-    };
+    let output = OutputSpec::center(spec.image_size, spec.image_size);
     // Kernel rate: one thread, decode + resize of the first shard's JPEGs.
     let first_key = dataset.shard_key(0);
     let first_size = dataset.index.shards[0].size.min(64 << 20);
@@ -210,10 +206,10 @@ pub async fn entitlement(
     } else {
         let kernel = decoder.clone();
         let jpegs = Arc::new(jpegs);
-        let (rate, psnr) =
+        let figures =
             tokio::task::spawn_blocking(move || decode_kernel(kernel.as_ref(), &jpegs, &output, 2))
                 .await?;
-        (rate, psnr)
+        (figures.rate, figures.psnr)
     };
     let mean_sample_bytes = dataset.index.bytes() as f64 / dataset.index.samples().max(1) as f64;
 

@@ -7,7 +7,11 @@ use std::sync::Arc;
 
 use fast_image_resize as fir;
 
-use crate::decode::{decode_rgb, resize_with, DecodeError, Decoder, OutputSpec};
+use crate::decode::augment::flip_rows;
+use crate::decode::{
+    decode_bounded, decode_rgb, resize_with, CropBox, DecodeError, Decoder, OutputSpec, SampleKey,
+    ScratchBudget,
+};
 use crate::shard::ImageFormat;
 
 /// Peak signal-to-noise ratio of `a` against `b`, in dB.
@@ -25,11 +29,13 @@ pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
     }
 }
 
-/// The quality reference: full-resolution decode, then a Lanczos3 resize.
+/// The quality reference: full-resolution decode, then a Lanczos3 resize
+/// of the same box (and the same flip).
 pub fn reference_decode(
     format: ImageFormat,
     data: &[u8],
     spec: &OutputSpec,
+    crop: &CropBox,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
     let rgb = decode_rgb(format, data)?;
@@ -40,47 +46,91 @@ pub fn reference_decode(
         rgb.as_raw(),
         width,
         height,
+        crop,
         spec,
         out,
-    )
+    )?;
+    if crop.flipped {
+        flip_rows(&mut out[..spec.bytes()], spec.width);
+    }
+    Ok(())
 }
 
-/// Single-thread decode + resize rate of `decoder` over `samples` (JPEG
-/// bytes), and the mean PSNR of its output against [`reference_decode`].
+/// The augmentation key of the `index`th benchmark sample.
+pub fn kernel_key(index: usize) -> SampleKey {
+    SampleKey {
+        seed: 0,
+        epoch: 0,
+        sample: index as u64,
+    }
+}
+
+/// One decoder's single-thread figures over a sample set.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelFigures {
+    /// Samples per second on one thread: header, crop box, decode, resize, flip.
+    pub rate: f64,
+    /// Mean PSNR against [`reference_decode`] of the same boxes, in dB.
+    pub psnr: f64,
+}
+
+/// Single-thread rate of `decoder` over `samples` (JPEG bytes), each with
+/// its own box from `spec`, through the pipeline's own per-sample call
+/// ([`decode_bounded`]), and the mean PSNR of its output against
+/// [`reference_decode`] of the same boxes.
 pub fn decode_kernel(
     decoder: &dyn Decoder,
     samples: &[Vec<u8>],
     spec: &OutputSpec,
     rounds: usize,
-) -> (f64, f64) {
+) -> KernelFigures {
+    let budget = ScratchBudget::new(1 << 30);
     let mut out = vec![0u8; spec.bytes()];
     let mut reference = vec![0u8; spec.bytes()];
     let mut psnr_sum = 0.0;
     let mut measured = 0usize;
-    for jpeg in samples.iter().take(64) {
-        if decoder
-            .decode_into(ImageFormat::Jpeg, jpeg, spec, &mut out)
-            .is_ok()
-            && reference_decode(ImageFormat::Jpeg, jpeg, spec, &mut reference).is_ok()
-        {
-            psnr_sum += psnr(&out, &reference).min(99.0);
-            measured += 1;
+    for (index, jpeg) in samples.iter().enumerate().take(64) {
+        let key = kernel_key(index);
+        let decoded = decode_bounded(
+            decoder,
+            &budget,
+            ImageFormat::Jpeg,
+            jpeg,
+            spec,
+            &key,
+            &mut out,
+        );
+        if let Ok(crop) = decoded {
+            if reference_decode(ImageFormat::Jpeg, jpeg, spec, &crop, &mut reference).is_ok() {
+                psnr_sum += psnr(&out, &reference).min(99.0);
+                measured += 1;
+            }
         }
     }
+    let keys: Vec<SampleKey> = (0..samples.len()).map(kernel_key).collect();
     let started = std::time::Instant::now();
     let mut decoded = 0usize;
     for _ in 0..rounds {
-        for jpeg in samples {
-            if decoder
-                .decode_into(ImageFormat::Jpeg, jpeg, spec, &mut out)
-                .is_ok()
+        for (jpeg, key) in samples.iter().zip(&keys) {
+            if decode_bounded(
+                decoder,
+                &budget,
+                ImageFormat::Jpeg,
+                jpeg,
+                spec,
+                key,
+                &mut out,
+            )
+            .is_ok()
             {
                 decoded += 1;
             }
         }
     }
-    let rate = decoded as f64 / started.elapsed().as_secs_f64();
-    (rate, psnr_sum / measured.max(1) as f64)
+    KernelFigures {
+        rate: decoded as f64 / started.elapsed().as_secs_f64(),
+        psnr: psnr_sum / measured.max(1) as f64,
+    }
 }
 
 /// CPU time of the calling thread: unlike wall time, it does not count the
@@ -117,10 +167,11 @@ impl Decoder for TimedDecoder {
         format: ImageFormat,
         data: &[u8],
         spec: &OutputSpec,
+        crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let started = thread_cpu_nanos();
-        let result = self.inner.decode_into(format, data, spec, out);
+        let result = self.inner.decode_into(format, data, spec, crop, out);
         self.nanos.fetch_add(
             thread_cpu_nanos().saturating_sub(started),
             Ordering::Relaxed,

@@ -59,6 +59,8 @@ pub enum EngineError {
     Plan(#[from] PlanError),
     #[error("{0}")]
     Memory(#[from] BudgetError),
+    #[error("{0}")]
+    Augment(#[from] decode::augment::AugmentError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -159,6 +161,7 @@ impl Engine {
     /// async runtime.
     pub async fn open_stream(&self, request: StreamRequest) -> Result<OpenStream, EngineError> {
         plan::validate_shuffle(request.plan.shuffle)?;
+        request.output.validate()?;
         let dataset = self.registry.open(&request.dataset).await?;
         let mean_sample = dataset
             .index
@@ -225,6 +228,8 @@ impl Engine {
                 dataset,
                 plan: plan.clone(),
                 spec: request.output,
+                seed: request.plan.seed,
+                epoch: request.plan.epoch,
                 config: self.config.pipeline.clone(),
                 pool: self.pool.clone(),
                 decoder: self.decoder.clone(),

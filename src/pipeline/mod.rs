@@ -60,7 +60,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use crate::dataset::{Dataset, DatasetError, ShardIndex};
-use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
+use crate::decode::{self, CropBox, Decoder, OutputSpec, SampleKey, ScratchBudget};
 use crate::metrics;
 use crate::plan::{RankPlan, SampleRef, Step, StreamPlan};
 use crate::shard::{
@@ -142,6 +142,9 @@ pub struct DecodedBatch {
     pub labels: Vec<i64>,
     pub keys: Vec<String>,
     pub shards: Vec<String>,
+    /// Per slot: the source box the image came from and whether it was
+    /// flipped (a substitute carries its source's).
+    pub crops: Vec<CropBox>,
     /// Samples replaced by a substitute, in slot order.
     pub substituted: Vec<Substitution>,
     /// When the batch became ready (for stall accounting).
@@ -186,6 +189,7 @@ fn substitute_failures(
     dataset: &Dataset,
     images: &mut [u8],
     labels: &mut [i64],
+    crops: &mut [CropBox],
     slot_bytes: usize,
 ) -> Vec<Substitution> {
     let good: Vec<u32> = (0..failures.len() as u32)
@@ -211,10 +215,12 @@ fn substitute_failures(
                 let from = from as usize;
                 images.copy_within(from * slot_bytes..(from + 1) * slot_bytes, target.start);
                 labels[slot] = labels[from];
+                crops[slot] = crops[from];
             }
             None => {
                 images[target].fill(0);
                 labels[slot] = -1;
+                crops[slot] = CropBox::default();
             }
         }
         substituted.push(Substitution {
@@ -240,6 +246,9 @@ pub struct StreamContext {
     pub dataset: Arc<Dataset>,
     pub plan: Arc<StreamPlan>,
     pub spec: OutputSpec,
+    /// The request's seed and epoch, which key every sample's augmentation.
+    pub seed: u64,
+    pub epoch: u64,
     pub config: PipelineConfig,
     pub pool: Arc<rayon::ThreadPool>,
     pub decoder: Arc<dyn Decoder>,
@@ -400,11 +409,12 @@ fn decode_batch(
     let stream_metrics = stream_metrics.clone();
     let buffers = buffers.clone();
     let scratch = context.scratch.clone();
+    let (seed, epoch) = (context.seed, context.epoch);
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
         let mut images = buffers.take(slot * samples.len());
-        let failures: Vec<Option<(&'static str, String)>> = images
+        let outcomes: Vec<Result<CropBox, (&'static str, String)>> = images
             .par_chunks_mut(slot)
             .zip(samples.par_iter())
             .map(|(out, emitted)| {
@@ -412,7 +422,15 @@ fn decode_batch(
                 let result = match (&emitted.sample.unreadable, &emitted.sample.image) {
                     (Some(why), _) => Err(("bad_shard", why.clone())),
                     (None, Some((format, data))) => {
-                        decode::decode_bounded(&*decoder, &scratch, *format, data, &spec, out)
+                        let key = SampleKey {
+                            seed,
+                            epoch,
+                            sample: decode::augment::sample_identity(
+                                &dataset.index.shards[emitted.shard as usize].name,
+                                &emitted.sample.key,
+                            ),
+                        };
+                        decode::decode_bounded(&*decoder, &scratch, *format, data, &spec, &key, out)
                             .map_err(|e| (e.reason(), e.to_string()))
                     }
                     (None, None) => Err((
@@ -421,9 +439,15 @@ fn decode_batch(
                     )),
                 };
                 stream_metrics.decode_time(started.elapsed().as_secs_f64());
-                result.err()
+                result
             })
             .collect();
+        let mut crops: Vec<CropBox> = outcomes
+            .iter()
+            .map(|outcome| outcome.as_ref().copied().unwrap_or_default())
+            .collect();
+        let failures: Vec<Option<(&'static str, String)>> =
+            outcomes.into_iter().map(Result::err).collect();
         let mut labels: Vec<i64> = samples
             .iter()
             .map(|emitted| {
@@ -445,6 +469,7 @@ fn decode_batch(
             &dataset,
             &mut images,
             &mut labels,
+            &mut crops,
             slot,
         );
         let batch = DecodedBatch {
@@ -458,6 +483,7 @@ fn decode_batch(
                 .collect(),
             // The samples are done with: move their keys rather than copy them.
             keys: samples.into_iter().map(|e| e.sample.key).collect(),
+            crops,
             substituted,
             ready_at: Instant::now(),
         };

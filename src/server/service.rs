@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use super::pb::shardfeed_server::{Shardfeed, ShardfeedServer};
 use super::status::ServiceError;
 use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES};
-use crate::decode::{self, OutputSpec, ResizeMode};
+use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::{Engine, StreamRequest};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::{BatchReceiver, DecodedBatch};
@@ -180,17 +180,15 @@ pub fn stream_request(
     let output = OutputSpec {
         height,
         width,
-        mode: match pb::ResizeMode::try_from(request.resize) {
-            Ok(pb::ResizeMode::CenterCrop) => ResizeMode::CenterCrop,
-            Ok(pb::ResizeMode::Stretch) => ResizeMode::Stretch,
-            Err(_) => {
-                return Err(ServiceError::InvalidArgument(format!(
-                    "unknown resize mode {}",
-                    request.resize
-                )))
-            }
-        },
+        crop: crop(request)?,
+        flip: request
+            .augmentation
+            .as_ref()
+            .map_or(0.0, |augmentation| augmentation.horizontal_flip),
     };
+    output
+        .validate()
+        .map_err(|e| ServiceError::InvalidArgument(e.to_string()))?;
     if output.bytes() as u64 * u64::from(batch_size) > MAX_BATCH_BYTES {
         return Err(ServiceError::InvalidArgument(format!(
             "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
@@ -232,6 +230,38 @@ pub fn stream_request(
         },
         output,
     })
+}
+
+/// The crop of a request: its augmentation's, else the legacy `resize`.
+fn crop(request: &pb::StreamBatchesRequest) -> Result<Crop, ServiceError> {
+    use pb::augmentation::Crop as Wire;
+    let legacy = pb::ResizeMode::try_from(request.resize).map_err(|_| {
+        ServiceError::InvalidArgument(format!("unknown resize mode {}", request.resize))
+    })?;
+    let wire = request.augmentation.as_ref().and_then(|a| a.crop.as_ref());
+    match (wire, legacy) {
+        (None, pb::ResizeMode::CenterCrop) => Ok(Crop::Center { resize: None }),
+        (None, pb::ResizeMode::Stretch) => Ok(Crop::Stretch),
+        (Some(_), pb::ResizeMode::Stretch) => Err(ServiceError::InvalidArgument(
+            "resize = STRETCH conflicts with augmentation.crop: set one of them".into(),
+        )),
+        (Some(Wire::CenterCrop(center)), _) => Ok(Crop::Center {
+            resize: (center.resize != 0).then_some(center.resize),
+        }),
+        (Some(Wire::RandomResizedCrop(random)), _) => {
+            let defaults = RandomResizedCrop::default();
+            Ok(Crop::RandomResized(RandomResizedCrop {
+                scale: (
+                    random.scale_min.unwrap_or(defaults.scale.0),
+                    random.scale_max.unwrap_or(defaults.scale.1),
+                ),
+                ratio: (
+                    random.ratio_min.unwrap_or(defaults.ratio.0),
+                    random.ratio_max.unwrap_or(defaults.ratio.1),
+                ),
+            }))
+        }
+    }
 }
 
 fn nonzero_or(value: u32, default: u32) -> u32 {
@@ -302,6 +332,17 @@ impl BatchStream {
             position: Some(position_message(&position)),
             global_samples: self.plan.global_samples_after(batch.index),
             shards: batch.shards,
+            crops: batch
+                .crops
+                .iter()
+                .map(|crop| pb::CropBox {
+                    left: crop.left as f32,
+                    top: crop.top as f32,
+                    width: crop.width as f32,
+                    height: crop.height as f32,
+                    flipped: crop.flipped,
+                })
+                .collect(),
         }
     }
 }

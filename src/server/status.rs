@@ -102,6 +102,12 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             PipelineError::Dataset(_) | PipelineError::Store(_) => None,
         };
     }
+    if error
+        .downcast_ref::<crate::decode::augment::AugmentError>()
+        .is_some()
+    {
+        return Some(Code::InvalidArgument);
+    }
     if let Some(error) = error.downcast_ref::<BudgetError>() {
         return Some(match error {
             BudgetError::NeverFits { .. } => Code::InvalidArgument,

@@ -1,6 +1,7 @@
 """shardfeed: decoded, batched images from S3 tar shards, streamed over gRPC."""
 
 from ._client import (
+    Augment,
     Batch,
     Client,
     DatasetInfo,
@@ -10,6 +11,7 @@ from ._client import (
 )
 
 __all__ = [
+    "Augment",
     "Batch",
     "Client",
     "DatasetInfo",

@@ -95,6 +95,85 @@ class Batch:
     substitute_sources: list[int]
     position: EpochPosition
     global_samples: int
+    # Per sample: the source-pixel box (left, top, width, height) its image
+    # was resized from, shape (n, 4), and whether it was mirrored, shape (n,).
+    crop_boxes: npt.NDArray[np.float32]
+    flipped: npt.NDArray[np.bool_]
+
+
+# torchvision's evaluation convention: Resize(256) + CenterCrop(224).
+_EVAL_RESIZE_RATIO = 256 / 224
+
+
+@dataclass(frozen=True)
+class Augment:
+    """How each source image becomes a sample, decided by the server per
+    sample from (seed, epoch, shard, key) before decoding: the same sample
+    gets the same crop and flip at any world size, worker count or resume
+    point, and a fresh one each epoch.
+
+    ``crop="random_resized"`` is torchvision's ``RandomResizedCrop(scale,
+    ratio)``; ``crop="center"`` is ``Resize(resize) + CenterCrop`` (``resize``
+    0: the smallest scale that covers the output). ``horizontal_flip`` is the
+    probability of mirroring a sample. Use :meth:`train` and :meth:`eval` for
+    the standard recipes.
+    """
+
+    crop: str = "center"
+    resize: int = 0
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    horizontal_flip: float = 0.0
+
+    @classmethod
+    def train(
+        cls,
+        *,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        horizontal_flip: float = 0.5,
+    ) -> Augment:
+        """RandomResizedCrop + RandomHorizontalFlip, torchvision's defaults."""
+        return cls("random_resized", 0, scale, ratio, horizontal_flip)
+
+    @classmethod
+    def eval(cls, image_size: ImageSize = 224, *, resize: int | None = None) -> Augment:
+        """Resize(resize) + CenterCrop(image_size); ``resize`` defaults to
+        the longer output side x 256/224 (256 for 224)."""
+        if resize is None:
+            resize = round(max(_image_size(image_size)) * _EVAL_RESIZE_RATIO)
+        return cls("center", resize)
+
+    def to_message(self) -> Any:
+        if self.crop == "center":
+            return pb.Augmentation(
+                center_crop=pb.CenterCrop(resize=self.resize),
+                horizontal_flip=self.horizontal_flip,
+            )
+        if self.crop == "random_resized":
+            return pb.Augmentation(
+                random_resized_crop=pb.RandomResizedCrop(
+                    scale_min=self.scale[0],
+                    scale_max=self.scale[1],
+                    ratio_min=self.ratio[0],
+                    ratio_max=self.ratio[1],
+                ),
+                horizontal_flip=self.horizontal_flip,
+            )
+        raise ValueError(f"crop must be 'center' or 'random_resized', not {self.crop!r}")
+
+
+AugmentSpec = Union[str, Augment, None]
+
+
+def _augment(augment: AugmentSpec, image_size: ImageSize) -> Augment | None:
+    if augment is None or isinstance(augment, Augment):
+        return augment
+    if augment == "train":
+        return Augment.train()
+    if augment == "eval":
+        return Augment.eval(image_size)
+    raise ValueError(f"augment must be 'train', 'eval', an Augment or None, not {augment!r}")
 
 
 _IMAGES_FIELD = pb.Batch.DESCRIPTOR.fields_by_name["images"].number
@@ -179,6 +258,10 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         substitute_sources=list(message.substitute_sources),
         position=EpochPosition(tuple((s.world_size, s.batches) for s in message.position.segments)),
         global_samples=message.global_samples,
+        crop_boxes=np.array(
+            [(c.left, c.top, c.width, c.height) for c in message.crops], dtype=np.float32
+        ).reshape(-1, 4),
+        flipped=np.array([c.flipped for c in message.crops], dtype=np.bool_),
     )
 
 
@@ -378,8 +461,15 @@ class Client:
         resume_from: EpochPosition | None = None,
         shuffle_buffer: int = 0,
         interleave: int = 0,
+        augment: AugmentSpec = None,
     ) -> Iterator[Batch]:
-        """Streams this rank's batches of one epoch, in order."""
+        """Streams this rank's batches of one epoch, in order.
+
+        ``augment``: ``"train"`` (RandomResizedCrop + flip), ``"eval"``
+        (Resize(256) + CenterCrop(224), scaled to ``image_size``), an
+        :class:`Augment`, or None (``resize`` decides: the center crop that
+        covers the output, or a stretch).
+        """
         if rank is None or world_size is None:
             default_rank, default_world = distributed_rank_and_world()
             rank = default_rank if rank is None else rank
@@ -403,6 +493,9 @@ class Client:
             shuffle_buffer=shuffle_buffer,
             interleave=interleave,
         )
+        augmentation = _augment(augment, image_size)
+        if augmentation is not None:
+            request.augmentation.CopyFrom(augmentation.to_message())
         if resume_from is not None:
             request.resume_from.segments.extend(
                 pb.PositionSegment(world_size=w, batches=b) for w, b in resume_from.segments

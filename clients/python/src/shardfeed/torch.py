@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from ._client import Client, ImageSize
+from ._client import AugmentSpec, Client, ImageSize
 
 
 class ShardfeedIterable(IterableDataset):  # type: ignore[misc]
@@ -32,6 +32,7 @@ class ShardfeedIterable(IterableDataset):  # type: ignore[misc]
         image_size: ImageSize = 224,
         rank: int | None = None,
         world_size: int | None = None,
+        augment: AugmentSpec = None,
         **options: Any,
     ) -> None:
         self.client = client
@@ -41,6 +42,7 @@ class ShardfeedIterable(IterableDataset):  # type: ignore[misc]
         self.image_size = image_size
         self.rank = rank
         self.world_size = world_size
+        self.augment = augment
         self.options = options
         self.epoch = 0
 
@@ -61,6 +63,7 @@ class ShardfeedIterable(IterableDataset):  # type: ignore[misc]
             world_size=self.world_size,
             batch_size=self.batch_size,
             image_size=self.image_size,
+            augment=self.augment,
             **self.options,
         ):
             with warnings.catch_warnings():

@@ -22,7 +22,7 @@ RESIZE_MODE_CENTER_CROP: ResizeMode
 RESIZE_MODE_STRETCH: ResizeMode
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from")
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class StreamBatchesRequest(_message.Message):
     SHUFFLE_BUFFER_FIELD_NUMBER: _ClassVar[int]
     INTERLEAVE_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    AUGMENTATION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     seed: int
     epoch: int
@@ -53,7 +54,50 @@ class StreamBatchesRequest(_message.Message):
     shuffle_buffer: int
     interleave: int
     resume_from: EpochPosition
-    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ...) -> None: ...
+    augmentation: Augmentation
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ...) -> None: ...
+
+class Augmentation(_message.Message):
+    __slots__ = ("center_crop", "random_resized_crop", "horizontal_flip")
+    CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
+    RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
+    HORIZONTAL_FLIP_FIELD_NUMBER: _ClassVar[int]
+    center_crop: CenterCrop
+    random_resized_crop: RandomResizedCrop
+    horizontal_flip: float
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., horizontal_flip: _Optional[float] = ...) -> None: ...
+
+class CenterCrop(_message.Message):
+    __slots__ = ("resize",)
+    RESIZE_FIELD_NUMBER: _ClassVar[int]
+    resize: int
+    def __init__(self, resize: _Optional[int] = ...) -> None: ...
+
+class RandomResizedCrop(_message.Message):
+    __slots__ = ("scale_min", "scale_max", "ratio_min", "ratio_max")
+    SCALE_MIN_FIELD_NUMBER: _ClassVar[int]
+    SCALE_MAX_FIELD_NUMBER: _ClassVar[int]
+    RATIO_MIN_FIELD_NUMBER: _ClassVar[int]
+    RATIO_MAX_FIELD_NUMBER: _ClassVar[int]
+    scale_min: float
+    scale_max: float
+    ratio_min: float
+    ratio_max: float
+    def __init__(self, scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
+
+class CropBox(_message.Message):
+    __slots__ = ("left", "top", "width", "height", "flipped")
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FLIPPED_FIELD_NUMBER: _ClassVar[int]
+    left: float
+    top: float
+    width: float
+    height: float
+    flipped: bool
+    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ...) -> None: ...
 
 class EpochPosition(_message.Message):
     __slots__ = ("segments",)
@@ -82,7 +126,7 @@ class Shape(_message.Message):
     def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources")
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +139,7 @@ class Batch(_message.Message):
     GLOBAL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SUBSTITUTE_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    CROPS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     index: int
     shape: Shape
@@ -107,7 +152,8 @@ class Batch(_message.Message):
     global_samples: int
     shards: _containers.RepeatedScalarFieldContainer[str]
     substitute_sources: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ...) -> None: ...
+    crops: _containers.RepeatedCompositeFieldContainer[CropBox]
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ("dataset", "world_size", "batch_size", "partition")
