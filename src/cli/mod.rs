@@ -548,6 +548,11 @@ pub struct BenchArgs {
     /// Stop after this many batches (0: one whole epoch).
     #[arg(long, default_value_t = 0)]
     pub max_batches: u64,
+    /// The transform measured: `center` (the covering center crop), `eval`
+    /// (Resize(size x 256/224) + CenterCrop) or `train` (RandomResizedCrop +
+    /// flip, torchvision's defaults).
+    #[arg(long, default_value = "center", value_parser = ["center", "eval", "train"])]
+    pub augment: String,
     #[command(flatten)]
     pub s3: S3Args,
     #[command(flatten)]
@@ -556,6 +561,25 @@ pub struct BenchArgs {
 
 #[cfg(feature = "dev")]
 impl BenchArgs {
+    fn output(&self) -> crate::decode::OutputSpec {
+        use crate::decode::{Crop, OutputSpec, RandomResizedCrop};
+        let center = OutputSpec::center(self.image_size, self.image_size);
+        match self.augment.as_str() {
+            "train" => OutputSpec {
+                crop: Crop::RandomResized(RandomResizedCrop::default()),
+                flip: 0.5,
+                ..center
+            },
+            "eval" => OutputSpec {
+                crop: Crop::Center {
+                    resize: Some((f64::from(self.image_size) * 256.0 / 224.0).round() as u32),
+                },
+                ..center
+            },
+            _ => center,
+        }
+    }
+
     pub fn source(&self) -> Result<crate::dev::bench::BenchSource, ConfigError> {
         use crate::dev::bench::BenchSource;
         let mut problems = Vec::new();
@@ -588,7 +612,7 @@ impl BenchArgs {
     pub fn spec(&self) -> crate::dev::bench::EntitlementSpec {
         crate::dev::bench::EntitlementSpec {
             batch_size: self.batch_size,
-            image_size: self.image_size,
+            output: self.output(),
             decode_threads: self
                 .decode_threads
                 .unwrap_or_else(engine::default_decode_threads),

@@ -275,7 +275,7 @@ pub fn default_decoder() -> std::sync::Arc<dyn Decoder> {
 /// Name of [`default_decoder`]'s JPEG path, for logs and benchmarks.
 pub fn default_decoder_name() -> &'static str {
     if cfg!(feature = "turbojpeg") {
-        "libjpeg-turbo (DCT scaling) + fast_image_resize"
+        "libjpeg-turbo (crop region, DCT scaling) + fast_image_resize"
     } else {
         "image (zune-jpeg) + fast_image_resize"
     }

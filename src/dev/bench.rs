@@ -159,7 +159,8 @@ fn tempdir() -> std::io::Result<std::path::PathBuf> {
 #[derive(Debug, Clone)]
 pub struct EntitlementSpec {
     pub batch_size: u32,
-    pub image_size: u32,
+    /// Output size and transform (crop kind, flip).
+    pub output: crate::decode::OutputSpec,
     pub decode_threads: usize,
     pub pipeline: PipelineConfig,
     /// Stop after this many batches (0: the whole epoch).
@@ -173,12 +174,12 @@ pub async fn entitlement(
     uri: &str,
     spec: &EntitlementSpec,
 ) -> Result<serde_json::Value, BenchError> {
-    use crate::decode::{default_decoder, default_decoder_name, OutputSpec};
+    use crate::decode::{default_decoder, default_decoder_name};
     use crate::shard::SampleSplitter;
     use std::io::Write;
 
     let dataset = registry.open(uri).await?;
-    let output = OutputSpec::center(spec.image_size, spec.image_size);
+    let output = spec.output;
     // Kernel rate: one thread, decode + resize of the first shard's JPEGs.
     let first_key = dataset.shard_key(0);
     let first_size = dataset.index.shards[0].size.min(64 << 20);
@@ -281,7 +282,9 @@ pub async fn entitlement(
         "dataset": uri,
         "decoder": default_decoder_name(),
         "batch_size": spec.batch_size,
-        "image_size": spec.image_size,
+        "image_size": spec.output.width,
+        "transform": format!("{:?}", spec.output.crop),
+        "flip": spec.output.flip,
         "decode_threads": spec.decode_threads,
         "samples": samples,
         "wall_seconds": wall,

@@ -324,7 +324,13 @@ def synthetic_setup(binary: str, shards: int, per_shard: int, get_delay_ms: int)
 
 
 def run_entitlement(
-    binary: str, endpoint: str, dataset: str, batch_size: int, size: int, max_batches: int
+    binary: str,
+    endpoint: str,
+    dataset: str,
+    batch_size: int,
+    size: int,
+    max_batches: int,
+    *extra: str,
 ) -> dict[str, Any]:
     """``shardfeed bench``: the same pipeline without gRPC or Python, and the
     single-thread decode+resize kernel rate, on the same data."""
@@ -339,6 +345,7 @@ def run_entitlement(
             str(size),
             "--max-batches",
             str(max_batches),
+            *extra,
         ],
         env=_shardfeed_env(endpoint),
         check=True,
