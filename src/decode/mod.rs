@@ -75,7 +75,15 @@ pub trait Decoder: Send + Sync + std::fmt::Debug {
         crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError>;
+
+    /// What decodes JPEGs, for logs, benchmarks and `Describe` (pixels from
+    /// different decoders differ within the stated tolerances).
+    fn name(&self) -> &'static str {
+        "custom decoder"
+    }
 }
+
+pub const IMAGE_CRATE_DECODER: &str = "image (zune-jpeg) + fast_image_resize";
 
 /// The `image` crate's decoders (zune-jpeg, png, image-webp) with
 /// fast_image_resize's SIMD convolution.
@@ -83,6 +91,10 @@ pub trait Decoder: Send + Sync + std::fmt::Debug {
 pub struct ImageCrateDecoder;
 
 impl Decoder for ImageCrateDecoder {
+    fn name(&self) -> &'static str {
+        IMAGE_CRATE_DECODER
+    }
+
     fn decode_into(
         &self,
         format: ImageFormat,
@@ -274,11 +286,7 @@ pub fn default_decoder() -> std::sync::Arc<dyn Decoder> {
 
 /// Name of [`default_decoder`]'s JPEG path, for logs and benchmarks.
 pub fn default_decoder_name() -> &'static str {
-    if cfg!(feature = "turbojpeg") {
-        "libjpeg-turbo (crop region, DCT scaling) + fast_image_resize"
-    } else {
-        "image (zune-jpeg) + fast_image_resize"
-    }
+    default_decoder().name()
 }
 
 thread_local! {

@@ -304,6 +304,10 @@ impl TurboJpegDecoder {
 }
 
 impl Decoder for TurboJpegDecoder {
+    fn name(&self) -> &'static str {
+        "libjpeg-turbo (crop region, DCT scaling) + fast_image_resize"
+    }
+
     fn decode_into(
         &self,
         format: ImageFormat,

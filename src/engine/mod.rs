@@ -155,6 +155,11 @@ impl Engine {
         )
     }
 
+    /// What decodes JPEGs on this engine.
+    pub fn decoder_name(&self) -> &'static str {
+        self.decoder.name()
+    }
+
     /// Admits, plans and starts the stream; batches arrive on the returned
     /// receiver. The stream's memory is reserved before anything of it is
     /// allocated, and planning (whose cost follows the dataset) runs off the

@@ -472,6 +472,7 @@ impl Shardfeed for ShardfeedService {
                 dropped_per_epoch: summary.counts.dropped,
                 padded_per_epoch: summary.counts.padded,
                 total_bytes: summary.total_bytes,
+                decoder: self.engine.decoder_name().to_string(),
             })
         }
         .await;

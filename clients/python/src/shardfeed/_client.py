@@ -60,6 +60,8 @@ class DatasetInfo:
     dropped_per_epoch: int
     padded_per_epoch: int
     total_bytes: int
+    # What decodes JPEGs on the server.
+    decoder: str = ""
 
 
 @dataclass(frozen=True)
@@ -442,6 +444,7 @@ class Client:
             dropped_per_epoch=response.dropped_per_epoch,
             padded_per_epoch=response.padded_per_epoch,
             total_bytes=response.total_bytes,
+            decoder=response.decoder,
         )
 
     def batches(

@@ -71,6 +71,11 @@ def test_pixels_match_pillow_on_the_reported_box(
         )
     )
     assert sum(len(b.keys) for b in batches) == 16
+    # Stated tolerances (docs/AUGMENTATION.md): the full-decode path differs
+    # from Pillow by rounding only; libjpeg-turbo's region decode at a DCT
+    # scale averages in the DCT domain before the bilinear resize.
+    decoder = client.describe(uri, world_size=1, batch_size=8).decoder
+    tolerance = 2.5 if decoder.startswith("libjpeg-turbo") else 1.0
     flips = 0
     for batch in batches:
         assert batch.crop_boxes.shape == (8, 4) and batch.flipped.shape == (8,)
@@ -79,9 +84,7 @@ def test_pixels_match_pillow_on_the_reported_box(
             flips += flipped
             reference = pillow_reference(written[key], box, flipped, size)
             diff = np.abs(batch.images[slot].astype(np.int16) - reference.astype(np.int16))
-            # Stated tolerance of the full-decode path: two JPEG decoders and
-            # two bilinear implementations differ by rounding only.
-            assert diff.mean() <= 1.0, (key, box, flipped, diff.mean())
+            assert diff.mean() <= tolerance, (decoder, key, box, flipped, diff.mean())
             if augment == "eval":
                 # Resize(round(128 * 256/224) = 146) + CenterCrop(96, 128).
                 width, height = Image.open(io.BytesIO(written[key])).size

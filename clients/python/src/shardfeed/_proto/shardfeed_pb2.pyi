@@ -168,17 +168,19 @@ class DescribeRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., partition: _Optional[_Union[Partition, str]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes")
+    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes", "decoder")
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BATCHES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
     DROPPED_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PADDED_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DECODER_FIELD_NUMBER: _ClassVar[int]
     shards: int
     samples: int
     batches_per_rank: int
     dropped_per_epoch: int
     padded_per_epoch: int
     total_bytes: int
-    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    decoder: str
+    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ..., decoder: _Optional[str] = ...) -> None: ...
