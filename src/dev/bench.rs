@@ -242,6 +242,7 @@ pub async fn entitlement(
             dataset: uri.to_string(),
             plan: plan_request,
             output,
+            shared_memory: None,
         })
         .await?
         .batches;
@@ -252,7 +253,7 @@ pub async fn entitlement(
         let batch = batch?;
         first_batch.get_or_insert_with(|| started.elapsed());
         samples += batch.size as u64;
-        payload += batch.images.len() as u64;
+        payload += (batch.size * spec.output.bytes()) as u64;
         batches += 1;
         if last_print.elapsed().as_millis() >= 500 {
             last_print = std::time::Instant::now();

@@ -71,6 +71,9 @@ pub struct StreamRequest {
     pub dataset: String,
     pub plan: PlanRequest,
     pub output: OutputSpec,
+    /// Decode into a shared-memory ring served beside this gRPC socket
+    /// (None: batches stay in process memory and are sent inline).
+    pub shared_memory: Option<std::path::PathBuf>,
 }
 
 /// A started stream: its batches, in order, and what they were planned from.
@@ -85,6 +88,8 @@ pub struct OpenStream {
     /// pipeline's task are gone: decoded batches wait in the ready queue
     /// after the pipeline has finished.
     pub reservation: Arc<budget::Reservation>,
+    /// The stream's shared-memory ring, when it asked for one.
+    pub ring: Option<Arc<crate::pipeline::shm::Ring>>,
 }
 
 /// What `describe` tells about a dataset at a world size and batch size.
@@ -176,6 +181,24 @@ impl Engine {
             self.memory
                 .reserve(self.stream_cost(&request, mean_sample))?,
         );
+        // The ring takes the place of the batch buffers the reservation
+        // counted: (decode_ahead + ready_batches + 3) batches.
+        let shared = match &request.shared_memory {
+            Some(socket) => {
+                let pipeline = &self.config.pipeline;
+                let slots = pipeline.decode_ahead.max(1)
+                    + pipeline.ready_batches.max(1)
+                    + crate::pipeline::shm::CLIENT_SLOTS;
+                let batch_bytes = request.output.bytes() * request.plan.batch_size as usize;
+                let ring = crate::pipeline::shm::Ring::new(slots, batch_bytes)
+                    .map_err(|e| EngineError::Internal(e.to_string()))?;
+                Some(crate::pipeline::SharedTarget {
+                    ring,
+                    socket: socket.clone(),
+                })
+            }
+            None => None,
+        };
         let shard_samples = dataset.shard_samples();
         let want_hints = self.registry.cache().is_some();
         let plan_request = request.plan.clone();
@@ -240,6 +263,7 @@ impl Engine {
                 decoder: self.decoder.clone(),
                 scratch: self.scratch.clone(),
                 cache_hints,
+                shared: shared.clone(),
                 metrics: metrics.clone(),
             },
             span.clone(),
@@ -251,6 +275,7 @@ impl Engine {
             metrics,
             span,
             reservation,
+            ring: shared.map(|shared| shared.ring),
         })
     }
 

@@ -47,6 +47,7 @@
 //! queue while it waits) and drops its readers, which aborts their requests.
 
 mod buffers;
+pub mod shm;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -128,17 +129,29 @@ pub enum PipelineError {
         expected: String,
         found: String,
     },
+    #[error("{0}")]
+    SharedMemory(String),
     #[error("internal pipeline error: {0}")]
     Internal(String),
 }
 
+/// Where a batch's pixels are.
+#[derive(Debug)]
+pub enum BatchImages {
+    /// In process memory, to be sent inline.
+    Inline(Bytes),
+    /// In a slot of the stream's shared-memory ring (the first
+    /// `size * height * width * 3` bytes of it).
+    Shared(shm::SlotLease),
+}
+
 /// A decoded batch, ready to send.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DecodedBatch {
     pub index: u64,
     pub size: usize,
     /// `size * height * width * 3` bytes, NHWC.
-    pub images: Bytes,
+    pub images: BatchImages,
     pub labels: Vec<i64>,
     pub keys: Vec<String>,
     pub shards: Vec<String>,
@@ -255,8 +268,18 @@ pub struct StreamContext {
     /// Decode memory shared by every stream's decodes.
     pub scratch: Arc<ScratchBudget>,
     pub cache_hints: Option<CacheHints>,
+    /// Decode into this shared-memory ring instead of process memory.
+    pub shared: Option<SharedTarget>,
     /// The stream's metric handles, resolved once.
     pub metrics: metrics::StreamMetrics,
+}
+
+/// A stream's shared-memory ring, and the gRPC socket it is served beside
+/// (for error messages).
+#[derive(Clone, Debug)]
+pub struct SharedTarget {
+    pub ring: Arc<shm::Ring>,
+    pub socket: std::path::PathBuf,
 }
 
 pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
@@ -336,12 +359,25 @@ async fn produce(
                     if pending.len() == batch_size {
                         let samples =
                             std::mem::replace(&mut pending, Vec::with_capacity(batch_size));
+                        // A shared ring holds the producer back until the
+                        // client has returned a slot.
+                        let target = match &context.shared {
+                            Some(shared) => Some(
+                                shared
+                                    .ring
+                                    .acquire(&shared.socket)
+                                    .await
+                                    .map_err(|e| PipelineError::SharedMemory(e.to_string()))?,
+                            ),
+                            None => None,
+                        };
                         decoding.push_back(decode_batch(
                             context,
                             &buffers,
                             stream_metrics,
                             samples,
                             next_index,
+                            target,
                         ));
                         next_index += 1;
                         while decoding.len() >= context.config.decode_ahead.max(1) {
@@ -401,6 +437,7 @@ fn decode_batch(
     stream_metrics: &metrics::StreamMetrics,
     samples: Vec<EmittedSample>,
     index: u64,
+    shared_slot: Option<shm::SlotLease>,
 ) -> oneshot::Receiver<DecodedBatch> {
     let (tx, rx) = oneshot::channel();
     let decoder = context.decoder.clone();
@@ -413,7 +450,15 @@ fn decode_batch(
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
-        let mut images = buffers.take(slot * samples.len());
+        let bytes = slot * samples.len();
+        let (mut heap, mut lease) = match shared_slot {
+            Some(lease) => (Vec::new(), Some(lease)),
+            None => (buffers.take(bytes), None),
+        };
+        let images: &mut [u8] = match &mut lease {
+            Some(lease) => &mut lease.as_mut_slice()[..bytes],
+            None => &mut heap,
+        };
         let outcomes: Vec<Result<CropBox, (&'static str, String)>> = images
             .par_chunks_mut(slot)
             .zip(samples.par_iter())
@@ -467,7 +512,7 @@ fn decode_batch(
             &failures,
             &samples,
             &dataset,
-            &mut images,
+            images,
             &mut labels,
             &mut crops,
             slot,
@@ -475,7 +520,10 @@ fn decode_batch(
         let batch = DecodedBatch {
             index,
             size: samples.len(),
-            images: buffers.share(images),
+            images: match lease {
+                Some(lease) => BatchImages::Shared(lease),
+                None => BatchImages::Inline(buffers.share(heap)),
+            },
             labels,
             shards: samples
                 .iter()

@@ -80,17 +80,7 @@ impl Listener {
                     .await
                     .map_err(bind_error)?,
             )),
-            ListenAddr::Unix(path) => {
-                remove_stale_socket(path).map_err(bind_error)?;
-                let listener = tokio::net::UnixListener::bind(path).map_err(bind_error)?;
-                // Connecting needs write permission on the socket: let the
-                // group in (the trainer container shares the pod's fsGroup),
-                // not others.
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-                    .map_err(bind_error)?;
-                Ok(Self::Unix(listener, path.clone()))
-            }
+            ListenAddr::Unix(path) => Ok(Self::Unix(bind_unix(path)?, path.clone())),
         }
     }
 
@@ -103,6 +93,30 @@ impl Listener {
             ),
             Listener::Unix(_, path) => ListenAddr::Unix(path.clone()),
         }
+    }
+}
+
+/// Binds a Unix socket at `path`, replacing a stale one; owner and group
+/// may connect (the trainer container shares the pod's fsGroup), not others.
+fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, ServeError> {
+    let bind_error = |source| ServeError::Bind {
+        addr: format!("unix:{}", path.display()),
+        source,
+    };
+    remove_stale_socket(path).map_err(bind_error)?;
+    let listener = tokio::net::UnixListener::bind(path).map_err(bind_error)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(bind_error)?;
+    Ok(listener)
+}
+
+/// Stops a background task when the server stops.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -146,6 +160,22 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), ServeError> {
+    // Beside a Unix socket, the companion socket that hands out
+    // shared-memory rings (trainers on this host map batches from it).
+    let (service, fd_server) = match &listener {
+        Listener::Unix(_, path) => {
+            let fd_path = crate::pipeline::shm::fd_socket_path(path);
+            let fd_listener = bind_unix(&fd_path)?;
+            let rings = std::sync::Arc::new(crate::pipeline::shm::RingRegistry::new(path.clone()));
+            let task = tokio::spawn(crate::pipeline::shm::serve_fd_socket(
+                fd_listener,
+                rings.clone(),
+            ));
+            (service.with_shared_memory(rings), Some(AbortOnDrop(task)))
+        }
+        Listener::Tcp(_) => (service, None),
+    };
+    let _fd_server = fd_server;
     let shutdown_handle = service.shutdown_handle();
     // Our receive windows (client requests are small; these matter when the
     // server is reached through a proxy that also streams to us).

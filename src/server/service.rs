@@ -22,7 +22,8 @@ use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_BATCH_BYTES, MAX_ME
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::{Engine, StreamRequest};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
-use crate::pipeline::{BatchReceiver, DecodedBatch};
+use crate::pipeline::shm::RingRegistry;
+use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig, StreamPlan};
 
 /// Settings of the service itself (the engine has its own).
@@ -61,6 +62,8 @@ pub struct ShardfeedService {
     config: ServiceConfig,
     streams: Arc<Semaphore>,
     shutdown: ShutdownHandle,
+    /// Shared-memory rings, when serving on a Unix socket.
+    rings: Option<Arc<RingRegistry>>,
 }
 
 /// Lets `serve` drain the service: `drain` makes streams end after the batch
@@ -90,7 +93,15 @@ impl ShardfeedService {
                 open: TaskTracker::new(),
             },
             config,
+            rings: None,
         }
+    }
+
+    /// Serves shared-memory rings for streams that ask (see
+    /// [`crate::pipeline::shm`]); set by `serve` on a Unix socket.
+    pub fn with_shared_memory(mut self, rings: Arc<RingRegistry>) -> Self {
+        self.rings = Some(rings);
+        self
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
@@ -128,7 +139,12 @@ impl ShardfeedService {
             return Err(ServiceError::Draining);
         }
         self.check_allowed(&request.dataset)?;
-        let request = stream_request(&request, self.engine.config().default_shuffle)?;
+        let wants_shared = request.transport == pb::Transport::SharedMemory as i32;
+        let mut request = stream_request(&request, self.engine.config().default_shuffle)?;
+        if wants_shared {
+            // Over TCP there is no socket to hand a memfd through: inline.
+            request.shared_memory = self.rings.as_ref().map(|rings| rings.socket.clone());
+        }
         let permit = self
             .streams
             .clone()
@@ -138,6 +154,9 @@ impl ShardfeedService {
         let next_index = request.plan.start_batch;
         let output = request.output;
         let stream = self.engine.open_stream(request).await?;
+        if let (Some(ring), Some(rings)) = (&stream.ring, &self.rings) {
+            rings.register(ring);
+        }
         Ok(BatchStream {
             receiver: stream.batches,
             plan: stream.plan,
@@ -229,6 +248,7 @@ pub fn stream_request(
             resume_from,
         },
         output,
+        shared_memory: None,
     })
 }
 
@@ -310,6 +330,22 @@ pub struct BatchStream {
 impl BatchStream {
     fn to_message(&self, batch: DecodedBatch) -> pb::Batch {
         let position = self.plan.position_after(batch.index);
+        let (images, shared) = match batch.images {
+            BatchImages::Inline(bytes) => (bytes, None),
+            BatchImages::Shared(lease) => {
+                let ring = lease.ring().clone();
+                let slot = lease.lend();
+                let shared = pb::SharedImages {
+                    ring_token: ring.token().to_vec(),
+                    ring_bytes: ring.total_bytes() as u64,
+                    slot,
+                    offset: slot as u64 * ring.slot_bytes() as u64,
+                    length: (batch.size * self.output.bytes()) as u64,
+                    holdable: crate::pipeline::shm::HOLDABLE,
+                };
+                (bytes::Bytes::new(), Some(shared))
+            }
+        };
         pb::Batch {
             epoch: self.epoch,
             index: batch.index,
@@ -319,7 +355,8 @@ impl BatchStream {
                 width: self.output.width,
                 channels: decode::CHANNELS as u32,
             }),
-            images: batch.images,
+            images,
+            shared,
             labels: batch.labels,
             keys: batch.keys,
             substituted: batch.substituted.iter().map(|s| s.slot).collect(),

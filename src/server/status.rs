@@ -98,6 +98,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
         return match error {
             PipelineError::Shard { .. } => Some(Code::DataLoss),
             PipelineError::StaleIndex { .. } => Some(Code::FailedPrecondition),
+            PipelineError::SharedMemory(_) => Some(Code::FailedPrecondition),
             PipelineError::Internal(_) => Some(Code::Internal),
             PipelineError::Dataset(_) | PipelineError::Store(_) => None,
         };

@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from . import _shm
 from ._proto import shardfeed_pb2 as pb
 from ._proto import shardfeed_pb2_grpc as pb_grpc
 
@@ -31,6 +32,11 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 _SERVICE = pb.DESCRIPTOR.services_by_name["Shardfeed"].full_name
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
 _RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
+_TRANSPORTS = {
+    "auto": pb.TRANSPORT_INLINE,
+    "inline": pb.TRANSPORT_INLINE,
+    "shared_memory": pb.TRANSPORT_SHARED_MEMORY,
+}
 
 
 class ShardfeedError(Exception):
@@ -231,12 +237,18 @@ def _split_images(data: bytes) -> tuple[int, int, bytes]:
     return images[0], images[1], bytes(rest)
 
 
-def _batch_from_wire(data: bytes) -> Batch:
-    """The stream's deserializer: numpy views straight into gRPC's buffer."""
+def _message_from_wire(data: bytes) -> tuple[Any, npt.NDArray[np.uint8]]:
+    """The stream's deserializer: the message without its images, and the
+    inline images as a numpy view straight into gRPC's buffer (empty when
+    they are in shared memory)."""
     offset, length, rest = _split_images(data)
     message = pb.Batch.FromString(rest)
-    images = np.frombuffer(data, dtype=np.uint8, count=length, offset=offset)
-    return _batch_with_images(message, images)
+    return message, np.frombuffer(data, dtype=np.uint8, count=length, offset=offset)
+
+
+def _batch_from_wire(data: bytes) -> Batch:
+    """An inline batch from its encoded message."""
+    return _batch_with_images(*_message_from_wire(data))
 
 
 def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
@@ -385,7 +397,7 @@ class Client:
                 self._stream_batches = self._channel.unary_stream(
                     f"/{_SERVICE}/StreamBatches",
                     request_serializer=pb.StreamBatchesRequest.SerializeToString,
-                    response_deserializer=_batch_from_wire,
+                    response_deserializer=_message_from_wire,
                 )
                 self._pid = os.getpid()
             return self._stub
@@ -465,6 +477,7 @@ class Client:
         shuffle_buffer: int = 0,
         interleave: int = 0,
         augment: AugmentSpec = None,
+        transport: str = "auto",
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
 
@@ -472,7 +485,19 @@ class Client:
         (Resize(256) + CenterCrop(224), scaled to ``image_size``), an
         :class:`Augment`, or None (``resize`` decides: the center crop that
         covers the output, or a stretch).
+
+        ``transport``: ``"shared_memory"`` has the server decode into memory
+        this process maps (over a ``unix:`` target; the server falls back to
+        inline elsewhere), ``"inline"`` sends the bytes in the gRPC messages,
+        ``"auto"`` picks shared memory on ``unix:`` targets. Shared-memory
+        images are read-only views; a batch's slot is reused once every view
+        of it is gone, and a consumer holding more than a couple of batches
+        gets the later ones as private copies.
         """
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
+        if transport == "auto":
+            transport = "shared_memory" if _shm.socket_path(self._target) else "inline"
         if rank is None or world_size is None:
             default_rank, default_world = distributed_rank_and_world()
             rank = default_rank if rank is None else rank
@@ -495,6 +520,7 @@ class Client:
             resize=_RESIZE[resize],
             shuffle_buffer=shuffle_buffer,
             interleave=interleave,
+            transport=_TRANSPORTS[transport],
         )
         augmentation = _augment(augment, image_size)
         if augmentation is not None:
@@ -511,17 +537,20 @@ class Client:
         call = self._stream_batches(request)
         limit = self._batch_timeout
         watchdog = _IdleWatchdog(call, limit) if limit is not None else None
+        rings: dict[bytes, _shm.SharedRing] = {}
         try:
             while True:
                 if watchdog is not None:
                     watchdog.waiting()
                 try:
-                    batch = next(call)
+                    message, flat = next(call)
                 except StopIteration:
                     return
                 if watchdog is not None:
                     watchdog.received()
-                yield batch
+                if message.HasField("shared"):
+                    flat = self._shared_images(rings, message.shared)
+                yield _batch_with_images(message, flat)
         except grpc.RpcError as exc:
             if watchdog is not None and watchdog.expired:
                 raise ShardfeedError(
@@ -533,6 +562,28 @@ class Client:
                 watchdog.stop()
             # Leaving the loop early cancels the stream, freeing the server's work.
             call.cancel()
+            for ring in rings.values():
+                ring.close()
+
+    def _shared_images(self, rings: dict[bytes, _shm.SharedRing], shared: Any) -> Any:
+        path = _shm.socket_path(self._target)
+        if path is None:
+            raise ShardfeedError(
+                "FAILED_PRECONDITION", "the server sent shared memory over a non-Unix target"
+            )
+        try:
+            ring = _shm.attach(rings, path, shared)
+        except OSError as exc:
+            raise ShardfeedError(
+                "UNAVAILABLE",
+                f"cannot map the server's shared memory through {path}.fds: {exc}; "
+                "use transport='inline'",
+            ) from None
+        # Holding more batches than the ring allows would stall the stream:
+        # later ones are copied out and their slots returned at once.
+        return ring.view(
+            shared.slot, shared.offset, shared.length, copy=ring.held >= shared.holdable
+        )
 
 
 def _partition(name: str) -> Any:

@@ -48,7 +48,11 @@ def throttled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3, Se
     """A server with a disk cache whose S3 throttles every other GET."""
     s3, s3_process = start_s3("--slow-down-every", "2")
     cache = tmp_path_factory.mktemp("cache")
-    server = start_server(s3, f"127.0.0.1:{_port()}", "--cache-dir", str(cache))
+    # The free-space floor is the cache's own test; a full shared disk must
+    # not turn this one off.
+    server = start_server(
+        s3, f"127.0.0.1:{_port()}", "--cache-dir", str(cache), "--cache-min-free-percent", "0"
+    )
     yield s3, server
     stop(server.process)
     stop(s3_process)

@@ -294,17 +294,21 @@ def start_dev_s3(
     return s3, s3.stdout.readline().decode().split()[-1]
 
 
-def synthetic_setup(binary: str, shards: int, per_shard: int, get_delay_ms: int) -> dict[str, Any]:
-    """Starts dev-s3 holding the demo's photo dataset and a server."""
+def synthetic_setup(
+    binary: str, shards: int, per_shard: int, get_delay_ms: int, unix_socket: str | None = None
+) -> dict[str, Any]:
+    """Starts dev-s3 holding the demo's photo dataset and a server (on
+    ``unix_socket`` when given, else a loopback TCP port)."""
     s3, endpoint = start_dev_s3(binary, shards, per_shard, "--get-delay-ms", str(get_delay_ms))
     env = _shardfeed_env(endpoint)
-    port = _free_port()
+    listen = f"unix:{unix_socket}" if unix_socket else f"127.0.0.1:{_free_port()}"
+    target = f"unix://{unix_socket}" if unix_socket else listen
     server = subprocess.Popen(
         [
             binary,
             "serve",
             "--listen",
-            f"127.0.0.1:{port}",
+            listen,
             "--metrics-listen",
             f"127.0.0.1:{_free_port()}",
         ],
@@ -312,11 +316,12 @@ def synthetic_setup(binary: str, shards: int, per_shard: int, get_delay_ms: int)
     )
     import grpc
 
-    grpc.channel_ready_future(grpc.insecure_channel(f"127.0.0.1:{port}")).result(timeout=30)
+    options = [("grpc.default_authority", "localhost")] if unix_socket else []
+    grpc.channel_ready_future(grpc.insecure_channel(target, options=options)).result(timeout=30)
     return {
         "endpoint": endpoint,
         "dataset": "s3://demo/photos/",
-        "target": f"127.0.0.1:{port}",
+        "target": target,
         "processes": [server, s3],
         "server_pid": server.pid,
         "s3_pid": s3.pid,

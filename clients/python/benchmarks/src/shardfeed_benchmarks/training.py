@@ -7,7 +7,8 @@ uint8 batches of RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3))
 + RandomHorizontalFlip, batch 128, in this process:
 
 - shardfeed: ``Client.batches(augment="train")`` from a ``shardfeed serve``
-  reading ``shardfeed dev-s3`` on loopback;
+  on a Unix socket reading ``shardfeed dev-s3`` on loopback, through shared
+  memory, and (``sf inline``) with the bytes inline in the gRPC messages;
 - torchvision: a ``DataLoader`` with one worker per core, each streaming its
   share of the shards from the same endpoint with boto3, decoding with Pillow
   and applying torchvision's transforms (what a PyTorch user runs today);
@@ -85,7 +86,7 @@ def measure(run: Callable[[], int], extra_cpu: Callable[[], float]) -> dict[str,
     }
 
 
-def shardfeed_run(target: str, dataset: str, batch_size: int, size: int) -> int:
+def shardfeed_run(target: str, dataset: str, batch_size: int, size: int, transport: str) -> int:
     from shardfeed import Client
 
     samples = checksum = 0
@@ -96,6 +97,7 @@ def shardfeed_run(target: str, dataset: str, batch_size: int, size: int) -> int:
         rank=0,
         world_size=1,
         augment="train",
+        transport=transport,
     ):
         checksum += int(batch.images[0, 0, 0, 0])  # touch it, as a trainer would
         samples += len(batch.labels)
@@ -225,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
-    setup = synthetic_setup(args.binary, args.shards, args.samples_per_shard, 0)
+    socket_dir = tempfile.TemporaryDirectory(prefix="sf-")
+    setup = synthetic_setup(
+        args.binary, args.shards, args.samples_per_shard, 0, f"{socket_dir.name}/sf.sock"
+    )
     results: dict[str, list[dict[str, float]]] = {}
     notes: list[str] = []
     try:
@@ -239,10 +244,19 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(local.name) / Path(key).name
             path.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
             files.append(str(path))
+        server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
         contenders: dict[str, tuple[Callable[[], int], Callable[[], float]]] = {
             "shardfeed": (
-                lambda: shardfeed_run(setup["target"], dataset, args.batch_size, args.image_size),
-                lambda: _process_cpu(setup["server_pid"]),
+                lambda: shardfeed_run(
+                    setup["target"], dataset, args.batch_size, args.image_size, "shared_memory"
+                ),
+                server_cpu,
+            ),
+            "sf inline": (
+                lambda: shardfeed_run(
+                    setup["target"], dataset, args.batch_size, args.image_size, "inline"
+                ),
+                server_cpu,
             ),
         }
         try:

@@ -1,0 +1,134 @@
+"""Batches through the server's shared-memory ring, against the real binary."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardfeed import Client
+
+from ..conftest import S3, Server, start_server, stop, upload, write_tar
+
+
+def _jpeg(n: int) -> bytes:
+    rng = np.random.default_rng(n)
+    pixels = (rng.random((60, 80, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def dataset(s3: S3) -> str:
+    shards = [
+        write_tar([(f"s{s}k{i:03d}", {"jpg": _jpeg(s * 40 + i), "cls": b"1"}) for i in range(40)])
+        for s in range(2)
+    ]
+    return upload(s3, "shm", "", shards)
+
+
+@pytest.fixture(scope="module")
+def unix_server(s3: S3) -> Iterator[Server]:
+    # A short path: Unix socket paths are limited to 108 bytes.
+    directory = tempfile.mkdtemp(prefix="sf-")
+    server = start_server(s3, f"unix:{directory}/sf.sock")
+    yield server
+    stop(server.process)
+
+
+def _memfds(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith("/memfd:shardfeed-batches"):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def _stream(server: Server, dataset: str, transport: str) -> Iterator[object]:
+    return Client(server.target).batches(
+        dataset, batch_size=8, image_size=32, seed=5, transport=transport, rank=0, world_size=1
+    )
+
+
+def test_shared_memory_and_inline_deliver_the_same_bytes(unix_server: Server, dataset: str) -> None:
+    inline = [
+        (b.keys, b.labels.copy(), b.images.copy()) for b in _stream(unix_server, dataset, "inline")
+    ]
+    shared = []
+    for batch in _stream(unix_server, dataset, "shared_memory"):
+        assert not batch.images.flags.writeable, "a view of the server's slot, read-only"
+        shared.append((batch.keys, batch.labels.copy(), batch.images.copy()))
+    assert len(inline) == len(shared) == 10
+    for (keys, labels, images), (skeys, slabels, simages) in zip(inline, shared):
+        assert keys == skeys
+        assert (labels == slabels).all()
+        assert (images == simages).all()
+
+
+def test_a_held_batch_stays_unchanged_and_holding_all_does_not_stall(
+    unix_server: Server, dataset: str
+) -> None:
+    stream = iter(_stream(unix_server, dataset, "shared_memory"))
+    first = next(stream)
+    saved = first.images.copy()
+    rest = list(stream)  # holds every batch: later ones must arrive as copies
+    assert len(rest) == 9
+    assert (first.images == saved).all(), "a held slot was decoded into again"
+    inline = list(_stream(unix_server, dataset, "inline"))
+    for got, expected in zip([first, *rest], inline):
+        assert (got.images == expected.images).all()
+
+
+def test_auto_picks_shared_memory_on_unix_and_tcp_falls_back(
+    unix_server: Server, server: Server, dataset: str
+) -> None:
+    batch = next(iter(_stream(unix_server, dataset, "auto")))
+    assert not batch.images.flags.writeable
+    del batch
+    over_tcp = list(_stream(server, dataset, "shared_memory"))
+    assert len(over_tcp) == 10, "TCP: the server sends inline bytes instead"
+
+
+_CLIENT = """
+import sys, time
+from shardfeed import Client
+batches = Client(sys.argv[1]).batches(sys.argv[2], batch_size=8, image_size=32,
+                                      transport="shared_memory", rank=0, world_size=1)
+held = next(iter(batches))
+print("mapped", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_client_leaves_nothing_behind(unix_server: Server, dataset: str) -> None:
+    pid = unix_server.process.pid
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert _memfds(pid) == 0
+    client = subprocess.Popen(
+        [sys.executable, "-c", _CLIENT, unix_server.target, dataset], stdout=subprocess.PIPE
+    )
+    assert client.stdout is not None
+    assert client.stdout.readline().decode().strip() == "mapped"
+    assert _memfds(pid) == 1, "the stream's ring"
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    deadline = time.monotonic() + 1.0
+    while _memfds(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _memfds(pid) == 0, "the server still holds the ring a second after the kill"
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert after == shm_before, "nothing is named in /dev/shm"

@@ -1,0 +1,614 @@
+//! Shared-memory delivery: batches decoded straight into a ring of slots in
+//! anonymous memory (a memfd) that the trainer maps, so a 19 MB batch is
+//! written once and never copied through gRPC.
+//!
+//! # Protocol
+//!
+//! A stream that asks for shared memory (and reaches the server over its
+//! Unix socket `P`) gets a [`Ring`]: `slots` slots of `slot_bytes` each in one
+//! memfd. Each `Batch` then carries `shared { token, slot, length, .. }`
+//! instead of image bytes. The client connects to the companion socket
+//! `P.fds` ([`fd_socket_path`]), sends the 16-byte token, and receives the
+//! memfd (`SCM_RIGHTS`), which it maps read-only. The connection stays open
+//! as the credit channel: the client writes a slot's index (u32, little
+//! endian) when the last view of that batch is dropped, and only then is the
+//! slot decoded into again. A slow consumer therefore holds the producer
+//! back exactly like the ready queue does.
+//!
+//! Nothing has a name: the memfd lives while the server's ring or a client
+//! mapping holds it, so either side exiting (even by SIGKILL) frees it, and
+//! `/dev/shm` (64 MiB in a container) is never used. When the credit
+//! connection closes, every slot lent to that client is free again at once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::Notify;
+
+/// Slots of a ring beyond the producer's own (`decode_ahead +
+/// ready_batches`): the batch in flight to the client, and those the client
+/// may hold without stalling the stream.
+pub const CLIENT_SLOTS: usize = 3;
+/// Batches a client may hold at once: one of [`CLIENT_SLOTS`] is in flight.
+pub const HOLDABLE: u32 = CLIENT_SLOTS as u32 - 1;
+
+/// Bytes of a ring token.
+pub const TOKEN_BYTES: usize = 16;
+/// How long a client has to collect the ring's memfd after its first
+/// shared batch was sent; then the stream fails instead of waiting forever
+/// for credits that cannot come.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("shared memory: {what}: {source}")]
+    Os {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the client did not collect its shared-memory ring from {socket} within {seconds} s \
+         (is the socket's directory shared with the trainer?); ask for inline transport instead"
+    )]
+    NotCollected { socket: String, seconds: u64 },
+}
+
+fn os_error(what: &'static str) -> ShmError {
+    ShmError::Os {
+        what,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// The companion socket that hands out memfds for the gRPC socket `grpc`.
+pub fn fd_socket_path(grpc: &Path) -> PathBuf {
+    let mut name = grpc.as_os_str().to_owned();
+    name.push(".fds");
+    PathBuf::from(name)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Being decoded into; owned by a [`SlotLease`].
+    Filling,
+    /// Sent; the client's until it credits it back.
+    Lent,
+}
+
+#[derive(Debug)]
+struct RingState {
+    slots: Vec<SlotState>,
+    /// The client collected the memfd (credits can come).
+    collected: bool,
+}
+
+/// One stream's slots in one memfd.
+#[derive(Debug)]
+pub struct Ring {
+    memfd: OwnedFd,
+    base: *mut u8,
+    slot_bytes: usize,
+    slot_count: usize,
+    token: [u8; TOKEN_BYTES],
+    state: Mutex<RingState>,
+    freed: Notify,
+    collected: Notify,
+}
+
+// SAFETY: the mapping is owned by the ring; slots are handed out exclusively
+// (a `SlotLease` is the only writer of its slot, checked under the lock).
+unsafe impl Send for Ring {}
+// SAFETY: as above; shared access only reads the immutable fields.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    /// A ring of `slot_count` slots of `slot_bytes` (rounded up to pages).
+    pub fn new(slot_count: usize, slot_bytes: usize) -> Result<Arc<Self>, ShmError> {
+        let page = 4096;
+        let slot_bytes = slot_bytes.max(1).div_ceil(page) * page;
+        let total = slot_bytes * slot_count.max(1);
+        // SAFETY: a constant, NUL-terminated name; the flags are valid.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"shardfeed-batches".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if fd < 0 {
+            return Err(os_error("memfd_create"));
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain syscalls on the descriptor we own.
+        if unsafe { libc::ftruncate(fd, total as libc::off_t) } != 0 {
+            return Err(os_error("ftruncate"));
+        }
+        // A client cannot shrink it under us (which would SIGBUS the server)
+        // or grow it.
+        // SAFETY: as above.
+        if unsafe {
+            libc::fcntl(
+                fd,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        } != 0
+        {
+            return Err(os_error("sealing the memfd"));
+        }
+        // SAFETY: maps the whole file we just sized; checked for failure.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(os_error("mmap"));
+        }
+        let mut token = [0u8; TOKEN_BYTES];
+        // SAFETY: fills the buffer we own.
+        let filled = unsafe { libc::getrandom(token.as_mut_ptr().cast(), TOKEN_BYTES, 0) };
+        if filled != TOKEN_BYTES as isize {
+            // SAFETY: unmaps what was mapped above.
+            unsafe { libc::munmap(base, total) };
+            return Err(os_error("getrandom"));
+        }
+        Ok(Arc::new(Self {
+            memfd,
+            base: base.cast(),
+            slot_bytes,
+            slot_count: slot_count.max(1),
+            token,
+            state: Mutex::new(RingState {
+                slots: vec![SlotState::Free; slot_count.max(1)],
+                collected: false,
+            }),
+            freed: Notify::new(),
+            collected: Notify::new(),
+        }))
+    }
+
+    pub fn token(&self) -> [u8; TOKEN_BYTES] {
+        self.token
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    pub fn slot_count(&self) -> usize {
+        self.slot_count
+    }
+
+    /// Bytes of the whole mapping.
+    pub fn total_bytes(&self) -> usize {
+        self.slot_bytes * self.slot_count
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RingState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for a free slot. Once batches have been lent, a client that has
+    /// not collected the memfd within [`CONNECT_TIMEOUT`] fails the wait.
+    pub async fn acquire(self: &Arc<Self>, socket: &Path) -> Result<SlotLease, ShmError> {
+        let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        loop {
+            let freed = self.freed.notified();
+            let collected = self.collected.notified();
+            let collected_now = match self.try_take() {
+                Ok(lease) => return Ok(lease),
+                Err(collected_now) => collected_now,
+            };
+            if collected_now {
+                // Credits come from the client; no timeout while it is
+                // connected (a long training step may hold batches).
+                freed.await;
+                continue;
+            }
+            tokio::select! {
+                () = freed => {}
+                () = collected => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(ShmError::NotCollected {
+                        socket: fd_socket_path(socket).display().to_string(),
+                        seconds: CONNECT_TIMEOUT.as_secs(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// A free slot, or whether the client has collected the ring.
+    fn try_take(self: &Arc<Self>) -> Result<SlotLease, bool> {
+        let mut state = self.lock();
+        match state.slots.iter().position(|s| *s == SlotState::Free) {
+            Some(slot) => {
+                state.slots[slot] = SlotState::Filling;
+                Ok(SlotLease {
+                    ring: self.clone(),
+                    slot: slot as u32,
+                    lent: false,
+                })
+            }
+            None => Err(state.collected),
+        }
+    }
+
+    /// A credit from the client: `slot` may be decoded into again. Slots the
+    /// client does not hold are ignored (a confused or hostile client cannot
+    /// free a slot being filled).
+    pub fn credit(&self, slot: u32) -> bool {
+        let mut state = self.lock();
+        match state.slots.get_mut(slot as usize) {
+            Some(s @ SlotState::Lent) => {
+                *s = SlotState::Free;
+                drop(state);
+                self.freed.notify_waiters();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn mark_collected(&self) {
+        self.lock().collected = true;
+        self.collected.notify_waiters();
+    }
+
+    /// The client's credit connection closed: everything lent is free.
+    fn client_gone(&self) {
+        let mut state = self.lock();
+        state.collected = false;
+        for slot in &mut state.slots {
+            if *slot == SlotState::Lent {
+                *slot = SlotState::Free;
+            }
+        }
+        drop(state);
+        self.freed.notify_waiters();
+    }
+
+    /// Slots the client holds now.
+    pub fn lent(&self) -> usize {
+        self.lock()
+            .slots
+            .iter()
+            .filter(|s| **s == SlotState::Lent)
+            .count()
+    }
+
+    fn memfd(&self) -> RawFd {
+        self.memfd.as_raw_fd()
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no lease outlives
+        // the ring (each holds an Arc of it).
+        unsafe { libc::munmap(self.base.cast(), self.total_bytes()) };
+    }
+}
+
+/// Exclusive write access to one slot while a batch is decoded into it.
+/// Dropped before it is sent, the slot is free again.
+#[derive(Debug)]
+pub struct SlotLease {
+    ring: Arc<Ring>,
+    slot: u32,
+    /// Handed to the client: dropping the lease leaves the slot lent.
+    lent: bool,
+}
+
+impl SlotLease {
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    pub fn ring(&self) -> &Arc<Ring> {
+        &self.ring
+    }
+
+    /// The slot's bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the slot lies inside the mapping; this lease is its only
+        // writer (state Filling, set under the lock) and the client only
+        // reads slots it was lent, never one being filled.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ring
+                    .base
+                    .add(self.slot as usize * self.ring.slot_bytes),
+                self.ring.slot_bytes,
+            )
+        }
+    }
+
+    /// Hands the slot to the client: it is free again when credited back.
+    pub fn lend(mut self) -> u32 {
+        self.ring.lock().slots[self.slot as usize] = SlotState::Lent;
+        self.lent = true;
+        self.slot
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        if !self.lent {
+            self.ring.lock().slots[self.slot as usize] = SlotState::Free;
+            self.ring.freed.notify_waiters();
+        }
+    }
+}
+
+/// The rings of the open streams, by token, for the fd socket to find.
+///
+/// A ring is held here until its client collects it (or for
+/// [`CONNECT_TIMEOUT`]): a short stream may have sent its last batch, and
+/// dropped its own handle, before the client has read the first one and
+/// asked for the memfd.
+#[derive(Debug, Default)]
+pub struct RingRegistry {
+    rings: Mutex<HashMap<[u8; TOKEN_BYTES], Registered>>,
+    /// The gRPC socket the rings are served beside.
+    pub socket: PathBuf,
+}
+
+#[derive(Debug)]
+struct Registered {
+    ring: Weak<Ring>,
+    /// Kept alive until collected or this deadline passes.
+    uncollected: Option<(Arc<Ring>, tokio::time::Instant)>,
+}
+
+impl RingRegistry {
+    pub fn new(socket: PathBuf) -> Self {
+        Self {
+            rings: Mutex::default(),
+            socket,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; TOKEN_BYTES], Registered>> {
+        self.rings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn register(&self, ring: &Arc<Ring>) {
+        self.expire();
+        self.lock().insert(
+            ring.token(),
+            Registered {
+                ring: Arc::downgrade(ring),
+                uncollected: Some((ring.clone(), tokio::time::Instant::now() + CONNECT_TIMEOUT)),
+            },
+        );
+    }
+
+    /// The ring for `token`; from now on only its stream keeps it alive.
+    fn collect(&self, token: &[u8; TOKEN_BYTES]) -> Option<Arc<Ring>> {
+        let mut rings = self.lock();
+        let entry = rings.get_mut(token)?;
+        match entry.uncollected.take() {
+            Some((ring, _)) => Some(ring),
+            None => entry.ring.upgrade(),
+        }
+    }
+
+    /// Lets go of rings nobody collected in time, and forgets dead ones.
+    pub fn expire(&self) {
+        let now = tokio::time::Instant::now();
+        self.lock().retain(|_, entry| {
+            if entry
+                .uncollected
+                .as_ref()
+                .is_some_and(|(_, deadline)| *deadline <= now)
+            {
+                entry.uncollected = None;
+            }
+            entry.uncollected.is_some() || entry.ring.strong_count() > 0
+        });
+    }
+
+    /// Rings registered and still alive.
+    pub fn live(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|entry| entry.ring.strong_count() > 0)
+            .count()
+    }
+}
+
+/// Serves the fd socket: hands each client its ring's memfd and takes its
+/// credits until it disconnects.
+pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<RingRegistry>) {
+    let mut sweep = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = sweep.tick() => {
+                registry.expire();
+                continue;
+            }
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let registry = registry.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = serve_client(stream, &registry).await {
+                        tracing::debug!(%error, "shared-memory client ended");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "accepting on the shared-memory socket failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn serve_client(
+    mut stream: tokio::net::UnixStream,
+    registry: &RingRegistry,
+) -> std::io::Result<()> {
+    let mut token = [0u8; TOKEN_BYTES];
+    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut token))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no token"))??;
+    let Some(ring) = registry.collect(&token) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "unknown ring token",
+        ));
+    };
+    stream
+        .async_io(tokio::io::Interest::WRITABLE, || {
+            send_fd(stream.as_raw_fd(), ring.memfd())
+        })
+        .await?;
+    ring.mark_collected();
+    // Only a weak handle from here: the stream owns its ring.
+    let weak = Arc::downgrade(&ring);
+    drop(ring);
+    let mut credit = [0u8; 4];
+    let result = loop {
+        match stream.read_exact(&mut credit).await {
+            Ok(_) => match weak.upgrade() {
+                Some(ring) => {
+                    ring.credit(u32::from_le_bytes(credit));
+                }
+                None => break Ok(()),
+            },
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(error) => break Err(error),
+        }
+    };
+    if let Some(ring) = weak.upgrade() {
+        ring.client_gone();
+    }
+    result
+}
+
+/// Sends one byte with `fd` attached (`SCM_RIGHTS`).
+fn send_fd(socket: RawFd, fd: RawFd) -> std::io::Result<()> {
+    let mut byte = [1u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: an all-zero msghdr is valid; its pointers are set below to
+    // buffers that outlive the call.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.as_mut_ptr().cast();
+    message.msg_controllen = space as _;
+    // SAFETY: the control buffer holds one header of CMSG_SPACE bytes;
+    // CMSG_FIRSTHDR returns a pointer into it.
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+    }
+    // SAFETY: a valid message on a connected socket.
+    let sent = unsafe { libc::sendmsg(socket, &message, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn slots_cycle_through_credits_and_a_departed_client_frees_them() {
+        let socket = PathBuf::from("/nonexistent/sock");
+        let ring = Ring::new(2, 10_000).unwrap();
+        assert_eq!(ring.slot_bytes(), 12_288);
+        let mut first = ring.acquire(&socket).await.unwrap();
+        first.as_mut_slice()[0] = 7;
+        let second = ring.acquire(&socket).await.unwrap();
+        assert_ne!(first.slot(), second.slot());
+        let lent = first.lend();
+        drop(second); // never sent: free again
+        let third = ring.acquire(&socket).await.unwrap();
+        assert_ne!(
+            third.slot(),
+            lent,
+            "a lent slot is not reused before its credit"
+        );
+        let _third = third.lend();
+        ring.mark_collected();
+        // Both lent: the next acquire waits for a credit.
+        let waiting = {
+            let ring = ring.clone();
+            tokio::spawn(async move { ring.acquire(&socket).await.map(|lease| lease.slot()) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished());
+        assert!(!ring.credit(99), "unknown slots are ignored");
+        assert!(ring.credit(lent));
+        assert_eq!(waiting.await.unwrap().unwrap(), lent);
+        ring.client_gone();
+        assert_eq!(ring.lent(), 0);
+        assert_eq!(
+            Arc::strong_count(&ring),
+            1,
+            "leases, lent or not, release the ring"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_registry_keeps_a_ring_until_collected_or_too_late() {
+        let registry = RingRegistry::new(PathBuf::from("/run/sf.sock"));
+        let ring = Ring::new(1, 64).unwrap();
+        let token = ring.token();
+        registry.register(&ring);
+        drop(ring); // the stream ended before its client asked
+        let collected = registry.collect(&token).expect("kept for the client");
+        drop(collected);
+        assert!(
+            registry.collect(&token).is_none(),
+            "collected: the stream's alone"
+        );
+        let late = Ring::new(1, 64).unwrap();
+        let late_token = late.token();
+        registry.register(&late);
+        drop(late);
+        tokio::time::advance(CONNECT_TIMEOUT + Duration::from_secs(1)).await;
+        registry.expire();
+        assert!(registry.collect(&late_token).is_none());
+        assert_eq!(registry.live(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_uncollected_ring_fails_instead_of_waiting_forever() {
+        let ring = Ring::new(1, 64).unwrap();
+        let _lent = ring
+            .acquire(Path::new("/run/sf.sock"))
+            .await
+            .unwrap()
+            .lend();
+        let error = ring.acquire(Path::new("/run/sf.sock")).await.unwrap_err();
+        assert!(error.to_string().contains("/run/sf.sock.fds"), "{error}");
+    }
+}
