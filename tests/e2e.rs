@@ -243,8 +243,8 @@ async fn bad_requests_get_clear_statuses() {
     harness.shutdown().await;
 }
 
-/// Checks that every substituted slot holds an exact copy of the image and
-/// label of the good slot it names, chosen as documented.
+/// Checks that every substituted slot holds an exact copy of the image,
+/// label and crop box of the good slot it names, chosen as documented.
 fn assert_substitutes_copy_their_source(batch: &pb::Batch, slot_bytes: usize) {
     let good: Vec<u32> = (0..batch.labels.len() as u32)
         .filter(|slot| !batch.substituted.contains(slot))
@@ -263,11 +263,13 @@ fn assert_substitutes_copy_their_source(batch: &pb::Batch, slot_bytes: usize) {
                     &batch.images[from * slot_bytes..(from + 1) * slot_bytes]
                 );
                 assert_eq!(batch.labels[slot], batch.labels[from]);
+                assert_eq!(batch.crops[slot], batch.crops[from]);
             }
             None => {
                 assert_eq!(source, -1);
                 assert!(pixels.iter().all(|&v| v == 0));
                 assert_eq!(batch.labels[slot], -1);
+                assert_eq!(batch.crops[slot], pb::CropBox::default());
             }
         }
     }
