@@ -212,9 +212,53 @@ impl Drop for ScratchPermit<'_> {
 
 /// The pixel size of an image from its headers, without decoding it.
 pub fn source_dimensions(format: ImageFormat, data: &[u8]) -> Result<(u32, u32), DecodeError> {
+    if format == ImageFormat::Jpeg {
+        if let Some(size) = jpeg_dimensions(data) {
+            return Ok(size);
+        }
+    }
     image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format))
         .into_dimensions()
         .map_err(|e| DecodeError::Corrupt(e.to_string()))
+}
+
+/// A JPEG's size from its frame header, found by walking the marker
+/// segments: no copy and no decoder state, where the `image` crate's reader
+/// copies the whole file first (every sample's size is read before its box
+/// is chosen). None when no frame header comes before the scan data.
+pub fn jpeg_dimensions(data: &[u8]) -> Option<(u32, u32)> {
+    if data.get(..2)? != [0xFF, 0xD8] {
+        return None;
+    }
+    let mut at = 2;
+    loop {
+        if *data.get(at)? != 0xFF {
+            return None;
+        }
+        let marker = *data.get(at + 1)?;
+        at += 2;
+        match marker {
+            // Fill bytes and markers without a length.
+            0xFF => at -= 1,
+            0x01 | 0xD0..=0xD7 => {}
+            // Start of scan before any frame header.
+            0xDA | 0xD9 => return None,
+            _ => {
+                let length = usize::from(u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]));
+                // SOF0..SOF15, except DHT, JPG and DAC, which share the range.
+                if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+                    let height = u16::from_be_bytes([*data.get(at + 3)?, *data.get(at + 4)?]);
+                    let width = u16::from_be_bytes([*data.get(at + 5)?, *data.get(at + 6)?]);
+                    return (width > 0 && height > 0)
+                        .then_some((u32::from(width), u32::from(height)));
+                }
+                if length < 2 {
+                    return None;
+                }
+                at += length;
+            }
+        }
+    }
 }
 
 /// Decodes one sample within the budgets and returns the box it came from.
@@ -414,6 +458,23 @@ mod tests {
         );
         let edge = &out[(16 * 32 + 2) * 3..][..3];
         assert!(edge[1] > 150, "edge pixel {edge:?} should still be green");
+    }
+
+    #[test]
+    fn jpeg_sizes_come_from_the_frame_header() {
+        for (width, height) in [(64, 48), (1, 1), (333, 17)] {
+            let jpeg = encode_jpeg(width, height, |x, y| [x as u8, y as u8, 0]);
+            assert_eq!(jpeg_dimensions(&jpeg), Some((width, height)));
+            assert_eq!(
+                source_dimensions(ImageFormat::Jpeg, &jpeg).unwrap(),
+                (width, height)
+            );
+            for cut in [0, 1, 2, 5, 20] {
+                assert_eq!(jpeg_dimensions(&jpeg[..cut]), None, "cut at {cut}");
+            }
+        }
+        assert_eq!(jpeg_dimensions(b"\xFF\xD8\xFF\xDA\x00\x02"), None);
+        assert_eq!(jpeg_dimensions(b"\xFF\xD8\xFF\xE0\x00\x00"), None);
     }
 
     #[test]
