@@ -98,7 +98,8 @@ pub fn sample_identity(shard: &str, key: &str) -> u64 {
     fmix64(fnv1a(bytes))
 }
 
-pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+/// FNV-1a, 64-bit: frozen (sample identities and substitutions use it).
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     bytes
         .into_iter()
         .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
@@ -106,7 +107,8 @@ pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
         })
 }
 
-pub(crate) fn fmix64(mut hash: u64) -> u64 {
+/// MurmurHash3's 64-bit finalizer: every input bit reaches every output bit.
+pub fn fmix64(mut hash: u64) -> u64 {
     hash ^= hash >> 33;
     hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
     hash ^= hash >> 33;

@@ -71,8 +71,8 @@ pub struct StreamRequest {
     pub dataset: String,
     pub plan: PlanRequest,
     pub output: OutputSpec,
-    /// Decode into a shared-memory ring served beside this gRPC socket
-    /// (None: batches stay in process memory and are sent inline).
+    /// Decode into a shared-memory ring handed out on this socket (None:
+    /// batches stay in process memory and are sent inline).
     pub shared_memory: Option<std::path::PathBuf>,
 }
 
@@ -194,7 +194,7 @@ impl Engine {
                     .map_err(|e| EngineError::Internal(e.to_string()))?;
                 Some(crate::pipeline::SharedTarget {
                     ring,
-                    socket: socket.clone(),
+                    fd_socket: socket.clone(),
                 })
             }
             None => None,

@@ -182,14 +182,7 @@ pub fn substitute_source(key: &str, good_slots: &[u32]) -> Option<u32> {
     if good_slots.is_empty() {
         return None;
     }
-    let mut hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    });
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    hash ^= hash >> 33;
+    let hash = decode::augment::fmix64(decode::augment::fnv1a(key.bytes()));
     Some(good_slots[(hash % good_slots.len() as u64) as usize])
 }
 
@@ -274,12 +267,12 @@ pub struct StreamContext {
     pub metrics: metrics::StreamMetrics,
 }
 
-/// A stream's shared-memory ring, and the gRPC socket it is served beside
-/// (for error messages).
+/// A stream's shared-memory ring, and the socket it is handed out on (for
+/// error messages).
 #[derive(Clone, Debug)]
 pub struct SharedTarget {
     pub ring: Arc<shm::Ring>,
-    pub socket: std::path::PathBuf,
+    pub fd_socket: std::path::PathBuf,
 }
 
 pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
@@ -365,7 +358,7 @@ async fn produce(
                             Some(shared) => Some(
                                 shared
                                     .ring
-                                    .acquire(&shared.socket)
+                                    .acquire(&shared.fd_socket)
                                     .await
                                     .map_err(|e| PipelineError::SharedMemory(e.to_string()))?,
                             ),

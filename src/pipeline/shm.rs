@@ -1,32 +1,23 @@
-//! Shared-memory delivery: batches decoded straight into a ring of slots in
-//! anonymous memory (a memfd) that the trainer maps, so a 19 MB batch is
-//! written once and never copied through gRPC.
+//! A stream's shared-memory ring: batch slots in anonymous memory (a
+//! memfd) that the trainer maps, so a 19 MB batch is decoded straight to
+//! where it is read and never copied through gRPC.
 //!
-//! # Protocol
-//!
-//! A stream that asks for shared memory (and reaches the server over its
-//! Unix socket `P`) gets a [`Ring`]: `slots` slots of `slot_bytes` each in one
-//! memfd. Each `Batch` then carries `shared { token, slot, length, .. }`
-//! instead of image bytes. The client connects to the companion socket
-//! `P.fds` ([`fd_socket_path`]), sends the 16-byte token, and receives the
-//! memfd (`SCM_RIGHTS`), which it maps read-only. The connection stays open
-//! as the credit channel: the client writes a slot's index (u32, little
-//! endian) when the last view of that batch is dropped, and only then is the
-//! slot decoded into again. A slow consumer therefore holds the producer
-//! back exactly like the ready queue does.
+//! The producer takes a free slot ([`Ring::acquire`]) before a batch is
+//! decoded and decodes into it; sending lends it to the client; a credit
+//! from the client frees it ([`Ring::credit`]). A slow consumer therefore
+//! holds the producer back exactly like the ready queue does. How the
+//! memfd and the credits travel is the server's transport
+//! (`server::shm`).
 //!
 //! Nothing has a name: the memfd lives while the server's ring or a client
 //! mapping holds it, so either side exiting (even by SIGKILL) frees it, and
-//! `/dev/shm` (64 MiB in a container) is never used. When the credit
-//! connection closes, every slot lent to that client is free again at once.
+//! `/dev/shm` (64 MiB in a container) is never used.
 
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
 use tokio::sync::Notify;
 
 /// Slots of a ring beyond the producer's own (`decode_ahead +
@@ -63,13 +54,6 @@ fn os_error(what: &'static str) -> ShmError {
         what,
         source: std::io::Error::last_os_error(),
     }
-}
-
-/// The companion socket that hands out memfds for the gRPC socket `grpc`.
-pub fn fd_socket_path(grpc: &Path) -> PathBuf {
-    let mut name = grpc.as_os_str().to_owned();
-    name.push(".fds");
-    PathBuf::from(name)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,8 +185,9 @@ impl Ring {
     }
 
     /// Waits for a free slot. Once batches have been lent, a client that has
-    /// not collected the memfd within [`CONNECT_TIMEOUT`] fails the wait.
-    pub async fn acquire(self: &Arc<Self>, socket: &Path) -> Result<SlotLease, ShmError> {
+    /// not collected the memfd (from `fd_socket`) within [`CONNECT_TIMEOUT`]
+    /// fails the wait.
+    pub async fn acquire(self: &Arc<Self>, fd_socket: &Path) -> Result<SlotLease, ShmError> {
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         loop {
             let freed = self.freed.notified();
@@ -222,7 +207,7 @@ impl Ring {
                 () = collected => {}
                 () = tokio::time::sleep_until(deadline) => {
                     return Err(ShmError::NotCollected {
-                        socket: fd_socket_path(socket).display().to_string(),
+                        socket: fd_socket.display().to_string(),
                         seconds: CONNECT_TIMEOUT.as_secs(),
                     });
                 }
@@ -262,13 +247,14 @@ impl Ring {
         }
     }
 
-    fn mark_collected(&self) {
+    /// The client has the memfd: credits can come.
+    pub fn mark_collected(&self) {
         self.lock().collected = true;
         self.collected.notify_waiters();
     }
 
     /// The client's credit connection closed: everything lent is free.
-    fn client_gone(&self) {
+    pub fn client_gone(&self) {
         let mut state = self.lock();
         state.collected = false;
         for slot in &mut state.slots {
@@ -289,7 +275,8 @@ impl Ring {
             .count()
     }
 
-    fn memfd(&self) -> RawFd {
+    /// The memfd, to hand to the client.
+    pub fn memfd(&self) -> RawFd {
         self.memfd.as_raw_fd()
     }
 }
@@ -353,195 +340,13 @@ impl Drop for SlotLease {
     }
 }
 
-/// The rings of the open streams, by token, for the fd socket to find.
-///
-/// A ring is held here until its client collects it (or for
-/// [`CONNECT_TIMEOUT`]): a short stream may have sent its last batch, and
-/// dropped its own handle, before the client has read the first one and
-/// asked for the memfd.
-#[derive(Debug, Default)]
-pub struct RingRegistry {
-    rings: Mutex<HashMap<[u8; TOKEN_BYTES], Registered>>,
-    /// The gRPC socket the rings are served beside.
-    pub socket: PathBuf,
-}
-
-#[derive(Debug)]
-struct Registered {
-    ring: Weak<Ring>,
-    /// Kept alive until collected or this deadline passes.
-    uncollected: Option<(Arc<Ring>, tokio::time::Instant)>,
-}
-
-impl RingRegistry {
-    pub fn new(socket: PathBuf) -> Self {
-        Self {
-            rings: Mutex::default(),
-            socket,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; TOKEN_BYTES], Registered>> {
-        self.rings.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn register(&self, ring: &Arc<Ring>) {
-        self.expire();
-        self.lock().insert(
-            ring.token(),
-            Registered {
-                ring: Arc::downgrade(ring),
-                uncollected: Some((ring.clone(), tokio::time::Instant::now() + CONNECT_TIMEOUT)),
-            },
-        );
-    }
-
-    /// The ring for `token`; from now on only its stream keeps it alive.
-    fn collect(&self, token: &[u8; TOKEN_BYTES]) -> Option<Arc<Ring>> {
-        let mut rings = self.lock();
-        let entry = rings.get_mut(token)?;
-        match entry.uncollected.take() {
-            Some((ring, _)) => Some(ring),
-            None => entry.ring.upgrade(),
-        }
-    }
-
-    /// Lets go of rings nobody collected in time, and forgets dead ones.
-    pub fn expire(&self) {
-        let now = tokio::time::Instant::now();
-        self.lock().retain(|_, entry| {
-            if entry
-                .uncollected
-                .as_ref()
-                .is_some_and(|(_, deadline)| *deadline <= now)
-            {
-                entry.uncollected = None;
-            }
-            entry.uncollected.is_some() || entry.ring.strong_count() > 0
-        });
-    }
-
-    /// Rings registered and still alive.
-    pub fn live(&self) -> usize {
-        self.lock()
-            .values()
-            .filter(|entry| entry.ring.strong_count() > 0)
-            .count()
-    }
-}
-
-/// Serves the fd socket: hands each client its ring's memfd and takes its
-/// credits until it disconnects.
-pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<RingRegistry>) {
-    let mut sweep = tokio::time::interval(Duration::from_secs(5));
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = sweep.tick() => {
-                registry.expire();
-                continue;
-            }
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                let registry = registry.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = serve_client(stream, &registry).await {
-                        tracing::debug!(%error, "shared-memory client ended");
-                    }
-                });
-            }
-            Err(error) => {
-                tracing::warn!(%error, "accepting on the shared-memory socket failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-async fn serve_client(
-    mut stream: tokio::net::UnixStream,
-    registry: &RingRegistry,
-) -> std::io::Result<()> {
-    let mut token = [0u8; TOKEN_BYTES];
-    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut token))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no token"))??;
-    let Some(ring) = registry.collect(&token) else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "unknown ring token",
-        ));
-    };
-    stream
-        .async_io(tokio::io::Interest::WRITABLE, || {
-            send_fd(stream.as_raw_fd(), ring.memfd())
-        })
-        .await?;
-    ring.mark_collected();
-    // Only a weak handle from here: the stream owns its ring.
-    let weak = Arc::downgrade(&ring);
-    drop(ring);
-    let mut credit = [0u8; 4];
-    let result = loop {
-        match stream.read_exact(&mut credit).await {
-            Ok(_) => match weak.upgrade() {
-                Some(ring) => {
-                    ring.credit(u32::from_le_bytes(credit));
-                }
-                None => break Ok(()),
-            },
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
-            Err(error) => break Err(error),
-        }
-    };
-    if let Some(ring) = weak.upgrade() {
-        ring.client_gone();
-    }
-    result
-}
-
-/// Sends one byte with `fd` attached (`SCM_RIGHTS`).
-fn send_fd(socket: RawFd, fd: RawFd) -> std::io::Result<()> {
-    let mut byte = [1u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: an all-zero msghdr is valid; its pointers are set below to
-    // buffers that outlive the call.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one header of CMSG_SPACE bytes;
-    // CMSG_FIRSTHDR returns a pointer into it.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&message);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
-    }
-    // SAFETY: a valid message on a connected socket.
-    let sent = unsafe { libc::sendmsg(socket, &message, libc::MSG_NOSIGNAL) };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[tokio::test]
     async fn slots_cycle_through_credits_and_a_departed_client_frees_them() {
-        let socket = PathBuf::from("/nonexistent/sock");
+        let socket = std::path::PathBuf::from("/nonexistent/sock.fds");
         let ring = Ring::new(2, 10_000).unwrap();
         assert_eq!(ring.slot_bytes(), 12_288);
         let mut first = ring.acquire(&socket).await.unwrap();
@@ -578,37 +383,17 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_registry_keeps_a_ring_until_collected_or_too_late() {
-        let registry = RingRegistry::new(PathBuf::from("/run/sf.sock"));
-        let ring = Ring::new(1, 64).unwrap();
-        let token = ring.token();
-        registry.register(&ring);
-        drop(ring); // the stream ended before its client asked
-        let collected = registry.collect(&token).expect("kept for the client");
-        drop(collected);
-        assert!(
-            registry.collect(&token).is_none(),
-            "collected: the stream's alone"
-        );
-        let late = Ring::new(1, 64).unwrap();
-        let late_token = late.token();
-        registry.register(&late);
-        drop(late);
-        tokio::time::advance(CONNECT_TIMEOUT + Duration::from_secs(1)).await;
-        registry.expire();
-        assert!(registry.collect(&late_token).is_none());
-        assert_eq!(registry.live(), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
     async fn an_uncollected_ring_fails_instead_of_waiting_forever() {
         let ring = Ring::new(1, 64).unwrap();
         let _lent = ring
-            .acquire(Path::new("/run/sf.sock"))
+            .acquire(Path::new("/run/sf.sock.fds"))
             .await
             .unwrap()
             .lend();
-        let error = ring.acquire(Path::new("/run/sf.sock")).await.unwrap_err();
+        let error = ring
+            .acquire(Path::new("/run/sf.sock.fds"))
+            .await
+            .unwrap_err();
         assert!(error.to_string().contains("/run/sf.sock.fds"), "{error}");
     }
 }

@@ -164,13 +164,10 @@ pub async fn serve(
     // shared-memory rings (trainers on this host map batches from it).
     let (service, fd_server) = match &listener {
         Listener::Unix(_, path) => {
-            let fd_path = crate::pipeline::shm::fd_socket_path(path);
+            let fd_path = super::shm::fd_socket_path(path);
             let fd_listener = bind_unix(&fd_path)?;
-            let rings = std::sync::Arc::new(crate::pipeline::shm::RingRegistry::new(path.clone()));
-            let task = tokio::spawn(crate::pipeline::shm::serve_fd_socket(
-                fd_listener,
-                rings.clone(),
-            ));
+            let rings = std::sync::Arc::new(super::shm::RingRegistry::new(fd_path));
+            let task = tokio::spawn(super::shm::serve_fd_socket(fd_listener, rings.clone()));
             (service.with_shared_memory(rings), Some(AbortOnDrop(task)))
         }
         Listener::Tcp(_) => (service, None),

@@ -15,6 +15,7 @@ pub mod client;
 pub mod codec;
 pub mod listen;
 pub mod service;
+pub mod shm;
 pub mod status;
 
 pub mod pb {

@@ -17,12 +17,12 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 
 use super::pb::shardfeed_server::{Shardfeed, ShardfeedServer};
+use super::shm::RingRegistry;
 use super::status::ServiceError;
 use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::{Engine, StreamRequest};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
-use crate::pipeline::shm::RingRegistry;
 use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig, StreamPlan};
 
@@ -98,7 +98,7 @@ impl ShardfeedService {
     }
 
     /// Serves shared-memory rings for streams that ask (see
-    /// [`crate::pipeline::shm`]); set by `serve` on a Unix socket.
+    /// [`super::shm`]); set by `serve` on a Unix socket.
     pub fn with_shared_memory(mut self, rings: Arc<RingRegistry>) -> Self {
         self.rings = Some(rings);
         self
@@ -143,7 +143,7 @@ impl ShardfeedService {
         let mut request = stream_request(&request, self.engine.config().default_shuffle)?;
         if wants_shared {
             // Over TCP there is no socket to hand a memfd through: inline.
-            request.shared_memory = self.rings.as_ref().map(|rings| rings.socket.clone());
+            request.shared_memory = self.rings.as_ref().map(|rings| rings.fd_socket.clone());
         }
         let permit = self
             .streams
