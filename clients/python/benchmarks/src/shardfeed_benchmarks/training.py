@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -104,13 +104,18 @@ def shardfeed_run(target: str, dataset: str, batch_size: int, size: int, transpo
     return samples
 
 
-try:
-    from torch.utils.data import IterableDataset as _IterableBase
-except ImportError:  # torch is optional: the contender is skipped
-    _IterableBase = object
+if TYPE_CHECKING:
+    from torch.utils.data import IterableDataset
+
+    _IterableBase = IterableDataset[tuple[Any, int]]
+else:
+    try:
+        from torch.utils.data import IterableDataset as _IterableBase
+    except ImportError:  # torch is optional: the contender is skipped
+        _IterableBase = object
 
 
-class _TorchvisionShards(_IterableBase):  # type: ignore[misc]
+class _TorchvisionShards(_IterableBase):
     """An IterableDataset streaming tar shards from S3, split among workers."""
 
     def __init__(self, endpoint: str, bucket: str, keys: list[str], size: int) -> None:

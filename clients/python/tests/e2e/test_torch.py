@@ -1,0 +1,170 @@
+"""shardfeed.torch.ShardfeedDataset in a DataLoader, against the real binary."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from shardfeed import Client
+from shardfeed.torch import ShardfeedDataset
+
+from ..conftest import S3, Server, upload, write_tar
+
+SHARDS, PER_SHARD = 3, 30
+
+
+def _jpeg(n: int) -> bytes:
+    rng = np.random.default_rng(1000 + n)
+    pixels = (rng.random((48, 64, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def dataset(s3: S3) -> str:
+    shards = []
+    for s in range(SHARDS):
+        samples = []
+        for i in range(PER_SHARD):
+            n = s * PER_SHARD + i
+            samples.append((f"k{n:04d}", {"jpg": _jpeg(n), "cls": str(n).encode()}))
+        shards.append(write_tar(samples))
+    return upload(s3, "torchds", "train/", shards)
+
+
+def _dataset(server: Server, uri: str, **overrides: object) -> ShardfeedDataset:
+    options: dict[str, object] = dict(
+        client=Client(server.target), batch_size=8, image_size=32, seed=3, rank=0, world_size=1
+    )
+    options.update(overrides)
+    return ShardfeedDataset(uri, **options)  # type: ignore[arg-type]
+
+
+def _copies(batches: object) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(images.numpy().copy(), labels.numpy().copy()) for images, labels in batches]  # type: ignore[attr-defined]
+
+
+# On a machine without a GPU pinning is skipped with this warning; the
+# loader's pinning path still runs.
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
+def test_two_epochs_through_a_dataloader(unix_server: Server, dataset: str) -> None:
+    ds = _dataset(unix_server, dataset, augment="train")
+    loader = DataLoader(ds, batch_size=None, pin_memory=True)
+    assert len(ds) == len(loader) == SHARDS * PER_SHARD // 8
+    epochs = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        seen = []
+        for images, labels in loader:
+            assert images.dtype == torch.uint8 and images.shape == (8, 32, 32, 3)
+            assert labels.dtype == torch.int64 and labels.shape == (8,)
+            seen.extend(labels.tolist())
+        assert len(seen) == len(ds) * 8
+        assert len(set(seen)) == len(seen), "no sample twice in an epoch"
+        epochs.append(seen)
+    assert epochs[0] != epochs[1], "each epoch has its own order"
+
+
+def test_nchw_is_the_same_memory_seen_channels_first(unix_server: Server, dataset: str) -> None:
+    nhwc = _dataset(unix_server, dataset)
+    nchw = _dataset(unix_server, dataset, layout="NCHW")
+    for (a, labels_a), (b, labels_b) in zip(nhwc, nchw):
+        assert b.shape == (8, 3, 32, 32)
+        assert b.is_contiguous(memory_format=torch.channels_last), "a view, not a copy"
+        assert torch.equal(a.permute(0, 3, 1, 2), b)
+        assert torch.equal(labels_a, labels_b)
+
+
+def test_shared_memory_and_inline_tensors_are_identical(unix_server: Server, dataset: str) -> None:
+    shared = _copies(_dataset(unix_server, dataset, transport="shared_memory"))
+    inline = _copies(_dataset(unix_server, dataset, transport="inline"))
+    assert len(shared) == len(inline) == 11
+    for (images, labels), (images_inline, labels_inline) in zip(shared, inline):
+        assert (images == images_inline).all() and (labels == labels_inline).all()
+
+
+def test_a_held_tensor_stays_unchanged(unix_server: Server, dataset: str) -> None:
+    ds = _dataset(unix_server, dataset, transport="shared_memory")
+    batches = iter(ds)
+    held, _ = next(batches)
+    saved = held.clone()
+    later = [images for images, _ in batches]  # every later slot decoded meanwhile
+    assert len(later) == 10
+    assert torch.equal(held, saved), "a slot was reused under a live tensor"
+
+
+def test_resume_from_state_dict_gives_the_remaining_batches(
+    unix_server: Server, dataset: str
+) -> None:
+    ds = _dataset(unix_server, dataset)
+    ds.set_epoch(1)
+    full = _copies(ds)
+    ds.set_epoch(1)
+    state = None
+    for step, _ in enumerate(ds):
+        if step == 3:
+            state = ds.state_dict()
+            break
+    assert state is not None and state["epoch"] == 1
+
+    resumed = _dataset(unix_server, dataset)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1
+    resumed.set_epoch(1)  # what a training loop does: keeps the resume position
+    rest = _copies(DataLoader(resumed, batch_size=None))
+    assert len(rest) == len(full) - 4
+    for (images, labels), (expected_images, expected_labels) in zip(rest, full[4:]):
+        assert (images == expected_images).all() and (labels == expected_labels).all()
+    # Once consumed, the next pass of the epoch starts from its beginning.
+    assert len(_copies(resumed)) == len(full)
+
+
+def test_resume_at_another_world_size_loses_and_repeats_nothing(
+    unix_server: Server, dataset: str
+) -> None:
+    ranks = [_dataset(unix_server, dataset, rank=r, world_size=2, batch_size=4) for r in (0, 1)]
+    streams = [iter(r) for r in ranks]
+    done: list[int] = []
+    for _ in range(3):
+        for stream in streams:
+            done.extend(next(stream)[1].tolist())
+    state = ranks[0].state_dict()
+    assert state == ranks[1].state_dict(), "every rank records the same position"
+    for stream in streams:
+        stream.close()  # type: ignore[attr-defined]
+
+    single = _dataset(unix_server, dataset, world_size=1, batch_size=8)
+    single.load_state_dict(state)
+    rest = [label for _, labels in single for label in labels.tolist()]
+    # 90 samples, global batch 8: 88 per epoch, 24 of them before the checkpoint.
+    assert len(done) == 24 and len(rest) == 64
+    assert not set(done) & set(rest)
+
+    with pytest.raises(ValueError, match="global batch"):
+        _dataset(unix_server, dataset, world_size=1, batch_size=4).load_state_dict(state)
+
+
+def test_a_dataset_made_before_the_fork_works_in_a_worker(
+    unix_server: Server, dataset: str
+) -> None:
+    ds = _dataset(unix_server, dataset)
+    assert len(ds) == 11  # the parent has used its channel before the fork
+    in_process = _copies(ds)
+    in_worker = _copies(DataLoader(ds, batch_size=None, num_workers=1))
+    assert len(in_worker) == len(in_process)
+    for (images, labels), (expected_images, expected_labels) in zip(in_worker, in_process):
+        assert (images == expected_images).all() and (labels == expected_labels).all()
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        ds.state_dict()
+
+
+def test_several_workers_are_refused_with_what_to_do(unix_server: Server, dataset: str) -> None:
+    loader = DataLoader(_dataset(unix_server, dataset), batch_size=None, num_workers=2)
+    with pytest.raises(ValueError, match="use num_workers=0"):
+        next(iter(loader))

@@ -1,0 +1,97 @@
+"""ShardfeedDataset's state handling and checks: no server needed."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from shardfeed import Client, DatasetInfo
+from shardfeed.torch import ShardfeedDataset
+
+URI = "s3://bucket/train/"
+
+
+class _CountingClient(Client):
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1:1")
+        self.describes = 0
+
+    def describe(self, dataset: str, **_: Any) -> DatasetInfo:
+        self.describes += 1
+        return DatasetInfo(2, 100, 12, 4, 0, 1000)
+
+
+def _state(**overrides: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "version": 1,
+        "dataset": URI,
+        "seed": 0,
+        "epoch": 2,
+        "global_batch": 16,
+        "position": {"segments": [[2, 5]]},
+    }
+    state.update(overrides)
+    return state
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="layout must be one of"):
+        ShardfeedDataset(URI, layout="CHW")
+    with pytest.raises(ValueError, match="target or client"):
+        ShardfeedDataset(URI, target="127.0.0.1:1", client=Client("127.0.0.1:1"))
+    with pytest.raises(ValueError, match="batch_size must be positive"):
+        ShardfeedDataset(URI, batch_size=0)
+
+
+def test_target_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDFEED_TARGET", "unix:///run/shardfeed/sf.sock")
+    assert ShardfeedDataset(URI).client.target == "unix:///run/shardfeed/sf.sock"
+    monkeypatch.delenv("SHARDFEED_TARGET")
+    assert ShardfeedDataset(URI).client.target == "127.0.0.1:50051"
+
+
+def test_len_asks_the_server_once_per_world_size() -> None:
+    client = _CountingClient()
+    ds = ShardfeedDataset(URI, client=client, world_size=2, batch_size=8)
+    assert [len(ds) for _ in range(5)] == [12] * 5
+    assert client.describes == 1
+    ds.world_size = 4
+    len(ds)
+    assert client.describes == 2
+
+
+def test_state_round_trips_and_set_epoch_keeps_or_drops_it() -> None:
+    ds = ShardfeedDataset(URI, world_size=2, batch_size=8)
+    assert ds.state_dict()["position"] == {"segments": []}
+    ds.load_state_dict(_state())
+    assert ds.epoch == 2
+    assert ds.state_dict() == _state()
+    ds.set_epoch(2)
+    assert ds.state_dict() == _state(), "the loaded epoch keeps its position"
+    ds.set_epoch(3)
+    assert ds.state_dict() == _state(epoch=3, position={"segments": []})
+
+
+def test_state_from_another_run_is_refused() -> None:
+    ds = ShardfeedDataset(URI, world_size=2, batch_size=8)
+    with pytest.raises(ValueError, match="seed=7"):
+        ds.load_state_dict(_state(seed=7))
+    with pytest.raises(ValueError, match="dataset="):
+        ds.load_state_dict(_state(dataset="s3://other/"))
+    with pytest.raises(ValueError, match="global batch .* of 32; this job's is 16"):
+        ds.load_state_dict(_state(global_batch=32))
+    with pytest.raises(ValueError, match="state version"):
+        ds.load_state_dict(_state(version=9))
+    # At an epoch boundary the global batch may change.
+    ds.load_state_dict(_state(global_batch=32, position={"segments": []}))
+    assert ds.epoch == 2
+
+
+def test_the_dataset_pickles_for_spawned_workers() -> None:
+    ds = ShardfeedDataset(URI, world_size=2, batch_size=8, layout="NCHW", augment="train")
+    ds.load_state_dict(_state())
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.state_dict() == _state()
+    assert (again.layout, again.augment, again.client.target) == ("NCHW", "train", ds.client.target)
