@@ -287,11 +287,11 @@ pub struct ServeArgs {
     pub cache: CacheArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
-    /// Benchmarks only: write a fixed pattern instead of decoding each image
-    /// (a synthetic batch source, to measure the transport alone).
+    /// Benchmarks only: streams send batches of a fixed pattern written on
+    /// the decode pool, reading nothing (the transport measured alone).
     #[cfg(feature = "dev")]
     #[arg(long, hide = true)]
-    pub dev_copy_decoder: bool,
+    pub dev_synthetic_batches: bool,
 }
 
 #[derive(Args, Debug, Clone)]

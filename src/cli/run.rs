@@ -84,17 +84,15 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     if let Some(cache) = config.cache.clone() {
         registry = registry.with_cache(DiskCache::open(cache)?);
     }
-    #[cfg(feature = "dev")]
-    let decoder: Arc<dyn crate::decode::Decoder> = if args.dev_copy_decoder {
-        tracing::warn!("--dev-copy-decoder: images are a fixed pattern, not decoded");
-        Arc::new(crate::dev::transport::CopyDecoder)
-    } else {
-        crate::decode::default_decoder()
-    };
-    #[cfg(not(feature = "dev"))]
-    let decoder = crate::decode::default_decoder();
-    let engine = Engine::with_decoder(Arc::new(registry), config.engine.clone(), decoder)
+    let engine = Engine::new(Arc::new(registry), config.engine.clone())
         .map_err(|e| format!("starting the decode pool: {e}"))?;
+    #[cfg(feature = "dev")]
+    let engine = if args.dev_synthetic_batches {
+        tracing::warn!("--dev-synthetic-batches: streams send pattern batches, not the dataset's");
+        engine.with_synthetic_batches()
+    } else {
+        engine
+    };
     let service = ShardfeedService::new(engine, config.service.clone());
     let listener = Listener::bind(&config.listen).await?;
     tracing::info!(

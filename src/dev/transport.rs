@@ -1,23 +1,23 @@
-//! A decoder that decodes nothing: it writes a fixed pseudo-random pattern
-//! into each output image. With datasets of tiny images it turns the whole
-//! server into a synthetic in-memory batch source, so a benchmark measures
-//! the transport to the trainer (inline bytes or shared memory) and not the
-//! JPEG kernel: producing a batch costs one write of its bytes, the least any
-//! real decoder pays.
+//! A synthetic batch source for measuring the transport alone: each batch of
+//! the stream's plan is a fixed pseudo-random pattern written straight into
+//! its buffer or shared-memory slot on the decode pool, with no reads, no
+//! parsing and no decoding. Producing a batch costs one write of its bytes,
+//! the least any decoder pays; everything after it (the ring, credits, the
+//! gRPC message, the client) is the real path.
 
 use std::sync::OnceLock;
+use std::time::Instant;
 
-use crate::decode::{CropBox, DecodeError, Decoder, OutputSpec};
+use rayon::prelude::*;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::decode::CropBox;
+use crate::pipeline::buffers::BufferPool;
+use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch, PipelineError, StreamContext};
 use crate::plan::rng::Rng;
-use crate::shard::ImageFormat;
 
 /// Small enough to stay in L2, as a real decoder's output rows do.
 const PATTERN_BYTES: usize = 256 << 10;
-
-pub const COPY_DECODER: &str = "copy (synthetic: no decode)";
-
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CopyDecoder;
 
 fn pattern() -> &'static [u8] {
     static PATTERN: OnceLock<Vec<u8>> = OnceLock::new();
@@ -27,31 +27,101 @@ fn pattern() -> &'static [u8] {
     })
 }
 
-impl Decoder for CopyDecoder {
-    fn name(&self) -> &'static str {
-        COPY_DECODER
+/// Fills `out` with the pattern, starting `start` bytes into it.
+fn fill(out: &mut [u8], mut start: usize) {
+    let pattern = pattern();
+    for chunk in out.chunks_mut(PATTERN_BYTES) {
+        let len = chunk.len();
+        let take = len.min(PATTERN_BYTES - start % PATTERN_BYTES);
+        let from = start % PATTERN_BYTES;
+        chunk[..take].copy_from_slice(&pattern[from..from + take]);
+        chunk[take..].copy_from_slice(&pattern[..len - take]);
+        start = 0;
     }
+}
 
-    fn decode_into(
-        &self,
-        _format: ImageFormat,
-        data: &[u8],
-        _spec: &OutputSpec,
-        _crop: &CropBox,
-        out: &mut [u8],
-    ) -> Result<(), DecodeError> {
-        // Start where the sample's size says, so images differ from each other.
-        let pattern = pattern();
-        let mut start = data.len() % PATTERN_BYTES;
-        for chunk in out.chunks_mut(PATTERN_BYTES) {
-            let len = chunk.len();
-            let take = len.min(PATTERN_BYTES - start);
-            chunk[..take].copy_from_slice(&pattern[start..start + take]);
-            chunk[take..].copy_from_slice(&pattern[..len - take]);
-            start = 0;
+/// Starts a stream that sends the plan's batches, each image a pattern (its
+/// offset set by the sample's place in the epoch, so images differ), labels
+/// the same places. Like [`crate::pipeline::spawn_stream`], dropping the
+/// receiver stops it and `held` lives as long as it runs.
+pub fn spawn_synthetic_stream<H: Send + 'static>(
+    context: StreamContext,
+    span: tracing::Span,
+    held: H,
+) -> BatchReceiver {
+    let (tx, rx) = mpsc::channel(context.config.ready_batches.max(1));
+    let task = async move {
+        let _held = held;
+        if let Err(error) = produce(&context, &tx).await {
+            let _ = tx.send(Err(error)).await;
         }
-        Ok(())
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
+    rx
+}
+
+async fn produce(
+    context: &StreamContext,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+) -> Result<(), PipelineError> {
+    let plan = &context.plan;
+    let size = plan.batch_size as usize;
+    let image_bytes = context.spec.bytes();
+    let buffers = BufferPool::new(context.config.ready_batches + 2);
+    for index in plan.first_batch..plan.first_batch + plan.batches {
+        let mut lease = match &context.shared {
+            Some(shared) => Some(
+                shared
+                    .ring
+                    .acquire(&shared.fd_socket)
+                    .await
+                    .map_err(|e| PipelineError::SharedMemory(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let (done, filled) = oneshot::channel();
+        let first_sample = index as usize * size;
+        let buffers = buffers.clone();
+        context.pool.spawn(move || {
+            let mut heap = Vec::new();
+            let images: &mut [u8] = match &mut lease {
+                Some(lease) => &mut lease.as_mut_slice()[..size * image_bytes],
+                None => {
+                    heap = buffers.take(size * image_bytes);
+                    &mut heap
+                }
+            };
+            images
+                .par_chunks_mut(image_bytes)
+                .enumerate()
+                .for_each(|(i, out)| fill(out, (first_sample + i) * 4099));
+            let images = match lease {
+                Some(lease) => BatchImages::Shared(lease),
+                None => BatchImages::Inline(buffers.share(heap)),
+            };
+            let _ = done.send(images);
+        });
+        let images = filled
+            .await
+            .map_err(|_| PipelineError::Internal("synthetic fill dropped".into()))?;
+        let batch = DecodedBatch {
+            index,
+            size,
+            images,
+            labels: (0..size).map(|i| (first_sample + i) as i64).collect(),
+            keys: (0..size)
+                .map(|i| format!("{:09}", first_sample + i))
+                .collect(),
+            shards: Vec::new(),
+            crops: vec![CropBox::default(); size],
+            substituted: Vec::new(),
+            ready_at: Instant::now(),
+        };
+        if tx.send(Ok(batch)).await.is_err() {
+            return Ok(()); // the client went away
+        }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -59,19 +129,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fills_every_byte_from_the_pattern_at_the_sample_offset() {
-        let spec = OutputSpec::center(4, 4);
-        let crop = CropBox {
-            left: 0.0,
-            top: 0.0,
-            width: 4.0,
-            height: 4.0,
-            flipped: false,
-        };
+    fn fills_every_byte_from_the_pattern_at_the_given_offset() {
         let mut out = vec![0u8; PATTERN_BYTES + 100];
-        CopyDecoder
-            .decode_into(ImageFormat::Jpeg, &[0; 7], &spec, &crop, &mut out)
-            .unwrap();
+        fill(&mut out, 7);
         let pattern = pattern();
         assert_eq!(out[..PATTERN_BYTES - 7], pattern[7..]);
         assert_eq!(out[PATTERN_BYTES - 7..PATTERN_BYTES], pattern[..7]);

@@ -108,6 +108,9 @@ pub struct Engine {
     decoder: Arc<dyn Decoder>,
     memory: MemoryBudget,
     scratch: Arc<ScratchBudget>,
+    /// Benchmarks only: streams send pattern batches instead of decoding.
+    #[cfg(feature = "dev")]
+    synthetic_batches: bool,
 }
 
 impl Engine {
@@ -133,7 +136,30 @@ impl Engine {
             config,
             pool: Arc::new(pool),
             decoder,
+            #[cfg(feature = "dev")]
+            synthetic_batches: false,
         })
+    }
+
+    /// Streams of this engine send pattern batches written on the decode
+    /// pool (see [`crate::dev::transport`]): the transport measured alone.
+    #[cfg(feature = "dev")]
+    pub fn with_synthetic_batches(mut self) -> Self {
+        self.synthetic_batches = true;
+        self
+    }
+
+    fn spawn_stream(
+        &self,
+        context: StreamContext,
+        span: tracing::Span,
+        held: Arc<crate::engine::budget::Reservation>,
+    ) -> BatchReceiver {
+        #[cfg(feature = "dev")]
+        if self.synthetic_batches {
+            return crate::dev::transport::spawn_synthetic_stream(context, span, held);
+        }
+        pipeline::spawn_stream(context, span, held)
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -251,7 +277,7 @@ impl Engine {
             }
         });
         let metrics = StreamMetrics::new(request.plan.rank);
-        let batches = pipeline::spawn_stream(
+        let batches = self.spawn_stream(
             StreamContext {
                 dataset,
                 plan: plan.clone(),

@@ -46,7 +46,7 @@
 //! away closes the ready queue: the producer notices at once (it watches the
 //! queue while it waits) and drops its readers, which aborts their requests.
 
-mod buffers;
+pub(crate) mod buffers;
 pub mod shm;
 
 use std::collections::HashMap;

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ class Setting:
     reader_queue: int = 64
     ready_batches: int = 2
     decode_ahead: int = 2
+    # "shared_memory" serves on a Unix socket; the ring's slots replace the
+    # batch buffers (same count), and its pages are charged to the server.
+    transport: str = "inline"
     flags: list[str] = field(default_factory=list)
 
     def formula(self, mean_sample: float) -> dict[str, float]:
@@ -75,6 +79,8 @@ SETTINGS = [
     Setting("batch 256", batch_size=256),
     Setting("interleave 8", interleave=8),
     Setting("4 streams (ranks of world 4)", streams=4),
+    Setting("shared memory", transport="shared_memory"),
+    Setting("shared memory, 4 streams", streams=4, transport="shared_memory"),
 ]
 
 
@@ -95,6 +101,7 @@ def _consume(target: str, dataset: str, setting: Setting, rank: int, pause: floa
         world_size=setting.streams,
         batch_size=setting.batch_size,
         image_size=setting.image_size,
+        transport=setting.transport,
     ):
         count += 1
         time.sleep(pause)
@@ -105,14 +112,18 @@ def _consume(target: str, dataset: str, setting: Setting, rank: int, pause: floa
 def measure(
     binary: str, endpoint: str, dataset: str, setting: Setting, pause: float
 ) -> dict[str, Any]:
-    port = _free_port()
-    target = f"127.0.0.1:{port}"
+    socket_dir = tempfile.TemporaryDirectory(prefix="sf-")
+    if setting.transport == "shared_memory":
+        listen = f"unix:{socket_dir.name}/sf.sock"
+        target = f"unix://{socket_dir.name}/sf.sock"
+    else:
+        listen = target = f"127.0.0.1:{_free_port()}"
     server = subprocess.Popen(
         [
             binary,
             "serve",
             "--listen",
-            target,
+            listen,
             "--metrics-listen",
             f"127.0.0.1:{_free_port()}",
             *setting.serve_flags(),
@@ -122,7 +133,10 @@ def measure(
     try:
         import grpc
 
-        grpc.channel_ready_future(grpc.insecure_channel(target)).result(timeout=30)
+        options = [("grpc.default_authority", "localhost")] if listen.startswith("unix") else []
+        channel = grpc.insecure_channel(target, options=options)
+        grpc.channel_ready_future(channel).result(timeout=30)
+        channel.close()
         client = Client(target)
         info = client.describe(dataset, world_size=setting.streams, batch_size=setting.batch_size)
         client.close()
@@ -139,6 +153,7 @@ def measure(
     finally:
         server.terminate()
         server.wait(timeout=30)
+        socket_dir.cleanup()
     mean_sample = info.total_bytes / info.samples
     terms = setting.formula(mean_sample)
     formula = sum(terms.values()) * setting.streams

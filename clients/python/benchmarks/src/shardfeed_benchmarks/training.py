@@ -27,6 +27,7 @@ package is missing is skipped with a note.
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import json
 import os
@@ -86,7 +87,14 @@ def measure(run: Callable[[], int], extra_cpu: Callable[[], float]) -> dict[str,
     }
 
 
-def shardfeed_run(target: str, dataset: str, batch_size: int, size: int, transport: str) -> int:
+def shardfeed_run(
+    target: str,
+    dataset: str,
+    batch_size: int,
+    size: int,
+    transport: str,
+    augment: str | None = "train",
+) -> int:
     from shardfeed import Client
 
     samples = checksum = 0
@@ -96,9 +104,11 @@ def shardfeed_run(target: str, dataset: str, batch_size: int, size: int, transpo
         image_size=size,
         rank=0,
         world_size=1,
-        augment="train",
+        augment=augment,
         transport=transport,
     ):
+        if batch.shared != (transport == "shared_memory"):
+            raise RuntimeError(f"asked for {transport}, got shared={batch.shared}")
         checksum += int(batch.images[0, 0, 0, 0])  # touch it, as a trainer would
         samples += len(batch.labels)
     return samples
@@ -188,7 +198,9 @@ class DaliContender:
     """DALI's CPU training pipeline; built (and its shards indexed) untimed."""
 
     def __init__(self, files: list[str], batch_size: int, size: int, threads: int) -> None:
-        from nvidia.dali import fn, pipeline_def, types
+        # Through importlib: DALI's own annotations do not type its graph API.
+        dali: Any = importlib.import_module("nvidia.dali")
+        fn, pipeline_def, types = dali.fn, dali.pipeline_def, dali.types
 
         @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)  # type: ignore[untyped-decorator]
         def pipeline() -> Any:

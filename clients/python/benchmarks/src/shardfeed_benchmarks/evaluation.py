@@ -1,0 +1,264 @@
+"""The evaluation recipe delivered into Python: shardfeed vs the S3 Connector
+for PyTorch and DALI.
+
+    SHARDFEED_BIN=target/release/shardfeed python -m shardfeed_benchmarks.evaluation
+
+Every contender turns the same tar shards of the demo's ~110 KB photos into
+uint8 batches of 224x224 (shorter side scaled to 224, center crop), batch
+128, in this process:
+
+- ``shardfeed``: ``Client.batches()`` from a ``shardfeed serve`` on a Unix
+  socket reading ``shardfeed dev-s3`` on loopback, through shared memory;
+  ``sf inline``: the same with the bytes inline in the gRPC messages;
+- ``s3 connector``: the S3 Connector for PyTorch's ``S3IterableDataset``
+  over the same shards on the same endpoint (``enable_sharding``: each
+  DataLoader worker streams its share), each shard read as a tar stream and
+  decoded with Pillow, in a ``DataLoader`` with one worker per core;
+- ``dali``: NVIDIA DALI's CPU evaluation pipeline over the same shards from
+  local files (``fn.readers.webdataset`` -> ``fn.decoders.image`` ->
+  ``fn.resize(resize_shorter=224, antialias=True)`` -> ``fn.crop``), one
+  thread per core, ``device_id=None``.
+
+Contenders run one after another, ``--repeats`` times interleaved; the median
+of each is reported with CPU-seconds per sample (shardfeed: server + this
+process; S3 Connector: workers + this process; DALI: this process), and the
+single-thread decode kernel rate of ``shardfeed bench`` on the same data, so
+shardfeed's figure reads as a fraction of kernel x cores. torch,
+s3torchconnector and nvidia-dali-cuda120 are optional: a contender whose
+package is missing is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .delivered import (
+    ACCESS_KEY,
+    SECRET_KEY,
+    _decode,
+    _process_cpu,
+    _s3_client,
+    run_entitlement,
+    synthetic_setup,
+)
+from .training import _shard_keys, _worker_cpu, measure, shardfeed_run
+
+if TYPE_CHECKING:
+    from torch.utils.data import IterableDataset
+
+    _IterableBase = IterableDataset[tuple[Any, int]]
+else:
+    try:
+        from torch.utils.data import IterableDataset as _IterableBase
+    except ImportError:  # torch is optional: the contender is skipped
+        _IterableBase = object
+
+
+class _ConnectorTarSamples(_IterableBase):
+    """Samples of the tar shards the S3 Connector hands this worker."""
+
+    def __init__(self, endpoint: str, dataset: str, size: int) -> None:
+        self.endpoint, self.dataset, self.size = endpoint, dataset, size
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        import torch
+        from s3torchconnector import S3ClientConfig, S3IterableDataset
+
+        shards = S3IterableDataset.from_prefix(
+            self.dataset,
+            region="us-east-1",
+            endpoint=self.endpoint,
+            s3client_config=S3ClientConfig(force_path_style=True),
+            enable_sharding=True,
+        )
+        for reader in shards:
+            if not reader.key.endswith(".tar") or "_shardfeed/" in reader.key:
+                continue
+            image: Any = None
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    handle = tar.extractfile(member)
+                    if handle is None:
+                        continue
+                    if member.name.endswith(".jpg"):
+                        image = torch.from_numpy(_decode(handle.read(), self.size, draft=False))
+                    elif member.name.endswith(".cls") and image is not None:
+                        yield image, int(handle.read())
+                        image = None
+
+
+class ConnectorContender:
+    """A DataLoader over the S3 Connector; workers started and warmed untimed
+    (persistent workers, as a multi-epoch job runs them)."""
+
+    def __init__(
+        self, endpoint: str, dataset: str, batch_size: int, size: int, workers: int
+    ) -> None:
+        import torch.utils.data
+
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        self.loader = torch.utils.data.DataLoader(
+            _ConnectorTarSamples(endpoint, dataset, size),
+            batch_size=batch_size,
+            num_workers=workers,
+            multiprocessing_context="spawn",
+            persistent_workers=True,
+            drop_last=True,
+        )
+        self.run()
+
+    def run(self) -> int:
+        samples = checksum = 0
+        for images, labels in self.loader:
+            checksum += int(images[0, 0, 0, 0])
+            samples += len(labels)
+        return samples
+
+
+class DaliEvalContender:
+    """DALI's CPU evaluation pipeline; built (and its shards indexed) untimed."""
+
+    def __init__(self, files: list[str], batch_size: int, size: int, threads: int) -> None:
+        # Through importlib: DALI's own annotations do not type its graph API.
+        dali: Any = importlib.import_module("nvidia.dali")
+        fn, pipeline_def, types = dali.fn, dali.pipeline_def, dali.types
+
+        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)  # type: ignore[untyped-decorator]
+        def pipeline() -> Any:
+            jpegs, labels = fn.readers.webdataset(
+                paths=files, ext=["jpg", "cls"], missing_component_behavior="error"
+            )
+            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=size, antialias=True)
+            images = fn.crop(images, crop=[size, size])
+            return images, labels
+
+        self.batch_size = batch_size
+        self.pipe = pipeline()
+        self.pipe.build()
+
+    def run(self, samples: int) -> int:
+        delivered = checksum = 0
+        while delivered + self.batch_size <= samples:
+            images, _ = self.pipe.run()
+            checksum += int(np.asarray(images.as_tensor())[0, 0, 0, 0])
+            delivered += self.batch_size
+        return delivered
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--binary", default=os.environ.get("SHARDFEED_BIN", "shardfeed"))
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--samples-per-shard", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    socket_dir = tempfile.TemporaryDirectory(prefix="sf-")
+    setup = synthetic_setup(
+        args.binary, args.shards, args.samples_per_shard, 0, f"{socket_dir.name}/sf.sock"
+    )
+    results: dict[str, list[dict[str, float]]] = {}
+    notes: list[str] = []
+    size = args.image_size
+    try:
+        endpoint, dataset = setup["endpoint"], setup["dataset"]
+        bucket, keys = _shard_keys(endpoint, dataset)
+        total = len(keys) * args.samples_per_shard
+        server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
+        contenders: dict[str, tuple[Callable[[], int], Callable[[], float]]] = {
+            name: (
+                lambda transport=transport: shardfeed_run(  # type: ignore[misc]
+                    setup["target"], dataset, args.batch_size, size, transport, augment=None
+                ),
+                server_cpu,
+            )
+            for name, transport in (("shardfeed", "shared_memory"), ("sf inline", "inline"))
+        }
+        try:
+            import s3torchconnector  # noqa: F401
+            import torch  # noqa: F401
+
+            connector = ConnectorContender(endpoint, dataset, args.batch_size, size, args.workers)
+            contenders["s3 connector"] = (connector.run, _worker_cpu)
+        except ImportError:
+            notes.append("S3 Connector skipped: pip install torch s3torchconnector")
+        local = tempfile.TemporaryDirectory()
+        try:
+            import nvidia.dali  # noqa: F401
+
+            files = []
+            client = _s3_client(endpoint)
+            for key in keys:
+                path = Path(local.name) / Path(key).name
+                path.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+                files.append(str(path))
+            dali = DaliEvalContender(files, args.batch_size, size, args.workers)
+            contenders["dali"] = (lambda: dali.run(total), lambda: 0.0)
+        except ImportError:
+            notes.append("DALI skipped: pip install nvidia-dali-cuda120")
+        for repeat in range(args.repeats):
+            for name, (run, extra) in contenders.items():
+                result = measure(run, extra)
+                results.setdefault(name, []).append(result)
+                print(
+                    f"repeat {repeat + 1} {name}: {result['samples_per_second']:.0f} samples/s, "
+                    f"{1e3 * result['cpu_seconds_per_sample']:.2f} CPU-ms/sample",
+                    flush=True,
+                )
+        local.cleanup()
+        entitlement = run_entitlement(args.binary, endpoint, dataset, args.batch_size, size, 0)
+    finally:
+        for process in setup["processes"]:
+            process.terminate()
+            process.wait()
+
+    summary = {
+        name: {
+            "samples_per_second": statistics.median(r["samples_per_second"] for r in runs),
+            "cpu_ms_per_sample": 1e3 * statistics.median(r["cpu_seconds_per_sample"] for r in runs),
+        }
+        for name, runs in results.items()
+    }
+    print(
+        f"\ncenter crop {size} (shorter side to {size}), batch {args.batch_size}, "
+        f"{args.workers} cores, median of {args.repeats}:"
+    )
+    ours = summary["shardfeed"]["samples_per_second"]
+    for name, figures in summary.items():
+        ratio = ours / figures["samples_per_second"]
+        print(
+            f"  {name:<12} {figures['samples_per_second']:>7.0f} samples/s  "
+            f"{figures['cpu_ms_per_sample']:>6.2f} CPU-ms/sample  shardfeed / this: {ratio:.2f}x"
+        )
+    kernel = entitlement["kernel_samples_per_second_per_thread"]
+    print(
+        f"  shardfeed without gRPC (shardfeed bench): {entitlement['samples_per_second']:.0f} "
+        f"samples/s; decode kernel {kernel:.0f}/s per thread; delivered = "
+        f"{ours / (kernel * args.workers):.0%} of kernel x cores ({entitlement['decoder']})"
+    )
+    for note in notes:
+        print(f"  ({note})")
+    print(json.dumps({**summary, "entitlement": entitlement}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
