@@ -6,6 +6,7 @@
 //! (e.g. loose files, record files) add a splitter beside the tar one.
 
 pub mod tar;
+pub mod tfrecord;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tar::{Parsed, TarError, TarParser};
