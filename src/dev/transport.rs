@@ -70,13 +70,7 @@ async fn produce(
     let buffers = BufferPool::new(context.config.ready_batches + 2);
     for index in plan.first_batch..plan.first_batch + plan.batches {
         let mut lease = match &context.shared {
-            Some(shared) => Some(
-                shared
-                    .ring
-                    .acquire(&shared.fd_socket)
-                    .await
-                    .map_err(|e| PipelineError::SharedMemory(e.to_string()))?,
-            ),
+            Some(shared) => Some(shared.acquire().await?),
             None => None,
         };
         let (done, filled) = oneshot::channel();

@@ -275,6 +275,16 @@ pub struct SharedTarget {
     pub fd_socket: std::path::PathBuf,
 }
 
+impl SharedTarget {
+    /// A slot to fill: waits (bounded) until the client has returned one.
+    pub async fn acquire(&self) -> Result<shm::SlotLease, PipelineError> {
+        self.ring
+            .acquire(&self.fd_socket)
+            .await
+            .map_err(|e| PipelineError::SharedMemory(e.to_string()))
+    }
+}
+
 pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;
 
 /// Starts the stream's producer task and returns its ready queue. Dropping
@@ -355,13 +365,7 @@ async fn produce(
                         // A shared ring holds the producer back until the
                         // client has returned a slot.
                         let target = match &context.shared {
-                            Some(shared) => Some(
-                                shared
-                                    .ring
-                                    .acquire(&shared.fd_socket)
-                                    .await
-                                    .map_err(|e| PipelineError::SharedMemory(e.to_string()))?,
-                            ),
+                            Some(shared) => Some(shared.acquire().await?),
                             None => None,
                         };
                         decoding.push_back(decode_batch(

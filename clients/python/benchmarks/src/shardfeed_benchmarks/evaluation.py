@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
-import statistics
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +50,7 @@ from .delivered import (
     run_entitlement,
     synthetic_setup,
 )
-from .training import _shard_keys, _worker_cpu, measure, shardfeed_run
+from .training import Contenders, _shard_keys, _worker_cpu, report, run_interleaved, shardfeed_run
 
 if TYPE_CHECKING:
     from torch.utils.data import IterableDataset
@@ -175,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     setup = synthetic_setup(
         args.binary, args.shards, args.samples_per_shard, 0, f"{socket_dir.name}/sf.sock"
     )
-    results: dict[str, list[dict[str, float]]] = {}
     notes: list[str] = []
     size = args.image_size
     try:
@@ -183,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         bucket, keys = _shard_keys(endpoint, dataset)
         total = len(keys) * args.samples_per_shard
         server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
-        contenders: dict[str, tuple[Callable[[], int], Callable[[], float]]] = {
+        contenders: Contenders = {
             name: (
                 lambda transport=transport: shardfeed_run(  # type: ignore[misc]
                     setup["target"], dataset, args.batch_size, size, transport, augment=None
@@ -214,15 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             contenders["dali"] = (lambda: dali.run(total), lambda: 0.0)
         except ImportError:
             notes.append("DALI skipped: pip install nvidia-dali-cuda120")
-        for repeat in range(args.repeats):
-            for name, (run, extra) in contenders.items():
-                result = measure(run, extra)
-                results.setdefault(name, []).append(result)
-                print(
-                    f"repeat {repeat + 1} {name}: {result['samples_per_second']:.0f} samples/s, "
-                    f"{1e3 * result['cpu_seconds_per_sample']:.2f} CPU-ms/sample",
-                    flush=True,
-                )
+        results = run_interleaved(contenders, args.repeats)
         local.cleanup()
         entitlement = run_entitlement(args.binary, endpoint, dataset, args.batch_size, size, 0)
     finally:
@@ -230,33 +219,14 @@ def main(argv: list[str] | None = None) -> int:
             process.terminate()
             process.wait()
 
-    summary = {
-        name: {
-            "samples_per_second": statistics.median(r["samples_per_second"] for r in runs),
-            "cpu_ms_per_sample": 1e3 * statistics.median(r["cpu_seconds_per_sample"] for r in runs),
-        }
-        for name, runs in results.items()
-    }
-    print(
-        f"\ncenter crop {size} (shorter side to {size}), batch {args.batch_size}, "
-        f"{args.workers} cores, median of {args.repeats}:"
+    report(
+        f"center crop {size} (shorter side to {size}), batch {args.batch_size}",
+        results,
+        entitlement,
+        "shardfeed bench",
+        args.workers,
+        notes,
     )
-    ours = summary["shardfeed"]["samples_per_second"]
-    for name, figures in summary.items():
-        ratio = ours / figures["samples_per_second"]
-        print(
-            f"  {name:<12} {figures['samples_per_second']:>7.0f} samples/s  "
-            f"{figures['cpu_ms_per_sample']:>6.2f} CPU-ms/sample  shardfeed / this: {ratio:.2f}x"
-        )
-    kernel = entitlement["kernel_samples_per_second_per_thread"]
-    print(
-        f"  shardfeed without gRPC (shardfeed bench): {entitlement['samples_per_second']:.0f} "
-        f"samples/s; decode kernel {kernel:.0f}/s per thread; delivered = "
-        f"{ours / (kernel * args.workers):.0%} of kernel x cores ({entitlement['decoder']})"
-    )
-    for note in notes:
-        print(f"  ({note})")
-    print(json.dumps({**summary, "entitlement": entitlement}))
     return 0
 
 

@@ -231,6 +231,61 @@ class DaliContender:
         return delivered
 
 
+Contenders = dict[str, tuple[Callable[[], int], Callable[[], float]]]
+
+
+def run_interleaved(contenders: Contenders, repeats: int) -> dict[str, list[dict[str, float]]]:
+    """Runs every contender once per repeat, in turn, printing each result."""
+    results: dict[str, list[dict[str, float]]] = {}
+    for repeat in range(repeats):
+        for name, (run, extra) in contenders.items():
+            result = measure(run, extra)
+            results.setdefault(name, []).append(result)
+            print(
+                f"repeat {repeat + 1} {name}: {result['samples_per_second']:.0f} samples/s, "
+                f"{1e3 * result['cpu_seconds_per_sample']:.2f} CPU-ms/sample",
+                flush=True,
+            )
+    return results
+
+
+def report(
+    title: str,
+    results: dict[str, list[dict[str, float]]],
+    entitlement: dict[str, Any],
+    bench_command: str,
+    cores: int,
+    notes: list[str],
+) -> None:
+    """Prints the medians, shardfeed's ratio to each contender and to its
+    kernel x cores, then everything as one JSON line."""
+    summary = {
+        name: {
+            "samples_per_second": statistics.median(r["samples_per_second"] for r in runs),
+            "cpu_ms_per_sample": 1e3 * statistics.median(r["cpu_seconds_per_sample"] for r in runs),
+        }
+        for name, runs in results.items()
+    }
+    repeats = min(len(runs) for runs in results.values())
+    print(f"\n{title}, {cores} cores, median of {repeats}:")
+    ours = summary["shardfeed"]["samples_per_second"]
+    for name, figures in summary.items():
+        ratio = ours / figures["samples_per_second"]
+        print(
+            f"  {name:<12} {figures['samples_per_second']:>7.0f} samples/s  "
+            f"{figures['cpu_ms_per_sample']:>6.2f} CPU-ms/sample  shardfeed / this: {ratio:.2f}x"
+        )
+    kernel = entitlement["kernel_samples_per_second_per_thread"]
+    print(
+        f"  shardfeed without gRPC ({bench_command}): {entitlement['samples_per_second']:.0f} "
+        f"samples/s; decode kernel {kernel:.0f}/s per thread; delivered = "
+        f"{ours / (kernel * cores):.0%} of kernel x cores ({entitlement['decoder']})"
+    )
+    for note in notes:
+        print(f"  ({note})")
+    print(json.dumps({**summary, "entitlement": entitlement}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -248,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     setup = synthetic_setup(
         args.binary, args.shards, args.samples_per_shard, 0, f"{socket_dir.name}/sf.sock"
     )
-    results: dict[str, list[dict[str, float]]] = {}
     notes: list[str] = []
     try:
         endpoint, dataset = setup["endpoint"], setup["dataset"]
@@ -262,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             path.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
             files.append(str(path))
         server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
-        contenders: dict[str, tuple[Callable[[], int], Callable[[], float]]] = {
+        contenders: Contenders = {
             "shardfeed": (
                 lambda: shardfeed_run(
                     setup["target"], dataset, args.batch_size, args.image_size, "shared_memory"
@@ -292,15 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             contenders["dali"] = (lambda: dali.run(total), lambda: 0.0)
         except ImportError:
             notes.append("DALI skipped: pip install nvidia-dali-cuda120")
-        for repeat in range(args.repeats):
-            for name, (run, extra) in contenders.items():
-                result = measure(run, extra)
-                results.setdefault(name, []).append(result)
-                print(
-                    f"repeat {repeat + 1} {name}: {result['samples_per_second']:.0f} samples/s, "
-                    f"{1e3 * result['cpu_seconds_per_sample']:.2f} CPU-ms/sample",
-                    flush=True,
-                )
+        results = run_interleaved(contenders, args.repeats)
         local.cleanup()
         # The same pipeline without gRPC or Python, and its kernel rate.
         size = args.image_size
@@ -312,33 +358,14 @@ def main(argv: list[str] | None = None) -> int:
             process.terminate()
             process.wait()
 
-    summary = {
-        name: {
-            "samples_per_second": statistics.median(r["samples_per_second"] for r in runs),
-            "cpu_ms_per_sample": 1e3 * statistics.median(r["cpu_seconds_per_sample"] for r in runs),
-        }
-        for name, runs in results.items()
-    }
-    print(
-        f"\nRandomResizedCrop({args.image_size}) + flip, batch {args.batch_size}, "
-        f"{args.workers} cores, median of {args.repeats}:"
+    report(
+        f"RandomResizedCrop({args.image_size}) + flip, batch {args.batch_size}",
+        results,
+        entitlement,
+        "shardfeed bench --augment train",
+        args.workers,
+        notes,
     )
-    ours = summary["shardfeed"]["samples_per_second"]
-    for name, figures in summary.items():
-        ratio = ours / figures["samples_per_second"]
-        print(
-            f"  {name:<12} {figures['samples_per_second']:>7.0f} samples/s  "
-            f"{figures['cpu_ms_per_sample']:>6.2f} CPU-ms/sample  shardfeed / this: {ratio:.2f}x"
-        )
-    kernel = entitlement["kernel_samples_per_second_per_thread"]
-    print(
-        f"  shardfeed without gRPC (shardfeed bench --augment train): "
-        f"{entitlement['samples_per_second']:.0f} samples/s; decode kernel {kernel:.0f}/s per "
-        f"thread; delivered = {ours / (kernel * args.workers):.0%} of kernel x cores"
-    )
-    for note in notes:
-        print(f"  ({note})")
-    print(json.dumps({**summary, "entitlement": entitlement}))
     return 0
 
 
