@@ -17,7 +17,9 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
-use crate::shard::{BadShardPolicy, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{
+    BadShardPolicy, SampleSplitter, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
+};
 use crate::store::cache::{CacheStore, DiskCache};
 use crate::store::local::LocalStore;
 use crate::store::read::{get_all, read_parts, ReadConfig};
@@ -28,7 +30,6 @@ use crate::store::{ObjectStore, StoreError};
 
 pub const INDEX_DIR: &str = "_shardfeed/";
 pub const INDEX_VERSION: u32 = 1;
-const SHARD_EXTENSION: &str = ".tar";
 /// Shards scanned at once when building an index.
 const INDEX_CONCURRENCY: usize = 8;
 /// Per-shard indexes kept in memory when loaded lazily.
@@ -46,7 +47,7 @@ pub enum DatasetError {
     InvalidUri { uri: String, reason: &'static str },
     #[error("{0}")]
     Store(#[from] StoreError),
-    #[error("no *.tar shards under {location}")]
+    #[error("no shards (*.tar, *.tfrecord, *.tfrecords) under {location}")]
     NoShards { location: String },
     #[error("corrupt index {location}: {message}")]
     CorruptIndex { location: String, message: String },
@@ -314,7 +315,8 @@ pub async fn build_index(
     let shards: Vec<_> = objects
         .into_iter()
         .filter(|o| {
-            o.key.ends_with(SHARD_EXTENSION) && !o.key[prefix.len()..].starts_with(INDEX_DIR)
+            ShardFormat::from_name(&o.key).is_some()
+                && !o.key[prefix.len()..].starts_with(INDEX_DIR)
         })
         .collect();
     if shards.is_empty() {
@@ -409,7 +411,8 @@ async fn scan_into(
     etag: Option<String>,
     read: ReadConfig,
 ) -> Result<(), ScanError> {
-    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
+    let format = ShardFormat::from_name(key).unwrap_or(ShardFormat::Tar);
+    let mut splitter = SampleSplitter::for_format(format, 0, 0, DEFAULT_MAX_MEMBER_BYTES);
     let mut parts = std::pin::pin!(read_parts(store, key.to_string(), 0..size, etag, &read));
     while let Some(part) = parts.next().await {
         let (_, bytes) = part.map_err(ScanError::Store)?;

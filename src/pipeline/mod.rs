@@ -65,7 +65,8 @@ use crate::decode::{self, CropBox, Decoder, OutputSpec, SampleKey, ScratchBudget
 use crate::metrics;
 use crate::plan::{RankPlan, SampleRef, Step, StreamPlan};
 use crate::shard::{
-    BadShardPolicy, Label, RawSample, SampleSplitter, ShardError, DEFAULT_MAX_MEMBER_BYTES,
+    BadShardPolicy, Label, RawSample, SampleSplitter, ShardError, ShardFormat,
+    DEFAULT_MAX_MEMBER_BYTES,
 };
 use crate::store::cache::DiskCache;
 use crate::store::read::{read_parts, ReadConfig};
@@ -462,7 +463,7 @@ fn decode_batch(
             .map(|(out, emitted)| {
                 let started = Instant::now();
                 let result = match (&emitted.sample.unreadable, &emitted.sample.image) {
-                    (Some(why), _) => Err(("bad_shard", why.clone())),
+                    (Some(unreadable), _) => Err((unreadable.reason, unreadable.message.clone())),
                     (None, Some((format, data))) => {
                         let key = SampleKey {
                             seed,
@@ -690,7 +691,9 @@ impl ReadJob {
         let key = self.dataset.shard_key(self.shard);
         let location = self.dataset.store.location(&key);
         let range = index.starts[self.first as usize]..index.ends[self.end as usize - 1];
-        let mut splitter = SampleSplitter::new(range.start, self.max_member);
+        let format = ShardFormat::from_name(&entry.name).unwrap_or(ShardFormat::Tar);
+        let mut splitter =
+            SampleSplitter::for_format(format, range.start, self.first, self.max_member);
         let mut parts = std::pin::pin!(read_parts(
             self.dataset.store.clone(),
             key,

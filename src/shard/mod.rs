@@ -2,14 +2,16 @@
 //!
 //! Pure byte parsing: no I/O, no async. A WebDataset sample is the run of
 //! consecutive tar members sharing a key (the path up to the first dot of the
-//! file name): `KEY.jpg` holds the image, `KEY.cls` its label. Other formats
-//! (e.g. loose files, record files) add a splitter beside the tar one.
+//! file name): `KEY.jpg` holds the image, `KEY.cls` its label. A TFRecord
+//! sample is one record, a `tf.train.Example`, keyed by its record number
+//! in the shard. The shard's file name says which ([`ShardFormat`]).
 
 pub mod tar;
 pub mod tfrecord;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tar::{Parsed, TarError, TarParser};
+use tfrecord::{FeatureNames, RecordParser, TfRecordError};
 
 /// Default limit on one tar member; larger ones are an error, which bounds the
 /// parser's buffer.
@@ -43,6 +45,39 @@ impl ImageFormat {
             "png" => Some(Self::Png),
             "webp" => Some(Self::Webp),
             _ => None,
+        }
+    }
+
+    /// The format from the data's signature (for containers that do not
+    /// name it, like a TFRecord's `image/encoded`).
+    pub fn sniff(data: &[u8]) -> Option<Self> {
+        match data {
+            [0xFF, 0xD8, 0xFF, ..] => Some(Self::Jpeg),
+            [0x89, b'P', b'N', b'G', ..] => Some(Self::Png),
+            [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Some(Self::Webp),
+            _ => None,
+        }
+    }
+}
+
+/// How a shard's bytes are laid out, from its file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardFormat {
+    /// WebDataset: `*.tar`.
+    Tar,
+    /// `*.tfrecord` / `*.tfrecords`, uncompressed.
+    TfRecord,
+}
+
+impl ShardFormat {
+    /// `None` for objects that are not shards (they are not listed).
+    pub fn from_name(name: &str) -> Option<Self> {
+        if name.ends_with(".tar") {
+            Some(Self::Tar)
+        } else if name.ends_with(".tfrecord") || name.ends_with(".tfrecords") {
+            Some(Self::TfRecord)
+        } else {
+            None
         }
     }
 }
@@ -83,22 +118,42 @@ pub struct RawSample {
     /// its last member.
     pub start: u64,
     pub end: u64,
-    /// Why the sample's bytes could not be read (the rest of a damaged shard
-    /// skipped under `--on-bad-shard skip`); the sample is substituted.
-    pub unreadable: Option<String>,
+    /// Why the sample's bytes could not be used (a corrupt record, or the
+    /// rest of a damaged shard skipped under `--on-bad-shard skip`); the
+    /// sample is substituted.
+    pub unreadable: Option<Unreadable>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The substitution reason (as for decode errors: a metric label).
+    pub reason: &'static str,
+    pub message: String,
 }
 
 impl RawSample {
     /// A placeholder for a sample of a damaged shard, keeping its place in
     /// the plan.
     pub fn unreadable(key: String, why: String) -> Self {
+        Self::damaged(key, 0..0, "bad_shard", why)
+    }
+
+    fn damaged(
+        key: String,
+        range: std::ops::Range<u64>,
+        reason: &'static str,
+        why: String,
+    ) -> Self {
         Self {
             key,
             image: None,
             label: Label::Missing,
-            start: 0,
-            end: 0,
-            unreadable: Some(why),
+            start: range.start,
+            end: range.end,
+            unreadable: Some(Unreadable {
+                reason,
+                message: why,
+            }),
         }
     }
 }
@@ -107,6 +162,8 @@ impl RawSample {
 pub enum ShardError {
     #[error(transparent)]
     Tar(#[from] TarError),
+    #[error(transparent)]
+    TfRecord(#[from] TfRecordError),
 }
 
 /// Splits `KEY.ext` at the first dot of the file name.
@@ -118,22 +175,61 @@ pub fn split_key(name: &str) -> (&str, &str) {
     }
 }
 
-/// Streams samples out of tar bytes pushed in arbitrary chunks.
+/// Streams samples out of shard bytes pushed in arbitrary chunks.
 #[derive(Debug)]
 pub struct SampleSplitter {
-    parser: TarParser,
+    framing: Framing,
     buf: BytesMut,
-    current: Option<RawSample>,
     ended: bool,
 }
 
+#[derive(Debug)]
+enum Framing {
+    Tar {
+        parser: TarParser,
+        /// The sample whose members are being gathered.
+        current: Option<RawSample>,
+    },
+    TfRecord {
+        parser: RecordParser,
+        /// The next record's number in the shard (its key).
+        next_record: u64,
+        names: FeatureNames,
+    },
+}
+
 impl SampleSplitter {
-    /// `offset` is the shard offset of the first byte pushed (a header boundary).
+    /// A tar splitter; `offset` is the shard offset of the first byte pushed
+    /// (a header boundary).
     pub fn new(offset: u64, max_member: u64) -> Self {
-        Self {
+        Self::with_framing(Framing::Tar {
             parser: TarParser::new(offset, max_member),
-            buf: BytesMut::new(),
             current: None,
+        })
+    }
+
+    /// A splitter for a shard of `format` whose bytes are pushed from
+    /// `offset`, the start of sample number `first_sample` of the shard.
+    pub fn for_format(
+        format: ShardFormat,
+        offset: u64,
+        first_sample: u64,
+        max_member: u64,
+    ) -> Self {
+        match format {
+            ShardFormat::Tar => Self::new(offset, max_member),
+            ShardFormat::TfRecord => Self::with_framing(Framing::TfRecord {
+                parser: RecordParser::new(offset, max_member),
+                next_record: first_sample,
+                names: FeatureNames::default(),
+            }),
+        }
+    }
+
+    fn with_framing(framing: Framing) -> Self {
+        Self {
+            framing,
+            buf: BytesMut::new(),
             ended: false,
         }
     }
@@ -146,30 +242,65 @@ impl SampleSplitter {
 
     /// The next complete sample, if the bytes pushed so far hold one.
     pub fn next_sample(&mut self) -> Result<Option<RawSample>, ShardError> {
-        while !self.ended {
-            match self.parser.parse(&self.buf)? {
-                Parsed::NeedMore(_) => return Ok(None),
-                Parsed::End => {
-                    self.ended = true;
-                    self.buf.clear();
-                }
-                Parsed::Skip { consumed } => self.buf.advance(consumed),
-                Parsed::Member { member, consumed } => {
-                    // A copy the size of the member: a sample held in a
-                    // shuffle buffer must not keep the whole parse buffer
-                    // (megabytes of other samples) alive, and the buffer's
-                    // space is reused once nothing else points into it.
-                    let data = Bytes::copy_from_slice(&self.buf[member.data.clone()]);
-                    self.buf.advance(consumed);
-                    if let Some(done) =
-                        self.add_member(&member.name, data, member.header_offset, member.end_offset)
-                    {
-                        return Ok(Some(done));
+        match &mut self.framing {
+            Framing::Tar { parser, current } => {
+                while !self.ended {
+                    match parser.parse(&self.buf)? {
+                        Parsed::NeedMore(_) => return Ok(None),
+                        Parsed::End => {
+                            self.ended = true;
+                            self.buf.clear();
+                        }
+                        Parsed::Skip { consumed } => self.buf.advance(consumed),
+                        Parsed::Member { member, consumed } => {
+                            // A copy the size of the member: a sample held in a
+                            // shuffle buffer must not keep the whole parse buffer
+                            // (megabytes of other samples) alive, and the buffer's
+                            // space is reused once nothing else points into it.
+                            let data = Bytes::copy_from_slice(&self.buf[member.data.clone()]);
+                            self.buf.advance(consumed);
+                            if let Some(done) = add_member(
+                                current,
+                                &member.name,
+                                data,
+                                member.header_offset,
+                                member.end_offset,
+                            ) {
+                                return Ok(Some(done));
+                            }
+                        }
                     }
                 }
+                Ok(current.take())
             }
+            Framing::TfRecord {
+                parser,
+                next_record,
+                names,
+            } => match parser.parse(&self.buf)? {
+                tfrecord::Parsed::NeedMore(_) => Ok(None),
+                tfrecord::Parsed::Record {
+                    data,
+                    start,
+                    end,
+                    data_ok,
+                    consumed,
+                } => {
+                    // As for tar members: the record's own copy.
+                    let record = Bytes::copy_from_slice(&self.buf[data]);
+                    self.buf.advance(consumed);
+                    let key = format!("{:08}", *next_record);
+                    *next_record += 1;
+                    Ok(Some(example_sample(
+                        key,
+                        start..end,
+                        data_ok,
+                        record,
+                        names,
+                    )))
+                }
+            },
         }
-        Ok(self.current.take())
     }
 
     /// Call once all bytes are pushed: returns the last sample, or an error if
@@ -179,40 +310,87 @@ impl SampleSplitter {
             // A sample completed by the last bytes; the caller calls again.
             return Ok(Some(sample));
         }
-        if !self.ended && !self.buf.is_empty() {
-            return Err(TarError::Truncated {
-                offset: self.parser.offset(),
+        match &mut self.framing {
+            Framing::Tar { parser, current } => {
+                if !self.ended && !self.buf.is_empty() {
+                    return Err(TarError::Truncated {
+                        offset: parser.offset(),
+                    }
+                    .into());
+                }
+                self.ended = true;
+                Ok(current.take())
             }
-            .into());
+            Framing::TfRecord { parser, .. } => {
+                parser.finish(self.buf.len())?;
+                self.ended = true;
+                Ok(None)
+            }
         }
-        self.ended = true;
-        Ok(self.current.take())
     }
+}
 
-    fn add_member(&mut self, name: &str, data: Bytes, start: u64, end: u64) -> Option<RawSample> {
-        let (key, ext) = split_key(name);
-        let finished = match &self.current {
-            Some(current) if current.key != key => self.current.take(),
-            _ => None,
-        };
-        let sample = self.current.get_or_insert_with(|| RawSample {
-            key: key.to_string(),
-            image: None,
-            label: Label::Missing,
-            start,
-            end,
-            unreadable: None,
-        });
-        sample.end = end;
-        let ext = ext.to_ascii_lowercase();
-        if ext == "cls" {
-            sample.label = Label::parse(&data);
-        } else if let Some(format) = ImageFormat::from_extension(&ext) {
-            if sample.image.is_none() {
-                sample.image = Some((format, data));
-            }
+/// Adds a tar member to the sample being gathered; returns the previous
+/// sample once a member of the next one arrives.
+fn add_member(
+    current: &mut Option<RawSample>,
+    name: &str,
+    data: Bytes,
+    start: u64,
+    end: u64,
+) -> Option<RawSample> {
+    let (key, ext) = split_key(name);
+    let finished = match current {
+        Some(sample) if sample.key != key => current.take(),
+        _ => None,
+    };
+    let sample = current.get_or_insert_with(|| RawSample {
+        key: key.to_string(),
+        image: None,
+        label: Label::Missing,
+        start,
+        end,
+        unreadable: None,
+    });
+    sample.end = end;
+    let ext = ext.to_ascii_lowercase();
+    if ext == "cls" {
+        sample.label = Label::parse(&data);
+    } else if let Some(format) = ImageFormat::from_extension(&ext) {
+        if sample.image.is_none() {
+            sample.image = Some((format, data));
         }
-        finished
+    }
+    finished
+}
+
+/// The sample of one TFRecord record: a record that fails its checksum or
+/// is not a usable Example is a corrupt sample, substituted downstream.
+fn example_sample(
+    key: String,
+    range: std::ops::Range<u64>,
+    data_ok: bool,
+    record: Bytes,
+    names: &FeatureNames,
+) -> RawSample {
+    if !data_ok {
+        return RawSample::damaged(key, range, "corrupt", "record fails its CRC32C".into());
+    }
+    let example = match tfrecord::parse_example(record, names) {
+        Ok(example) => example,
+        Err(why) => return RawSample::damaged(key, range, "corrupt", why),
+    };
+    let Some(format) = ImageFormat::sniff(&example.image) else {
+        let why = format!("feature {:?} is not a JPEG, PNG or WebP image", names.image);
+        return RawSample::damaged(key, range, "corrupt", why);
+    };
+    RawSample {
+        key,
+        image: Some((format, example.image)),
+        label: example.label.map_or(Label::Missing, Label::Value),
+        start: range.start,
+        end: range.end,
+        unreadable: None,
     }
 }
 
@@ -271,6 +449,90 @@ mod tests {
         splitter.push(&bytes[..1200]);
         assert!(splitter.next_sample().unwrap().is_none());
         assert!(splitter.finish().is_err());
+    }
+
+    #[test]
+    fn tfrecord_samples_are_records_keyed_by_their_number() {
+        use tfrecord::{example_bytes, write_record};
+        let jpeg = [0xFF, 0xD8, 0xFF, 0xE0, 1, 2];
+        let mut shard = Vec::new();
+        write_record(&mut shard, &example_bytes(&jpeg, Some(7), &[]));
+        let second = shard.len() as u64;
+        write_record(&mut shard, &example_bytes(b"\x89PNG....", None, &[]));
+        write_record(&mut shard, &example_bytes(b"GIF89a", Some(1), &[]));
+        write_record(&mut shard, b"not an example \xff\xff");
+        let bad_crc = shard.len();
+        write_record(&mut shard, &example_bytes(&jpeg, Some(2), &[]));
+        shard[bad_crc + 14] ^= 0x10; // inside the last record's data
+        for chunk in [1, 9, shard.len()] {
+            let mut splitter =
+                SampleSplitter::for_format(ShardFormat::TfRecord, 0, 0, DEFAULT_MAX_MEMBER_BYTES);
+            let mut samples = Vec::new();
+            for piece in shard.chunks(chunk) {
+                splitter.push(piece);
+                while let Some(sample) = splitter.next_sample().unwrap() {
+                    samples.push(sample);
+                }
+            }
+            while let Some(sample) = splitter.finish().unwrap() {
+                samples.push(sample);
+            }
+            let keys: Vec<&str> = samples.iter().map(|s| s.key.as_str()).collect();
+            assert_eq!(
+                keys,
+                ["00000000", "00000001", "00000002", "00000003", "00000004"]
+            );
+            assert_eq!(
+                samples[0].image.as_ref().unwrap(),
+                &(ImageFormat::Jpeg, Bytes::copy_from_slice(&jpeg))
+            );
+            assert_eq!(samples[0].label, Label::Value(7));
+            assert_eq!((samples[0].start, samples[0].end), (0, second));
+            assert_eq!(samples[1].image.as_ref().unwrap().0, ImageFormat::Png);
+            assert_eq!(samples[1].label, Label::Missing);
+            for (sample, why) in
+                samples[2..]
+                    .iter()
+                    .zip(["not a JPEG", "tf.train.Example", "CRC32C"])
+            {
+                let unreadable = sample.unreadable.as_ref().expect("a corrupt sample");
+                assert_eq!(unreadable.reason, "corrupt");
+                assert!(unreadable.message.contains(why), "{}", unreadable.message);
+            }
+        }
+        // Read from the second record on: numbering continues from there.
+        let mut splitter =
+            SampleSplitter::for_format(ShardFormat::TfRecord, second, 1, DEFAULT_MAX_MEMBER_BYTES);
+        splitter.push(&shard[second as usize..]);
+        let sample = splitter.next_sample().unwrap().unwrap();
+        assert_eq!((sample.key.as_str(), sample.start), ("00000001", second));
+        // Cut inside a record: the shard is truncated, not a short sample.
+        let mut splitter =
+            SampleSplitter::for_format(ShardFormat::TfRecord, 0, 0, DEFAULT_MAX_MEMBER_BYTES);
+        splitter.push(&shard[..second as usize - 1]);
+        assert!(splitter.next_sample().unwrap().is_none());
+        assert!(matches!(
+            splitter.finish(),
+            Err(ShardError::TfRecord(TfRecordError::Truncated { offset: 0 }))
+        ));
+    }
+
+    #[test]
+    fn formats_follow_the_shard_name() {
+        assert_eq!(
+            ShardFormat::from_name("a/b-000.tar"),
+            Some(ShardFormat::Tar)
+        );
+        assert_eq!(
+            ShardFormat::from_name("train-1.tfrecord"),
+            Some(ShardFormat::TfRecord)
+        );
+        assert_eq!(
+            ShardFormat::from_name("x.tfrecords"),
+            Some(ShardFormat::TfRecord)
+        );
+        assert_eq!(ShardFormat::from_name("x.tfrecord.gz"), None);
+        assert_eq!(ShardFormat::from_name("index.json"), None);
     }
 
     #[test]

@@ -268,50 +268,49 @@ pub fn parse_example(data: Bytes, names: &FeatureNames) -> Result<ExampleSample,
     })
 }
 
-#[cfg(test)]
-mod tests {
+/// An Example with the default feature names: `image`, an optional label,
+/// and extra single-value bytes features (for tests, benchmarks and tools
+/// that write TFRecords).
+pub fn example_bytes(image: &[u8], label: Option<i64>, extra: &[(&str, &[u8])]) -> Vec<u8> {
+    use example::{BytesList, Example, Feature, Features, Int64List, Kind};
     use prost::Message;
 
-    use super::example::{BytesList, Example, Feature, Features, Int64List, Kind};
-    use super::*;
-
-    pub(crate) fn example_bytes(
-        image: &[u8],
-        label: Option<i64>,
-        extra: &[(&str, &[u8])],
-    ) -> Vec<u8> {
-        let mut feature = HashMap::new();
+    let mut feature = HashMap::new();
+    feature.insert(
+        FeatureNames::default().image,
+        Feature {
+            kind: Some(Kind::BytesList(BytesList {
+                value: vec![Bytes::copy_from_slice(image)],
+            })),
+        },
+    );
+    if let Some(label) = label {
         feature.insert(
-            "image/encoded".to_string(),
+            FeatureNames::default().label,
+            Feature {
+                kind: Some(Kind::Int64List(Int64List { value: vec![label] })),
+            },
+        );
+    }
+    for (name, value) in extra {
+        feature.insert(
+            name.to_string(),
             Feature {
                 kind: Some(Kind::BytesList(BytesList {
-                    value: vec![Bytes::copy_from_slice(image)],
+                    value: vec![Bytes::copy_from_slice(value)],
                 })),
             },
         );
-        if let Some(label) = label {
-            feature.insert(
-                "image/class/label".to_string(),
-                Feature {
-                    kind: Some(Kind::Int64List(Int64List { value: vec![label] })),
-                },
-            );
-        }
-        for (name, value) in extra {
-            feature.insert(
-                name.to_string(),
-                Feature {
-                    kind: Some(Kind::BytesList(BytesList {
-                        value: vec![Bytes::copy_from_slice(value)],
-                    })),
-                },
-            );
-        }
-        Example {
-            features: Some(Features { feature }),
-        }
-        .encode_to_vec()
     }
+    Example {
+        features: Some(Features { feature }),
+    }
+    .encode_to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn the_checksum_is_crc32c_under_tensorflows_mask() {
