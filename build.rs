@@ -4,6 +4,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // Batch payloads are tens of MB: share the buffer instead of copying it.
         .bytes(".shardfeed.v1.Batch.images")
+        // Extra fields come out of the shard as `Bytes`: sent without a copy.
+        .bytes(".shardfeed.v1.FieldValues.values")
         // Reserves each message's exact size: no reallocation chain per batch.
         .codec_path("crate::server::codec::SizedProstCodec")
         .compile_protos(&["proto/shardfeed/v1/shardfeed.proto"], &["proto"])?;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
 use crate::shard::{
-    BadShardPolicy, SampleSplitter, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
+    BadShardPolicy, SampleLayout, SampleSplitter, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
 };
 use crate::store::cache::{CacheStore, DiskCache};
 use crate::store::local::LocalStore;
@@ -412,7 +412,9 @@ async fn scan_into(
     read: ReadConfig,
 ) -> Result<(), ScanError> {
     let format = ShardFormat::from_name(key).unwrap_or(ShardFormat::Tar);
-    let mut splitter = SampleSplitter::for_format(format, 0, 0, DEFAULT_MAX_MEMBER_BYTES);
+    // Only keys and ranges are kept: the default layout reads nothing more.
+    let layout = Arc::new(SampleLayout::default());
+    let mut splitter = SampleSplitter::for_format(format, 0, 0, DEFAULT_MAX_MEMBER_BYTES, layout);
     let mut parts = std::pin::pin!(read_parts(store, key.to_string(), 0..size, etag, &read));
     while let Some(part) = parts.next().await {
         let (_, bytes) = part.map_err(ScanError::Store)?;

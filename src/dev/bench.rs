@@ -239,6 +239,7 @@ pub async fn entitlement(
     let started = std::time::Instant::now();
     let mut receiver = engine
         .open_stream(StreamRequest {
+            layout: Default::default(),
             dataset: uri.to_string(),
             plan: plan_request,
             output,

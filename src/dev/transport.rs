@@ -109,6 +109,7 @@ async fn produce(
             shards: Vec::new(),
             crops: vec![CropBox::default(); size],
             substituted: Vec::new(),
+            fields: Vec::new(),
             ready_at: Instant::now(),
         };
         if tx.send(Ok(batch)).await.is_err() {

@@ -74,6 +74,8 @@ pub struct StreamRequest {
     /// Decode into a shared-memory ring handed out on this socket (None:
     /// batches stay in process memory and are sent inline).
     pub shared_memory: Option<std::path::PathBuf>,
+    /// What else to read of each sample.
+    pub layout: crate::shard::SampleLayout,
 }
 
 /// A started stream: its batches, in order, and what they were planned from.
@@ -290,6 +292,7 @@ impl Engine {
                 scratch: self.scratch.clone(),
                 cache_hints,
                 shared: shared.clone(),
+                layout: Arc::new(request.layout.clone()),
                 metrics: metrics.clone(),
             },
             span.clone(),

@@ -65,7 +65,7 @@ use crate::decode::{self, CropBox, Decoder, OutputSpec, SampleKey, ScratchBudget
 use crate::metrics;
 use crate::plan::{RankPlan, SampleRef, Step, StreamPlan};
 use crate::shard::{
-    BadShardPolicy, Label, RawSample, SampleSplitter, ShardError, ShardFormat,
+    BadShardPolicy, Label, RawSample, SampleLayout, SampleSplitter, ShardError, ShardFormat,
     DEFAULT_MAX_MEMBER_BYTES,
 };
 use crate::store::cache::DiskCache;
@@ -161,6 +161,9 @@ pub struct DecodedBatch {
     pub crops: Vec<CropBox>,
     /// Samples replaced by a substitute, in slot order.
     pub substituted: Vec<Substitution>,
+    /// Per field of the stream's layout, per slot: its bytes (a substitute
+    /// carries its source's).
+    pub fields: Vec<Vec<Option<Bytes>>>,
     /// When the batch became ready (for stall accounting).
     pub ready_at: Instant,
 }
@@ -190,6 +193,35 @@ pub fn substitute_source(key: &str, good_slots: &[u32]) -> Option<u32> {
 /// Replaces every failed slot by a copy of a good sample of the same batch
 /// (image and label), so training never sees a blank image with a class;
 /// counts and logs each failure with its shard and key.
+/// The batch's extra fields, field by field, in slot order; a substituted
+/// slot takes its source's, like its image and label.
+fn batch_fields(
+    samples: &[EmittedSample],
+    substituted: &[Substitution],
+) -> Vec<Vec<Option<Bytes>>> {
+    let count = samples
+        .iter()
+        .map(|e| e.sample.fields.len())
+        .max()
+        .unwrap_or(0);
+    let mut fields: Vec<Vec<Option<Bytes>>> = (0..count)
+        .map(|field| {
+            samples
+                .iter()
+                .map(|e| e.sample.fields.get(field).cloned().flatten())
+                .collect()
+        })
+        .collect();
+    for substitution in substituted {
+        for values in &mut fields {
+            values[substitution.slot as usize] = substitution
+                .source
+                .and_then(|from| values[from as usize].clone());
+        }
+    }
+    fields
+}
+
 fn substitute_failures(
     failures: &[Option<(&'static str, String)>],
     samples: &[EmittedSample],
@@ -264,6 +296,8 @@ pub struct StreamContext {
     pub cache_hints: Option<CacheHints>,
     /// Decode into this shared-memory ring instead of process memory.
     pub shared: Option<SharedTarget>,
+    /// What else to read of each sample.
+    pub layout: Arc<SampleLayout>,
     /// The stream's metric handles, resolved once.
     pub metrics: metrics::StreamMetrics,
 }
@@ -515,6 +549,7 @@ fn decode_batch(
             &mut crops,
             slot,
         );
+        let fields = batch_fields(&samples, &substituted);
         let batch = DecodedBatch {
             index,
             size: samples.len(),
@@ -531,6 +566,7 @@ fn decode_batch(
             keys: samples.into_iter().map(|e| e.sample.key).collect(),
             crops,
             substituted,
+            fields,
             ready_at: Instant::now(),
         };
         drop(queued);
@@ -587,6 +623,7 @@ impl<'a> ShardReaders<'a> {
             }
             let job = ReadJob {
                 dataset: self.context.dataset.clone(),
+                layout: self.context.layout.clone(),
                 shard: segment.shard,
                 first,
                 end: segment.end,
@@ -640,6 +677,7 @@ impl<'a> ShardReaders<'a> {
 /// Reads samples `[first, end)` of one shard: one sequential byte range.
 struct ReadJob {
     dataset: Arc<Dataset>,
+    layout: Arc<SampleLayout>,
     shard: u32,
     first: u64,
     end: u64,
@@ -653,10 +691,14 @@ impl ReadJob {
         let index = self.dataset.shard_index(self.shard).await?;
         let mut next = self.first;
         let result = self.read(&index, tx, &mut next).await;
-        let damaged = matches!(
-            result,
-            Err(PipelineError::Shard { .. } | PipelineError::StaleIndex { .. })
-        );
+        // A field over the request's cap is the request's problem, not damage.
+        let damaged = match &result {
+            Err(PipelineError::Shard { source, .. }) => {
+                !matches!(source, ShardError::FieldTooLarge { .. })
+            }
+            Err(PipelineError::StaleIndex { .. }) => true,
+            _ => false,
+        };
         if !(damaged && self.on_bad_shard == BadShardPolicy::Skip) {
             return result;
         }
@@ -692,8 +734,13 @@ impl ReadJob {
         let location = self.dataset.store.location(&key);
         let range = index.starts[self.first as usize]..index.ends[self.end as usize - 1];
         let format = ShardFormat::from_name(&entry.name).unwrap_or(ShardFormat::Tar);
-        let mut splitter =
-            SampleSplitter::for_format(format, range.start, self.first, self.max_member);
+        let mut splitter = SampleSplitter::for_format(
+            format,
+            range.start,
+            self.first,
+            self.max_member,
+            self.layout.clone(),
+        );
         let mut parts = std::pin::pin!(read_parts(
             self.dataset.store.clone(),
             key,
@@ -753,7 +800,45 @@ impl ReadJob {
 
 #[cfg(test)]
 mod tests {
-    use super::substitute_source;
+    use super::*;
+
+    #[test]
+    fn a_substituted_slot_carries_its_sources_fields() {
+        let sample = |key: &str, caption: Option<&'static str>| EmittedSample {
+            shard: 0,
+            sample: RawSample {
+                fields: vec![caption.map(|c: &'static str| Bytes::from_static(c.as_bytes()))],
+                ..RawSample::unreadable(key.into(), String::new())
+            },
+        };
+        let samples = [
+            sample("a", Some("A")),
+            sample("b", Some("B")),
+            sample("c", None),
+        ];
+        let substituted = [
+            Substitution {
+                slot: 1,
+                reason: String::new(),
+                source: Some(0),
+            },
+            Substitution {
+                slot: 2,
+                reason: String::new(),
+                source: None,
+            },
+        ];
+        let fields = batch_fields(&samples, &substituted);
+        assert_eq!(
+            fields,
+            [vec![
+                Some(Bytes::from_static(b"A")),
+                Some(Bytes::from_static(b"A")),
+                None
+            ]]
+        );
+        assert!(batch_fields(&samples[..0], &[]).is_empty());
+    }
 
     #[test]
     fn substitute_sources_are_frozen() {

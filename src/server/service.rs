@@ -25,6 +25,8 @@ use crate::engine::{Engine, StreamRequest};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig, StreamPlan};
+use crate::shard::tfrecord::FeatureNames;
+use crate::shard::{SampleLayout, DEFAULT_MAX_FIELD_BYTES, MAX_FIELDS, MAX_FIELD_BYTES};
 
 /// Settings of the service itself (the engine has its own).
 #[derive(Debug, Clone)]
@@ -153,6 +155,7 @@ impl ShardfeedService {
         let epoch = request.plan.epoch;
         let next_index = request.plan.start_batch;
         let output = request.output;
+        let field_names = request.layout.fields.clone();
         let stream = self.engine.open_stream(request).await?;
         if let (Some(ring), Some(rings)) = (&stream.ring, &self.rings) {
             rings.register(ring);
@@ -161,6 +164,7 @@ impl ShardfeedService {
             receiver: stream.batches,
             plan: stream.plan,
             output,
+            field_names,
             epoch,
             metrics: stream.metrics,
             waiting_since: None,
@@ -249,6 +253,60 @@ pub fn stream_request(
         },
         output,
         shared_memory: None,
+        layout: sample_layout(request.layout.as_ref())?,
+    })
+}
+
+/// The request's sample layout, checked: fields ride in every batch message,
+/// so their number and size are bounded.
+fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, ServiceError> {
+    let Some(wire) = wire else {
+        return Ok(SampleLayout::default());
+    };
+    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    if wire.fields.len() > MAX_FIELDS {
+        return invalid(format!(
+            "layout.fields names {} fields; at most {MAX_FIELDS}",
+            wire.fields.len()
+        ));
+    }
+    let mut fields = Vec::with_capacity(wire.fields.len());
+    for name in &wire.fields {
+        if name.is_empty() || name.len() > 128 {
+            return invalid(format!(
+                "layout.fields: {name:?} is not a field name (1 to 128 bytes)"
+            ));
+        }
+        if fields.contains(name) {
+            return invalid(format!("layout.fields names {name:?} twice"));
+        }
+        fields.push(name.clone());
+    }
+    let max_field_bytes = match u64::from(wire.max_field_bytes) {
+        0 => DEFAULT_MAX_FIELD_BYTES,
+        bytes if bytes > MAX_FIELD_BYTES => {
+            return invalid(format!(
+                "layout.max_field_bytes {bytes} exceeds the maximum of {MAX_FIELD_BYTES}"
+            ))
+        }
+        bytes => bytes,
+    };
+    let defaults = FeatureNames::default();
+    let feature = |name: &str, default: String| {
+        if name.is_empty() {
+            default
+        } else {
+            name.to_string()
+        }
+    };
+    Ok(SampleLayout {
+        fields,
+        label_json_key: (!wire.label_json_key.is_empty()).then(|| wire.label_json_key.clone()),
+        features: FeatureNames {
+            image: feature(&wire.image_feature, defaults.image),
+            label: feature(&wire.label_feature, defaults.label),
+        },
+        max_field_bytes,
     })
 }
 
@@ -307,6 +365,8 @@ pub struct BatchStream {
     receiver: BatchReceiver,
     plan: Arc<StreamPlan>,
     output: OutputSpec,
+    /// The request's `layout.fields`, which name the batches' fields.
+    field_names: Vec<String>,
     epoch: u64,
     metrics: StreamMetrics,
     /// Set when the client asked for a batch that was not ready.
@@ -378,6 +438,18 @@ impl BatchStream {
                     width: crop.width as f32,
                     height: crop.height as f32,
                     flipped: crop.flipped,
+                })
+                .collect(),
+            fields: self
+                .field_names
+                .iter()
+                .zip(batch.fields)
+                .map(|(name, values)| pb::FieldValues {
+                    name: name.clone(),
+                    missing: (0..values.len() as u32)
+                        .filter(|&slot| values[slot as usize].is_none())
+                        .collect(),
+                    values: values.into_iter().map(Option::unwrap_or_default).collect(),
                 })
                 .collect(),
         }

@@ -81,8 +81,12 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
     if error.is::<PlanError>() {
         return Some(Code::InvalidArgument);
     }
-    if error.is::<ShardError>() {
-        return Some(Code::DataLoss);
+    if let Some(error) = error.downcast_ref::<ShardError>() {
+        return Some(match error {
+            // The request's cap on a field, not damage to the shard.
+            ShardError::FieldTooLarge { .. } => Code::FailedPrecondition,
+            _ => Code::DataLoss,
+        });
     }
     if let Some(error) = error.downcast_ref::<DatasetError>() {
         return match error {

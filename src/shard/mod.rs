@@ -9,6 +9,8 @@
 pub mod tar;
 pub mod tfrecord;
 
+use std::sync::Arc;
+
 use bytes::{Buf, Bytes, BytesMut};
 use tar::{Parsed, TarError, TarParser};
 use tfrecord::{FeatureNames, RecordParser, TfRecordError};
@@ -16,6 +18,37 @@ use tfrecord::{FeatureNames, RecordParser, TfRecordError};
 /// Default limit on one tar member; larger ones are an error, which bounds the
 /// parser's buffer.
 pub const DEFAULT_MAX_MEMBER_BYTES: u64 = 64 << 20;
+/// Bytes one extra field of a sample may hold unless the request says.
+pub const DEFAULT_MAX_FIELD_BYTES: u64 = 1 << 20;
+/// The most a request may allow per field: fields ride in the batch message.
+pub const MAX_FIELD_BYTES: u64 = 16 << 20;
+/// Extra fields a request may ask for.
+pub const MAX_FIELDS: usize = 16;
+
+/// What a stream reads of each sample beyond its image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleLayout {
+    /// Extra parts returned as bytes, in this order: tar member extensions
+    /// (lower case) or TFRecord feature names.
+    pub fields: Vec<String>,
+    /// Tar: the label is the integer at this top-level key of the `.json`
+    /// member instead of the `.cls` member.
+    pub label_json_key: Option<String>,
+    /// TFRecord: which features hold the image and the label.
+    pub features: FeatureNames,
+    pub max_field_bytes: u64,
+}
+
+impl Default for SampleLayout {
+    fn default() -> Self {
+        Self {
+            fields: Vec::new(),
+            label_json_key: None,
+            features: FeatureNames::default(),
+            max_field_bytes: DEFAULT_MAX_FIELD_BYTES,
+        }
+    }
+}
 
 /// What to do with a shard whose bytes cannot be parsed (truncated, garbage,
 /// not matching its index).
@@ -106,6 +139,19 @@ impl Label {
             Err(_) => Label::Invalid(text.chars().take(40).collect()),
         }
     }
+
+    /// The integer at top-level `key` of a JSON object.
+    fn from_json(bytes: &[u8], key: &str) -> Self {
+        match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(value) => match value.get(key) {
+                Some(found) => found
+                    .as_i64()
+                    .map_or_else(|| Label::Invalid(format!("{key}: {found}")), Label::Value),
+                None => Label::Missing,
+            },
+            Err(e) => Label::Invalid(format!(".json member: {e}")),
+        }
+    }
 }
 
 /// One sample, with its compressed image bytes.
@@ -122,6 +168,8 @@ pub struct RawSample {
     /// rest of a damaged shard skipped under `--on-bad-shard skip`); the
     /// sample is substituted.
     pub unreadable: Option<Unreadable>,
+    /// The layout's extra fields, in its order (`None`: the sample has none).
+    pub fields: Vec<Option<Bytes>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,6 +202,7 @@ impl RawSample {
                 reason,
                 message: why,
             }),
+            fields: Vec::new(),
         }
     }
 }
@@ -164,6 +213,17 @@ pub enum ShardError {
     Tar(#[from] TarError),
     #[error(transparent)]
     TfRecord(#[from] TfRecordError),
+    /// Not damage: the request's cap is below the data.
+    #[error(
+        "sample {key}: field {field:?} is {bytes} bytes, over the request's max_field_bytes \
+         of {max}"
+    )]
+    FieldTooLarge {
+        key: String,
+        field: String,
+        bytes: u64,
+        max: u64,
+    },
 }
 
 /// Splits `KEY.ext` at the first dot of the file name.
@@ -179,6 +239,7 @@ pub fn split_key(name: &str) -> (&str, &str) {
 #[derive(Debug)]
 pub struct SampleSplitter {
     framing: Framing,
+    layout: Arc<SampleLayout>,
     buf: BytesMut,
     ended: bool,
 }
@@ -194,7 +255,6 @@ enum Framing {
         parser: RecordParser,
         /// The next record's number in the shard (its key).
         next_record: u64,
-        names: FeatureNames,
     },
 }
 
@@ -202,33 +262,38 @@ impl SampleSplitter {
     /// A tar splitter; `offset` is the shard offset of the first byte pushed
     /// (a header boundary).
     pub fn new(offset: u64, max_member: u64) -> Self {
-        Self::with_framing(Framing::Tar {
-            parser: TarParser::new(offset, max_member),
-            current: None,
-        })
+        Self::for_format(
+            ShardFormat::Tar,
+            offset,
+            0,
+            max_member,
+            Arc::new(SampleLayout::default()),
+        )
     }
 
     /// A splitter for a shard of `format` whose bytes are pushed from
-    /// `offset`, the start of sample number `first_sample` of the shard.
+    /// `offset`, the start of sample number `first_sample` of the shard,
+    /// reading what `layout` asks of each sample.
     pub fn for_format(
         format: ShardFormat,
         offset: u64,
         first_sample: u64,
         max_member: u64,
+        layout: Arc<SampleLayout>,
     ) -> Self {
-        match format {
-            ShardFormat::Tar => Self::new(offset, max_member),
-            ShardFormat::TfRecord => Self::with_framing(Framing::TfRecord {
+        let framing = match format {
+            ShardFormat::Tar => Framing::Tar {
+                parser: TarParser::new(offset, max_member),
+                current: None,
+            },
+            ShardFormat::TfRecord => Framing::TfRecord {
                 parser: RecordParser::new(offset, max_member),
                 next_record: first_sample,
-                names: FeatureNames::default(),
-            }),
-        }
-    }
-
-    fn with_framing(framing: Framing) -> Self {
+            },
+        };
         Self {
             framing,
+            layout,
             buf: BytesMut::new(),
             ended: false,
         }
@@ -261,11 +326,12 @@ impl SampleSplitter {
                             self.buf.advance(consumed);
                             if let Some(done) = add_member(
                                 current,
+                                &self.layout,
                                 &member.name,
                                 data,
                                 member.header_offset,
                                 member.end_offset,
-                            ) {
+                            )? {
                                 return Ok(Some(done));
                             }
                         }
@@ -276,7 +342,6 @@ impl SampleSplitter {
             Framing::TfRecord {
                 parser,
                 next_record,
-                names,
             } => match parser.parse(&self.buf)? {
                 tfrecord::Parsed::NeedMore(_) => Ok(None),
                 tfrecord::Parsed::Record {
@@ -291,13 +356,7 @@ impl SampleSplitter {
                     self.buf.advance(consumed);
                     let key = format!("{:08}", *next_record);
                     *next_record += 1;
-                    Ok(Some(example_sample(
-                        key,
-                        start..end,
-                        data_ok,
-                        record,
-                        names,
-                    )))
+                    example_sample(key, start..end, data_ok, record, &self.layout).map(Some)
                 }
             },
         }
@@ -334,11 +393,12 @@ impl SampleSplitter {
 /// sample once a member of the next one arrives.
 fn add_member(
     current: &mut Option<RawSample>,
+    layout: &SampleLayout,
     name: &str,
     data: Bytes,
     start: u64,
     end: u64,
-) -> Option<RawSample> {
+) -> Result<Option<RawSample>, ShardError> {
     let (key, ext) = split_key(name);
     let finished = match current {
         Some(sample) if sample.key != key => current.take(),
@@ -351,17 +411,47 @@ fn add_member(
         start,
         end,
         unreadable: None,
+        fields: vec![None; layout.fields.len()],
     });
     sample.end = end;
     let ext = ext.to_ascii_lowercase();
-    if ext == "cls" {
-        sample.label = Label::parse(&data);
-    } else if let Some(format) = ImageFormat::from_extension(&ext) {
+    // Extensions compare as the image ones do, without regard to case.
+    if let Some(field) = layout
+        .fields
+        .iter()
+        .position(|f| f.eq_ignore_ascii_case(&ext))
+    {
+        check_field_size(&sample.key, &ext, &data, layout)?;
+        sample.fields[field] = Some(data.clone());
+    }
+    match &layout.label_json_key {
+        None if ext == "cls" => sample.label = Label::parse(&data),
+        Some(json_key) if ext == "json" => sample.label = Label::from_json(&data, json_key),
+        _ => {}
+    }
+    if let Some(format) = ImageFormat::from_extension(&ext) {
         if sample.image.is_none() {
             sample.image = Some((format, data));
         }
     }
-    finished
+    Ok(finished)
+}
+
+fn check_field_size(
+    key: &str,
+    field: &str,
+    data: &[u8],
+    layout: &SampleLayout,
+) -> Result<(), ShardError> {
+    if data.len() as u64 > layout.max_field_bytes {
+        return Err(ShardError::FieldTooLarge {
+            key: key.to_string(),
+            field: field.to_string(),
+            bytes: data.len() as u64,
+            max: layout.max_field_bytes,
+        });
+    }
+    Ok(())
 }
 
 /// The sample of one TFRecord record: a record that fails its checksum or
@@ -371,27 +461,38 @@ fn example_sample(
     range: std::ops::Range<u64>,
     data_ok: bool,
     record: Bytes,
-    names: &FeatureNames,
-) -> RawSample {
+    layout: &SampleLayout,
+) -> Result<RawSample, ShardError> {
+    let names = &layout.features;
     if !data_ok {
-        return RawSample::damaged(key, range, "corrupt", "record fails its CRC32C".into());
+        let why = "record fails its CRC32C".to_string();
+        return Ok(RawSample::damaged(key, range, "corrupt", why));
     }
-    let example = match tfrecord::parse_example(record, names) {
+    let mut example = match tfrecord::parse_example(record, names) {
         Ok(example) => example,
-        Err(why) => return RawSample::damaged(key, range, "corrupt", why),
+        Err(why) => return Ok(RawSample::damaged(key, range, "corrupt", why)),
     };
     let Some(format) = ImageFormat::sniff(&example.image) else {
         let why = format!("feature {:?} is not a JPEG, PNG or WebP image", names.image);
-        return RawSample::damaged(key, range, "corrupt", why);
+        return Ok(RawSample::damaged(key, range, "corrupt", why));
     };
-    RawSample {
+    let mut fields = Vec::with_capacity(layout.fields.len());
+    for name in &layout.fields {
+        let value = example.bytes_features.remove(name);
+        if let Some(value) = &value {
+            check_field_size(&key, name, value, layout)?;
+        }
+        fields.push(value);
+    }
+    Ok(RawSample {
         key,
         image: Some((format, example.image)),
         label: example.label.map_or(Label::Missing, Label::Value),
         start: range.start,
         end: range.end,
         unreadable: None,
-    }
+        fields,
+    })
 }
 
 #[cfg(test)]
@@ -451,6 +552,17 @@ mod tests {
         assert!(splitter.finish().is_err());
     }
 
+    fn tfrecord_splitter(offset: u64, first_sample: u64) -> SampleSplitter {
+        let layout = Arc::new(SampleLayout::default());
+        SampleSplitter::for_format(
+            ShardFormat::TfRecord,
+            offset,
+            first_sample,
+            DEFAULT_MAX_MEMBER_BYTES,
+            layout,
+        )
+    }
+
     #[test]
     fn tfrecord_samples_are_records_keyed_by_their_number() {
         use tfrecord::{example_bytes, write_record};
@@ -465,8 +577,7 @@ mod tests {
         write_record(&mut shard, &example_bytes(&jpeg, Some(2), &[]));
         shard[bad_crc + 14] ^= 0x10; // inside the last record's data
         for chunk in [1, 9, shard.len()] {
-            let mut splitter =
-                SampleSplitter::for_format(ShardFormat::TfRecord, 0, 0, DEFAULT_MAX_MEMBER_BYTES);
+            let mut splitter = tfrecord_splitter(0, 0);
             let mut samples = Vec::new();
             for piece in shard.chunks(chunk) {
                 splitter.push(piece);
@@ -501,14 +612,12 @@ mod tests {
             }
         }
         // Read from the second record on: numbering continues from there.
-        let mut splitter =
-            SampleSplitter::for_format(ShardFormat::TfRecord, second, 1, DEFAULT_MAX_MEMBER_BYTES);
+        let mut splitter = tfrecord_splitter(second, 1);
         splitter.push(&shard[second as usize..]);
         let sample = splitter.next_sample().unwrap().unwrap();
         assert_eq!((sample.key.as_str(), sample.start), ("00000001", second));
         // Cut inside a record: the shard is truncated, not a short sample.
-        let mut splitter =
-            SampleSplitter::for_format(ShardFormat::TfRecord, 0, 0, DEFAULT_MAX_MEMBER_BYTES);
+        let mut splitter = tfrecord_splitter(0, 0);
         splitter.push(&shard[..second as usize - 1]);
         assert!(splitter.next_sample().unwrap().is_none());
         assert!(matches!(

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 import grpc
@@ -111,6 +111,9 @@ class Batch:
     # slot, or a private copy of it when more batches are held than the ring
     # allows) rather than inline in the gRPC message.
     shared: bool = False
+    # The request's `fields`, by name: one value per sample (a substituted
+    # sample carries its source's), None where the sample has no such field.
+    fields: dict[str, list[bytes | None]] = field(default_factory=dict)
 
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
@@ -281,7 +284,13 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         ).reshape(-1, 4),
         flipped=np.array([c.flipped for c in message.crops], dtype=np.bool_),
         shared=message.HasField("shared"),
+        fields={values.name: _field_values(values) for values in message.fields},
     )
+
+
+def _field_values(values: Any) -> list[bytes | None]:
+    missing = set(values.missing)
+    return [None if slot in missing else value for slot, value in enumerate(values.values)]
 
 
 def distributed_rank_and_world() -> tuple[int, int]:
@@ -483,6 +492,11 @@ class Client:
         interleave: int = 0,
         augment: AugmentSpec = None,
         transport: str = "auto",
+        fields: Sequence[str] = (),
+        label_json_key: str | None = None,
+        image_feature: str | None = None,
+        label_feature: str | None = None,
+        max_field_bytes: int = 0,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
 
@@ -498,6 +512,15 @@ class Client:
         images are read-only views; a batch's slot is reused once every view
         of it is gone, and a consumer holding more than a couple of batches
         gets the later ones as private copies.
+
+        ``fields``: other parts of each sample to return as bytes in
+        ``Batch.fields`` (tar member extensions such as ``"txt"``, or TFRecord
+        feature names), each at most ``max_field_bytes`` (0: 1 MiB; a larger
+        one ends the stream with ``FAILED_PRECONDITION`` naming it).
+        ``label_json_key``: take the label from this key of the sample's
+        ``.json`` member instead of ``.cls``. ``image_feature`` /
+        ``label_feature``: TFRecord feature names (default
+        ``image/encoded`` / ``image/class/label``).
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
@@ -526,6 +549,13 @@ class Client:
             shuffle_buffer=shuffle_buffer,
             interleave=interleave,
             transport=_TRANSPORTS[transport],
+            layout=pb.SampleLayout(
+                fields=list(fields),
+                label_json_key=label_json_key or "",
+                image_feature=image_feature or "",
+                label_feature=label_feature or "",
+                max_field_bytes=max_field_bytes,
+            ),
         )
         augmentation = _augment(augment, image_size)
         if augmentation is not None:
