@@ -71,6 +71,18 @@ def s3() -> Iterator[S3]:
     stop(process)
 
 
+def noise_jpeg(seed: int, height: int = 60, width: int = 80) -> bytes:
+    """A JPEG of random pixels: every sample's bytes and pixels differ."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = (rng.random((height, width, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
 def write_tar(samples: list[tuple[str, dict[str, bytes]]]) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:

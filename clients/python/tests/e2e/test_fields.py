@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from shardfeed import Client, ShardfeedError
 
-from ..conftest import S3, Server, upload, write_tar
-
-
-def _jpeg(n: int) -> bytes:
-    pixels = np.full((24, 32, 3), n % 250, dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="JPEG")
-    return out.getvalue()
+from ..conftest import S3, Server, noise_jpeg, upload, write_tar
 
 
 def _members(n: int) -> dict[str, bytes]:
-    members = {"jpg": _jpeg(n), "json": json.dumps({"label": n * 2}).encode(), "cls": b"0"}
+    members = {
+        "jpg": noise_jpeg(n, 24, 32),
+        "json": json.dumps({"label": n * 2}).encode(),
+        "cls": b"0",
+    }
     if n % 4 != 3:
         members["txt"] = f"caption {n}".encode()
     return members

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
@@ -11,27 +10,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from shardfeed import Client
 
-from ..conftest import S3, Server, upload, write_tar
-
-
-def _jpeg(n: int) -> bytes:
-    rng = np.random.default_rng(n)
-    pixels = (rng.random((60, 80, 3)) * 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
-    return out.getvalue()
+from ..conftest import S3, Server, noise_jpeg, upload, write_tar
 
 
 @pytest.fixture(scope="module")
 def dataset(s3: S3) -> str:
     shards = [
-        write_tar([(f"s{s}k{i:03d}", {"jpg": _jpeg(s * 40 + i), "cls": b"1"}) for i in range(40)])
+        write_tar(
+            [(f"s{s}k{i:03d}", {"jpg": noise_jpeg(s * 40 + i), "cls": b"1"}) for i in range(40)]
+        )
         for s in range(2)
     ]
     return upload(s3, "shm", "", shards)

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader
 
 from shardfeed import Client
 from shardfeed.torch import ShardfeedDataset
 
-from ..conftest import S3, Server, upload, write_tar
+from ..conftest import S3, Server, noise_jpeg, upload, write_tar
 
 SHARDS, PER_SHARD = 3, 30
-
-
-def _jpeg(n: int) -> bytes:
-    rng = np.random.default_rng(1000 + n)
-    pixels = (rng.random((48, 64, 3)) * 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="JPEG", quality=90)
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +22,9 @@ def dataset(s3: S3) -> str:
         samples = []
         for i in range(PER_SHARD):
             n = s * PER_SHARD + i
-            samples.append((f"k{n:04d}", {"jpg": _jpeg(n), "cls": str(n).encode()}))
+            samples.append(
+                (f"k{n:04d}", {"jpg": noise_jpeg(1000 + n, 48, 64), "cls": str(n).encode()})
+            )
         shards.append(write_tar(samples))
     return upload(s3, "torchds", "train/", shards)
 

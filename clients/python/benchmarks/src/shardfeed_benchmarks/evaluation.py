@@ -31,15 +31,12 @@ package is missing is skipped with a note.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from .delivered import (
     ACCESS_KEY,
@@ -50,7 +47,16 @@ from .delivered import (
     run_entitlement,
     synthetic_setup,
 )
-from .training import Contenders, _shard_keys, _worker_cpu, report, run_interleaved, shardfeed_run
+from .training import (
+    Contenders,
+    DaliContender,
+    LoaderContender,
+    _shard_keys,
+    _worker_cpu,
+    report,
+    run_interleaved,
+    shardfeed_run,
+)
 
 if TYPE_CHECKING:
     from torch.utils.data import IterableDataset
@@ -96,64 +102,15 @@ class _ConnectorTarSamples(_IterableBase):
                         image = None
 
 
-class ConnectorContender:
-    """A DataLoader over the S3 Connector; workers started and warmed untimed
-    (persistent workers, as a multi-epoch job runs them)."""
+def dali_eval_images(size: int) -> Callable[[Any, Any, Any], Any]:
+    """DALI's evaluation steps: decode, shorter side to ``size``, center crop."""
 
-    def __init__(
-        self, endpoint: str, dataset: str, batch_size: int, size: int, workers: int
-    ) -> None:
-        import torch.utils.data
+    def images(fn: Any, types: Any, jpegs: Any) -> Any:
+        out = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        out = fn.resize(out, resize_shorter=size, antialias=True)
+        return fn.crop(out, crop=[size, size])
 
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        self.loader = torch.utils.data.DataLoader(
-            _ConnectorTarSamples(endpoint, dataset, size),
-            batch_size=batch_size,
-            num_workers=workers,
-            multiprocessing_context="spawn",
-            persistent_workers=True,
-            drop_last=True,
-        )
-        self.run()
-
-    def run(self) -> int:
-        samples = checksum = 0
-        for images, labels in self.loader:
-            checksum += int(images[0, 0, 0, 0])
-            samples += len(labels)
-        return samples
-
-
-class DaliEvalContender:
-    """DALI's CPU evaluation pipeline; built (and its shards indexed) untimed."""
-
-    def __init__(self, files: list[str], batch_size: int, size: int, threads: int) -> None:
-        # Through importlib: DALI's own annotations do not type its graph API.
-        dali: Any = importlib.import_module("nvidia.dali")
-        fn, pipeline_def, types = dali.fn, dali.pipeline_def, dali.types
-
-        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)  # type: ignore[untyped-decorator]
-        def pipeline() -> Any:
-            jpegs, labels = fn.readers.webdataset(
-                paths=files, ext=["jpg", "cls"], missing_component_behavior="error"
-            )
-            images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=size, antialias=True)
-            images = fn.crop(images, crop=[size, size])
-            return images, labels
-
-        self.batch_size = batch_size
-        self.pipe = pipeline()
-        self.pipe.build()
-
-    def run(self, samples: int) -> int:
-        delivered = checksum = 0
-        while delivered + self.batch_size <= samples:
-            images, _ = self.pipe.run()
-            checksum += int(np.asarray(images.as_tensor())[0, 0, 0, 0])
-            delivered += self.batch_size
-        return delivered
+    return images
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             import s3torchconnector  # noqa: F401
             import torch  # noqa: F401
 
-            connector = ConnectorContender(endpoint, dataset, args.batch_size, size, args.workers)
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            connector = LoaderContender(
+                _ConnectorTarSamples(endpoint, dataset, size), args.batch_size, args.workers
+            )
             contenders["s3 connector"] = (connector.run, _worker_cpu)
         except ImportError:
             notes.append("S3 Connector skipped: pip install torch s3torchconnector")
@@ -207,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = Path(local.name) / Path(key).name
                 path.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
                 files.append(str(path))
-            dali = DaliEvalContender(files, args.batch_size, size, args.workers)
+            dali = DaliContender(files, args.batch_size, args.workers, dali_eval_images(size))
             contenders["dali"] = (lambda: dali.run(total), lambda: 0.0)
         except ImportError:
             notes.append("DALI skipped: pip install nvidia-dali-cuda120")

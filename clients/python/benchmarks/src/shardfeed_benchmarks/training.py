@@ -166,18 +166,16 @@ class _TorchvisionShards(_IterableBase):
                         image, label = None, -1
 
 
-class TorchvisionContender:
-    """A DataLoader over the shards; its workers are started and warmed up
+class LoaderContender:
+    """A DataLoader over ``dataset``; its workers are started and warmed up
     untimed (persistent workers, as a multi-epoch job runs them), so that
     importing torch in each worker is not charged to the recipe."""
 
-    def __init__(
-        self, endpoint: str, bucket: str, keys: list[str], batch_size: int, size: int, workers: int
-    ) -> None:
+    def __init__(self, dataset: Any, batch_size: int, workers: int) -> None:
         import torch.utils.data
 
         self.loader = torch.utils.data.DataLoader(
-            _TorchvisionShards(endpoint, bucket, keys, size),
+            dataset,
             batch_size=batch_size,
             num_workers=workers,
             multiprocessing_context="spawn",
@@ -195,28 +193,26 @@ class TorchvisionContender:
 
 
 class DaliContender:
-    """DALI's CPU training pipeline; built (and its shards indexed) untimed."""
+    """A DALI CPU pipeline over local shard files, ``images(fn, types,
+    jpegs)`` turning the encoded images into the output; built (and its
+    shards indexed) untimed."""
 
-    def __init__(self, files: list[str], batch_size: int, size: int, threads: int) -> None:
+    def __init__(
+        self,
+        files: list[str],
+        batch_size: int,
+        threads: int,
+        images: Callable[[Any, Any, Any], Any],
+    ) -> None:
         # Through importlib: DALI's own annotations do not type its graph API.
         dali: Any = importlib.import_module("nvidia.dali")
-        fn, pipeline_def, types = dali.fn, dali.pipeline_def, dali.types
 
-        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)  # type: ignore[untyped-decorator]
+        @dali.pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)  # type: ignore[untyped-decorator]
         def pipeline() -> Any:
-            jpegs, labels = fn.readers.webdataset(
+            jpegs, labels = dali.fn.readers.webdataset(
                 paths=files, ext=["jpg", "cls"], missing_component_behavior="error"
             )
-            images = fn.decoders.image_random_crop(
-                jpegs,
-                device="cpu",
-                output_type=types.RGB,
-                random_area=SCALE,
-                random_aspect_ratio=RATIO,
-            )
-            images = fn.resize(images, size=[size, size], antialias=True)
-            images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
-            return images, labels
+            return images(dali.fn, dali.types, jpegs), labels
 
         self.batch_size = batch_size
         self.pipe = pipeline()
@@ -229,6 +225,23 @@ class DaliContender:
             checksum += int(np.asarray(images.as_tensor())[0, 0, 0, 0])
             delivered += self.batch_size
         return delivered
+
+
+def dali_train_images(size: int) -> Callable[[Any, Any, Any], Any]:
+    """DALI's fused region decode + resize + flip: the training recipe."""
+
+    def images(fn: Any, types: Any, jpegs: Any) -> Any:
+        out = fn.decoders.image_random_crop(
+            jpegs,
+            device="cpu",
+            output_type=types.RGB,
+            random_area=SCALE,
+            random_aspect_ratio=RATIO,
+        )
+        out = fn.resize(out, size=[size, size], antialias=True)
+        return fn.flip(out, horizontal=fn.random.coin_flip(probability=0.5))
+
+    return images
 
 
 Contenders = dict[str, tuple[Callable[[], int], Callable[[], float]]]
@@ -333,8 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import torchvision  # noqa: F401
 
-            torchvision_loader = TorchvisionContender(
-                endpoint, bucket, keys, args.batch_size, args.image_size, args.workers
+            torchvision_loader = LoaderContender(
+                _TorchvisionShards(endpoint, bucket, keys, args.image_size),
+                args.batch_size,
+                args.workers,
             )
             contenders["torchvision"] = (torchvision_loader.run, _worker_cpu)
         except ImportError:
@@ -342,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import nvidia.dali  # noqa: F401
 
-            dali = DaliContender(files, args.batch_size, args.image_size, args.workers)
+            dali = DaliContender(
+                files, args.batch_size, args.workers, dali_train_images(args.image_size)
+            )
             contenders["dali"] = (lambda: dali.run(total), lambda: 0.0)
         except ImportError:
             notes.append("DALI skipped: pip install nvidia-dali-cuda120")
