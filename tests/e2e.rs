@@ -17,16 +17,7 @@ async fn batch_counts_labels_and_keys_match_what_was_written() {
     let uri = upload(&harness.s3, "data", "train/", &shards).await;
     let mut client = harness.client().await;
 
-    let info = client
-        .describe(pb::DescribeRequest {
-            dataset: uri.clone(),
-            world_size: 1,
-            batch_size: Some(8),
-            partition: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let info = describe(&mut client, &uri, 1, 8).await;
     assert_eq!(
         (info.shards, info.samples, info.batches_per_rank),
         (3, 39, 4)

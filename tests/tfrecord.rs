@@ -52,16 +52,7 @@ async fn tfrecords_give_the_same_batches_as_the_same_samples_in_tar() {
     let tf = upload_tfrecords(&harness, "train/", &records).await;
     let mut client = harness.client().await;
 
-    let info = client
-        .describe(pb::DescribeRequest {
-            dataset: tf.clone(),
-            world_size: 1,
-            batch_size: Some(8),
-            partition: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let info = describe(&mut client, &tf, 1, 8).await;
     assert_eq!(
         (info.shards, info.samples, info.batches_per_rank),
         (3, 33, 4)

@@ -9,11 +9,14 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::decode::CropBox;
 use crate::pipeline::buffers::BufferPool;
-use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch, PipelineError, StreamContext};
+use crate::pipeline::{
+    spawn_producer, BatchImages, BatchReceiver, BatchSender, DecodedBatch, PipelineError,
+    StreamContext,
+};
 use crate::plan::rng::Rng;
 
 /// Small enough to stay in L2, as a real decoder's output rows do.
@@ -49,21 +52,13 @@ pub fn spawn_synthetic_stream<H: Send + 'static>(
     span: tracing::Span,
     held: H,
 ) -> BatchReceiver {
-    let (tx, rx) = mpsc::channel(context.config.ready_batches.max(1));
-    let task = async move {
-        let _held = held;
-        if let Err(error) = produce(&context, &tx).await {
-            let _ = tx.send(Err(error)).await;
-        }
-    };
-    tokio::spawn(tracing::Instrument::instrument(task, span));
-    rx
+    let capacity = context.config.ready_batches;
+    spawn_producer(capacity, span, held, move |tx| async move {
+        produce(&context, &tx).await
+    })
 }
 
-async fn produce(
-    context: &StreamContext,
-    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
-) -> Result<(), PipelineError> {
+async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), PipelineError> {
     let plan = &context.plan;
     let size = plan.batch_size as usize;
     let image_bytes = context.spec.bytes();

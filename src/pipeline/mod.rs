@@ -332,11 +332,34 @@ pub fn spawn_stream<H: Send + 'static>(
     span: tracing::Span,
     held: H,
 ) -> BatchReceiver {
-    let (tx, rx) = mpsc::channel(context.config.ready_batches.max(1));
+    let capacity = context.config.ready_batches;
+    spawn_producer(capacity, span, held, move |tx| async move {
+        produce(&context, &tx).await
+    })
+}
+
+pub type BatchSender = mpsc::Sender<Result<DecodedBatch, PipelineError>>;
+
+/// Runs a stream's producer (`produce`, given the ready queue's sender) as a
+/// task: an error it returns is the stream's last item, and it is stopped
+/// as soon as the client drops the receiver. `held` lives as long as it.
+pub fn spawn_producer<H, F, Fut>(
+    ready_batches: usize,
+    span: tracing::Span,
+    held: H,
+    produce: F,
+) -> BatchReceiver
+where
+    H: Send + 'static,
+    F: FnOnce(BatchSender) -> Fut,
+    Fut: std::future::Future<Output = Result<(), PipelineError>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(ready_batches.max(1));
+    let producing = produce(tx.clone());
     let task = async move {
         let _held = held;
         tokio::select! {
-            result = produce(&context, &tx) => {
+            result = producing => {
                 if let Err(error) = result {
                     let _ = tx.send(Err(error)).await;
                 }

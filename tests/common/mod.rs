@@ -251,6 +251,25 @@ pub fn unshuffled(dataset: &str) -> pb::StreamBatchesRequest {
     }
 }
 
+/// `Describe` of `dataset` at this world and batch size (drop_last).
+pub async fn describe(
+    client: &mut ShardfeedClient<Channel>,
+    dataset: &str,
+    world_size: u32,
+    batch_size: u32,
+) -> pb::DescribeResponse {
+    client
+        .describe(pb::DescribeRequest {
+            dataset: dataset.to_string(),
+            world_size,
+            batch_size: Some(batch_size),
+            partition: pb::Partition::DropLast as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// Every batch of a stream, or the status that ended it.
 pub async fn collect(
     client: &mut ShardfeedClient<Channel>,
