@@ -32,7 +32,8 @@ use crate::dataset::{index_shard_bytes, write_index, DatasetError, DatasetIndex,
 use crate::dataset::{ShardIndex, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
-use crate::shard::{ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::tfrecord::{self, FeatureNames, RecordParser};
+use crate::shard::{ImageFormat, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::{ObjectStore, StoreError};
 
 /// S3 reads fastest in objects of 100 MB to 1 GB.
@@ -109,13 +110,15 @@ pub struct PackProgress {
     pub shards_done: usize,
 }
 
-/// A file to pack.
+/// A file to pack, or one record of a TFRecord file.
 #[derive(Debug, Clone)]
 struct Input {
     path: PathBuf,
     key: String,
     label: i64,
     size: u64,
+    /// The record's byte range in `path` (a TFRecord source).
+    record: Option<std::ops::Range<u64>>,
 }
 
 /// Packs `config.source` into shards under `prefix` of `store`.
@@ -243,7 +246,17 @@ type Labelled = (Vec<(PathBuf, i64)>, Vec<String>);
 fn list_inputs(source: &Path, manifest: Option<&Path>) -> Result<Listing, PackError> {
     let (entries, classes) = match manifest {
         Some(manifest) => read_manifest(source, manifest)?,
-        None => image_folder(source)?,
+        None => {
+            let mut files = Vec::new();
+            walk_files(source, &mut files)?;
+            files.retain(|path| {
+                ShardFormat::from_name(&path.to_string_lossy()) == Some(ShardFormat::TfRecord)
+            });
+            if !files.is_empty() {
+                return tfrecord_inputs(source, files);
+            }
+            image_folder(source)?
+        }
     };
     let mut inputs = Vec::with_capacity(entries.len());
     let mut skipped = Vec::new();
@@ -281,9 +294,89 @@ fn list_inputs(source: &Path, manifest: Option<&Path>) -> Result<Listing, PackEr
             key,
             label,
             size,
+            record: None,
         });
     }
     Ok((inputs, classes, skipped))
+}
+
+/// Every record of the TFRecord files under the source (sorted by path),
+/// keyed `<file stem>/<record number>`, with the Example's label (-1 when it
+/// has none). A record failing its checks is skipped with the reason; a
+/// broken frame skips the rest of its file.
+fn tfrecord_inputs(source: &Path, mut files: Vec<PathBuf>) -> Result<Listing, PackError> {
+    files.sort();
+    let names = FeatureNames::default();
+    let mut inputs = Vec::new();
+    let mut skipped = Vec::new();
+    let mut keys = HashSet::new();
+    for path in files {
+        let data = std::fs::read(&path).map_err(|source| PackError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let stem = sample_key(source, &path);
+        let mut parser = RecordParser::new(0, DEFAULT_MAX_MEMBER_BYTES);
+        let mut offset = 0usize;
+        let mut number = 0u64;
+        let skip = |reason: String| Skipped {
+            path: path.clone(),
+            reason,
+        };
+        while offset < data.len() {
+            let (range, start, end, data_ok) = match parser.parse(&data[offset..]) {
+                Ok(tfrecord::Parsed::Record {
+                    data: range,
+                    start,
+                    end,
+                    data_ok,
+                    consumed,
+                }) => {
+                    let range = offset + range.start..offset + range.end;
+                    offset += consumed;
+                    (range, start, end, data_ok)
+                }
+                Ok(tfrecord::Parsed::NeedMore(_)) => {
+                    skipped.push(skip(format!("record {number}: the file ends inside it")));
+                    break;
+                }
+                Err(error) => {
+                    skipped.push(skip(format!("record {number} and the rest: {error}")));
+                    break;
+                }
+            };
+            let record = number;
+            number += 1;
+            if !data_ok {
+                skipped.push(skip(format!("record {record}: fails its CRC32C")));
+                continue;
+            }
+            let example = Bytes::copy_from_slice(&data[range]);
+            match tfrecord::parse_example(example, &names) {
+                Ok(example) => inputs.push(Input {
+                    path: path.clone(),
+                    key: unique_key(format!("{stem}/{record:08}"), &mut keys),
+                    label: example.label.unwrap_or(-1),
+                    size: example.image.len() as u64,
+                    record: Some(start..end),
+                }),
+                Err(reason) => skipped.push(skip(format!("record {record}: {reason}"))),
+            }
+        }
+    }
+    Ok((inputs, Vec::new(), skipped))
+}
+
+/// The image of one record of a TFRecord file (its checks passed when listed).
+fn read_record_image(path: &Path, record: &std::ops::Range<u64>) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).map_err(|e| format!("unreadable: {e}"))?;
+    let mut framed = vec![0; (record.end - record.start) as usize];
+    file.seek(SeekFrom::Start(record.start))
+        .and_then(|_| file.read_exact(&mut framed))
+        .map_err(|e| format!("unreadable: {e}"))?;
+    let example = Bytes::from(framed).slice(12..(record.end - record.start) as usize - 4);
+    tfrecord::parse_example(example, &FeatureNames::default()).map(|e| e.image.to_vec())
 }
 
 /// The ImageFolder layout: `source/<class>/**/<file>`, classes sorted.
@@ -508,9 +601,13 @@ fn build_shard(inputs: &[Input]) -> BuiltShard {
     let read: Vec<Result<(Vec<u8>, &'static str), String>> = inputs
         .par_iter()
         .map(|input| {
-            let data = std::fs::read(&input.path).map_err(|e| format!("unreadable: {e}"))?;
-            let extension = image_extension(&data)
-                .ok_or_else(|| "not a JPEG, PNG or WebP image".to_string())?;
+            let data = match &input.record {
+                Some(record) => read_record_image(&input.path, record)?,
+                None => std::fs::read(&input.path).map_err(|e| format!("unreadable: {e}"))?,
+            };
+            let extension = ImageFormat::sniff(&data)
+                .ok_or_else(|| "not a JPEG, PNG or WebP image".to_string())?
+                .extension();
             Ok((data, extension))
         })
         .collect();
@@ -528,25 +625,15 @@ fn build_shard(inputs: &[Input]) -> BuiltShard {
             }
             Err(reason) => skipped.push(Skipped {
                 path: input.path.clone(),
-                reason,
+                reason: match &input.record {
+                    Some(_) => format!("{}: {reason}", input.key),
+                    None => reason,
+                },
             }),
         }
     }
     let tar = (!tar.is_empty()).then(|| Bytes::from(tar.finish()));
     BuiltShard { tar, skipped }
-}
-
-/// The member extension for an image's bytes, from its signature.
-fn image_extension(data: &[u8]) -> Option<&'static str> {
-    if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        Some("jpg")
-    } else if data.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("png")
-    } else if data.len() >= 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
-        Some("webp")
-    } else {
-        None
-    }
 }
 
 #[cfg(test)]
@@ -575,6 +662,7 @@ mod tests {
                 key: format!("f{i}"),
                 label: 0,
                 size: 10_000,
+                record: None,
             })
             .collect();
         // A sample is 11,776 tar bytes (headers, padding, label); three and
@@ -590,17 +678,30 @@ mod tests {
             key: "big".into(),
             label: 0,
             size: 100_000,
+            record: None,
         };
         assert_eq!(assign_shards(vec![big], 35_000).len(), 1);
     }
 
     #[test]
     fn signatures_pick_the_member_extension() {
-        assert_eq!(image_extension(&[0xFF, 0xD8, 0xFF, 0xE0]), Some("jpg"));
-        assert_eq!(image_extension(b"\x89PNG\r\n\x1a\n...."), Some("png"));
-        assert_eq!(image_extension(b"RIFF\0\0\0\0WEBPVP8 "), Some("webp"));
-        assert_eq!(image_extension(b"hello"), None);
-        assert_eq!(image_extension(b""), None);
+        assert_eq!(
+            ImageFormat::sniff(&[0xFF, 0xD8, 0xFF, 0xE0]).map(ImageFormat::extension),
+            Some("jpg")
+        );
+        assert_eq!(
+            ImageFormat::sniff(b"\x89PNG\r\n\x1a\n....").map(ImageFormat::extension),
+            Some("png")
+        );
+        assert_eq!(
+            ImageFormat::sniff(b"RIFF\0\0\0\0WEBPVP8 ").map(ImageFormat::extension),
+            Some("webp")
+        );
+        assert_eq!(
+            ImageFormat::sniff(b"hello").map(ImageFormat::extension),
+            None
+        );
+        assert_eq!(ImageFormat::sniff(b"").map(ImageFormat::extension), None);
     }
 
     #[test]

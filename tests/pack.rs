@@ -271,3 +271,52 @@ async fn large_shards_go_up_in_parts() {
     let shard = s3.state.object("packed", "big/shard-000000.tar").unwrap();
     assert_eq!(shard.len() as u64, report.bytes);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tfrecord_files_pack_into_tar_shards_with_their_labels() {
+    use shardfeed::shard::tfrecord::{example_bytes, write_record};
+    let source = tempfile::tempdir().unwrap();
+    let mut expected = HashMap::new();
+    for (file, count) in [("train-0", 6u64), ("train-1", 5)] {
+        let mut records = Vec::new();
+        let mut starts = Vec::new();
+        for n in 0..count {
+            starts.push(records.len());
+            let label = (n * 10) as i64;
+            write_record(
+                &mut records,
+                &example_bytes(&jpeg(40, 32, n), Some(label), &[]),
+            );
+            expected.insert(format!("{file}/{n:08}"), label);
+        }
+        if file == "train-1" {
+            records[starts[2] + 30] ^= 0x20; // record 2's data: skipped, reported
+            expected.remove(&format!("{file}/{:08}", 2));
+        }
+        std::fs::write(source.path().join(format!("{file}.tfrecord")), records).unwrap();
+    }
+    let s3 = s3mem::start(0).await.unwrap();
+    sdk_client(&s3)
+        .await
+        .create_bucket()
+        .bucket("packed")
+        .send()
+        .await
+        .unwrap();
+    let report = pack_into(&s3, source.path(), None, "s3://packed/tf/").await;
+    assert_eq!(report.samples, 10);
+    assert!(
+        report.classes.is_empty(),
+        "labels are the Examples' integers"
+    );
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert!(
+        report.skipped[0].reason.contains("record 2")
+            && report.skipped[0].reason.contains("CRC32C"),
+        "{:?}",
+        report.skipped
+    );
+    let harness = Harness::with_s3(s3, Options::default()).await;
+    assert_eq!(served_labels(&harness, "s3://packed/tf/").await, expected);
+    harness.shutdown().await;
+}

@@ -453,7 +453,8 @@ impl WarmArgs {
 
 #[derive(Args, Debug)]
 pub struct PackArgs {
-    /// The image folder: one directory per class, or any layout with --manifest.
+    /// The image folder: one directory per class, any layout with --manifest,
+    /// or a folder of TFRecord files (*.tfrecord, labels from their Examples).
     pub source: PathBuf,
     /// Where the shards go: s3://bucket/prefix/ or file:///abs/dir/
     pub dest: String,

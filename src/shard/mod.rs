@@ -81,6 +81,15 @@ impl ImageFormat {
         }
     }
 
+    /// The member extension a tar shard stores this format under.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Self::Jpeg => "jpg",
+            Self::Png => "png",
+            Self::Webp => "webp",
+        }
+    }
+
     /// The format from the data's signature (for containers that do not
     /// name it, like a TFRecord's `image/encoded`).
     pub fn sniff(data: &[u8]) -> Option<Self> {
