@@ -3,7 +3,6 @@
 
 mod common;
 
-use aws_sdk_s3::primitives::ByteStream;
 use common::*;
 use shardfeed::server::pb;
 use shardfeed::shard::tar::TarWriter;
@@ -17,8 +16,7 @@ async fn upload_captioned(
     shards: usize,
     per_shard: usize,
 ) -> String {
-    let client = sdk_client(&harness.s3).await;
-    let _ = client.create_bucket().bucket("captioned").send().await;
+    let mut objects = Vec::new();
     for s in 0..shards {
         let mut tar = TarWriter::new();
         for i in 0..per_shard {
@@ -34,15 +32,9 @@ async fn upload_captioned(
             );
             tar.append(&format!("{key}.cls"), n.to_string().as_bytes());
         }
-        client
-            .put_object()
-            .bucket("captioned")
-            .key(format!("{prefix}shard-{s}.tar"))
-            .body(ByteStream::from(tar.finish()))
-            .send()
-            .await
-            .unwrap();
+        objects.push((format!("{prefix}shard-{s}.tar"), tar.finish()));
     }
+    put_objects(&harness.s3, "captioned", objects).await;
     format!("s3://captioned/{prefix}")
 }
 
@@ -176,8 +168,6 @@ async fn bad_layouts_are_invalid_arguments_saying_what_is_wrong() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tfrecord_features_by_name_with_renamed_image_and_label() {
     let harness = Harness::start(Options::default()).await;
-    let client = sdk_client(&harness.s3).await;
-    let _ = client.create_bucket().bucket("renamed").send().await;
     let mut shard = Vec::new();
     for n in 0..8u64 {
         let caption = format!("caption {n}");
@@ -188,14 +178,12 @@ async fn tfrecord_features_by_name_with_renamed_image_and_label() {
         );
         write_record(&mut shard, &example);
     }
-    client
-        .put_object()
-        .bucket("renamed")
-        .key("tf/a.tfrecord")
-        .body(ByteStream::from(shard))
-        .send()
-        .await
-        .unwrap();
+    put_objects(
+        &harness.s3,
+        "renamed",
+        [("tf/a.tfrecord".to_string(), shard)],
+    )
+    .await;
     let dataset = "s3://renamed/tf/";
     let mut client = harness.client().await;
     let layout = pb::SampleLayout {

@@ -96,13 +96,7 @@ async fn an_image_folder_round_trips_with_its_labels() {
     let source = tempfile::tempdir().unwrap();
     let expected = image_folder(source.path());
     let s3 = s3mem::start(0).await.unwrap();
-    sdk_client(&s3)
-        .await
-        .create_bucket()
-        .bucket("packed")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&s3, "packed").await;
 
     let report = pack_into(&s3, source.path(), None, "s3://packed/train/").await;
     assert_eq!(report.samples, 30);
@@ -157,13 +151,7 @@ async fn the_same_seed_packs_the_same_bytes() {
     let source = tempfile::tempdir().unwrap();
     image_folder(source.path());
     let s3 = s3mem::start(0).await.unwrap();
-    sdk_client(&s3)
-        .await
-        .create_bucket()
-        .bucket("packed")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&s3, "packed").await;
     pack_into(&s3, source.path(), None, "s3://packed/a/").await;
     pack_into(&s3, source.path(), None, "s3://packed/b/").await;
     let (a, b) = (
@@ -235,13 +223,7 @@ async fn large_shards_go_up_in_parts() {
         std::fs::write(source.path().join(format!("big/{i}.jpg")), data).unwrap();
     }
     let s3 = s3mem::start(0).await.unwrap();
-    sdk_client(&s3)
-        .await
-        .create_bucket()
-        .bucket("packed")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&s3, "packed").await;
     let registry = DatasetRegistry::new(s3.s3_config(), fast_retries(), small_parts());
     let (store, prefix) = registry
         .store_for(&DatasetUri::parse("s3://packed/big/").unwrap())
@@ -296,13 +278,7 @@ async fn tfrecord_files_pack_into_tar_shards_with_their_labels() {
         std::fs::write(source.path().join(format!("{file}.tfrecord")), records).unwrap();
     }
     let s3 = s3mem::start(0).await.unwrap();
-    sdk_client(&s3)
-        .await
-        .create_bucket()
-        .bucket("packed")
-        .send()
-        .await
-        .unwrap();
+    create_bucket(&s3, "packed").await;
     let report = pack_into(&s3, source.path(), None, "s3://packed/tf/").await;
     assert_eq!(report.samples, 10);
     assert!(

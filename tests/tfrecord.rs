@@ -3,7 +3,6 @@
 
 mod common;
 
-use aws_sdk_s3::primitives::ByteStream;
 use common::*;
 use shardfeed::server::pb;
 use shardfeed::shard::tfrecord::{example_bytes, write_record};
@@ -28,18 +27,11 @@ fn tfrecords_of(shards: &[Vec<Sample>]) -> Vec<(Vec<u8>, Vec<usize>)> {
 }
 
 async fn upload_tfrecords(harness: &Harness, prefix: &str, shards: &[Vec<u8>]) -> String {
-    let client = sdk_client(&harness.s3).await;
-    let _ = client.create_bucket().bucket("records").send().await;
-    for (i, shard) in shards.iter().enumerate() {
-        client
-            .put_object()
-            .bucket("records")
-            .key(format!("{prefix}train-{i:05}.tfrecord"))
-            .body(ByteStream::from(shard.clone()))
-            .send()
-            .await
-            .unwrap();
-    }
+    let objects = shards
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| (format!("{prefix}train-{i:05}.tfrecord"), shard.clone()));
+    put_objects(&harness.s3, "records", objects).await;
     format!("s3://records/{prefix}")
 }
 

@@ -92,19 +92,38 @@ pub async fn sdk_client(s3: &RunningS3) -> aws_sdk_s3::Client {
 
 /// Uploads shards to `s3://bucket/prefix` and returns the dataset URI.
 pub async fn upload(s3: &RunningS3, bucket: &str, prefix: &str, shards: &[Vec<Sample>]) -> String {
+    let objects = shards
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| (format!("{prefix}shard-{i:04}.tar"), tar_of(shard)));
+    put_objects(s3, bucket, objects).await;
+    format!("s3://{bucket}/{prefix}")
+}
+
+/// Creates `bucket` unless it exists.
+pub async fn create_bucket(s3: &RunningS3, bucket: &str) {
     let client = sdk_client(s3).await;
     let _ = client.create_bucket().bucket(bucket).send().await;
-    for (i, shard) in shards.iter().enumerate() {
+}
+
+/// Writes `(key, bytes)` objects into `bucket`, creating it if needed.
+pub async fn put_objects(
+    s3: &RunningS3,
+    bucket: &str,
+    objects: impl IntoIterator<Item = (String, Vec<u8>)>,
+) {
+    create_bucket(s3, bucket).await;
+    let client = sdk_client(s3).await;
+    for (key, data) in objects {
         client
             .put_object()
             .bucket(bucket)
-            .key(format!("{prefix}shard-{i:04}.tar"))
-            .body(ByteStream::from(tar_of(shard)))
+            .key(key)
+            .body(ByteStream::from(data))
             .send()
             .await
             .unwrap();
     }
-    format!("s3://{bucket}/{prefix}")
 }
 
 /// The loopback S3 server and a shardfeed server in front of it.

@@ -30,32 +30,29 @@ package is missing is skipped with a note.
 
 from __future__ import annotations
 
-import argparse
 import os
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .delivered import (
     ACCESS_KEY,
     SECRET_KEY,
     _decode,
-    _process_cpu,
-    _s3_client,
     run_entitlement,
     synthetic_setup,
 )
 from .training import (
-    Contenders,
     DaliContender,
     LoaderContender,
     _shard_keys,
     _worker_cpu,
+    download_shards,
+    recipe_arguments,
     report,
     run_interleaved,
-    shardfeed_run,
+    shardfeed_contenders,
 )
 
 if TYPE_CHECKING:
@@ -114,17 +111,7 @@ def dali_eval_images(size: int) -> Callable[[Any, Any, Any], Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--binary", default=os.environ.get("SHARDFEED_BIN", "shardfeed"))
-    parser.add_argument("--shards", type=int, default=16)
-    parser.add_argument("--samples-per-shard", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = recipe_arguments(__doc__, argv)
 
     socket_dir = tempfile.TemporaryDirectory(prefix="sf-")
     setup = synthetic_setup(
@@ -136,16 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint, dataset = setup["endpoint"], setup["dataset"]
         bucket, keys = _shard_keys(endpoint, dataset)
         total = len(keys) * args.samples_per_shard
-        server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
-        contenders: Contenders = {
-            name: (
-                lambda transport=transport: shardfeed_run(  # type: ignore[misc]
-                    setup["target"], dataset, args.batch_size, size, transport, augment=None
-                ),
-                server_cpu,
-            )
-            for name, transport in (("shardfeed", "shared_memory"), ("sf inline", "inline"))
-        }
+        contenders = shardfeed_contenders(setup, args.batch_size, size, None)
         try:
             import s3torchconnector  # noqa: F401
             import torch  # noqa: F401
@@ -162,12 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import nvidia.dali  # noqa: F401
 
-            files = []
-            client = _s3_client(endpoint)
-            for key in keys:
-                path = Path(local.name) / Path(key).name
-                path.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-                files.append(str(path))
+            files = download_shards(endpoint, bucket, keys, local.name)
             dali = DaliContender(files, args.batch_size, args.workers, dali_eval_images(size))
             contenders["dali"] = (lambda: dali.run(total), lambda: 0.0)
         except ImportError:

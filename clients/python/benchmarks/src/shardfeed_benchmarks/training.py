@@ -299,9 +299,10 @@ def report(
     print(json.dumps({**summary, "entitlement": entitlement}))
 
 
-def main(argv: list[str] | None = None) -> int:
+def recipe_arguments(description: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The options every recipe benchmark takes."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        description=description, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--binary", default=os.environ.get("SHARDFEED_BIN", "shardfeed"))
     parser.add_argument("--shards", type=int, default=16)
@@ -310,7 +311,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def download_shards(endpoint: str, bucket: str, keys: list[str], directory: str) -> list[str]:
+    """Local copies of the shards, for the contenders that read files."""
+    client = _s3_client(endpoint)
+    files = []
+    for key in keys:
+        path = Path(directory) / Path(key).name
+        path.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        files.append(str(path))
+    return files
+
+
+def shardfeed_contenders(
+    setup: dict[str, Any], batch_size: int, size: int, augment: str | None
+) -> Contenders:
+    """shardfeed through shared memory and inline, timed with its server's CPU."""
+    server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
+    return {
+        name: (
+            lambda transport=transport: shardfeed_run(  # type: ignore[misc]
+                setup["target"], setup["dataset"], batch_size, size, transport, augment
+            ),
+            server_cpu,
+        )
+        for name, transport in (("shardfeed", "shared_memory"), ("sf inline", "inline"))
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = recipe_arguments(__doc__, argv)
 
     socket_dir = tempfile.TemporaryDirectory(prefix="sf-")
     setup = synthetic_setup(
@@ -322,27 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         bucket, keys = _shard_keys(endpoint, dataset)
         total = len(keys) * args.samples_per_shard
         local = tempfile.TemporaryDirectory()
-        files = []
-        client = _s3_client(endpoint)
-        for key in keys:
-            path = Path(local.name) / Path(key).name
-            path.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-            files.append(str(path))
-        server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
-        contenders: Contenders = {
-            "shardfeed": (
-                lambda: shardfeed_run(
-                    setup["target"], dataset, args.batch_size, args.image_size, "shared_memory"
-                ),
-                server_cpu,
-            ),
-            "sf inline": (
-                lambda: shardfeed_run(
-                    setup["target"], dataset, args.batch_size, args.image_size, "inline"
-                ),
-                server_cpu,
-            ),
-        }
+        files = download_shards(endpoint, bucket, keys, local.name)
+        contenders = shardfeed_contenders(setup, args.batch_size, args.image_size, "train")
         try:
             import torchvision  # noqa: F401
 
