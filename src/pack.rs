@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use serde::Deserialize;
 
 use crate::dataset::{index_shard_bytes, write_index, DatasetError, DatasetIndex, ShardEntry};
-use crate::dataset::{ShardIndex, INDEX_VERSION};
+use crate::dataset::{DatasetLayout, DatasetLocation, ShardIndex, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
 use crate::shard::tfrecord::{self, FeatureNames, RecordParser};
@@ -216,10 +216,13 @@ pub async fn pack(
     }
     let index = DatasetIndex {
         version: INDEX_VERSION,
+        layout: DatasetLayout::Shards,
         shards: entries,
+        classes: Vec::new(),
     };
     // Per-shard files, then the summary: the dataset appears whole or not at all.
-    write_index(store.as_ref(), prefix, &index, &indexes).await?;
+    let location = DatasetLocation::prefix(prefix);
+    write_index(store.as_ref(), &location, &index, &indexes).await?;
     skipped.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(PackReport {
         shards: index.shards.len(),

@@ -136,6 +136,11 @@ pub struct ReadArgs {
     #[arg(long, env = "SHARDFEED_PARTS_IN_FLIGHT", default_value_t = read::DEFAULT_PARTS_IN_FLIGHT,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub parts_in_flight: usize,
+    /// GETs in flight per reader of a loose-object dataset (one image each).
+    #[arg(long, env = "SHARDFEED_OBJECT_REQUESTS_IN_FLIGHT",
+          default_value_t = read::DEFAULT_OBJECT_REQUESTS_IN_FLIGHT,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=256))]
+    pub object_requests_in_flight: usize,
     /// Attempts per S3 request at most (a backstop to --s3-retry-budget).
     #[arg(long, env = "SHARDFEED_S3_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -161,6 +166,7 @@ impl ReadArgs {
         ReadConfig {
             part_size: self.part_size,
             parts_in_flight: self.parts_in_flight,
+            object_requests_in_flight: self.object_requests_in_flight,
         }
     }
 

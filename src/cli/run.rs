@@ -4,7 +4,9 @@ use std::io::Write;
 use std::sync::Arc;
 
 use super::{CliError, Command, IndexArgs, PackArgs, ServeArgs, WarmArgs};
-use crate::dataset::{build_index, write_index, DatasetRegistry, DatasetUri, INDEX_DIR};
+use crate::dataset::{
+    build_index, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
+};
 use crate::engine::{warm, Engine};
 use crate::server::{self, Listener, ShardfeedService};
 use crate::store::cache::DiskCache;
@@ -142,23 +144,31 @@ async fn index(args: IndexArgs) -> Result<(), CliError> {
         args.read.read_config(),
     );
     let (store, prefix) = registry.store_for(&uri).await;
+    let location = DatasetLocation {
+        prefix,
+        manifest: uri.manifest().map(str::to_string),
+    };
     let started = std::time::Instant::now();
     let (index, shard_indexes) = build_index(
         store.clone(),
-        &prefix,
+        &location,
         registry.read_config(),
         args.read.on_bad_shard.into(),
     )
     .await?;
-    write_index(store.as_ref(), &prefix, &index, &shard_indexes).await?;
+    write_index(store.as_ref(), &location, &index, &shard_indexes).await?;
+    let what = match index.layout {
+        DatasetLayout::Shards => format!("{} shards", index.shards.len()),
+        DatasetLayout::Objects if index.classes.is_empty() => "loose objects".to_string(),
+        DatasetLayout::Objects => format!("loose objects in {} classes", index.classes.len()),
+    };
     println!(
-        "indexed {}: {} shards, {} samples, {:.1} MB in {:.1}s; wrote {}",
+        "indexed {}: {what}, {} samples, {:.1} MB in {:.1}s; wrote {}",
         args.uri,
-        index.shards.len(),
         index.samples(),
         index.bytes() as f64 / 1e6,
         started.elapsed().as_secs_f64(),
-        store.location(&format!("{prefix}{INDEX_DIR}")),
+        store.location(&location.index_root()),
     );
     Ok(())
 }

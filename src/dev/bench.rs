@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::kernel::{cpu_and_peak_rss, decode_kernel, TimedDecoder};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
-use crate::dataset::{build_index, write_index, DatasetRegistry};
+use crate::dataset::{build_index, write_index, DatasetLocation, DatasetRegistry};
 use crate::engine::{Engine, EngineConfig, StreamRequest};
 use crate::pipeline::PipelineConfig;
 use crate::server::{pb, LocalServer, ServiceConfig, ShardfeedService};
@@ -81,9 +81,10 @@ pub async fn cache_policy(spec: &CacheBenchSpec) -> Result<(), BenchError> {
         part_size: 256 << 10,
         ..ReadConfig::default()
     };
+    let location = DatasetLocation::prefix("data/");
     let (index, shard_indexes) =
-        build_index(store.clone(), "data/", &read, BadShardPolicy::Fail).await?;
-    write_index(store.as_ref(), "data/", &index, &shard_indexes).await?;
+        build_index(store.clone(), &location, &read, BadShardPolicy::Fail).await?;
+    write_index(store.as_ref(), &location, &index, &shard_indexes).await?;
     let cache_bytes = (dataset_bytes as f64 * spec.cache_fraction) as u64;
 
     // "none" first: the first epoch's time without a cache is the baseline

@@ -78,6 +78,7 @@ pub fn check_request(request: &pb::StreamBatchesRequest) {
             shuffle_buffer: shuffle.buffer,
             batch_bytes: request.output.bytes() as u64 * u64::from(request.plan.batch_size),
             mean_sample_bytes: 110_000,
+            loose_objects: false,
         },
     );
     let _ = cost.total();

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use rayon::prelude::*;
 
 use super::s3mem;
-use crate::dataset::{build_index, write_index};
+use crate::dataset::{build_index, write_index, DatasetLocation};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
 use crate::shard::BadShardPolicy;
@@ -191,13 +191,14 @@ pub async fn publish(
             .put(&format!("{DEMO_PREFIX}{name}"), Bytes::from(tar))
             .await?;
     }
+    let location = DatasetLocation::prefix(DEMO_PREFIX);
     let (index, shard_indexes) = build_index(
         store.clone(),
-        DEMO_PREFIX,
+        &location,
         &ReadConfig::default(),
         BadShardPolicy::Fail,
     )
     .await?;
-    write_index(store.as_ref(), DEMO_PREFIX, &index, &shard_indexes).await?;
+    write_index(store.as_ref(), &location, &index, &shard_indexes).await?;
     Ok(format!("s3://{DEMO_BUCKET}/{DEMO_PREFIX}"))
 }

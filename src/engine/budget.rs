@@ -107,6 +107,9 @@ pub struct StreamCost {
     /// `(interleave + prefetch_shards) * (parts_in_flight + 2) * part_size`:
     /// parts in flight, the part being handed to the parser, and the
     /// parser's own buffer (up to a part plus the member it straddles).
+    /// For loose objects, `(interleave + prefetch_shards) *
+    /// (object_requests_in_flight + 1) * S`: whole objects in flight and the
+    /// one being handed on.
     pub readers: u64,
     /// `(interleave + prefetch_shards) * reader_queue * S`
     pub reader_queues: u64,
@@ -124,17 +127,22 @@ pub struct StreamShape {
     pub batch_bytes: u64,
     /// Mean compressed sample size of the dataset (`S`).
     pub mean_sample_bytes: u64,
+    /// The dataset is loose objects: readers hold whole objects, not parts.
+    pub loose_objects: bool,
 }
 
 impl StreamCost {
     pub fn new(config: &PipelineConfig, shape: StreamShape) -> Self {
         let readers = u64::from(shape.interleave) + config.prefetch_shards as u64;
-        let part = config.read.part_size;
-        let parts = config.read.parts_in_flight as u64 + 2;
         let s = shape.mean_sample_bytes;
+        let per_reader = if shape.loose_objects {
+            (config.read.object_requests_in_flight as u64 + 1).saturating_mul(s)
+        } else {
+            (config.read.parts_in_flight as u64 + 2).saturating_mul(config.read.part_size)
+        };
         let batches = (config.decode_ahead + config.ready_batches + 3) as u64;
         Self {
-            readers: readers.saturating_mul(parts).saturating_mul(part),
+            readers: readers.saturating_mul(per_reader),
             reader_queues: readers
                 .saturating_mul(config.reader_queue as u64)
                 .saturating_mul(s),
@@ -278,6 +286,7 @@ mod tests {
             shuffle_buffer,
             batch_bytes,
             mean_sample_bytes: 110_000,
+            loose_objects: false,
         }
     }
 

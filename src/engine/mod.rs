@@ -61,6 +61,9 @@ pub enum EngineError {
     Memory(#[from] BudgetError),
     #[error("{0}")]
     Augment(#[from] decode::augment::AugmentError),
+    /// A valid request the dataset cannot serve.
+    #[error("{0}")]
+    Unsupported(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -174,8 +177,13 @@ impl Engine {
     }
 
     /// What a stream of `request` over a dataset with `mean_sample_bytes`
-    /// per sample reserves.
-    pub fn stream_cost(&self, request: &StreamRequest, mean_sample_bytes: u64) -> StreamCost {
+    /// per sample (of loose objects or not) reserves.
+    pub fn stream_cost(
+        &self,
+        request: &StreamRequest,
+        mean_sample_bytes: u64,
+        loose_objects: bool,
+    ) -> StreamCost {
         let shuffle = request.plan.shuffle.effective();
         StreamCost::new(
             &self.config.pipeline,
@@ -184,6 +192,7 @@ impl Engine {
                 shuffle_buffer: shuffle.buffer,
                 batch_bytes: request.output.bytes() as u64 * u64::from(request.plan.batch_size),
                 mean_sample_bytes,
+                loose_objects,
             },
         )
     }
@@ -201,14 +210,22 @@ impl Engine {
         plan::validate_shuffle(request.plan.shuffle)?;
         request.output.validate()?;
         let dataset = self.registry.open(&request.dataset).await?;
+        if dataset.is_loose() && !request.layout.fields.is_empty() {
+            return Err(EngineError::Unsupported(format!(
+                "{} is a dataset of loose image objects: its samples have no fields \
+                 ({:?} asked); pack it into tar shards to keep captions or metadata with the images",
+                request.dataset, request.layout.fields
+            )));
+        }
         let mean_sample = dataset
             .index
             .bytes()
             .div_ceil(dataset.index.samples().max(1));
-        let reservation = Arc::new(
-            self.memory
-                .reserve(self.stream_cost(&request, mean_sample))?,
-        );
+        let reservation = Arc::new(self.memory.reserve(self.stream_cost(
+            &request,
+            mean_sample,
+            dataset.is_loose(),
+        ))?);
         // The ring takes the place of the batch buffers the reservation
         // counted: (decode_ahead + ready_batches + 3) batches.
         let shared = match &request.shared_memory {
@@ -228,7 +245,9 @@ impl Engine {
             None => None,
         };
         let shard_samples = dataset.shard_samples();
-        let want_hints = self.registry.cache().is_some();
+        // Loose objects are cached one by one, not as the plan's virtual
+        // shards: eviction falls back to LRU for them.
+        let want_hints = self.registry.cache().is_some() && !dataset.is_loose();
         let plan_request = request.plan.clone();
         let (plan, hinted_shards) = tokio::task::spawn_blocking(move || {
             let plan = plan::plan_stream(&shard_samples, &plan_request)?;
@@ -261,7 +280,7 @@ impl Engine {
                 "stream started"
             )
         });
-        let cache_hints = self.registry.cache().map(|cache| {
+        let cache_hints = self.registry.cache().filter(|_| want_hints).map(|cache| {
             let locations = hinted_shards
                 .into_iter()
                 .map(|shard| dataset.store.location(&dataset.shard_key(shard)))

@@ -5,7 +5,7 @@
 use futures::StreamExt;
 
 use crate::dataset::{DatasetError, DatasetRegistry};
-use crate::store::read::{read_parts, ReadConfig};
+use crate::store::read::{read_object, read_parts, ReadConfig};
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +56,26 @@ pub async fn warm(
     };
     let mut done = 0u64;
     for (shard, entry) in dataset.index.shards.iter().enumerate() {
+        if dataset.is_loose() {
+            // A group of loose objects, each cached on its own.
+            let index = dataset.shard_index(shard as u32).await?;
+            if !cache.fits_without_eviction(entry.size) {
+                break;
+            }
+            let objects = (0..index.keys.len()).map(|i| dataset.object(&index, i));
+            let mut reads = futures::stream::iter(objects)
+                .map(|object| {
+                    let store = dataset.store.clone();
+                    async move { read_object(store.as_ref(), &object).await }
+                })
+                .buffered(read.object_requests_in_flight.max(1));
+            while let Some(bytes) = reads.next().await {
+                done += bytes?.len() as u64;
+                progress(done, total_bytes);
+            }
+            report.cached_shards += 1;
+            continue;
+        }
         let key = dataset.shard_key(shard as u32);
         let location = dataset.store.location(&key);
         let cached = entry

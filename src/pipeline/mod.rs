@@ -69,7 +69,7 @@ use crate::shard::{
     DEFAULT_MAX_MEMBER_BYTES,
 };
 use crate::store::cache::DiskCache;
-use crate::store::read::{read_parts, ReadConfig};
+use crate::store::read::{read_object, read_parts, ReadConfig};
 use crate::store::StoreError;
 use buffers::BufferPool;
 
@@ -712,6 +712,9 @@ struct ReadJob {
 impl ReadJob {
     async fn run(self, tx: &mpsc::Sender<SampleResult>) -> Result<(), PipelineError> {
         let index = self.dataset.shard_index(self.shard).await?;
+        if self.dataset.is_loose() {
+            return self.read_objects(&index, tx).await;
+        }
         let mut next = self.first;
         let result = self.read(&index, tx, &mut next).await;
         // A field over the request's cap is the request's problem, not damage.
@@ -741,6 +744,60 @@ impl ReadJob {
                 break;
             }
             next += 1;
+        }
+        Ok(())
+    }
+
+    /// Sends the objects `[first, end)` of a loose group in order, with
+    /// `object_requests_in_flight` GETs at a time to hide each one's
+    /// first-byte latency. An object gone or changed since it was indexed is
+    /// a stale index: the stream ends, or under `--on-bad-shard skip` that
+    /// one sample is substituted.
+    async fn read_objects(
+        &self,
+        index: &ShardIndex,
+        tx: &mpsc::Sender<SampleResult>,
+    ) -> Result<(), PipelineError> {
+        let store = self.dataset.store.clone();
+        let fields = self.layout.fields.len();
+        let fetches = (self.first..self.end).map(|i| {
+            let at = i as usize;
+            let object = self.dataset.object(index, at);
+            let key = index.keys[at].clone();
+            let range = index.starts[at]..index.ends[at];
+            let label = index.labels.get(at).copied().filter(|l| *l >= 0);
+            let (store, max_member, policy) = (store.clone(), self.max_member, self.on_bad_shard);
+            async move {
+                if object.size > max_member {
+                    return Ok((i, crate::shard::oversized_object(key, range, max_member)));
+                }
+                let _in_flight = metrics::GaugeGuard::new(metrics::PARTS_IN_FLIGHT, 1.0);
+                match read_object(store.as_ref(), &object).await {
+                    Ok(bytes) => Ok((
+                        i,
+                        crate::shard::object_sample(key, range, label, bytes, fields),
+                    )),
+                    Err(error @ (StoreError::NotFound { .. } | StoreError::Changed { .. }))
+                        if policy == BadShardPolicy::Skip =>
+                    {
+                        tracing::warn!(
+                            %error,
+                            "an indexed object is gone or changed; substituting it \
+                             (--on-bad-shard skip)"
+                        );
+                        Ok((i, RawSample::unreadable(key, error.to_string())))
+                    }
+                    Err(error @ StoreError::NotFound { .. }) => Err(stale_object(error)),
+                    Err(error) => Err(PipelineError::Store(error)),
+                }
+            }
+        });
+        let mut samples =
+            futures::stream::iter(fetches).buffered(self.read.object_requests_in_flight.max(1));
+        while let Some(sample) = samples.next().await {
+            if tx.send(Ok(sample?)).await.is_err() {
+                return Ok(());
+            }
         }
         Ok(())
     }
@@ -819,6 +876,20 @@ impl ReadJob {
         }
         Ok(())
     }
+}
+
+/// An object the index lists that no longer exists.
+fn stale_object(error: StoreError) -> PipelineError {
+    PipelineError::Store(StoreError::Other {
+        location: match &error {
+            StoreError::NotFound { location, .. } => location.clone(),
+            _ => String::new(),
+        },
+        message: format!(
+            "{error}, though the dataset's index lists it; rebuild the index with \
+             `shardfeed index` (or serve with --on-bad-shard skip to substitute missing objects)"
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -92,6 +92,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
         return match error {
             DatasetError::InvalidUri { .. } => Some(Code::InvalidArgument),
             DatasetError::NoShards { .. } => Some(Code::NotFound),
+            DatasetError::Manifest { .. } => Some(Code::FailedPrecondition),
             DatasetError::CorruptIndex { .. } => Some(Code::FailedPrecondition),
             DatasetError::Shard { .. } => Some(Code::DataLoss),
             DatasetError::Internal(_) => Some(Code::Internal),
@@ -122,6 +123,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
     if let Some(error) = error.downcast_ref::<EngineError>() {
         return match error {
             EngineError::Internal(_) => Some(Code::Internal),
+            EngineError::Unsupported(_) => Some(Code::FailedPrecondition),
             _ => None,
         };
     }

@@ -4,7 +4,9 @@
 //! consecutive tar members sharing a key (the path up to the first dot of the
 //! file name): `KEY.jpg` holds the image, `KEY.cls` its label. A TFRecord
 //! sample is one record, a `tf.train.Example`, keyed by its record number
-//! in the shard. The shard's file name says which ([`ShardFormat`]).
+//! in the shard. The shard's file name says which ([`ShardFormat`]). A loose
+//! object is a shard of one sample: its bytes are the image
+//! ([`object_sample`]).
 
 pub mod tar;
 pub mod tfrecord;
@@ -461,6 +463,40 @@ fn check_field_size(
         });
     }
     Ok(())
+}
+
+/// The sample of one loose object (a one-sample shard): its bytes are the
+/// image, its label comes from the dataset's index. The format follows the
+/// data's signature, not the key's extension, which a manifest need not have.
+pub fn object_sample(
+    key: String,
+    range: std::ops::Range<u64>,
+    label: Option<i64>,
+    data: Bytes,
+    fields: usize,
+) -> RawSample {
+    let Some(format) = ImageFormat::sniff(&data) else {
+        let why = "object is not a JPEG, PNG or WebP image".to_string();
+        return RawSample::damaged(key, range, "corrupt", why);
+    };
+    RawSample {
+        key,
+        image: Some((format, data)),
+        label: label.map_or(Label::Missing, Label::Value),
+        start: range.start,
+        end: range.end,
+        unreadable: None,
+        fields: vec![None; fields],
+    }
+}
+
+/// A loose object larger than the member limit: never read, substituted.
+pub fn oversized_object(key: String, range: std::ops::Range<u64>, max: u64) -> RawSample {
+    let why = format!(
+        "object is {} bytes, over the limit of {max} (--max-member-bytes)",
+        range.end - range.start
+    );
+    RawSample::damaged(key, range, "too_large", why)
 }
 
 /// The sample of one TFRecord record: a record that fails its checksum or

@@ -41,6 +41,9 @@ pub const DEFAULT_MIN_FREE_PERCENT: f64 = 5.0;
 pub const DEFAULT_MAX_BYTES: u64 = 100_000_000_000;
 /// Finished streams whose next-epoch plan is kept as eviction hints.
 const MAX_HINTS: usize = 256;
+/// Listings longer than this are not kept in memory (a prefix of loose
+/// images can hold millions of objects; shard datasets list far fewer).
+const MAX_CACHED_LISTING: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EvictionPolicy {
@@ -778,6 +781,10 @@ impl ObjectStore for CacheStore {
             }
         }
         let objects = self.source.inner.list(prefix).await?;
+        if objects.len() > MAX_CACHED_LISTING {
+            // A loose-object dataset: its index keeps what is needed.
+            return Ok(objects);
+        }
         let mut metadata = self.metadata();
         for object in &objects {
             metadata
@@ -810,6 +817,37 @@ impl ObjectStore for CacheStore {
         if_match: Option<&str>,
     ) -> Result<PartStream, StoreError> {
         let object = self.head(key).await?;
+        self.read_cached(&object, range, if_match).await
+    }
+
+    async fn get_object(&self, object: &ObjectMeta) -> Result<PartStream, StoreError> {
+        self.read_cached(object, 0..object.size, object.etag.as_deref())
+            .await
+    }
+
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        {
+            let mut metadata = self.metadata();
+            metadata.heads.remove(key);
+            metadata.lists.clear();
+        }
+        self.source.inner.put(key, data).await
+    }
+
+    fn location(&self, key: &str) -> String {
+        self.source.inner.location(key)
+    }
+}
+
+impl CacheStore {
+    /// `range` of `object` (as listed or looked up) through the cache's blocks.
+    async fn read_cached(
+        &self,
+        object: &ObjectMeta,
+        range: Range<u64>,
+        if_match: Option<&str>,
+    ) -> Result<PartStream, StoreError> {
+        let key = object.key.as_str();
         let etag = match (if_match, object.etag.as_deref()) {
             (Some(wanted), _) => wanted.to_string(),
             (None, Some(current)) => current.to_string(),
@@ -847,19 +885,6 @@ impl ObjectStore for CacheStore {
         // Two blocks in flight keep a range wider than a block streaming.
         let stream = stream.buffered(2);
         Ok(stream.boxed())
-    }
-
-    async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
-        {
-            let mut metadata = self.metadata();
-            metadata.heads.remove(key);
-            metadata.lists.clear();
-        }
-        self.source.inner.put(key, data).await
-    }
-
-    fn location(&self, key: &str) -> String {
-        self.source.inner.location(key)
     }
 }
 

@@ -94,6 +94,15 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
         if_match: Option<&str>,
     ) -> Result<PartStream, StoreError>;
 
+    /// The whole of `object`, whose size and ETag the caller already knows
+    /// (from an index): a wrapper that would otherwise look them up first
+    /// (the disk cache) reads it without a HEAD. Loose-object datasets read
+    /// every sample this way: one request per sample, not two.
+    async fn get_object(&self, object: &ObjectMeta) -> Result<PartStream, StoreError> {
+        self.get_range(&object.key, 0..object.size, object.etag.as_deref())
+            .await
+    }
+
     async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError>;
 
     /// Human-readable location of `key`, for errors and logs.

@@ -172,6 +172,7 @@ pub fn small_parts() -> ReadConfig {
     ReadConfig {
         part_size: 64 << 10,
         parts_in_flight: 3,
+        ..ReadConfig::default()
     }
 }
 
@@ -346,18 +347,28 @@ pub fn cache_at(dir: &std::path::Path, max_bytes: u64, policy: EvictionPolicy) -
 
 /// Writes the dataset's index beside it (as `shardfeed index` does).
 pub async fn write_index(s3: &RunningS3, bucket: &str, prefix: &str) {
+    let location = shardfeed::dataset::DatasetLocation::prefix(prefix);
+    write_index_at(s3, bucket, &location).await;
+}
+
+/// Writes the index of the dataset at `location` (a folder or a manifest).
+pub async fn write_index_at(
+    s3: &RunningS3,
+    bucket: &str,
+    location: &shardfeed::dataset::DatasetLocation,
+) {
     let client = shardfeed::store::s3::client(&s3.s3_config()).await;
     let store: Arc<dyn shardfeed::store::ObjectStore> =
         Arc::new(shardfeed::store::s3::S3Store::new(client, bucket));
     let (index, shards) = shardfeed::dataset::build_index(
         store.clone(),
-        prefix,
+        location,
         &small_parts(),
         shardfeed::shard::BadShardPolicy::Fail,
     )
     .await
     .unwrap();
-    shardfeed::dataset::write_index(store.as_ref(), prefix, &index, &shards)
+    shardfeed::dataset::write_index(store.as_ref(), location, &index, &shards)
         .await
         .unwrap();
 }

@@ -5,6 +5,9 @@
 //! file per shard with each sample's key and byte range, read only when a
 //! stream is about to read that shard. `shardfeed index URI` writes it; a
 //! server that finds none builds it by scanning once and keeps it in memory.
+//!
+//! A prefix without shards but with images is a loose-object dataset
+//! ([`loose`]): its listing, grouped into virtual shards, is the index.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -17,6 +20,8 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OnceCell;
 
+pub mod loose;
+
 use crate::shard::{
     BadShardPolicy, SampleLayout, SampleSplitter, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
 };
@@ -26,7 +31,7 @@ use crate::store::read::{get_all, read_parts, ReadConfig};
 use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::s3::{S3Config, S3Store};
 use crate::store::throttle::{RequestLimiter, DEFAULT_INITIAL_LIMIT};
-use crate::store::{ObjectStore, StoreError};
+use crate::store::{ObjectMeta, ObjectStore, StoreError};
 
 pub const INDEX_DIR: &str = "_shardfeed/";
 pub const INDEX_VERSION: u32 = 1;
@@ -37,8 +42,17 @@ const SHARD_INDEX_CACHE: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatasetUri {
-    S3 { bucket: String, prefix: String },
-    Local { root: PathBuf },
+    /// `manifest`: the URI named a manifest object (`*.csv`, `*.jsonl`) in
+    /// the folder `prefix` rather than the folder itself.
+    S3 {
+        bucket: String,
+        prefix: String,
+        manifest: Option<String>,
+    },
+    Local {
+        root: PathBuf,
+        manifest: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -47,8 +61,13 @@ pub enum DatasetError {
     InvalidUri { uri: String, reason: &'static str },
     #[error("{0}")]
     Store(#[from] StoreError),
-    #[error("no shards (*.tar, *.tfrecord, *.tfrecords) under {location}")]
+    #[error(
+        "no shards (*.tar, *.tfrecord, *.tfrecords) and no images (*.jpg, *.jpeg, *.png, \
+         *.webp) under {location}"
+    )]
     NoShards { location: String },
+    #[error("manifest {location}: {message}")]
+    Manifest { location: String, message: String },
     #[error("corrupt index {location}: {message}")]
     CorruptIndex { location: String, message: String },
     #[error("shard {location}: {source}")]
@@ -74,6 +93,7 @@ impl DatasetUri {
                     "missing bucket name (expected s3://bucket/prefix/)",
                 ));
             }
+            let (prefix, manifest) = split_manifest(prefix);
             let mut prefix = prefix.to_string();
             if !prefix.is_empty() && !prefix.ends_with('/') {
                 prefix.push('/');
@@ -81,6 +101,7 @@ impl DatasetUri {
             Ok(Self::S3 {
                 bucket: bucket.to_string(),
                 prefix,
+                manifest,
             })
         } else if let Some(path) = uri.strip_prefix("file://") {
             if !path.starts_with('/') {
@@ -92,13 +113,58 @@ impl DatasetUri {
             if path.split('/').any(|segment| segment == "..") {
                 return Err(invalid("file URIs may not contain `..`"));
             }
+            let (root, manifest) = split_manifest(path);
             Ok(Self::Local {
-                root: PathBuf::from(path),
+                root: PathBuf::from(if root.is_empty() { "/" } else { root }),
+                manifest,
             })
         } else if uri.is_empty() {
             Err(invalid("dataset is empty"))
         } else {
             Err(invalid("expected s3://bucket/prefix/ or file:///abs/dir/"))
+        }
+    }
+
+    /// The manifest object the URI names, if it names one.
+    pub fn manifest(&self) -> Option<&str> {
+        match self {
+            Self::S3 { manifest, .. } | Self::Local { manifest, .. } => manifest.as_deref(),
+        }
+    }
+}
+
+/// `folder/`, `Some(name)` when the path's last segment names a manifest.
+fn split_manifest(path: &str) -> (&str, Option<String>) {
+    match path.rsplit_once('/') {
+        Some((folder, name)) if loose::is_manifest_name(name) => (folder, Some(name.to_string())),
+        None if loose::is_manifest_name(path) => ("", Some(path.to_string())),
+        _ => (path, None),
+    }
+}
+
+/// Where a dataset's objects and its index lie in its store.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DatasetLocation {
+    /// Key prefix of the shards or objects (empty or ending in `/`).
+    pub prefix: String,
+    /// A manifest object in the prefix that lists the samples.
+    pub manifest: Option<String>,
+}
+
+impl DatasetLocation {
+    pub fn prefix(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            manifest: None,
+        }
+    }
+
+    /// Where the index files live: `_shardfeed/` beside the shards, or
+    /// `_shardfeed/<manifest>/` so that several manifests share a folder.
+    pub fn index_root(&self) -> String {
+        match &self.manifest {
+            Some(manifest) => format!("{}{INDEX_DIR}{manifest}/", self.prefix),
+            None => format!("{}{INDEX_DIR}", self.prefix),
         }
     }
 }
@@ -112,10 +178,26 @@ pub struct ShardEntry {
     pub samples: u64,
 }
 
+/// What a dataset's "shards" are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetLayout {
+    /// Tar or TFRecord shards, read in large sequential ranges.
+    #[default]
+    Shards,
+    /// Loose objects in virtual shards: one GET per sample.
+    Objects,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatasetIndex {
     pub version: u32,
+    #[serde(default)]
+    pub layout: DatasetLayout,
     pub shards: Vec<ShardEntry>,
+    /// Class folder names of a loose dataset: label `i` is `classes[i]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<String>,
 }
 
 impl DatasetIndex {
@@ -129,21 +211,27 @@ impl DatasetIndex {
 }
 
 /// Each sample's key and byte range `[starts[i], ends[i])` in one shard.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// For a group of loose objects, keys are object keys (relative to the
+/// prefix), ranges their places in the group, and each has a label and ETag.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ShardIndex {
     pub version: u32,
     pub etag: Option<String>,
     pub keys: Vec<String>,
     pub starts: Vec<u64>,
     pub ends: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub etags: Vec<Option<String>>,
 }
 
-fn shard_index_key(prefix: &str, name: &str) -> String {
-    format!("{prefix}{INDEX_DIR}shards/{name}.json")
+fn shard_index_key(root: &str, name: &str) -> String {
+    format!("{root}shards/{name}.json")
 }
 
-fn summary_key(prefix: &str) -> String {
-    format!("{prefix}{INDEX_DIR}index.json")
+fn summary_key(root: &str) -> String {
+    format!("{root}index.json")
 }
 
 /// An opened dataset: its store, its summary, and per-shard indexes on demand.
@@ -152,6 +240,8 @@ pub struct Dataset {
     pub uri: String,
     pub store: Arc<dyn ObjectStore>,
     pub prefix: String,
+    /// Where the index files are (see [`DatasetLocation::index_root`]).
+    index_root: String,
     pub index: DatasetIndex,
     shard_indexes: Mutex<ShardIndexCache>,
     /// True when the index was built in memory (no per-shard files to load).
@@ -169,19 +259,20 @@ impl Dataset {
     pub async fn open(
         uri: &str,
         store: Arc<dyn ObjectStore>,
-        prefix: String,
+        location: DatasetLocation,
         read: &ReadConfig,
         on_bad_shard: BadShardPolicy,
     ) -> Result<Self, DatasetError> {
-        let summary_key = summary_key(&prefix);
+        let index_root = location.index_root();
+        let summary_key = summary_key(&index_root);
         match get_all(store.as_ref(), &summary_key).await {
             Ok(bytes) => {
-                let location = store.location(&summary_key);
-                let index: DatasetIndex = parse_json(&bytes, &location)?;
+                let summary = store.location(&summary_key);
+                let index: DatasetIndex = parse_json(&bytes, &summary)?;
                 for entry in &index.shards {
                     check_shard_name(&entry.name).map_err(|message| {
                         DatasetError::CorruptIndex {
-                            location: location.clone(),
+                            location: summary.clone(),
                             message,
                         }
                     })?;
@@ -189,7 +280,8 @@ impl Dataset {
                 Ok(Self {
                     uri: uri.to_string(),
                     store,
-                    prefix,
+                    prefix: location.prefix,
+                    index_root,
                     index,
                     shard_indexes: Mutex::default(),
                     resident: false,
@@ -198,7 +290,7 @@ impl Dataset {
             Err(StoreError::NotFound { .. }) => {
                 let started = Instant::now();
                 let (index, shard_indexes) =
-                    build_index(store.clone(), &prefix, read, on_bad_shard).await?;
+                    build_index(store.clone(), &location, read, on_bad_shard).await?;
                 crate::metrics::index_built();
                 tracing::warn!(
                     dataset = uri,
@@ -218,7 +310,8 @@ impl Dataset {
                 Ok(Self {
                     uri: uri.to_string(),
                     store,
-                    prefix,
+                    prefix: location.prefix,
+                    index_root,
                     index,
                     shard_indexes: Mutex::new(cache),
                     resident: true,
@@ -232,8 +325,23 @@ impl Dataset {
         self.index.shards.iter().map(|s| s.samples).collect()
     }
 
+    /// The shard's object key (for a loose dataset, the virtual group's name
+    /// under the prefix: a label for logs, not an object).
     pub fn shard_key(&self, shard: u32) -> String {
         format!("{}{}", self.prefix, self.index.shards[shard as usize].name)
+    }
+
+    pub fn is_loose(&self) -> bool {
+        self.index.layout == DatasetLayout::Objects
+    }
+
+    /// Sample `i` of a loose group, as the object to GET.
+    pub fn object(&self, index: &ShardIndex, i: usize) -> ObjectMeta {
+        ObjectMeta {
+            key: format!("{}{}", self.prefix, index.keys[i]),
+            size: index.ends[i] - index.starts[i],
+            etag: index.etags.get(i).cloned().flatten(),
+        }
     }
 
     pub async fn shard_index(&self, shard: u32) -> Result<Arc<ShardIndex>, DatasetError> {
@@ -241,18 +349,31 @@ impl Dataset {
             return Ok(found.clone());
         }
         let entry = &self.index.shards[shard as usize];
-        let key = shard_index_key(&self.prefix, &entry.name);
+        let key = shard_index_key(&self.index_root, &entry.name);
         let location = self.store.location(&key);
         let bytes = get_all(self.store.as_ref(), &key).await?;
         let loaded: ShardIndex = parse_json(&bytes, &location)?;
-        if loaded.keys.len() as u64 != entry.samples
-            || loaded.starts.len() != loaded.keys.len()
-            || loaded.ends.len() != loaded.keys.len()
+        let samples = loaded.keys.len();
+        let loose = self.is_loose();
+        if samples as u64 != entry.samples
+            || loaded.starts.len() != samples
+            || loaded.ends.len() != samples
+            || (loose && (loaded.labels.len() != samples || loaded.etags.len() != samples))
         {
             return Err(DatasetError::CorruptIndex {
                 location,
-                message: format!("expected {} samples", entry.samples),
+                message: format!(
+                    "expected {} samples{}",
+                    entry.samples,
+                    if loose { " with labels and ETags" } else { "" }
+                ),
             });
+        }
+        if loose {
+            // Object keys come from the file: they must stay under the prefix.
+            if let Some(message) = loaded.keys.iter().find_map(|k| check_shard_name(k).err()) {
+                return Err(DatasetError::CorruptIndex { location, message });
+            }
         }
         let loaded = Arc::new(loaded);
         let mut cache = self.lock_cache();
@@ -304,26 +425,38 @@ fn parse_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Lists the shards under `prefix` and scans each once.
+/// Builds the index of the dataset at `location`: lists the shards under
+/// its prefix and scans each once; without shards, the listing of its
+/// images (or of its manifest's objects) is the index.
 pub async fn build_index(
     store: Arc<dyn ObjectStore>,
-    prefix: &str,
+    location: &DatasetLocation,
     read: &ReadConfig,
     on_bad_shard: BadShardPolicy,
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
+    let prefix = location.prefix.as_str();
+    if let Some(manifest) = &location.manifest {
+        return manifest_index(store.as_ref(), prefix, manifest).await;
+    }
     let objects = store.list(prefix).await?;
     let shards: Vec<_> = objects
-        .into_iter()
+        .iter()
         .filter(|o| {
             ShardFormat::from_name(&o.key).is_some()
                 && !o.key[prefix.len()..].starts_with(INDEX_DIR)
         })
+        .cloned()
         .collect();
     if shards.is_empty() {
-        return Err(DatasetError::NoShards {
-            location: store.location(prefix),
-        });
+        let (images, classes) = loose::from_class_folders(&objects, prefix);
+        if images.is_empty() {
+            return Err(DatasetError::NoShards {
+                location: store.location(prefix),
+            });
+        }
+        return Ok(loose_index(images, classes));
     }
+    drop(objects);
     let scans = futures::stream::iter(shards.into_iter().map(|object| {
         let store = store.clone();
         let read = read.clone();
@@ -357,10 +490,55 @@ pub async fn build_index(
     Ok((
         DatasetIndex {
             version: INDEX_VERSION,
+            layout: DatasetLayout::Shards,
             shards: entries,
+            classes: Vec::new(),
         },
         indexes,
     ))
+}
+
+fn loose_index(
+    objects: Vec<loose::LooseObject>,
+    classes: Vec<String>,
+) -> (DatasetIndex, Vec<ShardIndex>) {
+    let (shards, indexes) = loose::group(objects);
+    let index = DatasetIndex {
+        version: INDEX_VERSION,
+        layout: DatasetLayout::Objects,
+        shards,
+        classes,
+    };
+    (index, indexes)
+}
+
+/// The index of the objects a manifest lists, checked against the listing
+/// of its folder (sizes, ETags, and that each one exists).
+async fn manifest_index(
+    store: &dyn ObjectStore,
+    prefix: &str,
+    manifest: &str,
+) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
+    let key = format!("{prefix}{manifest}");
+    let location = store.location(&key);
+    let refuse = |message: String| DatasetError::Manifest {
+        location: location.clone(),
+        message,
+    };
+    let meta = store.head(&key).await?;
+    if meta.size > loose::MAX_MANIFEST_BYTES {
+        return Err(refuse(format!(
+            "{} bytes; manifests of up to {} bytes are read",
+            meta.size,
+            loose::MAX_MANIFEST_BYTES
+        )));
+    }
+    let bytes = get_all(store, &key).await?;
+    let entries = loose::parse_manifest(manifest, &bytes).map_err(&refuse)?;
+    drop(bytes);
+    let objects = store.list(prefix).await?;
+    let listed = loose::from_manifest(entries, &objects, prefix).map_err(refuse)?;
+    Ok(loose_index(listed, Vec::new()))
 }
 
 async fn scan_shard(
@@ -375,9 +553,7 @@ async fn scan_shard(
     let mut index = ShardIndex {
         version: INDEX_VERSION,
         etag: etag.clone(),
-        keys: Vec::new(),
-        starts: Vec::new(),
-        ends: Vec::new(),
+        ..ShardIndex::default()
     };
     match scan_into(&mut index, store, key, size, etag, read).await {
         Ok(()) => Ok(index),
@@ -441,9 +617,7 @@ pub fn index_shard_bytes(tar: &[u8], etag: Option<String>) -> Result<ShardIndex,
     let mut index = ShardIndex {
         version: INDEX_VERSION,
         etag,
-        keys: Vec::new(),
-        starts: Vec::new(),
-        ends: Vec::new(),
+        ..ShardIndex::default()
     };
     loop {
         let sample = match splitter.next_sample()? {
@@ -458,20 +632,21 @@ pub fn index_shard_bytes(tar: &[u8], etag: Option<String>) -> Result<ShardIndex,
     Ok(index)
 }
 
-/// Writes the index beside the shards.
+/// Writes the index beside the shards (see [`DatasetLocation::index_root`]).
 pub async fn write_index(
     store: &dyn ObjectStore,
-    prefix: &str,
+    location: &DatasetLocation,
     index: &DatasetIndex,
     shard_indexes: &[ShardIndex],
 ) -> Result<(), DatasetError> {
+    let root = location.index_root();
     // Per-shard files first: a reader that finds the summary finds them too.
     for (entry, shard) in index.shards.iter().zip(shard_indexes) {
         store
-            .put(&shard_index_key(prefix, &entry.name), to_json(shard))
+            .put(&shard_index_key(&root, &entry.name), to_json(shard))
             .await?;
     }
-    store.put(&summary_key(prefix), to_json(index)).await?;
+    store.put(&summary_key(&root), to_json(index)).await?;
     Ok(())
 }
 
@@ -541,7 +716,7 @@ impl DatasetRegistry {
     /// the retrying store, behind the disk cache for S3.
     pub async fn store_for(&self, uri: &DatasetUri) -> (Arc<dyn ObjectStore>, String) {
         match uri {
-            DatasetUri::S3 { bucket, prefix } => {
+            DatasetUri::S3 { bucket, prefix, .. } => {
                 let client = self
                     .s3_client
                     .get_or_init(|| crate::store::s3::client(&self.s3))
@@ -560,7 +735,7 @@ impl DatasetRegistry {
                 };
                 (store, prefix.clone())
             }
-            DatasetUri::Local { root } => (
+            DatasetUri::Local { root, .. } => (
                 Arc::new(RetryingStore::new(
                     Arc::new(LocalStore::new(root.clone())),
                     self.retry.clone(),
@@ -580,13 +755,17 @@ impl DatasetRegistry {
             Some(open) => open,
             None => {
                 let (store, prefix) = self.store_for(&parsed).await;
+                let location = DatasetLocation {
+                    prefix,
+                    manifest: parsed.manifest().map(str::to_string),
+                };
                 let (read, policy, owned_uri) =
                     (self.read.clone(), self.on_bad_shard, uri.to_string());
                 self.lock_datasets()
                     .entry(uri.to_string())
                     .or_insert_with(|| {
                         let task = tokio::spawn(async move {
-                            Dataset::open(&owned_uri, store, prefix, &read, policy)
+                            Dataset::open(&owned_uri, store, location, &read, policy)
                                 .await
                                 .map(Arc::new)
                         });
@@ -648,14 +827,35 @@ mod tests {
             DatasetUri::parse("s3://b/train").unwrap(),
             DatasetUri::S3 {
                 bucket: "b".into(),
-                prefix: "train/".into()
+                prefix: "train/".into(),
+                manifest: None,
             }
         );
         assert_eq!(
             DatasetUri::parse("s3://b").unwrap(),
             DatasetUri::S3 {
                 bucket: "b".into(),
-                prefix: String::new()
+                prefix: String::new(),
+                manifest: None,
+            }
+        );
+        assert_eq!(
+            DatasetUri::parse("s3://b/images/train.csv").unwrap(),
+            DatasetUri::S3 {
+                bucket: "b".into(),
+                prefix: "images/".into(),
+                manifest: Some("train.csv".into()),
+            }
+        );
+        assert_eq!(
+            DatasetUri::parse("s3://b/val.JSONL").unwrap().manifest(),
+            Some("val.JSONL")
+        );
+        assert_eq!(
+            DatasetUri::parse("file:///data/m.csv").unwrap(),
+            DatasetUri::Local {
+                root: "/data".into(),
+                manifest: Some("m.csv".into()),
             }
         );
         assert!(DatasetUri::parse("s3:///x").is_err());
