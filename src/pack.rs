@@ -4,7 +4,10 @@
 //! Sources: the ImageFolder layout (one directory per class; labels are the
 //! indexes of the sorted class names) or any folder with a manifest (CSV or
 //! JSONL of `path,label`; labels are integers, or class names indexed in
-//! sorted order). Class names go to `classes.txt` beside the shards.
+//! sorted order); a folder of TFRecord files; or a loose-object dataset in a
+//! store (class folders or a manifest under an `s3://` prefix, as the server
+//! reads them), fetched `object_requests_in_flight` at a time. Class names go
+//! to `classes.txt` beside the shards.
 //!
 //! Packing is a pure function of the files and the seed: samples are shuffled
 //! across shards (so a shard is not one class), shard boundaries follow the
@@ -28,13 +31,16 @@ use futures::StreamExt;
 use rayon::prelude::*;
 use serde::Deserialize;
 
-use crate::dataset::{index_shard_bytes, write_index, DatasetError, DatasetIndex, ShardEntry};
+use crate::dataset::{
+    index_shard_bytes, write_index, Dataset, DatasetError, DatasetIndex, ShardEntry,
+};
 use crate::dataset::{DatasetLayout, DatasetLocation, ShardIndex, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
 use crate::shard::tfrecord::{self, FeatureNames, RecordParser};
 use crate::shard::{ImageFormat, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
-use crate::store::{ObjectStore, StoreError};
+use crate::store::read::read_object;
+use crate::store::{ObjectMeta, ObjectStore, StoreError};
 
 /// S3 reads fastest in objects of 100 MB to 1 GB.
 pub const DEFAULT_SHARD_BYTES: u64 = 256_000_000;
@@ -45,16 +51,35 @@ pub const CLASSES_FILE: &str = "classes.txt";
 // Keys the shuffle of the pack order apart from the plan's streams.
 const PURPOSE_PACK_ORDER: u64 = 0x5041_434B;
 
+/// What to pack.
+#[derive(Debug, Clone)]
+pub enum PackSource {
+    /// A local folder: ImageFolder, any layout with a manifest, or TFRecords.
+    Folder(PathBuf),
+    /// An opened loose-object dataset (e.g. `s3://bucket/images/`).
+    Objects(Arc<Dataset>),
+}
+
+impl PackSource {
+    fn describe(&self) -> String {
+        match self {
+            Self::Folder(path) => path.display().to_string(),
+            Self::Objects(dataset) => dataset.uri.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct PackConfig {
-    /// The image folder.
-    pub source: PathBuf,
+    pub source: PackSource,
     /// A CSV or JSONL manifest of `path,label` (paths relative to `source`);
     /// `None`: the ImageFolder layout.
     pub manifest: Option<PathBuf>,
     /// Shards close before they would exceed this many bytes.
     pub shard_bytes: u64,
     pub seed: u64,
+    /// GETs in flight when the source is loose objects in a store.
+    pub object_requests_in_flight: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +144,8 @@ struct Input {
     size: u64,
     /// The record's byte range in `path` (a TFRecord source).
     record: Option<std::ops::Range<u64>>,
+    /// The object to fetch (a loose-object source; `path` is its key).
+    object: Option<ObjectMeta>,
 }
 
 /// Packs `config.source` into shards under `prefix` of `store`.
@@ -129,16 +156,19 @@ pub async fn pack(
     mut progress: impl FnMut(PackProgress),
 ) -> Result<PackReport, PackError> {
     let started = Instant::now();
-    let source = config.source.clone();
-    let manifest = config.manifest.clone();
-    let (inputs, classes, mut skipped) =
-        tokio::task::spawn_blocking(move || list_inputs(&source, manifest.as_deref()))
-            .await
-            .map_err(|e| PackError::Layout(format!("listing the source failed: {e}")))??;
+    let (inputs, classes, mut skipped) = match &config.source {
+        PackSource::Folder(source) => {
+            let (source, manifest) = (source.clone(), config.manifest.clone());
+            tokio::task::spawn_blocking(move || list_inputs(&source, manifest.as_deref()))
+                .await
+                .map_err(|e| PackError::Layout(format!("listing the source failed: {e}")))??
+        }
+        PackSource::Objects(dataset) => object_inputs(dataset).await?,
+    };
     if inputs.is_empty() {
         return Err(PackError::Layout(format!(
             "no files to pack under {}",
-            config.source.display()
+            config.source.describe()
         )));
     }
     let shards = assign_shards(shuffled(inputs, config.seed), config.shard_bytes);
@@ -159,10 +189,20 @@ pub async fn pack(
             let store = store.clone();
             let name = shard_name(number, total_shards);
             let key = format!("{prefix}{name}");
+            let source = match &config.source {
+                PackSource::Objects(dataset) => Some(dataset.store.clone()),
+                PackSource::Folder(_) => None,
+            };
             async move {
                 let input_bytes: u64 = inputs.iter().map(|i| i.size).sum();
                 let input_files = inputs.len();
-                let built = tokio::task::spawn_blocking(move || build_shard(&inputs))
+                let fetched = match source {
+                    Some(store) => {
+                        fetch_objects(store, &inputs, config.object_requests_in_flight).await?
+                    }
+                    None => Vec::new(),
+                };
+                let built = tokio::task::spawn_blocking(move || build_shard(&inputs, fetched))
                     .await
                     .map_err(|e| PackError::Layout(format!("building {name} failed: {e}")))?;
                 let written = match &built.tar {
@@ -204,7 +244,7 @@ pub async fn pack(
     if entries.is_empty() {
         return Err(PackError::Layout(format!(
             "none of the {files} files under {} is a readable image",
-            config.source.display()
+            config.source.describe()
         )));
     }
     if !classes.is_empty() {
@@ -232,6 +272,79 @@ pub async fn pack(
         classes,
         skipped,
     })
+}
+
+/// The objects of a loose-object dataset, keyed by their keys without
+/// extension, with the labels and class names of its index.
+async fn object_inputs(dataset: &Dataset) -> Result<Listing, PackError> {
+    if !dataset.is_loose() {
+        return Err(PackError::Layout(format!(
+            "{} is already tar or TFRecord shards; pack reads loose image objects \
+             (class folders or a manifest)",
+            dataset.uri
+        )));
+    }
+    let mut inputs = Vec::new();
+    let mut skipped = Vec::new();
+    let mut keys = HashSet::new();
+    for group in 0..dataset.index.shards.len() {
+        let index = dataset.shard_index(group as u32).await?;
+        for (i, key) in index.keys.iter().enumerate() {
+            let object = dataset.object(&index, i);
+            if object.size > DEFAULT_MAX_MEMBER_BYTES {
+                skipped.push(Skipped {
+                    path: PathBuf::from(key),
+                    reason: format!(
+                        "{} bytes, over the {DEFAULT_MAX_MEMBER_BYTES}-byte member limit",
+                        object.size
+                    ),
+                });
+                continue;
+            }
+            inputs.push(Input {
+                path: PathBuf::from(key),
+                key: unique_key(sample_key(Path::new(""), Path::new(key)), &mut keys),
+                label: index.labels.get(i).copied().unwrap_or(-1),
+                size: object.size,
+                record: None,
+                object: Some(object),
+            });
+        }
+    }
+    inputs.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((inputs, dataset.index.classes.clone(), skipped))
+}
+
+/// The bytes of a shard's objects, `in_flight` GETs at a time, in order. An
+/// object gone or changed since it was listed is skipped with the reason;
+/// other failures (after the store's retries) end the pack.
+async fn fetch_objects(
+    store: Arc<dyn ObjectStore>,
+    inputs: &[Input],
+    in_flight: usize,
+) -> Result<Vec<Result<Bytes, String>>, PackError> {
+    let reads = inputs.iter().map(|input| {
+        let store = store.clone();
+        let object = input.object.clone();
+        async move {
+            let Some(object) = object else {
+                return Ok(Err("not an object".to_string()));
+            };
+            match read_object(store.as_ref(), &object).await {
+                Ok(bytes) => Ok(Ok(bytes)),
+                Err(error @ (StoreError::NotFound { .. } | StoreError::Changed { .. })) => {
+                    Ok(Err(error.to_string()))
+                }
+                Err(error) => Err(PackError::Store(error)),
+            }
+        }
+    });
+    futures::stream::iter(reads)
+        .buffered(in_flight.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
 }
 
 /// `shard-000042.tar`, numbered at least six digits wide so names sort in order.
@@ -298,6 +411,7 @@ fn list_inputs(source: &Path, manifest: Option<&Path>) -> Result<Listing, PackEr
             label,
             size,
             record: None,
+            object: None,
         });
     }
     Ok((inputs, classes, skipped))
@@ -362,6 +476,7 @@ fn tfrecord_inputs(source: &Path, mut files: Vec<PathBuf>) -> Result<Listing, Pa
                     label: example.label.unwrap_or(-1),
                     size: example.image.len() as u64,
                     record: Some(start..end),
+                    object: None,
                 }),
                 Err(reason) => skipped.push(skip(format!("record {record}: {reason}"))),
             }
@@ -600,13 +715,18 @@ struct BuiltShard {
 }
 
 /// Reads the shard's files in parallel and writes them in order.
-fn build_shard(inputs: &[Input]) -> BuiltShard {
-    let read: Vec<Result<(Vec<u8>, &'static str), String>> = inputs
+fn build_shard(inputs: &[Input], mut fetched: Vec<Result<Bytes, String>>) -> BuiltShard {
+    fetched.resize_with(inputs.len(), || Err("not fetched".into()));
+    let read: Vec<Result<(Bytes, &'static str), String>> = inputs
         .par_iter()
-        .map(|input| {
-            let data = match &input.record {
-                Some(record) => read_record_image(&input.path, record)?,
-                None => std::fs::read(&input.path).map_err(|e| format!("unreadable: {e}"))?,
+        .zip(fetched)
+        .map(|(input, fetched)| {
+            let data = match (&input.object, &input.record) {
+                (Some(_), _) => fetched?,
+                (None, Some(record)) => Bytes::from(read_record_image(&input.path, record)?),
+                (None, None) => {
+                    Bytes::from(std::fs::read(&input.path).map_err(|e| format!("unreadable: {e}"))?)
+                }
             };
             let extension = ImageFormat::sniff(&data)
                 .ok_or_else(|| "not a JPEG, PNG or WebP image".to_string())?
@@ -666,6 +786,7 @@ mod tests {
                 label: 0,
                 size: 10_000,
                 record: None,
+                object: None,
             })
             .collect();
         // A sample is 11,776 tar bytes (headers, padding, label); three and
@@ -682,6 +803,7 @@ mod tests {
             label: 0,
             size: 100_000,
             record: None,
+            object: None,
         };
         assert_eq!(assign_shards(vec![big], 35_000).len(), 1);
     }

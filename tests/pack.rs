@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::*;
 use shardfeed::dataset::{DatasetRegistry, DatasetUri};
 use shardfeed::dev::s3mem::{self, RunningS3};
-use shardfeed::pack::{pack, PackConfig, PackReport};
+use shardfeed::pack::{pack, PackConfig, PackReport, PackSource};
 use shardfeed::server::pb;
 
 fn png(width: u32, height: u32) -> Vec<u8> {
@@ -58,10 +58,11 @@ async fn pack_into(
     let registry = DatasetRegistry::new(s3.s3_config(), fast_retries(), small_parts());
     let (store, prefix) = registry.store_for(&DatasetUri::parse(uri).unwrap()).await;
     let config = PackConfig {
-        source: source.to_path_buf(),
+        source: PackSource::Folder(source.to_path_buf()),
         manifest: manifest.map(Path::to_path_buf),
         shard_bytes: 12_000,
         seed: 5,
+        object_requests_in_flight: 4,
     };
     pack(&config, store, &prefix, |_| {}).await.unwrap()
 }
@@ -230,10 +231,11 @@ async fn large_shards_go_up_in_parts() {
         .await;
     let report = pack(
         &PackConfig {
-            source: source.path().to_path_buf(),
+            source: PackSource::Folder(source.path().to_path_buf()),
             manifest: None,
             shard_bytes: 100_000_000,
             seed: 0,
+            object_requests_in_flight: 4,
         },
         Arc::clone(&store),
         &prefix,
@@ -294,5 +296,71 @@ async fn tfrecord_files_pack_into_tar_shards_with_their_labels() {
     );
     let harness = Harness::with_s3(s3, Options::default()).await;
     assert_eq!(served_labels(&harness, "s3://packed/tf/").await, expected);
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loose_objects_in_s3_pack_into_tar_shards_with_their_folder_labels() {
+    let source = tempfile::tempdir().unwrap();
+    let expected = image_folder(source.path());
+    let s3 = s3mem::start(0).await.unwrap();
+    // The same tree as loose objects (the dangling symlink has no bytes).
+    let mut objects = Vec::new();
+    for class in ["cat", "dog", "emu"] {
+        for entry in std::fs::read_dir(source.path().join(class)).unwrap() {
+            let path = entry.unwrap().path();
+            if let Ok(data) = std::fs::read(&path) {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                objects.push((format!("imgs/{class}/{name}"), data));
+            }
+        }
+    }
+    put_objects(&s3, "loose", objects).await;
+    create_bucket(&s3, "packed").await;
+
+    let registry = DatasetRegistry::new(s3.s3_config(), fast_retries(), small_parts());
+    let objects = registry.open("s3://loose/imgs/").await.unwrap();
+    let (store, prefix) = registry
+        .store_for(&DatasetUri::parse("s3://packed/from-loose/").unwrap())
+        .await;
+    let config = PackConfig {
+        source: PackSource::Objects(objects),
+        manifest: None,
+        shard_bytes: 12_000,
+        seed: 5,
+        object_requests_in_flight: 4,
+    };
+    let report = pack(&config, store, &prefix, |_| {}).await.unwrap();
+    assert_eq!(report.samples, 30);
+    assert_eq!(report.classes, vec!["cat", "dog", "emu"]);
+    let skipped: Vec<_> = report.skipped.iter().map(|s| s.path.clone()).collect();
+    assert_eq!(
+        skipped,
+        [Path::new("emu/notes.jpg")],
+        "{:?}",
+        report.skipped
+    );
+    assert!(report.shards >= 3, "{} shards", report.shards);
+
+    let harness = Harness::with_s3(s3, Options::default()).await;
+    assert_eq!(
+        served_labels(&harness, "s3://packed/from-loose/").await,
+        expected
+    );
+
+    // Shards are not loose objects: packing them again is refused.
+    let shards = registry.open("s3://packed/from-loose/").await.unwrap();
+    let again = PackConfig {
+        source: PackSource::Objects(shards),
+        ..config
+    };
+    let (store, prefix) = registry
+        .store_for(&DatasetUri::parse("s3://packed/again/").unwrap())
+        .await;
+    let error = pack(&again, store, &prefix, |_| {}).await.unwrap_err();
+    assert!(
+        error.to_string().contains("already tar or TFRecord shards"),
+        "{error}"
+    );
     harness.shutdown().await;
 }

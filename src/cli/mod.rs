@@ -460,7 +460,9 @@ impl WarmArgs {
 #[derive(Args, Debug)]
 pub struct PackArgs {
     /// The image folder: one directory per class, any layout with --manifest,
-    /// or a folder of TFRecord files (*.tfrecord, labels from their Examples).
+    /// or a folder of TFRecord files (*.tfrecord, labels from their Examples);
+    /// or loose images in a store: s3://bucket/images/ (class folders) or
+    /// s3://bucket/images/train.csv (a manifest, as `shardfeed serve` reads it).
     pub source: PathBuf,
     /// Where the shards go: s3://bucket/prefix/ or file:///abs/dir/
     pub dest: String,
@@ -481,10 +483,32 @@ pub struct PackArgs {
 }
 
 impl PackArgs {
-    pub fn config(&self) -> Result<crate::pack::PackConfig, ConfigError> {
+    /// The source when it is a dataset URI rather than a local folder.
+    pub fn source_uri(&self) -> Option<&str> {
+        let source = self.source.to_str()?;
+        (source.starts_with("s3://") || source.starts_with("file://")).then_some(source)
+    }
+
+    /// Every problem of the arguments, before anything is read.
+    pub fn check(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
-        if !self.source.is_dir() {
-            problems.push(format!("{} is not a directory", self.source.display()));
+        match self.source_uri() {
+            Some(uri) => {
+                if let Err(error) = DatasetUri::parse(uri) {
+                    problems.push(error.to_string());
+                }
+                if self.manifest.is_some() {
+                    problems.push(
+                        "--manifest names a local file; for a source in a store put the \
+                         manifest in the URI (s3://bucket/images/train.csv)"
+                            .into(),
+                    );
+                }
+            }
+            None if !self.source.is_dir() => {
+                problems.push(format!("{} is not a directory", self.source.display()));
+            }
+            None => {}
         }
         if let Err(error) = DatasetUri::parse(&self.dest) {
             problems.push(error.to_string());
@@ -495,12 +519,18 @@ impl PackArgs {
         if !problems.is_empty() {
             return Err(ConfigError(problems));
         }
-        Ok(crate::pack::PackConfig {
-            source: self.source.clone(),
+        Ok(())
+    }
+
+    /// The pack's configuration, `source` resolved (see [`Self::source_uri`]).
+    pub fn config(&self, source: crate::pack::PackSource) -> crate::pack::PackConfig {
+        crate::pack::PackConfig {
+            source,
             manifest: self.manifest.clone(),
             shard_bytes: self.shard_size,
             seed: self.seed,
-        })
+            object_requests_in_flight: self.read.object_requests_in_flight,
+        }
     }
 }
 
@@ -673,6 +703,10 @@ pub struct DevS3Args {
     pub synthetic_shards: usize,
     #[arg(long, default_value_t = crate::dev::synthetic::SyntheticSpec::default().samples_per_shard)]
     pub samples_per_shard: usize,
+    /// Also publish the same photos as loose objects, one per image, in
+    /// class folders (`s3://demo/loose/`).
+    #[arg(long, requires = "synthetic_shards")]
+    pub synthetic_loose: bool,
 }
 
 #[cfg(test)]

@@ -222,12 +222,17 @@ async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
 }
 
 async fn pack(args: PackArgs) -> Result<(), CliError> {
-    let config = args.config()?;
+    args.check()?;
     let registry = DatasetRegistry::new(
         args.s3.config(),
         args.read.retry_policy(),
         args.read.read_config(),
     );
+    let source = match args.source_uri() {
+        Some(uri) => crate::pack::PackSource::Objects(registry.open(uri).await?),
+        None => crate::pack::PackSource::Folder(args.source.clone()),
+    };
+    let config = args.config(source);
     let (store, prefix) = registry.store_for(&DatasetUri::parse(&args.dest)?).await;
     let started = std::time::Instant::now();
     let report = crate::pack::pack(&config, store, &prefix, |p| {
@@ -284,6 +289,10 @@ async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
         };
         let uri = crate::dev::synthetic::publish(&server, &spec).await?;
         eprintln!("published {uri}");
+        if args.synthetic_loose {
+            let uri = crate::dev::synthetic::publish_loose(&server, &spec).await?;
+            eprintln!("published {uri}");
+        }
     }
     // Faults start after publishing, which goes through the same server.
     let faults = &server.state.faults;

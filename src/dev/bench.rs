@@ -168,25 +168,32 @@ pub struct EntitlementSpec {
     pub max_batches: u64,
 }
 
-/// The entitlement benchmark: fetch + parse + decode + batch for one rank,
-/// no gRPC. Prints progress to stderr and a summary (and a JSON line) to stdout.
-pub async fn entitlement(
-    registry: Arc<DatasetRegistry>,
-    uri: &str,
-    spec: &EntitlementSpec,
-) -> Result<serde_json::Value, BenchError> {
-    use crate::decode::{default_decoder, default_decoder_name};
-    use crate::shard::SampleSplitter;
-    use std::io::Write;
+/// JPEGs the single-thread kernel rate is measured on.
+const KERNEL_SAMPLES: usize = 200;
 
-    let dataset = registry.open(uri).await?;
-    let output = spec.output;
-    // Kernel rate: one thread, decode + resize of the first shard's JPEGs.
-    let first_key = dataset.shard_key(0);
+/// Up to `count` JPEGs from the start of the dataset's first shard (or its
+/// first loose objects).
+async fn first_jpegs(
+    dataset: &crate::dataset::Dataset,
+    count: usize,
+) -> Result<Vec<Vec<u8>>, BenchError> {
+    use crate::shard::{ImageFormat, SampleSplitter};
+    if dataset.is_loose() {
+        let index = dataset.shard_index(0).await?;
+        let objects = (0..index.keys.len().min(count)).map(|i| dataset.object(&index, i));
+        let mut jpegs = Vec::new();
+        for object in objects {
+            let data = crate::store::read::read_object(dataset.store.as_ref(), &object).await?;
+            if ImageFormat::sniff(&data) == Some(ImageFormat::Jpeg) {
+                jpegs.push(data.to_vec());
+            }
+        }
+        return Ok(jpegs);
+    }
     let first_size = dataset.index.shards[0].size.min(64 << 20);
     let bytes = crate::store::read::read_range(
         dataset.store.as_ref(),
-        &first_key,
+        &dataset.shard_key(0),
         0..first_size,
         dataset.index.shards[0].etag.as_deref(),
     )
@@ -195,13 +202,30 @@ pub async fn entitlement(
     splitter.push(&bytes);
     let mut jpegs = Vec::new();
     while let Ok(Some(sample)) = splitter.next_sample() {
-        if let Some((crate::shard::ImageFormat::Jpeg, data)) = sample.image {
+        if let Some((ImageFormat::Jpeg, data)) = sample.image {
             jpegs.push(data.to_vec());
         }
-        if jpegs.len() == 200 {
+        if jpegs.len() == count {
             break;
         }
     }
+    Ok(jpegs)
+}
+
+/// The entitlement benchmark: fetch + parse + decode + batch for one rank,
+/// no gRPC. Prints progress to stderr and a summary (and a JSON line) to stdout.
+pub async fn entitlement(
+    registry: Arc<DatasetRegistry>,
+    uri: &str,
+    spec: &EntitlementSpec,
+) -> Result<serde_json::Value, BenchError> {
+    use crate::decode::{default_decoder, default_decoder_name};
+    use std::io::Write;
+
+    let dataset = registry.open(uri).await?;
+    let output = spec.output;
+    // Kernel rate: one thread, decode + resize of the first shard's JPEGs.
+    let jpegs = first_jpegs(&dataset, KERNEL_SAMPLES).await?;
     let decoder = default_decoder();
     let (kernel_rate, psnr) = if jpegs.is_empty() {
         (0.0, 0.0)

@@ -19,6 +19,8 @@ use crate::store::ObjectStore;
 
 pub const DEMO_BUCKET: &str = "demo";
 pub const DEMO_PREFIX: &str = "photos/";
+/// Where [`publish_loose`] puts the same photos as loose objects.
+pub const LOOSE_PREFIX: &str = "loose/";
 
 /// Classes of the synthetic dataset; each has its own palette.
 pub const CLASSES: u32 = 10;
@@ -140,12 +142,31 @@ pub fn synthetic_class(spec: &SyntheticSpec, shard: usize, index: u64) -> u32 {
     }
 }
 
+/// One synthetic sample: key, JPEG bytes, class.
+type SyntheticSample = (String, Vec<u8>, u32);
+
 /// Builds the shards in parallel: `(name, tar bytes)`.
 pub fn synthesize_shards(spec: &SyntheticSpec) -> Vec<(String, Vec<u8>)> {
+    synthesize_samples(spec)
+        .into_par_iter()
+        .enumerate()
+        .map(|(shard, samples)| {
+            let mut tar = TarWriter::new();
+            for (key, jpeg, class) in &samples {
+                tar.append(&format!("{key}.jpg"), jpeg);
+                tar.append(&format!("{key}.cls"), class.to_string().as_bytes());
+            }
+            (format!("shard-{shard:06}.tar"), tar.finish())
+        })
+        .collect()
+}
+
+/// The samples of each shard, built in parallel.
+fn synthesize_samples(spec: &SyntheticSpec) -> Vec<Vec<SyntheticSample>> {
     (0..spec.shards)
         .into_par_iter()
         .map(|shard| {
-            let samples: Vec<(String, Vec<u8>, u32)> = (0..spec.samples_per_shard)
+            (0..spec.samples_per_shard)
                 .into_par_iter()
                 .map(|i| {
                     let index = (shard * spec.samples_per_shard + i) as u64;
@@ -164,15 +185,26 @@ pub fn synthesize_shards(spec: &SyntheticSpec) -> Vec<(String, Vec<u8>)> {
                     debug_assert!(encoded.is_ok());
                     (format!("sample-{index:08}"), jpeg, class)
                 })
-                .collect();
-            let mut tar = TarWriter::new();
-            for (key, jpeg, class) in &samples {
-                tar.append(&format!("{key}.jpg"), jpeg);
-                tar.append(&format!("{key}.cls"), class.to_string().as_bytes());
-            }
-            (format!("shard-{shard:06}.tar"), tar.finish())
+                .collect()
         })
         .collect()
+}
+
+/// Uploads `spec`'s samples as loose objects, `<class>/<key>.jpg` under
+/// `loose/` of the demo bucket (class folders numbered so that their sorted
+/// order is their class), and writes their index; returns the dataset URI.
+/// The same images as [`publish`]'s shards, for comparing the layouts.
+pub async fn publish_loose(
+    s3: &s3mem::RunningS3,
+    spec: &SyntheticSpec,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    let owned = spec.clone();
+    let samples = tokio::task::spawn_blocking(move || synthesize_samples(&owned)).await?;
+    let objects = samples
+        .into_iter()
+        .flatten()
+        .map(|(key, jpeg, class)| (format!("{class:04}/{key}.jpg"), jpeg));
+    upload_indexed(s3, LOOSE_PREFIX, objects).await
 }
 
 /// Synthesizes `spec`'s shards, uploads them through aws-sdk-s3 into `s3`
@@ -183,15 +215,27 @@ pub async fn publish(
 ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
     let owned = spec.clone();
     let shards = tokio::task::spawn_blocking(move || synthesize_shards(&owned)).await?;
+    upload_indexed(s3, DEMO_PREFIX, shards).await
+}
+
+/// Uploads `objects` (keys relative to `prefix`) into the demo bucket and
+/// writes the index of the dataset they make; returns its URI.
+async fn upload_indexed(
+    s3: &s3mem::RunningS3,
+    prefix: &str,
+    objects: impl IntoIterator<Item = (String, Vec<u8>)>,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
     let client = crate::store::s3::client(&s3.s3_config()).await;
-    client.create_bucket().bucket(DEMO_BUCKET).send().await?;
+    // Already there when a second layout is published beside the first;
+    // any other failure shows at the first upload.
+    let _ = client.create_bucket().bucket(DEMO_BUCKET).send().await;
     let store: Arc<dyn ObjectStore> = Arc::new(S3Store::new(client, DEMO_BUCKET));
-    for (name, tar) in shards {
+    for (key, data) in objects {
         store
-            .put(&format!("{DEMO_PREFIX}{name}"), Bytes::from(tar))
+            .put(&format!("{prefix}{key}"), Bytes::from(data))
             .await?;
     }
-    let location = DatasetLocation::prefix(DEMO_PREFIX);
+    let location = DatasetLocation::prefix(prefix);
     let (index, shard_indexes) = build_index(
         store.clone(),
         &location,
@@ -200,5 +244,5 @@ pub async fn publish(
     )
     .await?;
     write_index(store.as_ref(), &location, &index, &shard_indexes).await?;
-    Ok(format!("s3://{DEMO_BUCKET}/{DEMO_PREFIX}"))
+    Ok(format!("s3://{DEMO_BUCKET}/{prefix}"))
 }

@@ -295,11 +295,19 @@ def start_dev_s3(
 
 
 def synthetic_setup(
-    binary: str, shards: int, per_shard: int, get_delay_ms: int, unix_socket: str | None = None
+    binary: str,
+    shards: int,
+    per_shard: int,
+    get_delay_ms: int,
+    unix_socket: str | None = None,
+    dev_s3_extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Starts dev-s3 holding the demo's photo dataset and a server (on
-    ``unix_socket`` when given, else a loopback TCP port)."""
-    s3, endpoint = start_dev_s3(binary, shards, per_shard, "--get-delay-ms", str(get_delay_ms))
+    """Starts dev-s3 holding the demo's photo dataset (given ``dev_s3_extra``
+    flags) and a server (on ``unix_socket`` when given, else a loopback TCP
+    port)."""
+    s3, endpoint = start_dev_s3(
+        binary, shards, per_shard, "--get-delay-ms", str(get_delay_ms), *dev_s3_extra
+    )
     env = _shardfeed_env(endpoint)
     listen = f"unix:{unix_socket}" if unix_socket else f"127.0.0.1:{_free_port()}"
     target = f"unix://{unix_socket}" if unix_socket else listen

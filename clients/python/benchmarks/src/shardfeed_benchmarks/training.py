@@ -171,12 +171,13 @@ class LoaderContender:
     untimed (persistent workers, as a multi-epoch job runs them), so that
     importing torch in each worker is not charged to the recipe."""
 
-    def __init__(self, dataset: Any, batch_size: int, workers: int) -> None:
+    def __init__(self, dataset: Any, batch_size: int, workers: int, shuffle: bool = False) -> None:
         import torch.utils.data
 
         self.loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=batch_size,
+            shuffle=shuffle,
             num_workers=workers,
             multiprocessing_context="spawn",
             persistent_workers=True,
@@ -299,8 +300,11 @@ def report(
     print(json.dumps({**summary, "entitlement": entitlement}))
 
 
-def recipe_arguments(description: str | None, argv: list[str] | None) -> argparse.Namespace:
-    """The options every recipe benchmark takes."""
+def recipe_arguments(
+    description: str | None, argv: list[str] | None, get_delay_ms: int = 0
+) -> argparse.Namespace:
+    """The options every recipe benchmark takes (``get_delay_ms``: the
+    default delay of every GET's first byte)."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -311,6 +315,7 @@ def recipe_arguments(description: str | None, argv: list[str] | None) -> argpars
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--get-delay-ms", type=int, default=get_delay_ms)
     return parser.parse_args(argv)
 
 
