@@ -265,7 +265,8 @@ impl Dataset {
     ) -> Result<Self, DatasetError> {
         let index_root = location.index_root();
         let summary_key = summary_key(&index_root);
-        match get_all(store.as_ref(), &summary_key).await {
+        // `resident`: built here and held whole, so no per-shard file to load.
+        let (index, cache, resident) = match get_all(store.as_ref(), &summary_key).await {
             Ok(bytes) => {
                 let summary = store.location(&summary_key);
                 let index: DatasetIndex = parse_json(&bytes, &summary)?;
@@ -277,15 +278,7 @@ impl Dataset {
                         }
                     })?;
                 }
-                Ok(Self {
-                    uri: uri.to_string(),
-                    store,
-                    prefix: location.prefix,
-                    index_root,
-                    index,
-                    shard_indexes: Mutex::default(),
-                    resident: false,
-                })
+                (index, ShardIndexCache::default(), false)
             }
             Err(StoreError::NotFound { .. }) => {
                 let started = Instant::now();
@@ -307,18 +300,19 @@ impl Dataset {
                         .collect(),
                     order: VecDeque::new(),
                 };
-                Ok(Self {
-                    uri: uri.to_string(),
-                    store,
-                    prefix: location.prefix,
-                    index_root,
-                    index,
-                    shard_indexes: Mutex::new(cache),
-                    resident: true,
-                })
+                (index, cache, true)
             }
-            Err(error) => Err(error.into()),
-        }
+            Err(error) => return Err(error.into()),
+        };
+        Ok(Self {
+            uri: uri.to_string(),
+            store,
+            prefix: location.prefix,
+            index_root,
+            index,
+            shard_indexes: Mutex::new(cache),
+            resident,
+        })
     }
 
     pub fn shard_samples(&self) -> Vec<u64> {

@@ -34,7 +34,7 @@ import os
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .delivered import (
     ACCESS_KEY,
@@ -46,6 +46,7 @@ from .delivered import (
 from .training import (
     DaliContender,
     LoaderContender,
+    _IterableBase,
     _shard_keys,
     _worker_cpu,
     download_shards,
@@ -54,16 +55,6 @@ from .training import (
     run_interleaved,
     shardfeed_contenders,
 )
-
-if TYPE_CHECKING:
-    from torch.utils.data import IterableDataset
-
-    _IterableBase = IterableDataset[tuple[Any, int]]
-else:
-    try:
-        from torch.utils.data import IterableDataset as _IterableBase
-    except ImportError:  # torch is optional: the contender is skipped
-        _IterableBase = object
 
 
 class _ConnectorTarSamples(_IterableBase):
