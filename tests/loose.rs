@@ -286,6 +286,7 @@ async fn an_object_changed_or_gone_since_indexing_ends_the_stream_or_is_substitu
     )
     .await;
     let status = collect(&mut client, unshuffled(uri)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(
         status.message().contains("cat/004.jpg") && status.message().contains("rebuild the index"),
         "{status:?}"
@@ -298,7 +299,11 @@ async fn an_object_changed_or_gone_since_indexing_ends_the_stream_or_is_substitu
     let status = collect(&mut client, unshuffled("s3://stale/imgs/"))
         .await
         .unwrap_err();
-    assert!(status.message().contains("rebuild the index"), "{status:?}");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("is gone") && status.message().contains("rebuild the index"),
+        "{status:?}"
+    );
 
     let s3 = harness.restart_s3().await;
     let skip = Options {

@@ -130,6 +130,11 @@ pub enum PipelineError {
         expected: String,
         found: String,
     },
+    #[error(
+        "{location} is gone, though the dataset's index lists it; rebuild the index with \
+         `shardfeed index` (or serve with --on-bad-shard skip to substitute missing objects)"
+    )]
+    ObjectGone { location: String },
     #[error("{0}")]
     SharedMemory(String),
     #[error("internal pipeline error: {0}")]
@@ -787,7 +792,9 @@ impl ReadJob {
                         );
                         Ok((i, RawSample::unreadable(key, error.to_string())))
                     }
-                    Err(error @ StoreError::NotFound { .. }) => Err(stale_object(error)),
+                    Err(StoreError::NotFound { location, .. }) => {
+                        Err(PipelineError::ObjectGone { location })
+                    }
                     Err(error) => Err(PipelineError::Store(error)),
                 }
             }
@@ -876,20 +883,6 @@ impl ReadJob {
         }
         Ok(())
     }
-}
-
-/// An object the index lists that no longer exists.
-fn stale_object(error: StoreError) -> PipelineError {
-    PipelineError::Store(StoreError::Other {
-        location: match &error {
-            StoreError::NotFound { location, .. } => location.clone(),
-            _ => String::new(),
-        },
-        message: format!(
-            "{error}, though the dataset's index lists it; rebuild the index with \
-             `shardfeed index` (or serve with --on-bad-shard skip to substitute missing objects)"
-        ),
-    })
 }
 
 #[cfg(test)]

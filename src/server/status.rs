@@ -102,7 +102,9 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
     if let Some(error) = error.downcast_ref::<PipelineError>() {
         return match error {
             PipelineError::Shard { .. } => Some(Code::DataLoss),
-            PipelineError::StaleIndex { .. } => Some(Code::FailedPrecondition),
+            PipelineError::StaleIndex { .. } | PipelineError::ObjectGone { .. } => {
+                Some(Code::FailedPrecondition)
+            }
             PipelineError::SharedMemory(_) => Some(Code::FailedPrecondition),
             PipelineError::Internal(_) => Some(Code::Internal),
             PipelineError::Dataset(_) | PipelineError::Store(_) => None,
