@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import socket
 import subprocess
 import tarfile
@@ -33,6 +34,21 @@ def binary() -> Path:
 
 
 def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range: a port the
+    kernel handed out (bind to 0) can be taken again by any process's next
+    outgoing connection before the server under test binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.randrange(10_000, max(low, 10_001))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
