@@ -113,8 +113,15 @@ async fn class_folders_round_trip_with_image_folder_labels() {
         };
         let batches = collect(&mut client, request.clone()).await.unwrap();
         assert_eq!(batches.len(), 2);
-        let again = collect(&mut client, request).await.unwrap();
+        let again = collect(&mut client, request.clone()).await.unwrap();
         assert_eq!(digest(&batches), digest(&again), "deterministic");
+        // Resumed at batch 1 (mid-group): exactly the rest of the stream.
+        let resumed = pb::StreamBatchesRequest {
+            start_batch: 1,
+            ..request
+        };
+        let rest = collect(&mut client, resumed).await.unwrap();
+        assert_eq!(digest(&rest), digest(&batches[1..]), "resume");
         for key in keys(&batches) {
             assert!(seen.insert(key.clone()), "{key} at both ranks");
         }
