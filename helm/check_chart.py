@@ -123,6 +123,15 @@ def check_pod(where: str, template: Doc) -> None:
         env_of(trainer).get("SHARDFEED_TARGET") == "unix://" + listen.removeprefix("unix:"),
         f"{where}: SHARDFEED_TARGET does not name the sidecar's socket",
     )
+    memory_limit = next(
+        (e.get("valueFrom", {}) for e in sidecar.get("env", []) if e["name"] == "SHARDFEED_MEMORY_LIMIT"),
+        {},
+    )
+    check(
+        memory_limit.get("resourceFieldRef", {}).get("resource") == "limits.memory"
+        and memory_limit["resourceFieldRef"].get("containerName") == sidecar["name"],
+        f"{where}: the sidecar's memory limit does not come from the Downward API",
+    )
     grace = int(sidecar_env["SHARDFEED_SHUTDOWN_GRACE"])
     check(
         spec.get("terminationGracePeriodSeconds", 30) > grace,

@@ -377,3 +377,88 @@ async fn later_epochs_read_loose_objects_from_the_disk_cache() {
     assert_ne!(keys(&first), keys(&second), "another epoch, another order");
     harness.shutdown().await;
 }
+
+/// `root/ant` (plain), `root/bee` a symlink to a hidden pool inside the
+/// root, `root/cow` empty: three classes, the second reached by a link, the
+/// third without images.
+fn linked_class_folders(root: &std::path::Path) -> HashMap<String, i64> {
+    let mut expected = HashMap::new();
+    for (class, dir, label) in [("ant", "ant", 0), ("bee", ".pool/bee", 1)] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        for n in 0..5u64 {
+            let data = jpeg(40, 32, label as u64 * 10 + n);
+            std::fs::write(root.join(dir).join(format!("{n}.jpg")), data).unwrap();
+            expected.insert(format!("{class}/{n}.jpg"), label);
+        }
+    }
+    std::os::unix::fs::symlink(root.join(".pool/bee"), root.join("bee")).unwrap();
+    std::fs::create_dir_all(root.join("cow")).unwrap();
+    // An image linked into a second class is a sample of each.
+    std::os::unix::fs::symlink(root.join("ant/0.jpg"), root.join("bee/ant0.jpg")).unwrap();
+    expected.insert("bee/ant0.jpg".into(), 1);
+    expected
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_class_folders_follow_symlinks_and_an_empty_class_keeps_its_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = linked_class_folders(dir.path());
+    let uri = format!("file://{}/", dir.path().display());
+    let harness = Harness::start(Options::default()).await;
+    let mut client = harness.client().await;
+    let info = describe(&mut client, &uri, 1, 1).await;
+    assert_eq!(info.samples, 11, "{info:?}");
+    let batches = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            batch_size: Some(1),
+            ..unshuffled(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    let served: HashMap<String, i64> = keyed_pixels(&batches)
+        .into_iter()
+        .map(|(key, (label, _))| (key, label))
+        .collect();
+    assert_eq!(served, expected);
+
+    // A class folder linked from outside the dataset directory is refused,
+    // naming the link, rather than silently dropped.
+    let other = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(other.path().join("ant")).unwrap();
+    std::fs::write(other.path().join("ant/0.jpg"), jpeg(40, 32, 1)).unwrap();
+    std::fs::write(outside.path().join("1.jpg"), jpeg(40, 32, 2)).unwrap();
+    std::os::unix::fs::symlink(outside.path(), other.path().join("dog")).unwrap();
+    let uri = format!("file://{}/", other.path().display());
+    let status = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+    assert!(
+        status.message().contains("outside the dataset directory")
+            && status.message().contains("dog"),
+        "{status:?}"
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_beside_a_stray_shard_are_refused_naming_both() {
+    let harness = Harness::start(Options::default()).await;
+    let mut objects = class_folder_objects("mixed/");
+    objects.push((
+        "mixed/old/part-0.tar".into(),
+        tar_of(&simple_dataset(1, 2)[0]),
+    ));
+    put_objects(&harness.s3, "data", objects).await;
+    let mut client = harness.client().await;
+    let status = collect(&mut client, unshuffled("s3://data/mixed/"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("mixed/old/part-0.tar") && status.message().contains(".jpg"),
+        "{}",
+        status.message()
+    );
+    harness.shutdown().await;
+}

@@ -364,3 +364,85 @@ async fn loose_objects_in_s3_pack_into_tar_shards_with_their_folder_labels() {
     );
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_of_twelve_integer_classes_keeps_every_label() {
+    // A `file,label` header and 12 integer classes: labels 10 and 11 must
+    // not be read as names sorted as text ("10" < "2").
+    let source = tempfile::tempdir().unwrap();
+    let mut manifest = String::from("file,label\n");
+    let mut expected = HashMap::new();
+    for i in 0..48u64 {
+        let name = format!("img_{i:02}.jpg");
+        std::fs::write(source.path().join(&name), jpeg(32, 32, i)).unwrap();
+        manifest.push_str(&format!("{name},{}\n", i % 12));
+        expected.insert(format!("img_{i:02}"), (i % 12) as i64);
+    }
+    let manifest_path = source.path().join("labels.csv");
+    std::fs::write(&manifest_path, &manifest).unwrap();
+    let s3 = s3mem::start(0).await.unwrap();
+    create_bucket(&s3, "packed").await;
+    let report = pack_into(&s3, source.path(), Some(&manifest_path), "s3://packed/int/").await;
+    assert!(report.classes.is_empty(), "integer labels stay integers");
+    assert!(s3.state.object("packed", "int/classes.txt").is_none());
+    let harness = Harness::with_s3(s3, Options::default()).await;
+    assert_eq!(served_labels(&harness, "s3://packed/int/").await, expected);
+    harness.shutdown().await;
+
+    // One class name among integers is an error naming its line.
+    std::fs::write(&manifest_path, format!("{manifest}img_48.jpg,cat\n")).unwrap();
+    let registry = DatasetRegistry::new(Default::default(), fast_retries(), small_parts());
+    let dest = tempfile::tempdir().unwrap();
+    let uri = format!("file://{}/", dest.path().display());
+    let (store, prefix) = registry.store_for(&DatasetUri::parse(&uri).unwrap()).await;
+    let config = PackConfig {
+        source: PackSource::Folder(source.path().to_path_buf()),
+        manifest: Some(manifest_path.clone()),
+        shard_bytes: 12_000,
+        seed: 5,
+        object_requests_in_flight: 4,
+    };
+    let error = pack(&config, store, &prefix, |_| {}).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("line 50: label \"cat\" is a class name"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symlinked_class_folders_are_packed_and_an_empty_class_keeps_its_label() {
+    let source = tempfile::tempdir().unwrap();
+    let root = source.path();
+    let mut expected = HashMap::new();
+    for (class, dir, label) in [("ant", "ant", 0), ("bee", ".pool/bee", 1)] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        for n in 0..10u64 {
+            std::fs::write(root.join(dir).join(format!("{n}.jpg")), jpeg(40, 32, n)).unwrap();
+            expected.insert(format!("{class}/{n}"), label);
+        }
+    }
+    std::os::unix::fs::symlink(root.join(".pool/bee"), root.join("bee")).unwrap();
+    std::fs::create_dir_all(root.join("cow")).unwrap();
+    std::fs::write(root.join("cow/notes.jpg"), b"not an image").unwrap();
+    let s3 = s3mem::start(0).await.unwrap();
+    create_bucket(&s3, "packed").await;
+    let report = pack_into(&s3, root, None, "s3://packed/linked/").await;
+    assert_eq!(report.samples, 20);
+    assert_eq!(report.classes, ["ant", "bee", "cow"]);
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.path.ends_with("cow") && s.reason.contains("keeps its label")),
+        "{:?}",
+        report.skipped
+    );
+    let harness = Harness::with_s3(s3, Options::default()).await;
+    assert_eq!(
+        served_labels(&harness, "s3://packed/linked/").await,
+        expected
+    );
+    harness.shutdown().await;
+}

@@ -374,3 +374,82 @@ async fn a_stream_rides_out_a_minute_long_outage_with_identical_batches() {
     assert!(took < outage + Duration::from_secs(15), "bounded: {took:?}");
     harness.shutdown().await;
 }
+
+/// A 70 MB object (over the multipart threshold: five 16 MiB parts) put
+/// from a task of its own while parts take 200 ms each; returns once the
+/// upload is open at the server.
+async fn slow_multipart_put(
+    s3: &RunningS3,
+    store: Arc<RetryingStore>,
+) -> tokio::task::JoinHandle<Result<(), StoreError>> {
+    s3.state.faults.set_part_delay(Duration::from_millis(200));
+    let data = Bytes::from(vec![7u8; 70 << 20]);
+    let put = tokio::spawn(async move { store.put("data/big", data).await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s3.state.open_uploads() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no upload started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    put
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multipart_upload_that_fails_midway_is_aborted() {
+    let (s3, store) = setup().await;
+    let store = Arc::new(store);
+    let put = slow_multipart_put(&s3, store.clone()).await;
+    // The link is refused from here on: the parts still to go fail for good.
+    s3.state
+        .faults
+        .fail_next(Operation::Put, 16, Injected::AccessDenied);
+    let error = put.await.unwrap().unwrap_err();
+    assert!(
+        matches!(error, StoreError::PermissionDenied { .. }),
+        "{error}"
+    );
+    assert_eq!(s3.state.open_uploads(), 0, "the failed upload was aborted");
+    assert!(s3.state.object("retries", "data/big").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multipart_upload_whose_caller_gives_up_is_aborted() {
+    let (s3, store) = setup().await;
+    let put = slow_multipart_put(&s3, Arc::new(store)).await;
+    put.abort(); // a timeout or a cancelled pack drops the future
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s3.state.open_uploads() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned upload was left open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_part_of_a_slow_upload_has_its_own_time_bound() {
+    // Thirteen 16 MiB parts that take 500 ms each to answer, four in
+    // flight, with an idle timeout of 1.2 s: the whole upload outlasts it
+    // (at least 13/4 x 500 ms), no part does.
+    let s3 = s3mem::start(0).await.unwrap();
+    s3.state.create_bucket("retries");
+    let client = shardfeed::store::s3::client(&s3.s3_config()).await;
+    let idle_timeout = Duration::from_millis(1200);
+    let policy = RetryPolicy {
+        idle_timeout,
+        ..fast_retries()
+    };
+    let store = RetryingStore::new(Arc::new(S3Store::new(client, "retries")), policy);
+    s3.state.faults.set_part_delay(Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    store
+        .put("data/big", Bytes::from(vec![3u8; 200 << 20]))
+        .await
+        .unwrap();
+    assert!(started.elapsed() > idle_timeout, "{:?}", started.elapsed());
+    assert_eq!(
+        s3.state.object("retries", "data/big").unwrap().len(),
+        200 << 20
+    );
+    assert_eq!(s3.state.open_uploads(), 0);
+}

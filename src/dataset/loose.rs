@@ -10,10 +10,9 @@
 //! listing, not from its sorted order: sorted keys run class by class, and a
 //! group of one class would defeat the plan's interleave and shuffle buffer.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
-use serde::Deserialize;
-
+use super::manifest::ManifestEntry;
 use super::{check_shard_name, ShardEntry, ShardIndex, INDEX_DIR, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::ImageFormat;
@@ -43,6 +42,12 @@ pub fn is_image_key(key: &str) -> bool {
         .is_some_and(|(_, ext)| ImageFormat::from_extension(&ext.to_ascii_lowercase()).is_some())
 }
 
+/// Whether a key has a hidden segment (`.git/`, `.ipynb_checkpoints/`,
+/// `._x.jpg`): left out, as `pack` leaves hidden files out.
+fn is_hidden(relative: &str) -> bool {
+    relative.split('/').any(|segment| segment.starts_with('.'))
+}
+
 /// The images of a listing under `prefix`, labelled by class folder.
 ///
 /// Returns the objects and the class names (label `i` is `classes[i]`).
@@ -51,14 +56,20 @@ pub fn from_class_folders(objects: &[ObjectMeta], prefix: &str) -> (Vec<LooseObj
     let images: Vec<(&ObjectMeta, &str)> = objects
         .iter()
         .filter_map(|o| Some((o, o.key.strip_prefix(prefix)?)))
-        .filter(|(_, rel)| !rel.starts_with(INDEX_DIR) && is_image_key(rel))
+        .filter(|(_, rel)| !rel.starts_with(INDEX_DIR) && !is_hidden(rel) && is_image_key(rel))
         .filter(|(_, rel)| check_shard_name(rel).is_ok())
         .collect();
-    let classes: Vec<String> = images
+    // Every folder is a class, images or not (a folder marker `cat/`, or a
+    // folder of other files): a class without images must not shift the rest.
+    let classes: Vec<String> = objects
         .iter()
-        .filter_map(|(_, rel)| rel.split_once('/').map(|(class, _)| class.to_string()))
+        .filter_map(|o| o.key.strip_prefix(prefix))
+        .filter(|rel| !rel.starts_with(INDEX_DIR) && !is_hidden(rel))
+        .filter_map(|rel| rel.split_once('/').map(|(class, _)| class))
+        .filter(|class| check_shard_name(class).is_ok())
         .collect::<BTreeSet<_>>()
         .into_iter()
+        .map(str::to_string)
         .collect();
     let numbers: HashMap<&str, i64> = classes
         .iter()
@@ -80,69 +91,21 @@ pub fn from_class_folders(objects: &[ObjectMeta], prefix: &str) -> (Vec<LooseObj
     (loose, classes)
 }
 
-/// Whether a dataset URI's last segment names a manifest rather than a folder.
-pub fn is_manifest_name(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower.ends_with(".csv") || lower.ends_with(".jsonl")
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ManifestLine {
-    key: String,
-    #[serde(default = "no_label")]
-    label: i64,
-}
-
-fn no_label() -> i64 {
-    -1
-}
-
-/// The `(key, label)` entries of a manifest: CSV lines `key,label` (an
-/// optional `key,label` header; the label after the last comma, so keys may
-/// hold commas) or JSON lines `{"key": ..., "label": ...}` (label optional:
-/// -1). Keys are relative to the manifest's folder. Errors name the line.
-pub fn parse_manifest(name: &str, bytes: &[u8]) -> Result<Vec<(String, i64)>, String> {
-    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-    let jsonl = name.to_ascii_lowercase().ends_with(".jsonl");
-    let mut entries = Vec::new();
-    let mut seen = HashSet::new();
-    for (number, line) in text.lines().enumerate() {
-        let line = line.trim();
-        let at = |message: String| format!("line {}: {message}", number + 1);
-        if line.is_empty() || (!jsonl && number == 0 && line.eq_ignore_ascii_case("key,label")) {
-            continue;
-        }
-        let (key, label) = if jsonl {
-            let parsed: ManifestLine = serde_json::from_str(line)
-                .map_err(|e| at(format!("{e} (expected {{\"key\": ..., \"label\": ...}})")))?;
-            (parsed.key, parsed.label)
-        } else {
-            let (key, label) = line
-                .rsplit_once(',')
-                .ok_or_else(|| at("expected `key,label`".into()))?;
-            let label = label
-                .trim()
-                .parse::<i64>()
-                .map_err(|_| at(format!("label {label:?} is not an integer")))?;
-            (key.trim().to_string(), label)
-        };
-        check_shard_name(&key).map_err(at)?;
-        if !seen.insert(key.clone()) {
-            return Err(at(format!("key {key:?} is listed twice")));
-        }
-        entries.push((key, label));
-    }
-    if entries.is_empty() {
-        return Err("lists no objects".into());
-    }
-    Ok(entries)
+/// Classes of a class-folder listing that hold no image.
+pub fn empty_classes<'a>(objects: &[LooseObject], classes: &'a [String]) -> Vec<&'a str> {
+    let used: BTreeSet<i64> = objects.iter().map(|o| o.label).collect();
+    classes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !used.contains(&(*i as i64)))
+        .map(|(_, c)| c.as_str())
+        .collect()
 }
 
 /// The manifest's entries with their sizes and ETags from the listing of
 /// its folder; every listed key must exist.
 pub fn from_manifest(
-    entries: Vec<(String, i64)>,
+    entries: Vec<ManifestEntry>,
     objects: &[ObjectMeta],
     prefix: &str,
 ) -> Result<Vec<LooseObject>, String> {
@@ -152,15 +115,15 @@ pub fn from_manifest(
         .collect();
     let mut missing = Vec::new();
     let mut loose = Vec::with_capacity(entries.len());
-    for (key, label) in entries {
-        match listed.get(key.as_str()) {
+    for entry in entries {
+        match listed.get(entry.path.as_str()) {
             Some(object) => loose.push(LooseObject {
-                key,
+                key: entry.path,
                 size: object.size,
                 etag: object.etag.clone(),
-                label,
+                label: entry.label,
             }),
-            None => missing.push(key),
+            None => missing.push(entry.path),
         }
     }
     if !missing.is_empty() {
@@ -209,6 +172,8 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     fn meta(key: &str, size: u64) -> ObjectMeta {
@@ -228,66 +193,39 @@ mod tests {
             meta("imgs/cat/notes.txt", 9),
             meta("imgs/zebra/a/b.png", 4),
             meta("imgs/top.webp", 5),
+            meta("imgs/cow/", 0),
+            meta("imgs/ant/readme.txt", 1),
+            meta("imgs/.ipynb_checkpoints/x.jpg", 1),
+            meta("imgs/cat/._1.jpg", 1),
         ];
         let (objects, classes) = from_class_folders(&listing, "imgs/");
-        assert_eq!(classes, ["cat", "dog", "zebra"]);
+        // Folders without images (a marker, other files) keep their indexes.
+        assert_eq!(classes, ["ant", "cat", "cow", "dog", "zebra"]);
+        assert_eq!(empty_classes(&objects, &classes), ["ant", "cow"]);
         let labels: Vec<_> = objects.iter().map(|o| (o.key.as_str(), o.label)).collect();
         assert_eq!(
             labels,
             [
-                ("dog/2.JPG", 1),
-                ("cat/1.jpg", 0),
-                ("zebra/a/b.png", 2),
+                ("dog/2.JPG", 3),
+                ("cat/1.jpg", 1),
+                ("zebra/a/b.png", 4),
                 ("top.webp", -1)
             ]
         );
     }
 
     #[test]
-    fn manifests_parse_csv_and_json_lines_and_name_bad_lines() {
-        let csv = b"key,label\na/1.jpg,3\n\nb,c.jpg, 7\n";
-        assert_eq!(
-            parse_manifest("m.csv", csv).unwrap(),
-            [("a/1.jpg".to_string(), 3), ("b,c.jpg".to_string(), 7)]
-        );
-        let jsonl = b"{\"key\": \"x.jpg\", \"label\": 2}\n{\"key\": \"y.jpg\"}\n";
-        assert_eq!(
-            parse_manifest("m.JSONL", jsonl).unwrap(),
-            [("x.jpg".to_string(), 2), ("y.jpg".to_string(), -1)]
-        );
-        let errors = [
-            ("m.csv", &b"a.jpg,cat\n"[..], "line 1: label \"cat\""),
-            (
-                "m.csv",
-                b"a.jpg,1\na.jpg,2\n",
-                "line 2: key \"a.jpg\" is listed twice",
-            ),
-            (
-                "m.csv",
-                b"../up.jpg,1\n",
-                "line 1: shard name \"../up.jpg\"",
-            ),
-            ("m.csv", b"x.jpg\n", "line 1: expected `key,label`"),
-            ("m.jsonl", b"{\"path\": \"x\"}\n", "line 1: unknown field"),
-            ("m.csv", b"\n", "lists no objects"),
-        ];
-        for (name, text, wanted) in errors {
-            let error = parse_manifest(name, text).unwrap_err();
-            assert!(error.starts_with(wanted), "{error:?} lacks {wanted:?}");
-        }
-    }
-
-    #[test]
     fn manifest_keys_must_exist() {
         let listing = [meta("p/a.jpg", 1), meta("p/b.jpg", 2)];
-        let found = from_manifest(vec![("b.jpg".into(), 4)], &listing, "p/").unwrap();
+        let entry = |path: &str, label| ManifestEntry {
+            line: 1,
+            path: path.into(),
+            label,
+        };
+        let found = from_manifest(vec![entry("b.jpg", 4)], &listing, "p/").unwrap();
         assert_eq!((found[0].size, found[0].label), (2, 4));
-        let error = from_manifest(
-            vec![("a.jpg".into(), 0), ("c.jpg".into(), 1)],
-            &listing,
-            "p/",
-        )
-        .unwrap_err();
+        let error =
+            from_manifest(vec![entry("a.jpg", 0), entry("c.jpg", 1)], &listing, "p/").unwrap_err();
         assert_eq!(error, "1 listed objects do not exist (first: [\"c.jpg\"])");
     }
 

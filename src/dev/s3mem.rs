@@ -59,6 +59,10 @@ pub struct Faults {
     script: Mutex<HashMap<Operation, std::collections::VecDeque<Injected>>>,
     /// Delay before every GET's response (simulates S3's time to first byte).
     pub get_delay: Mutex<Duration>,
+    /// Delay before every LIST page's response.
+    pub list_delay: Mutex<Duration>,
+    /// Delay before every multipart part's response (a slow uplink).
+    pub part_delay: Mutex<Duration>,
     /// The next N GETs fail with 503 SlowDown.
     pub slow_down: AtomicU64,
     /// The next N GET bodies stop after this many bytes.
@@ -89,6 +93,14 @@ impl Faults {
             .get_delay
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+    }
+
+    pub fn set_list_delay(&self, delay: Duration) {
+        set(&self.list_delay, delay);
+    }
+
+    pub fn set_part_delay(&self, delay: Duration) {
+        set(&self.part_delay, delay);
     }
 
     /// The next `count` requests of `operation` fail with `fault`, after
@@ -324,6 +336,7 @@ impl S3 for Backend {
     ) -> S3Result<S3Response<dto::UploadPartOutput>> {
         self.0.counts.put.fetch_add(1, Ordering::Relaxed);
         self.0.faults.scripted(Operation::Put)?;
+        pause(&self.0.faults.part_delay).await;
         let input = req.input;
         let data = read_body(input.body).await?;
         let etag = etag_of(&data);
@@ -485,6 +498,7 @@ impl S3 for Backend {
     ) -> S3Result<S3Response<dto::ListObjectsV2Output>> {
         self.0.counts.list.fetch_add(1, Ordering::Relaxed);
         self.0.faults.scripted(Operation::List)?;
+        pause(&self.0.faults.list_delay).await;
         let input = req.input;
         let prefix = input.prefix.clone().unwrap_or_default();
         let max_keys = input.max_keys.unwrap_or(1000).clamp(1, 1000) as usize;
@@ -529,6 +543,22 @@ impl S3 for Backend {
             contents: Some(contents),
             ..Default::default()
         }))
+    }
+}
+
+fn set(knob: &Mutex<Duration>, delay: Duration) {
+    *knob
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+}
+
+/// Waits as long as `knob` says (not holding its lock meanwhile).
+async fn pause(knob: &Mutex<Duration>) {
+    let delay = *knob
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
 }
 

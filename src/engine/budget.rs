@@ -17,6 +17,7 @@
 //! the rest       = limit / 4                 (runtime, indexes, gRPC, allocator slack)
 //! ```
 
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -29,38 +30,17 @@ use crate::pipeline::PipelineConfig;
 const UNIT: u64 = 1 << 10;
 const MAX_DECODE_SCRATCH: u64 = 1 << 30;
 
-/// The memory limit the server plans for: `--memory-limit`, or what the
-/// container (cgroup v2 or v1) or the machine allows.
+/// The memory limit the server plans for when `--memory-limit` is not
+/// given: this process's cgroup limit (v1, v2 or hybrid; see
+/// [`super::cgroup`]), at most the machine's memory, else the machine's.
 pub fn detect_memory_limit() -> Option<u64> {
-    cgroup_limit().or_else(machine_memory)
-}
-
-fn cgroup_limit() -> Option<u64> {
-    let parse = |text: &str| text.trim().parse::<u64>().ok();
-    // cgroup v2: this process's cgroup, as /proc/self/cgroup names it.
-    let v2 = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|line| line.strip_prefix("0::").map(str::to_string))
-        })
-        .and_then(|path| {
-            std::fs::read_to_string(format!("/sys/fs/cgroup{}/memory.max", path.trim_end()))
-                .ok()
-                .or_else(|| std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok())
-        })
-        .and_then(|text| parse(&text));
-    // cgroup v1 reports "no limit" as a huge number; the machine bounds it.
-    let v1 = || {
-        std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-            .ok()
-            .and_then(|text| parse(&text))
-    };
-    let limit = v2.or_else(v1)?;
-    Some(match machine_memory() {
-        Some(machine) => limit.min(machine),
-        None => limit,
-    })
+    match (
+        super::cgroup::memory_limit(Path::new("/")),
+        machine_memory(),
+    ) {
+        (Some(limit), Some(machine)) => Some(limit.min(machine)),
+        (limit, machine) => limit.or(machine),
+    }
 }
 
 fn machine_memory() -> Option<u64> {

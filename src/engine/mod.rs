@@ -10,6 +10,7 @@
 //! requests into [`StreamRequest`]s and errors into statuses.
 
 pub mod budget;
+mod cgroup;
 pub mod warm;
 
 use std::sync::Arc;

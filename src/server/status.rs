@@ -92,7 +92,9 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
         return match error {
             DatasetError::InvalidUri { .. } => Some(Code::InvalidArgument),
             DatasetError::NoShards { .. } => Some(Code::NotFound),
-            DatasetError::Manifest { .. } => Some(Code::FailedPrecondition),
+            DatasetError::Manifest { .. } | DatasetError::MixedLayout { .. } => {
+                Some(Code::FailedPrecondition)
+            }
             DatasetError::CorruptIndex { .. } => Some(Code::FailedPrecondition),
             DatasetError::Shard { .. } => Some(Code::DataLoss),
             DatasetError::Internal(_) => Some(Code::Internal),

@@ -33,7 +33,7 @@ use futures::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::read::read_range;
-use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
+use super::{list_pages, ListPage, ObjectMeta, ObjectStore, PartStream, StoreError};
 use crate::metrics;
 
 pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
@@ -780,7 +780,7 @@ impl ObjectStore for CacheStore {
                 return Ok(objects.clone());
             }
         }
-        let objects = self.source.inner.list(prefix).await?;
+        let objects = list_pages(self.source.inner.as_ref(), prefix).await?;
         if objects.len() > MAX_CACHED_LISTING {
             // A loose-object dataset: its index keeps what is needed.
             return Ok(objects);
@@ -795,6 +795,10 @@ impl ObjectStore for CacheStore {
             .lists
             .insert(prefix.to_string(), (objects.clone(), Instant::now()));
         Ok(objects)
+    }
+
+    async fn list_page(&self, prefix: &str, token: Option<&str>) -> Result<ListPage, StoreError> {
+        self.source.inner.list_page(prefix, token).await
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {

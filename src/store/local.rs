@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
+use super::{ListPage, ObjectMeta, ObjectStore, PartStream, StoreError};
 
 const READ_CHUNK: usize = 1 << 20;
 
@@ -91,21 +91,72 @@ fn file_etag(meta: &std::fs::Metadata) -> Option<String> {
     Some(format!("{:x}-{:x}", meta.len(), nanos))
 }
 
-fn walk(dir: &Path, root: &Path, out: &mut Vec<ObjectMeta>) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
+/// Lists `dir` into `out`, keys relative to `root`. Symlinks are followed
+/// (as torchvision's ImageFolder follows them) while they resolve inside
+/// `real_root`: a link to a folder outside is an error naming it (a whole
+/// class would vanish), a link to a file outside or a broken link is left
+/// out with a warning, and a link to a folder that holds it (a loop) is not
+/// walked. Every folder is listed as a `folder/` marker, as S3 consoles
+/// create them, so a class folder without images still counts as a class.
+fn walk(
+    dir: &Path,
+    root: &Path,
+    ancestors: &mut Vec<PathBuf>,
+    out: &mut Vec<ObjectMeta>,
+) -> Result<(), String> {
+    let key_of = |path: &Path| {
+        path.strip_prefix(root)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .replace('\\', "/")
+    };
+    let io = |path: &Path, error: std::io::Error| format!("{}: {error}", path.display());
+    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let entry = entry.map_err(|e| io(dir, e))?;
         let path = entry.path();
+        let linked = entry.file_type().map_err(|e| io(&path, e))?.is_symlink();
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(error) if linked => {
+                tracing::warn!(path = %path.display(), %error, "left out a broken symlink");
+                continue;
+            }
+            Err(error) => return Err(io(&path, error)),
+        };
+        let real = std::fs::canonicalize(&path).map_err(|e| io(&path, e))?;
+        if !real.starts_with(&ancestors[0]) {
+            if meta.is_dir() {
+                return Err(format!(
+                    "{} links to {}, outside the dataset directory; point the dataset at a \
+                     directory that holds both",
+                    path.display(),
+                    real.display()
+                ));
+            }
+            tracing::warn!(
+                path = %path.display(),
+                target = %real.display(),
+                "left out a symlink to a file outside the dataset directory"
+            );
+            continue;
+        }
         if meta.is_dir() {
-            walk(&path, root, out)?;
-        } else if meta.is_file() {
-            let key = path
-                .strip_prefix(root)
-                .unwrap_or(&path)
-                .to_string_lossy()
-                .replace('\\', "/");
+            if ancestors.contains(&real) {
+                tracing::warn!(path = %path.display(), "left out a symlink loop");
+                continue;
+            }
             out.push(ObjectMeta {
-                key,
+                key: format!("{}/", key_of(&path)),
+                size: 0,
+                etag: None,
+            });
+            ancestors.push(real);
+            let walked = walk(&path, root, ancestors, out);
+            ancestors.pop();
+            walked?;
+        } else if meta.is_file() {
+            out.push(ObjectMeta {
+                key: key_of(&path),
                 size: meta.len(),
                 etag: file_etag(&meta),
             });
@@ -116,7 +167,7 @@ fn walk(dir: &Path, root: &Path, out: &mut Vec<ObjectMeta>) -> std::io::Result<(
 
 #[async_trait]
 impl ObjectStore for LocalStore {
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+    async fn list_page(&self, prefix: &str, _token: Option<&str>) -> Result<ListPage, StoreError> {
         let root = self.root.clone();
         if !root.is_dir() {
             return Err(StoreError::NotFound {
@@ -126,18 +177,23 @@ impl ObjectStore for LocalStore {
         }
         let prefix = prefix.to_string();
         let mut objects = tokio::task::spawn_blocking(move || {
+            let real_root = std::fs::canonicalize(&root).map_err(|e| e.to_string())?;
             let mut out = Vec::new();
-            walk(&root, &root, &mut out).map(|_| out)
+            walk(&root, &root, &mut vec![real_root], &mut out).map(|_| out)
         })
         .await
-        .map_err(|e| StoreError::Other {
+        .map_err(|e| e.to_string())
+        .and_then(|listed| listed)
+        .map_err(|message| StoreError::Other {
             location: self.location(""),
-            message: e.to_string(),
-        })?
-        .map_err(|e| self.io_error("", e))?;
+            message,
+        })?;
         objects.retain(|o| o.key.starts_with(&prefix));
         objects.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(objects)
+        Ok(ListPage {
+            objects,
+            next: None,
+        })
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {

@@ -78,10 +78,69 @@ impl StoreError {
     }
 }
 
+/// How a store takes large objects in parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MultipartShape {
+    /// Objects larger than this go up in parts.
+    pub threshold: u64,
+    pub part_size: usize,
+    /// Parts uploaded at once.
+    pub in_flight: usize,
+}
+
+/// One page of a listing and the token of the next, if there is one.
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<ObjectMeta>,
+    pub next: Option<String>,
+}
+
+/// Pages between progress lines of a long listing (S3 pages hold 1,000 keys).
+const LIST_PROGRESS_PAGES: u64 = 100;
+
+/// Every page of a listing, sorted by key. Each page is its own request, so
+/// a wrapper bounds and retries pages one by one (a listing of a million
+/// keys takes minutes; one page takes milliseconds).
+pub async fn list_pages(
+    store: &(impl ObjectStore + ?Sized),
+    prefix: &str,
+) -> Result<Vec<ObjectMeta>, StoreError> {
+    let started = std::time::Instant::now();
+    let mut objects = Vec::new();
+    let mut token: Option<String> = None;
+    let mut pages = 0u64;
+    loop {
+        let page = store.list_page(prefix, token.as_deref()).await?;
+        objects.extend(page.objects);
+        pages += 1;
+        if pages.is_multiple_of(LIST_PROGRESS_PAGES) {
+            tracing::info!(
+                location = %store.location(prefix),
+                objects = objects.len(),
+                pages,
+                seconds = started.elapsed().as_secs_f64(),
+                "listing"
+            );
+        }
+        match page.next {
+            Some(next) if token.as_deref() != Some(next.as_str()) => token = Some(next),
+            _ => break,
+        }
+    }
+    objects.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(objects)
+}
+
 #[async_trait]
 pub trait ObjectStore: Send + Sync + fmt::Debug {
     /// Objects whose key starts with `prefix`, sorted by key.
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError>;
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        list_pages(self, prefix).await
+    }
+
+    /// One page of the listing of `prefix`, from `token` (a page's `next`).
+    /// Stores that list in one piece return everything with no `next`.
+    async fn list_page(&self, prefix: &str, token: Option<&str>) -> Result<ListPage, StoreError>;
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
 
@@ -104,6 +163,55 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     }
 
     async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError>;
+
+    /// How large objects go up in parts (S3's multipart upload), if this
+    /// store takes them: callers put objects over the threshold through the
+    /// part operations below, each part bounded and retried on its own.
+    fn multipart(&self) -> Option<MultipartShape> {
+        None
+    }
+
+    /// Starts a multipart upload of `key`; returns its upload id.
+    async fn create_upload(&self, key: &str) -> Result<String, StoreError> {
+        Err(self.no_multipart(key))
+    }
+
+    /// Uploads part `number` (1-based); returns the part's ETag.
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: i32,
+        data: Bytes,
+    ) -> Result<Option<String>, StoreError> {
+        let _ = (upload_id, number, data);
+        Err(self.no_multipart(key))
+    }
+
+    /// Completes the upload from its parts' `(number, etag)` in order.
+    async fn complete_upload(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<(i32, Option<String>)>,
+    ) -> Result<(), StoreError> {
+        let _ = (upload_id, parts);
+        Err(self.no_multipart(key))
+    }
+
+    /// Abandons the upload and deletes its parts (billed until then).
+    async fn abort_upload(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
+        let _ = upload_id;
+        Err(self.no_multipart(key))
+    }
+
+    #[doc(hidden)]
+    fn no_multipart(&self, key: &str) -> StoreError {
+        StoreError::Other {
+            location: self.location(key),
+            message: "this store takes no multipart uploads".into(),
+        }
+    }
 
     /// Human-readable location of `key`, for errors and logs.
     fn location(&self, key: &str) -> String;

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use super::throttle::{RequestLimiter, Slot};
-use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
+use super::{ListPage, MultipartShape, ObjectMeta, ObjectStore, PartStream, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
@@ -150,6 +150,139 @@ impl RetryingStore {
     }
 }
 
+impl RetryingStore {
+    async fn put_multipart(
+        &self,
+        key: &str,
+        data: Bytes,
+        shape: MultipartShape,
+    ) -> Result<(), StoreError> {
+        let upload_id = self.retry(key, || self.inner.create_upload(key)).await?;
+        let mut upload = OpenUpload {
+            store: self.inner.clone(),
+            policy: self.policy.clone(),
+            key: key.to_string(),
+            upload_id: Some(upload_id.clone()),
+        };
+        let part_size = shape.part_size.max(1);
+        let parts = (0..data.len())
+            .step_by(part_size)
+            .enumerate()
+            .map(|(i, start)| {
+                let body = data.slice(start..(start + part_size).min(data.len()));
+                let number = i as i32 + 1;
+                let upload_id = upload_id.as_str();
+                async move {
+                    let etag = self
+                        .retry(key, || {
+                            self.inner.upload_part(key, upload_id, number, body.clone())
+                        })
+                        .await?;
+                    Ok::<_, StoreError>((number, etag))
+                }
+            });
+        let uploaded: Result<Vec<_>, StoreError> = futures::stream::iter(parts)
+            .buffered(shape.in_flight.max(1))
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect();
+        let result = match uploaded {
+            Ok(parts) => {
+                self.retry(key, || {
+                    self.inner.complete_upload(key, &upload_id, parts.clone())
+                })
+                .await
+            }
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(()) => {
+                upload.upload_id = None;
+                Ok(())
+            }
+            Err(error) => {
+                upload.abort().await;
+                Err(error)
+            }
+        }
+    }
+}
+
+/// A multipart upload not yet completed: aborted when it fails, and when its
+/// caller drops it midway (a timeout, a cancelled pack), from a task of its
+/// own, since a dropped future cannot await.
+struct OpenUpload {
+    store: Arc<dyn ObjectStore>,
+    policy: Arc<RetryPolicy>,
+    key: String,
+    /// `None` once completed or aborted.
+    upload_id: Option<String>,
+}
+
+impl OpenUpload {
+    async fn abort(&mut self) {
+        if let Some(upload_id) = self.upload_id.take() {
+            abort_upload(
+                self.store.clone(),
+                self.policy.clone(),
+                self.key.clone(),
+                upload_id,
+            )
+            .await;
+        }
+    }
+}
+
+impl Drop for OpenUpload {
+    fn drop(&mut self) {
+        let Some(upload_id) = self.upload_id.take() else {
+            return;
+        };
+        let (store, policy, key) = (self.store.clone(), self.policy.clone(), self.key.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(abort_upload(store, policy, key, upload_id));
+            }
+            Err(_) => tracing::error!(
+                location = %store.location(&key),
+                upload_id,
+                "a multipart upload was abandoned outside a runtime and could not be aborted; \
+                 a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes it"
+            ),
+        }
+    }
+}
+
+/// Aborts an upload, retrying transient failures within the policy.
+async fn abort_upload(
+    store: Arc<dyn ObjectStore>,
+    policy: Arc<RetryPolicy>,
+    key: String,
+    upload_id: String,
+) {
+    let retrying = RetryingStore {
+        inner: store,
+        policy,
+        limiter: None,
+    };
+    let result = retrying
+        .retry(&key, || retrying.inner.abort_upload(&key, &upload_id))
+        .await;
+    match result {
+        Ok(()) => tracing::info!(
+            location = %retrying.inner.location(&key),
+            "aborted an unfinished multipart upload"
+        ),
+        Err(error) => tracing::error!(
+            %error,
+            upload_id,
+            "could not abort a multipart upload; a bucket lifecycle rule \
+             (AbortIncompleteMultipartUpload) removes it"
+        ),
+    }
+}
+
 async fn acquire(limiter: &Option<Arc<RequestLimiter>>) -> Option<Slot> {
     match limiter {
         Some(limiter) => Some(limiter.acquire().await),
@@ -176,8 +309,11 @@ fn timed_out(location: String, after: Duration) -> StoreError {
 
 #[async_trait]
 impl ObjectStore for RetryingStore {
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
-        self.retry(prefix, || self.inner.list(prefix)).await
+    /// Page by page, each page its own attempts and time bound, the
+    /// continuation token kept across a page's retries.
+    async fn list_page(&self, prefix: &str, token: Option<&str>) -> Result<ListPage, StoreError> {
+        self.retry(prefix, || self.inner.list_page(prefix, token))
+            .await
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
@@ -217,8 +353,23 @@ impl ObjectStore for RetryingStore {
         .boxed())
     }
 
+    /// A whole PUT, or for a large object on a store that takes parts, a
+    /// multipart upload whose every request (create, each part, complete)
+    /// has its own time bound and retries: a 1 GB shard is not one 30 s
+    /// attempt. An upload that fails, or whose caller gives up, is aborted,
+    /// so no orphaned parts stay billed.
     async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
-        self.retry(key, || self.inner.put(key, data.clone())).await
+        match self.inner.multipart() {
+            Some(shape) if data.len() as u64 > shape.threshold => {
+                self.put_multipart(key, data, shape).await
+            }
+            _ => self.retry(key, || self.inner.put(key, data.clone())).await,
+        }
+    }
+
+    fn multipart(&self) -> Option<MultipartShape> {
+        // Callers hand this store whole objects; it does the parts.
+        None
     }
 
     fn location(&self, key: &str) -> String {

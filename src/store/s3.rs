@@ -17,7 +17,7 @@ use aws_sdk_s3::Client;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::{ObjectMeta, ObjectStore, PartStream, StoreError};
+use super::{ListPage, MultipartShape, ObjectMeta, ObjectStore, PartStream, StoreError};
 use crate::metrics;
 
 /// How to reach S3; everything unset comes from the AWS default chain.
@@ -203,38 +203,35 @@ fn outcome<T>(result: &Result<T, StoreError>) -> &'static str {
 
 #[async_trait]
 impl ObjectStore for S3Store {
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, StoreError> {
-        let mut objects = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let started = Instant::now();
-            let result = self
-                .client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(prefix)
-                .set_continuation_token(token.clone())
-                .send()
-                .await
-                .map_err(|e| classify(self.location(prefix), e));
-            metrics::s3_request("list", outcome(&result), started.elapsed());
-            let page = result?;
-            for object in page.contents() {
-                if let Some(key) = object.key() {
-                    objects.push(ObjectMeta {
-                        key: key.to_string(),
-                        size: object.size().unwrap_or(0).max(0) as u64,
-                        etag: object.e_tag().map(str::to_string),
-                    });
-                }
-            }
-            token = page.next_continuation_token().map(str::to_string);
-            if token.is_none() || page.is_truncated() != Some(true) {
-                break;
-            }
-        }
-        objects.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(objects)
+    async fn list_page(&self, prefix: &str, token: Option<&str>) -> Result<ListPage, StoreError> {
+        let started = Instant::now();
+        let result = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .set_continuation_token(token.map(str::to_string))
+            .send()
+            .await
+            .map_err(|e| classify(self.location(prefix), e));
+        metrics::s3_request("list", outcome(&result), started.elapsed());
+        let page = result?;
+        let objects = page
+            .contents()
+            .iter()
+            .filter_map(|object| {
+                Some(ObjectMeta {
+                    key: object.key()?.to_string(),
+                    size: object.size().unwrap_or(0).max(0) as u64,
+                    etag: object.e_tag().map(str::to_string),
+                })
+            })
+            .collect();
+        let next = page
+            .next_continuation_token()
+            .filter(|_| page.is_truncated() == Some(true))
+            .map(str::to_string);
+        Ok(ListPage { objects, next })
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
@@ -305,10 +302,11 @@ impl ObjectStore for S3Store {
         Ok(stream.boxed())
     }
 
+    /// One PUT. Objects over [`MULTIPART_THRESHOLD`] go up in parts through
+    /// the part operations below, which the retrying store drives so that
+    /// each part has its own time bound and retries, and a failed or
+    /// abandoned upload is aborted.
     async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
-        if data.len() as u64 > MULTIPART_THRESHOLD {
-            return self.put_multipart(key, data).await;
-        }
         let started = Instant::now();
         let result = self
             .client
@@ -324,16 +322,15 @@ impl ObjectStore for S3Store {
         result
     }
 
-    fn location(&self, key: &str) -> String {
-        format!("s3://{}/{}", self.bucket, key)
+    fn multipart(&self) -> Option<MultipartShape> {
+        Some(MultipartShape {
+            threshold: MULTIPART_THRESHOLD,
+            part_size: MULTIPART_PART_SIZE,
+            in_flight: MULTIPART_PARTS_IN_FLIGHT,
+        })
     }
-}
 
-impl S3Store {
-    /// A multipart upload: parts in parallel, completed in order; aborted on
-    /// failure so that no orphaned parts are billed. The object appears
-    /// only when the upload completes.
-    async fn put_multipart(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+    async fn create_upload(&self, key: &str) -> Result<String, StoreError> {
         let started = Instant::now();
         let result = self
             .client
@@ -344,60 +341,54 @@ impl S3Store {
             .await
             .map_err(|e| classify(self.location(key), e));
         metrics::s3_request("put", outcome(&result), started.elapsed());
-        let upload_id = result?.upload_id().unwrap_or_default().to_string();
-        let result = self.upload_parts(key, &upload_id, data).await;
-        if result.is_err() {
-            let _ = self
-                .client
-                .abort_multipart_upload()
-                .bucket(&self.bucket)
-                .key(key)
-                .upload_id(&upload_id)
-                .send()
-                .await;
-        }
-        result
+        result?
+            .upload_id()
+            .map(str::to_string)
+            .ok_or_else(|| StoreError::Other {
+                location: self.location(key),
+                message: "CreateMultipartUpload returned no upload id".into(),
+            })
     }
 
-    async fn upload_parts(
+    async fn upload_part(
         &self,
         key: &str,
         upload_id: &str,
+        number: i32,
         data: Bytes,
+    ) -> Result<Option<String>, StoreError> {
+        let started = Instant::now();
+        let result = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map_err(|e| classify(self.location(key), e));
+        metrics::s3_request("put", outcome(&result), started.elapsed());
+        Ok(result?.e_tag().map(str::to_string))
+    }
+
+    async fn complete_upload(
+        &self,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<(i32, Option<String>)>,
     ) -> Result<(), StoreError> {
         use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-        let chunks = (0..data.len()).step_by(MULTIPART_PART_SIZE).enumerate();
-        let parts: Vec<CompletedPart> = futures::stream::iter(chunks)
-            .map(|(i, start)| {
-                let body = data.slice(start..(start + MULTIPART_PART_SIZE).min(data.len()));
-                let number = i as i32 + 1;
-                async move {
-                    let started = Instant::now();
-                    let result = self
-                        .client
-                        .upload_part()
-                        .bucket(&self.bucket)
-                        .key(key)
-                        .upload_id(upload_id)
-                        .part_number(number)
-                        .body(ByteStream::from(body))
-                        .send()
-                        .await
-                        .map_err(|e| classify(self.location(key), e));
-                    metrics::s3_request("put", outcome(&result), started.elapsed());
-                    Ok::<_, StoreError>(
-                        CompletedPart::builder()
-                            .part_number(number)
-                            .set_e_tag(result?.e_tag().map(str::to_string))
-                            .build(),
-                    )
-                }
-            })
-            .buffered(MULTIPART_PARTS_IN_FLIGHT)
-            .collect::<Vec<_>>()
-            .await
+        let parts = parts
             .into_iter()
-            .collect::<Result<_, _>>()?;
+            .map(|(number, etag)| {
+                CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(etag)
+                    .build()
+            })
+            .collect();
         let started = Instant::now();
         let result = self
             .client
@@ -416,5 +407,25 @@ impl S3Store {
             .map_err(|e| classify(self.location(key), e));
         metrics::s3_request("put", outcome(&result), started.elapsed());
         result
+    }
+
+    async fn abort_upload(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| classify(self.location(key), e));
+        metrics::s3_request("put", outcome(&result), started.elapsed());
+        result
+    }
+
+    fn location(&self, key: &str) -> String {
+        format!("s3://{}/{}", self.bucket, key)
     }
 }

@@ -48,6 +48,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       value: {{ .Values.shardfeed.partsInFlight | int64 | quote }}
     - name: SHARDFEED_SHUTDOWN_GRACE
       value: {{ .Values.shardfeed.shutdownGraceSeconds | int64 | quote }}
+    # The container's own limit, in bytes, from the Downward API: the budget
+    # then never depends on how the node lays out its cgroups.
+    - name: SHARDFEED_MEMORY_LIMIT
+      valueFrom:
+        resourceFieldRef:
+          containerName: shardfeed
+          resource: limits.memory
     - name: SHARDFEED_LOG_FORMAT
       value: {{ .Values.shardfeed.logFormat | quote }}
     - name: SHARDFEED_LOG

@@ -157,7 +157,10 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 )
             self._worker_flag.set()
         rank, world = self._rank_and_world()
-        resume, self._resume = self._resume, None
+        # A loaded position stays loaded until the resumed stream delivers:
+        # an attempt that fails before its first batch, retried, must not
+        # restart the epoch at batch 0.
+        resume = self._resume
         self._position = resume or EpochPosition()
         batches = self.client.batches(
             self.dataset,
@@ -173,6 +176,7 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             **self.options,
         )
         for batch in batches:
+            self._resume = None
             with warnings.catch_warnings():
                 # Received batches are read-only; torch warns about writes that
                 # would be undefined. Training reads them (e.g. copies to the GPU).
@@ -182,6 +186,8 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 images = images.permute(0, 3, 1, 2)
             self._position = batch.position
             yield images, torch.from_numpy(batch.labels)
+        # Resumed at the epoch's end: nothing was left, the position is spent.
+        self._resume = None
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain

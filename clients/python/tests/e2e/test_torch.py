@@ -116,6 +116,30 @@ def test_resume_from_state_dict_gives_the_remaining_batches(
     assert len(_copies(resumed)) == len(full)
 
 
+def test_a_failed_first_attempt_keeps_the_loaded_position(
+    unix_server: Server, dataset: str, tmp_path: object
+) -> None:
+    ds = _dataset(unix_server, dataset)
+    full = _copies(ds)
+    for step, _ in enumerate(ds):
+        if step == 2:
+            state = ds.state_dict()
+            break
+
+    resumed = _dataset(unix_server, dataset)
+    resumed.load_state_dict(state)
+    real_client = resumed.client
+    # The sidecar is not there yet: the first attempt fails before a batch.
+    resumed.client = Client(f"unix:{tmp_path}/absent.sock")
+    with pytest.raises(Exception):
+        next(iter(resumed))
+    resumed.client = real_client
+    rest = _copies(resumed)
+    assert len(rest) == len(full) - 3, "the retry resumed where the state said"
+    for (images, labels), (expected_images, expected_labels) in zip(rest, full[3:]):
+        assert (images == expected_images).all() and (labels == expected_labels).all()
+
+
 def test_resume_at_another_world_size_loses_and_repeats_nothing(
     unix_server: Server, dataset: str
 ) -> None:

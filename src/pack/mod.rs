@@ -21,7 +21,7 @@
 //! Memory: at most `SHARDS_IN_FLIGHT + 1` shards (each about the target
 //! size) are held at once: one being read, the others uploading.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,7 +29,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt;
 use rayon::prelude::*;
-use serde::Deserialize;
 
 use crate::dataset::{
     index_shard_bytes, write_index, Dataset, DatasetError, DatasetIndex, ShardEntry,
@@ -37,10 +36,12 @@ use crate::dataset::{
 use crate::dataset::{DatasetLayout, DatasetLocation, ShardIndex, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
-use crate::shard::tfrecord::{self, FeatureNames, RecordParser};
-use crate::shard::{ImageFormat, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{ImageFormat, ShardError, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::read::read_object;
 use crate::store::{ObjectMeta, ObjectStore, StoreError};
+use folder::{list_inputs, read_record_image};
+
+mod folder;
 
 /// S3 reads fastest in objects of 100 MB to 1 GB.
 pub const DEFAULT_SHARD_BYTES: u64 = 256_000_000;
@@ -90,12 +91,8 @@ pub enum PackError {
         #[source]
         source: std::io::Error,
     },
-    #[error("manifest {path}, line {line}: {message}")]
-    Manifest {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
+    #[error("manifest {path}: {message}")]
+    Manifest { path: PathBuf, message: String },
     #[error("{0}")]
     Layout(String),
     #[error("{0}")]
@@ -222,16 +219,24 @@ pub async fn pack(
                     }
                     None => None,
                 };
-                Ok::<_, PackError>((written, built.skipped, input_files, input_bytes))
+                Ok::<_, PackError>((
+                    written,
+                    built.skipped,
+                    built.labels,
+                    input_files,
+                    input_bytes,
+                ))
             }
         })
         .buffered(SHARDS_IN_FLIGHT);
     let mut uploads = std::pin::pin!(uploads);
     let mut entries: Vec<ShardEntry> = Vec::new();
     let mut indexes: Vec<ShardIndex> = Vec::new();
+    let mut labels_written = BTreeSet::new();
     while let Some(result) = uploads.next().await {
-        let (written, shard_skipped, input_files, input_bytes) = result?;
+        let (written, shard_skipped, labels, input_files, input_bytes) = result?;
         skipped.extend(shard_skipped);
+        labels_written.extend(labels);
         if let Some((entry, index)) = written {
             entries.push(entry);
             indexes.push(index);
@@ -246,6 +251,18 @@ pub async fn pack(
             "none of the {files} files under {} is a readable image",
             config.source.describe()
         )));
+    }
+    // An empty class keeps its label, so the others do not shift: say so.
+    for (label, class) in classes.iter().enumerate() {
+        if !labels_written.contains(&(label as i64)) {
+            skipped.push(Skipped {
+                path: PathBuf::from(class),
+                reason: format!(
+                    "class {label} has no usable images; it keeps its label and \
+                     classes.txt line, so the other labels do not shift"
+                ),
+            });
+        }
     }
     if !classes.is_empty() {
         let mut text = classes.join("\n");
@@ -354,300 +371,6 @@ fn shard_name(number: usize, total: usize) -> String {
 }
 
 type Listing = (Vec<Input>, Vec<String>, Vec<Skipped>);
-/// Files with their labels, and the class names (empty for integer labels).
-type Labelled = (Vec<(PathBuf, i64)>, Vec<String>);
-
-/// The files to pack with their labels, sorted by path; class names; files
-/// already known to be unusable.
-fn list_inputs(source: &Path, manifest: Option<&Path>) -> Result<Listing, PackError> {
-    let (entries, classes) = match manifest {
-        Some(manifest) => read_manifest(source, manifest)?,
-        None => {
-            let mut files = Vec::new();
-            walk_files(source, &mut files)?;
-            files.retain(|path| {
-                ShardFormat::from_name(&path.to_string_lossy()) == Some(ShardFormat::TfRecord)
-            });
-            if !files.is_empty() {
-                return tfrecord_inputs(source, files);
-            }
-            image_folder(source)?
-        }
-    };
-    let mut inputs = Vec::with_capacity(entries.len());
-    let mut skipped = Vec::new();
-    let mut keys = HashSet::new();
-    for (path, label) in entries {
-        let size = match std::fs::metadata(&path) {
-            Ok(meta) if meta.is_file() => meta.len(),
-            Ok(_) => {
-                skipped.push(Skipped {
-                    path,
-                    reason: "not a regular file".into(),
-                });
-                continue;
-            }
-            Err(error) => {
-                skipped.push(Skipped {
-                    path,
-                    reason: format!("unreadable: {error}"),
-                });
-                continue;
-            }
-        };
-        if size > DEFAULT_MAX_MEMBER_BYTES {
-            skipped.push(Skipped {
-                path,
-                reason: format!(
-                    "{size} bytes, over the {DEFAULT_MAX_MEMBER_BYTES}-byte member limit"
-                ),
-            });
-            continue;
-        }
-        let key = unique_key(sample_key(source, &path), &mut keys);
-        inputs.push(Input {
-            path,
-            key,
-            label,
-            size,
-            record: None,
-            object: None,
-        });
-    }
-    Ok((inputs, classes, skipped))
-}
-
-/// Every record of the TFRecord files under the source (sorted by path),
-/// keyed `<file stem>/<record number>`, with the Example's label (-1 when it
-/// has none). A record failing its checks is skipped with the reason; a
-/// broken frame skips the rest of its file.
-fn tfrecord_inputs(source: &Path, mut files: Vec<PathBuf>) -> Result<Listing, PackError> {
-    files.sort();
-    let names = FeatureNames::default();
-    let mut inputs = Vec::new();
-    let mut skipped = Vec::new();
-    let mut keys = HashSet::new();
-    for path in files {
-        let data = std::fs::read(&path).map_err(|source| PackError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let stem = sample_key(source, &path);
-        let mut parser = RecordParser::new(0, DEFAULT_MAX_MEMBER_BYTES);
-        let mut offset = 0usize;
-        let mut number = 0u64;
-        let skip = |reason: String| Skipped {
-            path: path.clone(),
-            reason,
-        };
-        while offset < data.len() {
-            let (range, start, end, data_ok) = match parser.parse(&data[offset..]) {
-                Ok(tfrecord::Parsed::Record {
-                    data: range,
-                    start,
-                    end,
-                    data_ok,
-                    consumed,
-                }) => {
-                    let range = offset + range.start..offset + range.end;
-                    offset += consumed;
-                    (range, start, end, data_ok)
-                }
-                Ok(tfrecord::Parsed::NeedMore(_)) => {
-                    skipped.push(skip(format!("record {number}: the file ends inside it")));
-                    break;
-                }
-                Err(error) => {
-                    skipped.push(skip(format!("record {number} and the rest: {error}")));
-                    break;
-                }
-            };
-            let record = number;
-            number += 1;
-            if !data_ok {
-                skipped.push(skip(format!("record {record}: fails its CRC32C")));
-                continue;
-            }
-            let example = Bytes::copy_from_slice(&data[range]);
-            match tfrecord::parse_example(example, &names) {
-                Ok(example) => inputs.push(Input {
-                    path: path.clone(),
-                    key: unique_key(format!("{stem}/{record:08}"), &mut keys),
-                    label: example.label.unwrap_or(-1),
-                    size: example.image.len() as u64,
-                    record: Some(start..end),
-                    object: None,
-                }),
-                Err(reason) => skipped.push(skip(format!("record {record}: {reason}"))),
-            }
-        }
-    }
-    Ok((inputs, Vec::new(), skipped))
-}
-
-/// The image of one record of a TFRecord file (its checks passed when listed).
-fn read_record_image(path: &Path, record: &std::ops::Range<u64>) -> Result<Vec<u8>, String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path).map_err(|e| format!("unreadable: {e}"))?;
-    let mut framed = vec![0; (record.end - record.start) as usize];
-    file.seek(SeekFrom::Start(record.start))
-        .and_then(|_| file.read_exact(&mut framed))
-        .map_err(|e| format!("unreadable: {e}"))?;
-    let example = Bytes::from(framed).slice(12..(record.end - record.start) as usize - 4);
-    tfrecord::parse_example(example, &FeatureNames::default()).map(|e| e.image.to_vec())
-}
-
-/// The ImageFolder layout: `source/<class>/**/<file>`, classes sorted.
-fn image_folder(source: &Path) -> Result<Labelled, PackError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| PackError::Io { path, source }
-    };
-    let mut classes = BTreeSet::new();
-    for entry in std::fs::read_dir(source).map_err(io(source))? {
-        let entry = entry.map_err(io(source))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if entry.file_type().map_err(io(&entry.path()))?.is_dir() && !name.starts_with('.') {
-            classes.insert(name);
-        }
-    }
-    if classes.is_empty() {
-        return Err(PackError::Layout(format!(
-            "{} has no class directories (ImageFolder layout: one directory per class); \
-             for a flat folder give --manifest",
-            source.display()
-        )));
-    }
-    let classes: Vec<String> = classes.into_iter().collect();
-    let mut files = Vec::new();
-    for (label, class) in classes.iter().enumerate() {
-        let mut found = Vec::new();
-        walk_files(&source.join(class), &mut found)?;
-        files.extend(found.into_iter().map(|path| (path, label as i64)));
-    }
-    files.sort();
-    Ok((files, classes))
-}
-
-/// Every file under `dir` (symlinks included), skipping hidden names.
-fn walk_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), PackError> {
-    let io = |source| PackError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    for entry in std::fs::read_dir(dir).map_err(io)? {
-        let entry = entry.map_err(io)?;
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let path = entry.path();
-        if entry.file_type().map_err(io)?.is_dir() {
-            walk_files(&path, out)?;
-        } else {
-            out.push(path);
-        }
-    }
-    Ok(())
-}
-
-#[derive(Deserialize)]
-struct JsonEntry {
-    path: String,
-    label: serde_json::Value,
-}
-
-/// A CSV (`path,label`, optional header) or JSONL (`{"path":…,"label":…}`)
-/// manifest. Integer labels are kept; names are indexed in sorted order.
-fn read_manifest(source: &Path, manifest: &Path) -> Result<Labelled, PackError> {
-    let text = std::fs::read_to_string(manifest).map_err(|source| PackError::Io {
-        path: manifest.to_path_buf(),
-        source,
-    })?;
-    let bad = |line: usize, message: String| PackError::Manifest {
-        path: manifest.to_path_buf(),
-        line,
-        message,
-    };
-    let jsonl = manifest
-        .extension()
-        .is_some_and(|e| e == "jsonl" || e == "json");
-    let mut rows: Vec<(usize, String, String)> = Vec::new();
-    for (number, line) in text.lines().enumerate() {
-        let number = number + 1;
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        if jsonl {
-            let entry: JsonEntry = serde_json::from_str(line).map_err(|e| {
-                bad(
-                    number,
-                    format!("expected {{\"path\": …, \"label\": …}}: {e}"),
-                )
-            })?;
-            let label = match entry.label {
-                serde_json::Value::String(name) => name,
-                serde_json::Value::Number(n) if n.is_i64() => n.to_string(),
-                other => {
-                    return Err(bad(
-                        number,
-                        format!("label {other} is neither an integer nor a name"),
-                    ))
-                }
-            };
-            rows.push((number, entry.path, label));
-        } else {
-            let Some((path, label)) = line.rsplit_once(',') else {
-                return Err(bad(number, "expected path,label".into()));
-            };
-            let (path, label) = (
-                path.trim().trim_matches('"'),
-                label.trim().trim_matches('"'),
-            );
-            if rows.is_empty() && path == "path" && label == "label" {
-                continue; // header
-            }
-            rows.push((number, path.to_string(), label.to_string()));
-        }
-    }
-    let integers = rows
-        .iter()
-        .all(|(_, _, label)| label.parse::<i64>().is_ok());
-    let classes: Vec<String> = if integers {
-        Vec::new()
-    } else {
-        let names: BTreeSet<&str> = rows.iter().map(|(_, _, l)| l.as_str()).collect();
-        names.into_iter().map(str::to_string).collect()
-    };
-    let class_index: BTreeMap<&str, i64> = classes
-        .iter()
-        .enumerate()
-        .map(|(i, name)| (name.as_str(), i as i64))
-        .collect();
-    let mut files = Vec::with_capacity(rows.len());
-    for (number, path, label) in &rows {
-        let relative = Path::new(path);
-        if relative.is_absolute()
-            || relative
-                .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
-        {
-            return Err(bad(
-                *number,
-                format!("path {path:?} must be relative to the source folder, without `..`"),
-            ));
-        }
-        let label = if integers {
-            label.parse().unwrap_or(-1)
-        } else {
-            class_index[label.as_str()]
-        };
-        files.push((source.join(relative), label));
-    }
-    files.sort();
-    files.dedup_by(|a, b| a.0 == b.0);
-    Ok((files, classes))
-}
 
 /// The sample key: the path below `source` without its extension, dots in
 /// the file name replaced (a WebDataset key ends at the file name's first dot).
@@ -712,6 +435,8 @@ struct BuiltShard {
     /// `None` when no file of the shard was usable.
     tar: Option<Bytes>,
     skipped: Vec<Skipped>,
+    /// The labels of the samples written.
+    labels: BTreeSet<i64>,
 }
 
 /// Reads the shard's files in parallel and writes them in order.
@@ -737,9 +462,11 @@ fn build_shard(inputs: &[Input], mut fetched: Vec<Result<Bytes, String>>) -> Bui
     let capacity: u64 = inputs.iter().map(tar_bytes).sum::<u64>() + 1024;
     let mut tar = TarWriter::with_capacity(capacity as usize);
     let mut skipped = Vec::new();
+    let mut labels = BTreeSet::new();
     for (input, result) in inputs.iter().zip(read) {
         match result {
             Ok((data, extension)) => {
+                labels.insert(input.label);
                 tar.append(&format!("{}.{extension}", input.key), &data);
                 tar.append(
                     &format!("{}.cls", input.key),
@@ -756,7 +483,11 @@ fn build_shard(inputs: &[Input], mut fetched: Vec<Result<Bytes, String>>) -> Bui
         }
     }
     let tar = (!tar.is_empty()).then(|| Bytes::from(tar.finish()));
-    BuiltShard { tar, skipped }
+    BuiltShard {
+        tar,
+        skipped,
+        labels,
+    }
 }
 
 #[cfg(test)]

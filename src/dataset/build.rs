@@ -1,0 +1,265 @@
+//! Building a dataset's index: scanning shards once, or turning a listing
+//! (or a manifest) of loose objects into virtual shards; writing it beside
+//! the shards.
+
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::{
+    loose, manifest, shard_index_key, summary_key, to_json, DatasetError, DatasetIndex,
+    DatasetLayout, DatasetLocation, ShardEntry, ShardIndex, INDEX_DIR, INDEX_VERSION,
+};
+use crate::shard::{
+    BadShardPolicy, SampleLayout, SampleSplitter, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
+};
+use crate::store::read::{get_all, read_parts, ReadConfig};
+use crate::store::{ObjectStore, StoreError};
+
+/// Shards scanned at once when building an index.
+const INDEX_CONCURRENCY: usize = 8;
+
+/// Builds the index of the dataset at `location`: lists the shards under
+/// its prefix and scans each once; without shards, the listing of its
+/// images (or of its manifest's objects) is the index.
+pub async fn build_index(
+    store: Arc<dyn ObjectStore>,
+    location: &DatasetLocation,
+    read: &ReadConfig,
+    on_bad_shard: BadShardPolicy,
+) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
+    let prefix = location.prefix.as_str();
+    if let Some(manifest) = &location.manifest {
+        return manifest_index(store.as_ref(), prefix, manifest).await;
+    }
+    let objects = store.list(prefix).await?;
+    let shards: Vec<_> = objects
+        .iter()
+        .filter(|o| {
+            ShardFormat::from_name(&o.key).is_some()
+                && !o.key[prefix.len()..].starts_with(INDEX_DIR)
+        })
+        .cloned()
+        .collect();
+    let (images, classes) = loose::from_class_folders(&objects, prefix);
+    if let (Some(shard), Some(image)) = (shards.first(), images.first()) {
+        return Err(DatasetError::MixedLayout {
+            location: store.location(prefix),
+            shard: shard.key.clone(),
+            image: format!("{prefix}{}", image.key),
+        });
+    }
+    if shards.is_empty() {
+        if images.is_empty() {
+            return Err(DatasetError::NoShards {
+                location: store.location(prefix),
+            });
+        }
+        let empty = loose::empty_classes(&images, &classes);
+        if !empty.is_empty() {
+            tracing::warn!(
+                dataset = %store.location(prefix),
+                classes = ?empty,
+                "class folders with no images keep their labels, so the others do not shift"
+            );
+        }
+        return Ok(loose_index(images, classes));
+    }
+    drop(images);
+    drop(objects);
+    let scans = futures::stream::iter(shards.into_iter().map(|object| {
+        let store = store.clone();
+        let read = read.clone();
+        async move {
+            let index = scan_shard(
+                store,
+                &object.key,
+                object.size,
+                object.etag.clone(),
+                read,
+                on_bad_shard,
+            )
+            .await?;
+            Ok::<_, DatasetError>((object, index))
+        }
+    }))
+    .buffered(INDEX_CONCURRENCY)
+    .try_collect::<Vec<_>>()
+    .await?;
+    let mut entries = Vec::with_capacity(scans.len());
+    let mut indexes = Vec::with_capacity(scans.len());
+    for (object, index) in scans {
+        entries.push(ShardEntry {
+            name: object.key[prefix.len()..].to_string(),
+            size: object.size,
+            etag: object.etag,
+            samples: index.keys.len() as u64,
+        });
+        indexes.push(index);
+    }
+    Ok((
+        DatasetIndex {
+            version: INDEX_VERSION,
+            layout: DatasetLayout::Shards,
+            shards: entries,
+            classes: Vec::new(),
+        },
+        indexes,
+    ))
+}
+
+fn loose_index(
+    objects: Vec<loose::LooseObject>,
+    classes: Vec<String>,
+) -> (DatasetIndex, Vec<ShardIndex>) {
+    let (shards, indexes) = loose::group(objects);
+    let index = DatasetIndex {
+        version: INDEX_VERSION,
+        layout: DatasetLayout::Objects,
+        shards,
+        classes,
+    };
+    (index, indexes)
+}
+
+/// The index of the objects a manifest lists, checked against the listing
+/// of its folder (sizes, ETags, and that each one exists).
+async fn manifest_index(
+    store: &dyn ObjectStore,
+    prefix: &str,
+    manifest: &str,
+) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
+    let key = format!("{prefix}{manifest}");
+    let location = store.location(&key);
+    let refuse = |message: String| DatasetError::Manifest {
+        location: location.clone(),
+        message,
+    };
+    let meta = store.head(&key).await?;
+    if meta.size > loose::MAX_MANIFEST_BYTES {
+        return Err(refuse(format!(
+            "{} bytes; manifests of up to {} bytes are read",
+            meta.size,
+            loose::MAX_MANIFEST_BYTES
+        )));
+    }
+    let bytes = get_all(store, &key).await?;
+    let name = manifest.to_string();
+    // A 1 GiB manifest takes seconds to parse: not on the async runtime.
+    let parsed = tokio::task::spawn_blocking(move || manifest::parse_manifest(&name, &bytes))
+        .await
+        .map_err(|e| DatasetError::Internal(format!("parsing the manifest failed: {e}")))?
+        .map_err(&refuse)?;
+    let objects = store.list(prefix).await?;
+    let listed = loose::from_manifest(parsed.entries, &objects, prefix).map_err(refuse)?;
+    Ok(loose_index(listed, parsed.classes))
+}
+
+async fn scan_shard(
+    store: Arc<dyn ObjectStore>,
+    key: &str,
+    size: u64,
+    etag: Option<String>,
+    read: ReadConfig,
+    on_bad_shard: BadShardPolicy,
+) -> Result<ShardIndex, DatasetError> {
+    let location = store.location(key);
+    let mut index = ShardIndex {
+        version: INDEX_VERSION,
+        etag: etag.clone(),
+        ..ShardIndex::default()
+    };
+    match scan_into(&mut index, store, key, size, etag, read).await {
+        Ok(()) => Ok(index),
+        Err(ScanError::Shard(source)) if on_bad_shard == BadShardPolicy::Skip => {
+            // The samples before the damage are whole (a sample is only
+            // emitted once the next one starts): keep them.
+            crate::metrics::bad_shard();
+            tracing::warn!(
+                shard = %location,
+                error = %source,
+                kept = index.keys.len(),
+                "indexing a damaged shard: kept the samples before the damage (--on-bad-shard skip)"
+            );
+            Ok(index)
+        }
+        Err(ScanError::Shard(source)) => Err(DatasetError::Shard { location, source }),
+        Err(ScanError::Store(error)) => Err(error.into()),
+    }
+}
+
+enum ScanError {
+    Shard(ShardError),
+    Store(StoreError),
+}
+
+async fn scan_into(
+    index: &mut ShardIndex,
+    store: Arc<dyn ObjectStore>,
+    key: &str,
+    size: u64,
+    etag: Option<String>,
+    read: ReadConfig,
+) -> Result<(), ScanError> {
+    let format = ShardFormat::from_name(key).unwrap_or(ShardFormat::Tar);
+    // Only keys and ranges are kept: the default layout reads nothing more.
+    let layout = Arc::new(SampleLayout::default());
+    let mut splitter = SampleSplitter::for_format(format, 0, 0, DEFAULT_MAX_MEMBER_BYTES, layout);
+    let mut parts = std::pin::pin!(read_parts(store, key.to_string(), 0..size, etag, &read));
+    while let Some(part) = parts.next().await {
+        let (_, bytes) = part.map_err(ScanError::Store)?;
+        splitter.push(&bytes);
+        while let Some(sample) = splitter.next_sample().map_err(ScanError::Shard)? {
+            index.keys.push(sample.key);
+            index.starts.push(sample.start);
+            index.ends.push(sample.end);
+        }
+    }
+    while let Some(sample) = splitter.finish().map_err(ScanError::Shard)? {
+        index.keys.push(sample.key);
+        index.starts.push(sample.start);
+        index.ends.push(sample.end);
+    }
+    Ok(())
+}
+
+/// The index of a whole shard held in memory (as `shardfeed pack` writes it):
+/// the same parse as a scan, so the two always agree.
+pub fn index_shard_bytes(tar: &[u8], etag: Option<String>) -> Result<ShardIndex, ShardError> {
+    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
+    splitter.push(tar);
+    let mut index = ShardIndex {
+        version: INDEX_VERSION,
+        etag,
+        ..ShardIndex::default()
+    };
+    loop {
+        let sample = match splitter.next_sample()? {
+            Some(sample) => Some(sample),
+            None => splitter.finish()?,
+        };
+        let Some(sample) = sample else { break };
+        index.keys.push(sample.key);
+        index.starts.push(sample.start);
+        index.ends.push(sample.end);
+    }
+    Ok(index)
+}
+
+/// Writes the index beside the shards (see [`DatasetLocation::index_root`]).
+pub async fn write_index(
+    store: &dyn ObjectStore,
+    location: &DatasetLocation,
+    index: &DatasetIndex,
+    shard_indexes: &[ShardIndex],
+) -> Result<(), DatasetError> {
+    let root = location.index_root();
+    // Per-shard files first: a reader that finds the summary finds them too.
+    for (entry, shard) in index.shards.iter().zip(shard_indexes) {
+        store
+            .put(&shard_index_key(&root, &entry.name), to_json(shard))
+            .await?;
+    }
+    store.put(&summary_key(&root), to_json(index)).await?;
+    Ok(())
+}
