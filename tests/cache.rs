@@ -329,3 +329,30 @@ fn process_cpu_seconds() -> f64 {
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
     ticks / 100.0
 }
+
+#[test]
+fn opening_the_cache_touches_only_its_own_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = [
+        "notes.json",
+        "model.tmp",
+        "weights.data",
+        "0123456789abcdef0123456789abcdeX.json",
+        "keep.json.tmp",
+    ];
+    for name in theirs {
+        std::fs::write(dir.path().join(name), b"not the cache's").unwrap();
+    }
+    // The cache's own debris: a leftover of an interrupted metadata write,
+    // and metadata whose data file is gone.
+    let own_tmp = "0123456789abcdef0123456789abcdef.json.tmp";
+    let own_orphan = "fedcba9876543210fedcba9876543210.json";
+    std::fs::write(dir.path().join(own_tmp), b"{").unwrap();
+    std::fs::write(dir.path().join(own_orphan), b"{}").unwrap();
+    drop(cache_at(dir.path(), LARGE, EvictionPolicy::Planned));
+    for name in theirs {
+        assert!(dir.path().join(name).is_file(), "{name} was deleted");
+    }
+    assert!(!dir.path().join(own_tmp).exists());
+    assert!(!dir.path().join(own_orphan).exists());
+}

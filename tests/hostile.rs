@@ -463,3 +463,63 @@ mod fuzz_properties {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_replaced_by_a_shorter_one_ends_the_stream_naming_it() {
+    let shards = simple_dataset(2, 8);
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "data", "re/", &shards).await;
+    write_index(&harness.s3, "data", "re/").await;
+    // Someone re-uploads shard 1 with its first half only.
+    let short = tar_of(&shards[1][..4]);
+    put_objects(
+        &harness.s3,
+        "data",
+        [("re/shard-0001.tar".to_string(), short)],
+    )
+    .await;
+    let check = |status: tonic::Status| {
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(
+            status.message().contains("re/shard-0001.tar") && status.message().contains("index"),
+            "{}",
+            status.message()
+        );
+    };
+    let mut client = harness.client().await;
+    check(collect(&mut client, unshuffled(&uri)).await.unwrap_err());
+    let s3 = harness.restart_s3().await;
+
+    // An index without ETags (written by hand, or from a store that has
+    // none) cannot tell by them: the short read itself must say it.
+    let summary = s3.state.object("data", "re/_shardfeed/index.json").unwrap();
+    let mut index: serde_json::Value = serde_json::from_slice(&summary).unwrap();
+    for shard in index["shards"].as_array_mut().unwrap() {
+        shard["etag"] = serde_json::Value::Null;
+    }
+    let index = serde_json::to_vec(&index).unwrap();
+    s3.state
+        .insert("data", "re/_shardfeed/index.json", index.into());
+    let failing = Harness::with_s3(s3, Options::default()).await;
+    let mut client = failing.client().await;
+    check(collect(&mut client, unshuffled(&uri)).await.unwrap_err());
+    let s3 = failing.restart_s3().await;
+
+    // Under --on-bad-shard skip the missing samples are substituted.
+    let skipping = Harness::with_s3(
+        s3,
+        Options {
+            pipeline: PipelineConfig {
+                on_bad_shard: BadShardPolicy::Skip,
+                ..Options::default().pipeline
+            },
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut client = skipping.client().await;
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    assert_eq!(batches.len(), 2, "counts stay as planned");
+    assert!(!batches[1].substituted.is_empty());
+    skipping.shutdown().await;
+}

@@ -727,7 +727,8 @@ impl ReadJob {
             Err(PipelineError::Shard { source, .. }) => {
                 !matches!(source, ShardError::FieldTooLarge { .. })
             }
-            Err(PipelineError::StaleIndex { .. }) => true,
+            Err(PipelineError::StaleIndex { .. })
+            | Err(PipelineError::Store(StoreError::Truncated { .. })) => true,
             _ => false,
         };
         if !(damaged && self.on_bad_shard == BadShardPolicy::Skip) {

@@ -71,7 +71,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             StoreError::NotFound { .. } => Code::NotFound,
             StoreError::PermissionDenied { .. } => Code::PermissionDenied,
             StoreError::Credentials { .. } => Code::Unauthenticated,
-            StoreError::Changed { .. } => Code::FailedPrecondition,
+            StoreError::Changed { .. } | StoreError::Truncated { .. } => Code::FailedPrecondition,
             StoreError::Transient { .. }
             | StoreError::Throttled { .. }
             | StoreError::Exhausted { .. } => Code::Unavailable,

@@ -208,6 +208,20 @@ fn entry_id(location: &str, etag: &str) -> String {
     format!("{:016x}{:016x}", first.finish(), second.finish())
 }
 
+/// Whether `name` is one of an entry's files: `<id>.json`, `<id>.data`, or
+/// a leftover `<id>.json.tmp` of an interrupted write, `<id>` being what
+/// [`entry_id`] makes (32 lowercase hex digits).
+fn is_entry_file(name: &str) -> bool {
+    let Some((id, extension)) = name.split_once('.') else {
+        return false;
+    };
+    id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && matches!(extension, "json" | "data" | "json.tmp")
+}
+
 fn io_error(path: &Path, source: std::io::Error) -> CacheError {
     CacheError::Io {
         path: path.to_path_buf(),
@@ -224,7 +238,12 @@ impl DiskCache {
         let mut healed = 0usize;
         for item in std::fs::read_dir(&config.dir).map_err(|e| io_error(&config.dir, e))? {
             let path = item.map_err(|e| io_error(&config.dir, e))?.path();
-            if path.file_name().is_some_and(|name| name == LOCK_FILE) {
+            // Only the cache's own files are adopted or removed: the
+            // directory may hold anything else (a shared volume, a mistake).
+            if !path
+                .file_name()
+                .is_some_and(|name| is_entry_file(&name.to_string_lossy()))
+            {
                 continue;
             }
             let is_meta = path.extension().is_some_and(|ext| ext == "json");

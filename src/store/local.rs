@@ -239,9 +239,9 @@ impl ObjectStore for LocalStore {
                 let mut buf = vec![0u8; want];
                 match file.read(&mut buf).await {
                     Ok(0) => Some((
-                        Err(StoreError::Other {
+                        Err(StoreError::Truncated {
                             location: location.clone(),
-                            message: format!("file ends at {offset}, before {end}"),
+                            message: format!("the file ends at byte {offset}, before {end}"),
                         }),
                         (file, end, end, location),
                     )),

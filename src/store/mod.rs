@@ -45,6 +45,10 @@ pub enum StoreError {
     Credentials { location: String, message: String },
     #[error("{location} changed since it was indexed (ETag no longer matches); rebuild the index with `shardfeed index`")]
     Changed { location: String },
+    /// The object ends before a range its index names: it was replaced by
+    /// a shorter one (an index without ETags cannot tell otherwise).
+    #[error("{location} is shorter than its index says ({message}): it changed since it was indexed; rebuild the index with `shardfeed index`")]
+    Truncated { location: String, message: String },
     /// Worth retrying: 5xx, timeouts, broken connections.
     #[error("transient failure reading {location}: {message}")]
     Transient { location: String, message: String },

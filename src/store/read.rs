@@ -68,7 +68,7 @@ async fn collect(
         buf.extend_from_slice(&piece?.1);
     }
     if buf.len() as u64 != range.end - range.start {
-        return Err(StoreError::Other {
+        return Err(StoreError::Truncated {
             location: store.location(key),
             message: format!(
                 "read {} bytes of range {range:?} ({} expected)",

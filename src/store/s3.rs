@@ -143,6 +143,7 @@ where
                 (404, _) | (_, "NoSuchKey") => StoreError::NotFound { location, message },
                 (401 | 403, _) => StoreError::PermissionDenied { location, message },
                 (412, _) => StoreError::Changed { location },
+                (416, _) | (_, "InvalidRange") => StoreError::Truncated { location, message },
                 (429 | 503, _)
                 | (
                     _,
@@ -194,7 +195,7 @@ fn outcome<T>(result: &Result<T, StoreError>) -> &'static str {
         Err(StoreError::NotFound { .. }) => "not_found",
         Err(StoreError::PermissionDenied { .. }) => "denied",
         Err(StoreError::Credentials { .. }) => "credentials",
-        Err(StoreError::Changed { .. }) => "changed",
+        Err(StoreError::Changed { .. } | StoreError::Truncated { .. }) => "changed",
         Err(StoreError::Transient { .. }) => "transient",
         Err(StoreError::Throttled { .. }) => "throttled",
         Err(_) => "error",
