@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use common::*;
 use shardfeed::dataset::DatasetLocation;
@@ -461,4 +462,36 @@ async fn images_beside_a_stray_shard_are_refused_naming_both() {
         status.message()
     );
     harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_keeps_one_index_per_dataset_and_lets_idle_ones_go() {
+    use shardfeed::dataset::DatasetRegistry;
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    for dir in &dirs {
+        std::fs::write(dir.path().join("a.tar"), tar_of(&simple_dataset(1, 3)[0])).unwrap();
+    }
+    let uri = |i: usize| format!("file://{}/", dirs[i].path().display());
+    let registry = DatasetRegistry::new(Default::default(), fast_retries(), small_parts())
+        .with_index_budget(1); // nothing idle is kept
+    let first = registry.open(&uri(0)).await.unwrap();
+    let spelled = format!("file://{}//./", dirs[0].path().display());
+    let again = registry.open(&spelled).await.unwrap();
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "one dataset, one index, however spelled"
+    );
+
+    // Dataset 0 is in use (held here): opening another keeps it.
+    let _other = registry.open(&uri(1)).await.unwrap();
+    assert!(Arc::ptr_eq(&first, &registry.open(&uri(0)).await.unwrap()));
+    // Once idle, it is let go when another dataset is opened.
+    let idle = Arc::downgrade(&first);
+    drop((first, again));
+    let _third = registry.open(&uri(2)).await.unwrap();
+    assert!(
+        idle.upgrade().is_none(),
+        "an idle index past the budget is dropped"
+    );
+    assert_eq!(registry.open(&uri(0)).await.unwrap().index.samples(), 3);
 }

@@ -82,7 +82,8 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     crate::metrics::describe();
 
     let mut registry = DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)
-        .with_bad_shard_policy(config.engine.pipeline.on_bad_shard);
+        .with_bad_shard_policy(config.engine.pipeline.on_bad_shard)
+        .with_index_budget(config.engine.memory.idle_indexes);
     if let Some(cache) = config.cache.clone() {
         registry = registry.with_cache(DiskCache::open(cache)?);
     }

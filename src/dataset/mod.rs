@@ -242,6 +242,33 @@ impl Dataset {
         })
     }
 
+    /// Memory this dataset's index holds, roughly: the summary and the
+    /// per-shard indexes in memory (keys, ranges, labels, ETags).
+    pub fn index_bytes(&self) -> u64 {
+        let summary: u64 = self
+            .index
+            .shards
+            .iter()
+            .map(|s| 64 + s.name.len() as u64 + s.etag.as_ref().map_or(0, |e| e.len() as u64))
+            .sum();
+        let shards: u64 = self
+            .lock_cache()
+            .map
+            .values()
+            .map(|index| {
+                let keys: u64 = index.keys.iter().map(|k| 24 + k.len() as u64).sum();
+                let etags: u64 = index
+                    .etags
+                    .iter()
+                    .map(|e| 24 + e.as_ref().map_or(0, |e| e.len() as u64))
+                    .sum();
+                keys + etags
+                    + 8 * (index.starts.len() + index.ends.len() + index.labels.len()) as u64
+            })
+            .sum();
+        summary + shards
+    }
+
     pub fn shard_samples(&self) -> Vec<u64> {
         self.index.shards.iter().map(|s| s.samples).collect()
     }

@@ -31,12 +31,75 @@ pub struct DatasetRegistry {
     /// Opened datasets, and opens in progress: an open (which may build an
     /// index for minutes) runs in its own task, so it goes on when the
     /// caller that started it leaves, and every caller awaits the same one.
-    datasets: Mutex<HashMap<String, SharedOpen>>,
+    /// Keyed by canonical URI; least recently used datasets that no stream
+    /// holds are let go beyond `index_budget` bytes of indexes.
+    datasets: Mutex<Opened>,
+    index_budget: u64,
     cache: Option<Arc<DiskCache>>,
     on_bad_shard: BadShardPolicy,
 }
 
 type SharedOpen = Shared<BoxFuture<'static, Result<Arc<Dataset>, DatasetError>>>;
+
+/// Indexes kept in memory by default (the chart's 8 GiB limit gives 1 GiB:
+/// the server sets `memory limit / 8`, part of the quarter of the limit the
+/// memory formula leaves to runtime and indexes).
+pub const DEFAULT_INDEX_BUDGET: u64 = 1 << 30;
+
+#[derive(Debug, Default)]
+struct Opened {
+    entries: HashMap<String, OpenEntry>,
+    /// Bumped on every use, for least-recently-used order.
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct OpenEntry {
+    open: SharedOpen,
+    last_used: u64,
+}
+
+impl Opened {
+    /// The open of `key`, marked as just used.
+    fn touch(&mut self, key: &str) -> Option<SharedOpen> {
+        self.clock += 1;
+        let clock = self.clock;
+        let entry = self.entries.get_mut(key)?;
+        entry.last_used = clock;
+        Some(entry.open.clone())
+    }
+
+    /// Lets go of the least recently used datasets that no stream holds
+    /// until the indexes kept fit `budget` (a dataset in use stays: its
+    /// streams keep its index alive anyway, and a re-open would re-index).
+    fn evict(&mut self, budget: u64) {
+        let opened = |entry: &OpenEntry| match entry.open.peek() {
+            Some(Ok(dataset)) => Some(dataset.clone()),
+            _ => None,
+        };
+        let mut idle: Vec<(u64, String, u64)> = Vec::new();
+        let mut total = 0u64;
+        for (uri, entry) in &self.entries {
+            if let Some(dataset) = opened(entry) {
+                let bytes = dataset.index_bytes();
+                total += bytes;
+                // The registry's own handle, in the shared future, plus ours.
+                if Arc::strong_count(&dataset) <= 2 {
+                    idle.push((entry.last_used, uri.clone(), bytes));
+                }
+            }
+        }
+        idle.sort();
+        for (_, uri, bytes) in idle {
+            if total <= budget {
+                break;
+            }
+            tracing::info!(dataset = %uri, bytes, "letting go of an idle dataset's index");
+            self.entries.remove(&uri);
+            total -= bytes;
+        }
+    }
+}
 
 impl DatasetRegistry {
     /// Datasets in S3 (reached with `s3`) or local directories, every store
@@ -50,9 +113,17 @@ impl DatasetRegistry {
             s3_client: OnceCell::new(),
             limiter: RequestLimiter::new(DEFAULT_INITIAL_LIMIT),
             datasets: Mutex::default(),
+            index_budget: DEFAULT_INDEX_BUDGET,
             cache: None,
             on_bad_shard: BadShardPolicy::Fail,
         }
+    }
+
+    /// Bytes of indexes kept for datasets no stream uses (see
+    /// [`DEFAULT_INDEX_BUDGET`]).
+    pub fn with_index_budget(mut self, bytes: u64) -> Self {
+        self.index_budget = bytes;
+        self
     }
 
     /// What an index build does with a shard it cannot parse.
@@ -113,7 +184,8 @@ impl DatasetRegistry {
     /// Failures are not kept: the next request tries again.
     pub async fn open(&self, uri: &str) -> Result<Arc<Dataset>, DatasetError> {
         let parsed = DatasetUri::parse(uri)?;
-        let existing = self.lock_datasets().get(uri).cloned();
+        let key = parsed.canonical();
+        let existing = self.lock_datasets().touch(&key);
         let open = match existing {
             Some(open) => open,
             None => {
@@ -122,41 +194,52 @@ impl DatasetRegistry {
                     prefix,
                     manifest: parsed.manifest().map(str::to_string),
                 };
-                let (read, policy, owned_uri) =
-                    (self.read.clone(), self.on_bad_shard, uri.to_string());
-                self.lock_datasets()
-                    .entry(uri.to_string())
+                let (read, policy, owned_uri) = (self.read.clone(), self.on_bad_shard, key.clone());
+                let mut datasets = self.lock_datasets();
+                datasets.clock += 1;
+                let clock = datasets.clock;
+                datasets
+                    .entries
+                    .entry(key.clone())
                     .or_insert_with(|| {
                         let task = tokio::spawn(async move {
                             Dataset::open(&owned_uri, store, location, &read, policy)
                                 .await
                                 .map(Arc::new)
                         });
-                        async move {
+                        let open = async move {
                             task.await.unwrap_or_else(|error| {
                                 Err(DatasetError::Internal(format!("open task ended: {error}")))
                             })
                         }
                         .boxed()
-                        .shared()
+                        .shared();
+                        OpenEntry {
+                            open,
+                            last_used: clock,
+                        }
                     })
+                    .open
                     .clone()
             }
         };
         let result = open.clone().await;
+        let mut datasets = self.lock_datasets();
         if result.is_err() {
-            let mut datasets = self.lock_datasets();
             if datasets
-                .get(uri)
-                .is_some_and(|current| current.ptr_eq(&open))
+                .entries
+                .get(&key)
+                .is_some_and(|current| current.open.ptr_eq(&open))
             {
-                datasets.remove(uri);
+                datasets.entries.remove(&key);
             }
+        } else {
+            datasets.evict(self.index_budget);
         }
         result
     }
 
-    fn lock_datasets(&self) -> std::sync::MutexGuard<'_, HashMap<String, SharedOpen>> {
+    fn lock_datasets(&self) -> std::sync::MutexGuard<'_, Opened> {
         self.datasets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

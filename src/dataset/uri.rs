@@ -66,6 +66,32 @@ impl DatasetUri {
         }
     }
 
+    /// One spelling per dataset: `file:///data//train/./` and
+    /// `file:///data/train` name the same directory, and the registry keeps
+    /// one index for both.
+    pub fn canonical(&self) -> String {
+        match self {
+            Self::S3 {
+                bucket,
+                prefix,
+                manifest,
+            } => format!(
+                "s3://{bucket}/{prefix}{}",
+                manifest.as_deref().unwrap_or("")
+            ),
+            Self::Local { root, manifest } => {
+                let mut path = String::from("/");
+                for part in root.components() {
+                    if let std::path::Component::Normal(name) = part {
+                        path.push_str(&name.to_string_lossy());
+                        path.push('/');
+                    }
+                }
+                format!("file://{path}{}", manifest.as_deref().unwrap_or(""))
+            }
+        }
+    }
+
     /// The manifest object the URI names, if it names one.
     pub fn manifest(&self) -> Option<&str> {
         match self {
@@ -86,6 +112,20 @@ fn split_manifest(path: &str) -> (&str, Option<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spellings_of_one_dataset_share_a_canonical_uri() {
+        let canonical = |uri: &str| DatasetUri::parse(uri).unwrap().canonical();
+        assert_eq!(canonical("file:///data//train/./"), "file:///data/train/");
+        assert_eq!(canonical("file:///data/train"), "file:///data/train/");
+        assert_eq!(canonical("file:///data/./m.csv"), "file:///data/m.csv");
+        assert_eq!(canonical("s3://b/train"), "s3://b/train/");
+        assert_eq!(
+            canonical("s3://b/images/train.csv"),
+            "s3://b/images/train.csv"
+        );
+        assert_ne!(canonical("s3://b/a/"), canonical("s3://b/b/"));
+    }
 
     #[test]
     fn parses_uris() {

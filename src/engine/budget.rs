@@ -14,7 +14,8 @@
 //! ```text
 //! streams        = limit * 3/4 - decode scratch
 //! decode scratch = min(limit / 8, 1 GiB)     (full-size decodes, all threads)
-//! the rest       = limit / 4                 (runtime, indexes, gRPC, allocator slack)
+//! the rest       = limit / 4                 (runtime, indexes, gRPC, allocator slack),
+//!                                            of which idle datasets' indexes ≤ limit / 8
 //! ```
 
 use std::path::Path;
@@ -57,6 +58,9 @@ pub struct MemoryConfig {
     pub streams: u64,
     /// Bytes of full-size decode buffers all decode threads may hold at once.
     pub decode_scratch: u64,
+    /// Bytes of dataset indexes kept for datasets no stream uses (part of
+    /// the quarter left to the runtime and indexes).
+    pub idle_indexes: u64,
 }
 
 impl MemoryConfig {
@@ -65,6 +69,7 @@ impl MemoryConfig {
         Self {
             streams: (limit / 4 * 3).saturating_sub(decode_scratch),
             decode_scratch,
+            idle_indexes: limit / 8,
         }
     }
 

@@ -238,6 +238,10 @@ impl Engine {
                 let batch_bytes = request.output.bytes() * request.plan.batch_size as usize;
                 let ring = crate::pipeline::shm::Ring::new(slots, batch_bytes)
                     .map_err(|e| EngineError::Internal(e.to_string()))?;
+                // The ring may outlive the stream (kept for a client still to
+                // collect it, mapped by one that holds a batch): the budget
+                // counts its memory until it is gone.
+                ring.hold_until_dropped(reservation.clone());
                 Some(crate::pipeline::SharedTarget {
                     ring,
                     fd_socket: socket.clone(),

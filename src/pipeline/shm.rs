@@ -47,6 +47,15 @@ pub enum ShmError {
          (is the socket's directory shared with the trainer?); ask for inline transport instead"
     )]
     NotCollected { socket: String, seconds: u64 },
+    #[error("the client closed its shared-memory connection")]
+    ClientGone,
+}
+
+/// Why [`Ring::try_take`] found no free slot.
+enum Waiting {
+    /// Every slot is busy; whether the client has collected the ring.
+    Collected(bool),
+    ClientGone,
 }
 
 fn os_error(what: &'static str) -> ShmError {
@@ -70,6 +79,8 @@ struct RingState {
     slots: Vec<SlotState>,
     /// The client collected the memfd (credits can come).
     collected: bool,
+    /// The client's credit connection closed: no credit will come again.
+    client_gone: bool,
 }
 
 /// One stream's slots in one memfd.
@@ -83,6 +94,9 @@ pub struct Ring {
     state: Mutex<RingState>,
     freed: Notify,
     collected: Notify,
+    /// What must live exactly as long as the mapping: the stream's memory
+    /// reservation, so the budget counts the ring until it is unmapped.
+    held: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: the mapping is owned by the ring; slots are handed out exclusively
@@ -157,10 +171,18 @@ impl Ring {
             state: Mutex::new(RingState {
                 slots: vec![SlotState::Free; slot_count.max(1)],
                 collected: false,
+                client_gone: false,
             }),
             freed: Notify::new(),
             collected: Notify::new(),
+            held: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Keeps `value` (a memory reservation) alive until the ring is dropped:
+    /// a ring can outlive its stream while a client may still collect it.
+    pub fn hold_until_dropped(&self, value: Arc<dyn std::any::Any + Send + Sync>) {
+        let _ = self.held.set(value);
     }
 
     pub fn token(&self) -> [u8; TOKEN_BYTES] {
@@ -186,7 +208,7 @@ impl Ring {
 
     /// Waits for a free slot. Once batches have been lent, a client that has
     /// not collected the memfd (from `fd_socket`) within [`CONNECT_TIMEOUT`]
-    /// fails the wait.
+    /// fails the wait, and so does one that closed its credit connection.
     pub async fn acquire(self: &Arc<Self>, fd_socket: &Path) -> Result<SlotLease, ShmError> {
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         loop {
@@ -194,7 +216,8 @@ impl Ring {
             let collected = self.collected.notified();
             let collected_now = match self.try_take() {
                 Ok(lease) => return Ok(lease),
-                Err(collected_now) => collected_now,
+                Err(Waiting::ClientGone) => return Err(ShmError::ClientGone),
+                Err(Waiting::Collected(collected_now)) => collected_now,
             };
             if collected_now {
                 // Credits come from the client; no timeout while it is
@@ -215,8 +238,8 @@ impl Ring {
         }
     }
 
-    /// A free slot, or whether the client has collected the ring.
-    fn try_take(self: &Arc<Self>) -> Result<SlotLease, bool> {
+    /// A free slot, or why there is none to take yet.
+    fn try_take(self: &Arc<Self>) -> Result<SlotLease, Waiting> {
         let mut state = self.lock();
         match state.slots.iter().position(|s| *s == SlotState::Free) {
             Some(slot) => {
@@ -227,7 +250,8 @@ impl Ring {
                     lent: false,
                 })
             }
-            None => Err(state.collected),
+            None if state.client_gone => Err(Waiting::ClientGone),
+            None => Err(Waiting::Collected(state.collected)),
         }
     }
 
@@ -247,21 +271,39 @@ impl Ring {
         }
     }
 
+    /// Waits until the client has collected the memfd (or has come and
+    /// gone); `false` if it has not within [`CONNECT_TIMEOUT`].
+    pub async fn wait_collected(self: Arc<Self>) -> bool {
+        let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        loop {
+            let collected = self.collected.notified();
+            {
+                let state = self.lock();
+                if state.collected || state.client_gone {
+                    return true;
+                }
+            }
+            if tokio::time::timeout_at(deadline, collected).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     /// The client has the memfd: credits can come.
     pub fn mark_collected(&self) {
         self.lock().collected = true;
         self.collected.notify_waiters();
     }
 
-    /// The client's credit connection closed: everything lent is free.
+    /// The client's credit connection closed. What it was lent stays lent:
+    /// its process may still hold those batches (a trainer that keeps the
+    /// last batch after `break` closes the connection at once), and a slot
+    /// is never written while a client may read it. The stream, whose
+    /// client is leaving, ends when it runs out of free slots.
     pub fn client_gone(&self) {
         let mut state = self.lock();
         state.collected = false;
-        for slot in &mut state.slots {
-            if *slot == SlotState::Lent {
-                *slot = SlotState::Free;
-            }
-        }
+        state.client_gone = true;
         drop(state);
         self.freed.notify_waiters();
     }
@@ -345,7 +387,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn slots_cycle_through_credits_and_a_departed_client_frees_them() {
+    async fn slots_cycle_through_credits_and_a_departed_client_keeps_what_it_held() {
         let socket = std::path::PathBuf::from("/nonexistent/sock.fds");
         let ring = Ring::new(2, 10_000).unwrap();
         assert_eq!(ring.slot_bytes(), 12_288);
@@ -365,7 +407,7 @@ mod tests {
         ring.mark_collected();
         // Both lent: the next acquire waits for a credit.
         let waiting = {
-            let ring = ring.clone();
+            let (ring, socket) = (ring.clone(), socket.clone());
             tokio::spawn(async move { ring.acquire(&socket).await.map(|lease| lease.slot()) })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -373,8 +415,15 @@ mod tests {
         assert!(!ring.credit(99), "unknown slots are ignored");
         assert!(ring.credit(lent));
         assert_eq!(waiting.await.unwrap().unwrap(), lent);
+        // The client closes its credit connection while it may still hold
+        // the batch in `third`'s slot: that slot is never written again.
         ring.client_gone();
-        assert_eq!(ring.lent(), 0);
+        assert_eq!(ring.lent(), 1, "what the client held stays lent");
+        let free = ring.acquire(&socket).await.unwrap();
+        assert_eq!(free.slot(), lent, "only the slot the client gave back");
+        let error = ring.acquire(&socket).await.unwrap_err();
+        assert!(matches!(error, ShmError::ClientGone), "{error}");
+        drop(free);
         assert_eq!(
             Arc::strong_count(&ring),
             1,

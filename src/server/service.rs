@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use futures::Stream;
@@ -157,9 +157,13 @@ impl ShardfeedService {
         let output = request.output;
         let field_names = request.layout.fields.clone();
         let stream = self.engine.open_stream(request).await?;
-        if let (Some(ring), Some(rings)) = (&stream.ring, &self.rings) {
-            rings.register(ring);
-        }
+        let ring = match (&stream.ring, &self.rings) {
+            (Some(ring), Some(rings)) => {
+                rings.register(ring);
+                Some((rings.clone(), ring.clone()))
+            }
+            _ => None,
+        };
         Ok(BatchStream {
             receiver: stream.batches,
             plan: stream.plan,
@@ -174,6 +178,10 @@ impl ShardfeedService {
             draining: false,
             sent_since_drain: false,
             finished: false,
+            completed: false,
+            ring,
+            sent_shared: false,
+            awaiting_collection: None,
             span: stream.span,
             _active: ActiveStream::open(),
             _open: self.shutdown.open.token(),
@@ -379,6 +387,15 @@ pub struct BatchStream {
     draining: bool,
     sent_since_drain: bool,
     finished: bool,
+    /// Every batch was sent: a client may still come for the ring.
+    completed: bool,
+    /// The stream's registered ring, forgotten if the stream ends early.
+    ring: Option<(Arc<RingRegistry>, Arc<crate::pipeline::shm::Ring>)>,
+    /// A shared batch was sent: the stream may end only once its client
+    /// has collected the ring, so that a stream that completes is one whose
+    /// ring needs no keeping for a client still to come.
+    sent_shared: bool,
+    awaiting_collection: Option<Pin<Box<dyn Future<Output = bool> + Send>>>,
     span: tracing::Span,
     _active: ActiveStream,
     /// Shutdown waits until every stream has dropped this.
@@ -482,6 +499,45 @@ impl BatchStream {
     }
 }
 
+impl BatchStream {
+    /// Before the end of a stream that sent shared batches: ready once the
+    /// client has collected the ring, with an error status if it never did.
+    fn poll_collected(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Status>> {
+        let Some((_, ring)) = self.ring.as_ref().filter(|_| self.sent_shared) else {
+            return Poll::Ready(None);
+        };
+        let ring = ring.clone();
+        let waiting = self
+            .awaiting_collection
+            .get_or_insert_with(|| Box::pin(ring.wait_collected()));
+        let collected = ready!(waiting.as_mut().poll(cx));
+        self.awaiting_collection = None;
+        if collected {
+            return Poll::Ready(None);
+        }
+        let error = crate::pipeline::shm::ShmError::NotCollected {
+            socket: self
+                .ring
+                .as_ref()
+                .map(|(rings, _)| rings.fd_socket.display().to_string())
+                .unwrap_or_default(),
+            seconds: crate::pipeline::shm::CONNECT_TIMEOUT.as_secs(),
+        };
+        metrics::request("StreamBatches", tonic::Code::FailedPrecondition);
+        Poll::Ready(Some(Status::failed_precondition(error.to_string())))
+    }
+}
+
+impl Drop for BatchStream {
+    fn drop(&mut self) {
+        // Cancelled or failed: the ring (and the memory it holds) is not
+        // kept for a client that will not come for it.
+        if let (false, Some((rings, ring))) = (self.completed, &self.ring) {
+            rings.forget_uncollected(&ring.token());
+        }
+    }
+}
+
 impl Stream for BatchStream {
     type Item = Result<pb::Batch, Status>;
 
@@ -505,7 +561,12 @@ impl Stream for BatchStream {
                 Poll::Pending
             }
             Poll::Ready(None) => {
+                if let Some(status) = ready!(self.as_mut().poll_collected(cx)) {
+                    self.finished = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
                 self.finished = true;
+                self.completed = true;
                 metrics::request("StreamBatches", tonic::Code::Ok);
                 Poll::Ready(None)
             }
@@ -534,6 +595,7 @@ impl Stream for BatchStream {
                 self.metrics.batch_sent(batch.size as u64);
                 self.next_index = batch.index + 1;
                 let message = self.to_message(batch);
+                self.sent_shared |= message.shared.is_some();
                 // While draining, this was the batch in flight: end after it.
                 self.sent_since_drain = self.draining;
                 Poll::Ready(Some(Ok(message)))

@@ -70,14 +70,21 @@ impl RingRegistry {
         );
     }
 
-    /// The ring for `token`; from now on only its stream keeps it alive.
+    /// The ring for `token`, once: a token is single-use, so a second
+    /// connection with it (a leaked token, a confused client) gets nothing.
+    /// From now on only its stream keeps the ring alive.
     fn collect(&self, token: &[u8; TOKEN_BYTES]) -> Option<Arc<Ring>> {
-        let mut rings = self.lock();
-        let entry = rings.get_mut(token)?;
-        match entry.uncollected.take() {
+        let entry = self.lock().remove(token)?;
+        match entry.uncollected {
             Some((ring, _)) => Some(ring),
             None => entry.ring.upgrade(),
         }
+    }
+
+    /// The stream of `token` ended without completing (its client left):
+    /// nobody will collect the ring, so it is not kept for them.
+    pub fn forget_uncollected(&self, token: &[u8; TOKEN_BYTES]) {
+        self.lock().remove(token);
     }
 
     /// Lets go of rings nobody collected in time, and forgets dead ones.
@@ -104,9 +111,14 @@ impl RingRegistry {
     }
 }
 
+/// Connections the fd socket serves at once: one per open shared-memory
+/// stream is the use; beyond this a connection is closed at once.
+pub const MAX_FD_CONNECTIONS: usize = 1024;
+
 /// Serves the fd socket: hands each client its ring's memfd and takes its
 /// credits until it disconnects.
 pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<RingRegistry>) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_FD_CONNECTIONS));
     let mut sweep = tokio::time::interval(Duration::from_secs(5));
     loop {
         let accepted = tokio::select! {
@@ -118,11 +130,20 @@ pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<R
         };
         match accepted {
             Ok((stream, _)) => {
+                let Ok(permit) = connections.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        limit = MAX_FD_CONNECTIONS,
+                        "refused a shared-memory connection: too many open"
+                    );
+                    drop(stream);
+                    continue;
+                };
                 let registry = registry.clone();
                 tokio::spawn(async move {
                     if let Err(error) = serve_client(stream, &registry).await {
                         tracing::debug!(%error, "shared-memory client ended");
                     }
+                    drop(permit);
                 });
             }
             Err(error) => {
@@ -221,11 +242,13 @@ mod tests {
         registry.register(&ring);
         drop(ring); // the stream ended before its client asked
         let collected = registry.collect(&token).expect("kept for the client");
+        assert!(registry.collect(&token).is_none(), "a token is single-use");
         drop(collected);
-        assert!(
-            registry.collect(&token).is_none(),
-            "collected: the stream's alone"
-        );
+        let cancelled = Ring::new(1, 64).unwrap();
+        registry.register(&cancelled);
+        registry.forget_uncollected(&cancelled.token());
+        assert_eq!(Arc::strong_count(&cancelled), 1, "not kept for nobody");
+        drop(cancelled);
         let late = Ring::new(1, 64).unwrap();
         let late_token = late.token();
         registry.register(&late);

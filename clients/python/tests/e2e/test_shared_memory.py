@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,83 @@ def test_a_killed_client_leaves_nothing_behind(unix_server: Server, dataset: str
     assert _memfds(pid) == 0, "the server still holds the ring a second after the kill"
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert after == shm_before, "nothing is named in /dev/shm"
+
+
+def test_a_batch_kept_after_break_stays_unchanged(unix_server: Server, dataset: str) -> None:
+    # 40 batches of 2: the producer is ahead, waiting for credits, when the
+    # client breaks out and closes its credit connection.
+    stream = iter(
+        Client(unix_server.target).batches(
+            dataset,
+            batch_size=2,
+            image_size=32,
+            seed=5,
+            transport="shared_memory",
+            rank=0,
+            world_size=1,
+        )
+    )
+    next(stream)
+    kept = next(stream)
+    saved = kept.images.copy()
+    time.sleep(0.3)  # let the producer fill every slot it may
+    stream.close()  # type: ignore[attr-defined]
+    later = list(_stream(unix_server, dataset, "shared_memory"))
+    assert len(later) == 10
+    time.sleep(0.3)
+    assert (kept.images == saved).all(), "a slot the caller still holds was written"
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_streams_cancelled_before_collecting_their_rings_free_their_memory(
+    s3: S3, dataset: str, tmp_path: Path
+) -> None:
+    import grpc
+
+    from shardfeed._proto import shardfeed_pb2 as pb
+    from shardfeed._proto import shardfeed_pb2_grpc as pb_grpc
+
+    from ..conftest import scrape, start_server, stop
+
+    limit = 2 << 30
+    directory = tempfile.mkdtemp(prefix="sf-")
+    server = start_server(s3, f"unix:{directory}/sf.sock", "--memory-limit", "2G")
+    try:
+        channel = grpc.insecure_channel(
+            server.target, options=[("grpc.default_authority", "localhost")]
+        )
+        stub = pb_grpc.ShardfeedStub(channel)
+        request = pb.StreamBatchesRequest(
+            dataset=dataset,
+            batch_size=64,
+            height=224,
+            width=224,
+            world_size=1,
+            transport=pb.TRANSPORT_SHARED_MEMORY,
+        )
+        peak = 0
+        for _ in range(200):
+            call = stub.StreamBatches(request)
+            next(call)  # a batch decoded into the ring, which is never collected
+            call.cancel()
+            peak = max(peak, _rss(server.process.pid))
+        assert peak < limit, f"server RSS reached {peak / 2**30:.2f} GiB with a 2 GiB limit"
+        # Later streams are admitted, and the budget is whole again.
+        assert len(list(Client(server.target).batches(dataset, batch_size=8, image_size=32))) == 10
+        deadline = time.monotonic() + 5
+        reserved = -1.0
+        while time.monotonic() < deadline:
+            reserved = scrape(server.metrics_url).get("shardfeed_stream_memory_reserved_bytes", 0.0)
+            if reserved == 0:
+                break
+            time.sleep(0.1)
+        assert reserved == 0
+        channel.close()
+    finally:
+        stop(server.process)
