@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardfeed import Client
+from shardfeed import Client, ShardfeedError
 from shardfeed.torch import ShardfeedDataset
 
 from ..conftest import S3, Server, noise_jpeg, upload, write_tar
@@ -117,7 +119,7 @@ def test_resume_from_state_dict_gives_the_remaining_batches(
 
 
 def test_a_failed_first_attempt_keeps_the_loaded_position(
-    unix_server: Server, dataset: str, tmp_path: object
+    unix_server: Server, dataset: str, tmp_path: Path
 ) -> None:
     ds = _dataset(unix_server, dataset)
     full = _copies(ds)
@@ -131,7 +133,7 @@ def test_a_failed_first_attempt_keeps_the_loaded_position(
     real_client = resumed.client
     # The sidecar is not there yet: the first attempt fails before a batch.
     resumed.client = Client(f"unix:{tmp_path}/absent.sock")
-    with pytest.raises(Exception):
+    with pytest.raises(ShardfeedError, match="UNAVAILABLE"):
         next(iter(resumed))
     resumed.client = real_client
     rest = _copies(resumed)
