@@ -146,3 +146,71 @@ async fn a_length_failing_its_checksum_is_a_shard_error_naming_the_shard() {
     );
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imagenet_records_are_named_by_their_filename_and_labels_can_start_at_zero() {
+    // TensorFlow's ImageNet records: labels 1..1000 (0 = background) and an
+    // `image/filename` feature; one record lacks the name.
+    let harness = Harness::start(Options::default()).await;
+    let mut shard = Vec::new();
+    for i in 0..6u64 {
+        let image = jpeg(32, 24, i);
+        let name = format!("n0144{i}_{i}.JPEG");
+        let extra: Vec<(&str, &[u8])> = if i == 5 {
+            Vec::new()
+        } else {
+            vec![("image/filename", name.as_bytes())]
+        };
+        write_record(&mut shard, &example_bytes(&image, Some(i as i64), &extra));
+    }
+    let uri = upload_tfrecords(&harness, "imagenet/", &[shard]).await;
+    let mut client = harness.client().await;
+    let request = |offset: i64, key_feature: &str| pb::StreamBatchesRequest {
+        batch_size: Some(6),
+        layout: Some(pb::SampleLayout {
+            label_offset: offset,
+            key_feature: key_feature.into(),
+            ..Default::default()
+        }),
+        ..unshuffled(&uri)
+    };
+    let batches = collect(&mut client, request(0, "")).await.unwrap();
+    assert_eq!(
+        batches[0].labels,
+        [0, 1, 2, 3, 4, 5],
+        "as stored by default"
+    );
+    assert_eq!(
+        batches[0].keys,
+        [
+            "n01440_0.JPEG",
+            "n01441_1.JPEG",
+            "n01442_2.JPEG",
+            "n01443_3.JPEG",
+            "n01444_4.JPEG",
+            "00000005"
+        ],
+        "named by image/filename, by record number without it"
+    );
+    let shifted = collect(&mut client, request(-1, "")).await.unwrap();
+    assert_eq!(
+        shifted[0].labels,
+        [-1, 0, 1, 2, 3, 4],
+        "0..999; background unlabelled"
+    );
+    assert_eq!(shifted[0].images, batches[0].images, "the same pixels");
+    let numbered = collect(&mut client, request(0, "no/such/feature"))
+        .await
+        .unwrap();
+    assert_eq!(numbered[0].keys[0], "00000000");
+
+    let status = collect(&mut client, request(1 << 40, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("layout.label_offset"),
+        "{status:?}"
+    );
+    harness.shutdown().await;
+}

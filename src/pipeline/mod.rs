@@ -507,6 +507,7 @@ fn decode_batch(
     let buffers = buffers.clone();
     let scratch = context.scratch.clone();
     let (seed, epoch) = (context.seed, context.epoch);
+    let label_offset = context.layout.label_offset;
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
@@ -565,7 +566,11 @@ fn decode_batch(
                         "label is not an integer; sent as -1"
                     );
                 }
-                emitted.sample.label.value()
+                match &emitted.sample.label {
+                    // Below 0 after the offset: unlabelled, as -1 always means.
+                    Label::Value(label) => label.saturating_add(label_offset).max(-1),
+                    _ => -1,
+                }
             })
             .collect();
         let substituted = substitute_failures(
@@ -591,7 +596,10 @@ fn decode_batch(
                 .map(|e| dataset.index.shards[e.shard as usize].name.clone())
                 .collect(),
             // The samples are done with: move their keys rather than copy them.
-            keys: samples.into_iter().map(|e| e.sample.key).collect(),
+            keys: samples
+                .into_iter()
+                .map(|e| e.sample.name.unwrap_or(e.sample.key))
+                .collect(),
             crops,
             substituted,
             fields,

@@ -299,6 +299,12 @@ fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, Servic
         }
         bytes => bytes,
     };
+    let label_offset = wire.label_offset;
+    if label_offset.unsigned_abs() > 1 << 31 {
+        return invalid(format!(
+            "layout.label_offset {label_offset} is outside +-2^31"
+        ));
+    }
     let defaults = FeatureNames::default();
     let feature = |name: &str, default: String| {
         if name.is_empty() {
@@ -313,8 +319,10 @@ fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, Servic
         features: FeatureNames {
             image: feature(&wire.image_feature, defaults.image),
             label: feature(&wire.label_feature, defaults.label),
+            key: feature(&wire.key_feature, defaults.key),
         },
         max_field_bytes,
+        label_offset,
     })
 }
 

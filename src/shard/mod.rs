@@ -36,9 +36,12 @@ pub struct SampleLayout {
     /// Tar: the label is the integer at this top-level key of the `.json`
     /// member instead of the `.cls` member.
     pub label_json_key: Option<String>,
-    /// TFRecord: which features hold the image and the label.
+    /// TFRecord: which features hold the image, the label and the name.
     pub features: FeatureNames,
     pub max_field_bytes: u64,
+    /// Added to every label before it is sent (TensorFlow's ImageNet
+    /// records number classes from 1: -1 gives 0..999).
+    pub label_offset: i64,
 }
 
 impl Default for SampleLayout {
@@ -48,6 +51,7 @@ impl Default for SampleLayout {
             label_json_key: None,
             features: FeatureNames::default(),
             max_field_bytes: DEFAULT_MAX_FIELD_BYTES,
+            label_offset: 0,
         }
     }
 }
@@ -168,7 +172,12 @@ impl Label {
 /// One sample, with its compressed image bytes.
 #[derive(Debug, Clone)]
 pub struct RawSample {
+    /// The sample's identity in its shard (the index's key): what the plan,
+    /// augmentation and substitution key on.
     pub key: String,
+    /// What the sample is called in `Batch.keys` when that differs from
+    /// `key` (a TFRecord's key feature, e.g. `image/filename`).
+    pub name: Option<String>,
     pub image: Option<(ImageFormat, Bytes)>,
     pub label: Label,
     /// Byte range of the sample in the shard: its first header to the end of
@@ -205,6 +214,7 @@ impl RawSample {
     ) -> Self {
         Self {
             key,
+            name: None,
             image: None,
             label: Label::Missing,
             start: range.start,
@@ -417,6 +427,7 @@ fn add_member(
     };
     let sample = current.get_or_insert_with(|| RawSample {
         key: key.to_string(),
+        name: None,
         image: None,
         label: Label::Missing,
         start,
@@ -481,6 +492,7 @@ pub fn object_sample(
     };
     RawSample {
         key,
+        name: None,
         image: Some((format, data)),
         label: label.map_or(Label::Missing, Label::Value),
         start: range.start,
@@ -529,8 +541,15 @@ fn example_sample(
         }
         fields.push(value);
     }
+    let name = example
+        .bytes_features
+        .get(&names.key)
+        .and_then(|value| std::str::from_utf8(value).ok())
+        .filter(|name| !name.is_empty())
+        .map(str::to_string);
     Ok(RawSample {
         key,
+        name,
         image: Some((format, example.image)),
         label: example.label.map_or(Label::Missing, Label::Value),
         start: range.start,

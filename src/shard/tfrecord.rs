@@ -194,6 +194,8 @@ pub mod example {
 pub struct FeatureNames {
     pub image: String,
     pub label: String,
+    /// The bytes feature that names the sample (`Batch.keys`).
+    pub key: String,
 }
 
 impl Default for FeatureNames {
@@ -202,6 +204,7 @@ impl Default for FeatureNames {
         Self {
             image: "image/encoded".into(),
             label: "image/class/label".into(),
+            key: "image/filename".into(),
         }
     }
 }
@@ -428,6 +431,7 @@ mod tests {
         let renamed = FeatureNames {
             image: "jpeg".into(),
             label: "y".into(),
+            ..FeatureNames::default()
         };
         let error =
             parse_example(Bytes::from(example_bytes(b"img", Some(1), &[])), &renamed).unwrap_err();

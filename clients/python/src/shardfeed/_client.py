@@ -496,6 +496,8 @@ class Client:
         label_json_key: str | None = None,
         image_feature: str | None = None,
         label_feature: str | None = None,
+        key_feature: str | None = None,
+        label_offset: int = 0,
         max_field_bytes: int = 0,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
@@ -520,7 +522,12 @@ class Client:
         ``label_json_key``: take the label from this key of the sample's
         ``.json`` member instead of ``.cls``. ``image_feature`` /
         ``label_feature``: TFRecord feature names (default
-        ``image/encoded`` / ``image/class/label``).
+        ``image/encoded`` / ``image/class/label``: TensorFlow's ImageNet
+        records, whose labels are 1..1000 with 0 for background).
+        ``key_feature``: the TFRecord feature naming each sample in
+        ``Batch.keys`` (default ``image/filename``; records without it are
+        named by record number). ``label_offset``: added to every label (-1
+        turns ImageNet's 1..1000 into 0..999); a label below 0 is sent as -1.
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
@@ -554,6 +561,8 @@ class Client:
                 label_json_key=label_json_key or "",
                 image_feature=image_feature or "",
                 label_feature=label_feature or "",
+                key_feature=key_feature or "",
+                label_offset=label_offset,
                 max_field_bytes=max_field_bytes,
             ),
         )

@@ -69,18 +69,22 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ...) -> None: ...
 
 class SampleLayout(_message.Message):
-    __slots__ = ("fields", "label_json_key", "image_feature", "label_feature", "max_field_bytes")
+    __slots__ = ("fields", "label_json_key", "image_feature", "label_feature", "max_field_bytes", "label_offset", "key_feature")
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     LABEL_JSON_KEY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FEATURE_FIELD_NUMBER: _ClassVar[int]
     LABEL_FEATURE_FIELD_NUMBER: _ClassVar[int]
     MAX_FIELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LABEL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FEATURE_FIELD_NUMBER: _ClassVar[int]
     fields: _containers.RepeatedScalarFieldContainer[str]
     label_json_key: str
     image_feature: str
     label_feature: str
     max_field_bytes: int
-    def __init__(self, fields: _Optional[_Iterable[str]] = ..., label_json_key: _Optional[str] = ..., image_feature: _Optional[str] = ..., label_feature: _Optional[str] = ..., max_field_bytes: _Optional[int] = ...) -> None: ...
+    label_offset: int
+    key_feature: str
+    def __init__(self, fields: _Optional[_Iterable[str]] = ..., label_json_key: _Optional[str] = ..., image_feature: _Optional[str] = ..., label_feature: _Optional[str] = ..., max_field_bytes: _Optional[int] = ..., label_offset: _Optional[int] = ..., key_feature: _Optional[str] = ...) -> None: ...
 
 class SharedImages(_message.Message):
     __slots__ = ("ring_token", "ring_bytes", "slot", "offset", "length", "holdable")
