@@ -114,6 +114,7 @@ async fn hostile_plans_are_refused_at_once_and_the_server_keeps_serving() {
                         .map(|i| segment(1 + i % 4, 0))
                         .chain((0..200).map(|i| segment(1 + i % 2, 1)))
                         .collect(),
+                    ..Default::default()
                 }),
                 ..request(&uri)
             },
@@ -134,6 +135,7 @@ async fn hostile_plans_are_refused_at_once_and_the_server_keeps_serving() {
             pb::StreamBatchesRequest {
                 resume_from: Some(pb::EpochPosition {
                     segments: vec![segment(u32::MAX, 1)],
+                    ..Default::default()
                 }),
                 ..request(&uri)
             },
@@ -144,6 +146,7 @@ async fn hostile_plans_are_refused_at_once_and_the_server_keeps_serving() {
             pb::StreamBatchesRequest {
                 resume_from: Some(pb::EpochPosition {
                     segments: vec![segment(1, u64::MAX), segment(1, u64::MAX)],
+                    ..Default::default()
                 }),
                 ..request(&uri)
             },
@@ -358,6 +361,7 @@ mod fuzz_properties {
                     batches,
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 

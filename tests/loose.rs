@@ -495,3 +495,50 @@ async fn the_registry_keeps_one_index_per_dataset_and_lets_idle_ones_go() {
     );
     assert_eq!(registry.open(&uri(0)).await.unwrap().index.samples(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_against_a_changed_listing_fails_naming_the_difference() {
+    let harness = Harness::start(Options::default()).await;
+    put_objects(&harness.s3, "data", class_folder_objects("grow/")).await;
+    let uri = "s3://data/grow/";
+    let request = pb::StreamBatchesRequest {
+        batch_size: Some(8),
+        ..request(uri)
+    };
+    let mut client = harness.client().await;
+    let full = collect(&mut client, request.clone()).await.unwrap();
+    let position = full[1].position.clone().unwrap();
+    assert!(position.dataset.starts_with("samples=40 "), "{position:?}");
+    let resumed = |position: pb::EpochPosition| pb::StreamBatchesRequest {
+        resume_from: Some(position),
+        ..request.clone()
+    };
+
+    // A restarted server lists the same objects: the same index, resumable.
+    let s3 = harness.restart_s3().await;
+    let harness = Harness::with_s3(s3, Options::default()).await;
+    let mut client = harness.client().await;
+    let rest = collect(&mut client, resumed(position.clone()))
+        .await
+        .unwrap();
+    assert_eq!(keys(&rest), keys(&full[2..]));
+
+    // An object added between starts regroups the listing: refused.
+    put_objects(
+        &harness.s3,
+        "data",
+        [("grow/cat/new.jpg".to_string(), jpeg(40, 32, 999))],
+    )
+    .await;
+    let s3 = harness.restart_s3().await;
+    let harness = Harness::with_s3(s3, Options::default()).await;
+    let mut client = harness.client().await;
+    let status = collect(&mut client, resumed(position)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("samples=40") && status.message().contains("samples=41"),
+        "{}",
+        status.message()
+    );
+    harness.shutdown().await;
+}

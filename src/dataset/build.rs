@@ -94,6 +94,7 @@ pub async fn build_index(
             size: object.size,
             etag: object.etag,
             samples: index.keys.len() as u64,
+            digest: None,
         });
         indexes.push(index);
     }

@@ -151,7 +151,13 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
             ..ShardIndex::default()
         };
         let mut offset = 0;
+        let mut digest = Vec::new();
         for object in members {
+            digest.extend_from_slice(object.key.as_bytes());
+            digest.push(0);
+            digest.extend_from_slice(object.etag.as_deref().unwrap_or("").as_bytes());
+            digest.push(0);
+            digest.extend_from_slice(&object.label.to_le_bytes());
             index.keys.push(object.key.clone());
             index.starts.push(offset);
             offset += object.size;
@@ -164,6 +170,10 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
             size: offset,
             etag: None,
             samples: members.len() as u64,
+            digest: Some(format!(
+                "{:016x}",
+                crate::decode::augment::fmix64(crate::decode::augment::fnv1a(digest))
+            )),
         });
         indexes.push(index);
     }

@@ -103,6 +103,10 @@ pub struct ShardEntry {
     pub size: u64,
     pub etag: Option<String>,
     pub samples: u64,
+    /// A virtual group of loose objects: a digest of its members' keys,
+    /// ETags and labels, so the summary changes when its membership does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// What a dataset's "shards" are.
@@ -128,6 +132,20 @@ pub struct DatasetIndex {
 }
 
 impl DatasetIndex {
+    /// Names this index's content: a position taken on one index means
+    /// nothing on another (a loose listing that gained an object regroups
+    /// and renumbers), so resume positions carry it. Frozen hash of the
+    /// summary (shards, sizes, ETags, group digests, classes).
+    pub fn identity(&self) -> String {
+        let summary = serde_json::to_vec(self).unwrap_or_default();
+        let digest = crate::decode::augment::fmix64(crate::decode::augment::fnv1a(summary));
+        format!(
+            "samples={} shards={} digest={digest:016x}",
+            self.samples(),
+            self.shards.len()
+        )
+    }
+
     pub fn samples(&self) -> u64 {
         self.shards.iter().map(|s| s.samples).sum()
     }

@@ -269,6 +269,7 @@ pub async fn entitlement(
             plan: plan_request,
             output,
             shared_memory: None,
+            resume_dataset: None,
         })
         .await?
         .batches;

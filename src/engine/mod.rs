@@ -65,6 +65,16 @@ pub enum EngineError {
     /// A valid request the dataset cannot serve.
     #[error("{0}")]
     Unsupported(String),
+    #[error(
+        "the resume position was taken on another index of {dataset} ({taken}); it now has \
+         {now}. A loose dataset's listing changed since (objects added or removed regroup \
+         it): save its index with `shardfeed index` so it stays fixed, or start the epoch over"
+    )]
+    StalePosition {
+        dataset: String,
+        taken: String,
+        now: String,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -80,6 +90,8 @@ pub struct StreamRequest {
     pub shared_memory: Option<std::path::PathBuf>,
     /// What else to read of each sample.
     pub layout: crate::shard::SampleLayout,
+    /// The dataset identity the resume position was taken on, if it says.
+    pub resume_dataset: Option<String>,
 }
 
 /// A started stream: its batches, in order, and what they were planned from.
@@ -96,6 +108,8 @@ pub struct OpenStream {
     pub reservation: Arc<budget::Reservation>,
     /// The stream's shared-memory ring, when it asked for one.
     pub ring: Option<Arc<crate::pipeline::shm::Ring>>,
+    /// The dataset index's identity, for the positions the stream reports.
+    pub dataset_identity: String,
 }
 
 /// What `describe` tells about a dataset at a world size and batch size.
@@ -211,6 +225,18 @@ impl Engine {
         plan::validate_shuffle(request.plan.shuffle)?;
         request.output.validate()?;
         let dataset = self.registry.open(&request.dataset).await?;
+        let dataset_identity = dataset.index.identity();
+        if let Some(taken) = request
+            .resume_dataset
+            .as_ref()
+            .filter(|taken| **taken != dataset_identity)
+        {
+            return Err(EngineError::StalePosition {
+                dataset: request.dataset.clone(),
+                taken: taken.clone(),
+                now: dataset_identity,
+            });
+        }
         if dataset.is_loose() && !request.layout.fields.is_empty() {
             return Err(EngineError::Unsupported(format!(
                 "{} is a dataset of loose image objects: its samples have no fields \
@@ -329,6 +355,7 @@ impl Engine {
             span,
             reservation,
             ring: shared.map(|shared| shared.ring),
+            dataset_identity,
         })
     }
 

@@ -213,6 +213,7 @@ pub async fn pack(
                                 size: tar.len() as u64,
                                 etag,
                                 samples: index.keys.len() as u64,
+                                digest: None,
                             },
                             index,
                         ))

@@ -179,6 +179,7 @@ impl ShardfeedService {
             sent_since_drain: false,
             finished: false,
             completed: false,
+            dataset_identity: stream.dataset_identity,
             ring,
             sent_shared: false,
             awaiting_collection: None,
@@ -262,6 +263,11 @@ pub fn stream_request(
         output,
         shared_memory: None,
         layout: sample_layout(request.layout.as_ref())?,
+        resume_dataset: request
+            .resume_from
+            .as_ref()
+            .map(|position| position.dataset.clone())
+            .filter(|identity| !identity.is_empty()),
     })
 }
 
@@ -397,6 +403,8 @@ pub struct BatchStream {
     finished: bool,
     /// Every batch was sent: a client may still come for the ring.
     completed: bool,
+    /// The dataset index's identity, carried by every position sent.
+    dataset_identity: String,
     /// The stream's registered ring, forgotten if the stream ends early.
     ring: Option<(Arc<RingRegistry>, Arc<crate::pipeline::shm::Ring>)>,
     /// A shared batch was sent: the stream may end only once its client
@@ -451,7 +459,7 @@ impl BatchStream {
                 .map(|s| s.source.map_or(-1, |slot| slot as i32))
                 .collect(),
             substitution_reasons: batch.substituted.into_iter().map(|s| s.reason).collect(),
-            position: Some(position_message(&position)),
+            position: Some(position_message(&position, &self.dataset_identity)),
             global_samples: self.plan.global_samples_after(batch.index),
             shards: batch.shards,
             crops: batch
@@ -481,8 +489,9 @@ impl BatchStream {
     }
 }
 
-pub fn position_message(position: &EpochPosition) -> pb::EpochPosition {
+pub fn position_message(position: &EpochPosition, dataset: &str) -> pb::EpochPosition {
     pb::EpochPosition {
+        dataset: dataset.to_string(),
         segments: position
             .phases
             .iter()

@@ -127,7 +127,9 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
     if let Some(error) = error.downcast_ref::<EngineError>() {
         return match error {
             EngineError::Internal(_) => Some(Code::Internal),
-            EngineError::Unsupported(_) => Some(Code::FailedPrecondition),
+            EngineError::Unsupported(_) | EngineError::StalePosition { .. } => {
+                Some(Code::FailedPrecondition)
+            }
             _ => None,
         };
     }

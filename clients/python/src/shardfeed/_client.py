@@ -75,17 +75,22 @@ class EpochPosition:
     """Where an epoch stands, valid at any world size with the same global batch.
 
     Each segment is ``(world_size, batches)``: batches every rank completed at
-    that world size. Pass it back as ``resume_from`` after a restart.
+    that world size. ``dataset`` names the dataset index the position was
+    taken on; the server refuses to resume it on another (a loose listing
+    that changed between starts). Pass it back as ``resume_from`` after a
+    restart.
     """
 
     segments: tuple[tuple[int, int], ...] = ()
+    dataset: str = ""
 
-    def to_dict(self) -> dict[str, list[list[int]]]:
-        return {"segments": [list(s) for s in self.segments]}
+    def to_dict(self) -> dict[str, Any]:
+        return {"segments": [list(s) for s in self.segments], "dataset": self.dataset}
 
     @classmethod
-    def from_dict(cls, value: Mapping[str, Sequence[Sequence[int]]]) -> EpochPosition:
-        return cls(tuple((int(w), int(b)) for w, b in value["segments"]))
+    def from_dict(cls, value: Mapping[str, Any]) -> EpochPosition:
+        segments = tuple((int(w), int(b)) for w, b in value["segments"])
+        return cls(segments, str(value.get("dataset", "")))
 
 
 @dataclass(frozen=True)
@@ -277,7 +282,10 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         substituted=list(message.substituted),
         substitution_reasons=list(message.substitution_reasons),
         substitute_sources=list(message.substitute_sources),
-        position=EpochPosition(tuple((s.world_size, s.batches) for s in message.position.segments)),
+        position=EpochPosition(
+            tuple((s.world_size, s.batches) for s in message.position.segments),
+            message.position.dataset,
+        ),
         global_samples=message.global_samples,
         crop_boxes=np.array(
             [(c.left, c.top, c.width, c.height) for c in message.crops], dtype=np.float32
@@ -573,6 +581,7 @@ class Client:
             request.resume_from.segments.extend(
                 pb.PositionSegment(world_size=w, batches=b) for w, b in resume_from.segments
             )
+            request.resume_from.dataset = resume_from.dataset
         return self._stream(request)
 
     def _stream(self, request: Any) -> Iterator[Batch]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed import Client, EpochPosition, ShardfeedError
+from shardfeed import Client, ShardfeedError
 
 from ..conftest import S3, Server, start_server, stop, upload, write_tar
 
@@ -80,7 +80,9 @@ def test_describe_and_stream_match(server: Server, colors) -> None:  # type: ign
             assert batch.labels[slot] == label
             mean = batch.images[slot].reshape(-1, 3).mean(axis=0)
             assert np.abs(mean - np.array(color)).max() < 6, (key, mean, color)
-        assert batch.position == EpochPosition(((1, i + 1),))
+        assert batch.position.segments == ((1, i + 1),)
+        assert batch.position.dataset == batches[0].position.dataset
+        assert batch.position.dataset.startswith("samples=30 shards=3 digest=")
         assert batch.global_samples == 8 * (i + 1)
     assert [k for b in batches for k in b.keys] == [w[0] for w in written][:24]
 
@@ -148,7 +150,8 @@ def test_resume_and_early_exit(server: Server, colors) -> None:  # type: ignore[
         batches = list(client.batches(uri, seed=3, batch_size=2, rank=rank, world_size=2))[:3]
         seen += [k for b in batches for k in b.keys]
         position = batches[-1].position
-    assert position == EpochPosition(((2, 3),))
+    assert position is not None and position.segments == ((2, 3),)
+    assert position.dataset.startswith("samples=30 ")
     rest = list(
         client.batches(uri, seed=3, batch_size=4, rank=0, world_size=1, resume_from=position)
     )

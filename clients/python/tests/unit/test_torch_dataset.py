@@ -30,7 +30,7 @@ def _state(**overrides: Any) -> dict[str, Any]:
         "seed": 0,
         "epoch": 2,
         "global_batch": 16,
-        "position": {"segments": [[2, 5]]},
+        "position": {"segments": [[2, 5]], "dataset": "samples=80 shards=2 digest=0123"},
     }
     state.update(overrides)
     return state
@@ -64,14 +64,17 @@ def test_len_asks_the_server_once_per_world_size() -> None:
 
 def test_state_round_trips_and_set_epoch_keeps_or_drops_it() -> None:
     ds = ShardfeedDataset(URI, world_size=2, batch_size=8)
-    assert ds.state_dict()["position"] == {"segments": []}
+    assert ds.state_dict()["position"] == {"segments": [], "dataset": ""}
     ds.load_state_dict(_state())
     assert ds.epoch == 2
     assert ds.state_dict() == _state()
     ds.set_epoch(2)
     assert ds.state_dict() == _state(), "the loaded epoch keeps its position"
     ds.set_epoch(3)
-    assert ds.state_dict() == _state(epoch=3, position={"segments": []})
+    assert ds.state_dict() == _state(epoch=3, position={"segments": [], "dataset": ""})
+    # A state saved before positions named their dataset index still loads.
+    ds.load_state_dict(_state(position={"segments": [[2, 5]]}))
+    assert ds.state_dict()["position"] == {"segments": [[2, 5]], "dataset": ""}
 
 
 def test_state_from_another_run_is_refused() -> None:

@@ -145,10 +145,12 @@ class CropBox(_message.Message):
     def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ...) -> None: ...
 
 class EpochPosition(_message.Message):
-    __slots__ = ("segments",)
+    __slots__ = ("segments", "dataset")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[PositionSegment]
-    def __init__(self, segments: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ...) -> None: ...
+    dataset: str
+    def __init__(self, segments: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ..., dataset: _Optional[str] = ...) -> None: ...
 
 class PositionSegment(_message.Message):
     __slots__ = ("world_size", "batches")
