@@ -7,6 +7,12 @@ with a consumer slower than the server (so every queue and buffer fills, the
 peak the formula describes), and prints the server's peak RSS growth
 (``VmHWM`` minus the RSS after start-up and indexing) next to the formula,
 per setting, as a table and JSON lines.
+
+``--cancel-cycles N`` instead opens N shared-memory streams one after another
+against a server with ``--memory-limit`` (default 2G), reads one batch of
+each and cancels it without ever collecting its ring (a client that opens and
+cancels in a loop), and prints the server's peak RSS against the limit, the
+memory still reserved afterwards, and whether a later stream is admitted.
 """
 
 from __future__ import annotations
@@ -46,13 +52,25 @@ class Setting:
     # batch buffers (same count), and its pages are charged to the server.
     transport: str = "inline"
     flags: list[str] = field(default_factory=list)
+    # Loose objects (one per image): each reader holds whole objects in
+    # flight instead of parts.
+    loose: bool = False
+    object_requests_in_flight: int = 16
+
+    @property
+    def dataset(self) -> str:
+        return "s3://demo/loose/" if self.loose else "s3://demo/photos/"
 
     def formula(self, mean_sample: float) -> dict[str, float]:
         """The README's per-stream formula, in bytes, by term."""
         readers = self.interleave + self.prefetch_shards
         batch = self.batch_size * self.image_size * self.image_size * 3
+        if self.loose:
+            reader_bytes = readers * (self.object_requests_in_flight + 1) * mean_sample
+        else:
+            reader_bytes = readers * (self.parts_in_flight + 2) * self.part_size
         return {
-            "readers": readers * (self.parts_in_flight + 2) * self.part_size,
+            "readers": reader_bytes,
             "reader_queues": readers * self.reader_queue * mean_sample,
             "shuffle_buffer": self.shuffle_buffer * mean_sample,
             "batches": (self.decode_ahead + self.ready_batches + 3) * batch,
@@ -81,6 +99,8 @@ SETTINGS = [
     Setting("4 streams (ranks of world 4)", streams=4),
     Setting("shared memory", transport="shared_memory"),
     Setting("shared memory, 4 streams", streams=4, transport="shared_memory"),
+    Setting("loose objects", loose=True),
+    Setting("loose objects, 4 streams", streams=4, loose=True),
 ]
 
 
@@ -169,6 +189,85 @@ def measure(
     }
 
 
+def _scrape_metric(url: str, name: str) -> float:
+    """One unlabelled sample of the server's Prometheus text."""
+    import urllib.request
+
+    for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def open_and_cancel(binary: str, endpoint: str, cycles: int, memory_limit: str) -> dict[str, Any]:
+    """Shared-memory streams opened and cancelled before their rings are
+    collected, one after another; the server's peak RSS against its limit."""
+    import grpc
+
+    from shardfeed._proto import shardfeed_pb2 as pb
+    from shardfeed._proto import shardfeed_pb2_grpc as pb_grpc
+
+    socket_dir = tempfile.TemporaryDirectory(prefix="sf-")
+    metrics_port = _free_port()
+    server = subprocess.Popen(
+        [
+            binary,
+            "serve",
+            "--listen",
+            f"unix:{socket_dir.name}/sf.sock",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            "--memory-limit",
+            memory_limit,
+        ],
+        env=dict(_shardfeed_env(endpoint), SHARDFEED_LOG="warn"),
+    )
+    target = f"unix://{socket_dir.name}/sf.sock"
+    try:
+        channel = grpc.insecure_channel(target, options=[("grpc.default_authority", "localhost")])
+        grpc.channel_ready_future(channel).result(timeout=30)
+        stub = pb_grpc.ShardfeedStub(channel)  # type: ignore[no-untyped-call]
+        request = pb.StreamBatchesRequest(
+            dataset="s3://demo/photos/",
+            batch_size=128,
+            height=224,
+            width=224,
+            world_size=1,
+            transport=pb.TRANSPORT_SHARED_MEMORY,
+        )
+        refused = 0
+        started = time.monotonic()
+        for _ in range(cycles):
+            call = stub.StreamBatches(request)
+            try:
+                next(call)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                refused += 1
+            call.cancel()
+        seconds = time.monotonic() - started
+        peak = _status_kib(server.pid, "VmHWM") * 1024
+        later = sum(1 for _ in Client(target).batches("s3://demo/photos/", batch_size=128))
+        reserved = _scrape_metric(
+            f"http://127.0.0.1:{metrics_port}/metrics", "shardfeed_stream_memory_reserved_bytes"
+        )
+        channel.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        socket_dir.cleanup()
+    return {
+        "cycles": cycles,
+        "seconds": round(seconds, 1),
+        "memory_limit": memory_limit,
+        "peak_rss_bytes": peak,
+        "refused_while_cycling": refused,
+        "later_stream_batches": later,
+        "reserved_bytes_after": reserved,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--binary", default=os.environ.get("SHARDFEED_BIN", "shardfeed"))
@@ -178,14 +277,28 @@ def main(argv: list[str] | None = None) -> int:
         "--pause", type=float, default=0.05, help="seconds the consumer sleeps per batch"
     )
     parser.add_argument("--only", help="run only the settings whose name contains this")
+    parser.add_argument(
+        "--cancel-cycles", type=int, default=0, help="measure open-and-cancel cycles instead"
+    )
+    parser.add_argument("--memory-limit", default="2G", help="the server's, with --cancel-cycles")
     args = parser.parse_args(argv)
-    s3, endpoint = start_dev_s3(args.binary, args.shards, args.samples_per_shard)
+    s3, endpoint = start_dev_s3(
+        args.binary, args.shards, args.samples_per_shard, "--synthetic-loose"
+    )
+    if args.cancel_cycles:
+        try:
+            row = open_and_cancel(args.binary, endpoint, args.cancel_cycles, args.memory_limit)
+            print(json.dumps(row), flush=True)
+        finally:
+            s3.terminate()
+            s3.wait(timeout=30)
+        return 0
     try:
         rows = []
         for setting in SETTINGS:
             if args.only and args.only not in setting.name:
                 continue
-            row = measure(args.binary, endpoint, "s3://demo/photos/", setting, args.pause)
+            row = measure(args.binary, endpoint, setting.dataset, setting, args.pause)
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
