@@ -104,5 +104,6 @@ fn the_budget_is_planned_from_the_process_own_memory_cgroup() {
         .unwrap_or_else(|| panic!("no stream budget in {serving}"));
     // 3 GiB: streams get 3/4 less the decode scratch (min(limit/8, 1 GiB)).
     let expected = (LIMIT * 3 / 4 - LIMIT / 8) >> 20;
+    println!("{serving}");
     assert_eq!(budget, expected, "{serving}");
 }
