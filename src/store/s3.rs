@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
@@ -202,20 +203,40 @@ fn outcome<T>(result: &Result<T, StoreError>) -> &'static str {
     }
 }
 
+impl S3Store {
+    /// Awaits one S3 request, turning its error into a [`StoreError`] and
+    /// recording its outcome and duration.
+    async fn request<T, E>(
+        &self,
+        operation: &'static str,
+        key: &str,
+        sent: impl std::future::Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+    ) -> Result<T, StoreError>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let started = Instant::now();
+        let result = sent.await.map_err(|e| classify(self.location(key), e));
+        metrics::s3_request(operation, outcome(&result), started.elapsed());
+        result
+    }
+}
+
 #[async_trait]
 impl ObjectStore for S3Store {
     async fn list_page(&self, prefix: &str, token: Option<&str>) -> Result<ListPage, StoreError> {
-        let started = Instant::now();
         let result = self
-            .client
-            .list_objects_v2()
-            .bucket(&self.bucket)
-            .prefix(prefix)
-            .set_continuation_token(token.map(str::to_string))
-            .send()
-            .await
-            .map_err(|e| classify(self.location(prefix), e));
-        metrics::s3_request("list", outcome(&result), started.elapsed());
+            .request(
+                "list",
+                prefix,
+                self.client
+                    .list_objects_v2()
+                    .bucket(&self.bucket)
+                    .prefix(prefix)
+                    .set_continuation_token(token.map(str::to_string))
+                    .send(),
+            )
+            .await;
         let page = result?;
         let objects = page
             .contents()
@@ -236,16 +257,17 @@ impl ObjectStore for S3Store {
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        let started = Instant::now();
         let result = self
-            .client
-            .head_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| classify(self.location(key), e));
-        metrics::s3_request("head", outcome(&result), started.elapsed());
+            .request(
+                "head",
+                key,
+                self.client
+                    .head_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .send(),
+            )
+            .await;
         let head = result?;
         Ok(ObjectMeta {
             key: key.to_string(),
@@ -263,18 +285,19 @@ impl ObjectStore for S3Store {
         if range.is_empty() {
             return Ok(futures::stream::empty().boxed());
         }
-        let started = Instant::now();
         let result = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .range(format!("bytes={}-{}", range.start, range.end - 1))
-            .set_if_match(if_match.map(str::to_string))
-            .send()
-            .await
-            .map_err(|e| classify(self.location(key), e));
-        metrics::s3_request("get", outcome(&result), started.elapsed());
+            .request(
+                "get",
+                key,
+                self.client
+                    .get_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .range(format!("bytes={}-{}", range.start, range.end - 1))
+                    .set_if_match(if_match.map(str::to_string))
+                    .send(),
+            )
+            .await;
         let body = result?.body;
         let location = self.location(key);
         let stream = futures::stream::unfold(
@@ -308,19 +331,18 @@ impl ObjectStore for S3Store {
     /// each part has its own time bound and retries, and a failed or
     /// abandoned upload is aborted.
     async fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
-        let started = Instant::now();
-        let result = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .body(ByteStream::from(data))
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| classify(self.location(key), e));
-        metrics::s3_request("put", outcome(&result), started.elapsed());
-        result
+        self.request(
+            "put",
+            key,
+            self.client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .body(ByteStream::from(data))
+                .send(),
+        )
+        .await
+        .map(|_| ())
     }
 
     fn multipart(&self) -> Option<MultipartShape> {
@@ -332,16 +354,17 @@ impl ObjectStore for S3Store {
     }
 
     async fn create_upload(&self, key: &str) -> Result<String, StoreError> {
-        let started = Instant::now();
         let result = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| classify(self.location(key), e));
-        metrics::s3_request("put", outcome(&result), started.elapsed());
+            .request(
+                "put",
+                key,
+                self.client
+                    .create_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .send(),
+            )
+            .await;
         result?
             .upload_id()
             .map(str::to_string)
@@ -358,19 +381,20 @@ impl ObjectStore for S3Store {
         number: i32,
         data: Bytes,
     ) -> Result<Option<String>, StoreError> {
-        let started = Instant::now();
         let result = self
-            .client
-            .upload_part()
-            .bucket(&self.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .part_number(number)
-            .body(ByteStream::from(data))
-            .send()
-            .await
-            .map_err(|e| classify(self.location(key), e));
-        metrics::s3_request("put", outcome(&result), started.elapsed());
+            .request(
+                "put",
+                key,
+                self.client
+                    .upload_part()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(upload_id)
+                    .part_number(number)
+                    .body(ByteStream::from(data))
+                    .send(),
+            )
+            .await;
         Ok(result?.e_tag().map(str::to_string))
     }
 
@@ -390,40 +414,37 @@ impl ObjectStore for S3Store {
                     .build()
             })
             .collect();
-        let started = Instant::now();
-        let result = self
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            )
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| classify(self.location(key), e));
-        metrics::s3_request("put", outcome(&result), started.elapsed());
-        result
+        let completed = CompletedMultipartUpload::builder()
+            .set_parts(Some(parts))
+            .build();
+        self.request(
+            "put",
+            key,
+            self.client
+                .complete_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .multipart_upload(completed)
+                .send(),
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn abort_upload(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
-        let started = Instant::now();
-        let result = self
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| classify(self.location(key), e));
-        metrics::s3_request("put", outcome(&result), started.elapsed());
-        result
+        self.request(
+            "put",
+            key,
+            self.client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .send(),
+        )
+        .await
+        .map(|_| ())
     }
 
     fn location(&self, key: &str) -> String {
