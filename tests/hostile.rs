@@ -250,6 +250,17 @@ async fn a_panicking_decode_is_substituted_and_the_server_lives_on() {
     harness.shutdown().await;
 }
 
+/// A server that substitutes what it cannot read (`--on-bad-shard skip`).
+fn skipping_damage() -> Options {
+    Options {
+        pipeline: PipelineConfig {
+            on_bad_shard: BadShardPolicy::Skip,
+            ..Options::default().pipeline
+        },
+        ..Options::default()
+    }
+}
+
 /// Overwrites bytes of a file in place, keeping its size and modification
 /// time (so its ETag stand-in, and the index, still match).
 fn damage_in_place(path: &std::path::Path, at: usize, len: usize) {
@@ -286,14 +297,7 @@ async fn a_damaged_shard_fails_the_stream_or_is_skipped_keeping_counts() {
     );
     failing.shutdown().await;
 
-    let skipping = Harness::start(Options {
-        pipeline: PipelineConfig {
-            on_bad_shard: BadShardPolicy::Skip,
-            ..Options::default().pipeline
-        },
-        ..Options::default()
-    })
-    .await;
+    let skipping = Harness::start(skipping_damage()).await;
     let mut client = skipping.client().await;
     let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
     assert_eq!(batches.len(), 2, "counts stay as planned");
@@ -510,17 +514,7 @@ async fn a_shard_replaced_by_a_shorter_one_ends_the_stream_naming_it() {
     let s3 = failing.restart_s3().await;
 
     // Under --on-bad-shard skip the missing samples are substituted.
-    let skipping = Harness::with_s3(
-        s3,
-        Options {
-            pipeline: PipelineConfig {
-                on_bad_shard: BadShardPolicy::Skip,
-                ..Options::default().pipeline
-            },
-            ..Options::default()
-        },
-    )
-    .await;
+    let skipping = Harness::with_s3(s3, skipping_damage()).await;
     let mut client = skipping.client().await;
     let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
     assert_eq!(batches.len(), 2, "counts stay as planned");
