@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardfeed import Client, ShardfeedError
+from shardfeed import Client, ShardfeedError, _client
 
 from ..conftest import (
     REPO,
@@ -138,7 +138,15 @@ def stall(url: str, rank: str) -> tuple[float, float]:
     )
 
 
-def test_stall_metrics_attribute_the_bottleneck(s3: S3) -> None:
+def test_stall_metrics_attribute_the_bottleneck(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The client lets HTTP/2 windows grow with the measured bandwidth-delay
+    # product; on loopback they can grow past the whole epoch, so the server
+    # never sees a slow consumer. Fixed 64 KiB windows make back-pressure certain.
+    fixed_windows = [
+        (name, 0 if name == "grpc.http2.bdp_probe" else value)
+        for name, value in _client._CHANNEL_OPTIONS
+    ]
+    monkeypatch.setattr(_client, "_CHANNEL_OPTIONS", fixed_windows)
     samples = [(f"st{i:04d}", {"jpg": jpeg(COLORS[i % 5], (48, 48))}) for i in range(1024)]
     shards = [write_tar(samples[:512]), write_tar(samples[512:])]
     uri = upload(s3, "stall", "", shards)
