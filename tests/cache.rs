@@ -347,6 +347,8 @@ fn opening_the_cache_touches_only_its_own_files() {
     // and metadata whose data file is gone.
     let own_tmp = "0123456789abcdef0123456789abcdef.json.tmp";
     let own_orphan = "fedcba9876543210fedcba9876543210.json";
+    let own_evicted = "00112233445566778899aabbccddeeff.evicted";
+    std::fs::write(dir.path().join(own_evicted), b"evicted data").unwrap();
     std::fs::write(dir.path().join(own_tmp), b"{").unwrap();
     std::fs::write(dir.path().join(own_orphan), b"{}").unwrap();
     drop(cache_at(dir.path(), LARGE, EvictionPolicy::Planned));
@@ -355,4 +357,109 @@ fn opening_the_cache_touches_only_its_own_files() {
     }
     assert!(!dir.path().join(own_tmp).exists());
     assert!(!dir.path().join(own_orphan).exists());
+    assert!(!dir.path().join(own_evicted).exists());
+}
+
+/// Reads `key` whole through `store` (a cache in front of S3).
+async fn read_whole(store: &dyn shardfeed::store::ObjectStore, key: &str) -> Result<usize, String> {
+    let object = store.head(key).await.map_err(|e| e.to_string())?;
+    shardfeed::store::read::read_range(store, key, 0..object.size, object.etag.as_deref())
+        .await
+        .map(|bytes| bytes.len())
+        .map_err(|e| e.to_string())
+}
+
+/// Bytes `key` holds in `cache`, as the cache keys it.
+async fn held(
+    store: &dyn shardfeed::store::ObjectStore,
+    cache: &shardfeed::store::cache::DiskCache,
+    key: &str,
+) -> u64 {
+    let etag = store.head(key).await.unwrap().etag.unwrap();
+    cache.cached_bytes(&store.location(key), &etag)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_takes_the_least_recently_used_across_restarts_and_keeps_nothing_uncached() {
+    use futures::StreamExt;
+    use shardfeed::store::{cache::CacheStore, s3::S3Store, ObjectStore};
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = shardfeed::dev::s3mem::start(0).await.unwrap();
+    // Six objects of one 16 KiB cache block each; the cache holds four.
+    let objects: Vec<_> = (0..6)
+        .map(|i| (format!("o{i}"), vec![i as u8; 16 << 10]))
+        .collect();
+    put_objects(&s3, "lru", objects).await;
+    let client = shardfeed::store::s3::client(&s3.s3_config()).await;
+    let open = |dir: &std::path::Path, max_bytes| {
+        let cache = cache_at(dir, max_bytes, EvictionPolicy::Lru);
+        let origin = std::sync::Arc::new(S3Store::new(client.clone(), "lru"));
+        (cache.clone(), CacheStore::new(origin, cache))
+    };
+    let (cache, store) = open(dir.path(), 4 * (16 << 10));
+    for key in ["o0", "o1", "o2", "o3", "o0"] {
+        read_whole(&store, key).await.unwrap();
+    }
+    assert_eq!(cache.entries(), 4);
+    read_whole(&store, "o4").await.unwrap();
+    assert_eq!(
+        held(&store, &cache, "o1").await,
+        0,
+        "o1 was used least recently"
+    );
+    for key in ["o0", "o2", "o3", "o4"] {
+        assert_eq!(held(&store, &cache, key).await, 16 << 10, "{key} kept");
+    }
+    // Evicted data is unlinked, not left renamed aside.
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(
+        files,
+        1 + 2 * 4,
+        "the lock, and metadata + data of four entries"
+    );
+
+    // A GET that fails (the object is gone) leaves no entry behind.
+    let gone = shardfeed::store::ObjectMeta {
+        key: "gone".into(),
+        size: 16 << 10,
+        etag: Some("\"0\"".into()),
+    };
+    let mut body = store.get_object(&gone).await.unwrap();
+    assert!(body.next().await.unwrap().is_err());
+    drop(body);
+    assert_eq!(cache.entries(), 4);
+
+    // After a restart the order is that of the data's last writes: make o3
+    // the oldest; the next object in evicts it.
+    drop((cache, store));
+    let o3 = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|item| item.unwrap().path())
+        .find(|path| {
+            path.extension().is_some_and(|e| e == "data") && std::fs::read(path).unwrap()[0] == 3
+        })
+        .unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&o3)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1))
+        .unwrap();
+    let (cache, store) = open(dir.path(), 4 * (16 << 10));
+    read_whole(&store, "o5").await.unwrap();
+    assert_eq!(held(&store, &cache, "o3").await, 0, "o3 was written first");
+    assert_eq!(held(&store, &cache, "o5").await, 16 << 10);
+    drop((cache, store));
+
+    // A cache with no room for anything serves every object and holds none.
+    let empty = tempfile::tempdir().unwrap();
+    let (cache, store) = open(empty.path(), 1);
+    for key in ["o0", "o1", "o2"] {
+        assert_eq!(read_whole(&store, key).await.unwrap(), 16 << 10);
+    }
+    assert_eq!(
+        cache.entries(),
+        0,
+        "no entry for objects that were not cached"
+    );
 }

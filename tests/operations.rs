@@ -242,3 +242,74 @@ async fn the_unix_listener_replaces_only_a_stale_socket() {
     assert!(refused.to_string().contains("another server"), "{refused}");
     drop(live);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_startup_completes_health_is_not_serving_and_requests_are_unavailable() {
+    use shardfeed::dataset::DatasetRegistry;
+    use shardfeed::engine::{Engine, EngineConfig};
+    use shardfeed::server::{ListenAddr, Listener, ServiceConfig, ShardfeedService};
+    let s3 = shardfeed::dev::s3mem::start(0).await.unwrap();
+    let uri = upload(&s3, "data", "", &simple_dataset(2, 8)).await;
+    let start = |startup: tokio::sync::oneshot::Receiver<Result<(), String>>| {
+        let registry = DatasetRegistry::new(s3.s3_config(), fast_retries(), small_parts());
+        let config = EngineConfig {
+            decode_threads: 2,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(std::sync::Arc::new(registry), config).unwrap();
+        let service = ShardfeedService::new(engine, ServiceConfig::default());
+        async move {
+            let listener = Listener::bind(&ListenAddr::Tcp(([127, 0, 0, 1], 0).into()))
+                .await
+                .unwrap();
+            let addr = listener.local_addr();
+            let task = tokio::spawn(server::serve(
+                listener,
+                service,
+                async move { startup.await.unwrap_or_else(|_| Err("dropped".into())) },
+                std::future::pending(),
+                Duration::from_secs(1),
+            ));
+            (addr, task)
+        }
+    };
+
+    let (ready, startup) = tokio::sync::oneshot::channel();
+    let (addr, task) = start(startup).await;
+    // Listening, answering, and saying it is not ready yet.
+    assert!(!server::check_health(&addr).await.unwrap());
+    let mut client =
+        pb::shardfeed_client::ShardfeedClient::new(server::connect(&addr).await.unwrap())
+            .max_decoding_message_size(usize::MAX);
+    let refused = collect(&mut client, request(&uri)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(
+        refused.message().contains("starting"),
+        "{}",
+        refused.message()
+    );
+
+    ready.send(Ok(())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server::check_health(&addr).await.unwrap() {
+        assert!(Instant::now() < deadline, "never became SERVING");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(collect(&mut client, request(&uri)).await.unwrap().len(), 2);
+    task.abort();
+
+    // A startup that fails (a cache directory another server holds) ends
+    // the server with its reason.
+    let (ready, startup) = tokio::sync::oneshot::channel();
+    let (_, task) = start(startup).await;
+    ready.send(Err("cache directory is locked".into())).unwrap();
+    let error = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("cache directory is locked"),
+        "{error}"
+    );
+}

@@ -79,6 +79,10 @@ pub enum Command {
     /// half the dataset (in-process S3 server). Prints JSON lines.
     #[cfg(feature = "dev")]
     CacheBench,
+    /// The disk cache with a million small entries: cached reads alone and
+    /// while misses evict, fill and reopen times. Prints JSON lines.
+    #[cfg(feature = "dev")]
+    CacheScaleBench(CacheScaleArgs),
     /// Compare shuffle quality with the WebDataset recipe on a class-sorted
     /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
     #[cfg(feature = "dev")]
@@ -315,6 +319,12 @@ pub struct StreamArgs {
     #[arg(long, env = "SHARDFEED_READY_BATCHES", default_value_t = pipeline::DEFAULT_READY_BATCHES,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub ready_batches: usize,
+    /// Bytes of one tar member, TFRecord record or loose object at most: a
+    /// reader buffers one whole; larger ones are a shard error (records,
+    /// members) or substituted (`too_large`, loose objects).
+    #[arg(long, env = "SHARDFEED_MAX_MEMBER_BYTES", default_value_t = crate::shard::DEFAULT_MAX_MEMBER_BYTES,
+          value_parser = RangedU64ValueParser::<u64>::new().range(1 << 20..=1 << 30))]
+    pub max_member_bytes: u64,
     /// Default shuffle buffer in samples (requests may override).
     #[arg(long, env = "SHARDFEED_SHUFFLE_BUFFER", default_value_t = plan::DEFAULT_SHUFFLE_BUFFER,
           value_parser = clap::value_parser!(u32).range(0..=plan::MAX_SHUFFLE_BUFFER as i64))]
@@ -403,6 +413,7 @@ impl StreamArgs {
                 read,
                 prefetch_shards: self.prefetch_shards,
                 ready_batches: self.ready_batches,
+                max_member_bytes: self.max_member_bytes,
                 ..PipelineConfig::default()
             },
             memory: match self.memory_limit {
@@ -681,6 +692,23 @@ pub struct ShuffleQualityArgs {
     pub batch_size: u32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+#[cfg(feature = "dev")]
+#[derive(Args, Debug)]
+pub struct CacheScaleArgs {
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub entries: u64,
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub object_bytes: u64,
+    /// Parent of the cache directory (made, and removed after).
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    pub dir: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Seconds each measured phase runs.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
 }
 
 #[cfg(feature = "dev")]

@@ -50,6 +50,17 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             crate::dev::bench::cache_policy(&crate::dev::bench::CacheBenchSpec::default()).await
         }
         #[cfg(feature = "dev")]
+        Command::CacheScaleBench(args) => {
+            crate::dev::cache_scale::run(&crate::dev::cache_scale::CacheScaleSpec {
+                entries: args.entries as usize,
+                object_bytes: args.object_bytes as usize,
+                dir: args.dir,
+                readers: args.readers.max(1),
+                seconds: args.seconds,
+            })
+            .await
+        }
+        #[cfg(feature = "dev")]
         Command::ShuffleQuality(args) => {
             let dataset = crate::dev::shuffle_quality::SortedDataset {
                 classes: args.classes,
@@ -81,13 +92,12 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         })?;
     crate::metrics::describe();
 
-    let mut registry = DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)
-        .with_bad_shard_policy(config.engine.pipeline.on_bad_shard)
-        .with_index_budget(config.engine.memory.idle_indexes);
-    if let Some(cache) = config.cache.clone() {
-        registry = registry.with_cache(DiskCache::open(cache)?);
-    }
-    let engine = Engine::new(Arc::new(registry), config.engine.clone())
+    let registry = Arc::new(
+        DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)
+            .with_bad_shard_policy(config.engine.pipeline.on_bad_shard)
+            .with_index_budget(config.engine.memory.idle_indexes),
+    );
+    let engine = Engine::new(registry.clone(), config.engine.clone())
         .map_err(|e| format!("starting the decode pool: {e}"))?;
     #[cfg(feature = "dev")]
     let engine = if args.dev_synthetic_batches {
@@ -98,6 +108,22 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     let service = ShardfeedService::new(engine, config.service.clone());
     let listener = Listener::bind(&config.listen).await?;
+    // The cache is opened after the listener is bound: adopting millions of
+    // entries takes a while, and meanwhile health answers NOT_SERVING.
+    let startup = {
+        let cache = config.cache.clone();
+        async move {
+            let Some(cache) = cache else {
+                return Ok(());
+            };
+            let cache = tokio::task::spawn_blocking(move || DiskCache::open(cache))
+                .await
+                .map_err(|e| format!("opening the disk cache: {e}"))?
+                .map_err(|e| e.to_string())?;
+            registry.set_cache(cache);
+            Ok(())
+        }
+    };
     tracing::info!(
         listen = %listener.local_addr(),
         metrics = %config.metrics_listen,
@@ -108,7 +134,14 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         allow = ?config.service.allow,
         "shardfeed serving"
     );
-    server::serve(listener, service, shutdown_signal(), config.shutdown_grace).await?;
+    server::serve(
+        listener,
+        service,
+        startup,
+        shutdown_signal(),
+        config.shutdown_grace,
+    )
+    .await?;
     tracing::info!("shut down");
     Ok(())
 }

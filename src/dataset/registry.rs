@@ -35,7 +35,9 @@ pub struct DatasetRegistry {
     /// holds are let go beyond `index_budget` bytes of indexes.
     datasets: Mutex<Opened>,
     index_budget: u64,
-    cache: Option<Arc<DiskCache>>,
+    /// Set once, before the first dataset is opened: the server opens a
+    /// large cache after it starts listening (see [`Self::set_cache`]).
+    cache: std::sync::OnceLock<Arc<DiskCache>>,
     on_bad_shard: BadShardPolicy,
 }
 
@@ -114,7 +116,7 @@ impl DatasetRegistry {
             limiter: RequestLimiter::new(DEFAULT_INITIAL_LIMIT),
             datasets: Mutex::default(),
             index_budget: DEFAULT_INDEX_BUDGET,
-            cache: None,
+            cache: std::sync::OnceLock::new(),
             on_bad_shard: BadShardPolicy::Fail,
         }
     }
@@ -133,13 +135,19 @@ impl DatasetRegistry {
     }
 
     /// Reads S3 datasets through `cache` (local directories are not cached).
-    pub fn with_cache(mut self, cache: Arc<DiskCache>) -> Self {
-        self.cache = Some(cache);
+    pub fn with_cache(self, cache: Arc<DiskCache>) -> Self {
+        self.set_cache(cache);
         self
     }
 
+    /// Sets the cache of a registry already shared; the server does so
+    /// before it admits requests. A second cache is refused (false).
+    pub fn set_cache(&self, cache: Arc<DiskCache>) -> bool {
+        self.cache.set(cache).is_ok()
+    }
+
     pub fn cache(&self) -> Option<&Arc<DiskCache>> {
-        self.cache.as_ref()
+        self.cache.get()
     }
 
     pub fn read_config(&self) -> &ReadConfig {
@@ -163,7 +171,7 @@ impl DatasetRegistry {
                     )
                     .with_limiter(self.limiter.clone()),
                 );
-                let store: Arc<dyn ObjectStore> = match &self.cache {
+                let store: Arc<dyn ObjectStore> = match self.cache.get() {
                     Some(cache) => Arc::new(CacheStore::new(s3, cache.clone())),
                     None => s3,
                 };

@@ -4,6 +4,7 @@
 //! sidecar never links any of it.
 
 pub mod bench;
+pub mod cache_scale;
 pub mod demo;
 pub mod fuzz;
 pub mod kernel;

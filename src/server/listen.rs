@@ -60,6 +60,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error("starting: {0}")]
+    Startup(String),
 }
 
 /// A bound listener, so callers (tests, the demo) learn the real port first.
@@ -154,9 +156,14 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Serves until `shutdown` resolves, then drains: reports NOT_SERVING, refuses
 /// new streams, lets each open stream send its batch in flight and end with
 /// UNAVAILABLE (and a resume hint), and after `grace` ends whatever is left.
+///
+/// Until `startup` resolves (the disk cache is open: minutes for millions of
+/// entries) the server already answers, health says NOT_SERVING and
+/// requests get UNAVAILABLE; a failed startup ends `serve` with its error.
 pub async fn serve(
     listener: Listener,
     service: ShardfeedService,
+    startup: impl Future<Output = Result<(), String>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), ServeError> {
@@ -173,14 +180,12 @@ pub async fn serve(
         Listener::Tcp(_) => (service, None),
     };
     let _fd_server = fd_server;
-    let shutdown_handle = service.shutdown_handle();
+    let lifecycle = service.lifecycle();
     // Our receive windows (client requests are small; these matter when the
     // server is reached through a proxy that also streams to us).
     let window = DEFAULT_STREAM_WINDOW_BYTES;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<ShardfeedServer<ShardfeedService>>()
-        .await;
+    set_health(&health_reporter, tonic_health::ServingStatus::NotServing).await;
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_started = async move {
         let _ = drain_rx.await;
@@ -211,36 +216,44 @@ pub async fn serve(
         }
     };
     let mut server = std::pin::pin!(server);
+    let mut shutdown = std::pin::pin!(shutdown);
+    // Startup first: one already done is SERVING before the first request.
     tokio::select! {
+        biased;
+        started = startup => {
+            started.map_err(ServeError::Startup)?;
+            lifecycle.started.cancel();
+            set_health(&health_reporter, tonic_health::ServingStatus::Serving).await;
+            tracing::info!("ready: SERVING");
+            tokio::select! {
+                result = &mut server => return result.map_err(ServeError::from),
+                () = &mut shutdown => {}
+            }
+        }
+        () = &mut shutdown => {}
         result = &mut server => return result.map_err(ServeError::from),
-        () = shutdown => {}
     }
     // Drain: report NOT_SERVING (probes and new connections still get
     // answers), refuse new streams, let open ones send their batch in flight.
     tracing::info!(
         grace_seconds = grace.as_secs_f64(),
-        open_streams = shutdown_handle.open_streams(),
+        open_streams = lifecycle.open_streams(),
         "shutting down: NOT_SERVING, draining open streams"
     );
-    health_reporter
-        .set_not_serving::<ShardfeedServer<ShardfeedService>>()
-        .await;
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
-    shutdown_handle.drain.cancel();
+    set_health(&health_reporter, tonic_health::ServingStatus::NotServing).await;
+    lifecycle.drain.cancel();
     // Every open stream holds a token of the tracker: once closed, `wait`
     // resolves when the last one is dropped.
-    shutdown_handle.open.close();
+    lifecycle.open.close();
     tokio::select! {
         result = &mut server => return result.map_err(ServeError::from),
-        drained = tokio::time::timeout(grace, shutdown_handle.open.wait()) => {
+        drained = tokio::time::timeout(grace, lifecycle.open.wait()) => {
             if drained.is_err() {
                 tracing::warn!(
-                    open_streams = shutdown_handle.open_streams(),
+                    open_streams = lifecycle.open_streams(),
                     "grace period over; ending the streams still open"
                 );
-                shutdown_handle.abort.cancel();
+                lifecycle.abort.cancel();
             }
         }
     }
@@ -250,6 +263,20 @@ pub async fn serve(
         Ok(result) => result.map_err(ServeError::from),
         Err(_) => Ok(()),
     }
+}
+
+/// The status of the whole server ("") and of the Shardfeed service.
+async fn set_health(
+    reporter: &tonic_health::server::HealthReporter,
+    status: tonic_health::ServingStatus,
+) {
+    reporter.set_service_status("", status).await;
+    reporter
+        .set_service_status(
+            <ShardfeedServer<ShardfeedService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
 }
 
 /// A server on a local listener, run in this process: the one in-process
@@ -283,6 +310,7 @@ impl LocalServer {
         let task = tokio::spawn(serve(
             listener,
             service,
+            std::future::ready(Ok(())),
             async move {
                 let _ = stopped.await;
             },

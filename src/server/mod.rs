@@ -24,7 +24,7 @@ pub mod pb {
 
 pub use client::{check_health, connect};
 pub use listen::{serve, ListenAddr, Listener, LocalServer, ServeError, DEFAULT_SHUTDOWN_GRACE};
-pub use service::{rule_allows, ServiceConfig, ShardfeedService, ShutdownHandle};
+pub use service::{rule_allows, Lifecycle, ServiceConfig, ShardfeedService};
 pub use status::{status_code, ServiceError};
 
 // The server's limits, in one place.

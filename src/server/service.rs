@@ -63,22 +63,24 @@ pub struct ShardfeedService {
     engine: Arc<Engine>,
     config: ServiceConfig,
     streams: Arc<Semaphore>,
-    shutdown: ShutdownHandle,
+    lifecycle: Lifecycle,
     /// Shared-memory rings, when serving on a Unix socket.
     rings: Option<Arc<RingRegistry>>,
 }
 
-/// Lets `serve` drain the service: `drain` makes streams end after the batch
-/// in flight, `abort` ends them at once (grace period over), and `open`
-/// tracks the streams still open: each holds a token until it is dropped.
+/// Lets `serve` start and drain the service: requests are refused until
+/// `started` (the disk cache is open), `drain` makes streams end after the
+/// batch in flight, `abort` ends them at once (grace period over), and
+/// `open` tracks the streams still open: each holds a token until dropped.
 #[derive(Debug, Clone)]
-pub struct ShutdownHandle {
+pub struct Lifecycle {
+    pub(super) started: CancellationToken,
     pub(super) drain: CancellationToken,
     pub(super) abort: CancellationToken,
     pub(super) open: TaskTracker,
 }
 
-impl ShutdownHandle {
+impl Lifecycle {
     pub fn open_streams(&self) -> usize {
         self.open.len()
     }
@@ -89,7 +91,8 @@ impl ShardfeedService {
         Self {
             engine: Arc::new(engine),
             streams: Arc::new(Semaphore::new(config.max_streams)),
-            shutdown: ShutdownHandle {
+            lifecycle: Lifecycle {
+                started: CancellationToken::new(),
                 drain: CancellationToken::new(),
                 abort: CancellationToken::new(),
                 open: TaskTracker::new(),
@@ -106,8 +109,19 @@ impl ShardfeedService {
         self
     }
 
-    pub fn shutdown_handle(&self) -> ShutdownHandle {
-        self.shutdown.clone()
+    pub fn lifecycle(&self) -> Lifecycle {
+        self.lifecycle.clone()
+    }
+
+    /// Refuses requests before the server has started or while it drains.
+    fn check_serving(&self) -> Result<(), ServiceError> {
+        if !self.lifecycle.started.is_cancelled() {
+            return Err(ServiceError::Starting);
+        }
+        if self.lifecycle.drain.is_cancelled() {
+            return Err(ServiceError::Draining);
+        }
+        Ok(())
     }
 
     pub fn into_server(self) -> ShardfeedServer<Self> {
@@ -137,9 +151,7 @@ impl ShardfeedService {
         &self,
         request: pb::StreamBatchesRequest,
     ) -> Result<BatchStream, ServiceError> {
-        if self.shutdown.drain.is_cancelled() {
-            return Err(ServiceError::Draining);
-        }
+        self.check_serving()?;
         self.check_allowed(&request.dataset)?;
         let wants_shared = request.transport == pb::Transport::SharedMemory as i32;
         let mut request = stream_request(&request, self.engine.config().default_shuffle)?;
@@ -173,8 +185,8 @@ impl ShardfeedService {
             metrics: stream.metrics,
             waiting_since: None,
             next_index,
-            drain: Box::pin(self.shutdown.drain.clone().cancelled_owned()),
-            abort: Box::pin(self.shutdown.abort.clone().cancelled_owned()),
+            drain: Box::pin(self.lifecycle.drain.clone().cancelled_owned()),
+            abort: Box::pin(self.lifecycle.abort.clone().cancelled_owned()),
             draining: false,
             sent_since_drain: false,
             finished: false,
@@ -185,7 +197,7 @@ impl ShardfeedService {
             awaiting_collection: None,
             span: stream.span,
             _active: ActiveStream::open(),
-            _open: self.shutdown.open.token(),
+            _open: self.lifecycle.open.token(),
             _permit: permit,
             _memory: stream.reservation,
         })
@@ -648,6 +660,7 @@ impl Shardfeed for ShardfeedService {
             let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
             let world_size = request.world_size.max(1);
             let partition = partition(request.partition)?;
+            self.check_serving()?;
             self.check_allowed(&request.dataset)?;
             let summary = self
                 .engine

@@ -33,6 +33,8 @@ pub enum ServiceError {
     NotAllowed { dataset: String, rules: Vec<String> },
     #[error("shardfeed is draining (shutting down); retry on its replacement")]
     Draining,
+    #[error("shardfeed is starting (opening its disk cache); retry shortly")]
+    Starting,
 }
 
 impl ServiceError {
@@ -138,7 +140,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             ServiceError::InvalidArgument(_) => Some(Code::InvalidArgument),
             ServiceError::TooManyStreams(_) => Some(Code::ResourceExhausted),
             ServiceError::NotAllowed { .. } => Some(Code::PermissionDenied),
-            ServiceError::Draining => Some(Code::Unavailable),
+            ServiceError::Draining | ServiceError::Starting => Some(Code::Unavailable),
             ServiceError::Engine(_) | ServiceError::Pipeline(_) => None,
         };
     }

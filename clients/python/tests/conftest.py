@@ -155,20 +155,20 @@ def start_server(s3: S3, listen: str, *extra: str) -> Server:
 
 
 def wait_ready(target: str, process: subprocess.Popen[bytes]) -> None:
-    import grpc
+    """Until the server reports SERVING (it listens before its cache is open)."""
+    from shardfeed import Client, ShardfeedError
 
-    options = [("grpc.default_authority", "localhost")] if target.startswith("unix:") else []
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"shardfeed exited with {process.returncode}")
-        with grpc.insecure_channel(target, options=options) as channel:
+    with Client(target) as client:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"shardfeed exited with {process.returncode}")
             try:
-                grpc.channel_ready_future(channel).result(timeout=0.5)
+                client.wait_until_serving(timeout=0.5)
                 return
-            except grpc.FutureTimeoutError:
-                pass
-    raise RuntimeError("shardfeed did not start listening")
+            except ShardfeedError:
+                if time.monotonic() > deadline:
+                    raise
 
 
 @pytest.fixture(scope="session")

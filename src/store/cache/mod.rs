@@ -16,6 +16,14 @@
 //! no stream has announced. LRU alone re-downloads everything every epoch when
 //! the cache is smaller than the dataset and the order changes per epoch.
 //!
+//! Eviction costs what it evicts, not what the cache holds: entries are kept
+//! in order of last use, and a victim is found by walking from the oldest,
+//! skipping only entries busy downloading and (for the planned policy) the
+//! announced ones, which are bounded by the streams' shard sequences. A cache
+//! of a million loose objects evicts one without looking at the rest. Files
+//! are renamed aside under the lock and unlinked after it is released, so a
+//! reader never waits for the file system to free a large file.
+//!
 //! Listings and object metadata are cached in memory for `metadata_ttl`
 //! (default: the life of the process; datasets are static during training).
 
@@ -168,9 +176,77 @@ struct Hint {
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<String, Entry>,
+    /// Entry ids by last use (a clock value no two entries share), oldest
+    /// first: eviction walks from the front.
+    recency: BTreeMap<u64, String>,
     used: u64,
     clock: u64,
     hints: HashMap<String, Hint>,
+    /// Each announced location's distance to its next use over all hints;
+    /// rebuilt (O(announced)) by the first eviction after a hint moved.
+    next_use: Option<HashMap<String, usize>>,
+}
+
+impl State {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The entry `id`, created without blocks if missing, marked used now.
+    fn touch(&mut self, id: &str, meta: &EntryMeta) -> &mut Entry {
+        let now = self.tick();
+        let entry = self.entries.entry(id.to_string()).or_insert_with(|| Entry {
+            meta: EntryMeta {
+                blocks: BTreeMap::new(),
+                ..meta.clone()
+            },
+            last_used: 0,
+            inflight: HashMap::new(),
+        });
+        self.recency.remove(&entry.last_used);
+        entry.last_used = now;
+        self.recency.insert(now, id.to_string());
+        entry
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Entry> {
+        let entry = self.entries.remove(id)?;
+        self.recency.remove(&entry.last_used);
+        self.used = self.used.saturating_sub(entry.bytes());
+        Some(entry)
+    }
+
+    /// Removes `id` if it holds no block and downloads none (a download
+    /// that failed or found no room): nothing is kept for objects not cached.
+    fn forget_if_empty(&mut self, id: &str) -> bool {
+        let empty = self
+            .entries
+            .get(id)
+            .is_some_and(|entry| entry.meta.blocks.is_empty() && entry.inflight.is_empty());
+        if empty {
+            self.remove(id);
+        }
+        empty
+    }
+
+    fn hints_moved(&mut self) {
+        self.next_use = None;
+    }
+
+    fn next_use(&mut self) -> &HashMap<String, usize> {
+        let hints = &self.hints;
+        self.next_use.get_or_insert_with(|| {
+            let mut next_use: HashMap<String, usize> = HashMap::new();
+            for hint in hints.values() {
+                for (distance, location) in hint.sequence[hint.cursor..].iter().enumerate() {
+                    let slot = next_use.entry(location.clone()).or_insert(distance);
+                    *slot = (*slot).min(distance);
+                }
+            }
+            next_use
+        })
+    }
 }
 
 #[derive(Debug, Default)]
@@ -207,9 +283,10 @@ fn entry_id(location: &str, etag: &str) -> String {
     format!("{:016x}{:016x}", first.finish(), second.finish())
 }
 
-/// Whether `name` is one of an entry's files: `<id>.json`, `<id>.data`, or
-/// a leftover `<id>.json.tmp` of an interrupted write, `<id>` being what
-/// [`entry_id`] makes (32 lowercase hex digits).
+/// Whether `name` is one of an entry's files: `<id>.json`, `<id>.data`, a
+/// leftover `<id>.json.tmp` of an interrupted write or `<id>.evicted` of an
+/// interrupted eviction, `<id>` being what [`entry_id`] makes (32 lowercase
+/// hex digits).
 fn is_entry_file(name: &str) -> bool {
     let Some((id, extension)) = name.split_once('.') else {
         return false;
@@ -218,7 +295,18 @@ fn is_entry_file(name: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && matches!(extension, "json" | "data" | "json.tmp")
+        && matches!(extension, "json" | "data" | "json.tmp" | EVICTED)
+}
+
+/// The extension of an evicted entry's data file, renamed aside until it is
+/// unlinked outside the state lock.
+const EVICTED: &str = "evicted";
+
+/// Unlinks data files renamed aside by evictions; called without the lock.
+fn remove_evicted(files: Vec<PathBuf>) {
+    for file in files {
+        let _ = std::fs::remove_file(file);
+    }
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> CacheError {
@@ -229,70 +317,64 @@ fn io_error(path: &Path, source: std::io::Error) -> CacheError {
 }
 
 impl DiskCache {
-    /// Opens (or creates) the cache and adopts the entries a previous run left.
+    /// Opens (or creates) the cache and adopts the entries a previous run
+    /// left, oldest first by their data's last write (so least-recently-used
+    /// order survives a restart). Reads every entry's metadata: with
+    /// millions of entries this takes a while, so the server calls it after
+    /// it listens (see `server::serve`'s startup).
     pub fn open(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
         std::fs::create_dir_all(&config.dir).map_err(|e| io_error(&config.dir, e))?;
         let lock = lock_dir(&config.dir)?;
-        let mut state = State::default();
+        let started = std::time::Instant::now();
+        let mut adopted = Vec::new();
         let mut healed = 0usize;
-        for item in std::fs::read_dir(&config.dir).map_err(|e| io_error(&config.dir, e))? {
+        for (scanned, item) in std::fs::read_dir(&config.dir)
+            .map_err(|e| io_error(&config.dir, e))?
+            .enumerate()
+        {
+            if scanned > 0 && scanned % 200_000 == 0 {
+                tracing::info!(
+                    dir = %config.dir.display(),
+                    files = scanned,
+                    entries = adopted.len(),
+                    "opening the disk cache"
+                );
+            }
             let path = item.map_err(|e| io_error(&config.dir, e))?.path();
             // Only the cache's own files are adopted or removed: the
             // directory may hold anything else (a shared volume, a mistake).
-            if !path
-                .file_name()
-                .is_some_and(|name| is_entry_file(&name.to_string_lossy()))
-            {
+            let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
                 continue;
-            }
-            let is_meta = path.extension().is_some_and(|ext| ext == "json");
-            if !is_meta {
-                // Data files are adopted through their metadata; leftovers of
-                // interrupted writes are removed.
-                if path.extension().is_some_and(|ext| ext == "tmp") {
-                    let _ = std::fs::remove_file(&path);
-                }
-                continue;
-            }
-            let adopted = std::fs::read(&path)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<EntryMeta>(&bytes).ok())
-                .filter(|meta| meta.block_size == config.block_size);
-            let id = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-            let data_len = |id: &str| {
-                std::fs::metadata(config.dir.join(format!("{id}.data")))
-                    .ok()
-                    .map(|m| m.len())
             };
-            match (adopted, id) {
-                (Some(mut meta), Some(id)) if data_len(&id).is_some() => {
-                    // A data file cut short (a crash, a full disk, someone
-                    // else) loses the blocks past its end: forget them now
-                    // rather than discover them one failed read at a time.
-                    let len = data_len(&id).unwrap_or(0);
-                    let before = meta.blocks.len();
-                    let block_size = meta.block_size;
-                    let size = meta.size;
-                    meta.blocks.retain(|&block, _| {
-                        block * block_size + block_size.min(size.saturating_sub(block * block_size))
-                            <= len
-                    });
-                    if meta.blocks.len() != before {
-                        healed += before - meta.blocks.len();
-                        let _ = write_meta_file(&config.dir, &id, &meta);
-                    }
-                    let entry = Entry {
-                        meta,
-                        last_used: 0,
-                        inflight: HashMap::new(),
-                    };
-                    state.used += entry.bytes();
-                    state.entries.insert(id, entry);
-                }
-                _ => {
+            if !is_entry_file(&name) {
+                continue;
+            }
+            let Some((id, extension)) = name.split_once('.') else {
+                continue;
+            };
+            if extension != "json" {
+                // Data files are adopted through their metadata; leftovers of
+                // interrupted writes and evictions are removed.
+                if extension != "data" {
                     let _ = std::fs::remove_file(&path);
                 }
+                continue;
             }
+            match adopt(&config, id, &path, &mut healed) {
+                Some((written, meta)) => adopted.push((written, id.to_string(), meta)),
+                None => {
+                    let _ = std::fs::remove_file(&path);
+                    let _ = std::fs::remove_file(config.dir.join(format!("{id}.data")));
+                }
+            }
+        }
+        adopted.sort_by_key(|(written, _, _)| *written);
+        let mut state = State::default();
+        for (_, id, meta) in adopted {
+            let entry = state.touch(&id, &meta);
+            entry.meta = meta;
+            let bytes = entry.bytes();
+            state.used += bytes;
         }
         if healed > 0 {
             tracing::warn!(
@@ -305,6 +387,7 @@ impl DiskCache {
             dir = %config.dir.display(),
             entries = state.entries.len(),
             bytes = state.used,
+            seconds = started.elapsed().as_secs_f64(),
             "disk cache opened"
         );
         let cache = Arc::new(Self {
@@ -317,6 +400,25 @@ impl DiskCache {
         });
         cache.publish_usage();
         Ok(cache)
+    }
+
+    /// Entries held (each a cached object, some of its blocks present).
+    pub fn entries(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// The least recently used entry found the way eviction found it before
+    /// it kept entries in order: a scan of every entry under the lock. For
+    /// the cache-scale benchmark's baseline.
+    #[cfg(feature = "dev")]
+    pub fn oldest_by_full_scan(&self) -> Option<String> {
+        let state = self.lock();
+        state
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.inflight.is_empty() && !entry.meta.blocks.is_empty())
+            .min_by_key(|(_, entry)| entry.last_used)
+            .map(|(id, _)| id.clone())
     }
 
     pub fn config(&self) -> &CacheConfig {
@@ -343,8 +445,8 @@ impl DiskCache {
     /// seed, rank, world size), so the next epoch's stream replaces it.
     pub fn announce(&self, stream: &str, sequence: Vec<String>) {
         let mut state = self.lock();
-        state.clock += 1;
-        let updated = state.clock;
+        let updated = state.tick();
+        state.hints_moved();
         state.hints.insert(
             stream.to_string(),
             Hint {
@@ -368,22 +470,33 @@ impl DiskCache {
     /// The stream has started reading `location`: its hints before it are past.
     pub fn reached(&self, stream: &str, location: &str) {
         let mut state = self.lock();
-        state.clock += 1;
-        let clock = state.clock;
-        if let Some(hint) = state.hints.get_mut(stream) {
-            if let Some(offset) = hint.sequence[hint.cursor..]
-                .iter()
-                .position(|l| l == location)
-            {
-                hint.cursor += offset;
+        let clock = state.tick();
+        let Some(hint) = state.hints.get_mut(stream) else {
+            return;
+        };
+        hint.updated = clock;
+        if let Some(offset) = hint.sequence[hint.cursor..]
+            .iter()
+            .position(|l| l == location)
+        {
+            hint.cursor += offset;
+            if offset > 0 {
+                state.hints_moved();
             }
-            hint.updated = clock;
         }
     }
 
-    /// Frees room for `bytes` more, evicting per policy. Returns false if
-    /// nothing (else) can be evicted; the caller then does not cache.
-    fn make_room(&self, state: &mut State, keep: &str, bytes: u64) -> bool {
+    /// Frees room for `bytes` more, evicting per policy; the victims' data
+    /// files go to `evicted`, for the caller to unlink once it has let go of
+    /// the lock. Returns false if nothing (else) can be evicted; the caller
+    /// then does not cache.
+    fn make_room(
+        &self,
+        state: &mut State,
+        keep: &str,
+        bytes: u64,
+        evicted: &mut Vec<PathBuf>,
+    ) -> bool {
         loop {
             let over_limit = state.used + bytes > self.config.max_bytes;
             let low_disk = !self.disk_has_room(bytes);
@@ -393,51 +506,63 @@ impl DiskCache {
             let Some(victim) = self.pick_victim(state, keep) else {
                 return false;
             };
-            self.evict(state, &victim);
+            self.evict(state, &victim, evicted);
         }
     }
 
-    fn evict(&self, state: &mut State, victim: &str) {
-        if let Some(entry) = state.entries.remove(victim) {
-            state.used -= entry.bytes();
-            let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.json")));
-            let _ = std::fs::remove_file(self.config.dir.join(format!("{victim}.data")));
+    fn evict(&self, state: &mut State, victim: &str, evicted: &mut Vec<PathBuf>) {
+        if let Some(entry) = state.remove(victim) {
+            evicted.extend(self.set_aside(victim));
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             ::metrics::counter!(metrics::CACHE_EVICTIONS).increment(1);
             tracing::debug!(location = %entry.meta.location, "evicted from the disk cache");
         }
     }
 
-    fn pick_victim(&self, state: &State, keep: &str) -> Option<String> {
-        let candidates = state.entries.iter().filter(|(id, entry)| {
-            id.as_str() != keep && entry.inflight.is_empty() && !entry.meta.blocks.is_empty()
-        });
-        match self.config.policy {
-            EvictionPolicy::Lru => candidates
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(id, _)| id.clone()),
+    /// Takes a removed entry's files out of the cache, under the state lock
+    /// so a new entry of the same id starts with none: the metadata is
+    /// removed and the data renamed aside (both quick); the returned file is
+    /// unlinked later, outside the lock (freeing a large file is not quick).
+    fn set_aside(&self, id: &str) -> Option<PathBuf> {
+        let _ = std::fs::remove_file(self.config.dir.join(format!("{id}.json")));
+        let aside = self.config.dir.join(format!("{id}.{EVICTED}"));
+        std::fs::rename(self.config.dir.join(format!("{id}.data")), &aside)
+            .ok()
+            .map(|()| aside)
+    }
+
+    /// The entry to evict: the least recently used one, or under the planned
+    /// policy the oldest no stream announced, else the one announced
+    /// furthest ahead. Entries downloading, empty or `keep` are skipped.
+    fn pick_victim(&self, state: &mut State, keep: &str) -> Option<String> {
+        let next_use = match self.config.policy {
+            EvictionPolicy::Lru => None,
             EvictionPolicy::Planned => {
-                // Distance to each location's next announced use, over all streams.
-                let mut next_use: HashMap<&str, usize> = HashMap::new();
-                for hint in state.hints.values() {
-                    for (distance, location) in hint.sequence[hint.cursor..].iter().enumerate() {
-                        let slot = next_use.entry(location.as_str()).or_insert(distance);
-                        *slot = (*slot).min(distance);
-                    }
+                state.next_use();
+                state.next_use.as_ref()
+            }
+        };
+        let mut furthest: Option<(usize, &String)> = None;
+        for id in state.recency.values() {
+            let Some(entry) = state.entries.get(id) else {
+                continue;
+            };
+            if id == keep || !entry.inflight.is_empty() || entry.meta.blocks.is_empty() {
+                continue;
+            }
+            let Some(next_use) = next_use else {
+                return Some(id.clone());
+            };
+            match next_use.get(&entry.meta.location) {
+                None => return Some(id.clone()),
+                // Ties go to the older entry, met first.
+                Some(&distance) if furthest.is_none_or(|(best, _)| distance > best) => {
+                    furthest = Some((distance, id));
                 }
-                // Never-needed entries go first (oldest first), then the one
-                // needed furthest away.
-                candidates
-                    .max_by_key(|(_, e)| {
-                        let distance = next_use
-                            .get(e.meta.location.as_str())
-                            .copied()
-                            .unwrap_or(usize::MAX);
-                        (distance, u64::MAX - e.last_used)
-                    })
-                    .map(|(id, _)| id.clone())
+                Some(_) => {}
             }
         }
+        furthest.map(|(_, id)| id.clone())
     }
 
     fn disk_has_room(&self, bytes: u64) -> bool {
@@ -475,9 +600,14 @@ impl DiskCache {
     /// and intact (data file deleted, truncated, corrupted, replaced) is
     /// dropped from the entry, counted and logged: the caller fetches it
     /// again instead of trying the disk forever.
-    fn read_block_from_disk(&self, id: &str, meta: &EntryMeta, block: u64) -> Option<Bytes> {
+    fn read_block_from_disk(
+        &self,
+        id: &str,
+        meta: &EntryMeta,
+        block: u64,
+        expected: u32,
+    ) -> Option<Bytes> {
         use std::os::unix::fs::FileExt;
-        let expected = *meta.blocks.get(&block)?;
         let len = block_len(meta, block) as usize;
         let path = self.config.dir.join(format!("{id}.data"));
         let read = std::fs::File::open(&path).and_then(|file| {
@@ -493,12 +623,18 @@ impl DiskCache {
         self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
         ::metrics::counter!(metrics::CACHE_CORRUPT).increment(1);
         tracing::warn!(location = %meta.location, block, file = %path.display(), "cache block {problem}; fetching it again");
-        let mut state = self.lock();
-        if let Some(entry) = state.entries.get_mut(id) {
-            if entry.meta.blocks.remove(&block).is_some() {
-                state.used = state.used.saturating_sub(len as u64);
-            }
-            drop(state);
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let entry = state.entries.get_mut(id)?;
+        if entry.meta.blocks.remove(&block).is_some() {
+            state.used = state.used.saturating_sub(len as u64);
+        }
+        if state.forget_if_empty(id) {
+            let aside = self.set_aside(id);
+            drop(guard);
+            remove_evicted(aside.into_iter().collect());
+        } else {
+            drop(guard);
             let _ = self.persist_meta(id);
         }
         None
@@ -556,17 +692,50 @@ impl DiskCache {
     /// before our own limits said so). False if nothing could be evicted.
     fn evict_at_least(&self, keep: &str, bytes: u64) -> bool {
         let mut state = self.lock();
+        let mut evicted = Vec::new();
         let mut freed = 0;
         while freed < bytes {
-            let Some(victim) = self.pick_victim(&state, keep) else {
-                return freed > 0;
+            let Some(victim) = self.pick_victim(&mut state, keep) else {
+                break;
             };
             let before = state.used;
-            self.evict(&mut state, &victim);
+            self.evict(&mut state, &victim, &mut evicted);
             freed += before - state.used;
         }
-        true
+        drop(state);
+        remove_evicted(evicted);
+        freed > 0 || bytes == 0
     }
+}
+
+/// One entry a previous run left: its metadata and when its data was last
+/// written, with blocks past the data file's end dropped (a crash, a full
+/// disk, someone else cut it short: forget them now rather than discover
+/// them one failed read at a time). `None`: nothing worth keeping.
+fn adopt(
+    config: &CacheConfig,
+    id: &str,
+    meta_path: &Path,
+    healed: &mut usize,
+) -> Option<(std::time::SystemTime, EntryMeta)> {
+    let mut meta = std::fs::read(meta_path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<EntryMeta>(&bytes).ok())
+        .filter(|meta| meta.block_size == config.block_size)?;
+    let data = std::fs::metadata(config.dir.join(format!("{id}.data"))).ok()?;
+    let (len, block_size, size) = (data.len(), meta.block_size, meta.size);
+    let before = meta.blocks.len();
+    meta.blocks.retain(|&block, _| {
+        block * block_size + block_size.min(size.saturating_sub(block * block_size)) <= len
+    });
+    if meta.blocks.is_empty() {
+        return None;
+    }
+    if meta.blocks.len() != before {
+        *healed += before - meta.blocks.len();
+        let _ = write_meta_file(&config.dir, id, &meta);
+    }
+    Some((data.modified().unwrap_or(std::time::UNIX_EPOCH), meta))
 }
 
 fn write_meta_file(dir: &Path, id: &str, meta: &EntryMeta) -> std::io::Result<()> {

@@ -58,22 +58,9 @@ impl BlockSource {
             }
             let found = {
                 let mut state = self.cache.lock();
-                state.clock += 1;
-                let clock = state.clock;
-                let entry = state
-                    .entries
-                    .entry(id.to_string())
-                    .or_insert_with(|| Entry {
-                        meta: EntryMeta {
-                            blocks: BTreeMap::new(),
-                            ..meta.clone()
-                        },
-                        last_used: clock,
-                        inflight: HashMap::new(),
-                    });
-                entry.last_used = clock;
-                if entry.meta.blocks.contains_key(&block) {
-                    Ok(entry.meta.clone())
+                let entry = state.touch(id, meta);
+                if let Some(&checksum) = entry.meta.blocks.get(&block) {
+                    Ok(checksum)
                 } else if let Some(download) = entry.inflight.get(&block) {
                     Err(download.clone())
                 } else {
@@ -86,14 +73,15 @@ impl BlockSource {
                     Err(download)
                 }
             };
-            let entry_meta = match found {
-                Ok(entry_meta) => entry_meta,
+            let checksum = match found {
+                Ok(checksum) => checksum,
                 Err(download) => return download.await,
             };
             let cache = self.cache.clone();
             let owned_id = id.to_string();
+            let meta = meta.clone();
             let from_disk = tokio::task::spawn_blocking(move || {
-                cache.read_block_from_disk(&owned_id, &entry_meta, block)
+                cache.read_block_from_disk(&owned_id, &meta, block, checksum)
             })
             .await
             .ok()
@@ -126,9 +114,11 @@ impl BlockSource {
         let bytes = match read_range(self.inner.as_ref(), &key, range, Some(&meta.etag)).await {
             Ok(bytes) => bytes,
             Err(error) => {
-                if let Some(entry) = cache.lock().entries.get_mut(&id) {
+                let mut state = cache.lock();
+                if let Some(entry) = state.entries.get_mut(&id) {
                     entry.inflight.remove(&block);
                 }
+                state.forget_if_empty(&id);
                 return Err(error);
             }
         };
@@ -174,15 +164,17 @@ impl CacheStore {
 /// Writes a downloaded block and records it; false if it was not cached.
 fn store_block(cache: &DiskCache, id: &str, meta: &EntryMeta, block: u64, data: &[u8]) -> bool {
     let len = data.len() as u64;
+    let mut evicted = Vec::new();
     let room = {
         let mut state = cache.lock();
-        let room = cache.make_room(&mut state, id, len);
+        let room = cache.make_room(&mut state, id, len, &mut evicted);
         if room {
             // Reserve the space before writing, released if the write fails.
             state.used += len;
         }
         room
     };
+    remove_evicted(evicted);
     let written = room
         && match cache.write_block(id, meta, block, data) {
             Ok(()) => true,
@@ -195,16 +187,22 @@ fn store_block(cache: &DiskCache, id: &str, meta: &EntryMeta, block: u64, data: 
             }
         };
     let mut state = cache.lock();
+    if room && !written {
+        state.used -= len;
+    }
     let Some(entry) = state.entries.get_mut(id) else {
-        if room {
+        if written {
             state.used -= len;
         }
         return false;
     };
     entry.inflight.remove(&block);
     if !written {
-        if room {
-            state.used -= len;
+        // An object none of whose blocks could be kept leaves nothing behind.
+        if state.forget_if_empty(id) {
+            let aside = cache.set_aside(id);
+            drop(state);
+            remove_evicted(aside.into_iter().collect());
         }
         return false;
     }

@@ -30,6 +30,7 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Shardfeed"].full_name
+_HEALTH_SERVING = b"\x08\x01"
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
 _RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
 _TRANSPORTS = {
@@ -450,6 +451,40 @@ class Client:
             call_timeout=state["call_timeout"],
             batch_timeout=state["batch_timeout"],
         )
+
+    def wait_until_serving(self, timeout: float = 60.0) -> None:
+        """Blocks until the server's gRPC health says SERVING.
+
+        A starting server answers NOT_SERVING while it opens its disk cache
+        (and refuses requests with UNAVAILABLE); one not yet listening does
+        not answer. Raises ``ShardfeedError("DEADLINE_EXCEEDED", ...)``
+        naming the target and the last answer after ``timeout`` seconds.
+        """
+        self._get_stub()
+        assert self._channel is not None
+        check = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda service: service,
+            response_deserializer=lambda response: response,
+        )
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while True:
+            try:
+                # HealthCheckRequest{service: ""} is empty on the wire; the
+                # answer is HealthCheckResponse{status}, SERVING = 1.
+                status = check(b"", timeout=max(0.05, min(1.0, deadline - time.monotonic())))
+                if status == _HEALTH_SERVING:
+                    return
+                last = "NOT_SERVING"
+            except grpc.RpcError as exc:
+                last = f"{exc.code().name}: {exc.details()}"
+            if time.monotonic() >= deadline:
+                raise ShardfeedError(
+                    "DEADLINE_EXCEEDED",
+                    f"{self._target} was not SERVING after {timeout:g}s (last: {last})",
+                )
+            time.sleep(0.05)
 
     def describe(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,11 @@ def test_timeouts_must_be_positive() -> None:
 def test_bad_resize_is_rejected_before_any_rpc() -> None:
     with pytest.raises(ValueError, match="resize must be one of"):
         Client("127.0.0.1:1").batches("s3://b/", resize="squash")
+
+
+def test_waiting_for_a_server_that_is_not_there_names_it(tmp_path: Path) -> None:
+    target = f"unix:{tmp_path}/absent.sock"
+    with Client(target) as client, pytest.raises(ShardfeedError) as raised:
+        client.wait_until_serving(timeout=0.3)
+    assert raised.value.code == "DEADLINE_EXCEEDED"
+    assert target in str(raised.value)
