@@ -205,7 +205,8 @@ async fn scan_into(
     let format = ShardFormat::from_name(key).unwrap_or(ShardFormat::Tar);
     // Only keys and ranges are kept: the default layout reads nothing more.
     let layout = Arc::new(SampleLayout::default());
-    let mut splitter = SampleSplitter::for_format(format, 0, 0, DEFAULT_MAX_MEMBER_BYTES, layout);
+    let mut splitter =
+        SampleSplitter::for_format(format, 0, 0, DEFAULT_MAX_MEMBER_BYTES, layout).frames_only();
     let mut parts = std::pin::pin!(read_parts(store, key.to_string(), 0..size, etag, &read));
     while let Some(part) = parts.next().await {
         let (_, bytes) = part.map_err(ScanError::Store)?;

@@ -158,7 +158,7 @@ fn tfrecord_inputs(source: &Path, mut files: Vec<PathBuf>) -> Result<Listing, Pa
                 continue;
             }
             let example = Bytes::copy_from_slice(&data[range]);
-            match tfrecord::parse_example(example, &names) {
+            match tfrecord::parse_example(example, &names, &[]) {
                 Ok(example) => inputs.push(Input {
                     path: path.clone(),
                     key: unique_key(format!("{stem}/{record:08}"), &mut keys),
@@ -186,7 +186,7 @@ pub(super) fn read_record_image(
         .and_then(|_| file.read_exact(&mut framed))
         .map_err(|e| format!("unreadable: {e}"))?;
     let example = Bytes::from(framed).slice(12..(record.end - record.start) as usize - 4);
-    tfrecord::parse_example(example, &FeatureNames::default()).map(|e| e.image.to_vec())
+    tfrecord::parse_example(example, &FeatureNames::default(), &[]).map(|e| e.image.to_vec())
 }
 
 /// The ImageFolder layout: `source/<class>/**/<file>`, classes sorted. A

@@ -206,6 +206,20 @@ impl RawSample {
         Self::damaged(key, 0..0, "bad_shard", why)
     }
 
+    /// A sample known by its place only (a frames-only index scan).
+    fn framed(key: String, range: std::ops::Range<u64>) -> Self {
+        Self {
+            key,
+            name: None,
+            image: None,
+            label: Label::Missing,
+            start: range.start,
+            end: range.end,
+            unreadable: None,
+            fields: Vec::new(),
+        }
+    }
+
     fn damaged(
         key: String,
         range: std::ops::Range<u64>,
@@ -279,6 +293,13 @@ enum Framing {
         parser: RecordParser,
         /// The next record's number in the shard (its key).
         next_record: u64,
+        /// Only where records are, not what they hold (see
+        /// [`SampleSplitter::frames_only`]).
+        frames_only: bool,
+        /// Bytes of the current record still to drop as they are pushed,
+        /// and where it started (frames only).
+        skip: u64,
+        record_start: u64,
     },
 }
 
@@ -313,6 +334,9 @@ impl SampleSplitter {
             ShardFormat::TfRecord => Framing::TfRecord {
                 parser: RecordParser::new(offset, max_member),
                 next_record: first_sample,
+                frames_only: false,
+                skip: 0,
+                record_start: offset,
             },
         };
         Self {
@@ -323,10 +347,27 @@ impl SampleSplitter {
         }
     }
 
-    pub fn push(&mut self, chunk: &[u8]) {
-        if !self.ended {
-            self.buf.extend_from_slice(chunk);
+    /// For index scans, which keep keys and ranges: TFRecord samples are
+    /// found from their headers alone, and their data is dropped as it
+    /// arrives, so a scan holds at most a pushed chunk whatever a record's
+    /// size and parses no Example. (Tar samples are found as before.)
+    pub fn frames_only(mut self) -> Self {
+        if let Framing::TfRecord { frames_only, .. } = &mut self.framing {
+            *frames_only = true;
         }
+        self
+    }
+
+    pub fn push(&mut self, mut chunk: &[u8]) {
+        if self.ended {
+            return;
+        }
+        if let Framing::TfRecord { skip, .. } = &mut self.framing {
+            let dropped = (*skip).min(chunk.len() as u64);
+            *skip -= dropped;
+            chunk = &chunk[dropped as usize..];
+        }
+        self.buf.extend_from_slice(chunk);
     }
 
     /// The next complete sample, if the bytes pushed so far hold one.
@@ -366,6 +407,28 @@ impl SampleSplitter {
             Framing::TfRecord {
                 parser,
                 next_record,
+                frames_only: true,
+                skip,
+                record_start,
+            } => {
+                if *skip > 0 {
+                    return Ok(None);
+                }
+                let Some((start, end)) = parser.parse_frame(&self.buf)? else {
+                    return Ok(None);
+                };
+                let dropped = (end - start).min(self.buf.len() as u64);
+                self.buf.advance(dropped as usize);
+                *skip = end - start - dropped;
+                *record_start = start;
+                let key = format!("{:08}", *next_record);
+                *next_record += 1;
+                Ok(Some(RawSample::framed(key, start..end)))
+            }
+            Framing::TfRecord {
+                parser,
+                next_record,
+                ..
             } => match parser.parse(&self.buf)? {
                 tfrecord::Parsed::NeedMore(_) => Ok(None),
                 tfrecord::Parsed::Record {
@@ -404,6 +467,12 @@ impl SampleSplitter {
                 self.ended = true;
                 Ok(current.take())
             }
+            Framing::TfRecord {
+                skip, record_start, ..
+            } if *skip > 0 => Err(TfRecordError::Truncated {
+                offset: *record_start,
+            }
+            .into()),
             Framing::TfRecord { parser, .. } => {
                 parser.finish(self.buf.len())?;
                 self.ended = true;
@@ -528,7 +597,7 @@ fn example_sample(
         let why = "record fails its CRC32C".to_string();
         return Ok(RawSample::damaged(key, range, "corrupt", why));
     }
-    let mut example = match tfrecord::parse_example(record, names) {
+    let mut example = match tfrecord::parse_example(record, names, &layout.fields) {
         Ok(example) => example,
         Err(why) => return Ok(RawSample::damaged(key, range, "corrupt", why)),
     };
@@ -617,6 +686,58 @@ mod tests {
         splitter.push(&bytes[..1200]);
         assert!(splitter.next_sample().unwrap().is_none());
         assert!(splitter.finish().is_err());
+    }
+
+    #[test]
+    fn frames_only_scans_find_every_record_and_hold_no_more_than_a_chunk() {
+        use tfrecord::{example_bytes, write_record};
+        let mut shard = Vec::new();
+        for (i, size) in [10usize, 300_000, 0, 5000].into_iter().enumerate() {
+            write_record(
+                &mut shard,
+                &example_bytes(&vec![i as u8; size], Some(i as i64), &[]),
+            );
+        }
+        let full: Vec<_> = {
+            let mut splitter = tfrecord_splitter(0, 0);
+            splitter.push(&shard);
+            std::iter::from_fn(|| splitter.next_sample().unwrap()).collect()
+        };
+        assert_eq!(full.len(), 4);
+        for chunk in [1, 13, 4096, shard.len()] {
+            let mut splitter = tfrecord_splitter(0, 0).frames_only();
+            let mut found = Vec::new();
+            let mut held = 0;
+            for piece in shard.chunks(chunk) {
+                splitter.push(piece);
+                held = held.max(splitter.buf.len());
+                while let Some(sample) = splitter.next_sample().unwrap() {
+                    found.push(sample);
+                }
+            }
+            while let Some(sample) = splitter.finish().unwrap() {
+                found.push(sample);
+            }
+            let places = |samples: &[RawSample]| -> Vec<_> {
+                samples
+                    .iter()
+                    .map(|s| (s.key.clone(), s.start, s.end))
+                    .collect()
+            };
+            assert_eq!(places(&found), places(&full), "chunk {chunk}");
+            assert!(held <= chunk.max(12) + 12, "chunk {chunk}: held {held}");
+        }
+        // Cut inside the large record: an error naming where it starts.
+        let mut splitter = tfrecord_splitter(0, 0).frames_only();
+        splitter.push(&shard[..100_000]);
+        while splitter.next_sample().unwrap().is_some() {}
+        let error = splitter.finish().unwrap_err();
+        assert_eq!(
+            error,
+            ShardError::TfRecord(TfRecordError::Truncated {
+                offset: full[1].start
+            })
+        );
     }
 
     fn tfrecord_splitter(offset: u64, first_sample: u64) -> SampleSplitter {
