@@ -7,8 +7,10 @@ with ``num_workers=0`` (the default). See :class:`ShardfeedDataset`.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
+import struct
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -25,6 +27,8 @@ from ._client import (
 )
 
 __all__ = ["ShardfeedDataset"]
+
+_log = logging.getLogger("shardfeed")
 
 _LAYOUTS = ("NHWC", "NCHW")
 _STATE_VERSION = 1
@@ -45,14 +49,24 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     reused only once every view of it is gone.
 
     ``target`` defaults to ``$SHARDFEED_TARGET`` (the chart sets it), else
-    ``127.0.0.1:50051``. ``rank`` / ``world_size`` default to
-    ``torch.distributed`` when initialized, else ``RANK`` / ``WORLD_SIZE``,
-    read when iterating, not when constructed. Other keyword arguments
+    ``127.0.0.1:50051``. The stream is split across *data-parallel* ranks:
+    ``dp_rank`` / ``dp_size``, or ``device_mesh`` (the data-parallel
+    sub-mesh, e.g. ``mesh["dp"]``: tensor-, pipeline- and context-parallel
+    peers then receive identical batches). ``rank`` / ``world_size`` are
+    the same as ``dp_rank`` / ``dp_size``. Without any of them,
+    ``torch.distributed``'s rank and world size when initialized (right
+    only for pure data parallelism), else ``RANK`` / ``WORLD_SIZE``, read
+    when iterating, not when constructed. Other keyword arguments
     (``shuffle``, ``partition``, ``shuffle_buffer``, ``interleave``,
     ``transport`` ...) go to :meth:`shardfeed.Client.batches`.
 
-    ``set_epoch(e)`` selects the epoch (a fresh order and fresh augmentation
-    each epoch). ``len()`` is the epoch's batches per rank, asked of the
+    Epochs advance by themselves: an iteration after a pass that reached
+    the epoch's end streams the next epoch (a fresh order and fresh
+    augmentation), so frameworks that never call ``set_epoch`` on a dataset
+    (PyTorch Lightning) train on every epoch. ``set_epoch(e)`` chooses the
+    epoch of the next iteration, also one already streamed (logged once). A
+    pass cut short is streamed again from its start unless a state says
+    otherwise. ``len()`` is the epoch's batches per rank, asked of the
     server once per (world size, batch size). ``state_dict()`` records the
     epoch and the position of the last batch handed out;
     ``load_state_dict()`` makes the next iteration of that epoch resume right
@@ -79,6 +93,9 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         layout: str = "NHWC",
         rank: int | None = None,
         world_size: int | None = None,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+        device_mesh: Any = None,
         partition: str = "drop_last",
         **options: Any,
     ) -> None:
@@ -88,6 +105,24 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             raise ValueError(f"batch_size must be positive, not {batch_size}")
         if client is not None and target is not None:
             raise ValueError("pass target or client, not both")
+        given = [
+            name
+            for name, values in (
+                ("rank/world_size", (rank, world_size)),
+                ("dp_rank/dp_size", (dp_rank, dp_size)),
+                ("device_mesh", (device_mesh,)),
+            )
+            if any(value is not None for value in values)
+        ]
+        if len(given) > 1:
+            raise ValueError(f"pass one of {' or '.join(given)}, not several")
+        if dp_rank is not None or dp_size is not None:
+            rank, world_size = dp_rank, dp_size
+        if device_mesh is not None and getattr(device_mesh, "ndim", 1) != 1:
+            raise ValueError(
+                f"device_mesh has {device_mesh.ndim} dimensions: pass its data-parallel "
+                'sub-mesh (e.g. mesh["dp"]), whose ranks split the data'
+            )
         if client is None:
             client = Client(target or os.environ.get(TARGET_ENV) or _DEFAULT_TARGET)
         # The client opens its channel lazily, once per process: a dataset
@@ -101,6 +136,7 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self.layout = layout
         self.rank = rank
         self.world_size = world_size
+        self.device_mesh = device_mesh
         self.partition = partition
         self.options = options
         self._epoch = 0
@@ -110,23 +146,54 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         # Set by load_state_dict, used by the next iteration of its epoch.
         self._resume: EpochPosition | None = None
         self._lengths: dict[tuple[int, int, str], int] = {}
-        self._worker_flag = _SharedFlag()
+        # Counts explicit epoch choices (set_epoch, load_state_dict): a pass
+        # completed under the current count advances the epoch by itself.
+        self._choice = 0
+        self._repeat_logged = False
+        self._shared = _SharedState()
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        """The epoch the next (or current) iteration streams."""
+        return self._upcoming_epoch()
 
     def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch the next iteration streams. Setting the epoch a
+        """Chooses the epoch the next iteration streams. Setting the epoch a
         loaded state is in keeps its resume position."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, not {epoch}")
+        self._choice += 1
         if epoch != self._epoch:
             self._epoch = epoch
             self._position = EpochPosition()
             self._resume = None
 
+    def _upcoming_epoch(self) -> int:
+        # Under the same choice, a pass may also have completed in a worker,
+        # which advanced its own copy of the epoch before it.
+        completed = self._shared.completed()
+        if completed is not None and completed[1] == self._choice and completed[0] >= self._epoch:
+            return completed[0] + 1
+        return self._epoch
+
+    def _advance_if_completed(self) -> None:
+        upcoming = self._upcoming_epoch()
+        completed = self._shared.completed()
+        if upcoming != self._epoch:
+            self._epoch = upcoming
+            self._position = EpochPosition()
+            self._resume = None
+        elif completed is not None and completed[0] == self._epoch and not self._repeat_logged:
+            self._repeat_logged = True
+            _log.info(
+                "streaming epoch %d again, as set_epoch chose (the same order and "
+                "augmentation as its previous pass)",
+                self._epoch,
+            )
+
     def _rank_and_world(self) -> tuple[int, int]:
+        if self.device_mesh is not None:
+            return int(self.device_mesh.get_local_rank()), int(self.device_mesh.size())
         default_rank, default_world = distributed_rank_and_world()
         rank = default_rank if self.rank is None else self.rank
         world = default_world if self.world_size is None else self.world_size
@@ -155,7 +222,8 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                     "batches in parallel; use num_workers=0 (or 1 to receive in a background "
                     "process)."
                 )
-            self._worker_flag.set()
+            self._shared.set_worker_used()
+        self._advance_if_completed()
         rank, world = self._rank_and_world()
         # A loaded position stays loaded until the resumed stream delivers:
         # an attempt that fails before its first batch, retried, must not
@@ -188,21 +256,29 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             yield images, torch.from_numpy(batch.labels)
         # Resumed at the epoch's end: nothing was left, the position is spent.
         self._resume = None
+        # Seen by this process and, after a fork, by the one that made the
+        # dataset (a DataLoader worker's pass counts).
+        self._shared.set_completed(self._epoch, self._choice)
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain
         values for a checkpoint."""
-        if self._worker_flag.is_set():
+        if self._shared.worker_used():
             raise RuntimeError(
                 "ShardfeedDataset was iterated in a DataLoader worker, whose progress this "
                 "process cannot see: use num_workers=0 to checkpoint mid-epoch"
             )
-        position = self._resume if self._resume is not None else self._position
+        epoch = self._upcoming_epoch()
+        if epoch != self._epoch:
+            # The pass is complete: the next epoch, from its start.
+            position = EpochPosition()
+        else:
+            position = self._resume if self._resume is not None else self._position
         return {
             "version": _STATE_VERSION,
             "dataset": self.dataset,
             "seed": self.seed,
-            "epoch": self._epoch,
+            "epoch": epoch,
             "global_batch": self._global_batch(),
             "position": position.to_dict(),
         }
@@ -227,6 +303,7 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 f"of {state['global_batch']}; this job's is {global_batch}. Resume mid-epoch "
                 "with the same global batch, or start the next epoch."
             )
+        self._choice += 1
         self._epoch = int(state["epoch"])
         self._position = position
         self._resume = position if position.segments else None
@@ -236,25 +313,48 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        # An anonymous mapping does not pickle; a spawned worker gets its own.
-        state["_worker_flag"] = None
+        # An anonymous mapping does not pickle: a spawned worker gets its own
+        # copy of what it holds (its passes are not seen by the parent).
+        state["_shared"] = self._shared.snapshot()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        snapshot = state.pop("_shared")
         self.__dict__.update(state)
-        if self._worker_flag is None:
-            self._worker_flag = _SharedFlag()
+        self._shared = _SharedState(snapshot)
 
 
-class _SharedFlag:
-    """One byte in anonymous shared memory: set in a forked DataLoader worker,
-    seen by the process that made the dataset."""
+class _SharedState:
+    """A page of anonymous shared memory that a forked DataLoader worker
+    writes and the process that made the dataset reads: whether a worker
+    iterated, and the last epoch a pass completed with the epoch choice
+    count it ran under."""
 
-    def __init__(self) -> None:
+    _FORMAT = "<Bxxxxxxxqq"  # worker used; completed epoch + 1 (0: none); choice
+
+    def __init__(self, snapshot: bytes | None = None) -> None:
         self._page = mmap.mmap(-1, mmap.PAGESIZE)
+        if snapshot is not None:
+            self._page[: len(snapshot)] = snapshot
 
-    def set(self) -> None:
-        self._page[0] = 1
+    def snapshot(self) -> bytes:
+        return bytes(self._page[: struct.calcsize(self._FORMAT)])
 
-    def is_set(self) -> bool:
-        return self._page[0] == 1
+    def _read(self) -> tuple[int, int, int]:
+        used, epoch, choice = struct.unpack_from(self._FORMAT, self._page)
+        return used, epoch, choice
+
+    def set_worker_used(self) -> None:
+        _, epoch, choice = self._read()
+        struct.pack_into(self._FORMAT, self._page, 0, 1, epoch, choice)
+
+    def worker_used(self) -> bool:
+        return self._read()[0] == 1
+
+    def set_completed(self, epoch: int, choice: int) -> None:
+        used, _, _ = self._read()
+        struct.pack_into(self._FORMAT, self._page, 0, used, epoch + 1, choice)
+
+    def completed(self) -> tuple[int, int] | None:
+        _, epoch, recorded = self._read()
+        return None if epoch == 0 else (epoch - 1, recorded)

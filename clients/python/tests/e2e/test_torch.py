@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +117,8 @@ def test_resume_from_state_dict_gives_the_remaining_batches(
     assert len(rest) == len(full) - 4
     for (images, labels), (expected_images, expected_labels) in zip(rest, full[4:]):
         assert (images == expected_images).all() and (labels == expected_labels).all()
-    # Once consumed, the next pass of the epoch starts from its beginning.
+    # Once consumed, the next pass is the next epoch, whole.
+    assert resumed.epoch == 2
     assert len(_copies(resumed)) == len(full)
 
 
@@ -123,6 +127,7 @@ def test_a_failed_first_attempt_keeps_the_loaded_position(
 ) -> None:
     ds = _dataset(unix_server, dataset)
     full = _copies(ds)
+    ds.set_epoch(0)
     for step, _ in enumerate(ds):
         if step == 2:
             state = ds.state_dict()
@@ -173,6 +178,7 @@ def test_a_dataset_made_before_the_fork_works_in_a_worker(
     ds = _dataset(unix_server, dataset)
     assert len(ds) == 11  # the parent has used its channel before the fork
     in_process = _copies(ds)
+    ds.set_epoch(0)  # the same epoch again, on purpose
     in_worker = _copies(DataLoader(ds, batch_size=None, num_workers=1))
     assert len(in_worker) == len(in_process)
     for (images, labels), (expected_images, expected_labels) in zip(in_worker, in_process):
@@ -185,3 +191,94 @@ def test_several_workers_are_refused_with_what_to_do(unix_server: Server, datase
     loader = DataLoader(_dataset(unix_server, dataset), batch_size=None, num_workers=2)
     with pytest.raises(ValueError, match="use num_workers=0"):
         next(iter(loader))
+
+
+def test_epochs_advance_by_themselves_as_under_lightning(
+    unix_server: Server, dataset: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Lightning never calls set_epoch on a dataset: each pass must be the next epoch.
+    ds = _dataset(unix_server, dataset, augment="train")
+    passes = [_copies(ds) for _ in range(3)]
+    assert ds.epoch == 3
+    for epoch, batches in enumerate(passes):
+        chosen = _dataset(unix_server, dataset, augment="train")
+        chosen.set_epoch(epoch)
+        expected = _copies(chosen)
+        assert len(batches) == len(expected) == 11
+        for (images, labels), (want_images, want_labels) in zip(batches, expected):
+            assert (labels == want_labels).all(), f"pass {epoch} is epoch {epoch}"
+            assert (images == want_images).all()
+    orders = [np.concatenate([labels for _, labels in batches]).tolist() for batches in passes]
+    assert orders[0] != orders[1] != orders[2]
+
+    # A pass in a DataLoader worker counts too: the next pass is epoch 4.
+    in_worker = _copies(DataLoader(ds, batch_size=None, num_workers=1))
+    assert ds.epoch == 4
+    assert [labels.tolist() for _, labels in in_worker] != [
+        labels.tolist() for _, labels in passes[2]
+    ]
+
+    # Choosing an epoch already streamed streams it again, said once.
+    with caplog.at_level(logging.INFO, logger="shardfeed"):
+        ds.set_epoch(1)
+        again = _copies(ds)
+        ds.set_epoch(1)
+        _copies(ds)
+    assert all((a[1] == b[1]).all() for a, b in zip(again, passes[1]))
+    repeats = [r for r in caplog.records if "streaming epoch 1 again" in r.getMessage()]
+    assert len(repeats) == 1
+
+    # A checkpoint after a completed pass resumes at the next epoch's start.
+    fresh = _dataset(unix_server, dataset)
+    _copies(fresh)
+    state = fresh.state_dict()
+    assert state["epoch"] == 1 and state["position"]["segments"] == []
+
+
+def _mesh_rank(rank: int, init_file: str, target: str, uri: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        ds = ShardfeedDataset(
+            uri, client=Client(target), batch_size=8, image_size=32, device_mesh=mesh["dp"]
+        )
+        labels = [labels.tolist() for _, labels in ds]
+        Path(out, f"{rank}.json").write_text(json.dumps(labels))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tensor_parallel_peers_get_identical_batches_on_a_device_mesh(
+    server: Server, dataset: str, tmp_path: Path
+) -> None:
+    # Four processes on a 2 x 2 (dp, tp) gloo mesh, each its own rank.
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(
+            target=_mesh_rank,
+            args=(rank, str(tmp_path / "init"), server.target, dataset, str(tmp_path)),
+        )
+        for rank in range(4)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    labels = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(4)]
+    # Ranks 0, 1 hold dp index 0; ranks 2, 3 dp index 1.
+    assert labels[0] == labels[1] and labels[2] == labels[3], "tensor-parallel peers agree"
+    first = {label for batch in labels[0] for label in batch}
+    second = {label for batch in labels[2] for label in batch}
+    assert len(labels[0]) == len(labels[2]) == 90 // 16
+    assert not first & second, "data-parallel ranks are disjoint"
+
+
+def test_one_way_of_naming_the_rank(unix_server: Server, dataset: str) -> None:
+    with pytest.raises(ValueError, match="pass one of"):
+        _dataset(unix_server, dataset, dp_rank=0, dp_size=2)  # beside rank / world_size
+    ds = _dataset(unix_server, dataset, rank=None, world_size=None, dp_rank=1, dp_size=2)
+    assert (ds.rank, ds.world_size) == (1, 2)
