@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -30,6 +31,15 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Shardfeed"].full_name
+_log = logging.getLogger("shardfeed")
+
+TARGET_ENV = "SHARDFEED_TARGET"
+DEFAULT_TARGET = "127.0.0.1:50051"
+# A sidecar restart (drain, new pod process, socket back) takes seconds; a
+# node going away takes the trainer with it. Two minutes covers the first.
+DEFAULT_RECONNECT_TIMEOUT = 120.0
+_RECONNECT_FIRST_DELAY = 0.1
+_RECONNECT_MAX_DELAY = 5.0
 _HEALTH_SERVING = b"\x08\x01"
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
 _RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
@@ -368,12 +378,19 @@ class _IdleWatchdog:
 class Client:
     """Connects to one shardfeed server.
 
-    ``call_timeout`` is the deadline, in seconds, of each short call
-    (``describe``); ``batch_timeout`` is how long a stream may keep the caller
-    waiting for its next batch before it is cancelled with
-    ``DEADLINE_EXCEEDED`` (time the caller spends between batches does not
-    count, so long epochs and slow steps are fine). ``None`` disables either.
-    ``timeout`` is the former name of ``call_timeout``.
+    ``target`` defaults to ``$SHARDFEED_TARGET`` (the chart sets it), else
+    ``127.0.0.1:50051``. ``call_timeout`` is the deadline, in seconds, of
+    each short call (``describe``); ``batch_timeout`` is how long a stream
+    may keep the caller waiting for its next batch before it is cancelled
+    with ``DEADLINE_EXCEEDED`` (time the caller spends between batches does
+    not count, so long epochs and slow steps are fine). ``None`` disables
+    either. ``timeout`` is the former name of ``call_timeout``.
+
+    A stream that ends with ``UNAVAILABLE`` (the sidecar draining on
+    SIGTERM, restarting, or the connection lost) is reopened with bounded
+    exponential backoff and resumed right after the last batch it
+    delivered, for up to ``reconnect_timeout`` seconds per outage (``None``
+    or 0: fail at once); other codes fail at once.
 
     The channel is created lazily, once per process: a Client made before a
     DataLoader forks its workers is safe to use in each of them.
@@ -381,11 +398,12 @@ class Client:
 
     def __init__(
         self,
-        target: str = "127.0.0.1:50051",
+        target: str | None = None,
         *,
         call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
         batch_timeout: float | None = DEFAULT_BATCH_TIMEOUT,
         timeout: float | None = None,
+        reconnect_timeout: float | None = DEFAULT_RECONNECT_TIMEOUT,
     ) -> None:
         for name, value in (
             ("call_timeout", call_timeout),
@@ -394,7 +412,10 @@ class Client:
         ):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive or None, not {value!r}")
-        self._target = target
+        if reconnect_timeout is not None and reconnect_timeout < 0:
+            raise ValueError(f"reconnect_timeout must be >= 0 or None, not {reconnect_timeout!r}")
+        self._target = target or os.environ.get(TARGET_ENV) or DEFAULT_TARGET
+        self._reconnect_timeout = reconnect_timeout or 0.0
         self._call_timeout = timeout if timeout is not None else call_timeout
         self._batch_timeout = batch_timeout
         self._lock = threading.Lock()
@@ -443,6 +464,7 @@ class Client:
             "target": self._target,
             "call_timeout": self._call_timeout,
             "batch_timeout": self._batch_timeout,
+            "reconnect_timeout": self._reconnect_timeout,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -450,6 +472,17 @@ class Client:
             state["target"],
             call_timeout=state["call_timeout"],
             batch_timeout=state["batch_timeout"],
+            reconnect_timeout=state.get("reconnect_timeout", DEFAULT_RECONNECT_TIMEOUT),
+        )
+
+    def _unreachable(self, error: ShardfeedError) -> ShardfeedError:
+        """Names the target in an UNAVAILABLE error, and where it came from."""
+        if error.code != "UNAVAILABLE" or self._target in error.message:
+            return error
+        return ShardfeedError(
+            error.code,
+            f"{error.message} (target {self._target}: the Client's target, else "
+            f"${TARGET_ENV}, else {DEFAULT_TARGET})",
         )
 
     def wait_until_serving(self, timeout: float = 60.0) -> None:
@@ -505,7 +538,7 @@ class Client:
         try:
             response = self._get_stub().Describe(request, timeout=self._call_timeout)
         except grpc.RpcError as exc:
-            raise _error(exc) from None
+            raise self._unreachable(_error(exc)) from None
         return DatasetInfo(
             shards=response.shards,
             samples=response.samples,
@@ -620,6 +653,46 @@ class Client:
         return self._stream(request)
 
     def _stream(self, request: Any) -> Iterator[Batch]:
+        """The stream of ``request``, reopened after ``UNAVAILABLE`` right
+        after the last batch delivered (each batch carries its position)."""
+        outage_started: float | None = None
+        delay = _RECONNECT_FIRST_DELAY
+        while True:
+            try:
+                for batch in self._stream_once(request):
+                    outage_started, delay = None, _RECONNECT_FIRST_DELAY
+                    yield batch
+                    request.resume_from.Clear()
+                    request.resume_from.segments.extend(
+                        pb.PositionSegment(world_size=w, batches=b)
+                        for w, b in batch.position.segments
+                    )
+                    request.resume_from.dataset = batch.position.dataset
+                    request.start_batch = 0
+                return
+            except ShardfeedError as error:
+                if error.code != "UNAVAILABLE" or not self._reconnect_timeout:
+                    raise self._unreachable(error) from None
+                now = time.monotonic()
+                outage_started = now if outage_started is None else outage_started
+                left = outage_started + self._reconnect_timeout - now
+                if left <= 0:
+                    raise ShardfeedError(
+                        error.code,
+                        f"{error.message}; gave up reconnecting to {self._target} after "
+                        f"{self._reconnect_timeout:g}s (reconnect_timeout)",
+                    ) from None
+                _log.warning(
+                    "stream from %s ended with UNAVAILABLE (%s); reconnecting in %.1fs "
+                    "and resuming after the last batch received",
+                    self._target,
+                    error.message,
+                    min(delay, left),
+                )
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, _RECONNECT_MAX_DELAY)
+
+    def _stream_once(self, request: Any) -> Iterator[Batch]:
         self._get_stub()
         assert self._stream_batches is not None
         call = self._stream_batches(request)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import struct
 import warnings
 from collections.abc import Iterator, Mapping
@@ -32,9 +31,6 @@ _log = logging.getLogger("shardfeed")
 
 _LAYOUTS = ("NHWC", "NCHW")
 _STATE_VERSION = 1
-# The chart sets this in the trainer container (the sidecar's Unix socket).
-TARGET_ENV = "SHARDFEED_TARGET"
-_DEFAULT_TARGET = "127.0.0.1:50051"
 
 
 class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -124,7 +120,7 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 'sub-mesh (e.g. mesh["dp"]), whose ranks split the data'
             )
         if client is None:
-            client = Client(target or os.environ.get(TARGET_ENV) or _DEFAULT_TARGET)
+            client = Client(target)
         # The client opens its channel lazily, once per process: a dataset
         # made before DataLoader forks its workers is usable in each of them.
         self.client = client

@@ -137,7 +137,7 @@ def test_a_failed_first_attempt_keeps_the_loaded_position(
     resumed.load_state_dict(state)
     real_client = resumed.client
     # The sidecar is not there yet: the first attempt fails before a batch.
-    resumed.client = Client(f"unix:{tmp_path}/absent.sock")
+    resumed.client = Client(f"unix:{tmp_path}/absent.sock", reconnect_timeout=None)
     with pytest.raises(ShardfeedError, match="UNAVAILABLE"):
         next(iter(resumed))
     resumed.client = real_client

@@ -63,3 +63,15 @@ def test_waiting_for_a_server_that_is_not_there_names_it(tmp_path: Path) -> None
         client.wait_until_serving(timeout=0.3)
     assert raised.value.code == "DEADLINE_EXCEEDED"
     assert target in str(raised.value)
+
+
+def test_the_target_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDFEED_TARGET", "unix:///run/shardfeed/sf.sock")
+    assert Client().target == "unix:///run/shardfeed/sf.sock"
+    assert Client("10.0.0.1:5").target == "10.0.0.1:5"
+    monkeypatch.delenv("SHARDFEED_TARGET")
+    assert Client().target == "127.0.0.1:50051"
+    with pytest.raises(ValueError, match="reconnect_timeout"):
+        Client(reconnect_timeout=-1)
+    again = pickle.loads(pickle.dumps(Client(reconnect_timeout=7)))
+    assert again._reconnect_timeout == 7

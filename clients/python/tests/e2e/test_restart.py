@@ -1,0 +1,110 @@
+"""A sidecar restart mid-epoch: the client reconnects and resumes exactly."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from shardfeed import Client, ShardfeedError
+
+from ..conftest import S3, Server, noise_jpeg, start_server, stop, upload, write_tar
+
+
+@pytest.fixture(scope="module")
+def dataset(s3: S3) -> str:
+    shards = [
+        write_tar(
+            [
+                (f"r{s:02d}{i:03d}", {"jpg": noise_jpeg(s * 100 + i, 40, 56), "cls": b"%d" % i})
+                for i in range(40)
+            ]
+        )
+        for s in range(3)
+    ]
+    return upload(s3, "restart", "", shards)
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    # Unix socket paths are limited to 108 bytes: a short directory.
+    directory = tempfile.mkdtemp(prefix="sf-")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _epoch(client: Client, uri: str, on_batch: object = None) -> list[tuple[list[str], bytes]]:
+    out = []
+    for batch in client.batches(
+        uri, seed=5, epoch=2, rank=0, world_size=1, batch_size=8, image_size=32, augment="train"
+    ):
+        out.append((list(batch.keys), np.ascontiguousarray(batch.images).tobytes()))
+        if callable(on_batch):
+            on_batch(len(out))
+    return out
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_sidecar_restart_mid_epoch_costs_no_sample(
+    s3: S3, dataset: str, socket_dir: str, how: str
+) -> None:
+    listen = f"unix:{socket_dir}/sf.sock"
+    first = start_server(s3, listen)
+    servers: list[Server] = [first]
+    try:
+        client = Client(first.target)
+        expected = _epoch(client, dataset)
+        assert len(expected) == 15
+
+        arrivals: list[float] = []
+
+        def restart_after(batches: int) -> None:
+            arrivals.append(time.monotonic())
+            if batches != 4:
+                return
+            if how == "sigterm":
+                # Drains: the batch in flight, then UNAVAILABLE; exits by itself.
+                first.process.send_signal(signal.SIGTERM)
+                first.process.wait(timeout=30)
+            else:
+                first.process.send_signal(signal.SIGKILL)
+                first.process.wait(timeout=30)
+
+            def replace() -> None:
+                time.sleep(2)
+                servers.append(start_server(s3, listen))
+
+            threading.Thread(target=replace, daemon=True).start()
+
+        got = _epoch(client, dataset, on_batch=restart_after)
+        assert [keys for keys, _ in got] == [keys for keys, _ in expected]
+        assert all(a == b for (_, a), (_, b) in zip(got, expected)), "byte-identical batches"
+        keys = [k for batch_keys, _ in got for k in batch_keys]
+        assert len(keys) == len(set(keys)) == 120, "every sample exactly once"
+        gap = max(b - a for a, b in zip(arrivals, arrivals[1:]))
+        print(f"\n{how}: reconnect gap {gap:.2f}s, 0 samples lost, 0 repeated")
+    finally:
+        for server in servers:
+            stop(server.process)
+
+
+def test_other_codes_fail_at_once_and_a_budget_ends_the_wait(
+    server: Server, dataset: str, socket_dir: str
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(ShardfeedError) as raised:
+        list(Client(server.target).batches("s3://restart/missing/", batch_size=8))
+    assert raised.value.code == "NOT_FOUND"
+    assert time.monotonic() - started < 10
+
+    absent = f"unix://{socket_dir}/absent.sock"
+    with pytest.raises(ShardfeedError) as raised:
+        list(Client(absent, reconnect_timeout=1.0).batches(dataset, batch_size=8))
+    assert raised.value.code == "UNAVAILABLE"
+    assert "gave up reconnecting" in raised.value.message and absent in raised.value.message
