@@ -208,7 +208,11 @@ pub async fn serve(
                     .await
             }
             Listener::Unix(listener, _) => {
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                // Clients send the socket path as :authority: see authority.rs.
+                let incoming = futures::TryStreamExt::map_ok(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    super::authority::AnyAuthority::new,
+                );
                 router
                     .serve_with_incoming_shutdown(incoming, drain_started)
                     .await

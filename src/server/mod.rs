@@ -8,9 +8,12 @@
 //!   maps them to gRPC codes.
 //! - [`listen`]: TCP and Unix listeners, the tonic server, graceful shutdown,
 //!   and [`LocalServer`], the in-process server of the demo, benchmarks and tests.
+//! - [`authority`]: lets any gRPC client call over the Unix socket, whatever
+//!   `:authority` it sends.
 //! - [`client`]: a channel to a server, and the health check.
 //! - [`codec`]: the prost codec that sizes each batch's buffer once.
 
+mod authority;
 pub mod client;
 pub mod codec;
 pub mod listen;

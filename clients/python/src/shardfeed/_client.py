@@ -431,10 +431,9 @@ class Client:
     def _get_stub(self) -> Any:
         with self._lock:
             if self._pid != os.getpid() or self._stub is None:
+                # No authority override over a Unix socket: the server takes
+                # the socket path grpcio sends, as any client's.
                 options = list(_CHANNEL_OPTIONS)
-                if self._target.startswith("unix:"):
-                    # tonic rejects the default authority grpcio sends over UDS.
-                    options.append(("grpc.default_authority", "localhost"))
                 self._channel = grpc.insecure_channel(self._target, options=options)
                 self._stub = pb_grpc.ShardfeedStub(self._channel)  # type: ignore[no-untyped-call]
                 # Batches skip the generated parser: see _split_images.

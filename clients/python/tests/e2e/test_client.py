@@ -7,11 +7,14 @@ import pickle
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from PIL import Image
 
 from shardfeed import Client, ShardfeedError
+from shardfeed._proto import shardfeed_pb2 as pb
+from shardfeed._proto import shardfeed_pb2_grpc as pb_grpc
 
 from ..conftest import S3, Server, start_server, stop, upload, write_tar
 
@@ -166,6 +169,16 @@ def test_unix_socket(s3: S3, colors, tmp_path: Path) -> None:  # type: ignore[no
         client = Client(srv.target)
         assert client.describe(uri, batch_size=8).batches_per_rank == 3
         assert len(list(client.batches(uri, batch_size=8))) == 3
+        # Any gRPC client: the generated stubs on a plain channel, no options
+        # (grpcio sends the socket path as :authority, which h2 refuses).
+        with grpc.insecure_channel(srv.target) as channel:
+            stub = pb_grpc.ShardfeedStub(channel)  # type: ignore[no-untyped-call]
+            info = stub.Describe(pb.DescribeRequest(dataset=uri, world_size=1, batch_size=8))
+            assert info.batches_per_rank == 3
+            request = pb.StreamBatchesRequest(
+                dataset=uri, world_size=1, batch_size=8, height=16, width=16
+            )
+            assert len(list(stub.StreamBatches(request))) == 3
     finally:
         stop(srv.process)
 
