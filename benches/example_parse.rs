@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use prost::Message;
+use shardfeed::shard::tf_example::append_empty_values_feature;
 use shardfeed::shard::tfrecord::{example, example_bytes, parse_example, FeatureNames};
 
 /// Counts live heap bytes and their peak.
@@ -62,18 +63,7 @@ fn imagenet_record() -> Bytes {
 /// A 1 MB record whose extra feature holds 500,000 empty values.
 fn many_values_record() -> Bytes {
     let mut record = example_bytes(b"\xff\xd8jpeg", Some(1), &[]);
-    let mut list = Vec::new();
-    for _ in 0..500_000 {
-        prost::encoding::bytes::encode(1, &Bytes::new(), &mut list);
-    }
-    let mut feature = Vec::new();
-    prost::encoding::bytes::encode(1, &Bytes::from(list), &mut feature);
-    let mut entry = Vec::new();
-    prost::encoding::bytes::encode(1, &Bytes::from_static(b"noise"), &mut entry);
-    prost::encoding::bytes::encode(2, &Bytes::from(feature), &mut entry);
-    let mut features = Vec::new();
-    prost::encoding::bytes::encode(1, &Bytes::from(entry), &mut features);
-    prost::encoding::bytes::encode(1, &Bytes::from(features), &mut record);
+    append_empty_values_feature(&mut record, "noise", 500_000);
     Bytes::from(record)
 }
 

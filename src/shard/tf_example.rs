@@ -396,6 +396,26 @@ pub fn example_bytes(image: &[u8], label: Option<i64>, extra: &[(&str, &[u8])]) 
     .encode_to_vec()
 }
 
+/// Appends to an Example's bytes one more feature, `name`, holding `values`
+/// empty bytes values: 2 bytes each on the wire, a `Bytes` handle each when
+/// fully decoded (the worst case of a record's decoded size, for tests and
+/// benchmarks). Appending works because protobuf merges repeated messages.
+pub fn append_empty_values_feature(example: &mut Vec<u8>, name: &str, values: usize) {
+    use prost::encoding::bytes::encode;
+    let mut list = Vec::with_capacity(2 * values);
+    for _ in 0..values {
+        encode(1, &Bytes::new(), &mut list);
+    }
+    let mut feature = Vec::new();
+    encode(1, &Bytes::from(list), &mut feature);
+    let mut entry = Vec::new();
+    encode(1, &Bytes::copy_from_slice(name.as_bytes()), &mut entry);
+    encode(2, &Bytes::from(feature), &mut entry);
+    let mut features = Vec::new();
+    encode(1, &Bytes::from(entry), &mut features);
+    encode(1, &Bytes::from(features), example);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,21 +577,8 @@ mod tests {
     #[test]
     fn a_record_of_many_tiny_values_keeps_nothing_but_slices_of_itself() {
         // 500,000 empty bytes values: 1 MB on the wire, 16 MB decoded.
-        let noise: Vec<&[u8]> = vec![b""; 500_000];
         let mut data = example_bytes(b"\xff\xd8jpeg", Some(3), &[("caption", b"a cat")]);
-        let mut list = Vec::new();
-        for value in &noise {
-            prost::encoding::bytes::encode(1, &Bytes::copy_from_slice(value), &mut list);
-        }
-        // Appended as one more features entry: Example { features { feature { "noise": ... } } }.
-        let mut feature = Vec::new();
-        prost::encoding::bytes::encode(1, &Bytes::from(list), &mut feature);
-        let mut entry = Vec::new();
-        prost::encoding::bytes::encode(1, &Bytes::from_static(b"noise"), &mut entry);
-        prost::encoding::bytes::encode(2, &Bytes::from(feature), &mut entry);
-        let mut features = Vec::new();
-        prost::encoding::bytes::encode(1, &Bytes::from(entry), &mut features);
-        prost::encoding::bytes::encode(1, &Bytes::from(features), &mut data);
+        append_empty_values_feature(&mut data, "noise", 500_000);
         let data = Bytes::from(data);
         let wanted = ["caption".to_string(), "noise".to_string()];
         let sample = parse_example(data.clone(), &FeatureNames::default(), &wanted).unwrap();
