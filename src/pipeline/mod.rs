@@ -429,7 +429,19 @@ async fn produce(
                         // A shared ring holds the producer back until the
                         // client has returned a slot.
                         let target = match &context.shared {
-                            Some(shared) => Some(shared.acquire().await?),
+                            Some(shared) => {
+                                match acquire_sending_decoded(
+                                    shared,
+                                    &mut decoding,
+                                    tx,
+                                    &ready_gauge,
+                                )
+                                .await?
+                                {
+                                    Some(lease) => Some(lease),
+                                    None => return Ok(()),
+                                }
+                            }
                             None => None,
                         };
                         decoding.push_back(decode_batch(
@@ -475,15 +487,50 @@ fn plan_rank_label(plan: &StreamPlan) -> String {
     plan.rank.to_string()
 }
 
+/// A ring slot for the next batch. While the client holds every slot, the
+/// batches that finish decoding meanwhile go on to the ready queue: none
+/// waits unsent for a slot it does not need (so a draining stream's
+/// batches in flight all arrive). `Ok(None)`: the client went away.
+async fn acquire_sending_decoded(
+    shared: &SharedTarget,
+    decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    ready_gauge: &::metrics::Gauge,
+) -> Result<Option<shm::SlotLease>, PipelineError> {
+    let acquire = shared.acquire();
+    tokio::pin!(acquire);
+    loop {
+        if decoding.is_empty() {
+            return acquire.await.map(Some);
+        }
+        tokio::select! {
+            biased;
+            lease = &mut acquire => return lease.map(Some),
+            // `FuturesOrdered::next` is cancel-safe: an unfinished batch stays queued.
+            decoded = decoding.next() => {
+                if !send_decoded(decoded, tx, ready_gauge).await? {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
 /// Sends the oldest decoded batch. `Ok(false)`: the client went away.
 async fn send_next(
     decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
     tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
     ready_gauge: &::metrics::Gauge,
 ) -> Result<bool, PipelineError> {
-    let batch = decoding
-        .next()
-        .await
+    send_decoded(decoding.next().await, tx, ready_gauge).await
+}
+
+async fn send_decoded(
+    decoded: Option<Result<DecodedBatch, oneshot::error::RecvError>>,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    ready_gauge: &::metrics::Gauge,
+) -> Result<bool, PipelineError> {
+    let batch = decoded
         .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
         .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
     let sent = tx.send(Ok(batch)).await.is_ok();

@@ -409,7 +409,9 @@ pub struct BatchStream {
     next_index: u64,
     drain: Pin<Box<WaitForCancellationFutureOwned>>,
     abort: Pin<Box<WaitForCancellationFutureOwned>>,
-    /// Draining: send the batch in flight, then end with UNAVAILABLE.
+    /// Draining: send the batch in flight, then end with UNAVAILABLE. A
+    /// batch that waits on the client (every ring slot lent) is not in
+    /// flight: a trainer may hold its batches until the sidecar has gone.
     draining: bool,
     sent_since_drain: bool,
     finished: bool,
@@ -516,6 +518,13 @@ pub fn position_message(position: &EpochPosition, dataset: &str) -> pb::EpochPos
 }
 
 impl BatchStream {
+    /// No batch can be made until the client gives a slot back.
+    fn waits_on_client(&self) -> bool {
+        self.ring
+            .as_ref()
+            .is_some_and(|(_, ring)| ring.lent() == ring.slot_count())
+    }
+
     fn drained_status(&mut self) -> Status {
         self.finished = true;
         let _entered = self.span.enter();
@@ -585,6 +594,9 @@ impl Stream for BatchStream {
             return Poll::Ready(Some(Err(self.drained_status())));
         }
         match self.receiver.poll_recv(cx) {
+            Poll::Pending if self.draining && self.waits_on_client() => {
+                Poll::Ready(Some(Err(self.drained_status())))
+            }
             Poll::Pending => {
                 self.waiting_since.get_or_insert_with(Instant::now);
                 Poll::Pending

@@ -69,7 +69,10 @@ def test_a_sidecar_restart_mid_epoch_costs_no_sample(
             if batches != 4:
                 return
             if how == "sigterm":
-                # Drains: the batch in flight, then UNAVAILABLE; exits by itself.
+                # Drains: the batch in flight, then UNAVAILABLE; exits by itself,
+                # also once every ring slot is lent to this trainer, which holds
+                # them until the sidecar has gone (nothing is in flight then).
+                time.sleep(1)
                 first.process.send_signal(signal.SIGTERM)
                 first.process.wait(timeout=30)
             else:
