@@ -56,3 +56,16 @@ step "python: client tests against the real binary"
 # `cargo build` would resolve dependency features without the dev-dependencies
 # and rebuild much of the tree.
 (cd clients/python && SHARDFEED_BIN="$PWD/../../target/debug/shardfeed" ../../.venv/bin/python -m pytest -q)
+
+step "python: the client at the lowest versions it declares"
+# pyproject.toml's floors, pinned in requirements-min.txt (a unit test keeps
+# the two equal); the PyTorch adapter's tests run in the main venv only.
+if [ ! -x .venv-min/bin/python ]; then
+  python3 -m venv .venv-min
+fi
+.venv-min/bin/pip install -q --disable-pip-version-check -r clients/python/requirements-min.txt
+.venv-min/bin/pip install -q --disable-pip-version-check --no-deps -e clients/python
+.venv-min/bin/python -c "import google.protobuf, grpc, numpy; print('protobuf', google.protobuf.__version__, 'grpcio', grpc.__version__, 'numpy', numpy.__version__)"
+(cd clients/python && SHARDFEED_BIN="$PWD/../../target/debug/shardfeed" ../../.venv-min/bin/python -m pytest -q \
+  --ignore=tests/e2e/test_torch.py --ignore=tests/unit/test_torch_dataset.py --ignore=tests/e2e/test_bench.py)
+

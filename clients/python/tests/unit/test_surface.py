@@ -75,3 +75,17 @@ def test_the_target_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
         Client(reconnect_timeout=-1)
     again = pickle.loads(pickle.dumps(Client(reconnect_timeout=7)))
     assert again._reconnect_timeout == 7
+
+
+def test_declared_floors_are_the_versions_ci_tests() -> None:
+    """pyproject's lower bounds and requirements-min.txt's pins are one list."""
+    tomllib = pytest.importorskip("tomllib")
+    here = Path(__file__).resolve().parents[2]
+    declared = tomllib.loads((here / "pyproject.toml").read_text())["project"]["dependencies"]
+    floors = dict(spec.split(">=") for spec in declared)
+    pins = dict(
+        line.split("==")
+        for line in (here / "requirements-min.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert floors == {name: pins[name] for name in floors}, "keep the two files together"
