@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use shardfeed::server::{self, pb};
+use tonic_types::StatusExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_mid_stream_drains_cleanly() {
@@ -66,6 +67,32 @@ async fn shutdown_mid_stream_drains_cleanly() {
         "{}",
         ended.message()
     );
+    // The same, for any client, in the status details (gRPC's rich error model).
+    let info = ended
+        .get_details_error_info()
+        .expect("ErrorInfo in the details");
+    assert_eq!(
+        (info.reason.as_str(), info.domain.as_str()),
+        ("SERVER_DRAINING", "shardfeed")
+    );
+    assert_eq!(info.metadata["start_batch"], "1");
+    assert_eq!(info.metadata["epoch"], "1");
+    assert_eq!(
+        info.metadata["position"], "1:1",
+        "one batch done at world size 1"
+    );
+    assert_eq!(
+        info.metadata["dataset"],
+        first.position.as_ref().unwrap().dataset
+    );
+    let retry = ended
+        .get_details_retry_info()
+        .expect("RetryInfo in the details");
+    assert!(retry.retry_delay.is_some_and(|d| d > Duration::ZERO));
+    let refused_info = refused
+        .get_details_error_info()
+        .expect("ErrorInfo on refusal");
+    assert_eq!(refused_info.reason, "SERVER_DRAINING");
 
     harness.server.stop().await.unwrap();
     assert!(
@@ -102,6 +129,11 @@ async fn grace_expiry_ends_open_streams_with_a_status() {
         "{}",
         ended.message()
     );
+    let info = ended
+        .get_details_error_info()
+        .expect("ErrorInfo in the details");
+    assert_eq!(info.metadata["start_batch"], "0");
+    assert_eq!(info.metadata["position"], "", "nothing done yet");
     harness.server.stop().await.unwrap();
 }
 

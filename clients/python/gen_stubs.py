@@ -13,9 +13,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROTO_ROOT = HERE.parent.parent / "proto"
-PROTO = "shardfeed/v1/shardfeed.proto"
+PROTOS = ["shardfeed/v1/shardfeed.proto", "shardfeed/v1/rpc_status.proto"]
 OUT = HERE / "src" / "shardfeed" / "_proto"
-GENERATED = ["shardfeed_pb2.py", "shardfeed_pb2.pyi", "shardfeed_pb2_grpc.py"]
+GENERATED = [
+    "shardfeed_pb2.py",
+    "shardfeed_pb2.pyi",
+    "shardfeed_pb2_grpc.py",
+    "rpc_status_pb2.py",
+    "rpc_status_pb2.pyi",
+]
 
 
 def generate(into: Path) -> dict[str, str]:
@@ -28,7 +34,7 @@ def generate(into: Path) -> dict[str, str]:
             f"--python_out={into}",
             f"--pyi_out={into}",
             f"--grpc_python_out={into}",
-            str(PROTO_ROOT / PROTO),
+            *(str(PROTO_ROOT / proto) for proto in PROTOS),
         ]
     )
     if code != 0:
@@ -60,7 +66,7 @@ def widen(name: str, text: str) -> str:
     is the range CI tests (the minimum-versions venv in tests/run_all.sh).
     """
     note = "# Edited by gen_stubs.py: no runtime version checks (see widen()).\n"
-    if name == "shardfeed_pb2.py":
+    if name.endswith("_pb2.py"):
         text = _remove(
             r"^from google\.protobuf import runtime_version as _runtime_version\n", text, name
         )

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 
 use super::pb::shardfeed_server::{Shardfeed, ShardfeedServer};
 use super::shm::RingRegistry;
-use super::status::ServiceError;
+use super::status::{self, ServiceError};
 use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::{Engine, StreamRequest};
@@ -530,10 +530,28 @@ impl BatchStream {
         let _entered = self.span.enter();
         tracing::info!(next_batch = self.next_index, "stream ended by shutdown");
         metrics::request("StreamBatches", tonic::Code::Unavailable);
-        Status::unavailable(format!(
-            "shardfeed is shutting down; resume this stream with start_batch={}",
-            self.next_index
-        ))
+        self.ended(
+            tonic::Code::Unavailable,
+            "shardfeed is shutting down",
+            status::REASON_DRAINING,
+        )
+    }
+
+    /// The status that ends this stream before its last batch, with where
+    /// to resume (right after the last batch sent) in its details.
+    fn ended(&self, code: tonic::Code, message: &str, reason: &str) -> Status {
+        let position = self
+            .plan
+            .base_position
+            .advanced(self.plan.world_size, self.next_index);
+        let resume = status::ResumePoint {
+            start_batch: self.next_index,
+            epoch: self.epoch,
+            position: &position,
+            dataset: &self.dataset_identity,
+        };
+        let retry_after = (code == tonic::Code::Unavailable).then_some(status::RETRY_AFTER_RESTART);
+        status::stream_ended(code, message, reason, &resume, retry_after)
     }
 }
 
@@ -619,12 +637,10 @@ impl Stream for BatchStream {
                 let code = error.code();
                 metrics::request("StreamBatches", code);
                 // Every batch before this one was delivered: say where to resume.
-                Poll::Ready(Some(Err(Status::new(
+                Poll::Ready(Some(Err(self.ended(
                     code,
-                    format!(
-                        "{error}; resume this stream with start_batch={}",
-                        self.next_index
-                    ),
+                    &error.to_string(),
+                    status::REASON_STREAM_FAILED,
                 ))))
             }
             Poll::Ready(Some(Ok(batch))) => {

@@ -6,15 +6,18 @@
 //! it knows, so a store's 403 reached through a dataset and a pipeline is
 //! still `PERMISSION_DENIED`.
 
+use std::collections::HashMap;
 use std::error::Error;
+use std::time::Duration;
 
 use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::dataset::DatasetError;
 use crate::engine::budget::BudgetError;
 use crate::engine::EngineError;
 use crate::pipeline::PipelineError;
-use crate::plan::PlanError;
+use crate::plan::{EpochPosition, PlanError};
 use crate::shard::ShardError;
 use crate::store::StoreError;
 
@@ -45,8 +48,81 @@ impl ServiceError {
 
 impl From<ServiceError> for Status {
     fn from(error: ServiceError) -> Self {
-        Status::new(error.code(), error.to_string())
+        let (reason, retry_after) = match error {
+            ServiceError::Draining => (REASON_DRAINING, RETRY_AFTER_RESTART),
+            ServiceError::Starting => (REASON_STARTING, RETRY_AFTER_RESTART),
+            _ => return Status::new(error.code(), error.to_string()),
+        };
+        let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::new());
+        details.set_retry_info(Some(retry_after));
+        Status::with_error_details(error.code(), error.to_string(), details)
     }
+}
+
+/// `ErrorInfo.domain` of every status shardfeed details.
+pub const ERROR_DOMAIN: &str = "shardfeed";
+/// The sidecar is shutting down: its replacement serves the rest.
+pub const REASON_DRAINING: &str = "SERVER_DRAINING";
+/// The sidecar is opening its disk cache.
+pub const REASON_STARTING: &str = "SERVER_STARTING";
+/// A stream ended by an error after it began.
+pub const REASON_STREAM_FAILED: &str = "STREAM_FAILED";
+/// A sidecar restart (a pod's container restart) takes seconds.
+pub const RETRY_AFTER_RESTART: Duration = Duration::from_secs(1);
+
+/// Where a stream that ended early goes on: the same request with
+/// `start_batch`, or any request (any world size with the same global batch)
+/// with `resume_from` = `position`.
+pub struct ResumePoint<'a> {
+    pub start_batch: u64,
+    pub epoch: u64,
+    pub position: &'a EpochPosition,
+    /// The dataset index's identity (`EpochPosition.dataset`).
+    pub dataset: &'a str,
+}
+
+impl ResumePoint<'_> {
+    /// `ErrorInfo.metadata`: `start_batch`, `epoch`, `dataset` and
+    /// `position` as `world_size:batches` segments joined by commas.
+    fn metadata(&self) -> HashMap<String, String> {
+        let position = self
+            .position
+            .phases
+            .iter()
+            .map(|phase| format!("{}:{}", phase.world_size, phase.batches))
+            .collect::<Vec<_>>()
+            .join(",");
+        HashMap::from([
+            ("start_batch".to_string(), self.start_batch.to_string()),
+            ("epoch".to_string(), self.epoch.to_string()),
+            ("dataset".to_string(), self.dataset.to_string()),
+            ("position".to_string(), position),
+        ])
+    }
+}
+
+/// The status that ends a stream after it began: the message says where to
+/// resume, and so do its details (gRPC's rich error model: `ErrorInfo` with
+/// the resume point, `RetryInfo` where waiting helps), for any client.
+pub fn stream_ended(
+    code: Code,
+    message: &str,
+    reason: &str,
+    resume: &ResumePoint<'_>,
+    retry_after: Option<Duration>,
+) -> Status {
+    let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, resume.metadata());
+    if let Some(delay) = retry_after {
+        details.set_retry_info(Some(delay));
+    }
+    Status::with_error_details(
+        code,
+        format!(
+            "{message}; resume this stream with start_batch={}",
+            resume.start_batch
+        ),
+        details,
+    )
 }
 
 /// The status code for `error`: that of the deepest error in its source

@@ -13,8 +13,10 @@ from typing import Any, Union
 import grpc
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError
 
 from . import _shm
+from ._proto import rpc_status_pb2 as rpc
 from ._proto import shardfeed_pb2 as pb
 from ._proto import shardfeed_pb2_grpc as pb_grpc
 
@@ -51,22 +53,86 @@ _TRANSPORTS = {
 
 
 class ShardfeedError(Exception):
-    """Any error from the server: the gRPC status code name and its message."""
+    """Any error from the server: the gRPC status code name and its message.
 
-    def __init__(self, code: str, message: str) -> None:
+    Where the server detailed the status (gRPC's rich error model, see
+    proto/shardfeed/v1/rpc_status.proto): ``reason`` (``SERVER_DRAINING``,
+    ``SERVER_STARTING``, ``STREAM_FAILED``), ``metadata`` (a stream that ended
+    early: ``start_batch``, ``epoch``, ``dataset``, ``position``) and
+    ``retry_delay`` in seconds, the server's advice on when to retry.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        reason: str = "",
+        metadata: Mapping[str, str] | None = None,
+        retry_delay: float | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.reason = reason
+        self.metadata = dict(metadata or {})
+        self.retry_delay = retry_delay
+
+    def with_message(self, message: str) -> ShardfeedError:
+        """The same error (code and details) saying more."""
+        return ShardfeedError(self.code, message, self.reason, self.metadata, self.retry_delay)
+
+    def resume_position(self) -> EpochPosition | None:
+        """Where the stream that ended with this error goes on (``resume_from``)."""
+        if "position" not in self.metadata:
+            return None
+        text = self.metadata["position"]
+        segments = tuple(
+            (int(world), int(batches))
+            for world, batches in (part.split(":") for part in text.split(",") if part)
+        )
+        return EpochPosition(segments, self.metadata.get("dataset", ""))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable, so DataLoader workers can pass it to the main process.
-        return (ShardfeedError, (self.code, self.message))
+        return (
+            ShardfeedError,
+            (self.code, self.message, self.reason, self.metadata, self.retry_delay),
+        )
+
+
+_DETAILS_TRAILER = "grpc-status-details-bin"
+_ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+_RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
 
 
 def _error(exc: grpc.RpcError) -> ShardfeedError:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    return ShardfeedError(code.name if code is not None else "UNKNOWN", details or "")
+    reason, metadata, retry_delay = _status_details(exc)
+    return ShardfeedError(
+        code.name if code is not None else "UNKNOWN", details or "", reason, metadata, retry_delay
+    )
+
+
+def _status_details(exc: grpc.RpcError) -> tuple[str, dict[str, str], float | None]:
+    """The ErrorInfo and RetryInfo of a status's details trailer, if sent."""
+    reason, metadata, retry_delay = "", {}, None
+    trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailers or ():
+        if key != _DETAILS_TRAILER or not isinstance(value, bytes):
+            continue
+        try:
+            status = rpc.Status.FromString(value)
+            for detail in status.details:
+                if detail.type_url == _ERROR_INFO_TYPE:
+                    info = rpc.ErrorInfo.FromString(detail.value)
+                    reason, metadata = info.reason, dict(info.metadata)
+                elif detail.type_url == _RETRY_INFO_TYPE:
+                    delay = rpc.RetryInfo.FromString(detail.value).retry_delay
+                    retry_delay = delay.seconds + delay.nanos / 1e9
+        except DecodeError:
+            _log.warning("ignored undecodable status details from the server")
+    return reason, metadata, retry_delay
 
 
 @dataclass(frozen=True)
@@ -478,8 +544,7 @@ class Client:
         """Names the target in an UNAVAILABLE error, and where it came from."""
         if error.code != "UNAVAILABLE" or self._target in error.message:
             return error
-        return ShardfeedError(
-            error.code,
+        return error.with_message(
             f"{error.message} (target {self._target}: the Client's target, else "
             f"${TARGET_ENV}, else {DEFAULT_TARGET})",
         )
@@ -676,19 +741,20 @@ class Client:
                 outage_started = now if outage_started is None else outage_started
                 left = outage_started + self._reconnect_timeout - now
                 if left <= 0:
-                    raise ShardfeedError(
-                        error.code,
+                    raise error.with_message(
                         f"{error.message}; gave up reconnecting to {self._target} after "
                         f"{self._reconnect_timeout:g}s (reconnect_timeout)",
                     ) from None
+                # The server's advice (RetryInfo) when it says to wait longer.
+                wait = min(max(delay, error.retry_delay or 0.0), left)
                 _log.warning(
                     "stream from %s ended with UNAVAILABLE (%s); reconnecting in %.1fs "
                     "and resuming after the last batch received",
                     self._target,
                     error.message,
-                    min(delay, left),
+                    wait,
                 )
-                time.sleep(min(delay, left))
+                time.sleep(wait)
                 delay = min(delay * 2, _RECONNECT_MAX_DELAY)
 
     def _stream_once(self, request: Any) -> Iterator[Batch]:

@@ -8,11 +8,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
-from shardfeed import Client, ShardfeedError
+from shardfeed import Batch, Client, ShardfeedError
 
 from ..conftest import S3, Server, noise_jpeg, start_server, stop, upload, write_tar
 
@@ -39,11 +40,25 @@ def socket_dir() -> Iterator[str]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _epoch(client: Client, uri: str, on_batch: object = None) -> list[tuple[list[str], bytes]]:
+def _batches(client: Client, uri: str, **options: Any) -> Iterator[Batch]:
+    return client.batches(
+        uri,
+        seed=5,
+        epoch=2,
+        rank=0,
+        world_size=1,
+        batch_size=8,
+        image_size=32,
+        augment="train",
+        **options,
+    )
+
+
+def _epoch(
+    client: Client, uri: str, on_batch: object = None, **options: Any
+) -> list[tuple[list[str], bytes]]:
     out = []
-    for batch in client.batches(
-        uri, seed=5, epoch=2, rank=0, world_size=1, batch_size=8, image_size=32, augment="train"
-    ):
+    for batch in _batches(client, uri, **options):
         out.append((list(batch.keys), np.ascontiguousarray(batch.images).tobytes()))
         if callable(on_batch):
             on_batch(len(out))
@@ -92,6 +107,36 @@ def test_a_sidecar_restart_mid_epoch_costs_no_sample(
         assert len(keys) == len(set(keys)) == 120, "every sample exactly once"
         gap = max(b - a for a, b in zip(arrivals, arrivals[1:]))
         print(f"\n{how}: reconnect gap {gap:.2f}s, 0 samples lost, 0 repeated")
+    finally:
+        for server in servers:
+            stop(server.process)
+
+
+def test_a_drained_stream_says_where_to_resume_in_its_status_details(
+    s3: S3, dataset: str, socket_dir: str
+) -> None:
+    listen = f"unix:{socket_dir}/sf.sock"
+    first = start_server(s3, listen)
+    servers: list[Server] = [first]
+    try:
+        expected = _epoch(Client(first.target), dataset)
+        got: list[Batch] = []
+        with pytest.raises(ShardfeedError) as raised:
+            for batch in _batches(Client(first.target, reconnect_timeout=0), dataset):
+                got.append(batch)
+                if len(got) == 3:
+                    first.process.send_signal(signal.SIGTERM)
+        error = raised.value
+        assert (error.code, error.reason) == ("UNAVAILABLE", "SERVER_DRAINING"), error
+        assert error.retry_delay is not None and error.retry_delay > 0
+        assert int(error.metadata["start_batch"]) == got[-1].index + 1
+        assert int(error.metadata["epoch"]) == 2
+        assert error.resume_position() == got[-1].position
+
+        servers.append(start_server(s3, listen))
+        rest = _epoch(Client(first.target), dataset, resume_from=error.resume_position())
+        assert [keys for keys, _ in rest] == [keys for keys, _ in expected[len(got) :]]
+        assert [pixels for _, pixels in rest] == [pixels for _, pixels in expected[len(got) :]]
     finally:
         for server in servers:
             stop(server.process)

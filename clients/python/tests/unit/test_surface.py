@@ -38,6 +38,17 @@ def test_errors_and_clients_pickle() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, ShardfeedError)
     assert (again.code, again.message) == ("NOT_FOUND", "s3://b not found")
+    detailed = ShardfeedError(
+        "UNAVAILABLE", "draining", "SERVER_DRAINING", {"position": "8:3,4:2", "dataset": "d"}, 1.0
+    )
+    again = pickle.loads(pickle.dumps(detailed))
+    assert (again.reason, again.metadata, again.retry_delay) == (
+        "SERVER_DRAINING",
+        {"position": "8:3,4:2", "dataset": "d"},
+        1.0,
+    )
+    assert again.resume_position() == EpochPosition(((8, 3), (4, 2)), "d")
+    assert error.resume_position() is None
     client = pickle.loads(
         pickle.dumps(Client("unix:///tmp/x.sock", call_timeout=3.0, batch_timeout=None))
     )
