@@ -511,7 +511,7 @@ async fn pad_mode_covers_every_sample_and_matches_describe() {
         (described.batches_per_rank, described.padded_per_epoch),
         (5, 5)
     );
-    let mut seen = Vec::new();
+    let (mut seen, mut unpadded, mut padded) = (Vec::new(), Vec::new(), 0);
     for rank in 0..world {
         let batches = collect(
             &mut client,
@@ -527,6 +527,14 @@ async fn pad_mode_covers_every_sample_and_matches_describe() {
         .unwrap();
         assert_eq!(batches.len() as u64, described.batches_per_rank);
         seen.extend(keys(&batches));
+        for batch in &batches {
+            unpadded.extend(
+                (0..batch.keys.len() as u32)
+                    .filter(|slot| !batch.padded.contains(slot))
+                    .map(|slot| batch.keys[slot as usize].clone()),
+            );
+            padded += batch.padded.len();
+        }
     }
     assert_eq!(seen.len(), 60);
     assert_eq!(
@@ -534,6 +542,10 @@ async fn pad_mode_covers_every_sample_and_matches_describe() {
         55,
         "every sample at least once"
     );
+    // The repeats are marked: leaving them out counts each sample once.
+    assert_eq!(padded, 5);
+    assert_eq!(unpadded.len(), 55);
+    assert_eq!(unpadded.iter().collect::<HashSet<_>>().len(), 55);
     harness.shutdown().await;
 }
 

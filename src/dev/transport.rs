@@ -102,6 +102,7 @@ async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), Pipeli
                 .map(|i| format!("{:09}", first_sample + i))
                 .collect(),
             shards: Vec::new(),
+            padded: Vec::new(),
             crops: vec![CropBox::default(); size],
             substituted: Vec::new(),
             fields: Vec::new(),

@@ -162,6 +162,8 @@ pub struct DecodedBatch {
     pub labels: Vec<i64>,
     pub keys: Vec<String>,
     pub shards: Vec<String>,
+    /// Slots holding a repeat that pads the epoch (partition pad).
+    pub padded: Vec<u32>,
     /// Per slot: the source box the image came from and whether it was
     /// flipped (a substitute carries its source's).
     pub crops: Vec<CropBox>,
@@ -382,6 +384,8 @@ where
 /// A sample leaving the shuffle buffer, on its way to the decoder.
 struct EmittedSample {
     shard: u32,
+    /// A repeat that pads the epoch.
+    padding: bool,
     sample: RawSample,
 }
 
@@ -419,8 +423,10 @@ async fn produce(
                         PipelineError::Internal(format!("{sample:?} emitted before it was pulled"))
                     })?;
                     emitted += 1;
+                    let segment = &rank_plan.segments[sample.segment as usize];
                     pending.push(EmittedSample {
-                        shard: rank_plan.segments[sample.segment as usize].shard,
+                        shard: segment.shard,
+                        padding: segment.padding,
                         sample: raw,
                     });
                     if pending.len() == batch_size {
@@ -643,6 +649,9 @@ fn decode_batch(
                 .iter()
                 .map(|e| dataset.index.shards[e.shard as usize].name.clone())
                 .collect(),
+            padded: (0..samples.len() as u32)
+                .filter(|&slot| samples[slot as usize].padding)
+                .collect(),
             // The samples are done with: move their keys rather than copy them.
             keys: samples
                 .into_iter()
@@ -667,6 +676,7 @@ mod tests {
     fn a_substituted_slot_carries_its_sources_fields() {
         let sample = |key: &str, caption: Option<&'static str>| EmittedSample {
             shard: 0,
+            padding: false,
             sample: RawSample {
                 fields: vec![caption.map(|c: &'static str| Bytes::from_static(c.as_bytes()))],
                 ..RawSample::unreadable(key.into(), String::new())

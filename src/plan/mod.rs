@@ -268,6 +268,9 @@ pub struct Segment {
     pub shard: u32,
     pub start: u64,
     pub end: u64,
+    /// Past the epoch's end, wrapped to its start (pad mode): these samples
+    /// repeat ones the epoch already has, and batches mark them.
+    pub padding: bool,
 }
 
 impl Segment {
@@ -336,6 +339,7 @@ impl EpochLayout {
                 shard,
                 start,
                 end: start + take,
+                padding: position >= self.total,
             });
             position += take;
         }

@@ -476,6 +476,7 @@ impl BatchStream {
             position: Some(position_message(&position, &self.dataset_identity)),
             global_samples: self.plan.global_samples_after(batch.index),
             shards: batch.shards,
+            padded: batch.padded,
             crops: batch
                 .crops
                 .iter()

@@ -196,6 +196,9 @@ class Batch:
     # The request's `fields`, by name: one value per sample (a substituted
     # sample carries its source's), None where the sample has no such field.
     fields: dict[str, list[bytes | None]] = field(default_factory=dict)
+    # Slots holding a repeat that pads the epoch (partition="pad"): leave
+    # them out of evaluation metrics to count each sample once.
+    padded: list[int] = field(default_factory=list)
 
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
@@ -370,6 +373,7 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         flipped=np.array([c.flipped for c in message.crops], dtype=np.bool_),
         shared=message.HasField("shared"),
         fields={values.name: _field_values(values) for values in message.fields},
+        padded=list(message.padded),
     )
 
 

@@ -11,8 +11,9 @@ import logging
 import mmap
 import struct
 import warnings
+from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Union
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -30,11 +31,23 @@ __all__ = ["ShardfeedDataset"]
 _log = logging.getLogger("shardfeed")
 
 _LAYOUTS = ("NHWC", "NCHW")
+_OUTPUTS = ("tuple", "dict")
 _STATE_VERSION = 1
 
+Sample = Union[tuple[torch.Tensor, torch.Tensor], dict[str, Any]]
 
-class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+
+class ShardfeedDataset(IterableDataset[Sample]):
     """This rank's batches of one epoch as ``(images, labels)`` tensors.
+
+    ``output="dict"`` yields everything a batch carries instead: ``images``,
+    ``labels``, ``keys`` (list of str), ``shards``, ``crop_boxes`` (float32
+    ``(N, 4)``: left, top, width, height in source pixels), ``flipped``,
+    ``substituted`` and ``padded`` (bool ``(N,)`` masks: a sample replaced
+    because it could not be decoded; a repeat that pads the epoch with
+    ``partition="pad"``, to leave out of evaluation metrics), ``fields`` (the
+    requested extra fields by name, one ``bytes`` or ``None`` per sample),
+    ``epoch`` and ``index``.
 
     ``images`` is uint8 ``(N, H, W, 3)`` for ``layout="NHWC"``, or the same
     memory seen as ``(N, 3, H, W)`` for ``layout="NCHW"`` (a
@@ -70,10 +83,16 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     (``world_size * batch_size``).
 
     Workers: the sidecar does the work DataLoader workers would, so
-    ``num_workers=0`` is the intended use. ``num_workers=1`` works (the
-    stream is received in the worker process) but its progress is invisible
-    to this process, so ``state_dict()`` refuses then; more workers are
-    refused, since each would receive the same batches.
+    ``num_workers=0`` is the intended use. With ``num_workers=W`` each worker
+    opens its own stream as one of ``W`` sub-ranks of this rank (sub-rank
+    ``rank * W + worker``, world ``world_size * W``): together they receive
+    each sample of this rank's share once, the DataLoader interleaves their
+    batches, and each costs the sidecar one stream's memory. ``W = 1`` gives
+    the same batches as ``W = 0``; other ``W`` a different (equally exact)
+    split, so resume with the same ``W``. A plain DataLoader's workers
+    progress out of this process's sight, so ``state_dict()`` refuses there;
+    torchdata's ``StatefulDataLoader`` asks each worker for its own state and
+    resumes each worker's stream right after its last batch.
     """
 
     def __init__(
@@ -87,6 +106,7 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         seed: int = 0,
         augment: AugmentSpec = None,
         layout: str = "NHWC",
+        output: str = "tuple",
         rank: int | None = None,
         world_size: int | None = None,
         dp_rank: int | None = None,
@@ -97,6 +117,8 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     ) -> None:
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, not {layout!r}")
+        if output not in _OUTPUTS:
+            raise ValueError(f"output must be one of {_OUTPUTS}, not {output!r}")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
         if client is not None and target is not None:
@@ -130,6 +152,7 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self.seed = seed
         self.augment = augment
         self.layout = layout
+        self.output = output
         self.rank = rank
         self.world_size = world_size
         self.device_mesh = device_mesh
@@ -147,6 +170,12 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self._choice = 0
         self._repeat_logged = False
         self._shared = _SharedState()
+        # For a trainer that fetches ahead (Lightning): positions of batches
+        # handed out but not yet consumed, and of the last one consumed.
+        self._tracking = False
+        self._pending: deque[EpochPosition] = deque()
+        self._pass_start = EpochPosition()
+        self._consumed: EpochPosition | None = None
 
     @property
     def epoch(self) -> int:
@@ -187,6 +216,14 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 self._epoch,
             )
 
+    def _stream_rank_and_world(self) -> tuple[int, int]:
+        """This process's stream: in a DataLoader worker, its sub-rank."""
+        rank, world = self._rank_and_world()
+        worker = get_worker_info()
+        if worker is None:
+            return rank, world
+        return rank * worker.num_workers + worker.id, world * worker.num_workers
+
     def _rank_and_world(self) -> tuple[int, int]:
         if self.device_mesh is not None:
             return int(self.device_mesh.get_local_rank()), int(self.device_mesh.size())
@@ -196,7 +233,11 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         return rank, world
 
     def __len__(self) -> int:
-        _, world = self._rank_and_world()
+        return self._epoch_steps(self._rank_and_world()[1])
+
+    def _epoch_steps(self, world: int) -> int:
+        """Batches per rank of an epoch at ``world`` ranks: also the epoch's
+        global steps, the same at any world size with the same global batch."""
         key = (world, self.batch_size, self.partition)
         if key not in self._lengths:
             info = self.client.describe(
@@ -208,24 +249,22 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             self._lengths[key] = info.batches_per_rank
         return self._lengths[key]
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        worker = get_worker_info()
-        if worker is not None:
-            if worker.num_workers > 1:
-                raise ValueError(
-                    f"ShardfeedDataset in DataLoader(num_workers={worker.num_workers}): every "
-                    "worker would receive the same batches. The sidecar already decodes and "
-                    "batches in parallel; use num_workers=0 (or 1 to receive in a background "
-                    "process)."
-                )
+    def __iter__(self) -> Iterator[Sample]:
+        if get_worker_info() is not None:
             self._shared.set_worker_used()
         self._advance_if_completed()
-        rank, world = self._rank_and_world()
+        rank, world = self._stream_rank_and_world()
         # A loaded position stays loaded until the resumed stream delivers:
         # an attempt that fails before its first batch, retried, must not
         # restart the epoch at batch 0.
         resume = self._resume
+        # Trainers that know len() stop after that many batches without
+        # asking for another (Lightning): the pass completes with its last
+        # batch, not when the stream ends. (Asked once the server answers.)
+        steps: int | None = None
         self._position = resume or EpochPosition()
+        self._pass_start, self._consumed = self._position, None
+        self._pending.clear()
         batches = self.client.batches(
             self.dataset,
             seed=self.seed,
@@ -249,7 +288,29 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             if self.layout == "NCHW":
                 images = images.permute(0, 3, 1, 2)
             self._position = batch.position
-            yield images, torch.from_numpy(batch.labels)
+            if steps is None:
+                steps = self._epoch_steps(world)
+            if sum(batches for _, batches in batch.position.segments) >= steps:
+                self._shared.set_completed(self._epoch, self._choice)
+            if self._tracking:
+                self._pending.append(batch.position)
+            labels = torch.from_numpy(batch.labels)
+            if self.output == "tuple":
+                yield images, labels
+                continue
+            yield {
+                "images": images,
+                "labels": labels,
+                "keys": batch.keys,
+                "shards": batch.shards,
+                "crop_boxes": torch.from_numpy(batch.crop_boxes),
+                "flipped": torch.from_numpy(batch.flipped),
+                "substituted": _mask(len(batch.keys), batch.substituted),
+                "padded": _mask(len(batch.keys), batch.padded),
+                "fields": batch.fields,
+                "epoch": batch.epoch,
+                "index": batch.index,
+            }
         # Resumed at the epoch's end: nothing was left, the position is spent.
         self._resume = None
         # Seen by this process and, after a fork, by the one that made the
@@ -259,10 +320,11 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain
         values for a checkpoint."""
-        if self._shared.worker_used():
+        if get_worker_info() is None and self._shared.worker_used():
             raise RuntimeError(
                 "ShardfeedDataset was iterated in a DataLoader worker, whose progress this "
-                "process cannot see: use num_workers=0 to checkpoint mid-epoch"
+                "process cannot see: use num_workers=0, or torchdata's StatefulDataLoader "
+                "(which asks each worker for its state), to checkpoint mid-epoch"
             )
         epoch = self._upcoming_epoch()
         if epoch != self._epoch:
@@ -270,6 +332,23 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             position = EpochPosition()
         else:
             position = self._resume if self._resume is not None else self._position
+        return self._state(epoch, position)
+
+    def _mark_consumed(self) -> None:
+        """The oldest batch handed out has been consumed (a trainer's step)."""
+        if self._pending:
+            self._consumed = self._pending.popleft()
+
+    def _consumed_state_dict(self) -> dict[str, Any]:
+        """Like :meth:`state_dict`, at the last batch consumed rather than the
+        last handed out (the DataModule's checkpoints, with batches fetched
+        ahead)."""
+        if not self._pending:
+            return self.state_dict()
+        position = self._consumed if self._consumed is not None else self._pass_start
+        return self._state(self._epoch, position)
+
+    def _state(self, epoch: int, position: EpochPosition) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
             "dataset": self.dataset,
@@ -299,13 +378,17 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
                 f"of {state['global_batch']}; this job's is {global_batch}. Resume mid-epoch "
                 "with the same global batch, or start the next epoch."
             )
-        self._choice += 1
+        if get_worker_info() is None:
+            self._choice += 1
+        # else: StatefulDataLoader restoring a worker's copy. Its pass must
+        # still count as completed for the process that made the dataset
+        # (whose choice count this keeps).
         self._epoch = int(state["epoch"])
         self._position = position
         self._resume = position if position.segments else None
 
     def _global_batch(self) -> int:
-        return self._rank_and_world()[1] * self.batch_size
+        return self._stream_rank_and_world()[1] * self.batch_size
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -318,6 +401,12 @@ class ShardfeedDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         snapshot = state.pop("_shared")
         self.__dict__.update(state)
         self._shared = _SharedState(snapshot)
+
+
+def _mask(size: int, slots: list[int]) -> torch.Tensor:
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[slots] = True
+    return mask
 
 
 class _SharedState:

@@ -183,14 +183,30 @@ def test_a_dataset_made_before_the_fork_works_in_a_worker(
     assert len(in_worker) == len(in_process)
     for (images, labels), (expected_images, expected_labels) in zip(in_worker, in_process):
         assert (images == expected_images).all() and (labels == expected_labels).all()
-    with pytest.raises(RuntimeError, match="num_workers=0"):
+    with pytest.raises(RuntimeError, match="StatefulDataLoader"):
         ds.state_dict()
 
 
-def test_several_workers_are_refused_with_what_to_do(unix_server: Server, dataset: str) -> None:
-    loader = DataLoader(_dataset(unix_server, dataset), batch_size=None, num_workers=2)
-    with pytest.raises(ValueError, match="use num_workers=0"):
-        next(iter(loader))
+def test_several_workers_split_the_rank_into_sub_ranks(unix_server: Server, dataset: str) -> None:
+    # Rank 1 of 2, two workers: worker w streams sub-rank 2 + w of 4.
+    ds = _dataset(unix_server, dataset, rank=1, world_size=2, batch_size=4)
+    got = _copies(DataLoader(ds, batch_size=None, num_workers=2))
+    subs = [
+        _copies(_dataset(unix_server, dataset, rank=r, world_size=4, batch_size=4)) for r in (2, 3)
+    ]
+    assert len(subs[0]) == len(subs[1]) == SHARDS * PER_SHARD // 16
+    # The DataLoader takes the workers' batches in turn.
+    expected = [batch for pair in zip(*subs) for batch in pair]
+    assert [labels.tolist() for _, labels in got] == [labels.tolist() for _, labels in expected]
+    assert all((a == b).all() for (a, _), (b, _) in zip(got, expected))
+    other = _dataset(unix_server, dataset, rank=0, world_size=2, batch_size=4)
+    mine = {k for _, labels in got for k in labels.tolist()}
+    theirs = {
+        k
+        for _, labels in _copies(DataLoader(other, batch_size=None, num_workers=2))
+        for k in labels.tolist()
+    }
+    assert len(mine) == len(theirs) == len(got) * 4 and not mine & theirs
 
 
 def test_epochs_advance_by_themselves_as_under_lightning(
