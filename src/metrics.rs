@@ -11,6 +11,7 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 
+pub const BUILD_INFO: &str = "shardfeed_build_info";
 pub const REQUESTS: &str = "shardfeed_requests_total";
 pub const STREAMS_ACTIVE: &str = "shardfeed_streams_active";
 pub const BATCHES: &str = "shardfeed_batches_total";
@@ -47,6 +48,11 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 
 /// Registers help texts; call once after installing the recorder.
 pub fn describe() {
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; its version label is the binary's (crate, Python package and chart share it)."
+    );
+    ::metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     describe_counter!(REQUESTS, "RPCs handled, by rpc and gRPC code.");
     describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");
     describe_counter!(BATCHES, "Batches sent to clients.");

@@ -16,7 +16,8 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -e clients/python -e clients/python/benchmarks
 # PyTorch for the Dataset tests, CPU use only: the pinned set leaves out the
 # CUDA libraries libtorch never links (triton, cuSOLVER, ...), see the file.
-.venv/bin/pip install -q --disable-pip-version-check --no-deps -r clients/python/requirements-torch.txt
+.venv/bin/pip install -q --disable-pip-version-check --no-deps -r clients/python/requirements-torch.txt \
+  -r clients/python/requirements-frameworks.txt
 
 step "rust: format and lints"
 cargo fmt --all -- --check
@@ -34,9 +35,10 @@ fi
 
 step "python: stubs are current, lints, types"
 .venv/bin/python clients/python/gen_stubs.py --check
-.venv/bin/ruff check clients/python
-.venv/bin/ruff format --check clients/python
-.venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src clients/python/benchmarks/src
+.venv/bin/ruff check clients/python clients/python-server
+.venv/bin/ruff format --check clients/python clients/python-server
+.venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src clients/python/benchmarks/src \
+  clients/python-server
 
 step "container and chart"
 .venv/bin/hadolint docker/Dockerfile
@@ -70,3 +72,5 @@ fi
   --ignore=tests/e2e/test_torch.py --ignore=tests/e2e/test_frameworks.py \
   --ignore=tests/unit/test_torch_dataset.py --ignore=tests/e2e/test_bench.py)
 
+step "python: the wheels in a fresh venv run the README's quickstart"
+bash tests/wheel_quickstart.sh

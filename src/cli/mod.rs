@@ -289,6 +289,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SHARDFEED_SHUTDOWN_GRACE", default_value_t = server::DEFAULT_SHUTDOWN_GRACE.as_secs(),
           help_heading = "Listening")]
     pub shutdown_grace: u64,
+    /// Shut down (as on SIGTERM) when the process with this PID, the one
+    /// that started shardfeed, exits: `shardfeed.serve()` in Python sets it
+    /// so that a killed trainer leaves no server behind.
+    #[arg(long, env = "SHARDFEED_EXIT_WITH_PARENT", help_heading = "Listening")]
+    pub exit_with_parent: Option<u32>,
     #[command(flatten)]
     pub s3: S3Args,
     #[command(flatten)]

@@ -76,6 +76,9 @@ pub async fn run(command: Command) -> Result<(), CliError> {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    if let Some(parent) = args.exit_with_parent {
+        exit_with_parent(parent)?;
+    }
     let config = args.config()?;
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(config.metrics_listen)
@@ -341,5 +344,26 @@ async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
     println!("listening on {}", server.endpoint());
     std::io::stdout().flush()?;
     shutdown_signal().await;
+    Ok(())
+}
+
+/// Has the kernel send SIGTERM (the graceful shutdown) when the parent
+/// exits, however it exits; fails if `parent` is already gone.
+fn exit_with_parent(parent: u32) -> Result<(), CliError> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers and touches no memory.
+    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
+    if set != 0 {
+        return Err(format!(
+            "prctl(PR_SET_PDEATHSIG): {}",
+            std::io::Error::last_os_error()
+        )
+        .into());
+    }
+    // The parent may have exited before the signal was armed.
+    // SAFETY: getppid has no preconditions.
+    let current = unsafe { libc::getppid() };
+    if current as u32 != parent {
+        return Err(format!("--exit-with-parent {parent}: that process has already exited").into());
+    }
     Ok(())
 }

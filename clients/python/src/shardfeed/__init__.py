@@ -9,6 +9,7 @@ from ._client import (
     ShardfeedError,
     distributed_rank_and_world,
 )
+from ._server import Server, pack, serve
 
 __all__ = [
     "Augment",
@@ -16,7 +17,10 @@ __all__ = [
     "Client",
     "DatasetInfo",
     "EpochPosition",
+    "Server",
     "ShardfeedError",
     "distributed_rank_and_world",
+    "pack",
+    "serve",
 ]
 __version__ = "0.1.0"

@@ -194,3 +194,6 @@ def test_metrics_are_exported(server: Server, colors) -> None:  # type: ignore[n
         "shardfeed_s3_requests_total",
     ):
         assert name in text, name
+    import shardfeed
+
+    assert f'shardfeed_build_info{{version="{shardfeed.__version__}"}} 1' in text

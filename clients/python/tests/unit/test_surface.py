@@ -100,3 +100,30 @@ def test_declared_floors_are_the_versions_ci_tests() -> None:
         if line and not line.startswith("#")
     )
     assert floors == {name: pins[name] for name in floors}, "keep the two files together"
+
+
+def test_one_version_for_the_crate_the_package_and_the_chart() -> None:
+    """The server wheel takes Cargo.toml's version by construction."""
+    import re
+
+    import shardfeed
+
+    repo = Path(__file__).resolve().parents[4]
+    if not (repo / "Cargo.toml").exists():
+        pytest.skip("not in a checkout of the repository")
+
+    def field(path: str, pattern: str) -> str:
+        found = re.search(pattern, (repo / path).read_text(), re.M)
+        assert found is not None, f"no version in {path}"
+        return found.group(1)
+
+    versions = {
+        "Cargo.toml": field("Cargo.toml", r'^version = "([^"]+)"'),
+        "clients/python/pyproject.toml": field(
+            "clients/python/pyproject.toml", r'^version = "([^"]+)"'
+        ),
+        "server extra": field("clients/python/pyproject.toml", r'"shardfeed-server==([^"]+)"'),
+        "shardfeed.__version__": shardfeed.__version__,
+        "helm appVersion": field("helm/shardfeed/Chart.yaml", r'^appVersion: "([^"]+)"'),
+    }
+    assert len(set(versions.values())) == 1, versions

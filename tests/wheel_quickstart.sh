@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds the two wheels from the test build (target/debug/shardfeed; the
+# release build is clients/python-server/release.sh), installs them in a
+# fresh venv and runs the README's Python quickstart there, against a folder
+# of generated images. Prints the wheels' sizes and the time from
+# `pip install` to the first batch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$PWD"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+.venv/bin/python clients/python-server/build_wheel.py target/debug/shardfeed --out "$work/dist"
+.venv/bin/pip wheel -q --disable-pip-version-check --no-deps -w "$work/dist" ./clients/python
+ls "$work"/dist/*.whl | .venv/bin/python -c "
+import os, sys
+for path in sys.stdin.read().split():
+    size = os.path.getsize(path)
+    print(f'{os.path.basename(path)}: {size / 2**20:.1f} MiB ({size:,} bytes)')"
+
+# The user's own data: two classes of photos, one directory each.
+mkdir -p "$work/app"
+.venv/bin/python - "$work/app/my_images" <<'PY'
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+rng = np.random.default_rng(0)
+for label in ("cat", "dog"):
+    folder = Path(sys.argv[1], label)
+    folder.mkdir(parents=True)
+    for i in range(40):
+        pixels = (rng.random((192, 256, 3)) * 255).astype(np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:03d}.jpg", quality=90)
+PY
+.venv/bin/python - README.md "$work/app/quickstart.py" <<'PY'
+import re
+import sys
+from pathlib import Path
+
+readme = Path(sys.argv[1]).read_text()
+found = re.search(r"<!-- quickstart[^>]*-->\n```python\n(.*?)```", readme, re.S)
+if found is None:
+    sys.exit("README.md has no quickstart block")
+Path(sys.argv[2]).write_text(found.group(1))
+PY
+
+python3 -m venv "$work/venv"
+# The trainer's torch (pinned like the main venv's, from pip's cache): not
+# part of the install being timed.
+"$work/venv/bin/pip" install -q --disable-pip-version-check --no-deps -r clients/python/requirements-torch.txt
+started=$(date +%s.%N)
+# The wheel files themselves, not whatever an index may hold under these names.
+"$work/venv/bin/pip" install -q --disable-pip-version-check \
+  "$work"/dist/shardfeed_server-*.whl "$(ls "$work"/dist/shardfeed-*.whl)[server]"
+installed=$(date +%s.%N)
+[ -x "$work/venv/bin/shardfeed" ] || { echo "the wheel put no shardfeed on PATH"; exit 1; }
+# The quickstart must find the wheel's binary, not the test build.
+(cd "$work/app" && env -u SHARDFEED_BIN "$repo/.venv/bin/python" - "$work/venv/bin/python" "$started" "$installed") <<'PY'
+import subprocess
+import sys
+import time
+
+python, started, installed = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+run = subprocess.Popen([python, "-u", "quickstart.py"], stdout=subprocess.PIPE, text=True)
+assert run.stdout is not None
+lines = [run.stdout.readline()]
+first = time.time()
+lines += run.stdout.readlines()
+if run.wait() != 0 or "torch.Size([32, 224, 224, 3])" not in lines[0]:
+    sys.exit(f"the quickstart failed ({run.returncode}): {lines}")
+print("".join(lines), end="")
+print(
+    f"pip install shardfeed[server] in a fresh venv: {installed - started:.1f} s; "
+    f"then to the first batch: {first - installed:.1f} s; {first - started:.1f} s in all"
+)
+PY
