@@ -1,15 +1,8 @@
 """shardfeed: decoded, batched images from S3 tar shards, streamed over gRPC."""
 
-from ._client import (
-    Augment,
-    Batch,
-    Client,
-    DatasetInfo,
-    EpochPosition,
-    ShardfeedError,
-    distributed_rank_and_world,
-)
+from ._client import Augment, Client, distributed_rank_and_world
 from ._server import Server, pack, serve
+from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
 
 __all__ = [
     "Augment",

@@ -6,19 +6,24 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Union
 
 import grpc
-import numpy as np
-import numpy.typing as npt
-from google.protobuf.message import DecodeError
 
 from . import _shm
-from ._proto import rpc_status_pb2 as rpc
 from ._proto import shardfeed_pb2 as pb
 from ._proto import shardfeed_pb2_grpc as pb_grpc
+from ._wire import (
+    Batch,
+    DatasetInfo,
+    EpochPosition,
+    ShardfeedError,
+    _batch_with_images,
+    _error,
+    _message_from_wire,
+)
 
 ImageSize = Union[int, tuple[int, int]]
 
@@ -50,155 +55,6 @@ _TRANSPORTS = {
     "inline": pb.TRANSPORT_INLINE,
     "shared_memory": pb.TRANSPORT_SHARED_MEMORY,
 }
-
-
-class ShardfeedError(Exception):
-    """Any error from the server: the gRPC status code name and its message.
-
-    Where the server detailed the status (gRPC's rich error model, see
-    proto/shardfeed/v1/rpc_status.proto): ``reason`` (``SERVER_DRAINING``,
-    ``SERVER_STARTING``, ``STREAM_FAILED``), ``metadata`` (a stream that ended
-    early: ``start_batch``, ``epoch``, ``dataset``, ``position``) and
-    ``retry_delay`` in seconds, the server's advice on when to retry.
-    """
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        reason: str = "",
-        metadata: Mapping[str, str] | None = None,
-        retry_delay: float | None = None,
-    ) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.reason = reason
-        self.metadata = dict(metadata or {})
-        self.retry_delay = retry_delay
-
-    def with_message(self, message: str) -> ShardfeedError:
-        """The same error (code and details) saying more."""
-        return ShardfeedError(self.code, message, self.reason, self.metadata, self.retry_delay)
-
-    def resume_position(self) -> EpochPosition | None:
-        """Where the stream that ended with this error goes on (``resume_from``)."""
-        if "position" not in self.metadata:
-            return None
-        text = self.metadata["position"]
-        segments = tuple(
-            (int(world), int(batches))
-            for world, batches in (part.split(":") for part in text.split(",") if part)
-        )
-        return EpochPosition(segments, self.metadata.get("dataset", ""))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Picklable, so DataLoader workers can pass it to the main process.
-        return (
-            ShardfeedError,
-            (self.code, self.message, self.reason, self.metadata, self.retry_delay),
-        )
-
-
-_DETAILS_TRAILER = "grpc-status-details-bin"
-_ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
-_RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
-
-
-def _error(exc: grpc.RpcError) -> ShardfeedError:
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    reason, metadata, retry_delay = _status_details(exc)
-    return ShardfeedError(
-        code.name if code is not None else "UNKNOWN", details or "", reason, metadata, retry_delay
-    )
-
-
-def _status_details(exc: grpc.RpcError) -> tuple[str, dict[str, str], float | None]:
-    """The ErrorInfo and RetryInfo of a status's details trailer, if sent."""
-    reason, metadata, retry_delay = "", {}, None
-    trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    for key, value in trailers or ():
-        if key != _DETAILS_TRAILER or not isinstance(value, bytes):
-            continue
-        try:
-            status = rpc.Status.FromString(value)
-            for detail in status.details:
-                if detail.type_url == _ERROR_INFO_TYPE:
-                    info = rpc.ErrorInfo.FromString(detail.value)
-                    reason, metadata = info.reason, dict(info.metadata)
-                elif detail.type_url == _RETRY_INFO_TYPE:
-                    delay = rpc.RetryInfo.FromString(detail.value).retry_delay
-                    retry_delay = delay.seconds + delay.nanos / 1e9
-        except DecodeError:
-            _log.warning("ignored undecodable status details from the server")
-    return reason, metadata, retry_delay
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    shards: int
-    samples: int
-    batches_per_rank: int
-    dropped_per_epoch: int
-    padded_per_epoch: int
-    total_bytes: int
-    # What decodes JPEGs on the server.
-    decoder: str = ""
-
-
-@dataclass(frozen=True)
-class EpochPosition:
-    """Where an epoch stands, valid at any world size with the same global batch.
-
-    Each segment is ``(world_size, batches)``: batches every rank completed at
-    that world size. ``dataset`` names the dataset index the position was
-    taken on; the server refuses to resume it on another (a loose listing
-    that changed between starts). Pass it back as ``resume_from`` after a
-    restart.
-    """
-
-    segments: tuple[tuple[int, int], ...] = ()
-    dataset: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"segments": [list(s) for s in self.segments], "dataset": self.dataset}
-
-    @classmethod
-    def from_dict(cls, value: Mapping[str, Any]) -> EpochPosition:
-        segments = tuple((int(w), int(b)) for w, b in value["segments"])
-        return cls(segments, str(value.get("dataset", "")))
-
-
-@dataclass(frozen=True)
-class Batch:
-    epoch: int
-    index: int
-    images: npt.NDArray[np.uint8]
-    labels: npt.NDArray[np.int64]
-    keys: list[str]
-    shards: list[str]
-    substituted: list[int]
-    substitution_reasons: list[str]
-    # Parallel to `substituted`: the slot whose image and label were copied
-    # into it, or -1 when no sample of the batch decoded (zeros, label -1).
-    substitute_sources: list[int]
-    position: EpochPosition
-    global_samples: int
-    # Per sample: the source-pixel box (left, top, width, height) its image
-    # was resized from, shape (n, 4), and whether it was mirrored, shape (n,).
-    crop_boxes: npt.NDArray[np.float32]
-    flipped: npt.NDArray[np.bool_]
-    # Whether the images came through shared memory (a view of the server's
-    # slot, or a private copy of it when more batches are held than the ring
-    # allows) rather than inline in the gRPC message.
-    shared: bool = False
-    # The request's `fields`, by name: one value per sample (a substituted
-    # sample carries its source's), None where the sample has no such field.
-    fields: dict[str, list[bytes | None]] = field(default_factory=dict)
-    # Slots holding a repeat that pads the epoch (partition="pad"): leave
-    # them out of evaluation metrics to count each sample once.
-    padded: list[int] = field(default_factory=list)
 
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
@@ -274,112 +130,6 @@ def _augment(augment: AugmentSpec, image_size: ImageSize) -> Augment | None:
     if augment == "eval":
         return Augment.eval(image_size)
     raise ValueError(f"augment must be 'train', 'eval', an Augment or None, not {augment!r}")
-
-
-_IMAGES_FIELD = pb.Batch.DESCRIPTOR.fields_by_name["images"].number
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint in Batch message")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _split_images(data: bytes) -> tuple[int, int, bytes]:
-    """Finds the images field in an encoded Batch without copying it.
-
-    Returns (offset, length) of the image bytes inside ``data`` and the rest
-    of the message (a few KB: keys, labels, position) re-encoded without it.
-    Parsing the whole message would copy the payload twice (into the parser,
-    then into a bytes field): ~20 MB per batch, a tenth of a core at 1,000
-    samples/s.
-    """
-    pos, images, rest = 0, (0, 0), bytearray()
-    while pos < len(data):
-        start = pos
-        tag, pos = _read_varint(data, pos)
-        wire_type = tag & 7
-        if wire_type == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire_type == 1:
-            pos += 8
-        elif wire_type == 5:
-            pos += 4
-        elif wire_type == 2:
-            length, pos = _read_varint(data, pos)
-            if tag >> 3 == _IMAGES_FIELD:
-                images = (pos, length)
-                pos += length
-                if pos > len(data):
-                    raise ValueError("images field runs past the end of the Batch message")
-                continue
-            pos += length
-        else:
-            raise ValueError(f"unsupported wire type {wire_type} in Batch message")
-        if pos > len(data):
-            raise ValueError("field runs past the end of the Batch message")
-        rest += data[start:pos]
-    return images[0], images[1], bytes(rest)
-
-
-def _message_from_wire(data: bytes) -> tuple[Any, npt.NDArray[np.uint8]]:
-    """The stream's deserializer: the message without its images, and the
-    inline images as a numpy view straight into gRPC's buffer (empty when
-    they are in shared memory)."""
-    offset, length, rest = _split_images(data)
-    message = pb.Batch.FromString(rest)
-    return message, np.frombuffer(data, dtype=np.uint8, count=length, offset=offset)
-
-
-def _batch_from_wire(data: bytes) -> Batch:
-    """An inline batch from its encoded message."""
-    return _batch_with_images(*_message_from_wire(data))
-
-
-def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
-    shape = message.shape
-    expected = shape.n * shape.height * shape.width * shape.channels
-    if flat.size != expected:
-        raise ValueError(
-            f"batch {message.index}: {flat.size} image bytes for shape "
-            f"{shape.n}x{shape.height}x{shape.width}x{shape.channels}"
-        )
-    images = flat.reshape(shape.n, shape.height, shape.width, shape.channels)
-    return Batch(
-        epoch=message.epoch,
-        index=message.index,
-        images=images,
-        labels=np.asarray(message.labels, dtype=np.int64),
-        keys=list(message.keys),
-        shards=list(message.shards),
-        substituted=list(message.substituted),
-        substitution_reasons=list(message.substitution_reasons),
-        substitute_sources=list(message.substitute_sources),
-        position=EpochPosition(
-            tuple((s.world_size, s.batches) for s in message.position.segments),
-            message.position.dataset,
-        ),
-        global_samples=message.global_samples,
-        crop_boxes=np.array(
-            [(c.left, c.top, c.width, c.height) for c in message.crops], dtype=np.float32
-        ).reshape(-1, 4),
-        flipped=np.array([c.flipped for c in message.crops], dtype=np.bool_),
-        shared=message.HasField("shared"),
-        fields={values.name: _field_values(values) for values in message.fields},
-        padded=list(message.padded),
-    )
-
-
-def _field_values(values: Any) -> list[bytes | None]:
-    missing = set(values.missing)
-    return [None if slot in missing else value for slot, value in enumerate(values.values)]
 
 
 def distributed_rank_and_world() -> tuple[int, int]:

@@ -17,7 +17,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ._client import Client, ShardfeedError
+from ._client import Client
+from ._wire import ShardfeedError
 
 __all__ = ["Server", "pack", "serve"]
 

@@ -18,13 +18,8 @@ from typing import Any, Union
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._client import (
-    AugmentSpec,
-    Client,
-    EpochPosition,
-    ImageSize,
-    distributed_rank_and_world,
-)
+from ._client import AugmentSpec, Client, ImageSize, distributed_rank_and_world
+from ._wire import EpochPosition
 
 __all__ = ["ShardfeedDataset"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardfeed._client import _batch_from_wire
 from shardfeed._proto import shardfeed_pb2 as pb
+from shardfeed._wire import _batch_from_wire
 
 
 def _message(n: int = 3, height: int = 4, width: int = 5) -> pb.Batch:
