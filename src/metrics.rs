@@ -183,7 +183,32 @@ pub fn describe() {
 }
 
 pub fn request(rpc: &'static str, code: tonic::Code) {
-    counter!(REQUESTS, "rpc" => rpc, "code" => format!("{code:?}")).increment(1);
+    counter!(REQUESTS, "rpc" => rpc, "code" => grpc_code_name(code)).increment(1);
+}
+
+/// gRPC's own name of a status code (`OK`, `NOT_FOUND` …), as clients and
+/// the grpc-ecosystem exporters spell it, not Rust's `Debug` (`NotFound`).
+pub fn grpc_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
 }
 
 pub fn s3_request(op: &'static str, outcome: &'static str, latency: Duration) {

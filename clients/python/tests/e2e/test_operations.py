@@ -82,6 +82,8 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     assert total(during, "shardfeed_batches_total") >= total(before, "shardfeed_batches_total") + 1
     rest = list(stream)
     assert len(rest) == 9
+    with pytest.raises(ShardfeedError):
+        client.describe("s3://ops/absent/", world_size=1)
     after = scrape(server.metrics_url)
     assert total(after, "shardfeed_streams_active") == 0
 
@@ -99,7 +101,9 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
 
     assert moved("shardfeed_batches_total") == 10
     assert moved("shardfeed_samples_total") == 40
-    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="Ok") == 1
+    # gRPC's names of the codes, as clients and exporters spell them.
+    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="OK") == 1
+    assert moved("shardfeed_requests_total", rpc="Describe", code="NOT_FOUND") == 1
     assert moved("shardfeed_substituted_samples_total", reason="corrupt") == 1
     assert moved("shardfeed_invalid_labels_total") == 1
     assert moved("shardfeed_index_builds_total") == 1
