@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use common::*;
 use shardfeed::server::pb;
-use shardfeed::store::cache::EvictionPolicy;
+use shardfeed::store::cache::{CacheConfig, CacheError, DiskCache, EvictionPolicy};
 
 const LARGE: u64 = 1 << 30;
 
@@ -462,4 +462,158 @@ async fn eviction_takes_the_least_recently_used_across_restarts_and_keeps_nothin
         0,
         "no entry for objects that were not cached"
     );
+}
+
+fn slotted(dir: &std::path::Path, lock_wait: std::time::Duration) -> CacheConfig {
+    CacheConfig {
+        max_bytes: LARGE,
+        min_free_percent: 0.0,
+        block_size: 16 << 10,
+        slots: 2,
+        lock_wait,
+        ..CacheConfig::new(dir.to_path_buf())
+    }
+}
+
+async fn served(data: &[Vec<Sample>], cache: std::sync::Arc<DiskCache>) -> (Harness, String) {
+    let s3 = shardfeed::dev::s3mem::start(0).await.unwrap();
+    let uri = upload(&s3, "data", "", data).await;
+    write_index(&s3, "data", "").await;
+    (cached_harness(s3, cache).await, uri)
+}
+
+/// A node-scoped cache (hostPath): jobs side by side take their own slots, a
+/// replacement pod waits for the old one's, and nothing written is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_sharing_a_cache_directory_take_their_own_slots_and_corrupt_nothing() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let first = DiskCache::open(slotted(dir.path(), Duration::ZERO)).unwrap();
+    let second = DiskCache::open(slotted(dir.path(), Duration::ZERO)).unwrap();
+    assert_eq!(first.config().dir, dir.path().join("slot-0"));
+    assert_eq!(second.config().dir, dir.path().join("slot-1"));
+    let third = DiskCache::open_waiting(slotted(dir.path(), Duration::from_millis(1500)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(third, CacheError::SlotsHeld { slots: 2, .. }),
+        "{third}"
+    );
+    assert!(third.to_string().contains("--cache-slots"), "{third}");
+
+    // Two servers read the same dataset at once, each through its own slot.
+    let data = simple_dataset(3, 16);
+    let (a, uri_a) = served(&data, first.clone()).await;
+    let (b, uri_b) = served(&data, second.clone()).await;
+    let (mut client_a, mut client_b) = (a.client().await, b.client().await);
+    let (from_a, from_b) = tokio::join!(
+        collect(&mut client_a, request(&uri_a)),
+        collect(&mut client_b, request(&uri_b))
+    );
+    let (from_a, from_b) = (from_a.unwrap(), from_b.unwrap());
+    assert_eq!(digest(&from_a), digest(&from_b));
+    let written = first.used_bytes();
+    assert!(written > 0 && second.used_bytes() > 0);
+
+    // The replacement of the first server waits for its slot, then adopts
+    // every entry it wrote and serves the next epoch from disk.
+    let waiting = tokio::spawn(DiskCache::open_waiting(slotted(
+        dir.path(),
+        Duration::from_secs(30),
+    )));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!waiting.is_finished(), "both slots are held: it must wait");
+    drop(first);
+    drop(client_a);
+    let s3 = a.restart_s3().await;
+    let replacement = waiting.await.unwrap().unwrap();
+    assert_eq!(replacement.config().dir, dir.path().join("slot-0"));
+    assert_eq!(replacement.used_bytes(), written);
+    let c = cached_harness(s3, replacement).await;
+    let mut client_c = c.client().await;
+    let before = gets(&c.s3);
+    let again = collect(&mut client_c, request(&uri_a)).await.unwrap();
+    assert_eq!(gets(&c.s3), before, "the adopted slot serves from disk");
+    assert_eq!(digest(&again), digest(&from_a));
+    drop(second);
+    b.shutdown().await;
+    c.shutdown().await;
+}
+
+/// The same through the real binary: `prepare-cache-dir`, then two servers
+/// with --cache-slots 2 serve, and a third gives up after its wait with an
+/// error naming the flags.
+#[test]
+fn the_binary_takes_a_free_slot_and_exits_naming_the_flags_when_none_is() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let bin = env!("CARGO_BIN_EXE_shardfeed");
+    let root = tempfile::tempdir().unwrap();
+    let cache_dir = root.path().join("node-cache");
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let prepared = Command::new(bin)
+        .args(["prepare-cache-dir", "--owner", &format!("{uid}:{gid}")])
+        .arg(&cache_dir)
+        .output()
+        .unwrap();
+    assert!(prepared.status.success(), "{prepared:?}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&cache_dir).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o750);
+
+    let serve = |name: &str, lock_wait: &str| {
+        let socket = format!("unix:{}/{name}.sock", root.path().display());
+        let child = Command::new(bin)
+            .args([
+                "serve",
+                "--listen",
+                &socket,
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--cache-slots", "2", "--cache-lock-wait", lock_wait])
+            .arg("--cache-dir")
+            .arg(&cache_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, socket)
+    };
+    let serving = |socket: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let health = Command::new(bin)
+                .args(["health", "--listen", socket])
+                .output()
+                .unwrap();
+            if health.status.success() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    };
+    let (mut first, first_socket) = serve("first", "0");
+    assert!(serving(&first_socket));
+    let (mut second, second_socket) = serve("second", "0");
+    assert!(serving(&second_socket));
+    let started = Instant::now();
+    let (third, _) = serve("third", "1");
+    let output = third.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(
+        stderr.contains("--cache-slots") && stderr.contains("--cache-lock-wait"),
+        "{stderr}"
+    );
+    for slot in ["slot-0", "slot-1"] {
+        assert!(cache_dir.join(slot).join(".lock").exists());
+    }
+    for child in [&mut first, &mut second] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }

@@ -68,6 +68,9 @@ pub enum Command {
     Pack(PackArgs),
     /// Exit 0 if the server at --listen reports SERVING (for probes).
     Health(HealthArgs),
+    /// Give a cache directory on the node (a hostPath) to the sidecar's
+    /// user: run as root with CAP_CHOWN alone, before the sidecar starts.
+    PrepareCacheDir(PrepareCacheDirArgs),
     /// Run the whole path on a synthetic dataset in an in-process S3 server.
     #[cfg(feature = "dev")]
     Demo(DemoArgs),
@@ -202,6 +205,15 @@ pub struct CacheArgs {
     /// Seconds listings and object metadata are trusted (0: for the process's life).
     #[arg(long, env = "SHARDFEED_METADATA_TTL", default_value_t = 0)]
     pub metadata_ttl: u64,
+    /// Servers that may share --cache-dir (a node's disk kept across pods):
+    /// each takes the first free subdirectory slot-<i>, of up to --cache-size
+    /// each. 1: the directory itself, one server at a time.
+    #[arg(long, env = "SHARDFEED_CACHE_SLOTS", default_value_t = 1)]
+    pub cache_slots: u32,
+    /// Seconds to wait for a slot while every one is held (a pod replacing
+    /// another on the node waits for the old one to exit); then exit.
+    #[arg(long, env = "SHARDFEED_CACHE_LOCK_WAIT", default_value_t = 0)]
+    pub cache_lock_wait: u64,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -216,6 +228,12 @@ impl CacheArgs {
         if !(0.0..100.0).contains(&self.cache_min_free_percent) {
             problems.push("--cache-min-free-percent must be in [0, 100)".into());
         }
+        if !(1..=cache::MAX_SLOTS).contains(&self.cache_slots) {
+            problems.push(format!(
+                "--cache-slots must be in [1, {}]",
+                cache::MAX_SLOTS
+            ));
+        }
         Some(CacheConfig {
             max_bytes: self.cache_size,
             min_free_percent: self.cache_min_free_percent,
@@ -224,6 +242,8 @@ impl CacheArgs {
                 PolicyArg::Lru => EvictionPolicy::Lru,
             },
             metadata_ttl: (self.metadata_ttl > 0).then(|| Duration::from_secs(self.metadata_ttl)),
+            slots: self.cache_slots,
+            lock_wait: Duration::from_secs(self.cache_lock_wait),
             ..CacheConfig::new(self.cache_dir.clone()?)
         })
     }
@@ -548,6 +568,26 @@ impl PackArgs {
             object_requests_in_flight: self.read.object_requests_in_flight,
         }
     }
+}
+
+#[derive(Args, Debug)]
+pub struct PrepareCacheDirArgs {
+    /// The directory (created if missing).
+    pub dir: PathBuf,
+    /// The user and group that will own it, as UID:GID.
+    #[arg(long, value_parser = parse_owner)]
+    pub owner: (u32, u32),
+}
+
+fn parse_owner(text: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected UID:GID, e.g. 65532:65532"))?;
+    let number = |part: &str| {
+        part.parse::<u32>()
+            .map_err(|_| format!("{text:?}: {part:?} is not a numeric id"))
+    };
+    Ok((number(uid)?, number(gid)?))
 }
 
 #[derive(Args, Debug)]

@@ -25,6 +25,12 @@ pub async fn run(command: Command) -> Result<(), CliError> {
                 Err(format!("{} is not SERVING", args.listen).into())
             }
         }
+        Command::PrepareCacheDir(args) => {
+            let (uid, gid) = args.owner;
+            crate::store::cache::prepare_dir(&args.dir, uid, gid)?;
+            println!("{} is owned by {uid}:{gid}, mode 0750", args.dir.display());
+            Ok(())
+        }
         #[cfg(feature = "dev")]
         Command::Demo(args) => {
             use crate::dev::demo::DemoOptions;
@@ -119,9 +125,8 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
             let Some(cache) = cache else {
                 return Ok(());
             };
-            let cache = tokio::task::spawn_blocking(move || DiskCache::open(cache))
+            let cache = DiskCache::open_waiting(cache)
                 .await
-                .map_err(|e| format!("opening the disk cache: {e}"))?
                 .map_err(|e| e.to_string())?;
             registry.set_cache(cache);
             Ok(())
@@ -212,7 +217,7 @@ async fn index(args: IndexArgs) -> Result<(), CliError> {
 
 async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
     let cache_config = args.cache_config()?;
-    let cache = DiskCache::open(cache_config)?;
+    let cache = DiskCache::open_waiting(cache_config).await?;
     let registry = DatasetRegistry::new(
         args.s3.config(),
         args.read.retry_policy(),

@@ -71,6 +71,12 @@ pub struct CacheConfig {
     pub policy: EvictionPolicy,
     /// How long listings and object metadata are trusted (`None`: forever).
     pub metadata_ttl: Option<Duration>,
+    /// Servers that may share `dir` (a node's disk, kept across pods): each
+    /// takes the first slot no other process holds, a subdirectory of its
+    /// own with its own `max_bytes`. 1: `dir` itself is the only slot.
+    pub slots: u32,
+    /// How long [`DiskCache::open_waiting`] waits while every slot is held.
+    pub lock_wait: Duration,
 }
 
 impl CacheConfig {
@@ -83,9 +89,32 @@ impl CacheConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             policy: EvictionPolicy::Planned,
             metadata_ttl: None,
+            slots: 1,
+            lock_wait: Duration::ZERO,
+        }
+    }
+
+    /// This configuration once `dir` (one of its slots) is claimed.
+    fn claimed(self, dir: PathBuf) -> Self {
+        Self {
+            dir,
+            slots: 1,
+            ..self
+        }
+    }
+
+    /// The directory of slot `index`: `dir` itself when there is one slot.
+    pub fn slot_dir(&self, index: u32) -> PathBuf {
+        if self.slots <= 1 {
+            self.dir.clone()
+        } else {
+            self.dir.join(format!("slot-{index}"))
         }
     }
 }
+
+/// Most slots one directory may have: each may fill `max_bytes`.
+pub const MAX_SLOTS: u32 = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -97,9 +126,18 @@ pub enum CacheError {
     },
     #[error(
         "cache directory {dir} is in use by another shardfeed process (it holds {dir}/{LOCK_FILE}); \
-         give each server its own --cache-dir"
+         give each server its own --cache-dir, or let servers share it with --cache-slots"
     )]
     Locked { dir: PathBuf },
+    #[error(
+        "every one of the {slots} slots of cache directory {dir} is held by another shardfeed \
+         process (waited {waited_s} s); raise --cache-slots or --cache-lock-wait"
+    )]
+    SlotsHeld {
+        dir: PathBuf,
+        slots: u32,
+        waited_s: u64,
+    },
 }
 
 /// Held (flock) by the process using a cache directory: two servers writing
@@ -129,6 +167,18 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, CacheError> {
         });
     }
     Ok(file)
+}
+
+/// Creates `dir` and gives it to `uid:gid`, mode 0750: a node directory
+/// (hostPath) is made by the kubelet as root, and fsGroup does not apply to
+/// it. Only the directory itself changes owner: what is in it is the
+/// sidecar's own. Run by root with CAP_CHOWN (mode first, while root owns it).
+pub fn prepare_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), CacheError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+        .map_err(|e| io_error(dir, e))?;
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(|e| io_error(dir, e))
 }
 
 /// On-disk description of one entry.
@@ -323,8 +373,81 @@ impl DiskCache {
     /// millions of entries this takes a while, so the server calls it after
     /// it listens (see `server::serve`'s startup).
     pub fn open(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
-        std::fs::create_dir_all(&config.dir).map_err(|e| io_error(&config.dir, e))?;
-        let lock = lock_dir(&config.dir)?;
+        match Self::try_claim(&config)? {
+            Some((dir, lock)) => Self::open_locked(config.claimed(dir), lock),
+            None if config.slots <= 1 => Err(CacheError::Locked { dir: config.dir }),
+            None => Err(CacheError::SlotsHeld {
+                dir: config.dir,
+                slots: config.slots,
+                waited_s: 0,
+            }),
+        }
+    }
+
+    /// [`Self::open`], waiting up to `config.lock_wait` while every slot is
+    /// held: a pod that replaces another on the same node starts while the
+    /// old one drains, and the old one's lock goes with its process.
+    pub async fn open_waiting(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
+        const RETRY: Duration = Duration::from_secs(1);
+        let wait = config.lock_wait;
+        let started = tokio::time::Instant::now();
+        let mut logged = false;
+        loop {
+            let attempt = config.clone();
+            let claimed = tokio::task::spawn_blocking(move || Self::try_claim(&attempt))
+                .await
+                .map_err(|e| io_error(&config.dir, std::io::Error::other(e)))??;
+            if let Some((dir, lock)) = claimed {
+                let config = config.claimed(dir);
+                return tokio::task::spawn_blocking(move || Self::open_locked(config, lock))
+                    .await
+                    .map_err(|e| io_error(Path::new("."), std::io::Error::other(e)))?;
+            }
+            let waited = started.elapsed();
+            if waited >= wait {
+                return Err(if config.slots <= 1 && wait.is_zero() {
+                    CacheError::Locked { dir: config.dir }
+                } else {
+                    CacheError::SlotsHeld {
+                        dir: config.dir,
+                        slots: config.slots,
+                        waited_s: waited.as_secs(),
+                    }
+                });
+            }
+            if !logged {
+                tracing::warn!(
+                    dir = %config.dir.display(),
+                    slots = config.slots,
+                    wait_s = wait.as_secs(),
+                    "every cache slot is held by another process; waiting for one"
+                );
+                logged = true;
+            }
+            tokio::time::sleep(RETRY.min(wait - waited)).await;
+        }
+    }
+
+    /// The first slot no other process holds, locked; `None` if all are held.
+    fn try_claim(config: &CacheConfig) -> Result<Option<(PathBuf, std::fs::File)>, CacheError> {
+        for index in 0..config.slots.max(1) {
+            let dir = config.slot_dir(index);
+            std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+            match lock_dir(&dir) {
+                Ok(lock) => {
+                    if config.slots > 1 {
+                        tracing::info!(dir = %dir.display(), slot = index, "cache slot claimed");
+                    }
+                    return Ok(Some((dir, lock)));
+                }
+                Err(CacheError::Locked { .. }) => continue,
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(None)
+    }
+
+    fn open_locked(config: CacheConfig, lock: std::fs::File) -> Result<Arc<Self>, CacheError> {
         let started = std::time::Instant::now();
         let mut adopted = Vec::new();
         let mut healed = 0usize;
