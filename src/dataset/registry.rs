@@ -43,8 +43,8 @@ pub struct DatasetRegistry {
 
 type SharedOpen = Shared<BoxFuture<'static, Result<Arc<Dataset>, DatasetError>>>;
 
-/// Indexes kept in memory by default (the chart's 8 GiB limit gives 1 GiB:
-/// the server sets `memory limit / 8`, part of the quarter of the limit the
+/// Indexes kept in memory by default (the server sets `memory limit / 8`,
+/// 1.5 GiB at the chart's 12 GiB limit; part of the quarter of the limit the
 /// memory formula leaves to runtime and indexes).
 pub const DEFAULT_INDEX_BUDGET: u64 = 1 << 30;
 

@@ -73,10 +73,10 @@ impl MemoryConfig {
         }
     }
 
-    /// From the detected limit; 8 GiB (the chart's default) when none can
+    /// From the detected limit; 12 GiB (the chart's default) when none can
     /// be read.
     pub fn detect() -> Self {
-        Self::from_limit(detect_memory_limit().unwrap_or(8 << 30))
+        Self::from_limit(detect_memory_limit().unwrap_or(12 << 30))
     }
 }
 
@@ -307,6 +307,45 @@ mod tests {
         assert!(budget.reserve(one).is_ok());
         drop(third);
         assert_eq!(budget.free(), budget.total());
+    }
+
+    /// The sidecar chart's default memory limit, in bytes.
+    fn chart_memory_limit() -> u64 {
+        let values = include_str!("../../helm/shardfeed/charts/shardfeed-sidecar/values.yaml");
+        let mut lines = values.lines().skip_while(|line| *line != "  limits:");
+        lines.next();
+        let quantity = lines
+            .next()
+            .and_then(|line| line.trim().strip_prefix("memory: "))
+            .expect("resources.limits.memory in the chart's values");
+        let gib: u64 = quantity.strip_suffix("Gi").unwrap().parse().unwrap();
+        gib << 30
+    }
+
+    /// A host of 8 GPUs runs 8 training streams and, during evaluation, 8
+    /// more (no shuffle: one reader, no buffer): the chart's default admits
+    /// them all with 110 KB samples; the former 8 GiB did not.
+    #[test]
+    fn the_chart_default_admits_eight_training_and_eight_evaluation_streams() {
+        let config = PipelineConfig::default();
+        let training = StreamCost::new(&config, shape(2_000, 128 * 224 * 224 * 3));
+        let evaluation = StreamCost::new(
+            &config,
+            StreamShape {
+                interleave: 1,
+                ..shape(0, 128 * 224 * 224 * 3)
+            },
+        );
+        let admitted = |limit: u64| {
+            let budget = MemoryBudget::new(MemoryConfig::from_limit(limit).streams);
+            let held: Vec<_> = std::iter::repeat_n(training, 8)
+                .chain(std::iter::repeat_n(evaluation, 8))
+                .map_while(|cost| budget.reserve(cost).ok())
+                .collect();
+            held.len()
+        };
+        assert_eq!(admitted(chart_memory_limit()), 16);
+        assert!(admitted(8 << 30) < 16);
     }
 
     #[test]

@@ -16,4 +16,4 @@ __all__ = [
     "pack",
     "serve",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -102,6 +102,9 @@ def test_declared_floors_are_the_versions_ci_tests() -> None:
     assert floors == {name: pins[name] for name in floors}, "keep the two files together"
 
 
+SIDECAR_CHART = "helm/shardfeed/charts/shardfeed-sidecar"
+
+
 def test_one_version_for_the_crate_the_package_and_the_chart() -> None:
     """The server wheel takes Cargo.toml's version by construction."""
     import re
@@ -125,5 +128,15 @@ def test_one_version_for_the_crate_the_package_and_the_chart() -> None:
         "server extra": field("clients/python/pyproject.toml", r'"shardfeed-server==([^"]+)"'),
         "shardfeed.__version__": shardfeed.__version__,
         "helm appVersion": field("helm/shardfeed/Chart.yaml", r'^appVersion: "([^"]+)"'),
+        "helm version": field("helm/shardfeed/Chart.yaml", r"^version: (\S+)"),
+        "the chart's library": field(
+            "helm/shardfeed/Chart.yaml", r"name: shardfeed-sidecar\n\s+version: (\S+)"
+        ),
+        "library version": field(SIDECAR_CHART + "/Chart.yaml", r"^version: (\S+)"),
+        "library appVersion": field(SIDECAR_CHART + "/Chart.yaml", r'^appVersion: "([^"]+)"'),
+        "the image's default tag": field(SIDECAR_CHART + "/values.yaml", r'^  tag: "([^"]+)"'),
+        "the Kustomize component's image": field(
+            "helm/kustomize/shardfeed-sidecar/sidecar.yaml", r"image: \S+:([0-9][^\s\"]*)"
+        ),
     }
     assert len(set(versions.values())) == 1, versions
