@@ -10,6 +10,7 @@ use shardfeed::decode::{
     SampleKey, ScratchBudget,
 };
 use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
+use shardfeed::plan::mix::{plan_mix, MixRequest, MixSource, MixWeights, WeightChange};
 use shardfeed::plan::{
     emitted_samples, plan_stream, EpochPosition, Partition, PlanRequest, ShuffleConfig,
 };
@@ -147,5 +148,73 @@ fn planning(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(kernels, decode_resize, tar_parse, planning);
+/// Issue 24's planning figure: a stream mixing 10 sources of 10^4 shards
+/// each (world 64, resumed mid-epoch), beside one source of the same 10^5
+/// shards planned the single-source way.
+fn mix_planning(c: &mut Criterion) {
+    let source_shards: Vec<u64> = (0..10_000).map(|i| 900 + (i % 200)).collect();
+    let sources: Vec<MixSource> = (0..10)
+        .map(|k| MixSource {
+            key: k,
+            shard_samples: source_shards.clone(),
+            shuffle: ShuffleConfig::default(),
+        })
+        .collect();
+    let weights: Vec<f64> = (1..=10).map(f64::from).collect();
+    let request = MixRequest {
+        seed: 1,
+        epoch: 2,
+        rank: 37,
+        world_size: 64,
+        batch_size: 256,
+        sources,
+        weights: vec![WeightChange {
+            from_step: 0,
+            weights: MixWeights::new(&weights).unwrap(),
+        }],
+        start_batch: 3_000,
+    };
+    let mut group = c.benchmark_group("plan");
+    group.sample_size(10);
+    group.bench_function("plan_mix_10_sources_of_10k_shards", |b| {
+        b.iter(|| {
+            let plan = plan_mix(&request).unwrap();
+            let mut shards = 0;
+            for k in 0..plan.sources() {
+                let cursor = plan.cursor(k);
+                shards += plan
+                    .source_plan(k, cursor.epoch, cursor.offset)
+                    .unwrap()
+                    .shard_sequence()
+                    .len();
+            }
+            black_box(shards)
+        })
+    });
+    let one_source: Vec<u64> = (0..10).flat_map(|_| source_shards.clone()).collect();
+    let single = PlanRequest {
+        seed: 1,
+        epoch: 2,
+        rank: 37,
+        world_size: 64,
+        batch_size: 256,
+        shuffle: ShuffleConfig::default(),
+        partition: Partition::DropLast,
+        start_batch: 3_000,
+        resume_from: EpochPosition::default(),
+    };
+    group.bench_function("plan_stream_one_source_of_100k_shards", |b| {
+        b.iter(|| {
+            black_box(
+                plan_stream(&one_source, &single)
+                    .unwrap()
+                    .shard_sequence()
+                    .len(),
+            )
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(kernels, decode_resize, tar_parse, planning, mix_planning);
 criterion_main!(kernels);

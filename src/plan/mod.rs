@@ -28,6 +28,7 @@
 //! Cost: O(shards) per epoch to plan, O(samples emitted) integer work to
 //! resume, O(interleave + shuffle_buffer) memory per schedule.
 
+pub mod mix;
 pub mod rng;
 mod schedule;
 
