@@ -172,6 +172,7 @@ fn mix_planning(c: &mut Criterion) {
             from_step: 0,
             weights: MixWeights::new(&weights).unwrap(),
         }],
+        history: Vec::new(),
         start_batch: 3_000,
     };
     let mut group = c.benchmark_group("plan");
@@ -181,9 +182,9 @@ fn mix_planning(c: &mut Criterion) {
             let plan = plan_mix(&request).unwrap();
             let mut shards = 0;
             for k in 0..plan.sources() {
-                let cursor = plan.cursor(k);
+                let slice = plan.source_slices(k).next().unwrap();
                 shards += plan
-                    .source_plan(k, cursor.epoch, cursor.offset)
+                    .part_plan(k, slice.part)
                     .unwrap()
                     .shard_sequence()
                     .len();

@@ -16,7 +16,10 @@
 //!    to the ranks from rank `t mod W`. Every rank gets exactly
 //!    `batch_size`, at most one leftover per source per step, and the
 //!    leftovers rotate over the ranks. A rank's batch holds its sources in
-//!    source order.
+//!    source order. Ranks therefore read a source at slightly different
+//!    rates (the rotation evens them out for most weights, but not for
+//!    every combination of weights and world size): each reads its own part
+//!    of each source-epoch once, whenever it gets there.
 //! 4. **Within a source**, today's plan at batch size 1: source-epoch `e` is
 //!    partitioned contiguously over the ranks (`floor(N_k / W)` samples
 //!    each) and read with its interleave and shuffle buffer. A rank that
@@ -34,15 +37,24 @@
 //!    again from zero, so from that step on the new weights hold exactly,
 //!    and every source's cursor carries on: nothing inside a source-epoch is
 //!    repeated or skipped.
-//! 7. **Resume** takes the global step: each source's cursor is recounted
-//!    from the step counts (O(steps × sources) integer work, no data).
-//!
-//! Not yet: a resume at another world size (the per-rank cursors differ by
-//! a few samples, so the sources' remainders must be regrouped as
-//! `plan_stream` regroups one dataset's).
+//! 7. **Resume** takes the global step and the world sizes the stream ran
+//!    at ([`super::Phase`]s, as for one dataset). Each rank's way through a
+//!    source is a queue of [`PartSlice`]s (pieces of ranks' parts of
+//!    source-epochs) followed by its own fresh parts. At a change of world
+//!    size, every source's unread pieces are gathered per source-epoch in
+//!    rank order (a rank that had not yet started a source-epoch another had
+//!    started contributes its whole part) and split contiguously over the
+//!    new ranks; later source-epochs are partitioned at the new size. So a
+//!    resize repeats and skips nothing inside any source-epoch. Cost:
+//!    O(steps × sources) integer work, plus O(world size) per resize.
+
+mod queue;
+
+pub use queue::{PartId, PartSlice, SourceQueue};
 
 use super::rng::Rng;
 use super::{plan_stream, Partition, PlanError, PlanRequest, ShuffleConfig, StreamPlan};
+use queue::regroup;
 
 /// Most sources one stream mixes; each holds its own readers.
 pub const MAX_SOURCES: usize = 16;
@@ -246,16 +258,52 @@ pub struct MixRequest {
     pub sources: Vec<MixSource>,
     /// The weight log: the first change is at step 0; steps increase.
     pub weights: Vec<WeightChange>,
+    /// The world sizes the stream ran at before, from its step 0, oldest
+    /// first (the steps after them to `start_batch` ran at `world_size`).
+    pub history: Vec<super::Phase>,
     /// Batches of the epoch already done.
     pub start_batch: u64,
 }
 
-/// Where a rank stands in one source: its `offset`-th sample of its part of
-/// source-epoch `epoch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SourceCursor {
-    pub epoch: u64,
-    pub offset: u64,
+/// Every rank's count of each source over `steps` steps at `world_size`.
+fn phase_counts(counts: &mut GlobalCounts, steps: u64, world_size: u32) -> Vec<Vec<u64>> {
+    let sources = counts.changes[0].weights.sources();
+    let world = u64::from(world_size);
+    let mut even = vec![0u64; sources];
+    // Leftovers land on circular ranges of ranks: a difference array each.
+    let mut leftovers = vec![vec![0i64; world_size as usize + 1]; sources];
+    let mut global = vec![0; sources];
+    for _ in 0..steps {
+        let step = counts.next(&mut global);
+        let mut tokens = 0u64;
+        for (k, &count) in global.iter().enumerate() {
+            let (share, leftover) = (count / world, count % world);
+            even[k] += share;
+            let first = (step % world + tokens) % world;
+            let end = first + leftover;
+            let marks = &mut leftovers[k];
+            marks[first as usize] += 1;
+            if end <= world {
+                marks[end as usize] -= 1;
+            } else {
+                marks[world as usize] -= 1;
+                marks[0] += 1;
+                marks[(end - world) as usize] -= 1;
+            }
+            tokens += leftover;
+        }
+    }
+    (0..sources)
+        .map(|k| {
+            let mut running = 0i64;
+            (0..world_size as usize)
+                .map(|r| {
+                    running += leftovers[k][r];
+                    even[k] + running as u64
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// One rank's mixed stream from its first batch.
@@ -271,9 +319,9 @@ pub struct MixPlan {
     pub rank: u32,
     sources: Vec<MixSource>,
     seeds: Vec<u64>,
-    /// Samples of each source every rank's part of a source-epoch holds.
-    part_len: Vec<u64>,
-    cursors: Vec<SourceCursor>,
+    /// Samples of each source.
+    samples: Vec<u64>,
+    queues: Vec<SourceQueue>,
     counts: GlobalCounts,
 }
 
@@ -328,18 +376,25 @@ pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
     if rank >= world_size {
         return Err(PlanError::RankOutOfRange { rank, world_size }.into());
     }
-    let mut part_len = Vec::with_capacity(request.sources.len());
+    let mut samples = Vec::with_capacity(request.sources.len());
     for (index, source) in request.sources.iter().enumerate() {
         super::validate_shuffle(source.shuffle)?;
-        let samples: u64 = source.shard_samples.iter().sum();
-        if samples < u64::from(world_size) {
+        let total: u64 = source.shard_samples.iter().sum();
+        let smallest_world = request
+            .history
+            .iter()
+            .map(|p| p.world_size)
+            .chain([world_size])
+            .max()
+            .unwrap_or(world_size);
+        if total < u64::from(smallest_world) {
             return Err(MixError::SourceTooSmall {
                 index,
-                samples,
-                world_size,
+                samples: total,
+                world_size: smallest_world,
             });
         }
-        part_len.push(samples / u64::from(world_size));
+        samples.push(total);
     }
     if request.start_batch > stream.steps {
         return Err(MixError::StartPastEnd {
@@ -350,25 +405,66 @@ pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
     let first_step = epoch
         .saturating_mul(stream.steps)
         .saturating_add(request.start_batch);
+    let history: u64 = request.history.iter().map(|p| p.batches).sum();
+    if request.history.len() > super::MAX_RESUME_PHASES {
+        return Err(PlanError::TooManyResumePhases(request.history.len()).into());
+    }
+    for phase in &request.history {
+        if phase.world_size == 0 || stream.global_batch % u64::from(phase.world_size) != 0 {
+            return Err(PlanError::ResumeWorldSize {
+                world_size: phase.world_size,
+                global_batch: stream.global_batch,
+            }
+            .into());
+        }
+    }
+    if history > first_step {
+        return Err(PlanError::ResumePastEnd {
+            steps: history,
+            total: first_step,
+        }
+        .into());
+    }
+
+    // Every rank's queues through the history, regrouped at each resize.
     let mut counts = GlobalCounts::new(&request.weights, stream.global_batch);
     let sources = request.sources.len();
-    let (mut global, mut own, mut consumed) =
-        (vec![0; sources], vec![0; sources], vec![0u64; sources]);
+    let first_world = request.history.first().map_or(world_size, |p| p.world_size);
+    let mut all: Vec<Vec<SourceQueue>> = (0..sources)
+        .map(|_| {
+            (0..first_world)
+                .map(|r| SourceQueue::fresh(0, first_world, r))
+                .collect()
+        })
+        .collect();
+    for (i, phase) in request.history.iter().enumerate() {
+        let taken = phase_counts(&mut counts, phase.batches, phase.world_size);
+        let next_world = request
+            .history
+            .get(i + 1)
+            .map_or(world_size, |p| p.world_size);
+        for k in 0..sources {
+            for (queue, &count) in all[k].iter_mut().zip(&taken[k]) {
+                queue.take(count, samples[k]);
+            }
+            if next_world != phase.world_size {
+                all[k] = regroup(std::mem::take(&mut all[k]), next_world, samples[k]);
+            }
+        }
+    }
+    // Then this rank alone, at its world size, to the first batch.
+    let mut queues: Vec<SourceQueue> = all
+        .into_iter()
+        .map(|mut per_rank| per_rank.swap_remove(rank as usize))
+        .collect();
+    let (mut global, mut own) = (vec![0; sources], vec![0; sources]);
     while counts.step < first_step {
         let step = counts.next(&mut global);
         rank_counts(&global, world_size, rank, step, &mut own);
-        for (total, n) in consumed.iter_mut().zip(&own) {
-            *total += n;
+        for (queue, (&count, &total)) in queues.iter_mut().zip(own.iter().zip(&samples)) {
+            queue.take(count, total);
         }
     }
-    let cursors = consumed
-        .iter()
-        .zip(&part_len)
-        .map(|(&n, &len)| SourceCursor {
-            epoch: n / len,
-            offset: n % len,
-        })
-        .collect();
     let seeds = request
         .sources
         .iter()
@@ -382,8 +478,8 @@ pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
         rank,
         sources: request.sources.clone(),
         seeds,
-        part_len,
-        cursors,
+        samples,
+        queues,
         counts,
     })
 }
@@ -394,8 +490,23 @@ impl MixPlan {
     }
 
     /// Where this rank starts in source `k`.
-    pub fn cursor(&self, k: usize) -> SourceCursor {
-        self.cursors[k]
+    pub fn queue(&self, k: usize) -> &SourceQueue {
+        &self.queues[k]
+    }
+
+    /// The pieces of source `k` this rank reads, in order, from its first
+    /// batch on: its queue, then its fresh parts (endless: the stream's
+    /// counts say how much of it is read).
+    pub fn source_slices(&self, k: usize) -> impl Iterator<Item = PartSlice> + '_ {
+        let mut queue = self.queues[k].clone();
+        let samples = self.samples[k];
+        std::iter::from_fn(move || {
+            if queue.slices.is_empty() {
+                queue.open_next(samples);
+            }
+            queue.slices.pop_front()
+        })
+        .filter(|slice| !slice.is_empty())
     }
 
     /// This rank's count of each source, batch by batch, from the first.
@@ -410,34 +521,25 @@ impl MixPlan {
         })
     }
 
-    /// Source `k`'s plan of this rank's part of `source_epoch`, from
-    /// sample `offset` of it: the source's today-style plan at batch size 1.
-    pub fn source_plan(
-        &self,
-        k: usize,
-        source_epoch: u64,
-        offset: u64,
-    ) -> Result<StreamPlan, PlanError> {
+    /// The plan of one part of source `k`: today's plan at batch size 1
+    /// for that part's rank and world size; a slice of the part reads
+    /// `[from, to)` of its emitted sequence.
+    pub fn part_plan(&self, k: usize, part: PartId) -> Result<StreamPlan, PlanError> {
         let source = &self.sources[k];
         plan_stream(
             &source.shard_samples,
             &PlanRequest {
                 seed: self.seeds[k],
-                epoch: source_epoch,
-                rank: self.rank,
-                world_size: self.world_size,
+                epoch: part.epoch,
+                rank: part.rank,
+                world_size: part.world_size,
                 batch_size: 1,
                 shuffle: source.shuffle,
                 partition: Partition::DropLast,
-                start_batch: offset,
+                start_batch: 0,
                 resume_from: Default::default(),
             },
         )
-    }
-
-    /// Samples of source `k` in this rank's part of one source-epoch.
-    pub fn part_len(&self, k: usize) -> u64 {
-        self.part_len[k]
     }
 }
 
@@ -453,28 +555,25 @@ pub struct MixedSample {
 /// The samples a mixed plan emits, batch by batch. For tests and tools: it
 /// walks the whole stream.
 pub fn emitted_mix(plan: &MixPlan) -> Result<Vec<Vec<MixedSample>>, PlanError> {
-    // Per source: samples of the current source-epoch not yet taken.
     let mut queues: Vec<std::collections::VecDeque<MixedSample>> =
         vec![Default::default(); plan.sources()];
-    let mut next_epoch: Vec<(u64, u64)> = (0..plan.sources())
-        .map(|k| (plan.cursor(k).epoch, plan.cursor(k).offset))
-        .collect();
+    let mut slices: Vec<_> = (0..plan.sources()).map(|k| plan.source_slices(k)).collect();
     let mut batches = Vec::with_capacity(plan.batches as usize);
     for counts in plan.batch_counts() {
         let mut batch = Vec::new();
         for (k, &count) in counts.iter().enumerate() {
             while (queues[k].len() as u64) < count {
-                let (epoch, offset) = next_epoch[k];
-                let part = plan.source_plan(k, epoch, offset)?;
-                queues[k].extend(super::emitted_samples(&part).into_iter().map(
-                    |(shard, index)| MixedSample {
+                let slice = slices[k].next().expect("fresh parts never end");
+                let part = plan.part_plan(k, slice.part)?;
+                let emitted = super::emitted_samples(&part);
+                queues[k].extend(emitted[slice.from as usize..slice.to as usize].iter().map(
+                    |&(shard, index)| MixedSample {
                         source: k as u32,
-                        source_epoch: epoch,
+                        source_epoch: slice.part.epoch,
                         shard,
                         index,
                     },
                 ));
-                next_epoch[k] = (epoch + 1, 0);
             }
             batch.extend(queues[k].drain(..count as usize));
         }
@@ -484,286 +583,4 @@ pub fn emitted_mix(plan: &MixPlan) -> Result<Vec<Vec<MixedSample>>, PlanError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn weights(w: &[f64]) -> MixWeights {
-        MixWeights::new(w).unwrap()
-    }
-
-    #[test]
-    fn bad_weights_are_refused_naming_the_source() {
-        assert_eq!(MixWeights::new(&[]), Err(MixError::SourceCount(0)));
-        assert!(matches!(
-            MixWeights::new(&[0.5, -1.0]),
-            Err(MixError::BadWeight { index: 1, .. })
-        ));
-        assert!(matches!(
-            MixWeights::new(&[f64::NAN]),
-            Err(MixError::BadWeight { index: 0, .. })
-        ));
-        assert_eq!(MixWeights::new(&[0.0, 0.0]), Err(MixError::AllZero));
-        assert_eq!(
-            MixWeights::new(&[1.0; MAX_SOURCES + 1]),
-            Err(MixError::SourceCount(MAX_SOURCES + 1))
-        );
-        let parts = weights(&[1.0, 1.0, 1.0]).0;
-        assert_eq!(parts.iter().sum::<u64>(), WEIGHT_ONE);
-    }
-
-    #[test]
-    fn seventy_thirty_over_a_global_batch_of_ten() {
-        let mut counts = GlobalCounts::new(
-            &[WeightChange {
-                from_step: 0,
-                weights: weights(&[0.7, 0.3]),
-            }],
-            10,
-        );
-        let mut global = vec![0; 2];
-        for _ in 0..5 {
-            counts.next(&mut global);
-            assert_eq!(global, [7, 3]);
-        }
-    }
-
-    #[test]
-    fn a_third_each_rotates_the_extra_sample() {
-        let mut counts = GlobalCounts::new(
-            &[WeightChange {
-                from_step: 0,
-                weights: weights(&[1.0, 1.0, 1.0]),
-            }],
-            8,
-        );
-        let mut global = vec![0; 3];
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            counts.next(&mut global);
-            seen.push(global.clone());
-        }
-        // 8/3 each: two sources get 3, one gets 2, in turn.
-        assert_eq!(seen, [vec![3, 3, 2], vec![3, 2, 3], vec![2, 3, 3]]);
-    }
-
-    #[test]
-    fn leftovers_go_round_robin_and_every_rank_gets_its_batch() {
-        // Global batch 8 over 4 ranks: counts 5 and 3 leave 1 and 3 leftovers.
-        let mut totals = [[0u64; 2]; 4];
-        for step in 0..4 {
-            for rank in 0..4 {
-                let mut own = [0; 2];
-                rank_counts(&[5, 3], 4, rank, step, &mut own);
-                assert_eq!(own.iter().sum::<u64>(), 2);
-                totals[rank as usize][0] += own[0];
-                totals[rank as usize][1] += own[1];
-            }
-        }
-        // Over four steps the leftovers rotated over every rank.
-        assert_eq!(totals, [[5, 3]; 4]);
-    }
-
-    use proptest::prelude::*;
-
-    fn single(w: &MixWeights) -> Vec<WeightChange> {
-        vec![WeightChange {
-            from_step: 0,
-            weights: w.clone(),
-        }]
-    }
-
-    fn mix_weights() -> impl Strategy<Value = Vec<f64>> {
-        prop::collection::vec(0u32..20, 2..6)
-            .prop_filter("one positive", |w| w.iter().any(|&x| x > 0))
-            .prop_map(|w| w.into_iter().map(f64::from).collect())
-    }
-
-    fn request(
-        sources: &[Vec<u64>],
-        changes: Vec<WeightChange>,
-        world_size: u32,
-        rank: u32,
-        batch_size: u32,
-    ) -> MixRequest {
-        MixRequest {
-            seed: 7,
-            epoch: 0,
-            rank,
-            world_size,
-            batch_size,
-            sources: sources
-                .iter()
-                .enumerate()
-                .map(|(k, shards)| MixSource {
-                    key: 100 + k as u64,
-                    shard_samples: shards.clone(),
-                    shuffle: ShuffleConfig {
-                        enabled: true,
-                        interleave: 2,
-                        buffer: 8,
-                    },
-                })
-                .collect(),
-            weights: changes,
-            start_batch: 0,
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
-
-        /// Rules 2 and 3: every global batch holds floor or ceil of each
-        /// source's share, every prefix is within one sample of the
-        /// weights, and every rank gets exactly its batch.
-        #[test]
-        fn every_global_batch_is_exact_and_every_prefix_is_within_one(
-            w in mix_weights(),
-            world_size in 1u32..65,
-            batch_size in 1u32..65,
-        ) {
-            let weights = MixWeights::new(&w).unwrap();
-            let global_batch = u64::from(world_size) * u64::from(batch_size);
-            let mut counts = GlobalCounts::new(&single(&weights), global_batch);
-            let sources = w.len();
-            let (mut global, mut own) = (vec![0; sources], vec![0; sources]);
-            let mut cumulative = vec![0u64; sources];
-            for t in 1..=200u64 {
-                let step = counts.next(&mut global);
-                prop_assert_eq!(global.iter().sum::<u64>(), global_batch);
-                let mut per_source = vec![0u64; sources];
-                for rank in 0..world_size {
-                    rank_counts(&global, world_size, rank, step, &mut own);
-                    prop_assert_eq!(own.iter().sum::<u64>(), u64::from(batch_size));
-                    for (sum, n) in per_source.iter_mut().zip(&own) {
-                        *sum += n;
-                    }
-                }
-                prop_assert_eq!(&per_source, &global);
-                for k in 0..sources {
-                    let exact = u128::from(weights.0[k]) * u128::from(global_batch);
-                    let floor = (exact / u128::from(WEIGHT_ONE)) as u64;
-                    prop_assert!(global[k] == floor || global[k] == floor + 1);
-                    if weights.0[k] == 0 {
-                        prop_assert_eq!(global[k], 0);
-                    }
-                    cumulative[k] += global[k];
-                    let target = exact * u128::from(t);
-                    let got = u128::from(cumulative[k]) * u128::from(WEIGHT_ONE);
-                    prop_assert!(
-                        got.abs_diff(target) < u128::from(WEIGHT_ONE),
-                        "source {} after {} steps: {} vs {}", k, t, got, target
-                    );
-                }
-            }
-        }
-
-        /// Rule 4: ranks read disjoint samples, and within each source-epoch
-        /// every rank's part is read once; a rank that runs out of a source
-        /// goes on into its next source-epoch.
-        #[test]
-        fn ranks_are_disjoint_and_each_source_epoch_is_read_once(
-            w in mix_weights(),
-            world_size in 1u32..5,
-            batch_size in 1u32..9,
-            sizes in prop::collection::vec(prop::collection::vec(1u64..12, 1..5), 5),
-        ) {
-            let sources: Vec<Vec<u64>> = sizes[..w.len()].to_vec();
-            prop_assume!(sources.iter().all(|s| s.iter().sum::<u64>() >= u64::from(world_size)));
-            let changes = single(&MixWeights::new(&w).unwrap());
-            let mut seen: std::collections::HashMap<(u32, u64), Vec<MixedSample>> = Default::default();
-            let mut stream_batches = None;
-            for rank in 0..world_size {
-                // Three stream epochs: the small sources wrap several times.
-                for epoch in 0..3 {
-                    let plan = plan_mix(&MixRequest {
-                        epoch,
-                        ..request(&sources, changes.clone(), world_size, rank, batch_size)
-                    });
-                    let Ok(plan) = plan else {
-                        // Fewer samples than one global batch: refused, as today.
-                        let too_few = matches!(plan, Err(MixError::Plan(PlanError::TooFewSamples { .. })));
-                        prop_assert!(too_few, "{:?}", plan);
-                        return Ok(());
-                    };
-                    let batches = emitted_mix(&plan).unwrap();
-                    prop_assert_eq!(*stream_batches.get_or_insert(batches.len()), batches.len());
-                    for batch in batches {
-                        prop_assert_eq!(batch.len() as u32, batch_size);
-                        for sample in batch {
-                            seen.entry((sample.source, sample.source_epoch)).or_default().push(sample);
-                        }
-                    }
-                }
-            }
-            for ((source, epoch), samples) in &seen {
-                let total: u64 = sources[*source as usize].iter().sum();
-                let part = total / u64::from(world_size);
-                let mut unique = samples.clone();
-                unique.sort_unstable();
-                unique.dedup();
-                prop_assert_eq!(unique.len(), samples.len(), "source {} epoch {} repeats", source, epoch);
-                prop_assert!(samples.len() as u64 <= part * u64::from(world_size));
-            }
-        }
-
-        /// Rules 6 and 7: resuming at a batch gives the rest of the stream;
-        /// a weight change at a batch keeps every source's cursor and from
-        /// there counts as a fresh plan with the new weights.
-        #[test]
-        fn resume_is_the_tail_and_a_reweight_starts_fresh_from_the_same_cursors(
-            w in mix_weights(),
-            later in mix_weights(),
-            world_size in 1u32..5,
-            batch_size in 1u32..9,
-            at in 0u64..40,
-        ) {
-            let sources: Vec<Vec<u64>> = vec![vec![40, 17, 23]; 5][..w.len()].to_vec();
-            let later: Vec<f64> = later.iter().cycle().take(w.len()).copied().collect();
-            prop_assume!(later.iter().any(|&x| x > 0.0));
-            let rank = world_size - 1;
-            let base = request(&sources, single(&MixWeights::new(&w).unwrap()), world_size, rank, batch_size);
-            let whole = plan_mix(&base).unwrap();
-            for k in 0..w.len() {
-                prop_assert_eq!(whole.cursor(k), SourceCursor { epoch: 0, offset: 0 });
-            }
-            let at = at.min(whole.steps_per_epoch);
-            let tail = plan_mix(&MixRequest { start_batch: at, ..base.clone() }).unwrap();
-            let all = emitted_mix(&whole).unwrap();
-            prop_assert_eq!(&emitted_mix(&tail).unwrap()[..], &all[at as usize..]);
-
-            let new_weights = WeightChange { from_step: at, weights: MixWeights::new(&later).unwrap() };
-            let mut changes = single(&MixWeights::new(&w).unwrap());
-            if at == 0 {
-                changes = vec![new_weights];
-            } else {
-                changes.push(new_weights);
-            }
-            let reweighted = plan_mix(&MixRequest { weights: changes.clone(), start_batch: at, ..base.clone() }).unwrap();
-            for k in 0..w.len() {
-                prop_assert_eq!(reweighted.cursor(k), tail.cursor(k));
-            }
-            // From `at`, the global counts are those of a fresh apportionment.
-            let global_batch = u64::from(world_size) * u64::from(batch_size);
-            let mut fresh = Apportioner::new(&MixWeights::new(&later).unwrap(), global_batch);
-            let mut global = vec![0; w.len()];
-            let mut own = vec![0; w.len()];
-            for (i, counts) in reweighted.batch_counts().enumerate() {
-                fresh.next_counts(&mut global);
-                rank_counts(&global, world_size, rank, at + i as u64, &mut own);
-                prop_assert_eq!(&counts, &own);
-            }
-            // And the samples carry on from the cursors: the first batch's
-            // samples of each source follow the tail's in that source.
-            let from_cursor = emitted_mix(&reweighted).unwrap();
-            let tail_samples = emitted_mix(&tail).unwrap();
-            if let (Some(a), Some(b)) = (from_cursor.first(), tail_samples.first()) {
-                for k in 0..w.len() as u32 {
-                    let ours: Vec<_> = a.iter().filter(|s| s.source == k).collect();
-                    let theirs: Vec<_> = b.iter().filter(|s| s.source == k).collect();
-                    let n = ours.len().min(theirs.len());
-                    prop_assert_eq!(&ours[..n], &theirs[..n]);
-                }
-            }
-        }
-    }
-}
+mod tests;
