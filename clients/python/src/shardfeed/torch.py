@@ -32,6 +32,12 @@ _STATE_VERSION = 1
 Sample = Union[tuple[torch.Tensor, torch.Tensor], dict[str, Any]]
 
 
+# Batches handed out but not yet consumed that a DataModule-driven dataset
+# keeps positions for: Lightning fetches one ahead; far more means the
+# consumption hook is not being called.
+MAX_FETCH_AHEAD = 64
+
+
 class ShardfeedDataset(IterableDataset[Sample]):
     """This rank's batches of one epoch as ``(images, labels)`` tensors.
 
@@ -288,6 +294,13 @@ class ShardfeedDataset(IterableDataset[Sample]):
             if sum(batches for _, batches in batch.position.segments) >= steps:
                 self._shared.set_completed(self._epoch, self._choice)
             if self._tracking:
+                if len(self._pending) >= MAX_FETCH_AHEAD:
+                    raise RuntimeError(
+                        f"{MAX_FETCH_AHEAD} batches were handed out that no training step "
+                        "consumed: ShardfeedDataModule marks a batch consumed as a step takes "
+                        "it (on_before_batch_transfer), so a loop fetching this far ahead, or "
+                        "one that skips that hook, cannot be checkpointed exactly"
+                    )
                 self._pending.append(batch.position)
             labels = torch.from_numpy(batch.labels)
             if self.output == "tuple":

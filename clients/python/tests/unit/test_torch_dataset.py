@@ -5,10 +5,11 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 
-from shardfeed import Client, DatasetInfo
-from shardfeed.torch import ShardfeedDataset
+from shardfeed import Batch, Client, DatasetInfo, EpochPosition
+from shardfeed.torch import MAX_FETCH_AHEAD, ShardfeedDataset
 
 URI = "s3://bucket/train/"
 
@@ -98,3 +99,43 @@ def test_the_dataset_pickles_for_spawned_workers() -> None:
     again = pickle.loads(pickle.dumps(ds))
     assert again.state_dict() == _state()
     assert (again.layout, again.augment, again.client.target) == ("NCHW", "train", ds.client.target)
+
+
+class _StreamingClient(_CountingClient):
+    """Answers StreamBatches with tiny batches, one position further each."""
+
+    def batches(self, dataset: str, **_: Any) -> Any:
+        for index in range(100):
+            yield Batch(
+                epoch=0,
+                index=index,
+                images=np.zeros((1, 2, 2, 3), np.uint8),
+                labels=np.zeros(1, np.int64),
+                keys=[f"k{index}"],
+                shards=["s"],
+                substituted=[],
+                substitution_reasons=[],
+                substitute_sources=[],
+                position=EpochPosition(((1, index + 1),)),
+                global_samples=index + 1,
+                crop_boxes=np.zeros((1, 4), np.float32),
+                flipped=np.zeros(1, np.bool_),
+            )
+
+
+def test_positions_kept_for_unconsumed_batches_are_bounded() -> None:
+    ds = ShardfeedDataset(URI, client=_StreamingClient(), world_size=1, batch_size=1)
+    ds._tracking = True
+    stream = iter(ds)
+    for _ in range(MAX_FETCH_AHEAD):
+        next(stream)
+    with pytest.raises(RuntimeError, match="no training step consumed"):
+        next(stream)
+    # Consumed as they are handed out, the stream goes on as long as it lasts.
+    ds = ShardfeedDataset(URI, client=_StreamingClient(), world_size=1, batch_size=1)
+    ds._tracking = True
+    taken = 0
+    for _ in ds:
+        ds._mark_consumed()
+        taken += 1
+    assert taken == 100
