@@ -27,6 +27,9 @@ async fn batch_counts_labels_and_keys_match_what_was_written() {
     // Stored order: shuffle off, one rank.
     let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
     assert_eq!(batches.len() as u64, info.batches_per_rank);
+    assert!(batches
+        .iter()
+        .all(|b| b.epoch_steps == info.batches_per_rank));
     let written: Vec<_> = shards.iter().flatten().collect();
     for (i, (key, label)) in batches
         .iter()
@@ -526,6 +529,9 @@ async fn pad_mode_covers_every_sample_and_matches_describe() {
         .await
         .unwrap();
         assert_eq!(batches.len() as u64, described.batches_per_rank);
+        assert!(batches
+            .iter()
+            .all(|b| b.epoch_steps == described.batches_per_rank));
         seen.extend(keys(&batches));
         for batch in &batches {
             unpadded.extend(

@@ -475,6 +475,7 @@ impl BatchStream {
             substitution_reasons: batch.substituted.into_iter().map(|s| s.reason).collect(),
             position: Some(position_message(&position, &self.dataset_identity)),
             global_samples: self.plan.global_samples_after(batch.index),
+            epoch_steps: self.plan.counts.steps,
             shards: batch.shards,
             padded: batch.padded,
             crops: batch

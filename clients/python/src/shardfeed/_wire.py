@@ -167,6 +167,10 @@ class Batch:
     # Slots holding a repeat that pads the epoch (partition="pad"): leave
     # them out of evaluation metrics to count each sample once.
     padded: list[int] = field(default_factory=list)
+    # Steps in the epoch (batches per rank from its start, at any world size
+    # with this global batch): the epoch is complete once `position` adds up
+    # to it. 0 from a server older than the field.
+    epoch_steps: int = 0
 
 
 _IMAGES_FIELD = pb.Batch.DESCRIPTOR.fields_by_name["images"].number
@@ -267,6 +271,7 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         shared=message.HasField("shared"),
         fields={values.name: _field_values(values) for values in message.fields},
         padded=list(message.padded),
+        epoch_steps=message.epoch_steps,
     )
 
 

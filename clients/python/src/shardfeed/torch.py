@@ -261,7 +261,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         resume = self._resume
         # Trainers that know len() stop after that many batches without
         # asking for another (Lightning): the pass completes with its last
-        # batch, not when the stream ends. (Asked once the server answers.)
+        # batch, not when the stream ends. Each batch says the epoch's steps.
         steps: int | None = None
         self._position = resume or EpochPosition()
         self._pass_start, self._consumed = self._position, None
@@ -290,7 +290,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
                 images = images.permute(0, 3, 1, 2)
             self._position = batch.position
             if steps is None:
-                steps = self._epoch_steps(world)
+                # Servers before `epoch_steps` are asked with Describe.
+                steps = batch.epoch_steps or self._epoch_steps(world)
             if sum(batches for _, batches in batch.position.segments) >= steps:
                 self._shared.set_completed(self._epoch, self._choice)
             if self._tracking:

@@ -104,8 +104,12 @@ def test_the_dataset_pickles_for_spawned_workers() -> None:
 class _StreamingClient(_CountingClient):
     """Answers StreamBatches with tiny batches, one position further each."""
 
+    def __init__(self, batches: int = 100, epoch_steps: int = 0) -> None:
+        super().__init__()
+        self.count, self.epoch_steps = batches, epoch_steps
+
     def batches(self, dataset: str, **_: Any) -> Any:
-        for index in range(100):
+        for index in range(self.count):
             yield Batch(
                 epoch=0,
                 index=index,
@@ -120,6 +124,7 @@ class _StreamingClient(_CountingClient):
                 global_samples=index + 1,
                 crop_boxes=np.zeros((1, 4), np.float32),
                 flipped=np.zeros(1, np.bool_),
+                epoch_steps=self.epoch_steps,
             )
 
 
@@ -139,3 +144,20 @@ def test_positions_kept_for_unconsumed_batches_are_bounded() -> None:
         ds._mark_consumed()
         taken += 1
     assert taken == 100
+
+
+def test_each_batch_says_when_the_epoch_is_complete() -> None:
+    """The pass completes with the batch that reaches the epoch's steps,
+    without a Describe (a trainer that knows len() asks for no more)."""
+    client = _StreamingClient(batches=5, epoch_steps=5)
+    ds = ShardfeedDataset(URI, client=client, world_size=1, batch_size=1)
+    stream = iter(ds)
+    for _ in range(5):
+        next(stream)
+    assert client.describes == 0
+    assert ds.state_dict()["epoch"] == 1
+    # A server without the field: the dataset asks Describe (12 steps).
+    client = _StreamingClient(batches=5)
+    ds = ShardfeedDataset(URI, client=client, world_size=1, batch_size=1)
+    list(ds)
+    assert client.describes == 1
