@@ -10,9 +10,10 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,27 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def run_ranks(
+    target: Callable[..., None], ranks: int, args: Callable[[int], tuple[Any, ...]], out: Path
+) -> list[Any]:
+    """Runs ``target(rank, *args(rank))`` in ``ranks`` spawned processes (a
+    distributed job on CPU), each writing ``out/<rank>.json``; returns what
+    each wrote, in rank order. A rank that fails or hangs fails the test."""
+    import json
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=target, args=(rank, *args(rank))) for rank in range(ranks)]
+    for process in processes:
+        process.start()
+    for rank, process in enumerate(processes):
+        process.join(timeout=180)
+        if process.is_alive():
+            process.kill()
+        assert process.exitcode == 0, f"rank {rank} exited with {process.exitcode}"
+    return [json.loads((out / f"{rank}.json").read_text()) for rank in range(ranks)]
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from shardfeed import Client
 from shardfeed.lightning import ShardfeedDataModule
 from shardfeed.torch import ShardfeedDataset
 
-from ..conftest import S3, Server, free_port, noise_jpeg, upload, write_tar
+from ..conftest import S3, Server, free_port, noise_jpeg, run_ranks, upload, write_tar
 
 SHARDS, PER_SHARD = 3, 32
 
@@ -128,21 +127,11 @@ def _accelerate_rank(rank: int, port: int, target: str, uri: str, out: str) -> N
 def test_accelerate_recipe_gives_each_rank_its_plain_batches(
     server: Server, dataset: str, tmp_path: Path
 ) -> None:
-    context = multiprocessing.get_context("spawn")
     port = free_port()
-    processes = [
-        context.Process(
-            target=_accelerate_rank, args=(rank, port, server.target, dataset, str(tmp_path))
-        )
-        for rank in range(2)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=180)
-        assert process.exitcode == 0
-    for rank in range(2):
-        got = json.loads((tmp_path / f"{rank}.json").read_text())
+    results = run_ranks(
+        _accelerate_rank, 2, lambda _: (port, server.target, dataset, str(tmp_path)), tmp_path
+    )
+    for rank, got in enumerate(results):
         plain = _dataset_for(server.target, dataset, rank=rank, world_size=2)
         assert got == [labels.tolist() for _, labels in plain], f"rank {rank}"
         assert len(got) == SHARDS * PER_SHARD // 8

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from torch.utils.data import DataLoader
 from shardfeed import Client, ShardfeedError
 from shardfeed.torch import ShardfeedDataset
 
-from ..conftest import S3, Server, noise_jpeg, upload, write_tar
+from ..conftest import S3, Server, noise_jpeg, run_ranks, upload, write_tar
 
 SHARDS, PER_SHARD = 3, 30
 
@@ -271,20 +270,12 @@ def test_tensor_parallel_peers_get_identical_batches_on_a_device_mesh(
     server: Server, dataset: str, tmp_path: Path
 ) -> None:
     # Four processes on a 2 x 2 (dp, tp) gloo mesh, each its own rank.
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(
-            target=_mesh_rank,
-            args=(rank, str(tmp_path / "init"), server.target, dataset, str(tmp_path)),
-        )
-        for rank in range(4)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-        assert process.exitcode == 0
-    labels = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(4)]
+    labels = run_ranks(
+        _mesh_rank,
+        4,
+        lambda _: (str(tmp_path / "init"), server.target, dataset, str(tmp_path)),
+        tmp_path,
+    )
     # Ranks 0, 1 hold dp index 0; ranks 2, 3 dp index 1.
     assert labels[0] == labels[1] and labels[2] == labels[3], "tensor-parallel peers agree"
     first = {label for batch in labels[0] for label in batch}
