@@ -86,6 +86,11 @@ pub enum Command {
     /// while misses evict, fill and reopen times. Prints JSON lines.
     #[cfg(feature = "dev")]
     CacheScaleBench(CacheScaleArgs),
+    /// Stored source forms for the decoded tier: bytes per sample, PSNR
+    /// against today's path, and the one-thread rate from each form beside
+    /// today's decode (the demo's photos). Prints JSON lines.
+    #[cfg(feature = "dev")]
+    TierBench(TierBenchArgs),
     /// Compare shuffle quality with the WebDataset recipe on a class-sorted
     /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
     #[cfg(feature = "dev")]
@@ -737,6 +742,16 @@ pub struct ShuffleQualityArgs {
     pub batch_size: u32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+#[cfg(feature = "dev")]
+#[derive(Args, Debug)]
+pub struct TierBenchArgs {
+    #[arg(long, default_value_t = 64, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub samples: usize,
+    /// Passes over the samples per timed measurement.
+    #[arg(long, default_value_t = 5, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
+    pub rounds: usize,
 }
 
 #[cfg(feature = "dev")]

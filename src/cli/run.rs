@@ -56,6 +56,16 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             crate::dev::bench::cache_policy(&crate::dev::bench::CacheBenchSpec::default()).await
         }
         #[cfg(feature = "dev")]
+        Command::TierBench(args) => {
+            let spec = crate::dev::tier::TierSpec {
+                samples: args.samples,
+                rounds: args.rounds,
+            };
+            tokio::task::spawn_blocking(move || crate::dev::tier::run(&spec))
+                .await
+                .map_err(|e| e.to_string())?
+        }
+        #[cfg(feature = "dev")]
         Command::CacheScaleBench(args) => {
             crate::dev::cache_scale::run(&crate::dev::cache_scale::CacheScaleSpec {
                 entries: args.entries as usize,

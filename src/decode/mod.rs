@@ -7,6 +7,7 @@
 //! faster JPEG path can replace the default without touching the pipeline.
 
 pub mod augment;
+pub mod source;
 #[cfg(feature = "turbojpeg")]
 pub mod turbo;
 
@@ -106,6 +107,22 @@ impl Decoder for ImageCrateDecoder {
         let rgb = decode_rgb(format, data)?;
         let (width, height) = rgb.dimensions();
         resize_rgb(rgb.as_raw(), width, height, crop, spec, out)
+    }
+}
+
+/// Peak signal-to-noise ratio of `a` against `b`, in dB (how the stated
+/// fidelity of decoders and stored source forms is measured).
+pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
+    let mse: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum::<f64>()
+        / a.len().max(1) as f64;
+    if mse == 0.0 {
+        f64::INFINITY
+    } else {
+        10.0 * (255.0f64 * 255.0 / mse).log10()
     }
 }
 

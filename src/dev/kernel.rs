@@ -14,20 +14,7 @@ use crate::decode::{
 };
 use crate::shard::ImageFormat;
 
-/// Peak signal-to-noise ratio of `a` against `b`, in dB.
-pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
-    let mse: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
-        .sum::<f64>()
-        / a.len().max(1) as f64;
-    if mse == 0.0 {
-        f64::INFINITY
-    } else {
-        10.0 * (255.0f64 * 255.0 / mse).log10()
-    }
-}
+pub use crate::decode::psnr;
 
 /// The quality reference: full-resolution decode, then a Lanczos3 resize
 /// of the same box (and the same flip).

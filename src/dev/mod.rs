@@ -11,4 +11,5 @@ pub mod kernel;
 pub mod s3mem;
 pub mod shuffle_quality;
 pub mod synthetic;
+pub mod tier;
 pub mod transport;
