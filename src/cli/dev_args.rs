@@ -1,0 +1,201 @@
+//! Arguments of the dev tooling's commands (feature `dev`: demo,
+//! benchmarks, the in-memory S3 server): none of it is in the sidecar.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::RangedU64ValueParser;
+use clap::Args;
+
+use super::{ConfigError, ReadArgs, S3Args};
+use crate::engine;
+use crate::pipeline::PipelineConfig;
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[arg(long, default_value_t = 8, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub shards: usize,
+    #[arg(long, default_value_t = 192, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub samples_per_shard: usize,
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u64,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch_size: u32,
+    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(8..=crate::decode::MAX_SIZE as i64))]
+    pub image_size: u32,
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub decode_threads: Option<usize>,
+    /// Read through a disk cache in this directory.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// s3://bucket/prefix/ or file:///abs/dir/ (omit with --synthetic).
+    pub uri: Option<String>,
+    /// Benchmark a synthetic photo-like dataset served from memory.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Synthetic dataset: shards and samples per shard.
+    #[arg(long, default_value_t = 16)]
+    pub shards: usize,
+    #[arg(long, default_value_t = 256)]
+    pub samples_per_shard: usize,
+    /// Synthetic dataset: delay before every GET response, like S3's time to first byte.
+    #[arg(long, default_value_t = 0)]
+    pub get_delay_ms: u64,
+    /// Synthetic dataset: run twice without and twice with this GET delay,
+    /// alternating, and print the throughput ratio.
+    #[arg(long)]
+    pub compare_get_delay_ms: Option<u64>,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch_size: u32,
+    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(8..=crate::decode::MAX_SIZE as i64))]
+    pub image_size: u32,
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub decode_threads: Option<usize>,
+    /// Stop after this many batches (0: one whole epoch).
+    #[arg(long, default_value_t = 0)]
+    pub max_batches: u64,
+    /// The transform measured: `center` (the covering center crop), `eval`
+    /// (Resize(size x 256/224) + CenterCrop) or `train` (RandomResizedCrop +
+    /// flip, torchvision's defaults).
+    #[arg(long, default_value = "center", value_parser = ["center", "eval", "train"])]
+    pub augment: String,
+    #[command(flatten)]
+    pub s3: S3Args,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+impl BenchArgs {
+    fn output(&self) -> crate::decode::OutputSpec {
+        use crate::decode::{Crop, OutputSpec, RandomResizedCrop};
+        let center = OutputSpec::center(self.image_size, self.image_size);
+        match self.augment.as_str() {
+            "train" => OutputSpec {
+                crop: Crop::RandomResized(RandomResizedCrop::default()),
+                flip: 0.5,
+                ..center
+            },
+            "eval" => OutputSpec {
+                crop: Crop::Center {
+                    resize: Some((f64::from(self.image_size) * 256.0 / 224.0).round() as u32),
+                },
+                ..center
+            },
+            _ => center,
+        }
+    }
+
+    pub fn source(&self) -> Result<crate::dev::bench::BenchSource, ConfigError> {
+        use crate::dev::bench::BenchSource;
+        let mut problems = Vec::new();
+        if self.synthetic == self.uri.is_some() {
+            problems.push("give either a dataset URI or --synthetic".to_string());
+        }
+        if self.compare_get_delay_ms.is_some() && !self.synthetic {
+            problems.push("--compare-get-delay-ms needs --synthetic".into());
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError(problems));
+        }
+        Ok(match &self.uri {
+            Some(uri) => BenchSource::Uri {
+                uri: uri.clone(),
+                s3: self.s3.config(),
+            },
+            None => BenchSource::Synthetic {
+                data: crate::dev::synthetic::SyntheticSpec {
+                    shards: self.shards,
+                    samples_per_shard: self.samples_per_shard,
+                    ..Default::default()
+                },
+                get_delay: Duration::from_millis(self.get_delay_ms),
+                compare_get_delay: self.compare_get_delay_ms.map(Duration::from_millis),
+            },
+        })
+    }
+
+    pub fn spec(&self) -> crate::dev::bench::EntitlementSpec {
+        crate::dev::bench::EntitlementSpec {
+            batch_size: self.batch_size,
+            output: self.output(),
+            decode_threads: self
+                .decode_threads
+                .unwrap_or_else(engine::default_decode_threads),
+            pipeline: PipelineConfig {
+                read: self.read.read_config(),
+                ..PipelineConfig::default()
+            },
+            max_batches: self.max_batches,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ShuffleQualityArgs {
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub classes: u32,
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub samples_per_class: u64,
+    /// Shards hold 1-2 classes when this is at most samples_per_class.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub samples_per_shard: u64,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct TierBenchArgs {
+    #[arg(long, default_value_t = 64, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub samples: usize,
+    /// Passes over the samples per timed measurement.
+    #[arg(long, default_value_t = 5, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
+    pub rounds: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct CacheScaleArgs {
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub entries: u64,
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub object_bytes: u64,
+    /// Parent of the cache directory (made, and removed after).
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    pub dir: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Seconds each measured phase runs.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct DevS3Args {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Delay before every GET response, like S3's time to first byte.
+    #[arg(long, default_value_t = 0)]
+    pub get_delay_ms: u64,
+    /// Fail every Nth GET with 503 SlowDown, as a throttled bucket does (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub slow_down_every: u64,
+    /// Fail this percentage of all requests (500 or 503 SlowDown), for soak tests.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub fail_percent: u64,
+    /// Publish the demo's synthetic photo dataset (this many shards) before
+    /// listening, so benchmarks elsewhere read the same data as `shardfeed bench --synthetic`.
+    #[arg(long, default_value_t = 0)]
+    pub synthetic_shards: usize,
+    #[arg(long, default_value_t = crate::dev::synthetic::SyntheticSpec::default().samples_per_shard)]
+    pub samples_per_shard: usize,
+    /// Also publish the same photos as loose objects, one per image, in
+    /// class folders (`s3://demo/loose/`).
+    #[arg(long, requires = "synthetic_shards")]
+    pub synthetic_loose: bool,
+}

@@ -1,0 +1,130 @@
+//! Who may use a cache directory: the lock that keeps two servers out of
+//! one directory, the slots that let several share a node's directory, and
+//! the preparation of a node directory for the sidecar's user.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{io_error, CacheConfig, CacheError, DiskCache};
+
+/// Held (flock) by the process using a cache directory: two servers writing
+/// one directory would overwrite each other's blocks and metadata. The
+/// kernel drops the lock when the process exits, however it exits.
+pub const LOCK_FILE: &str = ".lock";
+
+fn lock_dir(dir: &Path) -> Result<std::fs::File, CacheError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error(&path, e))?;
+    // SAFETY: a valid open descriptor for the duration of the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(if error.kind() == std::io::ErrorKind::WouldBlock {
+            CacheError::Locked {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            io_error(&path, error)
+        });
+    }
+    Ok(file)
+}
+
+/// Creates `dir` and gives it to `uid:gid`, mode 0750: a node directory
+/// (hostPath) is made by the kubelet as root, and fsGroup does not apply to
+/// it. Only the directory itself changes owner: what is in it is the
+/// sidecar's own. Run by root with CAP_CHOWN (mode first, while root owns it).
+pub fn prepare_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), CacheError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+        .map_err(|e| io_error(dir, e))?;
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(|e| io_error(dir, e))
+}
+
+impl DiskCache {
+    /// Opens (or creates) the cache in the first free slot of `config.dir`
+    /// and adopts the entries a previous run left there (see
+    /// [`DiskCache::open_locked`]).
+    pub fn open(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
+        match Self::try_claim(&config)? {
+            Some((dir, lock)) => Self::open_locked(config.claimed(dir), lock),
+            None if config.slots <= 1 => Err(CacheError::Locked { dir: config.dir }),
+            None => Err(CacheError::SlotsHeld {
+                dir: config.dir,
+                slots: config.slots,
+                waited_s: 0,
+            }),
+        }
+    }
+
+    /// [`Self::open`], waiting up to `config.lock_wait` while every slot is
+    /// held: a pod that replaces another on the same node starts while the
+    /// old one drains, and the old one's lock goes with its process.
+    pub async fn open_waiting(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
+        const RETRY: Duration = Duration::from_secs(1);
+        let wait = config.lock_wait;
+        let started = tokio::time::Instant::now();
+        let mut logged = false;
+        loop {
+            let attempt = config.clone();
+            let claimed = tokio::task::spawn_blocking(move || Self::try_claim(&attempt))
+                .await
+                .map_err(|e| io_error(&config.dir, std::io::Error::other(e)))??;
+            if let Some((dir, lock)) = claimed {
+                let config = config.claimed(dir);
+                return tokio::task::spawn_blocking(move || Self::open_locked(config, lock))
+                    .await
+                    .map_err(|e| io_error(Path::new("."), std::io::Error::other(e)))?;
+            }
+            let waited = started.elapsed();
+            if waited >= wait {
+                return Err(if config.slots <= 1 && wait.is_zero() {
+                    CacheError::Locked { dir: config.dir }
+                } else {
+                    CacheError::SlotsHeld {
+                        dir: config.dir,
+                        slots: config.slots,
+                        waited_s: waited.as_secs(),
+                    }
+                });
+            }
+            if !logged {
+                tracing::warn!(
+                    dir = %config.dir.display(),
+                    slots = config.slots,
+                    wait_s = wait.as_secs(),
+                    "every cache slot is held by another process; waiting for one"
+                );
+                logged = true;
+            }
+            tokio::time::sleep(RETRY.min(wait - waited)).await;
+        }
+    }
+
+    /// The first slot no other process holds, locked; `None` if all are held.
+    fn try_claim(config: &CacheConfig) -> Result<Option<(PathBuf, std::fs::File)>, CacheError> {
+        for index in 0..config.slots.max(1) {
+            let dir = config.slot_dir(index);
+            std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+            match lock_dir(&dir) {
+                Ok(lock) => {
+                    if config.slots > 1 {
+                        tracing::info!(dir = %dir.display(), slot = index, "cache slot claimed");
+                    }
+                    return Ok(Some((dir, lock)));
+                }
+                Err(CacheError::Locked { .. }) => continue,
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(None)
+    }
+}
