@@ -20,6 +20,12 @@ use crate::shard::ImageFormat;
 pub enum SourceKind {
     /// Packed RGB8: no decode at all on a hit.
     Raw,
+    /// Y, then U and V at half resolution each way (JPEG's full-range
+    /// BT.601): half of raw's bytes, a colour conversion on a hit. (Here the
+    /// whole source is converted, in scalar code: measured slower than a
+    /// hit needs; resizing the planes first and converting only the output
+    /// is the form's real cost, still to build.)
+    Yuv420,
     /// A baseline JPEG of this quality (4:2:0): smaller, decoded on a hit.
     Jpeg { quality: u8 },
 }
@@ -36,6 +42,7 @@ impl std::fmt::Display for SourceForm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.kind {
             SourceKind::Raw => write!(f, "raw@{}", self.shorter_side),
+            SourceKind::Yuv420 => write!(f, "yuv420@{}", self.shorter_side),
             SourceKind::Jpeg { quality } => write!(f, "jpeg{quality}@{}", self.shorter_side),
         }
     }
@@ -107,6 +114,7 @@ pub fn derive_source(
     };
     let bytes = match form.kind {
         SourceKind::Raw => pixels,
+        SourceKind::Yuv420 => rgb_to_yuv420(&pixels, width, height),
         SourceKind::Jpeg { quality } => {
             let mut jpeg = Vec::new();
             image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, quality)
@@ -148,8 +156,13 @@ pub fn output_from_source(
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
     let decoded;
+    let converted;
     let pixels: &[u8] = match source.kind {
         SourceKind::Raw => &source.bytes,
+        SourceKind::Yuv420 => {
+            converted = yuv420_to_rgb(&source.bytes, source.width, source.height)?;
+            &converted
+        }
         SourceKind::Jpeg { .. } => {
             decoded = decode_rgb(ImageFormat::Jpeg, &source.bytes)?;
             decoded.as_raw()
@@ -176,6 +189,72 @@ pub fn output_from_source(
         flip_rows(&mut out[..spec.bytes()], spec.width);
     }
     Ok(())
+}
+
+/// Planes of `width x height` in 4:2:0: Y, then U and V of
+/// `ceil(width/2) x ceil(height/2)` (each the mean of its 2x2 block).
+fn rgb_to_yuv420(rgb: &[u8], width: u32, height: u32) -> Vec<u8> {
+    let (w, h) = (width as usize, height as usize);
+    let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    let mut out = vec![0u8; w * h + 2 * cw * ch];
+    let (luma, chroma) = out.split_at_mut(w * h);
+    let (u_plane, v_plane) = chroma.split_at_mut(cw * ch);
+    let mut u_sum = vec![0f32; cw * ch];
+    let mut v_sum = vec![0f32; cw * ch];
+    let mut count = vec![0f32; cw * ch];
+    for y in 0..h {
+        for x in 0..w {
+            let i = (y * w + x) * 3;
+            let (r, g, b) = (
+                f32::from(rgb[i]),
+                f32::from(rgb[i + 1]),
+                f32::from(rgb[i + 2]),
+            );
+            luma[y * w + x] = (0.299 * r + 0.587 * g + 0.114 * b)
+                .round()
+                .clamp(0.0, 255.0) as u8;
+            let c = (y / 2) * cw + x / 2;
+            u_sum[c] += -0.168_736 * r - 0.331_264 * g + 0.5 * b + 128.0;
+            v_sum[c] += 0.5 * r - 0.418_688 * g - 0.081_312 * b + 128.0;
+            count[c] += 1.0;
+        }
+    }
+    for c in 0..cw * ch {
+        u_plane[c] = (u_sum[c] / count[c]).round().clamp(0.0, 255.0) as u8;
+        v_plane[c] = (v_sum[c] / count[c]).round().clamp(0.0, 255.0) as u8;
+    }
+    out
+}
+
+/// RGB8 of `width x height` from [`rgb_to_yuv420`]'s planes (chroma
+/// repeated over its 2x2 block).
+fn yuv420_to_rgb(planes: &[u8], width: u32, height: u32) -> Result<Vec<u8>, DecodeError> {
+    let (w, h) = (width as usize, height as usize);
+    let (cw, ch) = (w.div_ceil(2), h.div_ceil(2));
+    if planes.len() != w * h + 2 * cw * ch {
+        return Err(DecodeError::Resize(format!(
+            "stored 4:2:0 source holds {} bytes, not {} for {width}x{height}",
+            planes.len(),
+            w * h + 2 * cw * ch
+        )));
+    }
+    let (luma, chroma) = planes.split_at(w * h);
+    let (u_plane, v_plane) = chroma.split_at(cw * ch);
+    let mut rgb = vec![0u8; w * h * 3];
+    for y in 0..h {
+        for x in 0..w {
+            let c = (y / 2) * cw + x / 2;
+            let l = f32::from(luma[y * w + x]);
+            let (u, v) = (f32::from(u_plane[c]) - 128.0, f32::from(v_plane[c]) - 128.0);
+            let i = (y * w + x) * 3;
+            rgb[i] = (l + 1.402 * v).round().clamp(0.0, 255.0) as u8;
+            rgb[i + 1] = (l - 0.344_136 * u - 0.714_136 * v)
+                .round()
+                .clamp(0.0, 255.0) as u8;
+            rgb[i + 2] = (l + 1.772 * u).round().clamp(0.0, 255.0) as u8;
+        }
+    }
+    Ok(rgb)
 }
 
 #[cfg(test)]
@@ -257,7 +336,11 @@ mod tests {
         if crop.flipped {
             flip_rows(&mut today, spec.width);
         }
-        for kind in [SourceKind::Raw, SourceKind::Jpeg { quality: 95 }] {
+        for kind in [
+            SourceKind::Raw,
+            SourceKind::Yuv420,
+            SourceKind::Jpeg { quality: 95 },
+        ] {
             let form = SourceForm {
                 shorter_side: 320,
                 kind,
@@ -272,5 +355,30 @@ mod tests {
             output_from_source(&source, &spec, &crop, &mut again).unwrap();
             assert_eq!(out, again);
         }
+    }
+
+    #[test]
+    fn yuv420_keeps_half_the_bytes_and_round_trips_odd_sizes() {
+        let (width, height) = (7u32, 5u32);
+        // Saturated colours, constant over each 2x2 block (the last column
+        // and row are half blocks): 4:2:0 then loses nothing but rounding.
+        let palette = [
+            [230u8, 20, 30],
+            [20, 200, 40],
+            [30, 40, 220],
+            [240, 230, 20],
+        ];
+        let rgb: Vec<u8> = (0..width * height)
+            .flat_map(|i| {
+                let (x, y) = (i % width, i / width);
+                palette[((x / 2 + y / 2) % 4) as usize]
+            })
+            .collect();
+        let planes = rgb_to_yuv420(&rgb, width, height);
+        assert_eq!(planes.len(), 7 * 5 + 2 * 4 * 3);
+        let back = yuv420_to_rgb(&planes, width, height).unwrap();
+        let worst = back.iter().zip(&rgb).map(|(a, b)| a.abs_diff(*b)).max();
+        assert!(worst <= Some(2), "{worst:?}");
+        assert!(yuv420_to_rgb(&planes[1..], width, height).is_err());
     }
 }

@@ -62,6 +62,7 @@ fn forms() -> Vec<SourceForm> {
     for shorter_side in [256, 320, 512] {
         for kind in [
             SourceKind::Raw,
+            SourceKind::Yuv420,
             SourceKind::Jpeg { quality: 90 },
             SourceKind::Jpeg { quality: 95 },
         ] {
