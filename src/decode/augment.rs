@@ -290,6 +290,14 @@ fn random_resized_box(
     )
 }
 
+/// Mirrors `out` (one `spec`-sized output) when `crop` says so: the last
+/// step of every path that makes an output from a box.
+pub fn apply_flip(crop: &CropBox, spec: &OutputSpec, out: &mut [u8]) {
+    if crop.flipped {
+        flip_rows(&mut out[..spec.bytes()], spec.width);
+    }
+}
+
 /// Mirrors packed RGB rows left to right, in place.
 pub fn flip_rows(pixels: &mut [u8], width: u32) {
     let row = width as usize * super::CHANNELS;

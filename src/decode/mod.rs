@@ -313,9 +313,7 @@ pub fn decode_bounded(
         let crop = spec.crop_box(width, height, key);
         let _permit = (bytes > SMALL_DECODE_BYTES).then(|| budget.acquire(bytes));
         decoder.decode_into(format, data, spec, &crop, out)?;
-        if crop.flipped {
-            augment::flip_rows(&mut out[..spec.bytes()], spec.width);
-        }
+        augment::apply_flip(&crop, spec, out);
         Ok(crop)
     }))
     .unwrap_or_else(|panic| {

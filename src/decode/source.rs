@@ -11,7 +11,7 @@
 
 use fast_image_resize as fir;
 
-use super::augment::flip_rows;
+use super::augment::apply_flip;
 use super::{decode_rgb, resize_rgb, resize_with, CropBox, DecodeError, OutputSpec, CHANNELS};
 use crate::shard::ImageFormat;
 
@@ -185,9 +185,7 @@ pub fn output_from_source(
         spec,
         out,
     )?;
-    if crop.flipped {
-        flip_rows(&mut out[..spec.bytes()], spec.width);
-    }
+    apply_flip(crop, spec, out);
     Ok(())
 }
 
@@ -333,9 +331,7 @@ mod tests {
         crate::decode::ImageCrateDecoder
             .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &crop, &mut today)
             .unwrap();
-        if crop.flipped {
-            flip_rows(&mut today, spec.width);
-        }
+        apply_flip(&crop, &spec, &mut today);
         for kind in [
             SourceKind::Raw,
             SourceKind::Yuv420,

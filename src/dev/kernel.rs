@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use fast_image_resize as fir;
 
-use crate::decode::augment::flip_rows;
+use crate::decode::augment::apply_flip;
 use crate::decode::{
     decode_bounded, decode_rgb, resize_with, CropBox, DecodeError, Decoder, OutputSpec, SampleKey,
     ScratchBudget,
@@ -37,9 +37,7 @@ pub fn reference_decode(
         spec,
         out,
     )?;
-    if crop.flipped {
-        flip_rows(&mut out[..spec.bytes()], spec.width);
-    }
+    apply_flip(crop, spec, out);
     Ok(())
 }
 

@@ -377,21 +377,22 @@ pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
         return Err(PlanError::RankOutOfRange { rank, world_size }.into());
     }
     let mut samples = Vec::with_capacity(request.sources.len());
+    // Every rank of every world the stream ran at reads each source.
+    let largest_world = request
+        .history
+        .iter()
+        .map(|p| p.world_size)
+        .chain([world_size])
+        .max()
+        .unwrap_or(world_size);
     for (index, source) in request.sources.iter().enumerate() {
         super::validate_shuffle(source.shuffle)?;
         let total: u64 = source.shard_samples.iter().sum();
-        let smallest_world = request
-            .history
-            .iter()
-            .map(|p| p.world_size)
-            .chain([world_size])
-            .max()
-            .unwrap_or(world_size);
-        if total < u64::from(smallest_world) {
+        if total < u64::from(largest_world) {
             return Err(MixError::SourceTooSmall {
                 index,
                 samples: total,
-                world_size: smallest_world,
+                world_size: largest_world,
             });
         }
         samples.push(total);
