@@ -48,6 +48,11 @@ DEFAULT_RECONNECT_TIMEOUT = 120.0
 _RECONNECT_FIRST_DELAY = 0.1
 _RECONNECT_MAX_DELAY = 5.0
 _HEALTH_SERVING = b"\x08\x01"
+# The process that first opened a channel: gRPC's core then runs threads whose
+# locks a fork() copies mid-use, so a forked child that opens a channel of its
+# own can hang for good (grpc/grpc#31885). Children check it and refuse.
+_grpc_started_in: int | None = None
+_FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
 _RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
 _TRANSPORTS = {
@@ -55,6 +60,21 @@ _TRANSPORTS = {
     "inline": pb.TRANSPORT_INLINE,
     "shared_memory": pb.TRANSPORT_SHARED_MEMORY,
 }
+
+
+def _refuse_after_unsafe_fork() -> None:
+    """Fails fast, instead of hanging at random, in a process forked after its
+    parent started gRPC (a DataLoader worker under the default ``fork``)."""
+    if _grpc_started_in is None or _grpc_started_in == os.getpid():
+        return
+    if os.environ.get(_FORK_SUPPORT_ENV, "").lower() in ("1", "true", "yes"):
+        return  # gRPC's own fork handlers were asked for: the user's choice.
+    raise RuntimeError(
+        f"this process was forked from process {_grpc_started_in} after it had opened a "
+        "gRPC channel, and gRPC is not fork-safe: a channel opened here can hang for good. "
+        "Give the DataLoader multiprocessing_context='forkserver' (or 'spawn'), or use "
+        "num_workers=0 (the sidecar already decodes and batches in parallel)."
+    )
 
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
@@ -251,6 +271,7 @@ class Client:
     def _get_stub(self) -> Any:
         with self._lock:
             if self._pid != os.getpid() or self._stub is None:
+                _refuse_after_unsafe_fork()
                 # No authority override over a Unix socket: the server takes
                 # the socket path grpcio sends, as any client's.
                 options = list(_CHANNEL_OPTIONS)
@@ -263,6 +284,9 @@ class Client:
                     response_deserializer=_message_from_wire,
                 )
                 self._pid = os.getpid()
+                global _grpc_started_in
+                if _grpc_started_in is None:
+                    _grpc_started_in = self._pid
             return self._stub
 
     def close(self) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import struct
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
@@ -90,7 +92,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
     each sample of this rank's share once, the DataLoader interleaves their
     batches, and each costs the sidecar one stream's memory. ``W = 1`` gives
     the same batches as ``W = 0``; other ``W`` a different (equally exact)
-    split, so resume with the same ``W``. A plain DataLoader's workers
+    split, so resume with the same ``W``. Give the DataLoader
+    ``multiprocessing_context="forkserver"`` (or ``"spawn"``): gRPC is not
+    fork-safe, and a worker forked after this process opened a channel
+    (``len()``, an earlier pass) raises rather than risk hanging. A plain
+    DataLoader's workers
     progress out of this process's sight, so ``state_dict()`` refuses there;
     torchdata's ``StatefulDataLoader`` asks each worker for its own state and
     resumes each worker's stream right after its last batch.
@@ -401,15 +407,15 @@ class ShardfeedDataset(IterableDataset[Sample]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        # An anonymous mapping does not pickle: a spawned worker gets its own
-        # copy of what it holds (its passes are not seen by the parent).
-        state["_shared"] = self._shared.snapshot()
+        # A mapping does not pickle: a spawned worker maps the owner's page
+        # again (see _SharedState).
+        state["_shared"] = self._shared.to_pickle()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        snapshot = state.pop("_shared")
+        source = state.pop("_shared")
         self.__dict__.update(state)
-        self._shared = _SharedState(snapshot)
+        self._shared = _SharedState(source)
 
 
 def _mask(size: int, slots: list[int]) -> torch.Tensor:
@@ -419,20 +425,40 @@ def _mask(size: int, slots: list[int]) -> torch.Tensor:
 
 
 class _SharedState:
-    """A page of anonymous shared memory that a forked DataLoader worker
-    writes and the process that made the dataset reads: whether a worker
-    iterated, and the last epoch a pass completed with the epoch choice
-    count it ran under."""
+    """A page of shared memory that DataLoader workers write and the process
+    that made the dataset reads: whether a worker iterated, and the last epoch
+    a pass completed with the epoch choice count it ran under.
+
+    The page is a memfd the owner keeps open: a forked worker inherits the
+    mapping, a spawned one (``forkserver``, ``spawn``) maps it again through
+    ``/proc/<owner>/fd/<fd>``. Where neither works (no memfd, another PID
+    namespace), a worker gets a private copy and its passes stay unseen."""
 
     _FORMAT = "<Bxxxxxxxqq"  # worker used; completed epoch + 1 (0: none); choice
 
-    def __init__(self, snapshot: bytes | None = None) -> None:
-        self._page = mmap.mmap(-1, mmap.PAGESIZE)
-        if snapshot is not None:
-            self._page[: len(snapshot)] = snapshot
+    def __init__(self, source: tuple[int, int, bytes] | None = None) -> None:
+        self._owner: tuple[int, int] | None = None
+        if source is not None and source[0] != os.getpid():
+            page = _map_owner_page(source[0], source[1])
+            if page is not None:
+                self._owner = (source[0], source[1])
+                self._page = page
+                return
+        # The owner (a copy made in this process owns a page of its own).
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("shardfeed-dataset-state", os.MFD_CLOEXEC)
+            os.ftruncate(fd, mmap.PAGESIZE)
+            self._page = mmap.mmap(fd, mmap.PAGESIZE)
+            self._owner = (os.getpid(), fd)
+            weakref.finalize(self, os.close, fd)
+        else:
+            self._page = mmap.mmap(-1, mmap.PAGESIZE)
+        if source is not None:
+            self._page[: len(source[2])] = source[2]
 
-    def snapshot(self) -> bytes:
-        return bytes(self._page[: struct.calcsize(self._FORMAT)])
+    def to_pickle(self) -> tuple[int, int, bytes]:
+        owner_pid, fd = self._owner if self._owner is not None else (-1, -1)
+        return owner_pid, fd, bytes(self._page[: struct.calcsize(self._FORMAT)])
 
     def _read(self) -> tuple[int, int, int]:
         used, epoch, choice = struct.unpack_from(self._FORMAT, self._page)
@@ -452,3 +478,18 @@ class _SharedState:
     def completed(self) -> tuple[int, int] | None:
         _, epoch, recorded = self._read()
         return None if epoch == 0 else (epoch - 1, recorded)
+
+
+def _map_owner_page(owner_pid: int, fd: int) -> mmap.mmap | None:
+    if owner_pid < 0:
+        return None
+    try:
+        opened = os.open(f"/proc/{owner_pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return mmap.mmap(opened, mmap.PAGESIZE)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(opened)

@@ -18,7 +18,7 @@ from shardfeed import Client
 from shardfeed.lightning import ShardfeedDataModule
 from shardfeed.torch import ShardfeedDataset
 
-from ..conftest import S3, Server, free_port, noise_jpeg, run_ranks, upload, write_tar
+from ..conftest import S3, SAFE_START, Server, free_port, noise_jpeg, run_ranks, upload, write_tar
 
 SHARDS, PER_SHARD = 3, 32
 
@@ -66,7 +66,12 @@ def test_stateful_dataloader_resumes_mid_epoch_with_the_remaining_batches(
     unix_server: Server, dataset: str, workers: int
 ) -> None:
     def loader(ds: ShardfeedDataset) -> StatefulDataLoader:
-        return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+        return StatefulDataLoader(
+            ds,
+            batch_size=None,
+            num_workers=workers,
+            multiprocessing_context=SAFE_START if workers else None,
+        )
 
     whole = [_arrays(b) for b in loader(_dataset(unix_server, dataset))]
     assert len(whole) == SHARDS * PER_SHARD // 4  # with 2 workers, 12 per sub-rank

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader
 from shardfeed import Client, ShardfeedError
 from shardfeed.torch import ShardfeedDataset
 
-from ..conftest import S3, Server, noise_jpeg, run_ranks, upload, write_tar
+from ..conftest import S3, SAFE_START, Server, noise_jpeg, run_ranks, upload, write_tar
 
 SHARDS, PER_SHARD = 3, 30
 
@@ -171,14 +172,16 @@ def test_resume_at_another_world_size_loses_and_repeats_nothing(
         _dataset(unix_server, dataset, world_size=1, batch_size=4).load_state_dict(state)
 
 
-def test_a_dataset_made_before_the_fork_works_in_a_worker(
+def test_a_dataset_made_before_the_workers_start_works_in_a_worker(
     unix_server: Server, dataset: str
 ) -> None:
     ds = _dataset(unix_server, dataset)
-    assert len(ds) == 11  # the parent has used its channel before the fork
+    assert len(ds) == 11  # the parent has used its channel before the workers start
     in_process = _copies(ds)
     ds.set_epoch(0)  # the same epoch again, on purpose
-    in_worker = _copies(DataLoader(ds, batch_size=None, num_workers=1))
+    in_worker = _copies(
+        DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=SAFE_START)
+    )
     assert len(in_worker) == len(in_process)
     for (images, labels), (expected_images, expected_labels) in zip(in_worker, in_process):
         assert (images == expected_images).all() and (labels == expected_labels).all()
@@ -186,10 +189,25 @@ def test_a_dataset_made_before_the_fork_works_in_a_worker(
         ds.state_dict()
 
 
+def test_a_worker_forked_after_grpc_started_refuses_at_once(
+    unix_server: Server, dataset: str
+) -> None:
+    # gRPC's threads hold locks a fork copies mid-use: a channel opened in
+    # the child could hang for good, at random. It must fail, and say why.
+    ds = _dataset(unix_server, dataset)
+    assert len(ds) == 11
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="multiprocessing_context='forkserver'"):
+        _copies(DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork"))
+    assert time.monotonic() - started < 60
+
+
 def test_several_workers_split_the_rank_into_sub_ranks(unix_server: Server, dataset: str) -> None:
     # Rank 1 of 2, two workers: worker w streams sub-rank 2 + w of 4.
     ds = _dataset(unix_server, dataset, rank=1, world_size=2, batch_size=4)
-    got = _copies(DataLoader(ds, batch_size=None, num_workers=2))
+    got = _copies(
+        DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=SAFE_START)
+    )
     subs = [
         _copies(_dataset(unix_server, dataset, rank=r, world_size=4, batch_size=4)) for r in (2, 3)
     ]
@@ -202,7 +220,9 @@ def test_several_workers_split_the_rank_into_sub_ranks(unix_server: Server, data
     mine = {k for _, labels in got for k in labels.tolist()}
     theirs = {
         k
-        for _, labels in _copies(DataLoader(other, batch_size=None, num_workers=2))
+        for _, labels in _copies(
+            DataLoader(other, batch_size=None, num_workers=2, multiprocessing_context=SAFE_START)
+        )
         for k in labels.tolist()
     }
     assert len(mine) == len(theirs) == len(got) * 4 and not mine & theirs
@@ -227,7 +247,9 @@ def test_epochs_advance_by_themselves_as_under_lightning(
     assert orders[0] != orders[1] != orders[2]
 
     # A pass in a DataLoader worker counts too: the next pass is epoch 4.
-    in_worker = _copies(DataLoader(ds, batch_size=None, num_workers=1))
+    in_worker = _copies(
+        DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=SAFE_START)
+    )
     assert ds.epoch == 4
     assert [labels.tolist() for _, labels in in_worker] != [
         labels.tolist() for _, labels in passes[2]
