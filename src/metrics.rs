@@ -16,6 +16,7 @@ pub const REQUESTS: &str = "shardfeed_requests_total";
 pub const STREAMS_ACTIVE: &str = "shardfeed_streams_active";
 pub const BATCHES: &str = "shardfeed_batches_total";
 pub const SAMPLES: &str = "shardfeed_samples_total";
+pub const SOURCE_SAMPLES: &str = "shardfeed_mixed_source_samples_total";
 pub const SUBSTITUTED: &str = "shardfeed_substituted_samples_total";
 pub const INVALID_LABELS: &str = "shardfeed_invalid_labels_total";
 pub const DECODE_SECONDS: &str = "shardfeed_decode_seconds";
@@ -47,6 +48,12 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 ];
 
 /// Registers help texts; call once after installing the recorder.
+/// The sample counter of one source of mixed streams. Its label is a
+/// dataset the `--allow` rules admitted: as many series as datasets mixed.
+pub fn source_samples_counter(dataset: &str) -> ::metrics::Counter {
+    counter!(SOURCE_SAMPLES, "dataset" => dataset.to_string())
+}
+
 pub fn describe() {
     describe_gauge!(
         BUILD_INFO,
@@ -57,6 +64,10 @@ pub fn describe() {
     describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");
     describe_counter!(BATCHES, "Batches sent to clients.");
     describe_counter!(SAMPLES, "Samples sent to clients.");
+    describe_counter!(
+        SOURCE_SAMPLES,
+        "Samples of mixed streams sent to clients, by source dataset."
+    );
     describe_counter!(
         SUBSTITUTED,
         "Samples whose image could not be decoded and were replaced, by reason."

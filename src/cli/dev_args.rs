@@ -160,6 +160,20 @@ pub struct TierBenchArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct MixBenchArgs {
+    #[arg(long, default_value_t = 10, value_parser = RangedU64ValueParser::<usize>::new().range(2..=1_000))]
+    pub shards: usize,
+    #[arg(long, default_value_t = 128, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub samples_per_shard: usize,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch_size: u32,
+    #[arg(long)]
+    pub decode_threads: Option<usize>,
+    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    pub rounds: usize,
+}
+
+#[derive(Args, Debug)]
 pub struct CacheScaleArgs {
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub entries: u64,

@@ -96,6 +96,10 @@ pub enum Command {
     /// today's decode (the demo's photos). Prints JSON lines.
     #[cfg(feature = "dev")]
     TierBench(TierBenchArgs),
+    /// A two-source 70/30 mixed stream against one stream over the same
+    /// samples, alternately (the demo's photos). Prints JSON lines.
+    #[cfg(feature = "dev")]
+    MixBench(MixBenchArgs),
     /// Compare shuffle quality with the WebDataset recipe on a class-sorted
     /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
     #[cfg(feature = "dev")]

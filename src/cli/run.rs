@@ -56,6 +56,22 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             crate::dev::bench::cache_policy(&crate::dev::bench::CacheBenchSpec::default()).await
         }
         #[cfg(feature = "dev")]
+        Command::MixBench(args) => {
+            crate::dev::mix_bench::run(&crate::dev::mix_bench::MixBenchSpec {
+                data: crate::dev::synthetic::SyntheticSpec {
+                    shards: args.shards,
+                    samples_per_shard: args.samples_per_shard,
+                    ..Default::default()
+                },
+                batch_size: args.batch_size,
+                decode_threads: args
+                    .decode_threads
+                    .unwrap_or_else(crate::engine::default_decode_threads),
+                rounds: args.rounds,
+            })
+            .await
+        }
+        #[cfg(feature = "dev")]
         Command::TierBench(args) => {
             let spec = crate::dev::tier::TierSpec {
                 samples: args.samples,

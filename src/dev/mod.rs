@@ -8,6 +8,7 @@ pub mod cache_scale;
 pub mod demo;
 pub mod fuzz;
 pub mod kernel;
+pub mod mix_bench;
 pub mod s3mem;
 pub mod shuffle_quality;
 pub mod synthetic;

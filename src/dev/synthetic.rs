@@ -220,7 +220,7 @@ pub async fn publish(
 
 /// Uploads `objects` (keys relative to `prefix`) into the demo bucket and
 /// writes the index of the dataset they make; returns its URI.
-async fn upload_indexed(
+pub(crate) async fn upload_indexed(
     s3: &s3mem::RunningS3,
     prefix: &str,
     objects: impl IntoIterator<Item = (String, Vec<u8>)>,

@@ -102,6 +102,8 @@ async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), Pipeli
                 .map(|i| format!("{:09}", first_sample + i))
                 .collect(),
             shards: Vec::new(),
+            sources: vec![0; size],
+            source_epochs: Vec::new(),
             padded: Vec::new(),
             crops: vec![CropBox::default(); size],
             substituted: Vec::new(),

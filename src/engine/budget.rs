@@ -136,6 +136,31 @@ impl StreamCost {
         }
     }
 
+    /// A mixed stream's: each source's readers, queues (plus a batch of
+    /// samples queued for the mixer) and shuffle buffer, and one stream's
+    /// batches (`sources[0].batch_bytes`).
+    pub fn mixed(config: &PipelineConfig, sources: &[StreamShape], batch_size: u32) -> Self {
+        let mut total = Self {
+            readers: 0,
+            reader_queues: 0,
+            shuffle_buffer: 0,
+            batches: 0,
+        };
+        for (k, shape) in sources.iter().enumerate() {
+            let one = Self::new(config, *shape);
+            total.readers = total.readers.saturating_add(one.readers);
+            total.reader_queues = total
+                .reader_queues
+                .saturating_add(one.reader_queues)
+                .saturating_add(u64::from(batch_size).saturating_mul(shape.mean_sample_bytes));
+            total.shuffle_buffer = total.shuffle_buffer.saturating_add(one.shuffle_buffer);
+            if k == 0 {
+                total.batches = one.batches;
+            }
+        }
+        total
+    }
+
     pub fn total(&self) -> u64 {
         self.readers
             .saturating_add(self.reader_queues)

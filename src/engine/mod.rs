@@ -11,6 +11,7 @@
 
 pub mod budget;
 mod cgroup;
+pub mod mix;
 pub mod warm;
 
 use std::sync::Arc;
@@ -59,6 +60,8 @@ pub enum EngineError {
     #[error("{0}")]
     Plan(#[from] PlanError),
     #[error("{0}")]
+    Mix(#[from] plan::mix::MixError),
+    #[error("{0}")]
     Memory(#[from] BudgetError),
     #[error("{0}")]
     Augment(#[from] decode::augment::AugmentError),
@@ -98,7 +101,7 @@ pub struct StreamRequest {
 pub struct OpenStream {
     /// Dropping it stops the stream and frees its resources.
     pub batches: BatchReceiver,
-    pub plan: Arc<StreamPlan>,
+    pub shape: StreamGeometry,
     pub metrics: StreamMetrics,
     /// The stream's tracing span (dataset, rank, world size, epoch).
     pub span: tracing::Span,
@@ -110,6 +113,38 @@ pub struct OpenStream {
     pub ring: Option<Arc<crate::pipeline::shm::Ring>>,
     /// The dataset index's identity, for the positions the stream reports.
     pub dataset_identity: String,
+}
+
+/// Where a stream's batches fall in its epoch, for the positions it reports.
+#[derive(Debug, Clone)]
+pub struct StreamGeometry {
+    /// Steps of the epoch (batches per rank).
+    pub steps: u64,
+    pub global_batch: u64,
+    pub world_size: u32,
+    /// The position batch indexes count from.
+    pub base_position: plan::EpochPosition,
+}
+
+impl StreamGeometry {
+    fn of(plan: &StreamPlan) -> Self {
+        Self {
+            steps: plan.counts.steps,
+            global_batch: plan.counts.global_batch,
+            world_size: plan.world_size,
+            base_position: plan.base_position.clone(),
+        }
+    }
+
+    /// The epoch position once every rank has finished batch `index`.
+    pub fn position_after(&self, index: u64) -> plan::EpochPosition {
+        self.base_position.advanced(self.world_size, index + 1)
+    }
+
+    /// Samples consumed across all ranks once every rank finished batch `index`.
+    pub fn global_samples_after(&self, index: u64) -> u64 {
+        (self.base_position.steps() + index + 1) * self.global_batch
+    }
 }
 
 /// What `describe` tells about a dataset at a world size and batch size.
@@ -253,28 +288,11 @@ impl Engine {
             mean_sample,
             dataset.is_loose(),
         ))?);
-        // The ring takes the place of the batch buffers the reservation
-        // counted: (decode_ahead + ready_batches + 3) batches.
-        let shared = match &request.shared_memory {
-            Some(socket) => {
-                let pipeline = &self.config.pipeline;
-                let slots = pipeline.decode_ahead.max(1)
-                    + pipeline.ready_batches.max(1)
-                    + crate::pipeline::shm::CLIENT_SLOTS;
-                let batch_bytes = request.output.bytes() * request.plan.batch_size as usize;
-                let ring = crate::pipeline::shm::Ring::new(slots, batch_bytes)
-                    .map_err(|e| EngineError::Internal(e.to_string()))?;
-                // The ring may outlive the stream (kept for a client still to
-                // collect it, mapped by one that holds a batch): the budget
-                // counts its memory until it is gone.
-                ring.hold_until_dropped(reservation.clone());
-                Some(crate::pipeline::SharedTarget {
-                    ring,
-                    fd_socket: socket.clone(),
-                })
-            }
-            None => None,
-        };
+        let shared = self.shared_target(
+            request.shared_memory.as_ref(),
+            request.output.bytes() * request.plan.batch_size as usize,
+            &reservation,
+        )?;
         let shard_samples = dataset.shard_samples();
         // Loose objects are cached one by one, not as the plan's virtual
         // shards: eviction falls back to LRU for them.
@@ -350,13 +368,41 @@ impl Engine {
         );
         Ok(OpenStream {
             batches,
-            plan,
+            shape: StreamGeometry::of(&plan),
             metrics,
             span,
             reservation,
             ring: shared.map(|shared| shared.ring),
             dataset_identity,
         })
+    }
+
+    /// The shared-memory ring a stream decodes into, when it asked for one.
+    /// The ring takes the place of the batch buffers the reservation
+    /// counted: (decode_ahead + ready_batches + 3) batches.
+    fn shared_target(
+        &self,
+        socket: Option<&std::path::PathBuf>,
+        batch_bytes: usize,
+        reservation: &Arc<budget::Reservation>,
+    ) -> Result<Option<crate::pipeline::SharedTarget>, EngineError> {
+        let Some(socket) = socket else {
+            return Ok(None);
+        };
+        let pipeline = &self.config.pipeline;
+        let slots = pipeline.decode_ahead.max(1)
+            + pipeline.ready_batches.max(1)
+            + crate::pipeline::shm::CLIENT_SLOTS;
+        let ring = crate::pipeline::shm::Ring::new(slots, batch_bytes)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
+        // The ring may outlive the stream (kept for a client still to
+        // collect it, mapped by one that holds a batch): the budget
+        // counts its memory until it is gone.
+        ring.hold_until_dropped(reservation.clone());
+        Ok(Some(crate::pipeline::SharedTarget {
+            ring,
+            fd_socket: socket.clone(),
+        }))
     }
 
     /// Sizes of `dataset` and its epoch counts at this world and batch size.

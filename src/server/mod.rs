@@ -17,6 +17,7 @@ mod authority;
 pub mod client;
 pub mod codec;
 pub mod listen;
+mod mix;
 pub mod service;
 pub mod shm;
 pub mod status;

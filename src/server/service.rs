@@ -21,10 +21,11 @@ use super::shm::RingRegistry;
 use super::status::{self, ServiceError};
 use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
-use crate::engine::{Engine, StreamRequest};
+use crate::engine::mix::MixedGeometry;
+use crate::engine::{Engine, StreamGeometry, StreamRequest};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
-use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig, StreamPlan};
+use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 use crate::shard::tfrecord::FeatureNames;
 use crate::shard::{SampleLayout, DEFAULT_MAX_FIELD_BYTES, MAX_FIELDS, MAX_FIELD_BYTES};
 
@@ -152,23 +153,53 @@ impl ShardfeedService {
         request: pb::StreamBatchesRequest,
     ) -> Result<BatchStream, ServiceError> {
         self.check_serving()?;
-        self.check_allowed(&request.dataset)?;
-        let wants_shared = request.transport == pb::Transport::SharedMemory as i32;
-        let mut request = stream_request(&request, self.engine.config().default_shuffle)?;
-        if wants_shared {
-            // Over TCP there is no socket to hand a memfd through: inline.
-            request.shared_memory = self.rings.as_ref().map(|rings| rings.fd_socket.clone());
+        let mixed = !request.sources.is_empty();
+        if mixed {
+            for source in &request.sources {
+                self.check_allowed(&source.dataset)?;
+            }
+        } else {
+            self.check_allowed(&request.dataset)?;
         }
-        let permit = self
-            .streams
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ServiceError::TooManyStreams(self.config.max_streams))?;
-        let epoch = request.plan.epoch;
-        let next_index = request.plan.start_batch;
-        let output = request.output;
-        let field_names = request.layout.fields.clone();
-        let stream = self.engine.open_stream(request).await?;
+        let wants_shared = request.transport == pb::Transport::SharedMemory as i32;
+        // Over TCP there is no socket to hand a memfd through: inline.
+        let shared_memory = wants_shared
+            .then(|| self.rings.as_ref().map(|rings| rings.fd_socket.clone()))
+            .flatten();
+        let defaults = self.engine.config().default_shuffle;
+        let (stream, mix, epoch, next_index, output, field_names) = if mixed {
+            let mut request = super::mix::mixed_request(&request, defaults)?;
+            request.shared_memory = shared_memory;
+            let (epoch, next_index, output) = (request.epoch, request.start_batch, request.output);
+            let field_names = request.sources[0].layout.fields.clone();
+            let permit = self.admit()?;
+            let (stream, mix) = self.engine.open_mixed_stream(request).await?;
+            (
+                (stream, permit),
+                Some(mix),
+                epoch,
+                next_index,
+                output,
+                field_names,
+            )
+        } else {
+            let mut request = stream_request(&request, defaults)?;
+            request.shared_memory = shared_memory;
+            let (epoch, next_index, output) =
+                (request.plan.epoch, request.plan.start_batch, request.output);
+            let field_names = request.layout.fields.clone();
+            let permit = self.admit()?;
+            let stream = self.engine.open_stream(request).await?;
+            (
+                (stream, permit),
+                None,
+                epoch,
+                next_index,
+                output,
+                field_names,
+            )
+        };
+        let (stream, permit) = stream;
         let ring = match (&stream.ring, &self.rings) {
             (Some(ring), Some(rings)) => {
                 rings.register(ring);
@@ -178,7 +209,8 @@ impl ShardfeedService {
         };
         Ok(BatchStream {
             receiver: stream.batches,
-            plan: stream.plan,
+            shape: stream.shape,
+            mix,
             output,
             field_names,
             epoch,
@@ -201,6 +233,16 @@ impl ShardfeedService {
             _permit: permit,
             _memory: stream.reservation,
         })
+    }
+}
+
+impl ShardfeedService {
+    /// A stream slot (`--max-streams`), or why not.
+    fn admit(&self) -> Result<OwnedSemaphorePermit, ServiceError> {
+        self.streams
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ServiceError::TooManyStreams(self.config.max_streams))
     }
 }
 
@@ -285,7 +327,7 @@ pub fn stream_request(
 
 /// The request's sample layout, checked: fields ride in every batch message,
 /// so their number and size are bounded.
-fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, ServiceError> {
+pub(super) fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, ServiceError> {
     let Some(wire) = wire else {
         return Ok(SampleLayout::default());
     };
@@ -397,7 +439,9 @@ fn partition(value: i32) -> Result<Partition, ServiceError> {
 /// The response stream of one `StreamBatches` call.
 pub struct BatchStream {
     receiver: BatchReceiver,
-    plan: Arc<StreamPlan>,
+    shape: StreamGeometry,
+    /// Set for a mixed stream.
+    mix: Option<MixedGeometry>,
     output: OutputSpec,
     /// The request's `layout.fields`, which name the batches' fields.
     field_names: Vec<String>,
@@ -436,7 +480,18 @@ pub struct BatchStream {
 
 impl BatchStream {
     fn to_message(&self, batch: DecodedBatch) -> pb::Batch {
-        let position = self.plan.position_after(batch.index);
+        let position = self.shape.position_after(batch.index);
+        let before_epoch = self
+            .mix
+            .as_ref()
+            .map_or(&[][..], |mix| &mix.before_epoch[..]);
+        let (sample_sources, sample_source_epochs) = match &self.mix {
+            Some(mix) => {
+                mix.count_samples(&batch.sources);
+                (batch.sources, batch.source_epochs)
+            }
+            None => Default::default(),
+        };
         let (images, shared) = match batch.images {
             BatchImages::Inline(bytes) => (bytes, None),
             BatchImages::Shared(lease) => {
@@ -473,9 +528,15 @@ impl BatchStream {
                 .map(|s| s.source.map_or(-1, |slot| slot as i32))
                 .collect(),
             substitution_reasons: batch.substituted.into_iter().map(|s| s.reason).collect(),
-            position: Some(position_message(&position, &self.dataset_identity)),
-            global_samples: self.plan.global_samples_after(batch.index),
-            epoch_steps: self.plan.counts.steps,
+            position: Some(position_message(
+                &position,
+                before_epoch,
+                &self.dataset_identity,
+            )),
+            global_samples: self.shape.global_samples_after(batch.index),
+            epoch_steps: self.shape.steps,
+            sample_sources,
+            sample_source_epochs,
             shards: batch.shards,
             padded: batch.padded,
             crops: batch
@@ -505,17 +566,24 @@ impl BatchStream {
     }
 }
 
-pub fn position_message(position: &EpochPosition, dataset: &str) -> pb::EpochPosition {
-    pb::EpochPosition {
-        dataset: dataset.to_string(),
-        segments: position
-            .phases
+pub fn position_message(
+    position: &EpochPosition,
+    before_epoch: &[Phase],
+    dataset: &str,
+) -> pb::EpochPosition {
+    let segments = |phases: &[Phase]| {
+        phases
             .iter()
             .map(|s| pb::PositionSegment {
                 world_size: s.world_size,
                 batches: s.batches,
             })
-            .collect(),
+            .collect()
+    };
+    pb::EpochPosition {
+        dataset: dataset.to_string(),
+        segments: segments(&position.phases),
+        before_epoch: segments(before_epoch),
     }
 }
 
@@ -543,13 +611,17 @@ impl BatchStream {
     /// to resume (right after the last batch sent) in its details.
     fn ended(&self, code: tonic::Code, message: &str, reason: &str) -> Status {
         let position = self
-            .plan
+            .shape
             .base_position
-            .advanced(self.plan.world_size, self.next_index);
+            .advanced(self.shape.world_size, self.next_index);
         let resume = status::ResumePoint {
             start_batch: self.next_index,
             epoch: self.epoch,
             position: &position,
+            before_epoch: self
+                .mix
+                .as_ref()
+                .map_or(&[][..], |mix| &mix.before_epoch[..]),
             dataset: &self.dataset_identity,
         };
         let retry_after = (code == tonic::Code::Unavailable).then_some(status::RETRY_AFTER_RESTART);

@@ -77,6 +77,8 @@ pub struct ResumePoint<'a> {
     pub start_batch: u64,
     pub epoch: u64,
     pub position: &'a EpochPosition,
+    /// A mixed stream's world sizes before this epoch (`before_epoch`).
+    pub before_epoch: &'a [crate::plan::Phase],
     /// The dataset index's identity (`EpochPosition.dataset`).
     pub dataset: &'a str,
 }
@@ -84,20 +86,25 @@ pub struct ResumePoint<'a> {
 impl ResumePoint<'_> {
     /// `ErrorInfo.metadata`: `start_batch`, `epoch`, `dataset` and
     /// `position` as `world_size:batches` segments joined by commas.
+    /// A mixed stream's also has `before_epoch`, in the same form.
     fn metadata(&self) -> HashMap<String, String> {
-        let position = self
-            .position
-            .phases
-            .iter()
-            .map(|phase| format!("{}:{}", phase.world_size, phase.batches))
-            .collect::<Vec<_>>()
-            .join(",");
-        HashMap::from([
+        let segments = |phases: &[crate::plan::Phase]| {
+            phases
+                .iter()
+                .map(|phase| format!("{}:{}", phase.world_size, phase.batches))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut metadata = HashMap::from([
             ("start_batch".to_string(), self.start_batch.to_string()),
             ("epoch".to_string(), self.epoch.to_string()),
             ("dataset".to_string(), self.dataset.to_string()),
-            ("position".to_string(), position),
-        ])
+            ("position".to_string(), segments(&self.position.phases)),
+        ]);
+        if !self.before_epoch.is_empty() {
+            metadata.insert("before_epoch".to_string(), segments(self.before_epoch));
+        }
+        metadata
     }
 }
 
@@ -208,6 +215,8 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             EngineError::Unsupported(_) | EngineError::StalePosition { .. } => {
                 Some(Code::FailedPrecondition)
             }
+            EngineError::Mix(crate::plan::mix::MixError::Plan(_)) => None,
+            EngineError::Mix(_) => Some(Code::InvalidArgument),
             _ => None,
         };
     }

@@ -317,6 +317,8 @@ pub struct MixPlan {
     pub batches: u64,
     pub world_size: u32,
     pub rank: u32,
+    /// Samples of each rank's batch.
+    pub batch_size: u32,
     sources: Vec<MixSource>,
     seeds: Vec<u64>,
     /// Samples of each source.
@@ -477,6 +479,7 @@ pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
         batches: stream.steps - request.start_batch,
         world_size,
         rank,
+        batch_size,
         sources: request.sources.clone(),
         seeds,
         samples,
@@ -526,6 +529,16 @@ impl MixPlan {
     /// for that part's rank and world size; a slice of the part reads
     /// `[from, to)` of its emitted sequence.
     pub fn part_plan(&self, k: usize, part: PartId) -> Result<StreamPlan, PlanError> {
+        self.part_plan_from(k, part, 0)
+    }
+
+    /// The plan that reads `slice` of source `k` (and on to its part's end):
+    /// starting inside a part costs integer work, no data.
+    pub fn slice_plan(&self, k: usize, slice: &PartSlice) -> Result<StreamPlan, PlanError> {
+        self.part_plan_from(k, slice.part, slice.from)
+    }
+
+    fn part_plan_from(&self, k: usize, part: PartId, from: u64) -> Result<StreamPlan, PlanError> {
         let source = &self.sources[k];
         plan_stream(
             &source.shard_samples,
@@ -537,10 +550,26 @@ impl MixPlan {
                 batch_size: 1,
                 shuffle: source.shuffle,
                 partition: Partition::DropLast,
-                start_batch: 0,
+                start_batch: from,
                 resume_from: Default::default(),
             },
         )
+    }
+
+    /// The augmentation seed of source `k`'s samples.
+    pub fn source_seed(&self, k: usize) -> u64 {
+        self.seeds[k]
+    }
+
+    /// The samples of each source this stream takes, to its epoch's end.
+    pub fn source_needs(&self) -> Vec<u64> {
+        let mut needs = vec![0u64; self.sources()];
+        for counts in self.batch_counts() {
+            for (need, count) in needs.iter_mut().zip(counts) {
+                *need += count;
+            }
+        }
+        needs
     }
 }
 

@@ -1,6 +1,6 @@
 """shardfeed: decoded, batched images from S3 tar shards, streamed over gRPC."""
 
-from ._client import Augment, Client, distributed_rank_and_world
+from ._client import Augment, Client, Source, distributed_rank_and_world
 from ._server import Server, pack, serve
 from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
 
@@ -12,6 +12,7 @@ __all__ = [
     "EpochPosition",
     "Server",
     "ShardfeedError",
+    "Source",
     "distributed_rank_and_world",
     "pack",
     "serve",

@@ -393,8 +393,10 @@ class Client:
 
     def batches(
         self,
-        dataset: str,
+        dataset: str | None = None,
         *,
+        sources: Sequence[SourceSpec] | None = None,
+        weight_changes: Sequence[tuple[int, Sequence[float]]] = (),
         seed: int = 0,
         epoch: int = 0,
         rank: int | None = None,
@@ -446,6 +448,17 @@ class Client:
         ``Batch.keys`` (default ``image/filename``; records without it are
         named by record number). ``label_offset``: added to every label (-1
         turns ImageNet's 1..1000 into 0..999); a label below 0 is sent as -1.
+
+        ``sources`` instead of ``dataset`` mixes datasets in one stream:
+        ``[("s3://a/", 0.7), ("s3://b/", 0.3)]``, or :class:`Source` items
+        for a source's own labels (e.g. its ``label_feature``). Every global
+        batch holds each source's share exactly (rounded so that every
+        prefix of the stream keeps the weights as closely as integers allow),
+        whatever the world size; each batch says each sample's source and
+        source-epoch (``Batch.sources``, ``Batch.source_epochs``).
+        ``weight_changes``: the stream's earlier weights as ``(from_step,
+        weights)``, oldest first (global steps: ``epoch * epoch_steps +
+        batch``); the sources' weights hold from this stream's first batch.
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
@@ -458,8 +471,10 @@ class Client:
         height, width = _image_size(image_size)
         if resize not in _RESIZE:
             raise ValueError(f"resize must be one of {sorted(_RESIZE)}, not {resize!r}")
+        if (dataset is None) == (sources is None):
+            raise ValueError("pass dataset or sources, one of them")
         request = pb.StreamBatchesRequest(
-            dataset=dataset,
+            dataset=dataset or "",
             seed=seed,
             epoch=epoch,
             rank=rank,
@@ -487,11 +502,14 @@ class Client:
         augmentation = _augment(augment, image_size)
         if augmentation is not None:
             request.augmentation.CopyFrom(augmentation.to_message())
-        if resume_from is not None:
-            request.resume_from.segments.extend(
-                pb.PositionSegment(world_size=w, batches=b) for w, b in resume_from.segments
+        if sources is not None:
+            request.sources.extend(_source_message(source) for source in sources)
+            request.weight_changes.extend(
+                pb.WeightChange(from_step=step, weights=list(weights))
+                for step, weights in weight_changes
             )
-            request.resume_from.dataset = resume_from.dataset
+        if resume_from is not None:
+            resume_from.to_message(request.resume_from)
         return self._stream(request)
 
     def _stream(self, request: Any) -> Iterator[Batch]:
@@ -504,12 +522,7 @@ class Client:
                 for batch in self._stream_once(request):
                     outage_started, delay = None, _RECONNECT_FIRST_DELAY
                     yield batch
-                    request.resume_from.Clear()
-                    request.resume_from.segments.extend(
-                        pb.PositionSegment(world_size=w, batches=b)
-                        for w, b in batch.position.segments
-                    )
-                    request.resume_from.dataset = batch.position.dataset
+                    batch.position.to_message(request.resume_from)
                     request.start_batch = 0
                 return
             except ShardfeedError as error:
@@ -588,6 +601,47 @@ class Client:
         return ring.view(
             shared.slot, shared.offset, shared.length, copy=ring.held >= shared.holdable
         )
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset of a mixed stream, with its weight and, where they differ
+    from the stream's, its own label and key settings."""
+
+    dataset: str
+    weight: float
+    label_json_key: str | None = None
+    image_feature: str | None = None
+    label_feature: str | None = None
+    key_feature: str | None = None
+    label_offset: int = 0
+
+
+SourceSpec = Union[Source, tuple[str, float]]
+
+
+def _source_message(source: SourceSpec) -> Any:
+    if not isinstance(source, Source):
+        dataset, weight = source
+        return pb.MixSource(dataset=dataset, weight=float(weight))
+    message = pb.MixSource(dataset=source.dataset, weight=float(source.weight))
+    own = (
+        source.label_json_key,
+        source.image_feature,
+        source.label_feature,
+        source.key_feature,
+    )
+    if any(own) or source.label_offset:
+        message.layout.CopyFrom(
+            pb.SampleLayout(
+                label_json_key=source.label_json_key or "",
+                image_feature=source.image_feature or "",
+                label_feature=source.label_feature or "",
+                key_feature=source.key_feature or "",
+                label_offset=source.label_offset,
+            )
+        )
+    return message
 
 
 def _partition(name: str) -> Any:

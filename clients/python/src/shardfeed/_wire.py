@@ -124,18 +124,57 @@ class EpochPosition:
     taken on; the server refuses to resume it on another (a loose listing
     that changed between starts). Pass it back as ``resume_from`` after a
     restart.
+
+    A mixed stream's position also has ``before_epoch``: the world sizes the
+    stream ran at before this epoch, from its first step (its sources'
+    epochs run across the stream's).
     """
 
     segments: tuple[tuple[int, int], ...] = ()
     dataset: str = ""
+    before_epoch: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"segments": [list(s) for s in self.segments], "dataset": self.dataset}
+        value: dict[str, Any] = {
+            "segments": [list(s) for s in self.segments],
+            "dataset": self.dataset,
+        }
+        if self.before_epoch:
+            value["before_epoch"] = [list(s) for s in self.before_epoch]
+        return value
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> EpochPosition:
         segments = tuple((int(w), int(b)) for w, b in value["segments"])
-        return cls(segments, str(value.get("dataset", "")))
+        before = tuple((int(w), int(b)) for w, b in value.get("before_epoch", ()))
+        return cls(segments, str(value.get("dataset", "")), before)
+
+    def next_epoch(self) -> EpochPosition:
+        """The start of the next epoch, for a mixed stream's history."""
+        return EpochPosition((), "", _merged(self.before_epoch + self.segments))
+
+    def to_message(self, message: Any) -> None:
+        """Fills a ``shardfeed.v1.EpochPosition`` message."""
+        message.Clear()
+        for target, segments in (
+            (message.segments, self.segments),
+            (message.before_epoch, self.before_epoch),
+        ):
+            target.extend(pb.PositionSegment(world_size=w, batches=b) for w, b in segments)
+        message.dataset = self.dataset
+
+
+def _merged(segments: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """Neighbours of equal world size merged, empty ones dropped."""
+    out: list[tuple[int, int]] = []
+    for world, batches in segments:
+        if batches == 0:
+            continue
+        if out and out[-1][0] == world:
+            out[-1] = (world, out[-1][1] + batches)
+        else:
+            out.append((world, batches))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -171,6 +210,10 @@ class Batch:
     # with this global batch): the epoch is complete once `position` adds up
     # to it. 0 from a server older than the field.
     epoch_steps: int = 0
+    # Mixed streams, per sample: the index of the source (in `sources`) it
+    # came from, and that source's epoch. Empty for one dataset.
+    sources: list[int] = field(default_factory=list)
+    source_epochs: list[int] = field(default_factory=list)
 
 
 _IMAGES_FIELD = pb.Batch.DESCRIPTOR.fields_by_name["images"].number
@@ -262,6 +305,7 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         position=EpochPosition(
             tuple((s.world_size, s.batches) for s in message.position.segments),
             message.position.dataset,
+            tuple((s.world_size, s.batches) for s in message.position.before_epoch),
         ),
         global_samples=message.global_samples,
         crop_boxes=np.array(
@@ -272,6 +316,8 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         fields={values.name: _field_values(values) for values in message.fields},
         padded=list(message.padded),
         epoch_steps=message.epoch_steps,
+        sources=list(message.sample_sources),
+        source_epochs=list(message.sample_source_epochs),
     )
 
 

@@ -7,6 +7,7 @@ with ``num_workers=0`` (the default). See :class:`ShardfeedDataset`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import os
@@ -14,13 +15,20 @@ import struct
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._client import AugmentSpec, Client, ImageSize, distributed_rank_and_world
+from ._client import (
+    AugmentSpec,
+    Client,
+    ImageSize,
+    Source,
+    SourceSpec,
+    distributed_rank_and_world,
+)
 from ._wire import EpochPosition
 
 __all__ = ["ShardfeedDataset"]
@@ -50,7 +58,16 @@ class ShardfeedDataset(IterableDataset[Sample]):
     because it could not be decoded; a repeat that pads the epoch with
     ``partition="pad"``, to leave out of evaluation metrics), ``fields`` (the
     requested extra fields by name, one ``bytes`` or ``None`` per sample),
+    ``sources`` and ``source_epochs`` (int64 ``(N,)``: a mixed stream's
+    source of each sample and that source's epoch; empty for one dataset),
     ``epoch`` and ``index``.
+
+    ``sources=[("s3://a/", 0.7), ("s3://b/", 0.3)]`` (or
+    :class:`shardfeed.Source` items) instead of ``dataset`` mixes datasets:
+    see :meth:`shardfeed.Client.batches`. ``set_weights`` changes the
+    weights from the next iteration on; ``state_dict`` records them and
+    their history, and a dataset made with other weights that loads the
+    state continues with its own from the resumed batch on.
 
     ``images`` is uint8 ``(N, H, W, 3)`` for ``layout="NHWC"``, or the same
     memory seen as ``(N, 3, H, W)`` for ``layout="NCHW"`` (a
@@ -104,8 +121,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
 
     def __init__(
         self,
-        dataset: str,
+        dataset: str | None = None,
         *,
+        sources: Sequence[SourceSpec] | None = None,
         target: str | None = None,
         client: Client | None = None,
         batch_size: int = 128,
@@ -128,6 +146,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
             raise ValueError(f"output must be one of {_OUTPUTS}, not {output!r}")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, not {batch_size}")
+        if (dataset is None) == (sources is None):
+            raise ValueError("pass dataset or sources, one of them")
         if client is not None and target is not None:
             raise ValueError("pass target or client, not both")
         given = [
@@ -154,6 +174,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # made before DataLoader forks its workers is usable in each of them.
         self.client = client
         self.dataset = dataset
+        self.sources = None if sources is None else [_as_source(s) for s in sources]
+        # A mixed stream's weights: those in force and the step they began
+        # at (None: at the next iteration's first step), and the earlier ones.
+        self._weights_from: int | None = 0
+        self._weight_changes: list[tuple[int, list[float]]] = []
         self.batch_size = batch_size
         self.image_size = image_size
         self.seed = seed
@@ -213,7 +238,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         completed = self._shared.completed()
         if upcoming != self._epoch:
             self._epoch = upcoming
-            self._position = EpochPosition()
+            self._position = self._position.next_epoch()
             self._resume = None
         elif completed is not None and completed[0] == self._epoch and not self._repeat_logged:
             self._repeat_logged = True
@@ -246,7 +271,15 @@ class ShardfeedDataset(IterableDataset[Sample]):
         """Batches per rank of an epoch at ``world`` ranks: also the epoch's
         global steps, the same at any world size with the same global batch."""
         key = (world, self.batch_size, self.partition)
+        if key not in self._lengths and self.sources is not None:
+            # A mixed epoch has as many global batches as its sources hold.
+            samples = sum(
+                self.client.describe(s.dataset, world_size=1, batch_size=1).samples
+                for s in self.sources
+            )
+            self._lengths[key] = samples // (world * self.batch_size)
         if key not in self._lengths:
+            assert self.dataset is not None
             info = self.client.describe(
                 self.dataset,
                 world_size=world,
@@ -265,6 +298,15 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # an attempt that fails before its first batch, retried, must not
         # restart the epoch at batch 0.
         resume = self._resume
+        mix: dict[str, Any] = {}
+        if self.sources is not None:
+            # A mixed stream always says where it stands: its history (the
+            # world sizes before this epoch) keys every source's progress.
+            resume = resume or EpochPosition(before_epoch=self._position.before_epoch)
+            if self._weights_from is None:
+                done = sum(batches for _, batches in resume.segments)
+                self._weights_from = self._epoch * self._epoch_steps(world) + done
+            mix = {"sources": self.sources, "weight_changes": self._weight_changes}
         # Trainers that know len() stop after that many batches without
         # asking for another (Lightning): the pass completes with its last
         # batch, not when the stream ends. Each batch says the epoch's steps.
@@ -283,6 +325,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
             augment=self.augment,
             partition=self.partition,
             resume_from=resume,
+            **mix,
             **self.options,
         )
         for batch in batches:
@@ -323,6 +366,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
                 "substituted": _mask(len(batch.keys), batch.substituted),
                 "padded": _mask(len(batch.keys), batch.padded),
                 "fields": batch.fields,
+                "sources": torch.tensor(batch.sources, dtype=torch.int64),
+                "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
                 "epoch": batch.epoch,
                 "index": batch.index,
             }
@@ -344,7 +389,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         epoch = self._upcoming_epoch()
         if epoch != self._epoch:
             # The pass is complete: the next epoch, from its start.
-            position = EpochPosition()
+            position = self._position.next_epoch()
         else:
             position = self._resume if self._resume is not None else self._position
         return self._state(epoch, position)
@@ -364,7 +409,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         return self._state(self._epoch, position)
 
     def _state(self, epoch: int, position: EpochPosition) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "version": _STATE_VERSION,
             "dataset": self.dataset,
             "seed": self.seed,
@@ -372,6 +417,28 @@ class ShardfeedDataset(IterableDataset[Sample]):
             "global_batch": self._global_batch(),
             "position": position.to_dict(),
         }
+        if self.sources is not None:
+            state["sources"] = [s.dataset for s in self.sources]
+            state["weights"] = [s.weight for s in self.sources]
+            state["weights_from"] = self._weights_from
+            state["weight_changes"] = [[step, list(w)] for step, w in self._weight_changes]
+        return state
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """New weights for a mixed stream's sources, from the next
+        iteration's first batch on (exactly, from there; nothing of a
+        source's epoch is repeated or skipped). Recorded in the state."""
+        if self.sources is None:
+            raise ValueError("set_weights is for a dataset made with sources=")
+        if len(weights) != len(self.sources):
+            raise ValueError(f"{len(weights)} weights for {len(self.sources)} sources")
+        if self._weights_from is not None:
+            self._weight_changes.append((self._weights_from, [s.weight for s in self.sources]))
+        self._weights_from = None
+        self.sources = [
+            dataclasses.replace(source, weight=float(weight))
+            for source, weight in zip(self.sources, weights)
+        ]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a :meth:`state_dict`: the next iteration of its epoch
@@ -386,6 +453,13 @@ class ShardfeedDataset(IterableDataset[Sample]):
                     f"{name}={getattr(self, name)!r}: its position means nothing here"
                 )
         position = EpochPosition.from_dict(state["position"])
+        if (self.sources is not None) != ("sources" in state) or (
+            self.sources is not None and state["sources"] != [s.dataset for s in self.sources]
+        ):
+            raise ValueError(
+                f"the state is of sources={state.get('sources')!r}, this dataset mixes "
+                f"{None if self.sources is None else [s.dataset for s in self.sources]!r}"
+            )
         global_batch = self._global_batch()
         if position.segments and state["global_batch"] != global_batch:
             raise ValueError(
@@ -401,6 +475,19 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._epoch = int(state["epoch"])
         self._position = position
         self._resume = position if position.segments else None
+        if self.sources is not None:
+            self._load_weights(state)
+
+    def _load_weights(self, state: Mapping[str, Any]) -> None:
+        self._weight_changes = [(int(step), list(w)) for step, w in state["weight_changes"]]
+        saved = [float(w) for w in state["weights"]]
+        self._weights_from = state["weights_from"]
+        assert self.sources is not None
+        if saved != [s.weight for s in self.sources]:
+            # Reweighted at the resume: the saved weights become history.
+            if self._weights_from is not None:
+                self._weight_changes.append((int(self._weights_from), saved))
+            self._weights_from = None
 
     def _global_batch(self) -> int:
         return self._stream_rank_and_world()[1] * self.batch_size
@@ -416,6 +503,13 @@ class ShardfeedDataset(IterableDataset[Sample]):
         source = state.pop("_shared")
         self.__dict__.update(state)
         self._shared = _SharedState(source)
+
+
+def _as_source(source: SourceSpec) -> Source:
+    if isinstance(source, Source):
+        return source
+    dataset, weight = source
+    return Source(dataset, float(weight))
 
 
 def _mask(size: int, slots: list[int]) -> torch.Tensor:

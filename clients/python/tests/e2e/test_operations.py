@@ -82,6 +82,11 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     assert total(during, "shardfeed_batches_total") >= total(before, "shardfeed_batches_total") + 1
     rest = list(stream)
     assert len(rest) == 9
+    # A mixed stream counts its samples per source.
+    mix_a = upload(s3, "opsa", "", [write_tar(samples[5:15])])
+    mix_b = upload(s3, "opsb", "", [write_tar(samples[15:25])])
+    mixed = list(client.batches(sources=[(mix_a, 1), (mix_b, 1)], batch_size=4, image_size=32))
+    assert len(mixed) == 5 and all(b.sources == [0, 0, 1, 1] for b in mixed)
     with pytest.raises(ShardfeedError):
         client.describe("s3://ops/absent/", world_size=1)
     after = scrape(server.metrics_url)
@@ -99,14 +104,16 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     def moved(name: str, suffix: str = "", **labels: str) -> float:
         return total(after, name + suffix, **labels) - total(before, name + suffix, **labels)
 
-    assert moved("shardfeed_batches_total") == 10
-    assert moved("shardfeed_samples_total") == 40
+    assert moved("shardfeed_batches_total") == 15
+    assert moved("shardfeed_samples_total") == 60
+    assert moved("shardfeed_mixed_source_samples_total", dataset=mix_a) == 10
+    assert moved("shardfeed_mixed_source_samples_total", dataset=mix_b) == 10
     # gRPC's names of the codes, as clients and exporters spell them.
-    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="OK") == 1
+    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="OK") == 2
     assert moved("shardfeed_requests_total", rpc="Describe", code="NOT_FOUND") == 1
     assert moved("shardfeed_substituted_samples_total", reason="corrupt") == 1
     assert moved("shardfeed_invalid_labels_total") == 1
-    assert moved("shardfeed_index_builds_total") == 1
+    assert moved("shardfeed_index_builds_total") == 3
     assert moved("shardfeed_store_retries_total") >= 1
     # The fixture's S3 answers every other GET with 503 SlowDown: throttling,
     # which also lowers the host's limit of requests in flight.
@@ -114,7 +121,7 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     assert 2 <= total(after, "shardfeed_s3_request_limit") < 128
     assert moved("shardfeed_s3_requests_total", op="get", outcome="ok") >= 2
     assert moved("shardfeed_s3_received_bytes_total") > 0
-    assert moved("shardfeed_decode_seconds", "_count") == 40
+    assert moved("shardfeed_decode_seconds", "_count") == 60
     assert moved("shardfeed_s3_request_seconds", "_count", op="get") >= 3
     assert moved("shardfeed_cache_misses_total") >= 2
     assert moved("shardfeed_cache_read_bytes_total", source="origin") > 0

@@ -16,47 +16,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cshardfeed/v1/shardfeed.proto\x12\x0cshardfeed.v1\"\xa2\x04\n\x14StreamBatchesRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x17\n\nbatch_size\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06height\x18\x07 \x01(\r\x12\r\n\x05width\x18\x08 \x01(\r\x12\x13\n\x0bstart_batch\x18\t \x01(\x04\x12\x14\n\x07shuffle\x18\n \x01(\x08H\x01\x88\x01\x01\x12*\n\tpartition\x18\x0b \x01(\x0e\x32\x17.shardfeed.v1.Partition\x12(\n\x06resize\x18\x0c \x01(\x0e\x32\x18.shardfeed.v1.ResizeMode\x12\x16\n\x0eshuffle_buffer\x18\r \x01(\r\x12\x12\n\ninterleave\x18\x0e \x01(\r\x12\x30\n\x0bresume_from\x18\x0f \x01(\x0b\x32\x1b.shardfeed.v1.EpochPosition\x12\x30\n\x0c\x61ugmentation\x18\x10 \x01(\x0b\x32\x1a.shardfeed.v1.Augmentation\x12*\n\ttransport\x18\x11 \x01(\x0e\x32\x17.shardfeed.v1.Transport\x12*\n\x06layout\x18\x12 \x01(\x0b\x32\x1a.shardfeed.v1.SampleLayoutB\r\n\x0b_batch_sizeB\n\n\x08_shuffle\"\xa8\x01\n\x0cSampleLayout\x12\x0e\n\x06\x66ields\x18\x01 \x03(\t\x12\x16\n\x0elabel_json_key\x18\x02 \x01(\t\x12\x15\n\rimage_feature\x18\x03 \x01(\t\x12\x15\n\rlabel_feature\x18\x04 \x01(\t\x12\x17\n\x0fmax_field_bytes\x18\x05 \x01(\r\x12\x14\n\x0clabel_offset\x18\x06 \x01(\x03\x12\x13\n\x0bkey_feature\x18\x07 \x01(\t\"v\n\x0cSharedImages\x12\x12\n\nring_token\x18\x01 \x01(\x0c\x12\x12\n\nring_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x10\n\x08holdable\x18\x06 \x01(\r\"\xa0\x01\n\x0c\x41ugmentation\x12/\n\x0b\x63\x65nter_crop\x18\x01 \x01(\x0b\x32\x18.shardfeed.v1.CenterCropH\x00\x12>\n\x13random_resized_crop\x18\x02 \x01(\x0b\x32\x1f.shardfeed.v1.RandomResizedCropH\x00\x12\x17\n\x0fhorizontal_flip\x18\x03 \x01(\x01\x42\x06\n\x04\x63rop\"\x1c\n\nCenterCrop\x12\x0e\n\x06resize\x18\x01 \x01(\r\"\xab\x01\n\x11RandomResizedCrop\x12\x16\n\tscale_min\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\tscale_max\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\tratio_min\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\tratio_max\x18\x04 \x01(\x01H\x03\x88\x01\x01\x42\x0c\n\n_scale_minB\x0c\n\n_scale_maxB\x0c\n\n_ratio_minB\x0c\n\n_ratio_max\"T\n\x07\x43ropBox\x12\x0c\n\x04left\x18\x01 \x01(\x02\x12\x0b\n\x03top\x18\x02 \x01(\x02\x12\r\n\x05width\x18\x03 \x01(\x02\x12\x0e\n\x06height\x18\x04 \x01(\x02\x12\x0f\n\x07\x66lipped\x18\x05 \x01(\x08\"Q\n\rEpochPosition\x12/\n\x08segments\x18\x01 \x03(\x0b\x32\x1d.shardfeed.v1.PositionSegment\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\"6\n\x0fPositionSegment\x12\x12\n\nworld_size\x18\x01 \x01(\r\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x04\"C\n\x05Shape\x12\t\n\x01n\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\x10\n\x08\x63hannels\x18\x04 \x01(\r\"\xbf\x03\n\x05\x42\x61tch\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\"\n\x05shape\x18\x03 \x01(\x0b\x32\x13.shardfeed.v1.Shape\x12\x0e\n\x06images\x18\x04 \x01(\x0c\x12\x0e\n\x06labels\x18\x05 \x03(\x03\x12\x0c\n\x04keys\x18\x06 \x03(\t\x12\x13\n\x0bsubstituted\x18\x07 \x03(\r\x12\x1c\n\x14substitution_reasons\x18\x08 \x03(\t\x12-\n\x08position\x18\t \x01(\x0b\x32\x1b.shardfeed.v1.EpochPosition\x12\x16\n\x0eglobal_samples\x18\n \x01(\x04\x12\x0e\n\x06shards\x18\x0b \x03(\t\x12\x1a\n\x12substitute_sources\x18\x0c \x03(\x05\x12$\n\x05\x63rops\x18\r \x03(\x0b\x32\x15.shardfeed.v1.CropBox\x12*\n\x06shared\x18\x0e \x01(\x0b\x32\x1a.shardfeed.v1.SharedImages\x12)\n\x06\x66ields\x18\x0f \x03(\x0b\x32\x19.shardfeed.v1.FieldValues\x12\x0e\n\x06padded\x18\x10 \x03(\r\x12\x13\n\x0b\x65poch_steps\x18\x11 \x01(\x04\"<\n\x0b\x46ieldValues\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x0c\x12\x0f\n\x07missing\x18\x03 \x03(\r\"\x8a\x01\n\x0f\x44\x65scribeRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x17\n\nbatch_size\x18\x03 \x01(\rH\x00\x88\x01\x01\x12*\n\tpartition\x18\x04 \x01(\x0e\x32\x17.shardfeed.v1.PartitionB\r\n\x0b_batch_size\"\xa8\x01\n\x10\x44\x65scribeResponse\x12\x0e\n\x06shards\x18\x01 \x01(\x04\x12\x0f\n\x07samples\x18\x02 \x01(\x04\x12\x18\n\x10\x62\x61tches_per_rank\x18\x03 \x01(\x04\x12\x19\n\x11\x64ropped_per_epoch\x18\x04 \x01(\x04\x12\x18\n\x10padded_per_epoch\x18\x05 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07\x64\x65\x63oder\x18\x07 \x01(\t*7\n\tPartition\x12\x17\n\x13PARTITION_DROP_LAST\x10\x00\x12\x11\n\rPARTITION_PAD\x10\x01*B\n\nResizeMode\x12\x1b\n\x17RESIZE_MODE_CENTER_CROP\x10\x00\x12\x17\n\x13RESIZE_MODE_STRETCH\x10\x01*>\n\tTransport\x12\x14\n\x10TRANSPORT_INLINE\x10\x00\x12\x1b\n\x17TRANSPORT_SHARED_MEMORY\x10\x01\x32\xa2\x01\n\tShardfeed\x12J\n\rStreamBatches\x12\".shardfeed.v1.StreamBatchesRequest\x1a\x13.shardfeed.v1.Batch0\x01\x12I\n\x08\x44\x65scribe\x12\x1d.shardfeed.v1.DescribeRequest\x1a\x1e.shardfeed.v1.DescribeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cshardfeed/v1/shardfeed.proto\x12\x0cshardfeed.v1\"\x80\x05\n\x14StreamBatchesRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x17\n\nbatch_size\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06height\x18\x07 \x01(\r\x12\r\n\x05width\x18\x08 \x01(\r\x12\x13\n\x0bstart_batch\x18\t \x01(\x04\x12\x14\n\x07shuffle\x18\n \x01(\x08H\x01\x88\x01\x01\x12*\n\tpartition\x18\x0b \x01(\x0e\x32\x17.shardfeed.v1.Partition\x12(\n\x06resize\x18\x0c \x01(\x0e\x32\x18.shardfeed.v1.ResizeMode\x12\x16\n\x0eshuffle_buffer\x18\r \x01(\r\x12\x12\n\ninterleave\x18\x0e \x01(\r\x12\x30\n\x0bresume_from\x18\x0f \x01(\x0b\x32\x1b.shardfeed.v1.EpochPosition\x12\x30\n\x0c\x61ugmentation\x18\x10 \x01(\x0b\x32\x1a.shardfeed.v1.Augmentation\x12*\n\ttransport\x18\x11 \x01(\x0e\x32\x17.shardfeed.v1.Transport\x12*\n\x06layout\x18\x12 \x01(\x0b\x32\x1a.shardfeed.v1.SampleLayout\x12(\n\x07sources\x18\x13 \x03(\x0b\x32\x17.shardfeed.v1.MixSource\x12\x32\n\x0eweight_changes\x18\x14 \x03(\x0b\x32\x1a.shardfeed.v1.WeightChangeB\r\n\x0b_batch_sizeB\n\n\x08_shuffle\"X\n\tMixSource\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12*\n\x06layout\x18\x03 \x01(\x0b\x32\x1a.shardfeed.v1.SampleLayout\"2\n\x0cWeightChange\x12\x11\n\tfrom_step\x18\x01 \x01(\x04\x12\x0f\n\x07weights\x18\x02 \x03(\x01\"\xa8\x01\n\x0cSampleLayout\x12\x0e\n\x06\x66ields\x18\x01 \x03(\t\x12\x16\n\x0elabel_json_key\x18\x02 \x01(\t\x12\x15\n\rimage_feature\x18\x03 \x01(\t\x12\x15\n\rlabel_feature\x18\x04 \x01(\t\x12\x17\n\x0fmax_field_bytes\x18\x05 \x01(\r\x12\x14\n\x0clabel_offset\x18\x06 \x01(\x03\x12\x13\n\x0bkey_feature\x18\x07 \x01(\t\"v\n\x0cSharedImages\x12\x12\n\nring_token\x18\x01 \x01(\x0c\x12\x12\n\nring_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06length\x18\x05 \x01(\x04\x12\x10\n\x08holdable\x18\x06 \x01(\r\"\xa0\x01\n\x0c\x41ugmentation\x12/\n\x0b\x63\x65nter_crop\x18\x01 \x01(\x0b\x32\x18.shardfeed.v1.CenterCropH\x00\x12>\n\x13random_resized_crop\x18\x02 \x01(\x0b\x32\x1f.shardfeed.v1.RandomResizedCropH\x00\x12\x17\n\x0fhorizontal_flip\x18\x03 \x01(\x01\x42\x06\n\x04\x63rop\"\x1c\n\nCenterCrop\x12\x0e\n\x06resize\x18\x01 \x01(\r\"\xab\x01\n\x11RandomResizedCrop\x12\x16\n\tscale_min\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\tscale_max\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x16\n\tratio_min\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\tratio_max\x18\x04 \x01(\x01H\x03\x88\x01\x01\x42\x0c\n\n_scale_minB\x0c\n\n_scale_maxB\x0c\n\n_ratio_minB\x0c\n\n_ratio_max\"T\n\x07\x43ropBox\x12\x0c\n\x04left\x18\x01 \x01(\x02\x12\x0b\n\x03top\x18\x02 \x01(\x02\x12\r\n\x05width\x18\x03 \x01(\x02\x12\x0e\n\x06height\x18\x04 \x01(\x02\x12\x0f\n\x07\x66lipped\x18\x05 \x01(\x08\"\x86\x01\n\rEpochPosition\x12/\n\x08segments\x18\x01 \x03(\x0b\x32\x1d.shardfeed.v1.PositionSegment\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x33\n\x0c\x62\x65\x66ore_epoch\x18\x03 \x03(\x0b\x32\x1d.shardfeed.v1.PositionSegment\"6\n\x0fPositionSegment\x12\x12\n\nworld_size\x18\x01 \x01(\r\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x04\"C\n\x05Shape\x12\t\n\x01n\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\x10\n\x08\x63hannels\x18\x04 \x01(\r\"\xf5\x03\n\x05\x42\x61tch\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\"\n\x05shape\x18\x03 \x01(\x0b\x32\x13.shardfeed.v1.Shape\x12\x0e\n\x06images\x18\x04 \x01(\x0c\x12\x0e\n\x06labels\x18\x05 \x03(\x03\x12\x0c\n\x04keys\x18\x06 \x03(\t\x12\x13\n\x0bsubstituted\x18\x07 \x03(\r\x12\x1c\n\x14substitution_reasons\x18\x08 \x03(\t\x12-\n\x08position\x18\t \x01(\x0b\x32\x1b.shardfeed.v1.EpochPosition\x12\x16\n\x0eglobal_samples\x18\n \x01(\x04\x12\x0e\n\x06shards\x18\x0b \x03(\t\x12\x1a\n\x12substitute_sources\x18\x0c \x03(\x05\x12$\n\x05\x63rops\x18\r \x03(\x0b\x32\x15.shardfeed.v1.CropBox\x12*\n\x06shared\x18\x0e \x01(\x0b\x32\x1a.shardfeed.v1.SharedImages\x12)\n\x06\x66ields\x18\x0f \x03(\x0b\x32\x19.shardfeed.v1.FieldValues\x12\x0e\n\x06padded\x18\x10 \x03(\r\x12\x13\n\x0b\x65poch_steps\x18\x11 \x01(\x04\x12\x16\n\x0esample_sources\x18\x12 \x03(\r\x12\x1c\n\x14sample_source_epochs\x18\x13 \x03(\x04\"<\n\x0b\x46ieldValues\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x0c\x12\x0f\n\x07missing\x18\x03 \x03(\r\"\x8a\x01\n\x0f\x44\x65scribeRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x17\n\nbatch_size\x18\x03 \x01(\rH\x00\x88\x01\x01\x12*\n\tpartition\x18\x04 \x01(\x0e\x32\x17.shardfeed.v1.PartitionB\r\n\x0b_batch_size\"\xa8\x01\n\x10\x44\x65scribeResponse\x12\x0e\n\x06shards\x18\x01 \x01(\x04\x12\x0f\n\x07samples\x18\x02 \x01(\x04\x12\x18\n\x10\x62\x61tches_per_rank\x18\x03 \x01(\x04\x12\x19\n\x11\x64ropped_per_epoch\x18\x04 \x01(\x04\x12\x18\n\x10padded_per_epoch\x18\x05 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x0f\n\x07\x64\x65\x63oder\x18\x07 \x01(\t*7\n\tPartition\x12\x17\n\x13PARTITION_DROP_LAST\x10\x00\x12\x11\n\rPARTITION_PAD\x10\x01*B\n\nResizeMode\x12\x1b\n\x17RESIZE_MODE_CENTER_CROP\x10\x00\x12\x17\n\x13RESIZE_MODE_STRETCH\x10\x01*>\n\tTransport\x12\x14\n\x10TRANSPORT_INLINE\x10\x00\x12\x1b\n\x17TRANSPORT_SHARED_MEMORY\x10\x01\x32\xa2\x01\n\tShardfeed\x12J\n\rStreamBatches\x12\".shardfeed.v1.StreamBatchesRequest\x1a\x13.shardfeed.v1.Batch0\x01\x12I\n\x08\x44\x65scribe\x12\x1d.shardfeed.v1.DescribeRequest\x1a\x1e.shardfeed.v1.DescribeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardfeed.v1.shardfeed_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PARTITION']._serialized_start=2371
-  _globals['_PARTITION']._serialized_end=2426
-  _globals['_RESIZEMODE']._serialized_start=2428
-  _globals['_RESIZEMODE']._serialized_end=2494
-  _globals['_TRANSPORT']._serialized_start=2496
-  _globals['_TRANSPORT']._serialized_end=2558
+  _globals['_PARTITION']._serialized_start=2715
+  _globals['_PARTITION']._serialized_end=2770
+  _globals['_RESIZEMODE']._serialized_start=2772
+  _globals['_RESIZEMODE']._serialized_end=2838
+  _globals['_TRANSPORT']._serialized_start=2840
+  _globals['_TRANSPORT']._serialized_end=2902
   _globals['_STREAMBATCHESREQUEST']._serialized_start=47
-  _globals['_STREAMBATCHESREQUEST']._serialized_end=593
-  _globals['_SAMPLELAYOUT']._serialized_start=596
-  _globals['_SAMPLELAYOUT']._serialized_end=764
-  _globals['_SHAREDIMAGES']._serialized_start=766
-  _globals['_SHAREDIMAGES']._serialized_end=884
-  _globals['_AUGMENTATION']._serialized_start=887
-  _globals['_AUGMENTATION']._serialized_end=1047
-  _globals['_CENTERCROP']._serialized_start=1049
-  _globals['_CENTERCROP']._serialized_end=1077
-  _globals['_RANDOMRESIZEDCROP']._serialized_start=1080
-  _globals['_RANDOMRESIZEDCROP']._serialized_end=1251
-  _globals['_CROPBOX']._serialized_start=1253
-  _globals['_CROPBOX']._serialized_end=1337
-  _globals['_EPOCHPOSITION']._serialized_start=1339
-  _globals['_EPOCHPOSITION']._serialized_end=1420
-  _globals['_POSITIONSEGMENT']._serialized_start=1422
-  _globals['_POSITIONSEGMENT']._serialized_end=1476
-  _globals['_SHAPE']._serialized_start=1478
-  _globals['_SHAPE']._serialized_end=1545
-  _globals['_BATCH']._serialized_start=1548
-  _globals['_BATCH']._serialized_end=1995
-  _globals['_FIELDVALUES']._serialized_start=1997
-  _globals['_FIELDVALUES']._serialized_end=2057
-  _globals['_DESCRIBEREQUEST']._serialized_start=2060
-  _globals['_DESCRIBEREQUEST']._serialized_end=2198
-  _globals['_DESCRIBERESPONSE']._serialized_start=2201
-  _globals['_DESCRIBERESPONSE']._serialized_end=2369
-  _globals['_SHARDFEED']._serialized_start=2561
-  _globals['_SHARDFEED']._serialized_end=2723
+  _globals['_STREAMBATCHESREQUEST']._serialized_end=687
+  _globals['_MIXSOURCE']._serialized_start=689
+  _globals['_MIXSOURCE']._serialized_end=777
+  _globals['_WEIGHTCHANGE']._serialized_start=779
+  _globals['_WEIGHTCHANGE']._serialized_end=829
+  _globals['_SAMPLELAYOUT']._serialized_start=832
+  _globals['_SAMPLELAYOUT']._serialized_end=1000
+  _globals['_SHAREDIMAGES']._serialized_start=1002
+  _globals['_SHAREDIMAGES']._serialized_end=1120
+  _globals['_AUGMENTATION']._serialized_start=1123
+  _globals['_AUGMENTATION']._serialized_end=1283
+  _globals['_CENTERCROP']._serialized_start=1285
+  _globals['_CENTERCROP']._serialized_end=1313
+  _globals['_RANDOMRESIZEDCROP']._serialized_start=1316
+  _globals['_RANDOMRESIZEDCROP']._serialized_end=1487
+  _globals['_CROPBOX']._serialized_start=1489
+  _globals['_CROPBOX']._serialized_end=1573
+  _globals['_EPOCHPOSITION']._serialized_start=1576
+  _globals['_EPOCHPOSITION']._serialized_end=1710
+  _globals['_POSITIONSEGMENT']._serialized_start=1712
+  _globals['_POSITIONSEGMENT']._serialized_end=1766
+  _globals['_SHAPE']._serialized_start=1768
+  _globals['_SHAPE']._serialized_end=1835
+  _globals['_BATCH']._serialized_start=1838
+  _globals['_BATCH']._serialized_end=2339
+  _globals['_FIELDVALUES']._serialized_start=2341
+  _globals['_FIELDVALUES']._serialized_end=2401
+  _globals['_DESCRIBEREQUEST']._serialized_start=2404
+  _globals['_DESCRIBEREQUEST']._serialized_end=2542
+  _globals['_DESCRIBERESPONSE']._serialized_start=2545
+  _globals['_DESCRIBERESPONSE']._serialized_end=2713
+  _globals['_SHARDFEED']._serialized_start=2905
+  _globals['_SHARDFEED']._serialized_end=3067
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ TRANSPORT_INLINE: Transport
 TRANSPORT_SHARED_MEMORY: Transport
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout")
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,8 @@ class StreamBatchesRequest(_message.Message):
     AUGMENTATION_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_CHANGES_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     seed: int
     epoch: int
@@ -66,7 +68,27 @@ class StreamBatchesRequest(_message.Message):
     augmentation: Augmentation
     transport: Transport
     layout: SampleLayout
-    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[MixSource]
+    weight_changes: _containers.RepeatedCompositeFieldContainer[WeightChange]
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ...) -> None: ...
+
+class MixSource(_message.Message):
+    __slots__ = ("dataset", "weight", "layout")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    weight: float
+    layout: SampleLayout
+    def __init__(self, dataset: _Optional[str] = ..., weight: _Optional[float] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ...) -> None: ...
+
+class WeightChange(_message.Message):
+    __slots__ = ("from_step", "weights")
+    FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    from_step: int
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, from_step: _Optional[int] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SampleLayout(_message.Message):
     __slots__ = ("fields", "label_json_key", "image_feature", "label_feature", "max_field_bytes", "label_offset", "key_feature")
@@ -145,12 +167,14 @@ class CropBox(_message.Message):
     def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ...) -> None: ...
 
 class EpochPosition(_message.Message):
-    __slots__ = ("segments", "dataset")
+    __slots__ = ("segments", "dataset", "before_epoch")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[PositionSegment]
     dataset: str
-    def __init__(self, segments: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ..., dataset: _Optional[str] = ...) -> None: ...
+    before_epoch: _containers.RepeatedCompositeFieldContainer[PositionSegment]
+    def __init__(self, segments: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ..., dataset: _Optional[str] = ..., before_epoch: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ...) -> None: ...
 
 class PositionSegment(_message.Message):
     __slots__ = ("world_size", "batches")
@@ -173,7 +197,7 @@ class Shape(_message.Message):
     def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps")
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +215,8 @@ class Batch(_message.Message):
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     PADDED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SOURCE_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     index: int
     shape: Shape
@@ -208,7 +234,9 @@ class Batch(_message.Message):
     fields: _containers.RepeatedCompositeFieldContainer[FieldValues]
     padded: _containers.RepeatedScalarFieldContainer[int]
     epoch_steps: int
-    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ...) -> None: ...
+    sample_sources: _containers.RepeatedScalarFieldContainer[int]
+    sample_source_epochs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FieldValues(_message.Message):
     __slots__ = ("name", "values", "missing")

@@ -1,0 +1,420 @@
+//! A batch's way from emitted samples to the ready queue: decoded on the
+//! pool straight into its buffer (or ring slot), failures substituted, sent
+//! in order with at most `decode_ahead` batches decoding.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
+use rayon::prelude::*;
+use tokio::sync::{mpsc, oneshot};
+
+use super::buffers::BufferPool;
+use super::{
+    shm, substitute_source, BatchImages, DecodedBatch, PipelineError, SharedTarget, StreamContext,
+    Substitution,
+};
+use crate::dataset::Dataset;
+use crate::decode::{self, CropBox, SampleKey};
+use crate::metrics;
+use crate::shard::{Label, RawSample};
+
+/// Where emitted samples come from, and what keys their augmentation: one
+/// per stream, or per part of a source of a mixed stream.
+#[derive(Debug)]
+pub(super) struct SampleOrigin {
+    pub dataset: Arc<Dataset>,
+    /// With `epoch`, keys every sample's augmentation.
+    pub seed: u64,
+    /// The stream's epoch, or the source-epoch in a mixed stream.
+    pub epoch: u64,
+    pub label_offset: i64,
+    /// The source's index in a mixed stream (0 otherwise).
+    pub source: u32,
+}
+
+/// A sample leaving the shuffle buffer, on its way to the decoder.
+pub(super) struct EmittedSample {
+    pub shard: u32,
+    /// A repeat that pads the epoch.
+    pub padding: bool,
+    pub origin: Arc<SampleOrigin>,
+    pub sample: RawSample,
+}
+
+/// Batches of one stream on their way out: decoding (at most
+/// `decode_ahead`), then sent in order to the ready queue.
+pub(super) struct BatchDispatch<'a> {
+    context: &'a StreamContext,
+    tx: &'a mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    decoding: FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    buffers: BufferPool,
+    ready_gauge: ::metrics::Gauge,
+    next_index: u64,
+}
+
+impl<'a> BatchDispatch<'a> {
+    pub fn new(
+        context: &'a StreamContext,
+        tx: &'a mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+        first_index: u64,
+        rank: u32,
+    ) -> Self {
+        Self {
+            context,
+            tx,
+            decoding: FuturesOrdered::new(),
+            // Batches alive at once: decoding, queued, and one being encoded.
+            buffers: BufferPool::new(
+                context.config.decode_ahead + context.config.ready_batches + 1,
+            ),
+            // Per-stream series would be unbounded; the stream label is its rank.
+            ready_gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => rank.to_string()),
+            next_index: first_index,
+        }
+    }
+
+    /// Starts decoding a batch of `samples`. `Ok(false)`: the client went away.
+    pub async fn submit(&mut self, samples: Vec<EmittedSample>) -> Result<bool, PipelineError> {
+        // A shared ring holds the producer back until the client has
+        // returned a slot.
+        let target = match &self.context.shared {
+            Some(shared) => {
+                match acquire_sending_decoded(
+                    shared,
+                    &mut self.decoding,
+                    self.tx,
+                    &self.ready_gauge,
+                )
+                .await?
+                {
+                    Some(lease) => Some(lease),
+                    None => return Ok(false),
+                }
+            }
+            None => None,
+        };
+        self.decoding.push_back(decode_batch(
+            self.context,
+            &self.buffers,
+            &self.context.metrics,
+            samples,
+            self.next_index,
+            target,
+        ));
+        self.next_index += 1;
+        while self.decoding.len() >= self.context.config.decode_ahead.max(1) {
+            if !send_next(&mut self.decoding, self.tx, &self.ready_gauge).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Sends every batch still decoding.
+    pub async fn finish(mut self) -> Result<(), PipelineError> {
+        while !self.decoding.is_empty() {
+            if !send_next(&mut self.decoding, self.tx, &self.ready_gauge).await? {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The batch's extra fields, field by field, in slot order; a substituted
+/// slot takes its source's, like its image and label.
+fn batch_fields(
+    sample_fields: &[&[Option<Bytes>]],
+    substituted: &[Substitution],
+) -> Vec<Vec<Option<Bytes>>> {
+    let count = sample_fields.iter().map(|f| f.len()).max().unwrap_or(0);
+    let mut fields: Vec<Vec<Option<Bytes>>> = (0..count)
+        .map(|field| {
+            sample_fields
+                .iter()
+                .map(|f| f.get(field).cloned().flatten())
+                .collect()
+        })
+        .collect();
+    for substitution in substituted {
+        for values in &mut fields {
+            values[substitution.slot as usize] = substitution
+                .source
+                .and_then(|from| values[from as usize].clone());
+        }
+    }
+    fields
+}
+
+/// Replaces every failed slot by a copy of a good sample of the same batch
+/// (image and label), so training never sees a blank image with a class;
+/// counts and logs each failure with its shard and key.
+fn substitute_failures(
+    failures: &[Option<(&'static str, String)>],
+    samples: &[EmittedSample],
+    images: &mut [u8],
+    labels: &mut [i64],
+    crops: &mut [CropBox],
+    slot_bytes: usize,
+) -> Vec<Substitution> {
+    let good: Vec<u32> = (0..failures.len() as u32)
+        .filter(|&slot| failures[slot as usize].is_none())
+        .collect();
+    let mut substituted = Vec::new();
+    for (slot, failure) in failures.iter().enumerate() {
+        let Some((reason, message)) = failure else {
+            continue;
+        };
+        let emitted = &samples[slot];
+        metrics::substituted(reason);
+        tracing::warn!(
+            shard = %emitted.origin.dataset.shard_key(emitted.shard),
+            key = %emitted.sample.key,
+            error = %message,
+            "substituted a sample that could not be decoded"
+        );
+        let source = substitute_source(&emitted.sample.key, &good);
+        let target = slot * slot_bytes..(slot + 1) * slot_bytes;
+        match source {
+            Some(from) => {
+                let from = from as usize;
+                images.copy_within(from * slot_bytes..(from + 1) * slot_bytes, target.start);
+                labels[slot] = labels[from];
+                crops[slot] = crops[from];
+            }
+            None => {
+                images[target].fill(0);
+                labels[slot] = -1;
+                crops[slot] = CropBox::default();
+            }
+        }
+        substituted.push(Substitution {
+            slot: slot as u32,
+            reason: message.clone(),
+            source,
+        });
+    }
+    substituted
+}
+
+/// A ring slot for the next batch. While the client holds every slot, the
+/// batches that finish decoding meanwhile go on to the ready queue: none
+/// waits unsent for a slot it does not need (so a draining stream's
+/// batches in flight all arrive). `Ok(None)`: the client went away.
+async fn acquire_sending_decoded(
+    shared: &SharedTarget,
+    decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    ready_gauge: &::metrics::Gauge,
+) -> Result<Option<shm::SlotLease>, PipelineError> {
+    let acquire = shared.acquire();
+    tokio::pin!(acquire);
+    loop {
+        if decoding.is_empty() {
+            return acquire.await.map(Some);
+        }
+        tokio::select! {
+            biased;
+            lease = &mut acquire => return lease.map(Some),
+            // `FuturesOrdered::next` is cancel-safe: an unfinished batch stays queued.
+            decoded = decoding.next() => {
+                if !send_decoded(decoded, tx, ready_gauge).await? {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Sends the oldest decoded batch. `Ok(false)`: the client went away.
+async fn send_next(
+    decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    ready_gauge: &::metrics::Gauge,
+) -> Result<bool, PipelineError> {
+    send_decoded(decoding.next().await, tx, ready_gauge).await
+}
+
+async fn send_decoded(
+    decoded: Option<Result<DecodedBatch, oneshot::error::RecvError>>,
+    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    ready_gauge: &::metrics::Gauge,
+) -> Result<bool, PipelineError> {
+    let batch = decoded
+        .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
+        .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
+    let sent = tx.send(Ok(batch)).await.is_ok();
+    ready_gauge.set((tx.max_capacity() - tx.capacity()) as f64);
+    Ok(sent)
+}
+
+/// Decodes a batch on the pool, each image straight into its slot.
+pub(super) fn decode_batch(
+    context: &StreamContext,
+    buffers: &BufferPool,
+    stream_metrics: &metrics::StreamMetrics,
+    samples: Vec<EmittedSample>,
+    index: u64,
+    shared_slot: Option<shm::SlotLease>,
+) -> oneshot::Receiver<DecodedBatch> {
+    let (tx, rx) = oneshot::channel();
+    let decoder = context.decoder.clone();
+    let spec = context.spec;
+    let stream_metrics = stream_metrics.clone();
+    let buffers = buffers.clone();
+    let scratch = context.scratch.clone();
+    let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
+    context.pool.spawn(move || {
+        let slot = spec.bytes();
+        let bytes = slot * samples.len();
+        let (mut heap, mut lease) = match shared_slot {
+            Some(lease) => (Vec::new(), Some(lease)),
+            None => (buffers.take(bytes), None),
+        };
+        let images: &mut [u8] = match &mut lease {
+            Some(lease) => &mut lease.as_mut_slice()[..bytes],
+            None => &mut heap,
+        };
+        let outcomes: Vec<Result<CropBox, (&'static str, String)>> = images
+            .par_chunks_mut(slot)
+            .zip(samples.par_iter())
+            .map(|(out, emitted)| {
+                let started = Instant::now();
+                let result = match (&emitted.sample.unreadable, &emitted.sample.image) {
+                    (Some(unreadable), _) => Err((unreadable.reason, unreadable.message.clone())),
+                    (None, Some((format, data))) => {
+                        let origin = &emitted.origin;
+                        let key = SampleKey {
+                            seed: origin.seed,
+                            epoch: origin.epoch,
+                            sample: decode::augment::sample_identity(
+                                &origin.dataset.index.shards[emitted.shard as usize].name,
+                                &emitted.sample.key,
+                            ),
+                        };
+                        decode::decode_bounded(&*decoder, &scratch, *format, data, &spec, &key, out)
+                            .map_err(|e| (e.reason(), e.to_string()))
+                    }
+                    (None, None) => Err((
+                        "no_image",
+                        "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
+                    )),
+                };
+                stream_metrics.decode_time(started.elapsed().as_secs_f64());
+                result
+            })
+            .collect();
+        let mut crops: Vec<CropBox> = outcomes
+            .iter()
+            .map(|outcome| outcome.as_ref().copied().unwrap_or_default())
+            .collect();
+        let failures: Vec<Option<(&'static str, String)>> =
+            outcomes.into_iter().map(Result::err).collect();
+        let mut labels: Vec<i64> = samples
+            .iter()
+            .map(|emitted| {
+                if let Label::Invalid(text) = &emitted.sample.label {
+                    metrics::invalid_label();
+                    tracing::warn!(
+                        shard = %emitted.origin.dataset.shard_key(emitted.shard),
+                        key = %emitted.sample.key,
+                        label = %text,
+                        "label is not an integer; sent as -1"
+                    );
+                }
+                match &emitted.sample.label {
+                    // Below 0 after the offset: unlabelled, as -1 always means.
+                    Label::Value(label) => {
+                        label.saturating_add(emitted.origin.label_offset).max(-1)
+                    }
+                    _ => -1,
+                }
+            })
+            .collect();
+        let substituted =
+            substitute_failures(&failures, &samples, images, &mut labels, &mut crops, slot);
+        let sample_fields: Vec<&[Option<Bytes>]> =
+            samples.iter().map(|e| e.sample.fields.as_slice()).collect();
+        let fields = batch_fields(&sample_fields, &substituted);
+        let batch = DecodedBatch {
+            index,
+            size: samples.len(),
+            images: match lease {
+                Some(lease) => BatchImages::Shared(lease),
+                None => BatchImages::Inline(buffers.share(heap)),
+            },
+            labels,
+            shards: samples
+                .iter()
+                .map(|e| e.origin.dataset.index.shards[e.shard as usize].name.clone())
+                .collect(),
+            sources: samples.iter().map(|e| e.origin.source).collect(),
+            source_epochs: samples.iter().map(|e| e.origin.epoch).collect(),
+            padded: (0..samples.len() as u32)
+                .filter(|&slot| samples[slot as usize].padding)
+                .collect(),
+            // The samples are done with: move their keys rather than copy them.
+            keys: samples
+                .into_iter()
+                .map(|e| e.sample.name.unwrap_or(e.sample.key))
+                .collect(),
+            crops,
+            substituted,
+            fields,
+            ready_at: Instant::now(),
+        };
+        drop(queued);
+        let _ = tx.send(batch);
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_substituted_slot_carries_its_sources_fields() {
+        let caption = |c: Option<&'static str>| vec![c.map(|c| Bytes::from_static(c.as_bytes()))];
+        let (a, b, c) = (caption(Some("A")), caption(Some("B")), caption(None));
+        let sample_fields: [&[Option<Bytes>]; 3] = [&a, &b, &c];
+        let substituted = [
+            Substitution {
+                slot: 1,
+                reason: String::new(),
+                source: Some(0),
+            },
+            Substitution {
+                slot: 2,
+                reason: String::new(),
+                source: None,
+            },
+        ];
+        let fields = batch_fields(&sample_fields, &substituted);
+        assert_eq!(
+            fields,
+            [vec![
+                Some(Bytes::from_static(b"A")),
+                Some(Bytes::from_static(b"A")),
+                None
+            ]]
+        );
+        assert!(batch_fields(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn substitute_sources_are_frozen() {
+        // A change here changes which pixels training sees for a failed
+        // sample: make it on purpose, with a note for users.
+        let good = [0, 1, 3, 4, 6, 7];
+        let picked: Vec<Option<u32>> = ["a", "train/000123", "s000/k000002", ""]
+            .iter()
+            .map(|key| substitute_source(key, &good))
+            .collect();
+        assert_eq!(picked, vec![Some(7), Some(6), Some(7), Some(3)]);
+        assert_eq!(substitute_source("a", &[]), None);
+    }
+}
