@@ -17,6 +17,8 @@ pub const STREAMS_ACTIVE: &str = "shardfeed_streams_active";
 pub const BATCHES: &str = "shardfeed_batches_total";
 pub const SAMPLES: &str = "shardfeed_samples_total";
 pub const SOURCE_SAMPLES: &str = "shardfeed_mixed_source_samples_total";
+pub const DECODED_TIER: &str = "shardfeed_decoded_tier_total";
+pub const DECODED_TIER_BYTES: &str = "shardfeed_decoded_tier_bytes";
 pub const SUBSTITUTED: &str = "shardfeed_substituted_samples_total";
 pub const INVALID_LABELS: &str = "shardfeed_invalid_labels_total";
 pub const DECODE_SECONDS: &str = "shardfeed_decode_seconds";
@@ -64,6 +66,15 @@ pub fn describe() {
     describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");
     describe_counter!(BATCHES, "Batches sent to clients.");
     describe_counter!(SAMPLES, "Samples sent to clients.");
+    describe_counter!(
+        DECODED_TIER,
+        "Decoded-source tier lookups and upkeep, by event (hit, miss, fill, eviction, corrupt, missing, write_failed)."
+    );
+    describe_gauge!(
+        DECODED_TIER_BYTES,
+        Unit::Bytes,
+        "Bytes of decoded-source records on disk."
+    );
     describe_counter!(
         SOURCE_SAMPLES,
         "Samples of mixed streams sent to clients, by source dataset."
@@ -249,6 +260,16 @@ pub fn index_built() {
 
 pub fn invalid_label() {
     counter!(INVALID_LABELS).increment(1);
+}
+
+/// A decoded-source tier event: hit, miss, fill, eviction, corrupt,
+/// missing, write_failed.
+pub fn decoded_tier(event: &'static str) {
+    counter!(DECODED_TIER, "event" => event).increment(1);
+}
+
+pub fn decoded_tier_bytes(bytes: u64) {
+    gauge!(DECODED_TIER_BYTES).set(bytes as f64);
 }
 
 pub fn substituted(reason: &'static str) {

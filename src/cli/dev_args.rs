@@ -174,6 +174,21 @@ pub struct MixBenchArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct TierStreamBenchArgs {
+    #[arg(long, default_value_t = 8, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
+    pub shards: usize,
+    #[arg(long, default_value_t = 192, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub samples_per_shard: usize,
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub batch_size: u32,
+    #[arg(long)]
+    pub decode_threads: Option<usize>,
+    /// The stored sources' shorter side.
+    #[arg(long, default_value_t = 320, value_parser = clap::value_parser!(u32).range(64..=4096))]
+    pub shorter_side: u32,
+}
+
+#[derive(Args, Debug)]
 pub struct CacheScaleArgs {
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub entries: u64,

@@ -100,6 +100,11 @@ pub enum Command {
     /// samples, alternately (the demo's photos). Prints JSON lines.
     #[cfg(feature = "dev")]
     MixBench(MixBenchArgs),
+    /// The decoded-source tier on the stream path: today's path, then the
+    /// tier cold and warm, for the training and evaluation recipes, beside
+    /// the entropy floor (the demo's photos). Prints JSON lines.
+    #[cfg(feature = "dev")]
+    TierStreamBench(TierStreamBenchArgs),
     /// Compare shuffle quality with the WebDataset recipe on a class-sorted
     /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
     #[cfg(feature = "dev")]
@@ -228,6 +233,14 @@ pub struct CacheArgs {
     /// another on the node waits for the old one to exit); then exit.
     #[arg(long, env = "SHARDFEED_CACHE_LOCK_WAIT", default_value_t = 0)]
     pub cache_lock_wait: u64,
+    /// Directory of the host's decoded-source tier (streams that ask for
+    /// `decoded_source` crop from sources kept here). Unset: such streams
+    /// derive every sample's source and keep none (the same bytes, slower).
+    #[arg(long, env = "SHARDFEED_DECODED_CACHE_DIR")]
+    pub decoded_cache_dir: Option<PathBuf>,
+    /// Most bytes the decoded-source tier may hold on disk, e.g. 200G.
+    #[arg(long, env = "SHARDFEED_DECODED_CACHE_SIZE", value_parser = parse_size, default_value = "100G")]
+    pub decoded_cache_size: u64,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]

@@ -7,6 +7,7 @@ use super::{CliError, Command, IndexArgs, PackArgs, ServeArgs, WarmArgs};
 use crate::dataset::{
     build_index, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
 };
+use crate::decode::tier::DecodedCache;
 use crate::engine::{warm, Engine};
 use crate::server::{self, Listener, ShardfeedService};
 use crate::store::cache::DiskCache;
@@ -68,6 +69,22 @@ pub async fn run(command: Command) -> Result<(), CliError> {
                     .decode_threads
                     .unwrap_or_else(crate::engine::default_decode_threads),
                 rounds: args.rounds,
+            })
+            .await
+        }
+        #[cfg(feature = "dev")]
+        Command::TierStreamBench(args) => {
+            crate::dev::tier_stream::run(&crate::dev::tier_stream::TierStreamSpec {
+                data: crate::dev::synthetic::SyntheticSpec {
+                    shards: args.shards,
+                    samples_per_shard: args.samples_per_shard,
+                    ..Default::default()
+                },
+                batch_size: args.batch_size,
+                decode_threads: args
+                    .decode_threads
+                    .unwrap_or_else(crate::engine::default_decode_threads),
+                shorter_side: args.shorter_side,
             })
             .await
         }
@@ -134,6 +151,21 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     );
     let engine = Engine::new(registry.clone(), config.engine.clone())
         .map_err(|e| format!("starting the decode pool: {e}"))?;
+    let engine = match &args.cache.decoded_cache_dir {
+        Some(dir) => {
+            let (dir, size) = (dir.clone(), args.cache.decoded_cache_size);
+            let tier = tokio::task::spawn_blocking(move || DecodedCache::open(&dir, size))
+                .await
+                .map_err(|e| e.to_string())??;
+            tracing::info!(
+                records = tier.records(),
+                bytes = tier.bytes(),
+                "decoded-source tier opened"
+            );
+            engine.with_decoded_cache(Arc::new(tier))
+        }
+        None => engine,
+    };
     #[cfg(feature = "dev")]
     let engine = if args.dev_synthetic_batches {
         tracing::warn!("--dev-synthetic-batches: streams send pattern batches, not the dataset's");

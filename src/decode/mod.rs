@@ -8,6 +8,7 @@
 
 pub mod augment;
 pub mod source;
+pub mod tier;
 #[cfg(feature = "turbojpeg")]
 pub mod turbo;
 
@@ -295,6 +296,23 @@ pub fn decode_bounded(
     key: &SampleKey,
     out: &mut [u8],
 ) -> Result<CropBox, DecodeError> {
+    full_size_bounded(budget, format, data, |width, height| {
+        let crop = spec.crop_box(width, height, key);
+        decoder.decode_into(format, data, spec, &crop, out)?;
+        augment::apply_flip(&crop, spec, out);
+        Ok(crop)
+    })
+}
+
+/// Runs `work` (given the image's size) on an image whose size and
+/// full-size decode memory are within bounds, holding its share of the
+/// scratch budget; a panic inside becomes [`DecodeError::Panicked`].
+pub fn full_size_bounded<T>(
+    budget: &ScratchBudget,
+    format: ImageFormat,
+    data: &[u8],
+    work: impl FnOnce(u32, u32) -> Result<T, DecodeError>,
+) -> Result<T, DecodeError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let (width, height) = source_dimensions(format, data)?;
         let pixels = u64::from(width) * u64::from(height);
@@ -310,20 +328,19 @@ pub fn decode_bounded(
                 budget: budget.limit,
             });
         }
-        let crop = spec.crop_box(width, height, key);
         let _permit = (bytes > SMALL_DECODE_BYTES).then(|| budget.acquire(bytes));
-        decoder.decode_into(format, data, spec, &crop, out)?;
-        augment::apply_flip(&crop, spec, out);
-        Ok(crop)
+        work(width, height)
     }))
-    .unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "non-text panic payload".into());
-        Err(DecodeError::Panicked(message))
-    })
+    .unwrap_or_else(|panic| Err(panicked(panic)))
+}
+
+fn panicked(panic: Box<dyn std::any::Any + Send>) -> DecodeError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-text panic payload".into());
+    DecodeError::Panicked(message)
 }
 
 fn image_format(format: ImageFormat) -> image::ImageFormat {

@@ -115,13 +115,7 @@ pub fn derive_source(
     let bytes = match form.kind {
         SourceKind::Raw => pixels,
         SourceKind::Yuv420 => rgb_to_yuv420(&pixels, width, height),
-        SourceKind::Jpeg { quality } => {
-            let mut jpeg = Vec::new();
-            image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, quality)
-                .encode(&pixels, width, height, image::ExtendedColorType::Rgb8)
-                .map_err(|e| DecodeError::Resize(format!("encoding the stored source: {e}")))?;
-            jpeg
-        }
+        SourceKind::Jpeg { quality } => encode_jpeg(&pixels, width, height, quality)?,
     };
     Ok(StoredSource {
         kind: form.kind,
@@ -131,6 +125,59 @@ pub fn derive_source(
         original_height,
         bytes,
     })
+}
+
+/// Brings `data` to `form` through `decoder`'s own path (for libjpeg-turbo:
+/// DCT scaling when the image is at least twice the stored size, then its
+/// resize): as fast as today's evaluation decode, so a cold epoch costs
+/// little more than today's. The tier's sources are made this way.
+pub fn derive_source_with(
+    decoder: &dyn super::Decoder,
+    format: ImageFormat,
+    data: &[u8],
+    form: &SourceForm,
+) -> Result<StoredSource, DecodeError> {
+    let (original_width, original_height) = super::source_dimensions(format, data)?;
+    let (width, height) = stored_size(original_width, original_height, form);
+    let spec = OutputSpec {
+        crop: super::Crop::Stretch,
+        ..OutputSpec::center(height, width)
+    };
+    let whole = CropBox {
+        left: 0.0,
+        top: 0.0,
+        width: f64::from(original_width),
+        height: f64::from(original_height),
+        flipped: false,
+    };
+    let mut pixels = vec![0u8; spec.bytes()];
+    decoder.decode_into(format, data, &spec, &whole, &mut pixels)?;
+    let bytes = match form.kind {
+        SourceKind::Raw => pixels,
+        SourceKind::Yuv420 => rgb_to_yuv420(&pixels, width, height),
+        SourceKind::Jpeg { quality } => encode_jpeg(&pixels, width, height, quality)?,
+    };
+    Ok(StoredSource {
+        kind: form.kind,
+        width,
+        height,
+        original_width,
+        original_height,
+        bytes,
+    })
+}
+
+fn encode_jpeg(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    quality: u8,
+) -> Result<Vec<u8>, DecodeError> {
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, quality)
+        .encode(pixels, width, height, image::ExtendedColorType::Rgb8)
+        .map_err(|e| DecodeError::Resize(format!("encoding the stored source: {e}")))?;
+    Ok(jpeg)
 }
 
 /// `crop` (in the original image's pixels) scaled into the stored source.

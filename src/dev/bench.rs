@@ -270,6 +270,7 @@ pub async fn entitlement(
             output,
             shared_memory: None,
             resume_dataset: None,
+            decoded_source: None,
         })
         .await?
         .batches;

@@ -90,6 +90,7 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
                 shared_memory: None,
                 layout: Default::default(),
                 resume_dataset: None,
+                decoded_source: None,
             })
             .await?;
         let (single_samples, single_seconds) = drain(single.batches).await?;
@@ -114,6 +115,7 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
                 output: OUTPUT,
                 shared_memory: None,
                 resume_dataset: None,
+                decoded_source: None,
             })
             .await?;
         let (mixed_samples, mixed_seconds) = drain(mixed.batches).await?;

@@ -13,4 +13,5 @@ pub mod s3mem;
 pub mod shuffle_quality;
 pub mod synthetic;
 pub mod tier;
+pub mod tier_stream;
 pub mod transport;

@@ -44,6 +44,7 @@ pub struct MixedStreamRequest {
     pub output: OutputSpec,
     pub shared_memory: Option<std::path::PathBuf>,
     pub resume_dataset: Option<String>,
+    pub decoded_source: Option<crate::decode::source::SourceForm>,
 }
 
 /// Where a mixed stream's batches stand, for the positions it reports.
@@ -258,6 +259,7 @@ impl Engine {
                 cache_hints: None,
                 shared: shared.clone(),
                 layout,
+                tier: self.tier(request.decoded_source),
                 metrics: metrics.clone(),
             })
             .collect();

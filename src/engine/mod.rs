@@ -95,6 +95,8 @@ pub struct StreamRequest {
     pub layout: crate::shard::SampleLayout,
     /// The dataset identity the resume position was taken on, if it says.
     pub resume_dataset: Option<String>,
+    /// Define outputs from decoded sources stored in this form (the tier).
+    pub decoded_source: Option<decode::source::SourceForm>,
 }
 
 /// A started stream: its batches, in order, and what they were planned from.
@@ -163,6 +165,8 @@ pub struct Engine {
     decoder: Arc<dyn Decoder>,
     memory: MemoryBudget,
     scratch: Arc<ScratchBudget>,
+    /// The host's decoded-source tier, when it keeps one.
+    decoded: Option<Arc<decode::tier::DecodedCache>>,
     /// Benchmarks only: streams send pattern batches instead of decoding.
     #[cfg(feature = "dev")]
     synthetic_batches: bool,
@@ -191,6 +195,7 @@ impl Engine {
             config,
             pool: Arc::new(pool),
             decoder,
+            decoded: None,
             #[cfg(feature = "dev")]
             synthetic_batches: false,
         })
@@ -202,6 +207,20 @@ impl Engine {
     pub fn with_synthetic_batches(mut self) -> Self {
         self.synthetic_batches = true;
         self
+    }
+
+    /// Keeps decoded sources in `cache` for streams that ask for the tier.
+    pub fn with_decoded_cache(mut self, cache: Arc<decode::tier::DecodedCache>) -> Self {
+        self.decoded = Some(cache);
+        self
+    }
+
+    /// The tier a stream of `form` uses: this host's store, if any.
+    fn tier(&self, form: Option<decode::source::SourceForm>) -> Option<decode::tier::TierRequest> {
+        form.map(|form| decode::tier::TierRequest {
+            form,
+            cache: self.decoded.clone(),
+        })
     }
 
     fn spawn_stream(
@@ -361,6 +380,7 @@ impl Engine {
                 cache_hints,
                 shared: shared.clone(),
                 layout: Arc::new(request.layout.clone()),
+                tier: self.tier(request.decoded_source),
                 metrics: metrics.clone(),
             },
             span.clone(),

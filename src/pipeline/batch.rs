@@ -44,6 +44,20 @@ pub(super) struct EmittedSample {
     pub sample: RawSample,
 }
 
+/// A sample's name in the decoded-source tier: its shard's location and
+/// version (ETag, or a loose group's digest of its members' ETags) and its
+/// key, so a changed object is derived anew. `None` (not kept) when the
+/// shard has no version to tell a change by.
+fn tier_record(dataset: &Dataset, emitted: &EmittedSample) -> Option<String> {
+    let shard = &dataset.index.shards[emitted.shard as usize];
+    let version = shard.etag.as_ref().or(shard.digest.as_ref())?;
+    let location = dataset.store.location(&dataset.shard_key(emitted.shard));
+    Some(format!(
+        "{location}\n{version}\n{}\n{}",
+        shard.size, emitted.sample.key
+    ))
+}
+
 /// Batches of one stream on their way out: decoding (at most
 /// `decode_ahead`), then sent in order to the ready queue.
 pub(super) struct BatchDispatch<'a> {
@@ -266,6 +280,7 @@ pub(super) fn decode_batch(
     let stream_metrics = stream_metrics.clone();
     let buffers = buffers.clone();
     let scratch = context.scratch.clone();
+    let tier = context.tier.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = spec.bytes();
@@ -295,8 +310,25 @@ pub(super) fn decode_batch(
                                 &emitted.sample.key,
                             ),
                         };
-                        decode::decode_bounded(&*decoder, &scratch, *format, data, &spec, &key, out)
-                            .map_err(|e| (e.reason(), e.to_string()))
+                        match &tier {
+                            None => decode::decode_bounded(
+                                &*decoder, &scratch, *format, data, &spec, &key, out,
+                            ),
+                            Some(tier) => {
+                                let record = tier_record(&origin.dataset, emitted);
+                                tier.output(
+                                    &*decoder,
+                                    &scratch,
+                                    *format,
+                                    data,
+                                    &spec,
+                                    &key,
+                                    record.as_deref(),
+                                    out,
+                                )
+                            }
+                        }
+                        .map_err(|e| (e.reason(), e.to_string()))
                     }
                     (None, None) => Err((
                         "no_image",

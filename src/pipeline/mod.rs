@@ -225,6 +225,8 @@ pub struct StreamContext {
     pub shared: Option<SharedTarget>,
     /// What else to read of each sample.
     pub layout: Arc<SampleLayout>,
+    /// Outputs defined from stored decoded sources (the decoded tier).
+    pub tier: Option<decode::tier::TierRequest>,
     /// The stream's metric handles, resolved once.
     pub metrics: metrics::StreamMetrics,
 }

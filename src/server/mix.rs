@@ -111,5 +111,6 @@ pub fn mixed_request(
         output: single.output,
         shared_memory: None,
         resume_dataset: single.resume_dataset,
+        decoded_source: single.decoded_source,
     })
 }

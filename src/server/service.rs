@@ -322,7 +322,28 @@ pub fn stream_request(
             .as_ref()
             .map(|position| position.dataset.clone())
             .filter(|identity| !identity.is_empty()),
+        decoded_source: decoded_source(request.decoded_source.as_ref())?,
     })
+}
+
+/// The request's decoded-source form, checked.
+fn decoded_source(
+    wire: Option<&pb::DecodedSource>,
+) -> Result<Option<decode::source::SourceForm>, ServiceError> {
+    use decode::tier::{MAX_SHORTER_SIDE, MIN_SHORTER_SIDE};
+    let Some(wire) = wire else {
+        return Ok(None);
+    };
+    if !(MIN_SHORTER_SIDE..=MAX_SHORTER_SIDE).contains(&wire.shorter_side) {
+        return Err(ServiceError::InvalidArgument(format!(
+            "decoded_source.shorter_side {} is outside {MIN_SHORTER_SIDE}..={MAX_SHORTER_SIDE}",
+            wire.shorter_side
+        )));
+    }
+    Ok(Some(decode::source::SourceForm {
+        shorter_side: wire.shorter_side,
+        kind: decode::source::SourceKind::Raw,
+    }))
 }
 
 /// The request's sample layout, checked: fields ride in every batch message,

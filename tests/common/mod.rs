@@ -145,6 +145,8 @@ pub struct Options {
     pub memory: MemoryConfig,
     /// The decoder (default: the build's fastest).
     pub decoder: Option<Arc<dyn shardfeed::decode::Decoder>>,
+    /// The host's decoded-source tier.
+    pub decoded: Option<Arc<shardfeed::decode::tier::DecodedCache>>,
 }
 
 impl Default for Options {
@@ -163,6 +165,7 @@ impl Default for Options {
             cache: None,
             memory: MemoryConfig::from_limit(8 << 30),
             decoder: None,
+            decoded: None,
         }
     }
 }
@@ -213,6 +216,10 @@ impl Harness {
                 .unwrap_or_else(shardfeed::decode::default_decoder),
         )
         .unwrap();
+        let engine = match options.decoded {
+            Some(tier) => engine.with_decoded_cache(tier),
+            None => engine,
+        };
         let service = ShardfeedService::new(
             engine,
             ServiceConfig {

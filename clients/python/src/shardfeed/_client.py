@@ -419,6 +419,7 @@ class Client:
         key_feature: str | None = None,
         label_offset: int = 0,
         max_field_bytes: int = 0,
+        decoded_source: int | None = None,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
 
@@ -459,6 +460,12 @@ class Client:
         ``weight_changes``: the stream's earlier weights as ``(from_step,
         weights)``, oldest first (global steps: ``epoch * epoch_steps +
         batch``); the sources' weights hold from this stream's first batch.
+
+        ``decoded_source=S``: outputs defined from each image brought once to
+        a shorter side of ``S`` (64 to 4096) and kept by the server's
+        decoded-source tier, so later epochs skip the JPEG decode; the crop
+        box is drawn as without it, and the batches are the same bytes
+        whether the tier held the source or not.
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
@@ -502,6 +509,8 @@ class Client:
         augmentation = _augment(augment, image_size)
         if augmentation is not None:
             request.augmentation.CopyFrom(augmentation.to_message())
+        if decoded_source is not None:
+            request.decoded_source.shorter_side = decoded_source
         if sources is not None:
             request.sources.extend(_source_message(source) for source in sources)
             request.weight_changes.extend(

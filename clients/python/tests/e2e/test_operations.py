@@ -51,7 +51,14 @@ def throttled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3, Se
     # The free-space floor is the cache's own test; a full shared disk must
     # not turn this one off.
     server = start_server(
-        s3, f"127.0.0.1:{_port()}", "--cache-dir", str(cache), "--cache-min-free-percent", "0"
+        s3,
+        f"127.0.0.1:{_port()}",
+        "--cache-dir",
+        str(cache),
+        "--cache-min-free-percent",
+        "0",
+        "--decoded-cache-dir",
+        str(tmp_path_factory.mktemp("decoded")),
     )
     yield s3, server
     stop(server.process)
@@ -87,6 +94,10 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     mix_b = upload(s3, "opsb", "", [write_tar(samples[15:25])])
     mixed = list(client.batches(sources=[(mix_a, 1), (mix_b, 1)], batch_size=4, image_size=32))
     assert len(mixed) == 5 and all(b.sources == [0, 0, 1, 1] for b in mixed)
+    # The decoded-source tier: filled by a first pass, hit by the second.
+    for _ in range(2):
+        tiered = list(client.batches(mix_a, batch_size=5, image_size=32, decoded_source=64))
+        assert len(tiered) == 2
     with pytest.raises(ShardfeedError):
         client.describe("s3://ops/absent/", world_size=1)
     after = scrape(server.metrics_url)
@@ -104,12 +115,15 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     def moved(name: str, suffix: str = "", **labels: str) -> float:
         return total(after, name + suffix, **labels) - total(before, name + suffix, **labels)
 
-    assert moved("shardfeed_batches_total") == 15
-    assert moved("shardfeed_samples_total") == 60
+    assert moved("shardfeed_batches_total") == 19
+    assert moved("shardfeed_samples_total") == 80
+    assert moved("shardfeed_decoded_tier_total", event="fill") == 10
+    assert moved("shardfeed_decoded_tier_total", event="hit") == 10
+    assert total(after, "shardfeed_decoded_tier_bytes") > 10 * 32 * 32 * 3
     assert moved("shardfeed_mixed_source_samples_total", dataset=mix_a) == 10
     assert moved("shardfeed_mixed_source_samples_total", dataset=mix_b) == 10
     # gRPC's names of the codes, as clients and exporters spell them.
-    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="OK") == 2
+    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="OK") == 4
     assert moved("shardfeed_requests_total", rpc="Describe", code="NOT_FOUND") == 1
     assert moved("shardfeed_substituted_samples_total", reason="corrupt") == 1
     assert moved("shardfeed_invalid_labels_total") == 1
@@ -121,7 +135,7 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     assert 2 <= total(after, "shardfeed_s3_request_limit") < 128
     assert moved("shardfeed_s3_requests_total", op="get", outcome="ok") >= 2
     assert moved("shardfeed_s3_received_bytes_total") > 0
-    assert moved("shardfeed_decode_seconds", "_count") == 60
+    assert moved("shardfeed_decode_seconds", "_count") == 80
     assert moved("shardfeed_s3_request_seconds", "_count", op="get") >= 3
     assert moved("shardfeed_cache_misses_total") >= 2
     assert moved("shardfeed_cache_read_bytes_total", source="origin") > 0

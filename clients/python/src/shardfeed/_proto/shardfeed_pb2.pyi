@@ -29,7 +29,7 @@ TRANSPORT_INLINE: Transport
 TRANSPORT_SHARED_MEMORY: Transport
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes")
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class StreamBatchesRequest(_message.Message):
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    DECODED_SOURCE_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     seed: int
     epoch: int
@@ -70,7 +71,14 @@ class StreamBatchesRequest(_message.Message):
     layout: SampleLayout
     sources: _containers.RepeatedCompositeFieldContainer[MixSource]
     weight_changes: _containers.RepeatedCompositeFieldContainer[WeightChange]
-    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ...) -> None: ...
+    decoded_source: DecodedSource
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ...) -> None: ...
+
+class DecodedSource(_message.Message):
+    __slots__ = ("shorter_side",)
+    SHORTER_SIDE_FIELD_NUMBER: _ClassVar[int]
+    shorter_side: int
+    def __init__(self, shorter_side: _Optional[int] = ...) -> None: ...
 
 class MixSource(_message.Message):
     __slots__ = ("dataset", "weight", "layout")

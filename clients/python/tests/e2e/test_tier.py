@@ -1,0 +1,70 @@
+"""The decoded-source tier through the real binary: the same batches with
+the tier cold, warm, damaged, or absent, over shared memory."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from shardfeed import Client
+
+from ..conftest import S3, Server, noise_jpeg, start_server, stop, upload, write_tar
+
+
+def _batches(server: Server, uri: str) -> list[tuple[np.ndarray, list[int]]]:
+    client = Client(server.target)
+    return [
+        (b.images.copy(), b.labels.tolist())
+        for b in client.batches(
+            uri,
+            batch_size=5,
+            image_size=32,
+            augment="train",
+            seed=4,
+            epoch=1,
+            decoded_source=64,
+            rank=0,
+            world_size=1,
+        )
+    ]
+
+
+def test_the_tier_gives_the_same_batches_cold_warm_damaged_and_absent(
+    s3: S3, unix_server: Server
+) -> None:
+    shards = [
+        write_tar(
+            [
+                (f"t{s}{i:02d}", {"jpg": noise_jpeg(300 + s * 10 + i, 90, 120), "cls": b"%d" % i})
+                for i in range(10)
+            ]
+        )
+        for s in range(2)
+    ]
+    uri = upload(s3, "tier", "", shards)
+    # No tier directory: every source derived, nothing kept.
+    expected = _batches(unix_server, uri)
+    assert len(expected) == 4
+
+    directory = Path(tempfile.mkdtemp(prefix="sf-tier-"))
+    tiered = start_server(
+        s3,
+        f"unix:{directory}/sf.sock",
+        "--decoded-cache-dir",
+        str(directory / "decoded"),
+    )
+    try:
+        for attempt in ("cold", "warm"):
+            got = _batches(tiered, uri)
+            assert [labels for _, labels in got] == [labels for _, labels in expected]
+            assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, expected)), attempt
+        records = sorted((directory / "decoded").glob("*/*.src"))
+        assert len(records) == 20
+        for record in records[::3]:
+            record.write_bytes(record.read_bytes()[:-7])
+        got = _batches(tiered, uri)
+        assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, expected)), "damaged"
+    finally:
+        stop(tiered.process)

@@ -1,0 +1,259 @@
+//! The decoded-source tier end to end: outputs are defined from the stored
+//! source, so batches are the same bytes cold, warm, half warm, after damage
+//! to the tier, without a tier, at any world size and after a resume.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use shardfeed::decode::tier::DecodedCache;
+use shardfeed::server::pb;
+
+fn tiered(dataset: &str, augmentation: pb::Augmentation) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        seed: 9,
+        batch_size: Some(6),
+        augmentation: Some(augmentation),
+        decoded_source: Some(pb::DecodedSource { shorter_side: 64 }),
+        ..request(dataset)
+    }
+}
+
+fn train() -> pb::Augmentation {
+    pb::Augmentation {
+        crop: Some(pb::augmentation::Crop::RandomResizedCrop(
+            pb::RandomResizedCrop::default(),
+        )),
+        horizontal_flip: 0.5,
+    }
+}
+
+fn eval() -> pb::Augmentation {
+    pb::Augmentation {
+        crop: Some(pb::augmentation::Crop::CenterCrop(pb::CenterCrop {
+            resize: 0,
+        })),
+        horizontal_flip: 0.0,
+    }
+}
+
+/// Every rank's batches of `request` at `world` ranks, rank by rank.
+async fn all_ranks(
+    harness: &Harness,
+    request: &pb::StreamBatchesRequest,
+    world: u32,
+) -> Vec<pb::Batch> {
+    let mut client = harness.client().await;
+    let mut out = Vec::new();
+    for rank in 0..world {
+        let request = pb::StreamBatchesRequest {
+            rank,
+            world_size: world,
+            ..request.clone()
+        };
+        out.extend(collect(&mut client, request).await.unwrap());
+    }
+    out
+}
+
+/// Samples of 80..120 px sides: every one is reduced to the stored form.
+fn photos() -> Vec<Vec<Sample>> {
+    (0..3)
+        .map(|s| {
+            (0..12)
+                .map(|i| {
+                    let n = (s * 12 + i) as u64;
+                    Sample {
+                        key: format!("s{s}/k{n:03}"),
+                        image: Some((
+                            "jpg",
+                            jpeg(96 + (n % 4) as u32 * 8, 80 + (n % 3) as u32 * 8, n),
+                        )),
+                        label: Some((n % 5).to_string()),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn record_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for bucket in std::fs::read_dir(dir).unwrap() {
+        let bucket = bucket.unwrap().path();
+        if bucket.is_dir() {
+            files.extend(
+                std::fs::read_dir(bucket)
+                    .unwrap()
+                    .map(|f| f.unwrap().path()),
+            );
+        }
+    }
+    files.sort();
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_tier() {
+    // The reference: no tier directory, every source derived.
+    let bare = Harness::start(Options::default()).await;
+    let uri = upload(&bare.s3, "tier", "photos/", &photos()).await;
+    let cases = [(train(), 1), (train(), 4), (eval(), 1), (eval(), 4)];
+    let mut expected = Vec::new();
+    for (augmentation, world) in &cases {
+        let batches = all_ranks(&bare, &tiered(&uri, *augmentation), *world).await;
+        expected.push(digest(&batches));
+    }
+    let plain = all_ranks(
+        &bare,
+        &pb::StreamBatchesRequest {
+            decoded_source: None,
+            ..tiered(&uri, train())
+        },
+        1,
+    )
+    .await;
+    assert_ne!(
+        digest(&plain),
+        expected[0],
+        "the tier defines other bytes than the full decode"
+    );
+    let s3 = bare.restart_s3().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            decoded: Some(tier.clone()),
+            ..Options::default()
+        },
+    )
+    .await;
+    let check = |label: &'static str| {
+        let harness = &harness;
+        let cases = &cases;
+        let expected = &expected;
+        let uri = uri.clone();
+        async move {
+            for ((augmentation, world), want) in cases.iter().zip(expected) {
+                let got = all_ranks(harness, &tiered(&uri, *augmentation), *world).await;
+                assert_eq!(
+                    digest(&got),
+                    *want,
+                    "{label}: {augmentation:?} at {world} ranks"
+                );
+            }
+        }
+    };
+    check("cold").await;
+    assert_eq!(
+        tier.records(),
+        36,
+        "one record per sample, whatever the crop"
+    );
+    check("warm").await;
+
+    // Half warm: every other record deleted.
+    let files = record_files(dir.path());
+    for file in files.iter().step_by(2) {
+        std::fs::remove_file(file).unwrap();
+    }
+    check("half warm").await;
+    assert_eq!(tier.records(), 36);
+
+    // Damaged: a flipped byte, a truncation, an empty file.
+    let files = record_files(dir.path());
+    let mut data = std::fs::read(&files[0]).unwrap();
+    data[100] ^= 0x40;
+    std::fs::write(&files[0], data).unwrap();
+    let data = std::fs::read(&files[1]).unwrap();
+    std::fs::write(&files[1], &data[..data.len() / 2]).unwrap();
+    std::fs::write(&files[2], b"").unwrap();
+    check("damaged").await;
+    assert_eq!(tier.records(), 36);
+
+    // After a resume: the tail of the warm stream.
+    let mut client = harness.client().await;
+    let whole = collect(&mut client, tiered(&uri, train())).await.unwrap();
+    let tail = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            start_batch: 2,
+            ..tiered(&uri, train())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(digest(&tail), digest(&whole[2..]));
+
+    // Out of range: INVALID_ARGUMENT naming the field.
+    let status = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            decoded_source: Some(pb::DecodedSource { shorter_side: 8 }),
+            ..tiered(&uri, train())
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("decoded_source.shorter_side"));
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_object_is_derived_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
+    let harness = Harness::start(Options {
+        decoded: Some(tier.clone()),
+        ..Options::default()
+    })
+    .await;
+    let first = photos();
+    let uri = upload(&harness.s3, "tier", "photos/", &first).await;
+    let mut client = harness.client().await;
+    let before = collect(&mut client, tiered(&uri, eval())).await.unwrap();
+    assert_eq!(tier.records(), 36);
+
+    // The same keys with other images: new objects, new ETags.
+    let mut changed = first.clone();
+    for (s, shard) in changed.iter_mut().enumerate() {
+        for (i, sample) in shard.iter_mut().enumerate() {
+            let n = 1000 + (s * 12 + i) as u64;
+            sample.image = Some(("jpg", jpeg(96, 80, n)));
+        }
+    }
+    let (_, fresh) = (
+        upload(&harness.s3, "tier", "photos/", &changed).await,
+        Harness::start(Options::default()).await,
+    );
+    let fresh_uri = upload(&fresh.s3, "tier", "photos/", &changed).await;
+    let mut fresh_client = fresh.client().await;
+    let want = collect(&mut fresh_client, tiered(&fresh_uri, eval()))
+        .await
+        .unwrap();
+    fresh.shutdown().await;
+    // A new server process sees the new index (the old one kept its listing).
+    let s3 = harness.restart_s3().await;
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            decoded: Some(tier.clone()),
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut client = harness.client().await;
+    let after = collect(&mut client, tiered(&uri, eval())).await.unwrap();
+    assert_ne!(digest(&after), digest(&before));
+    assert_eq!(
+        digest(&after),
+        digest(&want),
+        "derived from the new objects, not the stored old ones"
+    );
+    assert_eq!(tier.records(), 72);
+    harness.shutdown().await;
+}
