@@ -148,12 +148,11 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
         }
     };
     check("cold").await;
-    assert_eq!(
-        tier.records(),
-        36,
-        "one record per sample, whatever the crop"
-    );
+    // A source per sample, whatever the crop, and the center crop's outputs.
+    assert_eq!(tier.records(), 72);
+    let filled = tier.fills();
     check("warm").await;
+    assert_eq!(tier.fills(), filled, "a warm pass derives nothing");
 
     // Half warm: every other record deleted.
     let files = record_files(dir.path());
@@ -161,7 +160,7 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
         std::fs::remove_file(file).unwrap();
     }
     check("half warm").await;
-    assert_eq!(tier.records(), 36);
+    assert_eq!(tier.records(), 72);
 
     // Damaged: a flipped byte, a truncation, an empty file.
     let files = record_files(dir.path());
@@ -172,7 +171,7 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
     std::fs::write(&files[1], &data[..data.len() / 2]).unwrap();
     std::fs::write(&files[2], b"").unwrap();
     check("damaged").await;
-    assert_eq!(tier.records(), 36);
+    assert_eq!(tier.records(), 72);
 
     // After a resume: the tail of the warm stream.
     let mut client = harness.client().await;
@@ -216,7 +215,7 @@ async fn a_changed_object_is_derived_anew() {
     let uri = upload(&harness.s3, "tier", "photos/", &first).await;
     let mut client = harness.client().await;
     let before = collect(&mut client, tiered(&uri, eval())).await.unwrap();
-    assert_eq!(tier.records(), 36);
+    assert_eq!(tier.records(), 72, "sources and center-crop outputs");
 
     // The same keys with other images: new objects, new ETags.
     let mut changed = first.clone();
@@ -254,6 +253,58 @@ async fn a_changed_object_is_derived_anew() {
         digest(&want),
         "derived from the new objects, not the stored old ones"
     );
-    assert_eq!(tier.records(), 72);
+    assert_eq!(tier.records(), 144);
     harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_decoded_fills_the_tier_ahead_so_the_job_only_reads_it() {
+    let (_data, uri) = indexed_local_dataset(&photos());
+    let tier_dir = tempfile::tempdir().unwrap();
+    let warmed = std::process::Command::new(env!("CARGO_BIN_EXE_shardfeed"))
+        .args(["warm", &uri, "--decoded", "64", "--eval-size", "32"])
+        .arg("--decoded-cache-dir")
+        .arg(tier_dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        warmed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&warmed.stderr)
+    );
+    assert!(String::from_utf8_lossy(&warmed.stdout).contains("72 records"));
+
+    let tier = Arc::new(DecodedCache::open(tier_dir.path(), 1 << 30).unwrap());
+    let harness = Harness::start(Options {
+        decoded: Some(tier.clone()),
+        ..Options::default()
+    })
+    .await;
+    let bare = Harness::start(Options::default()).await;
+    // The evaluation recipe `--eval-size 32` keeps: Resize(37) + CenterCrop(32).
+    let eval32 = pb::StreamBatchesRequest {
+        height: 32,
+        width: 32,
+        ..tiered(
+            &uri,
+            pb::Augmentation {
+                crop: Some(pb::augmentation::Crop::CenterCrop(pb::CenterCrop {
+                    resize: 37,
+                })),
+                horizontal_flip: 0.0,
+            },
+        )
+    };
+    for request in [tiered(&uri, train()), eval32] {
+        let got = all_ranks(&harness, &request, 2).await;
+        let want = all_ranks(&bare, &request, 2).await;
+        assert_eq!(digest(&got), digest(&want));
+    }
+    assert_eq!(
+        tier.records(),
+        72,
+        "nothing derived: every source and output was kept ahead"
+    );
+    harness.shutdown().await;
+    bare.shutdown().await;
 }

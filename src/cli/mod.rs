@@ -504,18 +504,33 @@ pub struct WarmArgs {
     pub read: ReadArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// Fill the decoded-source tier (--decoded-cache-dir) instead: every
+    /// sample's source at this shorter side, as streams asking for
+    /// `decoded_source` with it will read them (also the shard cache, when
+    /// --cache-dir is given).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(64..=4096))]
+    pub decoded: Option<u32>,
+    /// With --decoded: also keep the evaluation outputs of this size (center
+    /// crop, torchvision's Resize(size * 8 / 7)), copied by later epochs.
+    #[arg(long, requires = "decoded", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub eval_size: Option<u32>,
 }
 
 impl WarmArgs {
-    pub fn cache_config(&self) -> Result<CacheConfig, ConfigError> {
+    /// The shard cache's configuration: required unless `--decoded`.
+    pub fn cache_config(&self) -> Result<Option<CacheConfig>, ConfigError> {
         let mut problems = Vec::new();
         let config = self.cache.config(&mut problems);
-        if config.is_none() {
+        if config.is_none() && self.decoded.is_none() {
             problems.push("--cache-dir is required".into());
         }
-        match config {
-            Some(config) if problems.is_empty() => Ok(config),
-            _ => Err(ConfigError(problems)),
+        if self.decoded.is_some() && self.cache.decoded_cache_dir.is_none() {
+            problems.push("--decoded needs --decoded-cache-dir".into());
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError(problems))
         }
     }
 }

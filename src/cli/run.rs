@@ -275,6 +275,10 @@ async fn index(args: IndexArgs) -> Result<(), CliError> {
 
 async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
     let cache_config = args.cache_config()?;
+    if let Some(shorter_side) = args.decoded {
+        return warm_decoded(&args, shorter_side, cache_config).await;
+    }
+    let cache_config = cache_config.ok_or("--cache-dir is required")?;
     let cache = DiskCache::open_waiting(cache_config).await?;
     let registry = DatasetRegistry::new(
         args.s3.config(),
@@ -318,6 +322,111 @@ async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
             cache.config().dir.display(),
         );
     }
+    Ok(())
+}
+
+/// `warm --decoded`: streams the dataset once, in stored order, through the
+/// decoded-source tier, so every sample's source is kept (and, with
+/// `--eval-size`, its evaluation output).
+async fn warm_decoded(
+    args: &WarmArgs,
+    shorter_side: u32,
+    cache_config: Option<crate::store::cache::CacheConfig>,
+) -> Result<(), CliError> {
+    use crate::decode::{Crop, OutputSpec, RandomResizedCrop};
+    use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
+    let dir = args
+        .cache
+        .decoded_cache_dir
+        .clone()
+        .ok_or("--decoded needs --decoded-cache-dir")?;
+    let size = args.cache.decoded_cache_size;
+    let tier = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || DecodedCache::open(&dir, size))
+            .await
+            .map_err(|e| e.to_string())??
+    };
+    let tier = Arc::new(tier);
+    let mut registry = DatasetRegistry::new(
+        args.s3.config(),
+        args.read.retry_policy(),
+        args.read.read_config(),
+    );
+    if let Some(config) = cache_config {
+        registry = registry.with_cache(DiskCache::open_waiting(config).await?);
+    }
+    let engine = Engine::new(Arc::new(registry), crate::engine::EngineConfig::default())?
+        .with_decoded_cache(tier.clone());
+    // A random crop keeps no output (only sources); a center crop keeps both.
+    let output = match args.eval_size {
+        Some(size) => OutputSpec {
+            crop: Crop::Center {
+                resize: Some((f64::from(size) * 256.0 / 224.0).round() as u32),
+            },
+            ..OutputSpec::center(size, size)
+        },
+        None => OutputSpec {
+            crop: Crop::RandomResized(RandomResizedCrop::default()),
+            flip: 0.5,
+            ..OutputSpec::center(16, 16)
+        },
+    };
+    let started = std::time::Instant::now();
+    let mut batches = engine
+        .open_stream(crate::engine::StreamRequest {
+            dataset: args.uri.clone(),
+            plan: PlanRequest {
+                seed: 0,
+                epoch: 0,
+                rank: 0,
+                world_size: 1,
+                batch_size: 64,
+                shuffle: ShuffleConfig {
+                    enabled: false,
+                    ..ShuffleConfig::default()
+                },
+                // Every sample, the last batch padded with repeats (hits).
+                partition: Partition::Pad,
+                start_batch: 0,
+                resume_from: EpochPosition::default(),
+            },
+            output,
+            shared_memory: None,
+            layout: Default::default(),
+            resume_dataset: None,
+            decoded_source: Some(crate::decode::source::SourceForm {
+                shorter_side,
+                kind: crate::decode::source::SourceKind::Raw,
+            }),
+        })
+        .await?
+        .batches;
+    let (mut samples, mut substituted) = (0u64, 0usize);
+    while let Some(batch) = batches.recv().await {
+        let batch = batch?;
+        samples += batch.size as u64;
+        substituted += batch.substituted.len();
+        eprint!(
+            "\rwarming the decoded tier: {samples} samples, {:.0}/s   ",
+            samples as f64 / started.elapsed().as_secs_f64().max(1e-9)
+        );
+        let _ = std::io::stderr().flush();
+    }
+    eprintln!();
+    println!(
+        "decoded tier in {}: {} records, {:.1} MB ({} samples read in {:.1}s{})",
+        dir.display(),
+        tier.records(),
+        tier.bytes() as f64 / 1e6,
+        samples,
+        started.elapsed().as_secs_f64(),
+        if substituted > 0 {
+            format!(", {substituted} could not be decoded")
+        } else {
+            String::new()
+        }
+    );
     Ok(())
 }
 

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::source::{derive_source_with, output_from_source, SourceForm, SourceKind, StoredSource};
-use super::{full_size_bounded, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
+use super::{full_size_bounded, Crop, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
 use super::{Decoder, ScratchBudget, MAX_SIZE};
 use crate::metrics;
 
@@ -77,6 +77,20 @@ impl TierRequest {
         out: &mut [u8],
     ) -> Result<CropBox, DecodeError> {
         let cache = self.cache.as_ref().zip(record);
+        // A transform with no randomness (center crop or stretch, no flip)
+        // makes the same output every epoch: it is kept too, and later
+        // epochs are a copy.
+        let output_record = cache
+            .filter(|_| is_deterministic(spec))
+            .map(|(cache, record)| (cache, output_record(record, spec)));
+        if let Some((cache, name)) = &output_record {
+            if let Some(kept) = cache.get(name, &self.form) {
+                if kept.bytes.len() == out.len() {
+                    out.copy_from_slice(&kept.bytes);
+                    return Ok(spec.crop_box(kept.original_width, kept.original_height, key));
+                }
+            }
+        }
         let source = match cache.and_then(|(cache, record)| cache.get(record, &self.form)) {
             Some(source) => source,
             None => {
@@ -91,8 +105,33 @@ impl TierRequest {
         };
         let crop = spec.crop_box(source.original_width, source.original_height, key);
         output_from_source(&source, spec, &crop, out)?;
+        if let Some((cache, name)) = &output_record {
+            let kept = StoredSource {
+                kind: self.form.kind,
+                width: spec.width,
+                height: spec.height,
+                original_width: source.original_width,
+                original_height: source.original_height,
+                bytes: out.to_vec(),
+            };
+            cache.put(name, &self.form, &kept);
+        }
         Ok(crop)
     }
+}
+
+/// Whether `spec` gives a sample the same output every epoch.
+fn is_deterministic(spec: &OutputSpec) -> bool {
+    spec.flip == 0.0 && matches!(spec.crop, Crop::Center { .. } | Crop::Stretch)
+}
+
+/// The record of a sample's final output under `spec` (see
+/// [`TierRequest::output`]).
+fn output_record(record: &str, spec: &OutputSpec) -> String {
+    format!(
+        "{record}\noutput {}x{} {:?}",
+        spec.width, spec.height, spec.crop
+    )
 }
 
 /// The host's decoded sources on local disk, shared by every stream.
@@ -103,6 +142,8 @@ pub struct DecodedCache {
     state: Mutex<State>,
     /// Names temporary files uniquely within the process.
     next_temp: AtomicU64,
+    /// Records this process has stored.
+    fills: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -168,6 +209,7 @@ impl DecodedCache {
             max_bytes,
             state: Mutex::new(State::default()),
             next_temp: AtomicU64::new(0),
+            fills: AtomicU64::new(0),
         };
         let mut found = Vec::new();
         for bucket in std::fs::read_dir(dir).map_err(io)? {
@@ -216,6 +258,11 @@ impl DecodedCache {
 
     pub fn records(&self) -> usize {
         self.lock().entries.len()
+    }
+
+    /// Records stored since this process opened the tier.
+    pub fn fills(&self) -> u64 {
+        self.fills.load(Ordering::Relaxed)
     }
 
     fn path(&self, name: u64) -> PathBuf {
@@ -280,6 +327,7 @@ impl DecodedCache {
             return;
         }
         metrics::decoded_tier("fill");
+        self.fills.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(name, bytes);
         self.evict_to(self.max_bytes);
     }

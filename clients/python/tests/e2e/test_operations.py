@@ -94,7 +94,8 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     mix_b = upload(s3, "opsb", "", [write_tar(samples[15:25])])
     mixed = list(client.batches(sources=[(mix_a, 1), (mix_b, 1)], batch_size=4, image_size=32))
     assert len(mixed) == 5 and all(b.sources == [0, 0, 1, 1] for b in mixed)
-    # The decoded-source tier: filled by a first pass, hit by the second.
+    # The decoded-source tier: a first pass stores each source and (no
+    # randomness in a center crop) each output; the second copies outputs.
     for _ in range(2):
         tiered = list(client.batches(mix_a, batch_size=5, image_size=32, decoded_source=64))
         assert len(tiered) == 2
@@ -117,7 +118,7 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
 
     assert moved("shardfeed_batches_total") == 19
     assert moved("shardfeed_samples_total") == 80
-    assert moved("shardfeed_decoded_tier_total", event="fill") == 10
+    assert moved("shardfeed_decoded_tier_total", event="fill") == 20
     assert moved("shardfeed_decoded_tier_total", event="hit") == 10
     assert total(after, "shardfeed_decoded_tier_bytes") > 10 * 32 * 32 * 3
     assert moved("shardfeed_mixed_source_samples_total", dataset=mix_a) == 10
