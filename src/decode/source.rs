@@ -9,10 +9,8 @@
 //! a miss derives the source and crops from it exactly as a hit does, so a
 //! batch is the same bytes whatever the cache holds.
 
-use fast_image_resize as fir;
-
 use super::augment::apply_flip;
-use super::{decode_rgb, resize_rgb, resize_with, CropBox, DecodeError, OutputSpec, CHANNELS};
+use super::{decode_rgb, resize_rgb, CropBox, DecodeError, OutputSpec, CHANNELS};
 use crate::shard::ImageFormat;
 
 /// How a stored source keeps its pixels.
@@ -73,58 +71,6 @@ pub fn stored_size(width: u32, height: u32, form: &SourceForm) -> (u32, u32) {
         .max(1) as u32
     };
     (scale(width), scale(height))
-}
-
-/// Decodes `data` at full size and brings it to `form`. The reduction uses
-/// Lanczos3 (once per image, so the better filter is affordable).
-pub fn derive_source(
-    format: ImageFormat,
-    data: &[u8],
-    form: &SourceForm,
-) -> Result<StoredSource, DecodeError> {
-    let rgb = decode_rgb(format, data)?;
-    let (original_width, original_height) = rgb.dimensions();
-    let (width, height) = stored_size(original_width, original_height, form);
-    let pixels = if (width, height) == (original_width, original_height) {
-        rgb.into_raw()
-    } else {
-        let spec = OutputSpec {
-            crop: super::Crop::Stretch,
-            ..OutputSpec::center(height, width)
-        };
-        let whole = CropBox {
-            left: 0.0,
-            top: 0.0,
-            width: f64::from(original_width),
-            height: f64::from(original_height),
-            flipped: false,
-        };
-        let mut out = vec![0u8; spec.bytes()];
-        resize_with(
-            &mut fir::Resizer::new(),
-            fir::FilterType::Lanczos3,
-            rgb.as_raw(),
-            original_width,
-            original_height,
-            &whole,
-            &spec,
-            &mut out,
-        )?;
-        out
-    };
-    let bytes = match form.kind {
-        SourceKind::Raw => pixels,
-        SourceKind::Yuv420 => rgb_to_yuv420(&pixels, width, height),
-        SourceKind::Jpeg { quality } => encode_jpeg(&pixels, width, height, quality)?,
-    };
-    Ok(StoredSource {
-        kind: form.kind,
-        width,
-        height,
-        original_width,
-        original_height,
-        bytes,
-    })
 }
 
 /// Brings `data` to `form` through `decoder`'s own path (for libjpeg-turbo:
@@ -338,7 +284,8 @@ mod tests {
 
     #[test]
     fn a_box_in_the_original_lands_on_the_same_part_of_the_source() {
-        let source = derive_source(
+        let source = derive_source_with(
+            &crate::decode::ImageCrateDecoder,
             ImageFormat::Jpeg,
             &photo(500, 375),
             &SourceForm {
@@ -388,7 +335,13 @@ mod tests {
                 shorter_side: 320,
                 kind,
             };
-            let source = derive_source(ImageFormat::Jpeg, &jpeg, &form).unwrap();
+            let source = derive_source_with(
+                &crate::decode::ImageCrateDecoder,
+                ImageFormat::Jpeg,
+                &jpeg,
+                &form,
+            )
+            .unwrap();
             let mut out = vec![0u8; spec.bytes()];
             output_from_source(&source, &spec, &crop, &mut out).unwrap();
             let psnr = crate::decode::psnr(&out, &today);

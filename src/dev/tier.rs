@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use crate::decode::source::{derive_source, output_from_source, SourceForm, SourceKind};
+use crate::decode::source::{derive_source_with, output_from_source, SourceForm, SourceKind};
 use crate::decode::{
     decode_bounded, default_decoder, default_decoder_name, psnr, Crop, OutputSpec,
     RandomResizedCrop, ScratchBudget,
@@ -117,7 +117,8 @@ pub fn run(spec: &TierSpec) -> Result<(), Box<dyn std::error::Error + Send + Syn
             let started = Instant::now();
             let sources = jpegs
                 .iter()
-                .map(|jpeg| derive_source(ImageFormat::Jpeg, jpeg, &form))
+                // As the tier derives: through the decoder's own path.
+                .map(|jpeg| derive_source_with(decoder.as_ref(), ImageFormat::Jpeg, jpeg, &form))
                 .collect::<Result<Vec<_>, _>>()?;
             let derive_ms = started.elapsed().as_secs_f64() * 1e3 / jpegs.len() as f64;
             let stored =

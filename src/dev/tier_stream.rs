@@ -181,6 +181,21 @@ pub async fn run(spec: &TierStreamSpec) -> Result<(), BenchError> {
         )?
         .with_decoded_cache(tier.clone());
         let today = epoch(&engine, &uri, spec, output, 0, None).await?;
+        // The tier's outputs with no directory: every source derived, none
+        // stored (the cold epoch's cost without its writes).
+        let registry = DatasetRegistry::new(
+            s3.s3_config(),
+            crate::store::retry::RetryPolicy::default(),
+            PipelineConfig::default().read,
+        );
+        let derive_only = Engine::new(
+            Arc::new(registry),
+            EngineConfig {
+                decode_threads: spec.decode_threads,
+                ..EngineConfig::default()
+            },
+        )?;
+        let derived = epoch(&derive_only, &uri, spec, output, 0, Some(form)).await?;
         let cold = epoch(&engine, &uri, spec, output, 0, Some(form)).await?;
         let warm1 = epoch(&engine, &uri, spec, output, 1, Some(form)).await?;
         let warm2 = epoch(&engine, &uri, spec, output, 2, Some(form)).await?;
@@ -200,6 +215,8 @@ pub async fn run(spec: &TierStreamSpec) -> Result<(), BenchError> {
                 "typical_stored_size": [w, h],
                 "today_samples_per_second": today.samples_per_second,
                 "today_cpu_ms_per_sample": today.cpu_ms_per_sample,
+                "derive_only_samples_per_second": derived.samples_per_second,
+                "derive_only_cpu_ms_per_sample": derived.cpu_ms_per_sample,
                 "cold_samples_per_second": cold.samples_per_second,
                 "cold_cpu_ms_per_sample": cold.cpu_ms_per_sample,
                 "warm_samples_per_second": warm,
@@ -211,9 +228,11 @@ pub async fn run(spec: &TierStreamSpec) -> Result<(), BenchError> {
             })
         );
         println!(
-            "{name}: today {:.0}/s ({:.2} CPU-ms/sample), tier cold {:.0}/s ({:.0}% of today), warm {:.0}/s ({:.2} CPU-ms/sample): {:.2}x today, {:.2}x the entropy floor ({:.0}/s/thread) x {} threads",
+            "{name}: today {:.0}/s ({:.2} CPU-ms/sample), tier derived without storing {:.0}/s ({:.2} CPU-ms/sample), cold {:.0}/s ({:.0}% of today), warm {:.0}/s ({:.2} CPU-ms/sample): {:.2}x today, {:.2}x the entropy floor ({:.0}/s/thread) x {} threads",
             today.samples_per_second,
             today.cpu_ms_per_sample,
+            derived.samples_per_second,
+            derived.cpu_ms_per_sample,
             cold.samples_per_second,
             100.0 * cold.samples_per_second / today.samples_per_second,
             warm,
