@@ -2,7 +2,7 @@
 //! translated into the engine's [`MixedStreamRequest`].
 
 use super::pb;
-use super::service::{sample_layout, stream_request};
+use super::request::{sample_layout, stream_request};
 use super::status::ServiceError;
 use crate::engine::mix::{MixedSource, MixedStreamRequest};
 use crate::plan::mix::{MAX_SOURCES, MAX_WEIGHT_CHANGES};

@@ -18,6 +18,7 @@ pub mod client;
 pub mod codec;
 pub mod listen;
 mod mix;
+mod request;
 pub mod service;
 pub mod shm;
 pub mod status;

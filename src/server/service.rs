@@ -1,5 +1,5 @@
-//! The `shardfeed.v1.Shardfeed` service: checks and translates requests into
-//! the engine's types, admits streams (`--allow`, `--max-streams`, drain),
+//! The `shardfeed.v1.Shardfeed` service: has requests checked and translated
+//! into the engine's types (`request.rs`, `mix.rs`), admits streams (`--allow`, `--max-streams`, drain),
 //! and turns the engine's batches into protobuf messages with stall
 //! accounting. No plan, pipeline or cache logic lives here.
 
@@ -17,17 +17,17 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 
 use super::pb::shardfeed_server::{Shardfeed, ShardfeedServer};
+use super::request::partition;
+pub use super::request::stream_request;
 use super::shm::RingRegistry;
 use super::status::{self, ServiceError};
-use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_BATCH_BYTES, MAX_MESSAGE_BYTES};
-use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
+use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES};
+use crate::decode::{self, OutputSpec};
 use crate::engine::mix::MixedGeometry;
-use crate::engine::{Engine, StreamGeometry, StreamRequest};
+use crate::engine::{Engine, StreamGeometry};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
-use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
-use crate::shard::tfrecord::FeatureNames;
-use crate::shard::{SampleLayout, DEFAULT_MAX_FIELD_BYTES, MAX_FIELDS, MAX_FIELD_BYTES};
+use crate::plan::{EpochPosition, Phase};
 
 /// Settings of the service itself (the engine has its own).
 #[derive(Debug, Clone)]
@@ -243,217 +243,6 @@ impl ShardfeedService {
             .clone()
             .try_acquire_owned()
             .map_err(|_| ServiceError::TooManyStreams(self.config.max_streams))
-    }
-}
-
-/// The engine's request for a `StreamBatches` call, with the fields checked
-/// that the engine cannot (output size, batch bytes, enum values); fields
-/// left unset take the server's defaults.
-pub fn stream_request(
-    request: &pb::StreamBatchesRequest,
-    defaults: ShuffleConfig,
-) -> Result<StreamRequest, ServiceError> {
-    let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
-    let world_size = request.world_size.max(1);
-    let height = nonzero_or(request.height, decode::DEFAULT_SIZE);
-    let width = nonzero_or(request.width, decode::DEFAULT_SIZE);
-    if height > decode::MAX_SIZE || width > decode::MAX_SIZE {
-        return Err(ServiceError::InvalidArgument(format!(
-            "output size {height}x{width} exceeds the maximum side of {}",
-            decode::MAX_SIZE
-        )));
-    }
-    let output = OutputSpec {
-        height,
-        width,
-        crop: crop(request)?,
-        flip: request
-            .augmentation
-            .as_ref()
-            .map_or(0.0, |augmentation| augmentation.horizontal_flip),
-    };
-    output
-        .validate()
-        .map_err(|e| ServiceError::InvalidArgument(e.to_string()))?;
-    if output.bytes() as u64 * u64::from(batch_size) > MAX_BATCH_BYTES {
-        return Err(ServiceError::InvalidArgument(format!(
-            "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
-        )));
-    }
-    let shuffle = ShuffleConfig {
-        enabled: request.shuffle.unwrap_or(true),
-        interleave: nonzero_or(request.interleave, defaults.interleave),
-        buffer: nonzero_or(request.shuffle_buffer, defaults.buffer),
-    };
-    let resume_from = EpochPosition {
-        phases: request
-            .resume_from
-            .as_ref()
-            .map(|position| {
-                position
-                    .segments
-                    .iter()
-                    .map(|s| Phase {
-                        world_size: s.world_size,
-                        batches: s.batches,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-    };
-    Ok(StreamRequest {
-        dataset: request.dataset.clone(),
-        plan: PlanRequest {
-            seed: request.seed,
-            epoch: request.epoch,
-            rank: request.rank,
-            world_size,
-            batch_size,
-            shuffle,
-            partition: partition(request.partition)?,
-            start_batch: request.start_batch,
-            resume_from,
-        },
-        output,
-        shared_memory: None,
-        layout: sample_layout(request.layout.as_ref())?,
-        resume_dataset: request
-            .resume_from
-            .as_ref()
-            .map(|position| position.dataset.clone())
-            .filter(|identity| !identity.is_empty()),
-        decoded_source: decoded_source(request.decoded_source.as_ref())?,
-    })
-}
-
-/// The request's decoded-source form, checked.
-fn decoded_source(
-    wire: Option<&pb::DecodedSource>,
-) -> Result<Option<decode::source::SourceForm>, ServiceError> {
-    use decode::tier::{MAX_SHORTER_SIDE, MIN_SHORTER_SIDE};
-    let Some(wire) = wire else {
-        return Ok(None);
-    };
-    if !(MIN_SHORTER_SIDE..=MAX_SHORTER_SIDE).contains(&wire.shorter_side) {
-        return Err(ServiceError::InvalidArgument(format!(
-            "decoded_source.shorter_side {} is outside {MIN_SHORTER_SIDE}..={MAX_SHORTER_SIDE}",
-            wire.shorter_side
-        )));
-    }
-    Ok(Some(decode::source::SourceForm {
-        shorter_side: wire.shorter_side,
-        kind: decode::source::SourceKind::Raw,
-    }))
-}
-
-/// The request's sample layout, checked: fields ride in every batch message,
-/// so their number and size are bounded.
-pub(super) fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, ServiceError> {
-    let Some(wire) = wire else {
-        return Ok(SampleLayout::default());
-    };
-    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
-    if wire.fields.len() > MAX_FIELDS {
-        return invalid(format!(
-            "layout.fields names {} fields; at most {MAX_FIELDS}",
-            wire.fields.len()
-        ));
-    }
-    let mut fields = Vec::with_capacity(wire.fields.len());
-    for name in &wire.fields {
-        if name.is_empty() || name.len() > 128 {
-            return invalid(format!(
-                "layout.fields: {name:?} is not a field name (1 to 128 bytes)"
-            ));
-        }
-        if fields.contains(name) {
-            return invalid(format!("layout.fields names {name:?} twice"));
-        }
-        fields.push(name.clone());
-    }
-    let max_field_bytes = match u64::from(wire.max_field_bytes) {
-        0 => DEFAULT_MAX_FIELD_BYTES,
-        bytes if bytes > MAX_FIELD_BYTES => {
-            return invalid(format!(
-                "layout.max_field_bytes {bytes} exceeds the maximum of {MAX_FIELD_BYTES}"
-            ))
-        }
-        bytes => bytes,
-    };
-    let label_offset = wire.label_offset;
-    if label_offset.unsigned_abs() > 1 << 31 {
-        return invalid(format!(
-            "layout.label_offset {label_offset} is outside +-2^31"
-        ));
-    }
-    let defaults = FeatureNames::default();
-    let feature = |name: &str, default: String| {
-        if name.is_empty() {
-            default
-        } else {
-            name.to_string()
-        }
-    };
-    Ok(SampleLayout {
-        fields,
-        label_json_key: (!wire.label_json_key.is_empty()).then(|| wire.label_json_key.clone()),
-        features: FeatureNames {
-            image: feature(&wire.image_feature, defaults.image),
-            label: feature(&wire.label_feature, defaults.label),
-            key: feature(&wire.key_feature, defaults.key),
-        },
-        max_field_bytes,
-        label_offset,
-    })
-}
-
-/// The crop of a request: its augmentation's, else the legacy `resize`.
-fn crop(request: &pb::StreamBatchesRequest) -> Result<Crop, ServiceError> {
-    use pb::augmentation::Crop as Wire;
-    let legacy = pb::ResizeMode::try_from(request.resize).map_err(|_| {
-        ServiceError::InvalidArgument(format!("unknown resize mode {}", request.resize))
-    })?;
-    let wire = request.augmentation.as_ref().and_then(|a| a.crop.as_ref());
-    match (wire, legacy) {
-        (None, pb::ResizeMode::CenterCrop) => Ok(Crop::Center { resize: None }),
-        (None, pb::ResizeMode::Stretch) => Ok(Crop::Stretch),
-        (Some(_), pb::ResizeMode::Stretch) => Err(ServiceError::InvalidArgument(
-            "resize = STRETCH conflicts with augmentation.crop: set one of them".into(),
-        )),
-        (Some(Wire::CenterCrop(center)), _) => Ok(Crop::Center {
-            resize: (center.resize != 0).then_some(center.resize),
-        }),
-        (Some(Wire::RandomResizedCrop(random)), _) => {
-            let defaults = RandomResizedCrop::default();
-            Ok(Crop::RandomResized(RandomResizedCrop {
-                scale: (
-                    random.scale_min.unwrap_or(defaults.scale.0),
-                    random.scale_max.unwrap_or(defaults.scale.1),
-                ),
-                ratio: (
-                    random.ratio_min.unwrap_or(defaults.ratio.0),
-                    random.ratio_max.unwrap_or(defaults.ratio.1),
-                ),
-            }))
-        }
-    }
-}
-
-fn nonzero_or(value: u32, default: u32) -> u32 {
-    if value == 0 {
-        default
-    } else {
-        value
-    }
-}
-
-fn partition(value: i32) -> Result<Partition, ServiceError> {
-    match pb::Partition::try_from(value) {
-        Ok(pb::Partition::DropLast) => Ok(Partition::DropLast),
-        Ok(pb::Partition::Pad) => Ok(Partition::Pad),
-        Err(_) => Err(ServiceError::InvalidArgument(format!(
-            "unknown partition {value}"
-        ))),
     }
 }
 
