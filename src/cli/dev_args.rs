@@ -159,30 +159,46 @@ pub struct TierBenchArgs {
     pub rounds: usize,
 }
 
+/// The synthetic photos and the stream shape of the in-process stream benchmarks.
 #[derive(Args, Debug)]
-pub struct MixBenchArgs {
+pub struct SyntheticStreamArgs {
     #[arg(long, default_value_t = 10, value_parser = RangedU64ValueParser::<usize>::new().range(2..=1_000))]
     pub shards: usize,
-    #[arg(long, default_value_t = 128, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    #[arg(long, default_value_t = 192, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub samples_per_shard: usize,
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub batch_size: u32,
-    #[arg(long)]
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub decode_threads: Option<usize>,
+}
+
+impl SyntheticStreamArgs {
+    pub fn data(&self) -> crate::dev::synthetic::SyntheticSpec {
+        crate::dev::synthetic::SyntheticSpec {
+            shards: self.shards,
+            samples_per_shard: self.samples_per_shard,
+            ..Default::default()
+        }
+    }
+
+    pub fn decode_threads(&self) -> usize {
+        self.decode_threads
+            .unwrap_or_else(engine::default_decode_threads)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct MixBenchArgs {
+    #[command(flatten)]
+    pub stream: SyntheticStreamArgs,
     #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub rounds: usize,
 }
 
 #[derive(Args, Debug)]
 pub struct TierStreamBenchArgs {
-    #[arg(long, default_value_t = 8, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
-    pub shards: usize,
-    #[arg(long, default_value_t = 192, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
-    pub samples_per_shard: usize,
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub batch_size: u32,
-    #[arg(long)]
-    pub decode_threads: Option<usize>,
+    #[command(flatten)]
+    pub stream: SyntheticStreamArgs,
     /// The stored sources' shorter side.
     #[arg(long, default_value_t = 320, value_parser = clap::value_parser!(u32).range(64..=4096))]
     pub shorter_side: u32,

@@ -59,15 +59,9 @@ pub async fn run(command: Command) -> Result<(), CliError> {
         #[cfg(feature = "dev")]
         Command::MixBench(args) => {
             crate::dev::mix_bench::run(&crate::dev::mix_bench::MixBenchSpec {
-                data: crate::dev::synthetic::SyntheticSpec {
-                    shards: args.shards,
-                    samples_per_shard: args.samples_per_shard,
-                    ..Default::default()
-                },
-                batch_size: args.batch_size,
-                decode_threads: args
-                    .decode_threads
-                    .unwrap_or_else(crate::engine::default_decode_threads),
+                data: args.stream.data(),
+                batch_size: args.stream.batch_size,
+                decode_threads: args.stream.decode_threads(),
                 rounds: args.rounds,
             })
             .await
@@ -75,15 +69,9 @@ pub async fn run(command: Command) -> Result<(), CliError> {
         #[cfg(feature = "dev")]
         Command::TierStreamBench(args) => {
             crate::dev::tier_stream::run(&crate::dev::tier_stream::TierStreamSpec {
-                data: crate::dev::synthetic::SyntheticSpec {
-                    shards: args.shards,
-                    samples_per_shard: args.samples_per_shard,
-                    ..Default::default()
-                },
-                batch_size: args.batch_size,
-                decode_threads: args
-                    .decode_threads
-                    .unwrap_or_else(crate::engine::default_decode_threads),
+                data: args.stream.data(),
+                batch_size: args.stream.batch_size,
+                decode_threads: args.stream.decode_threads(),
                 shorter_side: args.shorter_side,
             })
             .await

@@ -82,6 +82,19 @@ pub struct CropBox {
     pub flipped: bool,
 }
 
+impl CropBox {
+    /// The whole of a `width x height` image, not mirrored.
+    pub fn whole(width: u32, height: u32) -> Self {
+        Self {
+            left: 0.0,
+            top: 0.0,
+            width: f64::from(width),
+            height: f64::from(height),
+            flipped: false,
+        }
+    }
+}
+
 /// What the augmentation of one sample is keyed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SampleKey {

@@ -89,13 +89,7 @@ pub fn derive_source_with(
         crop: super::Crop::Stretch,
         ..OutputSpec::center(height, width)
     };
-    let whole = CropBox {
-        left: 0.0,
-        top: 0.0,
-        width: f64::from(original_width),
-        height: f64::from(original_height),
-        flipped: false,
-    };
+    let whole = CropBox::whole(original_width, original_height);
     let mut pixels = vec![0u8; spec.bytes()];
     decoder.decode_into(format, data, &spec, &whole, &mut pixels)?;
     let bytes = match form.kind {
@@ -296,14 +290,7 @@ mod tests {
         .unwrap();
         assert_eq!((source.width, source.height), (341, 256));
         assert_eq!(source.bytes.len(), 341 * 256 * 3);
-        let whole = CropBox {
-            left: 0.0,
-            top: 0.0,
-            width: 500.0,
-            height: 375.0,
-            flipped: false,
-        };
-        let scaled = scaled_box(&source, &whole);
+        let scaled = scaled_box(&source, &CropBox::whole(500, 375));
         assert_eq!((scaled.width, scaled.height), (341.0, 256.0));
     }
 

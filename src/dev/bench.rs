@@ -25,6 +25,24 @@ use crate::store::ObjectStore;
 
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
+/// An engine over the in-process S3 server `s3`, with default reads and
+/// `decode_threads` decode threads.
+pub(crate) fn engine_over(
+    s3: &s3mem::RunningS3,
+    decode_threads: usize,
+) -> Result<Engine, BenchError> {
+    let registry = DatasetRegistry::new(
+        s3.s3_config(),
+        crate::store::retry::RetryPolicy::default(),
+        PipelineConfig::default().read,
+    );
+    let config = EngineConfig {
+        decode_threads,
+        ..EngineConfig::default()
+    };
+    Ok(Engine::new(Arc::new(registry), config)?)
+}
+
 #[derive(Debug, Clone)]
 pub struct CacheBenchSpec {
     pub shards: usize,

@@ -4,17 +4,15 @@
 //! cost per sample is the same in both; the figure is what mixing costs:
 //! a feeder per source, their queues and a second set of readers.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use super::bench::BenchError;
+use super::bench::{engine_over, BenchError};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec, DEMO_BUCKET};
-use crate::dataset::DatasetRegistry;
 use crate::decode::{Crop, OutputSpec};
 use crate::engine::mix::{MixedSource, MixedStreamRequest};
-use crate::engine::{Engine, EngineConfig, StreamRequest};
-use crate::pipeline::{BatchReceiver, PipelineConfig};
+use crate::engine::StreamRequest;
+use crate::pipeline::BatchReceiver;
 use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
 
 #[derive(Debug, Clone)]
@@ -57,18 +55,7 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
     let a = synthetic::upload_indexed(&s3, "a/", shards[..split].to_vec()).await?;
     let b = synthetic::upload_indexed(&s3, "b/", shards[split..].to_vec()).await?;
     debug_assert!(all.starts_with(&format!("s3://{DEMO_BUCKET}/")));
-    let registry = DatasetRegistry::new(
-        s3.s3_config(),
-        crate::store::retry::RetryPolicy::default(),
-        PipelineConfig::default().read,
-    );
-    let engine = Engine::new(
-        Arc::new(registry),
-        EngineConfig {
-            decode_threads: spec.decode_threads,
-            ..EngineConfig::default()
-        },
-    )?;
+    let engine = engine_over(&s3, spec.decode_threads)?;
     let shuffle = ShuffleConfig::default();
     let mut ratios = Vec::new();
     for round in 0..spec.rounds {

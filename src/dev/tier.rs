@@ -37,7 +37,8 @@ fn photos(count: usize) -> Vec<Vec<u8>> {
     jpegs
 }
 
-fn recipes() -> [(&'static str, OutputSpec); 2] {
+/// The training and evaluation recipes the tier is measured on.
+pub(crate) fn recipes() -> [(&'static str, OutputSpec); 2] {
     [
         (
             "train_rrc_flip",

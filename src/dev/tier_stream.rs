@@ -8,16 +8,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::bench::BenchError;
+use super::bench::{engine_over, BenchError};
 use super::kernel::cpu_and_peak_rss;
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
-use crate::dataset::DatasetRegistry;
 use crate::decode::source::{stored_size, SourceForm, SourceKind};
 use crate::decode::tier::DecodedCache;
-use crate::decode::{self, Crop, CropBox, OutputSpec, RandomResizedCrop};
-use crate::engine::{Engine, EngineConfig, StreamRequest};
-use crate::pipeline::PipelineConfig;
+use crate::decode::{self, Crop, CropBox, OutputSpec};
+use crate::engine::{Engine, StreamRequest};
 use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
 use crate::shard::ImageFormat;
 
@@ -27,26 +25,6 @@ pub struct TierStreamSpec {
     pub batch_size: u32,
     pub decode_threads: usize,
     pub shorter_side: u32,
-}
-
-fn recipes() -> [(&'static str, OutputSpec); 2] {
-    [
-        (
-            "train_rrc_flip",
-            OutputSpec {
-                crop: Crop::RandomResized(RandomResizedCrop::default()),
-                flip: 0.5,
-                ..OutputSpec::center(224, 224)
-            },
-        ),
-        (
-            "eval_center",
-            OutputSpec {
-                crop: Crop::Center { resize: Some(256) },
-                ..OutputSpec::center(224, 224)
-            },
-        ),
-    ]
 }
 
 /// Full-size decodes per second on one thread: the entropy floor.
@@ -62,13 +40,7 @@ fn entropy_floor(jpegs: &[Vec<u8>]) -> f64 {
             crop: Crop::Stretch,
             ..OutputSpec::center(height, width)
         };
-        let whole = CropBox {
-            left: 0.0,
-            top: 0.0,
-            width: f64::from(width),
-            height: f64::from(height),
-            flipped: false,
-        };
+        let whole = CropBox::whole(width, height);
         let mut out = vec![0u8; spec.bytes()];
         if decoder
             .decode_into(ImageFormat::Jpeg, jpeg, &spec, &whole, &mut out)
@@ -164,37 +136,14 @@ pub async fn run(spec: &TierStreamSpec) -> Result<(), BenchError> {
     };
     let (w, h) = stored_size(spec.data.width, spec.data.height, &form);
     let dir = tempfile_dir()?;
-    for (name, output) in recipes() {
+    for (name, output) in super::tier::recipes() {
         let _ = std::fs::remove_dir_all(&dir);
         let tier = Arc::new(DecodedCache::open(&dir, u64::MAX)?);
-        let registry = DatasetRegistry::new(
-            s3.s3_config(),
-            crate::store::retry::RetryPolicy::default(),
-            PipelineConfig::default().read,
-        );
-        let engine = Engine::new(
-            Arc::new(registry),
-            EngineConfig {
-                decode_threads: spec.decode_threads,
-                ..EngineConfig::default()
-            },
-        )?
-        .with_decoded_cache(tier.clone());
+        let engine = engine_over(&s3, spec.decode_threads)?.with_decoded_cache(tier.clone());
         let today = epoch(&engine, &uri, spec, output, 0, None).await?;
         // The tier's outputs with no directory: every source derived, none
         // stored (the cold epoch's cost without its writes).
-        let registry = DatasetRegistry::new(
-            s3.s3_config(),
-            crate::store::retry::RetryPolicy::default(),
-            PipelineConfig::default().read,
-        );
-        let derive_only = Engine::new(
-            Arc::new(registry),
-            EngineConfig {
-                decode_threads: spec.decode_threads,
-                ..EngineConfig::default()
-            },
-        )?;
+        let derive_only = engine_over(&s3, spec.decode_threads)?;
         let derived = epoch(&derive_only, &uri, spec, output, 0, Some(form)).await?;
         let cold = epoch(&engine, &uri, spec, output, 0, Some(form)).await?;
         let warm1 = epoch(&engine, &uri, spec, output, 1, Some(form)).await?;
