@@ -315,7 +315,11 @@ pub(super) fn decode_batch(
                                 &*decoder, &scratch, *format, data, &spec, &key, out,
                             ),
                             Some(tier) => {
-                                let record = tier_record(&origin.dataset, emitted);
+                                // Named only where a tier directory keeps it.
+                                let record = tier
+                                    .cache
+                                    .as_ref()
+                                    .and_then(|_| tier_record(&origin.dataset, emitted));
                                 tier.output(
                                     &*decoder,
                                     &scratch,

@@ -238,7 +238,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         completed = self._shared.completed()
         if upcoming != self._epoch:
             self._epoch = upcoming
-            self._position = self._position.next_epoch()
+            self._position = self._next_epoch_start()
             self._resume = None
         elif completed is not None and completed[0] == self._epoch and not self._repeat_logged:
             self._repeat_logged = True
@@ -255,6 +255,10 @@ class ShardfeedDataset(IterableDataset[Sample]):
         if worker is None:
             return rank, world
         return rank * worker.num_workers + worker.id, world * worker.num_workers
+
+    def _next_epoch_start(self) -> EpochPosition:
+        """The next epoch's start; a mixed stream's keeps its history."""
+        return EpochPosition() if self.sources is None else self._position.next_epoch()
 
     def _rank_and_world(self) -> tuple[int, int]:
         if self.device_mesh is not None:
@@ -389,7 +393,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         epoch = self._upcoming_epoch()
         if epoch != self._epoch:
             # The pass is complete: the next epoch, from its start.
-            position = self._position.next_epoch()
+            position = self._next_epoch_start()
         else:
             position = self._resume if self._resume is not None else self._position
         return self._state(epoch, position)
