@@ -19,7 +19,8 @@ pub struct TierSpec {
     pub rounds: usize,
 }
 
-fn photos(count: usize) -> Vec<Vec<u8>> {
+/// `count` of the demo's photos, as JPEG bytes.
+pub(crate) fn photos(count: usize) -> Vec<Vec<u8>> {
     let spec = SyntheticSpec {
         shards: 1,
         samples_per_shard: count,

@@ -108,27 +108,8 @@ pub async fn run(spec: &TierStreamSpec) -> Result<(), BenchError> {
         spec.data.shards * spec.data.samples_per_shard
     );
     let uri = synthetic::publish(&s3, &spec.data).await?;
-    let floor_sample = {
-        let owned = SyntheticSpec {
-            shards: 1,
-            samples_per_shard: 128,
-            ..spec.data.clone()
-        };
-        let shard = tokio::task::spawn_blocking(move || synthetic::synthesize_shards(&owned))
-            .await?
-            .remove(0)
-            .1;
-        let mut splitter =
-            crate::shard::SampleSplitter::new(0, crate::shard::DEFAULT_MAX_MEMBER_BYTES);
-        splitter.push(&shard);
-        let mut jpegs = Vec::new();
-        while let Ok(Some(sample)) = splitter.next_sample() {
-            if let Some((ImageFormat::Jpeg, data)) = sample.image {
-                jpegs.push(data.to_vec());
-            }
-        }
-        jpegs
-    };
+    // The demo's photos: the CLI varies only how many the dataset holds.
+    let floor_sample = tokio::task::spawn_blocking(|| super::tier::photos(128)).await?;
     let floor = tokio::task::spawn_blocking(move || entropy_floor(&floor_sample)).await?;
     let form = SourceForm {
         shorter_side: spec.shorter_side,
