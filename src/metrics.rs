@@ -19,6 +19,9 @@ pub const SAMPLES: &str = "shardfeed_samples_total";
 pub const SOURCE_SAMPLES: &str = "shardfeed_mixed_source_samples_total";
 pub const DECODED_TIER: &str = "shardfeed_decoded_tier_total";
 pub const DECODED_TIER_BYTES: &str = "shardfeed_decoded_tier_bytes";
+pub const DELIVERED: &str = "shardfeed_delivered_samples_total";
+pub const SERVER_DECODE_SHARE: &str = "shardfeed_server_decode_share";
+pub const CLIENT_DECODES: &str = "shardfeed_client_decoded_samples_total";
 pub const SUBSTITUTED: &str = "shardfeed_substituted_samples_total";
 pub const INVALID_LABELS: &str = "shardfeed_invalid_labels_total";
 pub const DECODE_SECONDS: &str = "shardfeed_decode_seconds";
@@ -78,6 +81,18 @@ pub fn describe() {
     describe_counter!(
         SOURCE_SAMPLES,
         "Samples of mixed streams sent to clients, by source dataset."
+    );
+    describe_counter!(
+        DELIVERED,
+        "Samples of encoded deliveries sent, by who decodes them (server: as pixels; client: compressed)."
+    );
+    describe_gauge!(
+        SERVER_DECODE_SHARE,
+        "Encoded deliveries: the share of the last batch the server decoded, by rank."
+    );
+    describe_counter!(
+        CLIENT_DECODES,
+        "Samples clients reported decoding from encoded deliveries (their failures count as substituted)."
     );
     describe_counter!(
         SUBSTITUTED,
@@ -272,6 +287,17 @@ pub fn decoded_tier_bytes(bytes: u64) {
     gauge!(DECODED_TIER_BYTES).set(bytes as f64);
 }
 
+/// An encoded delivery's batch: `server` samples sent as pixels, `client`
+/// compressed.
+pub fn delivered(server: usize, client: usize) {
+    counter!(DELIVERED, "decoded_by" => "server").increment(server as u64);
+    counter!(DELIVERED, "decoded_by" => "client").increment(client as u64);
+}
+
+pub fn client_decodes(samples: u64) {
+    counter!(CLIENT_DECODES).increment(samples);
+}
+
 pub fn substituted(reason: &'static str) {
     counter!(SUBSTITUTED, "reason" => reason).increment(1);
 }
@@ -284,6 +310,7 @@ pub struct StreamMetrics {
     decode_seconds: metrics::Histogram,
     consumer_wait: metrics::Histogram,
     ready_wait: metrics::Histogram,
+    server_decode_share: metrics::Gauge,
 }
 
 impl StreamMetrics {
@@ -300,13 +327,19 @@ impl StreamMetrics {
             samples: counter!(SAMPLES),
             decode_seconds: histogram!(DECODE_SECONDS),
             consumer_wait: histogram!(CONSUMER_WAIT_SECONDS, "rank" => rank.clone()),
-            ready_wait: histogram!(READY_WAIT_SECONDS, "rank" => rank),
+            ready_wait: histogram!(READY_WAIT_SECONDS, "rank" => rank.clone()),
+            server_decode_share: gauge!(SERVER_DECODE_SHARE, "rank" => rank),
         }
     }
 
     pub fn batch_sent(&self, samples: u64) {
         self.batches.increment(1);
         self.samples.increment(samples);
+    }
+
+    /// An encoded delivery's batch: the share the server decoded.
+    pub fn server_decoded(&self, share: f64) {
+        self.server_decode_share.set(share);
     }
 
     pub fn decode_time(&self, seconds: f64) {

@@ -387,6 +387,7 @@ async fn warm_decoded(
                 shorter_side,
                 kind: crate::decode::source::SourceKind::Raw,
             }),
+            delivery: Default::default(),
         })
         .await?
         .batches;

@@ -245,6 +245,32 @@ pub fn source_dimensions(format: ImageFormat, data: &[u8]) -> Result<(u32, u32),
 /// copies the whole file first (every sample's size is read before its box
 /// is chosen). None when no frame header comes before the scan data.
 pub fn jpeg_dimensions(data: &[u8]) -> Option<(u32, u32)> {
+    jpeg_frame(data).map(|frame| (frame.width, frame.height))
+}
+
+/// What a JPEG's frame header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JpegFrame {
+    pub width: u32,
+    pub height: u32,
+    /// The SOF marker's low nibble: 0 baseline, 1 extended sequential,
+    /// 2 progressive, 3 lossless, 9.. arithmetic-coded.
+    pub process: u8,
+    pub precision: u8,
+    pub components: u8,
+}
+
+impl JpegFrame {
+    /// Huffman-coded sequential 8-bit grey or YCbCr: what every JPEG
+    /// decoder takes, GPU hardware engines included (they refuse
+    /// progressive, arithmetic, 12-bit and CMYK images).
+    pub fn is_baseline(&self) -> bool {
+        self.process <= 1 && self.precision == 8 && matches!(self.components, 1 | 3)
+    }
+}
+
+/// The frame header of a JPEG (see [`jpeg_dimensions`]).
+pub fn jpeg_frame(data: &[u8]) -> Option<JpegFrame> {
     if data.get(..2)? != [0xFF, 0xD8] {
         return None;
     }
@@ -265,10 +291,17 @@ pub fn jpeg_dimensions(data: &[u8]) -> Option<(u32, u32)> {
                 let length = usize::from(u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]));
                 // SOF0..SOF15, except DHT, JPG and DAC, which share the range.
                 if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
+                    let precision = *data.get(at + 2)?;
                     let height = u16::from_be_bytes([*data.get(at + 3)?, *data.get(at + 4)?]);
                     let width = u16::from_be_bytes([*data.get(at + 5)?, *data.get(at + 6)?]);
-                    return (width > 0 && height > 0)
-                        .then_some((u32::from(width), u32::from(height)));
+                    let components = *data.get(at + 7)?;
+                    return (width > 0 && height > 0).then_some(JpegFrame {
+                        width: u32::from(width),
+                        height: u32::from(height),
+                        process: marker & 0x0F,
+                        precision,
+                        components,
+                    });
                 }
                 if length < 2 {
                     return None;

@@ -289,6 +289,7 @@ pub async fn entitlement(
             shared_memory: None,
             resume_dataset: None,
             decoded_source: None,
+            delivery: Default::default(),
         })
         .await?
         .batches;

@@ -78,6 +78,7 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
                 layout: Default::default(),
                 resume_dataset: None,
                 decoded_source: None,
+                delivery: Default::default(),
             })
             .await?;
         let (single_samples, single_seconds) = drain(single.batches).await?;
@@ -103,6 +104,7 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
                 shared_memory: None,
                 resume_dataset: None,
                 decoded_source: None,
+                delivery: Default::default(),
             })
             .await?;
         let (mixed_samples, mixed_seconds) = drain(mixed.batches).await?;

@@ -86,6 +86,7 @@ async fn epoch(
             layout: Default::default(),
             resume_dataset: None,
             decoded_source: tier,
+            delivery: Default::default(),
         })
         .await?
         .batches;

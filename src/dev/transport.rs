@@ -97,6 +97,8 @@ async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), Pipeli
             index,
             size,
             images,
+            image_bytes: size * image_bytes,
+            encoded: Vec::new(),
             labels: (0..size).map(|i| (first_sample + i) as i64).collect(),
             keys: (0..size)
                 .map(|i| format!("{:09}", first_sample + i))

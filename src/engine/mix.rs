@@ -45,6 +45,7 @@ pub struct MixedStreamRequest {
     pub shared_memory: Option<std::path::PathBuf>,
     pub resume_dataset: Option<String>,
     pub decoded_source: Option<crate::decode::source::SourceForm>,
+    pub delivery: crate::pipeline::Delivery,
 }
 
 /// Where a mixed stream's batches stand, for the positions it reports.
@@ -260,6 +261,7 @@ impl Engine {
                 shared: shared.clone(),
                 layout,
                 tier: self.tier(request.decoded_source),
+                delivery: request.delivery,
                 metrics: metrics.clone(),
             })
             .collect();

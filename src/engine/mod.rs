@@ -97,6 +97,8 @@ pub struct StreamRequest {
     pub resume_dataset: Option<String>,
     /// Define outputs from decoded sources stored in this form (the tier).
     pub decoded_source: Option<decode::source::SourceForm>,
+    /// Pixels, or baseline JPEGs for the client to decode.
+    pub delivery: crate::pipeline::Delivery,
 }
 
 /// A started stream: its batches, in order, and what they were planned from.
@@ -381,6 +383,7 @@ impl Engine {
                 shared: shared.clone(),
                 layout: Arc::new(request.layout.clone()),
                 tier: self.tier(request.decoded_source),
+                delivery: request.delivery,
                 metrics: metrics.clone(),
             },
             span.clone(),

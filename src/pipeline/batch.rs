@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 
 use super::buffers::BufferPool;
+use super::encoded::{self, Delivery, Placement};
 use super::{
     shm, substitute_source, BatchImages, DecodedBatch, PipelineError, SharedTarget, StreamContext,
     Substitution,
@@ -163,16 +164,16 @@ fn batch_fields(
     fields
 }
 
-/// Replaces every failed slot by a copy of a good sample of the same batch
-/// (image and label), so training never sees a blank image with a class;
-/// counts and logs each failure with its shard and key.
+/// Replaces every failed slot by a good sample of the same batch (image
+/// and label), so training never sees a blank image with a class; counts
+/// and logs each failure with its shard and key. `copy_image(slot, from)`
+/// puts the image of slot `from` in `slot`, or zeros when `from` is None.
 fn substitute_failures(
     failures: &[Option<(&'static str, String)>],
     samples: &[EmittedSample],
-    images: &mut [u8],
     labels: &mut [i64],
     crops: &mut [CropBox],
-    slot_bytes: usize,
+    mut copy_image: impl FnMut(usize, Option<usize>),
 ) -> Vec<Substitution> {
     let good: Vec<u32> = (0..failures.len() as u32)
         .filter(|&slot| failures[slot as usize].is_none())
@@ -191,16 +192,13 @@ fn substitute_failures(
             "substituted a sample that could not be decoded"
         );
         let source = substitute_source(&emitted.sample.key, &good);
-        let target = slot * slot_bytes..(slot + 1) * slot_bytes;
+        copy_image(slot, source.map(|from| from as usize));
         match source {
             Some(from) => {
-                let from = from as usize;
-                images.copy_within(from * slot_bytes..(from + 1) * slot_bytes, target.start);
-                labels[slot] = labels[from];
-                crops[slot] = crops[from];
+                labels[slot] = labels[from as usize];
+                crops[slot] = crops[from as usize];
             }
             None => {
-                images[target].fill(0);
                 labels[slot] = -1;
                 crops[slot] = CropBox::default();
             }
@@ -212,6 +210,42 @@ fn substitute_failures(
         });
     }
     substituted
+}
+
+/// Puts slot `from`'s image in the failed slot `slot` (a decoded slot,
+/// as every failed one is): its pixels copied, or, when `from` went
+/// compressed, its placement shared and the slot's own bytes zeroed; all
+/// zeros when `from` is None.
+fn copy_placed_image(
+    images: &mut [u8],
+    placements: &mut [Placement],
+    slot: usize,
+    from: Option<usize>,
+) {
+    let own = placements[slot];
+    let target = own.offset..own.offset + own.length;
+    match from.map(|from| placements[from]) {
+        Some(source) if source.decoded => {
+            images.copy_within(source.offset..source.offset + source.length, target.start);
+        }
+        Some(source) => {
+            images[target].fill(0);
+            placements[slot] = source;
+        }
+        None => images[target].fill(0),
+    }
+}
+
+/// Splits the batch's bytes into each slot's region, in slot order.
+fn regions<'b>(mut images: &'b mut [u8], placements: &[Placement]) -> Vec<&'b mut [u8]> {
+    placements
+        .iter()
+        .map(|placement| {
+            let (region, rest) = std::mem::take(&mut images).split_at_mut(placement.length);
+            images = rest;
+            region
+        })
+        .collect()
 }
 
 /// A ring slot for the next batch. While the client holds every slot, the
@@ -265,7 +299,79 @@ async fn send_decoded(
     Ok(sent)
 }
 
-/// Decodes a batch on the pool, each image straight into its slot.
+/// What decoding one sample needs, shared by a batch's decode tasks.
+struct SampleDecoder {
+    decoder: Arc<dyn decode::Decoder>,
+    scratch: Arc<decode::ScratchBudget>,
+    spec: decode::OutputSpec,
+    tier: Option<decode::tier::TierRequest>,
+}
+
+type SampleOutcome = Result<CropBox, (&'static str, String)>;
+
+impl SampleDecoder {
+    /// Decodes `emitted` into `out`, or, for a compressed placement, copies
+    /// its bytes there and decides its box and flip as a decode would.
+    fn run(&self, emitted: &EmittedSample, placement: &Placement, out: &mut [u8]) -> SampleOutcome {
+        let (format, data) = match (&emitted.sample.unreadable, &emitted.sample.image) {
+            (Some(unreadable), _) => return Err((unreadable.reason, unreadable.message.clone())),
+            (None, Some((format, data))) => (*format, data),
+            (None, None) => {
+                return Err((
+                    "no_image",
+                    "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
+                ))
+            }
+        };
+        let origin = &emitted.origin;
+        let key = SampleKey {
+            seed: origin.seed,
+            epoch: origin.epoch,
+            sample: decode::augment::sample_identity(
+                &origin.dataset.index.shards[emitted.shard as usize].name,
+                &emitted.sample.key,
+            ),
+        };
+        if !placement.decoded {
+            out.copy_from_slice(data);
+            return Ok(self
+                .spec
+                .crop_box(placement.source_width, placement.source_height, &key));
+        }
+        match &self.tier {
+            None => decode::decode_bounded(
+                &*self.decoder,
+                &self.scratch,
+                format,
+                data,
+                &self.spec,
+                &key,
+                out,
+            ),
+            Some(tier) => {
+                // Named only where a tier directory keeps it.
+                let record = tier
+                    .cache
+                    .as_ref()
+                    .and_then(|_| tier_record(&origin.dataset, emitted));
+                tier.output(
+                    &*self.decoder,
+                    &self.scratch,
+                    format,
+                    data,
+                    &self.spec,
+                    &key,
+                    record.as_deref(),
+                    out,
+                )
+            }
+        }
+        .map_err(|e| (e.reason(), e.to_string()))
+    }
+}
+
+/// Decodes a batch on the pool, each image straight into its slot (or,
+/// delivered encoded, the client's images copied compressed into theirs).
 pub(super) fn decode_batch(
     context: &StreamContext,
     buffers: &BufferPool,
@@ -275,72 +381,39 @@ pub(super) fn decode_batch(
     shared_slot: Option<shm::SlotLease>,
 ) -> oneshot::Receiver<DecodedBatch> {
     let (tx, rx) = oneshot::channel();
-    let decoder = context.decoder.clone();
-    let spec = context.spec;
+    let sample_decoder = SampleDecoder {
+        decoder: context.decoder.clone(),
+        scratch: context.scratch.clone(),
+        spec: context.spec,
+        tier: context.tier.clone(),
+    };
+    let delivery = context.delivery;
     let stream_metrics = stream_metrics.clone();
     let buffers = buffers.clone();
-    let scratch = context.scratch.clone();
-    let tier = context.tier.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
-        let slot = spec.bytes();
-        let bytes = slot * samples.len();
+        let slot = sample_decoder.spec.bytes();
+        // An encoded batch is at most as long as a decoded one.
+        let (mut placements, length) = encoded::place(&samples, delivery, slot);
         let (mut heap, mut lease) = match shared_slot {
             Some(lease) => (Vec::new(), Some(lease)),
-            None => (buffers.take(bytes), None),
+            None => (buffers.take(slot * samples.len()), None),
         };
         let images: &mut [u8] = match &mut lease {
-            Some(lease) => &mut lease.as_mut_slice()[..bytes],
-            None => &mut heap,
+            Some(lease) => &mut lease.as_mut_slice()[..length],
+            None => &mut heap[..length],
         };
-        let outcomes: Vec<Result<CropBox, (&'static str, String)>> = images
-            .par_chunks_mut(slot)
+        let outcomes: Vec<SampleOutcome> = regions(images, &placements)
+            .into_par_iter()
             .zip(samples.par_iter())
-            .map(|(out, emitted)| {
+            .zip(placements.par_iter())
+            .map(|((out, emitted), placement)| {
                 let started = Instant::now();
-                let result = match (&emitted.sample.unreadable, &emitted.sample.image) {
-                    (Some(unreadable), _) => Err((unreadable.reason, unreadable.message.clone())),
-                    (None, Some((format, data))) => {
-                        let origin = &emitted.origin;
-                        let key = SampleKey {
-                            seed: origin.seed,
-                            epoch: origin.epoch,
-                            sample: decode::augment::sample_identity(
-                                &origin.dataset.index.shards[emitted.shard as usize].name,
-                                &emitted.sample.key,
-                            ),
-                        };
-                        match &tier {
-                            None => decode::decode_bounded(
-                                &*decoder, &scratch, *format, data, &spec, &key, out,
-                            ),
-                            Some(tier) => {
-                                // Named only where a tier directory keeps it.
-                                let record = tier
-                                    .cache
-                                    .as_ref()
-                                    .and_then(|_| tier_record(&origin.dataset, emitted));
-                                tier.output(
-                                    &*decoder,
-                                    &scratch,
-                                    *format,
-                                    data,
-                                    &spec,
-                                    &key,
-                                    record.as_deref(),
-                                    out,
-                                )
-                            }
-                        }
-                        .map_err(|e| (e.reason(), e.to_string()))
-                    }
-                    (None, None) => Err((
-                        "no_image",
-                        "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
-                    )),
-                };
-                stream_metrics.decode_time(started.elapsed().as_secs_f64());
-                result
+                let outcome = sample_decoder.run(emitted, placement, out);
+                if placement.decoded {
+                    stream_metrics.decode_time(started.elapsed().as_secs_f64());
+                }
+                outcome
             })
             .collect();
         let mut crops: Vec<CropBox> = outcomes
@@ -349,39 +422,36 @@ pub(super) fn decode_batch(
             .collect();
         let failures: Vec<Option<(&'static str, String)>> =
             outcomes.into_iter().map(Result::err).collect();
-        let mut labels: Vec<i64> = samples
-            .iter()
-            .map(|emitted| {
-                if let Label::Invalid(text) = &emitted.sample.label {
-                    metrics::invalid_label();
-                    tracing::warn!(
-                        shard = %emitted.origin.dataset.shard_key(emitted.shard),
-                        key = %emitted.sample.key,
-                        label = %text,
-                        "label is not an integer; sent as -1"
-                    );
-                }
-                match &emitted.sample.label {
-                    // Below 0 after the offset: unlabelled, as -1 always means.
-                    Label::Value(label) => {
-                        label.saturating_add(emitted.origin.label_offset).max(-1)
-                    }
-                    _ => -1,
-                }
-            })
-            .collect();
-        let substituted =
-            substitute_failures(&failures, &samples, images, &mut labels, &mut crops, slot);
+        let server_decoded = placements.iter().filter(|p| p.decoded).count();
+        let mut labels = batch_labels(&samples);
+        let substituted = substitute_failures(
+            &failures,
+            &samples,
+            &mut labels,
+            &mut crops,
+            |slot, from| copy_placed_image(images, &mut placements, slot, from),
+        );
         let sample_fields: Vec<&[Option<Bytes>]> =
             samples.iter().map(|e| e.sample.fields.as_slice()).collect();
         let fields = batch_fields(&sample_fields, &substituted);
+        let encoded = match delivery {
+            Delivery::Decoded => Vec::new(),
+            Delivery::Encoded { .. } => {
+                let (server, client) = (server_decoded, placements.len() - server_decoded);
+                metrics::delivered(server, client);
+                stream_metrics.server_decoded(server as f64 / placements.len().max(1) as f64);
+                placements
+            }
+        };
         let batch = DecodedBatch {
             index,
             size: samples.len(),
+            image_bytes: length,
             images: match lease {
                 Some(lease) => BatchImages::Shared(lease),
-                None => BatchImages::Inline(buffers.share(heap)),
+                None => BatchImages::Inline(buffers.share(heap).slice(..length)),
             },
+            encoded,
             labels,
             shards: samples
                 .iter()
@@ -406,6 +476,29 @@ pub(super) fn decode_batch(
         let _ = tx.send(batch);
     });
     rx
+}
+
+/// Each sample's label after the origin's offset (-1: unlabelled).
+fn batch_labels(samples: &[EmittedSample]) -> Vec<i64> {
+    samples
+        .iter()
+        .map(|emitted| {
+            if let Label::Invalid(text) = &emitted.sample.label {
+                metrics::invalid_label();
+                tracing::warn!(
+                    shard = %emitted.origin.dataset.shard_key(emitted.shard),
+                    key = %emitted.sample.key,
+                    label = %text,
+                    "label is not an integer; sent as -1"
+                );
+            }
+            match &emitted.sample.label {
+                // Below 0 after the offset: unlabelled, as -1 always means.
+                Label::Value(label) => label.saturating_add(emitted.origin.label_offset).max(-1),
+                _ => -1,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@
 //!   buffer, mirrored here on real bytes).
 //! * **Batches.** `decode_ahead` batches being decoded plus `ready_batches`
 //!   decoded batches waiting for the client, each
-//!   `batch_size * height * width * 3` bytes.
+//!   `batch_size * height * width * 3` bytes (an encoded delivery's batch
+//!   is at most as long: see [`encoded`]).
 //!
 //! Peak per stream ≈
 //!
@@ -48,6 +49,7 @@
 
 mod batch;
 pub(crate) mod buffers;
+pub mod encoded;
 pub mod mix;
 mod readers;
 pub mod shm;
@@ -68,6 +70,7 @@ use crate::store::cache::DiskCache;
 use crate::store::read::ReadConfig;
 use crate::store::StoreError;
 use batch::{BatchDispatch, EmittedSample, SampleOrigin};
+pub use encoded::{Delivery, Placement};
 use walk::SampleWalker;
 
 pub const DEFAULT_PREFETCH_SHARDS: usize = 2;
@@ -153,8 +156,13 @@ pub enum BatchImages {
 pub struct DecodedBatch {
     pub index: u64,
     pub size: usize,
-    /// `size * height * width * 3` bytes, NHWC.
+    /// `image_bytes` bytes: NHWC pixels, `size * height * width * 3` of
+    /// them; delivered encoded, each sample where `encoded` places it.
     pub images: BatchImages,
+    pub image_bytes: usize,
+    /// Delivered encoded: per slot, where its bytes are and whether they
+    /// are pixels or a JPEG (empty otherwise).
+    pub encoded: Vec<Placement>,
     pub labels: Vec<i64>,
     pub keys: Vec<String>,
     pub shards: Vec<String>,
@@ -227,6 +235,8 @@ pub struct StreamContext {
     pub layout: Arc<SampleLayout>,
     /// Outputs defined from stored decoded sources (the decoded tier).
     pub tier: Option<decode::tier::TierRequest>,
+    /// Pixels, or baseline JPEGs for the client to decode.
+    pub delivery: Delivery,
     /// The stream's metric handles, resolved once.
     pub metrics: metrics::StreamMetrics,
 }

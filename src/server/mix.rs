@@ -112,5 +112,6 @@ pub fn mixed_request(
         shared_memory: None,
         resume_dataset: single.resume_dataset,
         decoded_source: single.decoded_source,
+        delivery: single.delivery,
     })
 }

@@ -8,6 +8,7 @@ use super::status::ServiceError;
 use super::{DEFAULT_BATCH_SIZE, MAX_BATCH_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::StreamRequest;
+use crate::pipeline::Delivery;
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 use crate::shard::tfrecord::FeatureNames;
 use crate::shard::{SampleLayout, DEFAULT_MAX_FIELD_BYTES, MAX_FIELDS, MAX_FIELD_BYTES};
@@ -89,7 +90,39 @@ pub fn stream_request(
             .map(|position| position.dataset.clone())
             .filter(|identity| !identity.is_empty()),
         decoded_source: decoded_source(request.decoded_source.as_ref())?,
+        delivery: delivery(request)?,
     })
+}
+
+/// The request's delivery, checked.
+fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError> {
+    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    let server_fraction = request.server_decode_fraction;
+    match pb::Delivery::try_from(request.delivery) {
+        Ok(pb::Delivery::Decoded) => match server_fraction {
+            Some(_) => invalid(
+                "server_decode_fraction is for delivery = DELIVERY_ENCODED; leave it unset".into(),
+            ),
+            None => Ok(Delivery::Decoded),
+        },
+        Ok(pb::Delivery::Encoded) => {
+            let server_fraction = server_fraction.unwrap_or(0.0);
+            if !(0.0..=1.0).contains(&server_fraction) {
+                return invalid(format!(
+                    "server_decode_fraction {server_fraction} is outside 0..=1"
+                ));
+            }
+            if request.decoded_source.is_some() {
+                return invalid(
+                    "decoded_source and delivery = DELIVERY_ENCODED conflict: the client decodes \
+                     from the original images; set one of them"
+                        .into(),
+                );
+            }
+            Ok(Delivery::Encoded { server_fraction })
+        }
+        Err(_) => invalid(format!("unknown delivery {}", request.delivery)),
+    }
 }
 
 /// The request's decoded-source form, checked.

@@ -312,7 +312,7 @@ impl BatchStream {
                     ring_bytes: ring.total_bytes() as u64,
                     slot,
                     offset: slot as u64 * ring.slot_bytes() as u64,
-                    length: (batch.size * self.output.bytes()) as u64,
+                    length: batch.image_bytes as u64,
                     holdable: crate::pipeline::shm::HOLDABLE,
                 };
                 (bytes::Bytes::new(), Some(shared))
@@ -370,6 +370,17 @@ impl BatchStream {
                         .filter(|&slot| values[slot as usize].is_none())
                         .collect(),
                     values: values.into_iter().map(Option::unwrap_or_default).collect(),
+                })
+                .collect(),
+            encoded: batch
+                .encoded
+                .iter()
+                .map(|placement| pb::EncodedSample {
+                    offset: placement.offset as u64,
+                    length: placement.length as u64,
+                    decoded: placement.decoded,
+                    source_width: placement.source_width,
+                    source_height: placement.source_height,
                 })
                 .collect(),
         }
@@ -600,4 +611,44 @@ impl Shardfeed for ShardfeedService {
             }
         }
     }
+
+    async fn report_client_decodes(
+        &self,
+        request: Request<pb::ClientDecodeReport>,
+    ) -> Result<Response<pb::ClientDecodeReportResponse>, Status> {
+        let report = request.into_inner();
+        if report.failures.len() > MAX_REPORTED_FAILURES {
+            let error = ServiceError::InvalidArgument(format!(
+                "a report names {} failures; at most {MAX_REPORTED_FAILURES} (report more often)",
+                report.failures.len()
+            ));
+            metrics::request("ReportClientDecodes", error.code());
+            return Err(error.into());
+        }
+        metrics::client_decodes(report.decoded);
+        for failure in &report.failures {
+            metrics::substituted("client_decode");
+            tracing::warn!(
+                rank = report.rank,
+                shard = %bounded(&failure.shard),
+                key = %bounded(&failure.key),
+                error = %bounded(&failure.reason),
+                "the client substituted a sample it could not decode"
+            );
+        }
+        metrics::request("ReportClientDecodes", tonic::Code::Ok);
+        Ok(Response::new(pb::ClientDecodeReportResponse {}))
+    }
+}
+
+/// Failures one `ReportClientDecodes` may name: a few batches' worth.
+const MAX_REPORTED_FAILURES: usize = 4096;
+
+/// A client's text as logged: at most 512 bytes of it.
+fn bounded(text: &str) -> &str {
+    let mut end = text.len().min(512);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }

@@ -1,0 +1,366 @@
+//! Encoded delivery end to end: baseline JPEGs arrive compressed with the
+//! box and flip a decoded delivery would have used, everything else as the
+//! same pixels, every sample in its slot, at any world size and after a
+//! resume; batches never outgrow a decoded one.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use shardfeed::server::pb;
+
+fn png(width: u32, height: u32, seed: u64) -> Vec<u8> {
+    let pixels =
+        shardfeed::dev::synthetic::synthetic_image(seed, seed, (seed % 10) as u32, width, height);
+    let mut out = Vec::new();
+    pixels
+        .write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+        .unwrap();
+    out
+}
+
+/// 3 shards of 12: baseline JPEGs, with a PNG and an undecodable image in
+/// the first shard.
+fn photos() -> Vec<Vec<Sample>> {
+    (0..3)
+        .map(|s| {
+            (0..12)
+                .map(|i| {
+                    let n = (s * 12 + i) as u64;
+                    let image = match n {
+                        4 => ("png", png(90, 70, n)),
+                        7 => ("jpg", b"not an image at all".to_vec()),
+                        _ => (
+                            "jpg",
+                            jpeg(96 + (n % 4) as u32 * 8, 80 + (n % 3) as u32 * 8, n),
+                        ),
+                    };
+                    Sample {
+                        key: format!("s{s}/k{n:03}"),
+                        image: Some(image),
+                        label: Some((n % 5).to_string()),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn train(dataset: &str) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        seed: 5,
+        batch_size: Some(6),
+        augmentation: Some(pb::Augmentation {
+            crop: Some(pb::augmentation::Crop::RandomResizedCrop(
+                pb::RandomResizedCrop::default(),
+            )),
+            horizontal_flip: 0.5,
+        }),
+        // Large enough that the JPEGs here fit as compressed.
+        height: 64,
+        width: 64,
+        ..request(dataset)
+    }
+}
+
+fn encoded(
+    request: pb::StreamBatchesRequest,
+    server_fraction: Option<f64>,
+) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        delivery: pb::Delivery::Encoded as i32,
+        server_decode_fraction: server_fraction,
+        ..request
+    }
+}
+
+/// What one slot of a batch holds, whichever way it was delivered.
+#[derive(Debug, Clone, PartialEq)]
+struct Slot {
+    key: String,
+    label: i64,
+    crop: (f32, f32, f32, f32, bool),
+    /// Pixels, or the compressed bytes with their size.
+    pixels: Option<Vec<u8>>,
+    compressed: Option<(Vec<u8>, u32, u32)>,
+}
+
+fn slots(batch: &pb::Batch) -> Vec<Slot> {
+    let pixels = batch.images.len() / batch.keys.len().max(1);
+    (0..batch.keys.len())
+        .map(|i| {
+            let c = &batch.crops[i];
+            let (pixels, compressed) = match batch.encoded.get(i) {
+                None => (
+                    Some(batch.images[i * pixels..(i + 1) * pixels].to_vec()),
+                    None,
+                ),
+                Some(e) => {
+                    let bytes =
+                        batch.images[e.offset as usize..(e.offset + e.length) as usize].to_vec();
+                    if e.decoded {
+                        (Some(bytes), None)
+                    } else {
+                        (None, Some((bytes, e.source_width, e.source_height)))
+                    }
+                }
+            };
+            Slot {
+                key: batch.keys[i].clone(),
+                label: batch.labels[i],
+                crop: (c.left, c.top, c.width, c.height, c.flipped),
+                pixels,
+                compressed,
+            }
+        })
+        .collect()
+}
+
+fn originals(shards: &[Vec<Sample>]) -> HashMap<String, Vec<u8>> {
+    shards
+        .iter()
+        .flatten()
+        .map(|s| (s.key.clone(), s.image.clone().unwrap().1))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_batches_carry_the_decoded_batches_boxes_and_the_originals_bytes() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = photos();
+    let uri = upload(&harness.s3, "encoded", "photos/", &shards).await;
+    let originals = originals(&shards);
+    let mut client = harness.client().await;
+    let slot_bytes = 64 * 64 * 3;
+
+    let decoded = collect(&mut client, train(&uri)).await.unwrap();
+    let plain = collect(&mut client, encoded(train(&uri), None))
+        .await
+        .unwrap();
+    assert_eq!(decoded.len(), plain.len());
+    let (mut compressed, mut substituted) = (0, 0);
+    for (reference, batch) in decoded.iter().zip(&plain) {
+        assert!(
+            reference.encoded.is_empty(),
+            "a decoded delivery has no table"
+        );
+        assert_eq!(batch.encoded.len(), batch.keys.len());
+        assert!(batch.images.len() <= batch.keys.len() * slot_bytes);
+        assert_eq!(batch.substituted, reference.substituted);
+        assert_eq!(batch.substitute_sources, reference.substitute_sources);
+        let sources: Vec<Option<usize>> = (0..batch.keys.len())
+            .map(|slot| {
+                batch
+                    .substituted
+                    .iter()
+                    .position(|&s| s as usize == slot)
+                    .and_then(|at| usize::try_from(batch.substitute_sources[at]).ok())
+            })
+            .collect();
+        for (slot, (want, got)) in slots(reference).into_iter().zip(slots(batch)).enumerate() {
+            assert_eq!(
+                (&got.key, got.label, got.crop),
+                (&want.key, want.label, want.crop)
+            );
+            match (&got.pixels, &got.compressed) {
+                (Some(pixels), None) => {
+                    assert_eq!(Some(pixels), want.pixels.as_ref(), "{}", got.key)
+                }
+                (None, Some((bytes, width, height))) => {
+                    compressed += 1;
+                    // A substitute carries its source's image.
+                    let named = sources[slot].map_or(&got.key, |from| &batch.keys[from]);
+                    assert_eq!(bytes, &originals[named], "{}", got.key);
+                    assert!(*width >= 96 && *height >= 80);
+                }
+                _ => unreachable!(),
+            }
+        }
+        substituted += batch.substituted.len();
+    }
+    assert!(
+        compressed >= 28,
+        "baseline JPEGs go compressed: {compressed}"
+    );
+    assert_eq!(
+        substituted, 1,
+        "the undecodable image is substituted as when decoded"
+    );
+    let png = plain
+        .iter()
+        .flat_map(slots)
+        .find(|s| s.key == "s0/k004")
+        .unwrap();
+    assert!(png.pixels.is_some(), "a PNG arrives as pixels");
+
+    // Half of every batch decoded by the server, spread over its slots.
+    let half = collect(&mut client, encoded(train(&uri), Some(0.5)))
+        .await
+        .unwrap();
+    for (reference, batch) in decoded.iter().zip(&half) {
+        // A substituted slot was the server's, whatever it points at now.
+        let server = (0..batch.keys.len() as u32)
+            .filter(|&s| batch.encoded[s as usize].decoded || batch.substituted.contains(&s))
+            .count();
+        assert_eq!(server, 3, "{:?}", batch.keys);
+        for (want, got) in slots(reference).into_iter().zip(slots(batch)) {
+            assert_eq!(got.crop, want.crop);
+            if got.pixels.is_some() {
+                assert_eq!(got.pixels, want.pixels);
+            }
+        }
+    }
+    let everything = collect(&mut client, encoded(train(&uri), Some(1.0)))
+        .await
+        .unwrap();
+    for (reference, batch) in decoded.iter().zip(&everything) {
+        assert!(batch.encoded.iter().all(|e| e.decoded));
+        assert_eq!(slots(batch), slots(reference));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sample_keeps_its_box_and_bytes_at_any_world_size_and_after_a_resume() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = photos();
+    let uri = upload(&harness.s3, "encoded", "photos/", &shards).await;
+    let mut client = harness.client().await;
+    let by_key = |batches: &[pb::Batch]| -> HashMap<String, Slot> {
+        batches
+            .iter()
+            .flat_map(slots)
+            .map(|slot| (slot.key.clone(), slot))
+            .collect()
+    };
+    let one = collect(&mut client, encoded(train(&uri), None))
+        .await
+        .unwrap();
+    let mut four = Vec::new();
+    for rank in 0..4 {
+        let request = pb::StreamBatchesRequest {
+            rank,
+            world_size: 4,
+            batch_size: Some(3),
+            ..encoded(train(&uri), None)
+        };
+        four.extend(collect(&mut client, request).await.unwrap());
+    }
+    let (one, four) = (by_key(&one), by_key(&four));
+    assert_eq!(one.len(), four.len());
+    for (key, slot) in &one {
+        // A substitute depends on its batch; every other sample on itself.
+        if slot.key != "s0/k007" {
+            assert_eq!(slot.crop, four[key].crop, "{key}");
+            assert_eq!(slot.compressed, four[key].compressed, "{key}");
+        }
+    }
+
+    let all = collect(&mut client, encoded(train(&uri), None))
+        .await
+        .unwrap();
+    let tail = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            start_batch: 2,
+            ..encoded(train(&uri), None)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(digest(&all[2..]), digest(&tail));
+    let tables = |batches: &[pb::Batch]| -> Vec<Vec<pb::EncodedSample>> {
+        batches.iter().map(|b| b.encoded.clone()).collect()
+    };
+    assert_eq!(tables(&all[2..]), tables(&tail));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_batch_never_outgrows_a_decoded_one() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "encoded", "photos/", &photos()).await;
+    let mut client = harness.client().await;
+    // 8x8 outputs are 192 bytes: no JPEG here is that small.
+    let tiny = pb::StreamBatchesRequest {
+        height: 8,
+        width: 8,
+        ..encoded(train(&uri), None)
+    };
+    for batch in collect(&mut client, tiny).await.unwrap() {
+        assert!(batch.encoded.iter().all(|e| e.decoded && e.length == 192));
+        assert_eq!(batch.images.len(), batch.keys.len() * 192);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_delivery_requests_and_reports_name_their_field() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "encoded", "photos/", &photos()).await;
+    let mut client = harness.client().await;
+    let cases = [
+        (
+            encoded(train(&uri), Some(1.5)),
+            "server_decode_fraction 1.5",
+        ),
+        (
+            encoded(train(&uri), Some(f64::NAN)),
+            "server_decode_fraction NaN",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                server_decode_fraction: Some(0.5),
+                ..train(&uri)
+            },
+            "server_decode_fraction is for",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                decoded_source: Some(pb::DecodedSource { shorter_side: 64 }),
+                ..encoded(train(&uri), None)
+            },
+            "decoded_source and delivery",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                delivery: 7,
+                ..train(&uri)
+            },
+            "unknown delivery 7",
+        ),
+    ];
+    for (request, message) in cases {
+        let status = collect(&mut client, request).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(message), "{status:?}");
+    }
+
+    let failure = pb::ClientDecodeFailure {
+        shard: "photos/shard-000000.tar".into(),
+        key: "s0/k001".into(),
+        reason: "x".repeat(10_000),
+    };
+    client
+        .report_client_decodes(pb::ClientDecodeReport {
+            rank: 0,
+            decoded: 11,
+            failures: vec![failure.clone()],
+        })
+        .await
+        .unwrap();
+    let status = client
+        .report_client_decodes(pb::ClientDecodeReport {
+            rank: 0,
+            decoded: 0,
+            failures: vec![
+                pb::ClientDecodeFailure {
+                    reason: "short".into(),
+                    ..failure
+                };
+                5000
+            ],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("5000 failures"), "{status:?}");
+}
