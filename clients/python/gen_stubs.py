@@ -76,7 +76,9 @@ def widen(name: str, text: str) -> str:
         text = _remove(r"^import warnings\n", text, name)
         text = _remove(r"^GRPC_GENERATED_VERSION = .*?^    \)\n", text, name)
         # A keyword older grpcio lacks; without it a call takes the generic path.
-        text = _remove(r",\s*_registered_method=True\)", text, name, count=4, repl=")")
+        # Two per RPC: the stub's and the experimental static method's.
+        rpcs = len(re.findall(r"^  rpc ", (PROTO_ROOT / PROTOS[0]).read_text(), flags=re.M))
+        text = _remove(r",\s*_registered_method=True\)", text, name, count=2 * rpcs, repl=")")
         text = _remove(r"^    server\.add_registered_method_handlers\(.*?\)\n", text, name)
         return note + text
     return text

@@ -55,6 +55,7 @@ _grpc_started_in: int | None = None
 _FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
 _RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
+_DELIVERIES = {"decoded": pb.DELIVERY_DECODED, "encoded": pb.DELIVERY_ENCODED}
 _TRANSPORTS = {
     "auto": pb.TRANSPORT_INLINE,
     "inline": pb.TRANSPORT_INLINE,
@@ -361,6 +362,29 @@ class Client:
                 )
             time.sleep(0.05)
 
+    def report_client_decodes(
+        self,
+        decoded: int,
+        failures: Sequence[tuple[str, str, str]] = (),
+        *,
+        rank: int = 0,
+    ) -> None:
+        """Tells the server what this process decoded of encoded deliveries:
+        ``decoded`` samples, and ``failures`` as (shard, key, reason), each
+        substituted here; they enter the server's metrics and log."""
+        request = pb.ClientDecodeReport(
+            rank=rank,
+            decoded=decoded,
+            failures=[
+                pb.ClientDecodeFailure(shard=shard, key=key, reason=reason)
+                for shard, key, reason in failures
+            ],
+        )
+        try:
+            self._get_stub().ReportClientDecodes(request, timeout=self._call_timeout)
+        except grpc.RpcError as exc:
+            raise self._unreachable(_error(exc)) from None
+
     def describe(
         self,
         dataset: str,
@@ -420,6 +444,8 @@ class Client:
         label_offset: int = 0,
         max_field_bytes: int = 0,
         decoded_source: int | None = None,
+        delivery: str = "decoded",
+        server_decode_fraction: float | None = None,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
 
@@ -466,6 +492,13 @@ class Client:
         decoded-source tier, so later epochs skip the JPEG decode; the crop
         box is drawn as without it, and the batches are the same bytes
         whether the tier held the source or not.
+
+        ``delivery="encoded"``: baseline JPEGs arrive compressed, with the
+        crop box and flip a decoded delivery would have applied
+        (``Batch.encoded``; ``images`` is then empty), for the trainer to
+        decode (:class:`shardfeed.decode.BatchDecoder`, on CPU or GPU); the
+        other images, and ``server_decode_fraction`` (0 to 1) of each batch,
+        arrive as pixels.
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
@@ -511,6 +544,11 @@ class Client:
             request.augmentation.CopyFrom(augmentation.to_message())
         if decoded_source is not None:
             request.decoded_source.shorter_side = decoded_source
+        if delivery not in _DELIVERIES:
+            raise ValueError(f"delivery must be one of {sorted(_DELIVERIES)}, not {delivery!r}")
+        request.delivery = _DELIVERIES[delivery]
+        if server_decode_fraction is not None:
+            request.server_decode_fraction = server_decode_fraction
         if sources is not None:
             request.sources.extend(_source_message(source) for source in sources)
             request.weight_changes.extend(

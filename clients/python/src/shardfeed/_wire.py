@@ -214,6 +214,32 @@ class Batch:
     # came from, and that source's epoch. Empty for one dataset.
     sources: list[int] = field(default_factory=list)
     source_epochs: list[int] = field(default_factory=list)
+    # delivery="encoded": the batch's bytes and where each sample is in
+    # them (then `images` is empty, shape (0, H, W, C)); decode them with
+    # `shardfeed.decode.BatchDecoder`. None for decoded batches.
+    encoded: EncodedImages | None = None
+
+
+@dataclass(frozen=True)
+class EncodedImages:
+    """An encoded delivery's images: per sample, either its final pixels
+    (``decoded``) or a baseline JPEG of ``source_sizes`` (width, height) to
+    decode, crop to the batch's ``crop_boxes``, resize to ``height`` x
+    ``width`` and mirror where ``flipped``."""
+
+    data: npt.NDArray[np.uint8]
+    offsets: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+    decoded: npt.NDArray[np.bool_]
+    source_sizes: npt.NDArray[np.int32]
+    height: int
+    width: int
+    channels: int
+
+    def bytes_of(self, slot: int) -> npt.NDArray[np.uint8]:
+        """The bytes of one sample (pixels or a JPEG), a view."""
+        start = int(self.offsets[slot])
+        return self.data[start : start + int(self.lengths[slot])]
 
 
 _IMAGES_FIELD = pb.Batch.DESCRIPTOR.fields_by_name["images"].number
@@ -283,15 +309,46 @@ def _batch_from_wire(data: bytes) -> Batch:
     return _batch_with_images(*_message_from_wire(data))
 
 
+def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
+    shape = message.shape
+    table = message.encoded
+    offsets = np.array([e.offset for e in table], dtype=np.int64)
+    lengths = np.array([e.length for e in table], dtype=np.int64)
+    decoded = np.array([e.decoded for e in table], dtype=np.bool_)
+    pixels = shape.height * shape.width * shape.channels
+    if len(table) != shape.n or np.any(offsets + lengths > flat.size):
+        raise ValueError(
+            f"batch {message.index}: its encoded table does not fit its {flat.size} bytes"
+        )
+    if np.any(lengths[decoded] != pixels):
+        raise ValueError(f"batch {message.index}: a decoded sample is not {pixels} bytes")
+    return EncodedImages(
+        data=flat,
+        offsets=offsets,
+        lengths=lengths,
+        decoded=decoded,
+        source_sizes=np.array(
+            [(e.source_width, e.source_height) for e in table], dtype=np.int32
+        ).reshape(-1, 2),
+        height=shape.height,
+        width=shape.width,
+        channels=shape.channels,
+    )
+
+
 def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
     shape = message.shape
+    encoded = None
+    if len(message.encoded):
+        encoded = _encoded_images(message, flat)
+        flat = flat[:0]
     expected = shape.n * shape.height * shape.width * shape.channels
-    if flat.size != expected:
+    if encoded is None and flat.size != expected:
         raise ValueError(
             f"batch {message.index}: {flat.size} image bytes for shape "
             f"{shape.n}x{shape.height}x{shape.width}x{shape.channels}"
         )
-    images = flat.reshape(shape.n, shape.height, shape.width, shape.channels)
+    images = flat.reshape(-1, shape.height, shape.width, shape.channels)
     return Batch(
         epoch=message.epoch,
         index=message.index,
@@ -318,6 +375,7 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         epoch_steps=message.epoch_steps,
         sources=list(message.sample_sources),
         source_epochs=list(message.sample_source_epochs),
+        encoded=encoded,
     )
 
 

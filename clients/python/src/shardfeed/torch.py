@@ -16,7 +16,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -29,13 +29,14 @@ from ._client import (
     SourceSpec,
     distributed_rank_and_world,
 )
-from ._wire import EpochPosition
+from ._wire import Batch, EpochPosition
 
 __all__ = ["ShardfeedDataset"]
 
 _log = logging.getLogger("shardfeed")
 
 _LAYOUTS = ("NHWC", "NCHW")
+_DECODES = ("server", "client", "gpu")
 _OUTPUTS = ("tuple", "dict")
 _STATE_VERSION = 1
 
@@ -138,8 +139,18 @@ class ShardfeedDataset(IterableDataset[Sample]):
         dp_size: int | None = None,
         device_mesh: Any = None,
         partition: str = "drop_last",
+        decode: str = "server",
+        device: str | torch.device | None = None,
         **options: Any,
     ) -> None:
+        if decode not in _DECODES:
+            raise ValueError(f"decode must be one of {_DECODES}, not {decode!r}")
+        if decode != "server" and "delivery" in options:
+            raise ValueError(f"decode={decode!r} sets delivery itself")
+        if decode == "gpu":
+            device = torch.device("cuda" if device is None else device)
+            if device.type != "cuda":
+                raise ValueError(f'decode="gpu" decodes on a CUDA device, not {device}')
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, not {layout!r}")
         if output not in _OUTPUTS:
@@ -189,6 +200,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self.world_size = world_size
         self.device_mesh = device_mesh
         self.partition = partition
+        self.decode = decode
+        self.device = None if device is None else torch.device(device)
         self.options = options
         self._epoch = 0
         # Where the current epoch stands in this process: the position of the
@@ -318,6 +331,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._position = resume or EpochPosition()
         self._pass_start, self._consumed = self._position, None
         self._pending.clear()
+        delivery: dict[str, Any] = {} if self.decode == "server" else {"delivery": "encoded"}
         batches = self.client.batches(
             self.dataset,
             seed=self.seed,
@@ -330,15 +344,13 @@ class ShardfeedDataset(IterableDataset[Sample]):
             partition=self.partition,
             resume_from=resume,
             **mix,
+            **delivery,
             **self.options,
         )
-        for batch in batches:
+        for batch, images, labels, crop_boxes, flipped, substituted in self._on_device(
+            batches, rank
+        ):
             self._resume = None
-            with warnings.catch_warnings():
-                # Received batches are read-only; torch warns about writes that
-                # would be undefined. Training reads them (e.g. copies to the GPU).
-                warnings.simplefilter("ignore", UserWarning)
-                images = torch.from_numpy(batch.images)
             if self.layout == "NCHW":
                 images = images.permute(0, 3, 1, 2)
             self._position = batch.position
@@ -356,7 +368,6 @@ class ShardfeedDataset(IterableDataset[Sample]):
                         "one that skips that hook, cannot be checkpointed exactly"
                     )
                 self._pending.append(batch.position)
-            labels = torch.from_numpy(batch.labels)
             if self.output == "tuple":
                 yield images, labels
                 continue
@@ -365,9 +376,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
                 "labels": labels,
                 "keys": batch.keys,
                 "shards": batch.shards,
-                "crop_boxes": torch.from_numpy(batch.crop_boxes),
-                "flipped": torch.from_numpy(batch.flipped),
-                "substituted": _mask(len(batch.keys), batch.substituted),
+                "crop_boxes": torch.from_numpy(crop_boxes),
+                "flipped": torch.from_numpy(flipped),
+                "substituted": _mask(len(batch.keys), substituted),
                 "padded": _mask(len(batch.keys), batch.padded),
                 "fields": batch.fields,
                 "sources": torch.tensor(batch.sources, dtype=torch.int64),
@@ -380,6 +391,46 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # Seen by this process and, after a fork, by the one that made the
         # dataset (a DataLoader worker's pass counts).
         self._shared.set_completed(self._epoch, self._choice)
+
+    def _on_device(self, batches: Iterator[Batch], rank: int) -> Iterator[_Delivered]:
+        """Each batch with its images and labels on ``device``, decoded here
+        for ``decode="client"``/``"gpu"``. On CUDA, copies (and GPU decodes)
+        run on a side stream one batch ahead of the training loop."""
+        decoder = None
+        if self.decode != "server":
+            from .decode import BatchDecoder
+
+            decoder = BatchDecoder(self.device or "cpu", client=self.client, rank=rank)
+        device = self.device
+        try:
+            if device is None or device.type != "cuda":
+                for batch in batches:
+                    delivered = _materialize(batch, decoder)
+                    if device is not None:
+                        delivered = delivered._replace(
+                            images=delivered.images.to(device), labels=delivered.labels.to(device)
+                        )
+                    yield delivered
+                return
+            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            pending: tuple[_Delivered, Any] | None = None
+            for batch in batches:
+                with torch.cuda.stream(side):
+                    delivered = _materialize(batch, decoder)
+                    delivered = delivered._replace(
+                        images=delivered.images.to(device, non_blocking=True),
+                        labels=delivered.labels.to(device, non_blocking=True),
+                    )
+                    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    done.record(side)
+                if pending is not None:
+                    yield _ready_on(device, *pending)
+                pending = (delivered, done)
+            if pending is not None:
+                yield _ready_on(device, *pending)
+        finally:
+            if decoder is not None:
+                decoder.flush()
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain
@@ -514,6 +565,57 @@ def _as_source(source: SourceSpec) -> Source:
         return source
     dataset, weight = source
     return Source(dataset, float(weight))
+
+
+class _Delivered(NamedTuple):
+    """A batch as the dataset yields it: images and labels where training
+    wants them, and what substitution decided (on either side)."""
+
+    batch: Batch
+    images: torch.Tensor
+    labels: torch.Tensor
+    crop_boxes: Any
+    flipped: Any
+    substituted: list[int]
+
+
+def _materialize(batch: Batch, decoder: Any) -> _Delivered:
+    """A batch's tensors: views of the received pixels, or decoded by
+    ``decoder`` (a BatchDecoder)."""
+    if decoder is None:
+        with warnings.catch_warnings():
+            # Received batches are read-only; torch warns about writes that
+            # would be undefined. Training reads them (e.g. copies to the GPU).
+            warnings.simplefilter("ignore", UserWarning)
+            images = torch.from_numpy(batch.images)
+        return _Delivered(
+            batch,
+            images,
+            torch.from_numpy(batch.labels),
+            batch.crop_boxes,
+            batch.flipped,
+            batch.substituted,
+        )
+    decoded = decoder.decode(batch)
+    return _Delivered(
+        batch,
+        decoded.images,
+        decoded.labels,
+        decoded.crop_boxes,
+        decoded.flipped,
+        decoded.substituted,
+    )
+
+
+def _ready_on(device: torch.device, delivered: _Delivered, done: Any) -> _Delivered:
+    """A batch made on the side stream, handed to the training stream."""
+    current = torch.cuda.current_stream(device)
+    current.wait_event(done)
+    # The caching allocator must not reuse their memory before the
+    # training stream is done with them.
+    delivered.images.record_stream(current)
+    delivered.labels.record_stream(current)
+    return delivered
 
 
 def _mask(size: int, slots: list[int]) -> torch.Tensor:

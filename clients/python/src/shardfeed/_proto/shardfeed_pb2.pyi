@@ -17,6 +17,11 @@ class ResizeMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESIZE_MODE_CENTER_CROP: _ClassVar[ResizeMode]
     RESIZE_MODE_STRETCH: _ClassVar[ResizeMode]
 
+class Delivery(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DELIVERY_DECODED: _ClassVar[Delivery]
+    DELIVERY_ENCODED: _ClassVar[Delivery]
+
 class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRANSPORT_INLINE: _ClassVar[Transport]
@@ -25,11 +30,13 @@ PARTITION_DROP_LAST: Partition
 PARTITION_PAD: Partition
 RESIZE_MODE_CENTER_CROP: ResizeMode
 RESIZE_MODE_STRETCH: ResizeMode
+DELIVERY_DECODED: Delivery
+DELIVERY_ENCODED: Delivery
 TRANSPORT_INLINE: Transport
 TRANSPORT_SHARED_MEMORY: Transport
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source")
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source", "delivery", "server_decode_fraction")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +58,8 @@ class StreamBatchesRequest(_message.Message):
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_CHANGES_FIELD_NUMBER: _ClassVar[int]
     DECODED_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    SERVER_DECODE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     seed: int
     epoch: int
@@ -72,7 +81,9 @@ class StreamBatchesRequest(_message.Message):
     sources: _containers.RepeatedCompositeFieldContainer[MixSource]
     weight_changes: _containers.RepeatedCompositeFieldContainer[WeightChange]
     decoded_source: DecodedSource
-    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ...) -> None: ...
+    delivery: Delivery
+    server_decode_fraction: float
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ...) -> None: ...
 
 class DecodedSource(_message.Message):
     __slots__ = ("shorter_side",)
@@ -205,7 +216,7 @@ class Shape(_message.Message):
     def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs")
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +236,7 @@ class Batch(_message.Message):
     EPOCH_STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SOURCES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SOURCE_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     index: int
     shape: Shape
@@ -244,7 +256,46 @@ class Batch(_message.Message):
     epoch_steps: int
     sample_sources: _containers.RepeatedScalarFieldContainer[int]
     sample_source_epochs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ...) -> None: ...
+    encoded: _containers.RepeatedCompositeFieldContainer[EncodedSample]
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ...) -> None: ...
+
+class EncodedSample(_message.Message):
+    __slots__ = ("offset", "length", "decoded", "source_width", "source_height")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DECODED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    length: int
+    decoded: bool
+    source_width: int
+    source_height: int
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., decoded: _Optional[bool] = ..., source_width: _Optional[int] = ..., source_height: _Optional[int] = ...) -> None: ...
+
+class ClientDecodeReport(_message.Message):
+    __slots__ = ("rank", "decoded", "failures")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DECODED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    decoded: int
+    failures: _containers.RepeatedCompositeFieldContainer[ClientDecodeFailure]
+    def __init__(self, rank: _Optional[int] = ..., decoded: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[ClientDecodeFailure, _Mapping]]] = ...) -> None: ...
+
+class ClientDecodeFailure(_message.Message):
+    __slots__ = ("shard", "key", "reason")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    key: str
+    reason: str
+    def __init__(self, shard: _Optional[str] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ClientDecodeReportResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class FieldValues(_message.Message):
     __slots__ = ("name", "values", "missing")

@@ -24,6 +24,10 @@ class ShardfeedStub:
                 '/shardfeed.v1.Shardfeed/Describe',
                 request_serializer=shardfeed_dot_v1_dot_shardfeed__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=shardfeed_dot_v1_dot_shardfeed__pb2.DescribeResponse.FromString)
+        self.ReportClientDecodes = channel.unary_unary(
+                '/shardfeed.v1.Shardfeed/ReportClientDecodes',
+                request_serializer=shardfeed_dot_v1_dot_shardfeed__pb2.ClientDecodeReport.SerializeToString,
+                response_deserializer=shardfeed_dot_v1_dot_shardfeed__pb2.ClientDecodeReportResponse.FromString)
 
 
 class ShardfeedServicer:
@@ -43,6 +47,15 @@ class ShardfeedServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportClientDecodes(self, request, context):
+        """What a client that decodes encoded deliveries (see `Delivery`) did
+        with them: its decodes and failures enter the server's metrics, so
+        they stay whole whichever side decoded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardfeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -55,6 +68,11 @@ def add_ShardfeedServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=shardfeed_dot_v1_dot_shardfeed__pb2.DescribeRequest.FromString,
                     response_serializer=shardfeed_dot_v1_dot_shardfeed__pb2.DescribeResponse.SerializeToString,
+            ),
+            'ReportClientDecodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportClientDecodes,
+                    request_deserializer=shardfeed_dot_v1_dot_shardfeed__pb2.ClientDecodeReport.FromString,
+                    response_serializer=shardfeed_dot_v1_dot_shardfeed__pb2.ClientDecodeReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -109,6 +127,32 @@ class Shardfeed:
             '/shardfeed.v1.Shardfeed/Describe',
             shardfeed_dot_v1_dot_shardfeed__pb2.DescribeRequest.SerializeToString,
             shardfeed_dot_v1_dot_shardfeed__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata)
+
+    @staticmethod
+    def ReportClientDecodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shardfeed.v1.Shardfeed/ReportClientDecodes',
+            shardfeed_dot_v1_dot_shardfeed__pb2.ClientDecodeReport.SerializeToString,
+            shardfeed_dot_v1_dot_shardfeed__pb2.ClientDecodeReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,272 @@
+"""Decoding encoded deliveries in the trainer's process, on CPU or GPU.
+
+With ``delivery="encoded"`` the server still reads, shuffles, partitions,
+checks every image's headers and decides its crop box and flip; baseline
+JPEGs arrive compressed. :class:`BatchDecoder` finishes them as the server
+would have: torchvision's ``decode_jpeg`` (batched; nvJPEG with
+``device="cuda"``, libjpeg-turbo on CPU), then the box cropped and resized
+with the server's filter and the flip applied, on the same device.
+
+The resize is the server's to the arithmetic: a separable triangle
+(bilinear) filter whose support widens with the downscale factor, so it
+antialiases, with pixels just outside the box feeding its edges (Pillow's
+``resize(box=...)``, fast_image_resize's convolution). It runs as two small
+matrix products per image over the window the filter reads, in float32
+where the server rounds between passes: outputs differ by at most a level
+or two. What differs more is the IDCT: a server built with libjpeg-turbo
+decodes large images at a reduced DCT scale, and nvJPEG's IDCT is its own.
+The stated tolerance is PSNR >= 35 dB per sample against the server's
+decode of the same request (tests/e2e/test_encoded.py checks it).
+
+A JPEG the decoder refuses is substituted by the server's rule (a copy of
+the batch's sample picked by a hash of the failed key among those that
+decoded), counted, and reported to the server with
+:meth:`shardfeed.Client.report_client_decodes` so its metrics stay whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ._wire import Batch
+
+__all__ = ["BatchDecoder", "ClientDecoded", "crop_resize", "substitute_source"]
+
+_log = logging.getLogger("shardfeed")
+
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+_MASK = (1 << 64) - 1
+
+
+def _fmix64(value: int) -> int:
+    value ^= value >> 33
+    value = (value * 0xFF51AFD7ED558CCD) & _MASK
+    value ^= value >> 33
+    value = (value * 0xC4CEB9FE1A85EC53) & _MASK
+    return value ^ (value >> 33)
+
+
+def substitute_source(key: str, good: Sequence[int]) -> int | None:
+    """The slot standing in for the failed sample ``key`` among a batch's
+    ``good`` slots: the server's rule (FNV-1a of the key, MurmurHash3's
+    finalizer, modulo), so either side substitutes alike."""
+    if not good:
+        return None
+    value = _FNV_OFFSET
+    for byte in key.encode():
+        value = ((value ^ byte) * _FNV_PRIME) & _MASK
+    return good[_fmix64(value) % len(good)]
+
+
+def _weights(start: float, length: float, out_size: int, full: int) -> tuple[int, npt.NDArray[Any]]:
+    """Resampling weights along one axis: the first source index the filter
+    reads and an ``(out_size, window)`` matrix over the window it reads."""
+    scale = length / out_size
+    filter_scale = max(scale, 1.0)
+    centers = start + (np.arange(out_size) + 0.5) * scale
+    low = max(int(np.floor(centers[0] - filter_scale)), 0)
+    high = min(int(np.ceil(centers[-1] + filter_scale)), full)
+    positions = np.arange(low, high) + 0.5
+    weights = np.clip(1.0 - np.abs(positions[None, :] - centers[:, None]) / filter_scale, 0, None)
+    totals = weights.sum(axis=1, keepdims=True)
+    np.divide(weights, totals, out=weights, where=totals > 0)
+    return low, weights.astype(np.float32)
+
+
+def crop_resize(
+    image: torch.Tensor, box: Sequence[float], flipped: bool, height: int, width: int
+) -> torch.Tensor:
+    """``image`` (uint8 ``(3, h, w)``) cropped to ``box`` (left, top,
+    width, height in its pixels), resized to ``height`` x ``width`` with the
+    server's filter and mirrored when ``flipped``: uint8 ``(height, width,
+    3)`` on the image's device."""
+    left, top, box_width, box_height = (float(v) for v in box)
+    _, rows, cols = image.shape
+    y0, wy = _weights(top, box_height, height, rows)
+    x0, wx = _weights(left, box_width, width, cols)
+    device = image.device
+    window = image[:, y0 : y0 + wy.shape[1], x0 : x0 + wx.shape[1]].float()
+    vertical = torch.from_numpy(wy).to(device)
+    horizontal = torch.from_numpy(wx).to(device)
+    out = torch.matmul(torch.matmul(vertical, window), horizontal.T)
+    pixels = out.round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0)
+    return pixels.flip(1) if flipped else pixels
+
+
+@dataclass
+class ClientDecoded:
+    """A batch decoded here: ``images`` uint8 ``(N, H, W, 3)`` on the
+    decoder's device; ``labels`` int64 ``(N,)``, ``crop_boxes`` and
+    ``flipped`` as in :class:`shardfeed.Batch` (a substituted slot carries
+    its source's); the slots substituted on either side (``substituted``),
+    and those of this process's failures (``failed``) with what its decoder
+    said."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    crop_boxes: npt.NDArray[np.float32]
+    flipped: npt.NDArray[np.bool_]
+    substituted: list[int]
+    failed: list[tuple[int, str]] = field(default_factory=list)
+
+
+class BatchDecoder:
+    """Decodes encoded batches (``delivery="encoded"``) on ``device``.
+
+    ``client``: where to report decodes and failures (every
+    ``report_every`` batches, and at once on a failure); None reports
+    nothing (the counts stay in :attr:`decoded` and :attr:`failures`).
+    """
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        *,
+        client: Any = None,
+        rank: int = 0,
+        report_every: int = 32,
+    ) -> None:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        self._decode_jpeg = decode_jpeg
+        self._rgb = ImageReadMode.RGB
+        self.device = torch.device(device)
+        self.client = client
+        self.rank = rank
+        self.report_every = report_every
+        self.decoded = 0
+        self.failures = 0
+        self._unreported: tuple[int, list[tuple[str, str, str]], int] = (0, [], 0)
+
+    def decode(self, batch: Batch) -> ClientDecoded:
+        encoded = batch.encoded
+        if encoded is None:
+            raise ValueError("the batch was delivered decoded: use batch.images")
+        n = len(batch.keys)
+        height, width = encoded.height, encoded.width
+        out = torch.empty((n, height, width, 3), dtype=torch.uint8, device=self.device)
+        labels = torch.from_numpy(batch.labels.copy())
+        boxes, flipped = batch.crop_boxes.copy(), batch.flipped.copy()
+        server_failed = set(batch.substituted)
+        compressed = [
+            slot for slot in range(n) if not encoded.decoded[slot] and slot not in server_failed
+        ]
+        with warnings.catch_warnings():
+            # Received bytes are read-only; nothing here writes to them.
+            warnings.simplefilter("ignore", UserWarning)
+            for slot in range(n):
+                if encoded.decoded[slot] and slot not in server_failed:
+                    pixels = torch.from_numpy(encoded.bytes_of(slot))
+                    out[slot] = pixels.view(height, width, 3).to(self.device, non_blocking=True)
+            images, errors = self._decode_all([encoded.bytes_of(s) for s in compressed])
+        failed: list[tuple[int, str]] = []
+        for slot, image, error in zip(compressed, images, errors):
+            expected = (int(encoded.source_sizes[slot][1]), int(encoded.source_sizes[slot][0]))
+            if image is not None and tuple(image.shape[1:]) != expected:
+                error = f"decoded to {tuple(image.shape[1:])}, its header says {expected}"
+            if error is not None or image is None:
+                failed.append((slot, error or "no image"))
+                continue
+            box = batch.crop_boxes[slot]
+            out[slot] = crop_resize(image, box, bool(batch.flipped[slot]), height, width)
+        self._substitute(batch, out, labels, (boxes, flipped), server_failed, failed)
+        self._count(batch, len(compressed) - len(failed), failed)
+        substituted = sorted(server_failed | {slot for slot, _ in failed})
+        return ClientDecoded(out, labels, boxes, flipped, substituted, failed)
+
+    def _decode_all(
+        self, datas: list[npt.NDArray[np.uint8]]
+    ) -> tuple[list[torch.Tensor | None], list[str | None]]:
+        """Decodes every JPEG (batched); when the batch call fails, one by
+        one to find which."""
+        if not datas:
+            return [], []
+        tensors = [torch.from_numpy(data) for data in datas]
+        try:
+            images = self._decode_jpeg(tensors, mode=self._rgb, device=self.device)
+            return list(images), [None] * len(tensors)
+        except RuntimeError:
+            pass
+        results: list[torch.Tensor | None] = []
+        errors: list[str | None] = []
+        for tensor in tensors:
+            try:
+                results.append(self._decode_jpeg(tensor, mode=self._rgb, device=self.device))
+                errors.append(None)
+            except RuntimeError as exc:
+                results.append(None)
+                errors.append(str(exc).splitlines()[0][:200] or type(exc).__name__)
+        return results, errors
+
+    @staticmethod
+    def _substitute(
+        batch: Batch,
+        out: torch.Tensor,
+        labels: torch.Tensor,
+        crops: tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]],
+        server_failed: set[int],
+        failed: list[tuple[int, str]],
+    ) -> None:
+        """Fills the failed slots by the server's rule. With no failure here
+        the server's choices stand; otherwise every failed slot (either
+        side's) is chosen again among the slots that decoded, as the server
+        would have had it decoded them all."""
+        if not failed:
+            for slot, source in zip(batch.substituted, batch.substitute_sources):
+                if source >= 0:
+                    out[slot] = out[source]
+                else:
+                    out[slot].zero_()
+            return
+        boxes, flipped = crops
+        bad = server_failed | {slot for slot, _ in failed}
+        good = [slot for slot in range(len(batch.keys)) if slot not in bad]
+        for slot in sorted(bad):
+            chosen = substitute_source(batch.keys[slot], good)
+            if chosen is None:
+                out[slot].zero_()
+                labels[slot] = -1
+                boxes[slot], flipped[slot] = 0, False
+            else:
+                out[slot] = out[chosen]
+                labels[slot] = labels[chosen]
+                boxes[slot], flipped[slot] = boxes[chosen], flipped[chosen]
+
+    def _count(self, batch: Batch, decoded: int, failed: list[tuple[int, str]]) -> None:
+        self.decoded += decoded
+        self.failures += len(failed)
+        for slot, reason in failed:
+            _log.warning(
+                "substituted a sample this process could not decode: shard %s key %s: %s",
+                batch.shards[slot] if slot < len(batch.shards) else "?",
+                batch.keys[slot],
+                reason,
+            )
+        count, failures, batches = self._unreported
+        failures = failures + [
+            (batch.shards[slot] if slot < len(batch.shards) else "", batch.keys[slot], reason)
+            for slot, reason in failed
+        ]
+        self._unreported = (count + decoded, failures, batches + 1)
+        if failed or batches + 1 >= self.report_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Reports what is not reported yet to the server."""
+        count, failures, batches = self._unreported
+        if self.client is None or (count == 0 and not failures):
+            return
+        self._unreported = (0, [], 0)
+        try:
+            self.client.report_client_decodes(count, failures, rank=self.rank)
+        except Exception as exc:  # the report is best effort: training goes on
+            _log.warning("could not report client decodes to the server: %s", exc)

@@ -1,0 +1,234 @@
+"""Encoded delivery through the real binary, decoded by the client with
+torchvision on CPU: the same samples, labels and boxes as the server's own
+decode, within the stated tolerance; every sample in its slot when the
+server decodes part of each batch; failures substituted by the server's
+rule and reported to it."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from shardfeed import Client  # noqa: E402
+from shardfeed.decode import BatchDecoder, crop_resize, substitute_source  # noqa: E402
+from shardfeed.torch import ShardfeedDataset  # noqa: E402
+
+from ..conftest import S3, Server, scrape, upload, write_tar  # noqa: E402
+
+TOLERANCE_DB = 35.0
+
+
+def photo(seed: int, width: int, height: int, **save: Any) -> bytes:
+    """A smooth, photo-like JPEG: gradients, soft shapes and mild grain."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = []
+    for _ in range(3):
+        fx, fy, phase = rng.uniform(0.005, 0.05, 2).tolist() + [rng.uniform(0, 6.28)]
+        wave = 0.5 + 0.35 * np.sin(x * fx + y * fy + phase)
+        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(15, 60)
+        blob = 0.3 * np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r))
+        channels.append(wave + blob + rng.normal(0, 0.015, (height, width)))
+    pixels = (np.clip(np.stack(channels, -1), 0, 1) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=save.pop("format", "JPEG"), quality=90, **save)
+    return out.getvalue()
+
+
+def without_quantization_tables(jpeg: bytes) -> bytes:
+    """A JPEG whose headers parse but that no decoder can decode."""
+    out, at = bytearray(jpeg[:2]), 2
+    while at < len(jpeg):
+        marker, length = jpeg[at + 1], int.from_bytes(jpeg[at + 2 : at + 4], "big")
+        if marker == 0xDA:
+            out += jpeg[at:]
+            break
+        if marker != 0xDB:
+            out += jpeg[at : at + 2 + length]
+        at += 2 + length
+    return bytes(out)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(255 * 255 / mse)
+
+
+@pytest.fixture(scope="module")
+def dataset(s3: S3) -> str:
+    from PIL import Image
+
+    shards = []
+    for s in range(2):
+        samples = []
+        for i in range(12):
+            n = s * 12 + i
+            image = photo(n, 160 + 9 * i, 120 + 7 * (n % 5))
+            extension = "jpg"
+            if n == 3:
+                image, extension = photo(n, 150, 130, format="PNG"), "png"
+            elif n == 5:
+                image = photo(n, 170, 140, progressive=True)
+            elif n == 8:
+                grey = Image.open(io.BytesIO(photo(n, 150, 120))).convert("L")
+                buffer = io.BytesIO()
+                grey.save(buffer, format="JPEG", quality=90)
+                image = buffer.getvalue()
+            elif n == 14:
+                image = without_quantization_tables(photo(n, 160, 120))
+            samples.append((f"p{s}{i:02d}", {extension: image, "cls": b"%d" % (n % 7)}))
+        shards.append(write_tar(samples))
+    return upload(s3, "encoded", "", shards)
+
+
+def _stream(server: Server, uri: str, augment: str, **options: Any) -> list[Any]:
+    client = Client(server.target)
+    return list(
+        client.batches(
+            uri,
+            batch_size=8,
+            image_size=48,
+            augment=augment,
+            seed=3,
+            epoch=2,
+            rank=0,
+            world_size=1,
+            **options,
+        )
+    )
+
+
+@pytest.mark.parametrize("augment", ["train", "eval"])
+def test_client_decodes_match_the_servers_within_the_tolerance(
+    unix_server: Server, dataset: str, augment: str
+) -> None:
+    reference = _stream(unix_server, dataset, augment)
+    encoded = _stream(unix_server, dataset, augment, delivery="encoded")
+    decoder = BatchDecoder("cpu")
+    assert len(reference) == len(encoded) == 3
+    worst, compressed = math.inf, 0
+    for want, got in zip(reference, encoded):
+        assert got.encoded is not None and got.images.shape == (0, 48, 48, 3)
+        assert got.keys == want.keys and got.shards == want.shards
+        compressed += int((~got.encoded.decoded).sum())
+        decoded = decoder.decode(got)
+        np.testing.assert_array_equal(decoded.crop_boxes, want.crop_boxes)
+        np.testing.assert_array_equal(decoded.flipped, want.flipped)
+        # The undecodable JPEG fails on either side, and is substituted alike.
+        assert decoded.substituted == want.substituted
+        np.testing.assert_array_equal(decoded.labels.numpy(), want.labels)
+        for slot in range(len(want.keys)):
+            quality = psnr(decoded.images[slot].numpy(), want.images[slot])
+            assert quality >= TOLERANCE_DB, (want.keys[slot], quality)
+            worst = min(worst, quality)
+    assert decoder.decoded == compressed - 1 and decoder.failures == 1
+    print(f"{augment}: {compressed} decoded by the client, worst PSNR {worst:.1f} dB")
+
+
+def test_a_server_share_puts_every_sample_in_its_slot(unix_server: Server, dataset: str) -> None:
+    reference = _stream(unix_server, dataset, "train")
+    half = _stream(unix_server, dataset, "train", delivery="encoded", server_decode_fraction=0.5)
+    decoder = BatchDecoder("cpu")
+    for want, got in zip(reference, half):
+        assert got.encoded is not None
+        server = set(np.flatnonzero(got.encoded.decoded).tolist()) | set(got.substituted)
+        assert len(server) >= 4, got.keys
+        decoded = decoder.decode(got)
+        for slot in range(len(want.keys)):
+            if got.encoded.decoded[slot] and slot not in got.substituted:
+                # The server's pixels, untouched.
+                np.testing.assert_array_equal(decoded.images[slot].numpy(), want.images[slot])
+            assert psnr(decoded.images[slot].numpy(), want.images[slot]) >= TOLERANCE_DB
+    # The PNG and the progressive JPEG always arrive as pixels.
+    for batch in half:
+        assert batch.encoded is not None
+        for slot, key in enumerate(batch.keys):
+            if key in ("p003", "p005"):
+                assert batch.encoded.decoded[slot], key
+
+
+def test_failures_are_substituted_by_the_servers_rule_and_reported(
+    server: Server, dataset: str
+) -> None:
+    assert substitute_source("a", [0, 1, 3, 4, 6, 7]) == 7
+    assert substitute_source("train/000123", [0, 1, 3, 4, 6, 7]) == 6
+    assert substitute_source("", [0, 1, 3, 4, 6, 7]) == 3
+    assert substitute_source("a", []) is None
+
+    before = scrape(server.metrics_url)
+    client = Client(server.target)
+    decoder = BatchDecoder("cpu", client=client, report_every=1000)
+    batches = _stream(server, dataset, "eval", delivery="encoded", transport="inline")
+    for batch in batches:
+        decoder.decode(batch)
+    decoder.flush()
+    after = scrape(server.metrics_url)
+
+    def moved(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert moved('shardfeed_substituted_samples_total{reason="client_decode"}') == 1
+    assert moved("shardfeed_client_decoded_samples_total") == decoder.decoded
+    assert moved('shardfeed_delivered_samples_total{decoded_by="client"}') == decoder.decoded + 1
+
+
+def test_the_resize_is_the_servers_filter() -> None:
+    # A whole-image "crop" to the same size is the identity; a 2x
+    # downscale averages each 2x2 block's neighbourhood with the triangle.
+    image = torch.arange(3 * 8 * 8, dtype=torch.uint8).reshape(3, 8, 8)
+    same = crop_resize(image, (0, 0, 8, 8), False, 8, 8)
+    assert torch.equal(same, image.permute(1, 2, 0))
+    flipped = crop_resize(image, (0, 0, 8, 8), True, 8, 8)
+    assert torch.equal(flipped, image.permute(1, 2, 0).flip(1))
+    ramp = torch.arange(8, dtype=torch.uint8).repeat(3, 8, 1) * 16
+    half = crop_resize(ramp, (0, 0, 8, 8), False, 4, 4)
+    assert half[0, :, 0].tolist() == [11, 40, 72, 101]
+
+
+def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, dataset: str) -> None:
+    common: dict[str, Any] = {
+        "target": unix_server.target,
+        "batch_size": 8,
+        "image_size": 48,
+        "augment": "train",
+        "seed": 3,
+        "rank": 0,
+        "world_size": 1,
+        "output": "dict",
+    }
+    server_side = list(ShardfeedDataset(dataset, **common))
+    ds = ShardfeedDataset(dataset, decode="client", **common)
+    client_side = list(ds)
+    assert len(client_side) == len(server_side) == 3
+    for want, got in zip(server_side, client_side):
+        assert got["keys"] == want["keys"]
+        assert torch.equal(got["labels"], want["labels"])
+        assert torch.equal(got["substituted"], want["substituted"])
+        assert got["images"].shape == want["images"].shape
+        for a, b in zip(got["images"], want["images"]):
+            assert psnr(a.numpy(), b.numpy()) >= TOLERANCE_DB
+
+    # A resume after the first batch continues with the same samples.
+    resumed = ShardfeedDataset(dataset, decode="client", **common)
+    first = iter(resumed)
+    next(first)
+    state = resumed.state_dict()
+    again = ShardfeedDataset(dataset, decode="client", **common)
+    again.load_state_dict(state)
+    tail = list(again)
+    assert [b["keys"] for b in tail] == [b["keys"] for b in client_side[1:]]
+    assert all(torch.equal(a["images"], b["images"]) for a, b in zip(tail, client_side[1:]))
+
+    with pytest.raises(ValueError, match="decode must be one of"):
+        ShardfeedDataset(dataset, decode="nvjpeg", **common)
+    with pytest.raises(ValueError, match="CUDA device"):
+        ShardfeedDataset(dataset, decode="gpu", device="cpu", **common)
