@@ -196,6 +196,14 @@ pub struct MixBenchArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct DeliveryBenchArgs {
+    #[command(flatten)]
+    pub stream: SyntheticStreamArgs,
+    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    pub rounds: usize,
+}
+
+#[derive(Args, Debug)]
 pub struct TierStreamBenchArgs {
     #[command(flatten)]
     pub stream: SyntheticStreamArgs,

@@ -105,6 +105,10 @@ pub enum Command {
     /// the entropy floor (the demo's photos). Prints JSON lines.
     #[cfg(feature = "dev")]
     TierStreamBench(TierStreamBenchArgs),
+    /// The server's CPU per sample for encoded against decoded delivery of
+    /// a training stream, alternately (the demo's photos). Prints JSON lines.
+    #[cfg(feature = "dev")]
+    DeliveryBench(DeliveryBenchArgs),
     /// Compare shuffle quality with the WebDataset recipe on a class-sorted
     /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
     #[cfg(feature = "dev")]

@@ -67,6 +67,16 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             .await
         }
         #[cfg(feature = "dev")]
+        Command::DeliveryBench(args) => {
+            crate::dev::delivery_bench::run(&crate::dev::delivery_bench::DeliveryBenchSpec {
+                data: args.stream.data(),
+                batch_size: args.stream.batch_size,
+                decode_threads: args.stream.decode_threads(),
+                rounds: args.rounds,
+            })
+            .await
+        }
+        #[cfg(feature = "dev")]
         Command::TierStreamBench(args) => {
             crate::dev::tier_stream::run(&crate::dev::tier_stream::TierStreamSpec {
                 data: args.stream.data(),

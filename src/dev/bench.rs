@@ -43,6 +43,64 @@ pub(crate) fn engine_over(
     Ok(Engine::new(Arc::new(registry), config)?)
 }
 
+/// A stream's pace over one epoch.
+pub(crate) struct EpochFigures {
+    pub samples_per_second: f64,
+    /// The whole process's CPU time (decode pool, readers, the in-process
+    /// S3 server) per sample.
+    pub cpu_ms_per_sample: f64,
+}
+
+/// Rank 0 of 1 reading `dataset` for one epoch, shuffled, with `output`.
+pub(crate) fn bench_request(
+    dataset: &str,
+    batch_size: u32,
+    output: crate::decode::OutputSpec,
+    seed: u64,
+    epoch: u64,
+) -> crate::engine::StreamRequest {
+    crate::engine::StreamRequest {
+        dataset: dataset.to_string(),
+        plan: crate::plan::PlanRequest {
+            seed,
+            epoch,
+            rank: 0,
+            world_size: 1,
+            batch_size,
+            shuffle: crate::plan::ShuffleConfig::default(),
+            partition: crate::plan::Partition::DropLast,
+            start_batch: 0,
+            resume_from: crate::plan::EpochPosition::default(),
+        },
+        output,
+        shared_memory: None,
+        layout: Default::default(),
+        resume_dataset: None,
+        decoded_source: None,
+        delivery: Default::default(),
+    }
+}
+
+/// Drains one stream of `request`, timing it and the process's CPU.
+pub(crate) async fn measured_epoch(
+    engine: &Engine,
+    request: crate::engine::StreamRequest,
+) -> Result<EpochFigures, BenchError> {
+    let (cpu_before, _) = super::kernel::cpu_and_peak_rss();
+    let started = std::time::Instant::now();
+    let mut batches = engine.open_stream(request).await?.batches;
+    let mut samples = 0u64;
+    while let Some(batch) = batches.recv().await {
+        samples += batch?.size as u64;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = super::kernel::cpu_and_peak_rss().0 - cpu_before;
+    Ok(EpochFigures {
+        samples_per_second: samples as f64 / wall,
+        cpu_ms_per_sample: 1e3 * cpu / samples.max(1) as f64,
+    })
+}
+
 #[derive(Debug, Clone)]
 pub struct CacheBenchSpec {
     pub shards: usize,

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod cache_scale;
+pub mod delivery_bench;
 pub mod demo;
 pub mod fuzz;
 pub mod kernel;

@@ -8,15 +8,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::bench::{engine_over, BenchError};
-use super::kernel::cpu_and_peak_rss;
+use super::bench::{bench_request, engine_over, measured_epoch, BenchError, EpochFigures};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
 use crate::decode::source::{stored_size, SourceForm, SourceKind};
 use crate::decode::tier::DecodedCache;
 use crate::decode::{self, Crop, CropBox, OutputSpec};
 use crate::engine::{Engine, StreamRequest};
-use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
 use crate::shard::ImageFormat;
 
 #[derive(Debug, Clone)]
@@ -52,11 +50,6 @@ fn entropy_floor(jpegs: &[Vec<u8>]) -> f64 {
     done as f64 / started.elapsed().as_secs_f64()
 }
 
-struct Figures {
-    samples_per_second: f64,
-    cpu_ms_per_sample: f64,
-}
-
 async fn epoch(
     engine: &Engine,
     uri: &str,
@@ -64,42 +57,15 @@ async fn epoch(
     output: OutputSpec,
     epoch: u64,
     tier: Option<SourceForm>,
-) -> Result<Figures, BenchError> {
-    let (cpu_before, _) = cpu_and_peak_rss();
-    let started = Instant::now();
-    let mut batches = engine
-        .open_stream(StreamRequest {
-            dataset: uri.to_string(),
-            plan: PlanRequest {
-                seed: 1,
-                epoch,
-                rank: 0,
-                world_size: 1,
-                batch_size: spec.batch_size,
-                shuffle: ShuffleConfig::default(),
-                partition: Partition::DropLast,
-                start_batch: 0,
-                resume_from: EpochPosition::default(),
-            },
-            output,
-            shared_memory: None,
-            layout: Default::default(),
-            resume_dataset: None,
+) -> Result<EpochFigures, BenchError> {
+    measured_epoch(
+        engine,
+        StreamRequest {
             decoded_source: tier,
-            delivery: Default::default(),
-        })
-        .await?
-        .batches;
-    let mut samples = 0u64;
-    while let Some(batch) = batches.recv().await {
-        samples += batch?.size as u64;
-    }
-    let wall = started.elapsed().as_secs_f64();
-    let cpu = cpu_and_peak_rss().0 - cpu_before;
-    Ok(Figures {
-        samples_per_second: samples as f64 / wall,
-        cpu_ms_per_sample: 1e3 * cpu / samples.max(1) as f64,
-    })
+            ..bench_request(uri, spec.batch_size, output, 1, epoch)
+        },
+    )
+    .await
 }
 
 pub async fn run(spec: &TierStreamSpec) -> Result<(), BenchError> {
