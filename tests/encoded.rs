@@ -311,7 +311,7 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
                 server_decode_fraction: Some(0.5),
                 ..train(&uri)
             },
-            "server_decode_fraction is for",
+            "server_decode_fraction and tune_server_decode are for",
         ),
         (
             pb::StreamBatchesRequest {
@@ -363,4 +363,95 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("5000 failures"), "{status:?}");
+}
+
+/// How many samples of each batch the server decoded (substituted slots
+/// were its own).
+fn server_counts(batches: &[pb::Batch]) -> Vec<usize> {
+    batches
+        .iter()
+        .map(|b| {
+            (0..b.keys.len() as u32)
+                .filter(|&s| b.encoded[s as usize].decoded || b.substituted.contains(&s))
+                .count()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tuned_share_follows_where_the_stream_waits() {
+    let harness = Harness::start(Options::default()).await;
+    let shards: Vec<Vec<Sample>> = (0..20)
+        .map(|s| {
+            (0..12)
+                .map(|i| {
+                    let n = (s * 12 + i) as u64;
+                    Sample {
+                        key: format!("s{s}/k{n:03}"),
+                        image: Some(("jpg", jpeg(320, 240, n))),
+                        label: Some("1".into()),
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let uri = upload(&harness.s3, "tuned", "photos/", &shards).await;
+    let mut client = harness.client().await;
+    // Outputs large enough for these JPEGs to go compressed.
+    let sized = |request: pb::StreamBatchesRequest| pb::StreamBatchesRequest {
+        batch_size: Some(4),
+        height: 160,
+        width: 160,
+        ..request
+    };
+    let tuned = |start: f64| pb::StreamBatchesRequest {
+        tune_server_decode: true,
+        ..sized(encoded(train(&uri), Some(start)))
+    };
+
+    // A slow trainer: ready batches wait for it, so the server takes
+    // decodes back.
+    let mut stream = client
+        .stream_batches(tuned(0.0))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut slow = Vec::new();
+    while let Some(batch) = stream.message().await.unwrap() {
+        slow.push(batch);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let counts = server_counts(&slow);
+    assert_eq!(counts[0], 0, "{counts:?}");
+    assert!(
+        counts[counts.len() - 4..].iter().all(|&c| c >= 1),
+        "{counts:?}"
+    );
+
+    // A trainer that never waits on its own: while the server decodes
+    // everything it is behind, and hands decodes to the client.
+    let fast = collect(&mut client, tuned(1.0)).await.unwrap();
+    let counts = server_counts(&fast);
+    let (first, last) = (&counts[..4], &counts[counts.len() - 4..]);
+    assert!(
+        last.iter().sum::<usize>() < first.iter().sum::<usize>(),
+        "{counts:?}"
+    );
+    // Tuning decides who decodes, never which box.
+    let fixed = collect(
+        &mut client,
+        encoded(
+            pb::StreamBatchesRequest {
+                batch_size: Some(4),
+                ..train(&uri)
+            },
+            None,
+        ),
+    )
+    .await
+    .unwrap();
+    for (a, b) in fixed.iter().zip(&fast) {
+        assert_eq!(a.keys, b.keys);
+        assert_eq!(a.crops, b.crops);
+    }
 }

@@ -46,18 +46,8 @@ pub async fn run(spec: &DeliveryBenchSpec) -> Result<(), BenchError> {
     let engine = engine_over(&s3, spec.decode_threads)?;
     let deliveries = [
         ("decoded", Delivery::Decoded),
-        (
-            "encoded",
-            Delivery::Encoded {
-                server_fraction: 0.0,
-            },
-        ),
-        (
-            "encoded_server_half",
-            Delivery::Encoded {
-                server_fraction: 0.5,
-            },
-        ),
+        ("encoded", Delivery::encoded(0.0)),
+        ("encoded_server_half", Delivery::encoded(0.5)),
     ];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); deliveries.len()];
     let mut rate: Vec<Vec<f64>> = vec![Vec::new(); deliveries.len()];
@@ -66,7 +56,7 @@ pub async fn run(spec: &DeliveryBenchSpec) -> Result<(), BenchError> {
             let figures = measured_epoch(
                 &engine,
                 StreamRequest {
-                    delivery: *delivery,
+                    delivery: delivery.clone(),
                     ..bench_request(&uri, spec.batch_size, TRAIN, 1, round as u64)
                 },
             )

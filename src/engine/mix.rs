@@ -261,7 +261,7 @@ impl Engine {
                 shared: shared.clone(),
                 layout,
                 tier: self.tier(request.decoded_source),
-                delivery: request.delivery,
+                delivery: request.delivery.clone(),
                 metrics: metrics.clone(),
             })
             .collect();

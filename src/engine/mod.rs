@@ -383,7 +383,7 @@ impl Engine {
                 shared: shared.clone(),
                 layout: Arc::new(request.layout.clone()),
                 tier: self.tier(request.decoded_source),
-                delivery: request.delivery,
+                delivery: request.delivery.clone(),
                 metrics: metrics.clone(),
             },
             span.clone(),

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use tokio::sync::{mpsc, oneshot};
 
 use super::buffers::BufferPool;
-use super::encoded::{self, Delivery, Placement};
+use super::encoded::{self, Delivery, Placement, ServerShare};
 use super::{
     shm, substitute_source, BatchImages, DecodedBatch, PipelineError, SharedTarget, StreamContext,
     Substitution,
@@ -63,11 +63,32 @@ fn tier_record(dataset: &Dataset, emitted: &EmittedSample) -> Option<String> {
 /// `decode_ahead`), then sent in order to the ready queue.
 pub(super) struct BatchDispatch<'a> {
     context: &'a StreamContext,
-    tx: &'a mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    ready: ReadySink<'a>,
     decoding: FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
     buffers: BufferPool,
-    ready_gauge: ::metrics::Gauge,
     next_index: u64,
+}
+
+/// The ready queue, its gauge, and the tuned share of an encoded delivery
+/// (told when the producer waits on the client: the server has room).
+struct ReadySink<'a> {
+    tx: &'a mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    gauge: ::metrics::Gauge,
+    share: Option<Arc<ServerShare>>,
+}
+
+/// Waits on the client shorter than this (scheduling noise) do not move a
+/// tuned share.
+const SLACK_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+impl ReadySink<'_> {
+    fn waited_on_client(&self, since: Instant) {
+        if let Some(share) = &self.share {
+            if since.elapsed() > SLACK_WAIT {
+                share.server_waited();
+            }
+        }
+    }
 }
 
 impl<'a> BatchDispatch<'a> {
@@ -77,16 +98,23 @@ impl<'a> BatchDispatch<'a> {
         first_index: u64,
         rank: u32,
     ) -> Self {
+        let share = match &context.delivery {
+            Delivery::Encoded(share) if share.is_tuned() => Some(share.clone()),
+            _ => None,
+        };
         Self {
             context,
-            tx,
+            ready: ReadySink {
+                tx,
+                // Per-stream series would be unbounded; the stream label is its rank.
+                gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => rank.to_string()),
+                share,
+            },
             decoding: FuturesOrdered::new(),
             // Batches alive at once: decoding, queued, and one being encoded.
             buffers: BufferPool::new(
                 context.config.decode_ahead + context.config.ready_batches + 1,
             ),
-            // Per-stream series would be unbounded; the stream label is its rank.
-            ready_gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => rank.to_string()),
             next_index: first_index,
         }
     }
@@ -97,14 +125,7 @@ impl<'a> BatchDispatch<'a> {
         // returned a slot.
         let target = match &self.context.shared {
             Some(shared) => {
-                match acquire_sending_decoded(
-                    shared,
-                    &mut self.decoding,
-                    self.tx,
-                    &self.ready_gauge,
-                )
-                .await?
-                {
+                match acquire_sending_decoded(shared, &mut self.decoding, &self.ready).await? {
                     Some(lease) => Some(lease),
                     None => return Ok(false),
                 }
@@ -121,7 +142,7 @@ impl<'a> BatchDispatch<'a> {
         ));
         self.next_index += 1;
         while self.decoding.len() >= self.context.config.decode_ahead.max(1) {
-            if !send_next(&mut self.decoding, self.tx, &self.ready_gauge).await? {
+            if !send_next(&mut self.decoding, &self.ready).await? {
                 return Ok(false);
             }
         }
@@ -131,7 +152,7 @@ impl<'a> BatchDispatch<'a> {
     /// Sends every batch still decoding.
     pub async fn finish(mut self) -> Result<(), PipelineError> {
         while !self.decoding.is_empty() {
-            if !send_next(&mut self.decoding, self.tx, &self.ready_gauge).await? {
+            if !send_next(&mut self.decoding, &self.ready).await? {
                 return Ok(());
             }
         }
@@ -255,21 +276,26 @@ fn regions<'b>(mut images: &'b mut [u8], placements: &[Placement]) -> Vec<&'b mu
 async fn acquire_sending_decoded(
     shared: &SharedTarget,
     decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
-    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
-    ready_gauge: &::metrics::Gauge,
+    ready: &ReadySink<'_>,
 ) -> Result<Option<shm::SlotLease>, PipelineError> {
+    let started = Instant::now();
     let acquire = shared.acquire();
     tokio::pin!(acquire);
     loop {
         if decoding.is_empty() {
-            return acquire.await.map(Some);
+            let lease = acquire.await;
+            ready.waited_on_client(started);
+            return lease.map(Some);
         }
         tokio::select! {
             biased;
-            lease = &mut acquire => return lease.map(Some),
+            lease = &mut acquire => {
+                ready.waited_on_client(started);
+                return lease.map(Some);
+            }
             // `FuturesOrdered::next` is cancel-safe: an unfinished batch stays queued.
             decoded = decoding.next() => {
-                if !send_decoded(decoded, tx, ready_gauge).await? {
+                if !send_decoded(decoded, ready).await? {
                     return Ok(None);
                 }
             }
@@ -280,22 +306,23 @@ async fn acquire_sending_decoded(
 /// Sends the oldest decoded batch. `Ok(false)`: the client went away.
 async fn send_next(
     decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
-    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
-    ready_gauge: &::metrics::Gauge,
+    ready: &ReadySink<'_>,
 ) -> Result<bool, PipelineError> {
-    send_decoded(decoding.next().await, tx, ready_gauge).await
+    send_decoded(decoding.next().await, ready).await
 }
 
 async fn send_decoded(
     decoded: Option<Result<DecodedBatch, oneshot::error::RecvError>>,
-    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
-    ready_gauge: &::metrics::Gauge,
+    ready: &ReadySink<'_>,
 ) -> Result<bool, PipelineError> {
     let batch = decoded
         .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
         .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
+    let started = Instant::now();
+    let tx = ready.tx;
     let sent = tx.send(Ok(batch)).await.is_ok();
-    ready_gauge.set((tx.max_capacity() - tx.capacity()) as f64);
+    ready.waited_on_client(started);
+    ready.gauge.set((tx.max_capacity() - tx.capacity()) as f64);
     Ok(sent)
 }
 
@@ -387,14 +414,14 @@ pub(super) fn decode_batch(
         spec: context.spec,
         tier: context.tier.clone(),
     };
-    let delivery = context.delivery;
+    let delivery = context.delivery.clone();
     let stream_metrics = stream_metrics.clone();
     let buffers = buffers.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
     context.pool.spawn(move || {
         let slot = sample_decoder.spec.bytes();
         // An encoded batch is at most as long as a decoded one.
-        let (mut placements, length) = encoded::place(&samples, delivery, slot);
+        let (mut placements, length) = encoded::place(&samples, &delivery, slot);
         let (mut heap, mut lease) = match shared_slot {
             Some(lease) => (Vec::new(), Some(lease)),
             None => (buffers.take(slot * samples.len()), None),
@@ -436,7 +463,7 @@ pub(super) fn decode_batch(
         let fields = batch_fields(&sample_fields, &substituted);
         let encoded = match delivery {
             Delivery::Decoded => Vec::new(),
-            Delivery::Encoded { .. } => {
+            Delivery::Encoded(_) => {
                 let (server, client) = (server_decoded, placements.len() - server_decoded);
                 metrics::delivered(server, client);
                 stream_metrics.server_decoded(server as f64 / placements.len().max(1) as f64);

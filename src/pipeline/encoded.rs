@@ -10,19 +10,88 @@
 //! batch past its decoded size. So an encoded batch is never larger than
 //! a decoded one: it fits the same ring slot and the same memory formula.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use super::batch::EmittedSample;
 use crate::decode::{self, JpegFrame};
 use crate::shard::ImageFormat;
 
 /// How a stream's images reach the client.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub enum Delivery {
     /// Every image decoded, cropped, resized and flipped here.
     #[default]
     Decoded,
     /// Baseline JPEGs compressed, with their box and flip, for the client
-    /// to decode; `server_fraction` (0..=1) of each batch decoded here.
-    Encoded { server_fraction: f64 },
+    /// to decode; a share of each batch decoded here.
+    Encoded(Arc<ServerShare>),
+}
+
+impl Delivery {
+    pub fn encoded(server_fraction: f64) -> Self {
+        Self::Encoded(Arc::new(ServerShare::fixed(server_fraction)))
+    }
+}
+
+/// The share of each batch the server decodes: fixed by the request, or
+/// tuned from where the stream waits so that neither side does. A trainer
+/// waiting for a batch means the server is behind: decodes move to the
+/// client (a large step, as a stall costs the most). A ready batch waiting
+/// for the trainer means the server has room: it takes decodes back (a
+/// small step). It settles where the server just keeps up.
+#[derive(Debug)]
+pub struct ServerShare {
+    bits: AtomicU64,
+    tuned: bool,
+}
+
+/// Tuning steps per batch: down on a trainer stall, up on server slack.
+pub const SHARE_STEP_DOWN: f64 = 0.05;
+pub const SHARE_STEP_UP: f64 = 0.02;
+
+impl ServerShare {
+    pub fn fixed(fraction: f64) -> Self {
+        Self {
+            bits: AtomicU64::new(fraction.clamp(0.0, 1.0).to_bits()),
+            tuned: false,
+        }
+    }
+
+    /// Tuned from `start`.
+    pub fn tuned(start: f64) -> Self {
+        Self {
+            tuned: true,
+            ..Self::fixed(start)
+        }
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.bits.load(Ordering::Relaxed))
+    }
+
+    pub fn is_tuned(&self) -> bool {
+        self.tuned
+    }
+
+    /// The trainer asked for a batch that was not ready.
+    pub fn trainer_waited(&self) {
+        self.step(-SHARE_STEP_DOWN);
+    }
+
+    /// A ready batch waited for the trainer to ask.
+    pub fn server_waited(&self) {
+        self.step(SHARE_STEP_UP);
+    }
+
+    fn step(&self, by: f64) {
+        if !self.tuned {
+            return;
+        }
+        // One writer per stream (its gRPC task): load and store suffice.
+        let next = (self.get() + by).clamp(0.0, 1.0);
+        self.bits.store(next.to_bits(), Ordering::Relaxed);
+    }
 }
 
 /// Where one sample is in a batch's bytes, and in which form.
@@ -40,7 +109,7 @@ pub struct Placement {
 /// Where every sample of a batch goes, and the batch's length in bytes.
 pub(super) fn place(
     samples: &[EmittedSample],
-    delivery: Delivery,
+    delivery: &Delivery,
     slot_bytes: usize,
 ) -> (Vec<Placement>, usize) {
     let server_fraction = match delivery {
@@ -56,7 +125,7 @@ pub(super) fn place(
                 .collect();
             return (placements, samples.len() * slot_bytes);
         }
-        Delivery::Encoded { server_fraction } => server_fraction,
+        Delivery::Encoded(share) => share.get(),
     };
     let mut frames: Vec<Option<JpegFrame>> = samples.iter().map(client_decodable).collect();
     server_share(&mut frames, server_fraction);
@@ -133,6 +202,25 @@ fn server_share(frames: &mut [Option<JpegFrame>], fraction: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tuned_share_steps_within_bounds_and_a_fixed_one_stays() {
+        let tuned = ServerShare::tuned(0.5);
+        tuned.trainer_waited();
+        assert!((tuned.get() - 0.45).abs() < 1e-12);
+        for _ in 0..100 {
+            tuned.server_waited();
+        }
+        assert_eq!(tuned.get(), 1.0);
+        for _ in 0..100 {
+            tuned.trainer_waited();
+        }
+        assert_eq!(tuned.get(), 0.0);
+        let fixed = ServerShare::fixed(0.3);
+        fixed.trainer_waited();
+        fixed.server_waited();
+        assert_eq!(fixed.get(), 0.3);
+    }
 
     fn frame() -> Option<JpegFrame> {
         Some(JpegFrame {

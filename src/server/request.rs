@@ -8,6 +8,9 @@ use super::status::ServiceError;
 use super::{DEFAULT_BATCH_SIZE, MAX_BATCH_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::StreamRequest;
+use std::sync::Arc;
+
+use crate::pipeline::encoded::ServerShare;
 use crate::pipeline::Delivery;
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 use crate::shard::tfrecord::FeatureNames;
@@ -99,12 +102,16 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
     let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
     let server_fraction = request.server_decode_fraction;
     match pb::Delivery::try_from(request.delivery) {
-        Ok(pb::Delivery::Decoded) => match server_fraction {
-            Some(_) => invalid(
-                "server_decode_fraction is for delivery = DELIVERY_ENCODED; leave it unset".into(),
-            ),
-            None => Ok(Delivery::Decoded),
-        },
+        Ok(pb::Delivery::Decoded) => {
+            if server_fraction.is_some() || request.tune_server_decode {
+                return invalid(
+                    "server_decode_fraction and tune_server_decode are for delivery = \
+                     DELIVERY_ENCODED; leave them unset"
+                        .into(),
+                );
+            }
+            Ok(Delivery::Decoded)
+        }
         Ok(pb::Delivery::Encoded) => {
             let server_fraction = server_fraction.unwrap_or(0.0);
             if !(0.0..=1.0).contains(&server_fraction) {
@@ -119,7 +126,11 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
                         .into(),
                 );
             }
-            Ok(Delivery::Encoded { server_fraction })
+            Ok(Delivery::Encoded(Arc::new(if request.tune_server_decode {
+                ServerShare::tuned(server_fraction)
+            } else {
+                ServerShare::fixed(server_fraction)
+            })))
         }
         Err(_) => invalid(format!("unknown delivery {}", request.delivery)),
     }

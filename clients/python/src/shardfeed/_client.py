@@ -445,7 +445,7 @@ class Client:
         max_field_bytes: int = 0,
         decoded_source: int | None = None,
         delivery: str = "decoded",
-        server_decode_fraction: float | None = None,
+        server_decode_fraction: float | str | None = None,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
 
@@ -498,7 +498,9 @@ class Client:
         (``Batch.encoded``; ``images`` is then empty), for the trainer to
         decode (:class:`shardfeed.decode.BatchDecoder`, on CPU or GPU); the
         other images, and ``server_decode_fraction`` (0 to 1) of each batch,
-        arrive as pixels.
+        arrive as pixels. ``server_decode_fraction="auto"``: the server tunes
+        its share so that neither side waits (down while this client waits
+        for batches, up while ready batches wait for it).
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
@@ -547,7 +549,13 @@ class Client:
         if delivery not in _DELIVERIES:
             raise ValueError(f"delivery must be one of {sorted(_DELIVERIES)}, not {delivery!r}")
         request.delivery = _DELIVERIES[delivery]
-        if server_decode_fraction is not None:
+        if server_decode_fraction == "auto":
+            request.tune_server_decode = True
+        elif isinstance(server_decode_fraction, str):
+            raise ValueError(
+                f'server_decode_fraction is a number or "auto", not {server_decode_fraction!r}'
+            )
+        elif server_decode_fraction is not None:
             request.server_decode_fraction = server_decode_fraction
         if sources is not None:
             request.sources.extend(_source_message(source) for source in sources)

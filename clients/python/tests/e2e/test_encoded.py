@@ -148,6 +148,15 @@ def test_a_server_share_puts_every_sample_in_its_slot(unix_server: Server, datas
                 # The server's pixels, untouched.
                 np.testing.assert_array_equal(decoded.images[slot].numpy(), want.images[slot])
             assert psnr(decoded.images[slot].numpy(), want.images[slot]) >= TOLERANCE_DB
+    # A tuned share moves only who decodes: the same boxes and samples.
+    auto = _stream(unix_server, dataset, "train", delivery="encoded", server_decode_fraction="auto")
+    for want, got in zip(reference, auto):
+        decoded = decoder.decode(got)
+        np.testing.assert_array_equal(decoded.crop_boxes, want.crop_boxes)
+        for slot in range(len(want.keys)):
+            assert psnr(decoded.images[slot].numpy(), want.images[slot]) >= TOLERANCE_DB
+    with pytest.raises(ValueError, match='a number or "auto"'):
+        _stream(unix_server, dataset, "train", delivery="encoded", server_decode_fraction="half")
     # The PNG and the progressive JPEG always arrive as pixels.
     for batch in half:
         assert batch.encoded is not None
