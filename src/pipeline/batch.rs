@@ -2,6 +2,7 @@
 //! pool straight into its buffer (or ring slot), failures substituted, sent
 //! in order with at most `decode_ahead` batches decoding.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -70,22 +71,35 @@ pub(super) struct BatchDispatch<'a> {
 }
 
 /// The ready queue, its gauge, and the tuned share of an encoded delivery
-/// (told when the producer waits on the client: the server has room).
+/// with the time the producer waited on the client for the batch at hand.
 struct ReadySink<'a> {
     tx: &'a mpsc::Sender<Result<DecodedBatch, PipelineError>>,
     gauge: ::metrics::Gauge,
     share: Option<Arc<ServerShare>>,
+    client_wait_ns: AtomicU64,
 }
 
-/// Waits on the client shorter than this (scheduling noise) do not move a
-/// tuned share.
+/// Waits on the client shorter than this (scheduling noise) count as none.
 const SLACK_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl ReadySink<'_> {
     fn waited_on_client(&self, since: Instant) {
+        let waited = since.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.client_wait_ns.fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// After each batch handed on: a producer that waited on the client
+    /// (ready queue full, every ring slot lent) has room, so the server
+    /// takes decodes back; one that did not is what the client waits on,
+    /// so decodes move to the client. The share settles where the server
+    /// waits about every other batch: just keeping up.
+    fn tune_share(&self) {
+        let waited = self.client_wait_ns.swap(0, Ordering::Relaxed);
         if let Some(share) = &self.share {
-            if since.elapsed() > SLACK_WAIT {
+            if waited > SLACK_WAIT.as_nanos() as u64 {
                 share.server_waited();
+            } else {
+                share.server_behind();
             }
         }
     }
@@ -109,6 +123,7 @@ impl<'a> BatchDispatch<'a> {
                 // Per-stream series would be unbounded; the stream label is its rank.
                 gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => rank.to_string()),
                 share,
+                client_wait_ns: AtomicU64::new(0),
             },
             decoding: FuturesOrdered::new(),
             // Batches alive at once: decoding, queued, and one being encoded.
@@ -146,6 +161,7 @@ impl<'a> BatchDispatch<'a> {
                 return Ok(false);
             }
         }
+        self.ready.tune_share();
         Ok(true)
     }
 

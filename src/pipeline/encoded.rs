@@ -35,20 +35,21 @@ impl Delivery {
 }
 
 /// The share of each batch the server decodes: fixed by the request, or
-/// tuned from where the stream waits so that neither side does. A trainer
-/// waiting for a batch means the server is behind: decodes move to the
-/// client (a large step, as a stall costs the most). A ready batch waiting
-/// for the trainer means the server has room: it takes decodes back (a
-/// small step). It settles where the server just keeps up.
+/// tuned from where the stream waits so that neither side does (the
+/// producer steps it per batch: up when it waited on the client, down when
+/// the client took batches as fast as they came).
+///
+/// The signal is the producer's, not the gRPC stream's: gRPC takes ready
+/// batches ahead of the client as far as its window (or, with shared
+/// memory, the ring) allows, so only the producer sees the client's pace.
 #[derive(Debug)]
 pub struct ServerShare {
     bits: AtomicU64,
     tuned: bool,
 }
 
-/// Tuning steps per batch: down on a trainer stall, up on server slack.
-pub const SHARE_STEP_DOWN: f64 = 0.05;
-pub const SHARE_STEP_UP: f64 = 0.02;
+/// The tuned share's step per batch, either way.
+pub const SHARE_STEP: f64 = 0.02;
 
 impl ServerShare {
     pub fn fixed(fraction: f64) -> Self {
@@ -74,14 +75,14 @@ impl ServerShare {
         self.tuned
     }
 
-    /// The trainer asked for a batch that was not ready.
-    pub fn trainer_waited(&self) {
-        self.step(-SHARE_STEP_DOWN);
+    /// The client took the batch as soon as it was ready.
+    pub fn server_behind(&self) {
+        self.step(-SHARE_STEP);
     }
 
-    /// A ready batch waited for the trainer to ask.
+    /// The producer waited for the client to take a batch (or return a slot).
     pub fn server_waited(&self) {
-        self.step(SHARE_STEP_UP);
+        self.step(SHARE_STEP);
     }
 
     fn step(&self, by: f64) {
@@ -206,18 +207,18 @@ mod tests {
     #[test]
     fn a_tuned_share_steps_within_bounds_and_a_fixed_one_stays() {
         let tuned = ServerShare::tuned(0.5);
-        tuned.trainer_waited();
-        assert!((tuned.get() - 0.45).abs() < 1e-12);
+        tuned.server_behind();
+        assert!((tuned.get() - 0.48).abs() < 1e-12);
         for _ in 0..100 {
             tuned.server_waited();
         }
         assert_eq!(tuned.get(), 1.0);
         for _ in 0..100 {
-            tuned.trainer_waited();
+            tuned.server_behind();
         }
         assert_eq!(tuned.get(), 0.0);
         let fixed = ServerShare::fixed(0.3);
-        fixed.trainer_waited();
+        fixed.server_behind();
         fixed.server_waited();
         assert_eq!(fixed.get(), 0.3);
     }

@@ -26,8 +26,7 @@ use crate::decode::{self, OutputSpec};
 use crate::engine::mix::MixedGeometry;
 use crate::engine::{Engine, StreamGeometry};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
-use crate::pipeline::encoded::ServerShare;
-use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch, Delivery};
+use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
 use crate::plan::{EpochPosition, Phase};
 
 /// Settings of the service itself (the engine has its own).
@@ -168,10 +167,9 @@ impl ShardfeedService {
             .then(|| self.rings.as_ref().map(|rings| rings.fd_socket.clone()))
             .flatten();
         let defaults = self.engine.config().default_shuffle;
-        let (stream, mix, epoch, next_index, output, field_names, share) = if mixed {
+        let (stream, mix, epoch, next_index, output, field_names) = if mixed {
             let mut request = super::mix::mixed_request(&request, defaults)?;
             request.shared_memory = shared_memory;
-            let share = tuned_share(&request.delivery);
             let (epoch, next_index, output) = (request.epoch, request.start_batch, request.output);
             let field_names = request.sources[0].layout.fields.clone();
             let permit = self.admit()?;
@@ -183,12 +181,10 @@ impl ShardfeedService {
                 next_index,
                 output,
                 field_names,
-                share,
             )
         } else {
             let mut request = stream_request(&request, defaults)?;
             request.shared_memory = shared_memory;
-            let share = tuned_share(&request.delivery);
             let (epoch, next_index, output) =
                 (request.plan.epoch, request.plan.start_batch, request.output);
             let field_names = request.layout.fields.clone();
@@ -201,7 +197,6 @@ impl ShardfeedService {
                 next_index,
                 output,
                 field_names,
-                share,
             )
         };
         let (stream, permit) = stream;
@@ -221,7 +216,6 @@ impl ShardfeedService {
             epoch,
             metrics: stream.metrics,
             waiting_since: None,
-            share,
             next_index,
             drain: Box::pin(self.lifecycle.drain.clone().cancelled_owned()),
             abort: Box::pin(self.lifecycle.abort.clone().cancelled_owned()),
@@ -239,17 +233,6 @@ impl ShardfeedService {
             _permit: permit,
             _memory: stream.reservation,
         })
-    }
-}
-
-/// Waits shorter than this (scheduling noise) do not move a tuned share.
-const SHARE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// The server's share of an encoded delivery, when the stream tunes it.
-fn tuned_share(delivery: &Delivery) -> Option<Arc<ServerShare>> {
-    match delivery {
-        Delivery::Encoded(share) if share.is_tuned() => Some(share.clone()),
-        _ => None,
     }
 }
 
@@ -276,8 +259,6 @@ pub struct BatchStream {
     metrics: StreamMetrics,
     /// Set when the client asked for a batch that was not ready.
     waiting_since: Option<Instant>,
-    /// An encoded delivery's server share, tuned from the waits.
-    share: Option<Arc<ServerShare>>,
     /// Index of the next batch to send (for the resume hint on drain).
     next_index: u64,
     drain: Pin<Box<WaitForCancellationFutureOwned>>,
@@ -559,18 +540,9 @@ impl Stream for BatchStream {
             }
             Poll::Ready(Some(Ok(batch))) => {
                 // Stall accounting: did the client wait for us, or we for it?
-                let ready_waited = batch.ready_at.elapsed();
                 match self.waiting_since.take() {
-                    Some(since) => {
-                        let waited = since.elapsed();
-                        self.metrics.consumer_waited(waited);
-                        if waited > SHARE_WAIT {
-                            self.share.iter().for_each(|share| share.trainer_waited());
-                        }
-                    }
-                    // (The producer tells the share when it waits on the
-                    // client: gRPC takes ready batches ahead of the client.)
-                    None => self.metrics.ready_waited(ready_waited),
+                    Some(since) => self.metrics.consumer_waited(since.elapsed()),
+                    None => self.metrics.ready_waited(batch.ready_at.elapsed()),
                 }
                 self.metrics.batch_sent(batch.size as u64);
                 self.next_index = batch.index + 1;
