@@ -446,6 +446,7 @@ class Client:
         decoded_source: int | None = None,
         delivery: str = "decoded",
         server_decode_fraction: float | str | None = None,
+        host_pinning: _shm.HostPinning | None = None,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
 
@@ -499,8 +500,12 @@ class Client:
         decode (:class:`shardfeed.decode.BatchDecoder`, on CPU or GPU); the
         other images, and ``server_decode_fraction`` (0 to 1) of each batch,
         arrive as pixels. ``server_decode_fraction="auto"``: the server tunes
-        its share so that neither side waits (down while this client waits
-        for batches, up while ready batches wait for it).
+        its share so that neither side waits (up while ready batches wait
+        for this client, down while it takes them as soon as they are ready).
+
+        ``host_pinning``: registers each shared-memory ring with a device
+        runtime once, when it is mapped (``ShardfeedDataset(device="cuda")``
+        passes CUDA's), so copies out of it run asynchronously.
         """
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
@@ -565,16 +570,18 @@ class Client:
             )
         if resume_from is not None:
             resume_from.to_message(request.resume_from)
-        return self._stream(request)
+        return self._stream(request, host_pinning)
 
-    def _stream(self, request: Any) -> Iterator[Batch]:
+    def _stream(
+        self, request: Any, host_pinning: _shm.HostPinning | None = None
+    ) -> Iterator[Batch]:
         """The stream of ``request``, reopened after ``UNAVAILABLE`` right
         after the last batch delivered (each batch carries its position)."""
         outage_started: float | None = None
         delay = _RECONNECT_FIRST_DELAY
         while True:
             try:
-                for batch in self._stream_once(request):
+                for batch in self._stream_once(request, host_pinning):
                     outage_started, delay = None, _RECONNECT_FIRST_DELAY
                     yield batch
                     batch.position.to_message(request.resume_from)
@@ -603,7 +610,9 @@ class Client:
                 time.sleep(wait)
                 delay = min(delay * 2, _RECONNECT_MAX_DELAY)
 
-    def _stream_once(self, request: Any) -> Iterator[Batch]:
+    def _stream_once(
+        self, request: Any, host_pinning: _shm.HostPinning | None = None
+    ) -> Iterator[Batch]:
         self._get_stub()
         assert self._stream_batches is not None
         call = self._stream_batches(request)
@@ -621,7 +630,7 @@ class Client:
                 if watchdog is not None:
                     watchdog.received()
                 if message.HasField("shared"):
-                    flat = self._shared_images(rings, message.shared)
+                    flat = self._shared_images(rings, message.shared, host_pinning)
                 yield _batch_with_images(message, flat)
         except grpc.RpcError as exc:
             if watchdog is not None and watchdog.expired:
@@ -637,14 +646,19 @@ class Client:
             for ring in rings.values():
                 ring.close()
 
-    def _shared_images(self, rings: dict[bytes, _shm.SharedRing], shared: Any) -> Any:
+    def _shared_images(
+        self,
+        rings: dict[bytes, _shm.SharedRing],
+        shared: Any,
+        host_pinning: _shm.HostPinning | None = None,
+    ) -> Any:
         path = _shm.socket_path(self._target)
         if path is None:
             raise ShardfeedError(
                 "FAILED_PRECONDITION", "the server sent shared memory over a non-Unix target"
             )
         try:
-            ring = _shm.attach(rings, path, shared)
+            ring = _shm.attach(rings, path, shared, host_pinning)
         except OSError as exc:
             raise ShardfeedError(
                 "UNAVAILABLE",

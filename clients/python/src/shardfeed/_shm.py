@@ -17,12 +17,21 @@ import socket
 import struct
 import threading
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 _CONNECT_TIMEOUT = 10.0
+
+
+class HostPinning(Protocol):
+    """Registers host memory with a device runtime (page-locks it) so that
+    copies from it run asynchronously, and releases it again."""
+
+    def register(self, address: int, size: int) -> bool: ...
+
+    def unregister(self, address: int) -> None: ...
 
 
 def socket_path(target: str) -> str | None:
@@ -58,6 +67,39 @@ class SharedRing:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._held = 0
+        self._size = size
+        # (pinning, address) while the mapping is registered with it.
+        self._pinned: tuple[HostPinning, int] | None = None
+
+    def pin(self, pinning: HostPinning) -> bool:
+        """Registers the whole mapping with ``pinning`` once (the ring is
+        written by the server, never reallocated, so one registration serves
+        every batch of the stream). Released when the ring is closed and the
+        last view is gone, before the mapping can be unmapped."""
+        with self._lock:
+            if self._pinned is not None:
+                return True
+            if self._sock is None:
+                return False
+            probe = np.frombuffer(self._map, dtype=np.uint8, count=1)
+            address = int(probe.ctypes.data)
+            del probe
+            if not pinning.register(address, self._size):
+                return False
+            self._pinned = (pinning, address)
+            return True
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned is not None
+
+    def _unpin_when_unused(self) -> None:
+        """Called with the lock held: unregisters once nothing can read the
+        mapping through this ring any more."""
+        if self._pinned is not None and self._sock is None and self._held == 0:
+            pinning, address = self._pinned
+            self._pinned = None
+            pinning.unregister(address)
 
     @property
     def held(self) -> int:
@@ -84,6 +126,7 @@ class SharedRing:
     def _release(self, slot: int) -> None:
         with self._lock:
             self._held -= 1
+            self._unpin_when_unused()
         self._credit(slot)
 
     def _credit(self, slot: int) -> None:
@@ -107,12 +150,21 @@ class SharedRing:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+            self._unpin_when_unused()
 
 
-def attach(rings: dict[bytes, SharedRing], grpc_socket: str, shared: Any) -> SharedRing:
-    """The stream's ring for ``shared`` (a ``SharedImages``), mapped on first use."""
+def attach(
+    rings: dict[bytes, SharedRing],
+    grpc_socket: str,
+    shared: Any,
+    pinning: HostPinning | None = None,
+) -> SharedRing:
+    """The stream's ring for ``shared`` (a ``SharedImages``), mapped (and
+    registered with ``pinning``) on first use."""
     ring = rings.get(shared.ring_token)
     if ring is None:
         ring = SharedRing(grpc_socket, shared.ring_token, shared.ring_bytes)
         rings[shared.ring_token] = ring
+        if pinning is not None:
+            ring.pin(pinning)
     return ring

@@ -332,6 +332,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._pass_start, self._consumed = self._position, None
         self._pending.clear()
         delivery: dict[str, Any] = {} if self.decode == "server" else {"delivery": "encoded"}
+        if self.device is not None and self.device.type == "cuda":
+            delivery["host_pinning"] = _CudaHostPinning(self.device)
         batches = self.client.batches(
             self.dataset,
             seed=self.seed,
@@ -395,7 +397,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
     def _on_device(self, batches: Iterator[Batch], rank: int) -> Iterator[_Delivered]:
         """Each batch with its images and labels on ``device``, decoded here
         for ``decode="client"``/``"gpu"``. On CUDA, copies (and GPU decodes)
-        run on a side stream one batch ahead of the training loop."""
+        run on a side stream one batch ahead of the training loop, out of
+        the shared-memory ring registered once as pinned memory."""
         decoder = None
         if self.decode != "server":
             from .decode import BatchDecoder
@@ -609,6 +612,11 @@ def _materialize(batch: Batch, decoder: Any) -> _Delivered:
 
 def _ready_on(device: torch.device, delivered: _Delivered, done: Any) -> _Delivered:
     """A batch made on the side stream, handed to the training stream."""
+    # Its copies read the server's ring asynchronously (pinned): the slot
+    # goes back to the server when the host views are dropped, which may be
+    # as soon as the trainer moves on, so they must be done by then. They
+    # were queued a batch ago, so this rarely waits.
+    done.synchronize()
     current = torch.cuda.current_stream(device)
     current.wait_event(done)
     # The caching allocator must not reuse their memory before the
@@ -616,6 +624,41 @@ def _ready_on(device: torch.device, delivered: _Delivered, done: Any) -> _Delive
     delivered.images.record_stream(current)
     delivered.labels.record_stream(current)
     return delivered
+
+
+class _CudaHostPinning:
+    """Page-locks a stream's shared-memory ring for CUDA once, when it is
+    mapped (``cudaHostRegister``, read-only: the mapping is), so each
+    batch's host-to-device copy is a DMA on a side stream rather than a
+    staged, synchronous copy; a registration the driver refuses leaves the
+    copies staged, as without it."""
+
+    _READ_ONLY = 0x08  # cudaHostRegisterReadOnly
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def register(self, address: int, size: int) -> bool:
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        with torch.cuda.device(self.device):
+            error = int(cudart.cudaHostRegister(address, size, self._READ_ONLY))
+        if error != 0:
+            global _pin_refused_logged
+            if not _pin_refused_logged:
+                _pin_refused_logged = True
+                _log.info(
+                    "CUDA refused to register the shared-memory ring (error %d): "
+                    "host-to-device copies are staged",
+                    error,
+                )
+            return False
+        return True
+
+    def unregister(self, address: int) -> None:
+        torch.cuda.cudart().cudaHostUnregister(address)  # type: ignore[no-untyped-call]
+
+
+_pin_refused_logged = False
 
 
 def _mask(size: int, slots: list[int]) -> torch.Tensor:

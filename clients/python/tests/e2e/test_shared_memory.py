@@ -205,3 +205,68 @@ def test_streams_cancelled_before_collecting_their_rings_free_their_memory(
         channel.close()
     finally:
         stop(server.process)
+
+
+class _RecordingPinning:
+    """A host-pinning runtime that records what it is asked to do, and
+    checks the registered memory is the mapping the batches are views of."""
+
+    def __init__(self) -> None:
+        self.registered: list[tuple[int, int]] = []
+        self.unregistered: list[int] = []
+
+    def register(self, address: int, size: int) -> bool:
+        self.registered.append((address, size))
+        return True
+
+    def unregister(self, address: int) -> None:
+        self.unregistered.append(address)
+
+
+def test_a_ring_is_pinned_once_and_released_after_its_last_view(
+    unix_server: Server, dataset: str
+) -> None:
+    pinning = _RecordingPinning()
+    stream = Client(unix_server.target).batches(
+        dataset, batch_size=8, image_size=32, seed=5, rank=0, world_size=1, host_pinning=pinning
+    )
+    kept = []
+    for batch in stream:
+        assert batch.shared
+        ((address, size),) = pinning.registered  # once, for every batch of the stream
+        if not kept:
+            # The first batch is a view of the registered mapping (later
+            # ones may be private copies while it is held).
+            start = batch.images.ctypes.data
+            assert address <= start and start + batch.images.nbytes <= address + size
+            kept.append(batch.images)
+    # The stream is over, but a view is still held: the memory stays pinned.
+    assert pinning.unregistered == []
+    del batch, kept
+    import gc
+
+    gc.collect()
+    assert pinning.unregistered == [pinning.registered[0][0]]
+
+
+def test_a_refused_pinning_leaves_the_stream_as_it_was(unix_server: Server, dataset: str) -> None:
+    class Refusing(_RecordingPinning):
+        def register(self, address: int, size: int) -> bool:
+            super().register(address, size)
+            return False
+
+    pinning = Refusing()
+    batches = list(
+        Client(unix_server.target).batches(
+            dataset,
+            batch_size=8,
+            image_size=32,
+            seed=5,
+            rank=0,
+            world_size=1,
+            host_pinning=pinning,
+        )
+    )
+    assert len(batches) == 10 and len(pinning.registered) == 1
+    del batches
+    assert pinning.unregistered == []
