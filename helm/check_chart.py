@@ -206,6 +206,14 @@ def check_cache(where: str, spec: Doc, sidecar: Doc, mounts: dict[str, str]) -> 
     sidecar_env = env_of(sidecar)
     cache_dir = sidecar_env["SHARDFEED_CACHE_DIR"]
     cache_size = gibibytes(sidecar_env["SHARDFEED_CACHE_SIZE"])
+    decoded_dir = sidecar_env.get("SHARDFEED_DECODED_CACHE_DIR")
+    if decoded_dir is not None:
+        # The tier shares the cache's volume, in a directory of its own.
+        check(
+            decoded_dir.startswith(cache_dir.rstrip("/") + "/"),
+            f"{where}: the decoded-source tier {decoded_dir} is not in the cache's volume",
+        )
+        cache_size += gibibytes(sidecar_env["SHARDFEED_DECODED_CACHE_SIZE"])
     cache_volume = mounts.get(cache_dir)
     check(cache_volume is not None, f"{where}: the cache directory is not a volume")
     source = next(v for v in spec["volumes"] if v["name"] == cache_volume)
@@ -357,8 +365,15 @@ def check_passthrough(docs: list[Doc], values: Doc, name: str) -> None:
             workload["metadata"].get("annotations", {}).get(key) == value,
             f"{name}: annotation {key} lost",
         )
+    decoded = values.get("shardfeed", {}).get("cache", {}).get("decoded", {})
     for where, template in pod_templates(workload):
         spec = template["spec"]
+        if decoded.get("enabled"):
+            sidecar = next(c for c in spec["initContainers"] if c["name"] == "shardfeed")
+            check(
+                env_of(sidecar).get("SHARDFEED_DECODED_CACHE_SIZE") == f"{decoded['sizeGi']}Gi",
+                f"{name}: {where}: the decoded-source tier's size is not passed through",
+            )
         for field in (
             "imagePullSecrets",
             "priorityClassName",
@@ -462,6 +477,7 @@ def check_refusals() -> None:
             ("shardfeed.cache.enabled=true", "shardfeed.cache.volume=persistentVolumeClaim"),
             "claimName is not set",
         ),
+        (("shardfeed.cache.decoded.enabled=true",), "needs shardfeed.cache.enabled"),
     ):
         refused = render(None, IMAGE, *sets)
         check(
@@ -473,6 +489,7 @@ def check_refusals() -> None:
         "shardfeed.cache.headroomPercent=1",
         "shardfeed.cache.volume=nfs",
         "shardfeed.cache.slots=0",
+        "shardfeed.cache.decoded.sizeGi=0",
         "shardfeed.partSize=1024",
         "shardfeed.allow[0]=http://elsewhere/",
         "shardfeed.imagee.tag=1",
@@ -504,7 +521,15 @@ def check_own_chart() -> str:
         subprocess.run(
             [tool("HELM", "helm"), "lint", str(chart)], check=True, capture_output=True, text=True
         )
-        for sets in ((), ("shardfeed.cache.enabled=true", "shardfeed.cache.volume=hostPath")):
+        for sets in (
+            (),
+            ("shardfeed.cache.enabled=true", "shardfeed.cache.volume=hostPath"),
+            (
+                "shardfeed.cache.enabled=true",
+                "shardfeed.cache.volume=hostPath",
+                "shardfeed.cache.decoded.enabled=true",
+            ),
+        ):
             rendered = render(None, *sets, chart=chart)
             check(rendered.returncode == 0, f"own chart: helm template failed: {rendered.stderr}")
             check_documents(documents(rendered.stdout), "own chart")

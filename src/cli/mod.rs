@@ -265,6 +265,13 @@ impl CacheArgs {
                 cache::MAX_SLOTS
             ));
         }
+        if self.decoded_cache_dir.is_some() && self.decoded_cache_dir == self.cache_dir {
+            problems.push(
+                "--decoded-cache-dir must differ from --cache-dir (each locks its own; \
+                 e.g. a decoded/ directory beside the cache)"
+                    .into(),
+            );
+        }
         Some(CacheConfig {
             max_bytes: self.cache_size,
             min_free_percent: self.cache_min_free_percent,
@@ -671,6 +678,8 @@ mod tests {
             "120",
             "--allow",
             "ftp://x",
+            "--decoded-cache-dir",
+            "/tmp/x",
         ])
         .unwrap()
         .command
@@ -678,7 +687,8 @@ mod tests {
             panic!("not serve");
         };
         let error = args.config().unwrap_err();
-        assert_eq!(error.0.len(), 2, "{error}");
+        assert_eq!(error.0.len(), 3, "{error}");
+        assert!(error.to_string().contains("--decoded-cache-dir must differ"));
         let Command::Serve(args) = parse(&["--listen", "unix:/run/sf.sock"]).unwrap().command
         else {
             panic!("not serve");

@@ -151,16 +151,10 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         .map_err(|e| format!("starting the decode pool: {e}"))?;
     let engine = match &args.cache.decoded_cache_dir {
         Some(dir) => {
-            let (dir, size) = (dir.clone(), args.cache.decoded_cache_size);
-            let tier = tokio::task::spawn_blocking(move || DecodedCache::open(&dir, size))
-                .await
-                .map_err(|e| e.to_string())??;
-            tracing::info!(
-                records = tier.records(),
-                bytes = tier.bytes(),
-                "decoded-source tier opened"
-            );
-            engine.with_decoded_cache(Arc::new(tier))
+            // Earlier records are taken in on a thread of their own.
+            let tier = open_tier(dir, &args.cache, true).await?;
+            tracing::info!(dir = %dir.display(), "decoded-source tier opened");
+            engine.with_decoded_cache(tier)
         }
         None => engine,
     };
@@ -338,14 +332,7 @@ async fn warm_decoded(
         .decoded_cache_dir
         .clone()
         .ok_or("--decoded needs --decoded-cache-dir")?;
-    let size = args.cache.decoded_cache_size;
-    let tier = {
-        let dir = dir.clone();
-        tokio::task::spawn_blocking(move || DecodedCache::open(&dir, size))
-            .await
-            .map_err(|e| e.to_string())??
-    };
-    let tier = Arc::new(tier);
+    let tier = open_tier(&dir, &args.cache, false).await?;
     let mut registry = DatasetRegistry::new(
         args.s3.config(),
         args.read.retry_policy(),
@@ -537,4 +524,40 @@ fn exit_with_parent(parent: u32) -> Result<(), CliError> {
         return Err(format!("--exit-with-parent {parent}: that process has already exited").into());
     }
     Ok(())
+}
+
+/// The decoded-source tier in the first free slot of `dir` (as many slots
+/// as the shard cache has), waiting up to `--cache-lock-wait` while every
+/// slot is held: a pod replacing another on the node starts while the old
+/// one drains. `background`: earlier records are taken in while it serves.
+async fn open_tier(
+    dir: &std::path::Path,
+    cache: &super::CacheArgs,
+    background: bool,
+) -> Result<Arc<DecodedCache>, CliError> {
+    const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+    let wait = std::time::Duration::from_secs(cache.cache_lock_wait);
+    let started = std::time::Instant::now();
+    loop {
+        let (dir, size, slots) = (
+            dir.to_path_buf(),
+            cache.decoded_cache_size,
+            cache.cache_slots,
+        );
+        let opened = tokio::task::spawn_blocking(move || {
+            if background {
+                DecodedCache::open_slot_in_background(&dir, size, slots)
+            } else {
+                DecodedCache::open_slot(&dir, size, slots).map(Arc::new)
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        match opened {
+            Err(crate::decode::tier::TierError::SlotsHeld { .. }) if started.elapsed() < wait => {
+                tokio::time::sleep(RETRY.min(wait.saturating_sub(started.elapsed()))).await;
+            }
+            other => return Ok(other?),
+        }
+    }
 }

@@ -42,7 +42,7 @@ use crate::metrics;
 
 mod slots;
 mod store;
-pub use slots::{prepare_dir, LOCK_FILE};
+pub use slots::{claim_slot, prepare_dir, LOCK_FILE};
 pub use store::CacheStore;
 
 pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
@@ -102,15 +102,6 @@ impl CacheConfig {
             dir,
             slots: 1,
             ..self
-        }
-    }
-
-    /// The directory of slot `index`: `dir` itself when there is one slot.
-    pub fn slot_dir(&self, index: u32) -> PathBuf {
-        if self.slots <= 1 {
-            self.dir.clone()
-        } else {
-            self.dir.join(format!("slot-{index}"))
         }
     }
 }

@@ -111,20 +111,38 @@ impl DiskCache {
 
     /// The first slot no other process holds, locked; `None` if all are held.
     fn try_claim(config: &CacheConfig) -> Result<Option<(PathBuf, std::fs::File)>, CacheError> {
-        for index in 0..config.slots.max(1) {
-            let dir = config.slot_dir(index);
-            std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
-            match lock_dir(&dir) {
-                Ok(lock) => {
-                    if config.slots > 1 {
-                        tracing::info!(dir = %dir.display(), slot = index, "cache slot claimed");
-                    }
-                    return Ok(Some((dir, lock)));
-                }
-                Err(CacheError::Locked { .. }) => continue,
-                Err(other) => return Err(other),
-            }
-        }
-        Ok(None)
+        claim_slot(&config.dir, config.slots)
     }
+}
+
+/// The directory of slot `index` of `dir`: `dir` itself when there is one.
+pub fn slot_dir(dir: &Path, slots: u32, index: u32) -> PathBuf {
+    if slots <= 1 {
+        dir.to_path_buf()
+    } else {
+        dir.join(format!("slot-{index}"))
+    }
+}
+
+/// The first of `dir`'s `slots` slot directories that no other process
+/// holds, created and locked (the lock lives as long as the file); `None`
+/// if every one is held. Shared by the shard cache and the decoded-source
+/// tier: both keep an index of their directory that a second writer would
+/// contradict.
+pub fn claim_slot(dir: &Path, slots: u32) -> Result<Option<(PathBuf, std::fs::File)>, CacheError> {
+    for index in 0..slots.max(1) {
+        let slot = slot_dir(dir, slots, index);
+        std::fs::create_dir_all(&slot).map_err(|e| io_error(&slot, e))?;
+        match lock_dir(&slot) {
+            Ok(lock) => {
+                if slots > 1 {
+                    tracing::info!(dir = %slot.display(), slot = index, "cache slot claimed");
+                }
+                return Ok(Some((slot, lock)));
+            }
+            Err(CacheError::Locked { .. }) => continue,
+            Err(other) => return Err(other),
+        }
+    }
+    Ok(None)
 }

@@ -19,9 +19,28 @@ the alias `shardfeed` (README.md shows the pod template).
 {{- printf "%s:%s" $repository (toString .image.tag) -}}
 {{- end -}}
 
-{{/* GiB of an emptyDir or ephemeral cache volume: --cache-size plus headroom. */}}
+{{/* The decoded-source tier's directory, in the cache's volume. */}}
+{{- define "shardfeed-sidecar.decodedDir" -}}
+/var/cache/shardfeed/decoded
+{{- end -}}
+
+{{/* Whether the decoded-source tier is on (it lives in the cache's volume). */}}
+{{- define "shardfeed-sidecar.decodedEnabled" -}}
+{{- if .cache.decoded.enabled -}}
+{{- if not .cache.enabled -}}
+{{- fail "shardfeed.cache.decoded.enabled needs shardfeed.cache.enabled: the tier lives in the cache's volume" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* GiB of an emptyDir or ephemeral cache volume: --cache-size (and
+--decoded-cache-size when the tier is on) plus headroom. */}}
 {{- define "shardfeed-sidecar.cacheLimitGi" -}}
 {{- $size := int .cache.sizeGi -}}
+{{- if include "shardfeed-sidecar.decodedEnabled" . -}}
+{{- $size = add $size (int .cache.decoded.sizeGi) -}}
+{{- end -}}
 {{- add $size (div (add (mul $size (int .cache.headroomPercent)) 99) 100) -}}
 {{- end -}}
 
@@ -112,6 +131,8 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
     - name: SHARDFEED_DECODE_THREADS
       value: {{ . | quote }}
     {{- end }}
+    {{- /* Refuses a tier without the cache's volume, whatever else is set. */}}
+    {{- $_ := include "shardfeed-sidecar.decodedEnabled" . }}
     {{- if .cache.enabled }}
     - name: SHARDFEED_CACHE_DIR
       value: {{ include "shardfeed-sidecar.cacheDir" . }}
@@ -122,6 +143,12 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
       value: {{ .cache.slots | int64 | quote }}
     - name: SHARDFEED_CACHE_LOCK_WAIT
       value: {{ .cache.lockWaitSeconds | int64 | quote }}
+    {{- end }}
+    {{- if include "shardfeed-sidecar.decodedEnabled" . }}
+    - name: SHARDFEED_DECODED_CACHE_DIR
+      value: {{ include "shardfeed-sidecar.decodedDir" . }}
+    - name: SHARDFEED_DECODED_CACHE_SIZE
+      value: "{{ int .cache.decoded.sizeGi }}Gi"
     {{- end }}
     {{- end }}
     {{- with .s3.region }}

@@ -1,0 +1,139 @@
+//! The decoded-source tier: each image brought once to a stored source form
+//! ([`super::source`]) and kept on the host's local disk, so later epochs
+//! crop and resize from it instead of decoding the JPEG again.
+//!
+//! A stream that asks for the tier has its outputs *defined* from the
+//! stored source: a miss derives the source, stores it and crops from it
+//! exactly as a hit does, so a batch is the same bytes whatever the tier
+//! holds (or when the server keeps no tier directory at all: then every
+//! sample is derived and nothing is stored).
+//!
+//! # Records
+//!
+//! One file per sample, `<dir>/<2 hex>/<16 hex>.src`, written to a private
+//! temporary name and renamed into place (a reader never sees half a
+//! record). A record holds its full key (so neither a hash collision nor a
+//! changed object can serve the wrong pixels: the key names the shard's
+//! ETag), the source's geometry, the pixels, and a CRC-32 of all of it. A
+//! record that fails its checks is deleted and counted, and the sample is
+//! derived again: the batch does not change.
+//!
+//! # Bounds
+//!
+//! `max_bytes` of records on disk; the least recently used go first. The
+//! tier holds no pixels in process memory beyond the record being read
+//! (the page cache keeps hot records, outside the sidecar's own memory).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
+use super::{full_size_bounded, Crop, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
+use super::{Decoder, ScratchBudget, MAX_SIZE};
+
+mod record;
+mod store;
+
+pub use store::DecodedCache;
+/// Smallest and largest stored shorter side a request may ask for.
+pub const MIN_SHORTER_SIDE: u32 = 64;
+pub const MAX_SHORTER_SIDE: u32 = MAX_SIZE;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error("decoded-source tier at {dir}: {source}")]
+    Io {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("decoded-source tier: {0}")]
+    Claim(#[from] crate::store::cache::CacheError),
+    #[error(
+        "every one of the {slots} slots of decoded-source tier {dir} is held by another \
+         shardfeed process; give each server its own --decoded-cache-dir or raise --cache-slots"
+    )]
+    SlotsHeld { dir: PathBuf, slots: u32 },
+}
+
+/// What a stream asks of the tier.
+#[derive(Clone, Debug)]
+pub struct TierRequest {
+    pub form: SourceForm,
+    /// Where sources are kept; `None`: derived for every sample, not kept.
+    pub cache: Option<Arc<DecodedCache>>,
+}
+
+impl TierRequest {
+    /// One sample's output, defined from its stored source. `record` names
+    /// the sample for the cache (`None`: not cached, e.g. a loose object
+    /// without an ETag to tell a changed one by).
+    #[allow(clippy::too_many_arguments)]
+    pub fn output(
+        &self,
+        decoder: &dyn Decoder,
+        budget: &ScratchBudget,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        key: &SampleKey,
+        record: Option<&str>,
+        out: &mut [u8],
+    ) -> Result<CropBox, DecodeError> {
+        let cache = self.cache.as_ref().zip(record);
+        // A transform with no randomness (center crop or stretch, no flip)
+        // makes the same output every epoch: it is kept too, and later
+        // epochs are a copy.
+        let output_record = cache
+            .filter(|_| is_deterministic(spec))
+            .map(|(cache, record)| (cache, output_record(record, spec)));
+        if let Some((cache, name)) = &output_record {
+            if let Some(kept) = cache.get(name, &self.form) {
+                if kept.bytes.len() == out.len() {
+                    out.copy_from_slice(&kept.bytes);
+                    return Ok(spec.crop_box(kept.original_width, kept.original_height, key));
+                }
+            }
+        }
+        let source = match cache.and_then(|(cache, record)| cache.get(record, &self.form)) {
+            Some(source) => source,
+            None => {
+                let source = full_size_bounded(budget, format, data, |_, _| {
+                    derive_source_with(decoder, format, data, &self.form)
+                })?;
+                if let Some((cache, record)) = cache {
+                    cache.put(record, &self.form, &source);
+                }
+                source
+            }
+        };
+        let crop = spec.crop_box(source.original_width, source.original_height, key);
+        output_from_source(&source, spec, &crop, out)?;
+        if let Some((cache, name)) = &output_record {
+            let kept = StoredSource {
+                kind: self.form.kind,
+                width: spec.width,
+                height: spec.height,
+                original_width: source.original_width,
+                original_height: source.original_height,
+                bytes: out.to_vec(),
+            };
+            cache.put(name, &self.form, &kept);
+        }
+        Ok(crop)
+    }
+}
+
+/// Whether `spec` gives a sample the same output every epoch.
+fn is_deterministic(spec: &OutputSpec) -> bool {
+    spec.flip == 0.0 && matches!(spec.crop, Crop::Center { .. } | Crop::Stretch)
+}
+
+/// The record of a sample's final output under `spec` (see
+/// [`TierRequest::output`]).
+fn output_record(record: &str, spec: &OutputSpec) -> String {
+    format!(
+        "{record}\noutput {}x{} {:?}",
+        spec.width, spec.height, spec.crop
+    )
+}

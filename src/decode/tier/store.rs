@@ -1,0 +1,540 @@
+//! The host's decoded sources on local disk: one record per sample, an
+//! index of them kept in memory with their last use, the bound, and the
+//! directory's lock (one server per directory or slot).
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::super::source::{SourceForm, StoredSource};
+use super::record::{encode_record, full_key, parse_record, record_name};
+use super::TierError;
+use crate::metrics;
+
+/// The host's decoded sources on local disk, shared by every stream.
+#[derive(Debug)]
+pub struct DecodedCache {
+    dir: PathBuf,
+    /// Held while the tier is open: a second server in the directory would
+    /// evict records this one's index holds, and count the bytes twice.
+    _lock: std::fs::File,
+    max_bytes: u64,
+    state: Mutex<State>,
+    /// Names temporary files uniquely: this run's prefix (a process id
+    /// recurs across container restarts; the start time does not), then a
+    /// count.
+    temp_prefix: String,
+    next_temp: AtomicU64,
+    /// Records this process has stored.
+    fills: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Record name → its size and last use.
+    entries: HashMap<u64, Entry>,
+    /// (last use, record name): the eviction order.
+    by_use: BTreeSet<(u64, u64)>,
+    bytes: u64,
+    /// Uses in this run count up from here; records adopted from an
+    /// earlier run are stamped below it (older than anything used since).
+    clock: u64,
+    /// Stamps of adopted records, in the order of their files' mtimes.
+    adopted_clock: u64,
+    /// While the directory is still being scanned: a record not in the
+    /// index may still be on disk, so a lookup reads the file to know.
+    adopting: bool,
+}
+
+/// Where this run's use stamps start (adopted records stay below).
+const LIVE_CLOCK: u64 = 1 << 62;
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            by_use: BTreeSet::new(),
+            bytes: 0,
+            clock: LIVE_CLOCK,
+            adopted_clock: 0,
+            adopting: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    bytes: u64,
+    used: u64,
+}
+
+impl State {
+    fn touch(&mut self, name: u64) {
+        self.clock += 1;
+        if let Some(entry) = self.entries.get_mut(&name) {
+            self.by_use.remove(&(entry.used, name));
+            entry.used = self.clock;
+            self.by_use.insert((entry.used, name));
+        }
+    }
+
+    fn insert(&mut self, name: u64, bytes: u64) {
+        self.remove(name);
+        self.clock += 1;
+        self.entries.insert(
+            name,
+            Entry {
+                bytes,
+                used: self.clock,
+            },
+        );
+        self.by_use.insert((self.clock, name));
+        self.bytes += bytes;
+    }
+
+    /// A record found on disk from an earlier run, unless this run
+    /// already knows it.
+    fn adopt(&mut self, name: u64, bytes: u64) {
+        if self.entries.contains_key(&name) {
+            return;
+        }
+        self.adopted_clock += 1;
+        let used = self.adopted_clock;
+        self.entries.insert(name, Entry { bytes, used });
+        self.by_use.insert((used, name));
+        self.bytes += bytes;
+    }
+
+    fn remove(&mut self, name: u64) -> Option<Entry> {
+        let entry = self.entries.remove(&name)?;
+        self.by_use.remove(&(entry.used, name));
+        self.bytes -= entry.bytes;
+        Some(entry)
+    }
+}
+
+impl DecodedCache {
+    /// Opens (creating) the tier at `dir`, taking in the records already
+    /// there (least recently used: those found first), evicting down to
+    /// `max_bytes`. The directory is one server's (locked).
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Self, TierError> {
+        Self::open_slot(dir, max_bytes, 1)
+    }
+
+    /// [`Self::open`] in the first of `slots` slot directories of `dir`
+    /// (`slot-N`, as the shard cache's) that no other process holds, so
+    /// several servers can share a node's directory, each with its own
+    /// records and `max_bytes`.
+    pub fn open_slot(dir: &Path, max_bytes: u64, slots: u32) -> Result<Self, TierError> {
+        let cache = Self::claim(dir, max_bytes, slots)?;
+        cache.adopt_records()?;
+        Ok(cache)
+    }
+
+    /// [`Self::open_slot`], returning once the slot is claimed and taking
+    /// in the records an earlier run left on a thread of its own: a tier of
+    /// millions of records does not hold up the server's start. Until the
+    /// scan ends, a lookup the index cannot answer reads the file (a hit is
+    /// a hit), and the bound is kept for this run's records; the scan's
+    /// end evicts down to `max_bytes` over all of them.
+    pub fn open_slot_in_background(
+        dir: &Path,
+        max_bytes: u64,
+        slots: u32,
+    ) -> Result<Arc<Self>, TierError> {
+        let cache = Arc::new(Self::claim(dir, max_bytes, slots)?);
+        cache.lock().adopting = true;
+        let scanning = cache.clone();
+        let spawned = std::thread::Builder::new()
+            .name("decoded-tier-adopt".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                match scanning.adopt_records() {
+                    Ok(()) => tracing::info!(
+                        dir = %scanning.dir.display(),
+                        records = scanning.records(),
+                        bytes = scanning.bytes(),
+                        seconds = started.elapsed().as_secs_f64(),
+                        "decoded-source tier: earlier records taken in"
+                    ),
+                    Err(error) => tracing::warn!(
+                        %error,
+                        "decoded-source tier: could not take in earlier records; they age out"
+                    ),
+                }
+                scanning.lock().adopting = false;
+            });
+        if let Err(error) = spawned {
+            cache.lock().adopting = false;
+            return Err(TierError::Io {
+                dir: cache.dir.clone(),
+                source: error,
+            });
+        }
+        Ok(cache)
+    }
+
+    /// Whether the records of an earlier run are still being taken in.
+    pub fn adopting(&self) -> bool {
+        self.lock().adopting
+    }
+
+    fn claim(dir: &Path, max_bytes: u64, slots: u32) -> Result<Self, TierError> {
+        let Some((dir, lock)) = crate::store::cache::claim_slot(dir, slots)? else {
+            return Err(TierError::SlotsHeld {
+                dir: dir.to_path_buf(),
+                slots: slots.max(1),
+            });
+        };
+        Ok(Self {
+            _lock: lock,
+            dir,
+            max_bytes,
+            state: Mutex::new(State::default()),
+            temp_prefix: format!(
+                ".tmp-{}-{:x}-",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |t| t.as_nanos() as u64)
+            ),
+            next_temp: AtomicU64::new(0),
+            fills: AtomicU64::new(0),
+        })
+    }
+
+    /// Takes in the records on disk (the least recently written are the
+    /// first to go), removes crash leftovers, evicts down to the bound.
+    fn adopt_records(&self) -> Result<(), TierError> {
+        let dir = self.dir.as_path();
+        let io = |source| TierError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let mut found = Vec::new();
+        for bucket in std::fs::read_dir(dir).map_err(io)? {
+            let bucket = bucket.map_err(io)?.path();
+            // Only the tier's own buckets (two hex digits), not slots.
+            let is_bucket = bucket
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.len() == 2 && n.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !is_bucket || !bucket.is_dir() {
+                continue;
+            }
+            for file in std::fs::read_dir(&bucket).map_err(io)? {
+                let path = file.map_err(io)?.path();
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                match name
+                    .strip_suffix(".src")
+                    .map(|hex| u64::from_str_radix(hex, 16))
+                {
+                    Some(Ok(record)) => {
+                        // Evicted since it was listed: nothing to adopt.
+                        let Ok(meta) = std::fs::metadata(&path) else {
+                            continue;
+                        };
+                        found.push((meta.modified().ok(), record, meta.len()));
+                    }
+                    // A temporary file left by a crash.
+                    _ if name.starts_with(".tmp-") && !self.is_own_temp(name) => {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        found.sort();
+        {
+            let mut state = self.lock();
+            for (_, record, bytes) in found {
+                state.adopt(record, bytes);
+            }
+        }
+        self.evict_to(self.max_bytes);
+        Ok(())
+    }
+
+    /// A temporary file this run is writing (adoption runs beside this
+    /// run's stores).
+    fn is_own_temp(&self, name: &str) -> bool {
+        name.starts_with(&self.temp_prefix)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.lock().bytes
+    }
+
+    pub fn records(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Records stored since this process opened the tier.
+    pub fn fills(&self) -> u64 {
+        self.fills.load(Ordering::Relaxed)
+    }
+
+    fn path(&self, name: u64) -> PathBuf {
+        self.dir
+            .join(format!("{:02x}", name >> 56))
+            .join(format!("{name:016x}.src"))
+    }
+
+    /// The stored source of `record` in `form`, if the tier holds a sound one.
+    pub fn get(&self, record: &str, form: &SourceForm) -> Option<StoredSource> {
+        let key = full_key(record, form);
+        let name = record_name(&key);
+        let adopting = {
+            let state = self.lock();
+            if !state.entries.contains_key(&name) && !state.adopting {
+                drop(state);
+                metrics::decoded_tier("miss");
+                return None;
+            }
+            state.adopting
+        };
+        let path = self.path(name);
+        let read = std::fs::read(&path);
+        if adopting && matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+            // Not on disk, whether or not the scan got to it: a plain miss.
+            if !self.lock().entries.contains_key(&name) {
+                metrics::decoded_tier("miss");
+                return None;
+            }
+        }
+        let length = read.as_ref().map_or(0, |data| data.len() as u64);
+        match read.map(|data| parse_record(&data, &key, form)) {
+            Ok(Ok(source)) => {
+                let mut state = self.lock();
+                if state.entries.contains_key(&name) {
+                    state.touch(name);
+                } else {
+                    // Found before the scan took it in.
+                    state.insert(name, length);
+                }
+                drop(state);
+                metrics::decoded_tier("hit");
+                Some(source)
+            }
+            Ok(Err(problem)) => {
+                tracing::warn!(path = %path.display(), problem, "damaged decoded-source record; deriving it again");
+                metrics::decoded_tier("corrupt");
+                let _ = std::fs::remove_file(&path);
+                self.forget(name);
+                None
+            }
+            Err(error) => {
+                // Deleted behind our back, or unreadable: derive again.
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), %error, "unreadable decoded-source record");
+                }
+                metrics::decoded_tier("missing");
+                self.forget(name);
+                None
+            }
+        }
+    }
+
+    fn forget(&self, name: u64) {
+        let mut state = self.lock();
+        state.remove(name);
+        metrics::decoded_tier_bytes(state.bytes);
+    }
+
+    /// Stores `source` as `record`'s; a failure to write is logged and
+    /// counted (the sample was served all the same).
+    pub fn put(&self, record: &str, form: &SourceForm, source: &StoredSource) {
+        let key = full_key(record, form);
+        let name = record_name(&key);
+        let data = encode_record(&key, form, source);
+        let bytes = data.len() as u64;
+        if bytes > self.max_bytes {
+            return;
+        }
+        if let Err(error) = self.write(name, &data) {
+            tracing::warn!(dir = %self.dir.display(), %error, "could not store a decoded source");
+            metrics::decoded_tier("write_failed");
+            return;
+        }
+        metrics::decoded_tier("fill");
+        self.fills.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(name, bytes);
+        self.evict_to(self.max_bytes);
+    }
+
+    fn write(&self, name: u64, data: &[u8]) -> std::io::Result<()> {
+        let path = self.path(name);
+        let parent = path.parent().expect("records live in a bucket directory");
+        std::fs::create_dir_all(parent)?;
+        let temp = parent.join(format!(
+            "{}{}",
+            self.temp_prefix,
+            self.next_temp.fetch_add(1, Ordering::Relaxed)
+        ));
+        let written = std::fs::File::create(&temp).and_then(|mut file| file.write_all(data));
+        if let Err(error) = written.and_then(|()| std::fs::rename(&temp, &path)) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    fn evict_to(&self, limit: u64) {
+        loop {
+            let victim = {
+                let mut state = self.lock();
+                if state.bytes <= limit {
+                    metrics::decoded_tier_bytes(state.bytes);
+                    return;
+                }
+                let Some(&(_, name)) = state.by_use.iter().next() else {
+                    return;
+                };
+                state.remove(name);
+                name
+            };
+            let _ = std::fs::remove_file(self.path(victim));
+            metrics::decoded_tier("eviction");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::record::tests::{form, source};
+    use super::*;
+
+    #[test]
+    fn the_least_recently_used_records_go_past_the_limit_and_a_reopen_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = encode_record(&full_key("r0", &form()), &form(), &source(0)).len() as u64;
+        let cache = DecodedCache::open(dir.path(), 3 * one).unwrap();
+        for i in 0..3u8 {
+            cache.put(&format!("r{i}"), &form(), &source(i));
+        }
+        assert!(cache.get("r0", &form()).is_some()); // r1 is now the oldest
+        cache.put("r3", &form(), &source(3));
+        assert!(cache.get("r1", &form()).is_none());
+        for i in [0u8, 2, 3] {
+            assert_eq!(cache.get(&format!("r{i}"), &form()), Some(source(i)));
+        }
+        assert_eq!((cache.records(), cache.bytes()), (3, 3 * one));
+        drop(cache);
+        let reopened = DecodedCache::open(dir.path(), 2 * one).unwrap();
+        assert_eq!(reopened.records(), 2);
+    }
+
+    #[test]
+    fn a_directory_is_one_servers_and_slots_let_several_share_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DecodedCache::open(dir.path(), 1 << 20).unwrap();
+        assert!(matches!(
+            DecodedCache::open(dir.path(), 1 << 20),
+            Err(TierError::SlotsHeld { slots: 1, .. })
+        ));
+        drop(first);
+        let reopened = DecodedCache::open(dir.path(), 1 << 20).unwrap();
+        drop(reopened);
+
+        let shared = dir.path().join("node");
+        let a = DecodedCache::open_slot(&shared, 1 << 20, 2).unwrap();
+        let b = DecodedCache::open_slot(&shared, 1 << 20, 2).unwrap();
+        assert_eq!(
+            (a.dir.clone(), b.dir.clone()),
+            (shared.join("slot-0"), shared.join("slot-1"))
+        );
+        assert!(DecodedCache::open_slot(&shared, 1 << 20, 2).is_err());
+        // Each slot keeps its own records; a slot is not taken for a bucket.
+        a.put("r", &form(), &source(1));
+        assert_eq!(b.get("r", &form()), None);
+        drop((a, b));
+        let a = DecodedCache::open_slot(&shared, 1 << 20, 2).unwrap();
+        assert_eq!(a.records(), 1);
+    }
+
+    #[test]
+    fn a_damaged_or_deleted_record_is_a_miss_and_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DecodedCache::open(dir.path(), 1 << 20).unwrap();
+        cache.put("a", &form(), &source(1));
+        cache.put("b", &form(), &source(2));
+        let path = |record: &str| cache.path(record_name(&full_key(record, &form())));
+        let mut data = std::fs::read(path("a")).unwrap();
+        data.truncate(data.len() - 3);
+        std::fs::write(path("a"), data).unwrap();
+        std::fs::remove_file(path("b")).unwrap();
+        assert!(cache.get("a", &form()).is_none());
+        assert!(cache.get("b", &form()).is_none());
+        assert!(!path("a").exists());
+        assert_eq!(cache.records(), 0);
+        cache.put("a", &form(), &source(1));
+        assert_eq!(cache.get("a", &form()), Some(source(1)));
+    }
+
+    #[test]
+    fn while_adopting_a_record_on_disk_is_a_hit_and_joins_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DecodedCache::open(dir.path(), 1 << 20).unwrap();
+        cache.put("a", &form(), &source(1));
+        let one = cache.bytes();
+        {
+            // As if the scan had not reached it yet.
+            let mut state = cache.lock();
+            state.remove(record_name(&full_key("a", &form())));
+            state.adopting = true;
+        }
+        assert_eq!(cache.get("a", &form()), Some(source(1)));
+        assert_eq!((cache.records(), cache.bytes()), (1, one));
+        assert_eq!(cache.get("b", &form()), None);
+        assert_eq!(cache.records(), 1);
+    }
+
+    #[test]
+    fn an_earlier_runs_records_are_taken_in_behind_a_running_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let earlier = DecodedCache::open(dir.path(), 1 << 20).unwrap();
+        for i in 0..3u8 {
+            earlier.put(&format!("r{i}"), &form(), &source(i));
+        }
+        let one = earlier.bytes() / 3;
+        // Written in that order, a second apart (file times may tie).
+        let epoch = std::time::SystemTime::UNIX_EPOCH;
+        for i in 0..3u64 {
+            let path = earlier.path(record_name(&full_key(&format!("r{i}"), &form())));
+            let file = std::fs::File::options().write(true).open(path).unwrap();
+            file.set_modified(epoch + std::time::Duration::from_secs(1_000_000 + i))
+                .unwrap();
+        }
+        let bucket = earlier
+            .path(record_name(&full_key("r0", &form())))
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        drop(earlier);
+        // A crashed run's half-written record (same process id: containers
+        // restart as the same pid).
+        let leftover = bucket.join(format!(".tmp-{}-1-0", std::process::id()));
+        std::fs::write(&leftover, b"half").unwrap();
+
+        // Under a bound of two: the scan's end evicts the oldest.
+        let cache = DecodedCache::open_slot_in_background(dir.path(), 2 * one, 1).unwrap();
+        assert_eq!(cache.get("r2", &form()), Some(source(2)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while cache.adopting() {
+            assert!(std::time::Instant::now() < deadline, "adoption did not end");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!((cache.records(), cache.bytes()), (2, 2 * one));
+        assert!(!leftover.exists());
+        // r2 was used in this run: the earlier records go first.
+        assert_eq!(cache.get("r2", &form()), Some(source(2)));
+        assert_eq!(cache.get("r0", &form()), None);
+        assert_eq!(cache.get("r1", &form()), Some(source(1)));
+    }
+}
