@@ -1,0 +1,136 @@
+"""Encoded delivery into torch tensors on this host's cores, against decoded
+delivery, with the server's share swept and tuned.
+
+    SHARDFEED_BIN=target/release/shardfeed python -m shardfeed_benchmarks.encoded
+
+The demo's ~110 KB photos (``shardfeed dev-s3``) are streamed by a server on
+a Unix socket (shared memory) as training batches (RandomResizedCrop + flip,
+``--image-size``², ``--batch-size``) into ``ShardfeedDataset`` tensors:
+
+- ``decoded``: today's path, every image decoded by the server;
+- ``encoded f=X``: baseline JPEGs decoded here with torchvision on CPU
+  (``decode="client"``), the server decoding a share X of each batch;
+- ``encoded auto``: the server tuning its share from where the stream waits.
+
+Server and client share this machine's cores, so the figures say how the
+decode work splits between the two processes; on a GPU host the client's
+share runs on the GPU (``decode="gpu"``) and the same sweep applies there.
+Settings are interleaved ``--repeats`` times; medians are printed with
+CPU-seconds per sample for the server and this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, cast
+
+from .delivered import _process_cpu, synthetic_setup
+
+
+def _epoch(target: str, dataset: str, args: argparse.Namespace, **options: Any) -> dict[str, Any]:
+    import torch  # noqa: F401  (named by the cast below)
+
+    from shardfeed.torch import ShardfeedDataset
+
+    ds = ShardfeedDataset(
+        dataset,
+        target=target,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        augment="train",
+        rank=0,
+        world_size=1,
+        **options,
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    samples = checksum = 0
+    for item in ds:
+        images, labels = cast("tuple[torch.Tensor, torch.Tensor]", item)
+        checksum += int(images[0, 0, 0, 0])  # touch the tensor, as a trainer would
+        samples += len(labels)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    python_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"samples": samples, "seconds": wall, "python_cpu": python_cpu}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--per-shard", type=int, default=192)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fractions", default="0,0.25,0.5,0.75")
+    args = parser.parse_args(argv)
+    binary = os.environ.get("SHARDFEED_BIN", "shardfeed")
+    import torch
+
+    settings: list[tuple[str, dict[str, Any]]] = [("decoded", {})]
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        settings.append(
+            (f"encoded f={fraction:g}", {"decode": "client", "server_decode_fraction": fraction})
+        )
+    settings.append(("encoded auto", {"decode": "client", "server_decode_fraction": "auto"}))
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = synthetic_setup(binary, args.shards, args.per_shard, 0, f"{tmp}/sf.sock")
+        try:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
+            for repeat in range(args.repeats):
+                for name, options in settings:
+                    server_before = _process_cpu(setup["server_pid"])
+                    run = _epoch(setup["target"], setup["dataset"], args, **options)
+                    run["server_cpu"] = _process_cpu(setup["server_pid"]) - server_before
+                    run["samples_per_second"] = run["samples"] / run["seconds"]
+                    runs[name].append(run)
+                    print(
+                        json.dumps(
+                            {"benchmark": "encoded", "setting": name, "repeat": repeat, **run}
+                        )
+                    )
+        finally:
+            for process in setup["processes"]:
+                process.terminate()
+                process.wait()
+    medians = {
+        name: {
+            "samples_per_second": statistics.median(r["samples_per_second"] for r in rs),
+            "server_cpu_ms": statistics.median(1e3 * r["server_cpu"] / r["samples"] for r in rs),
+            "python_cpu_ms": statistics.median(1e3 * r["python_cpu"] / r["samples"] for r in rs),
+        }
+        for name, rs in runs.items()
+    }
+    decoded = medians["decoded"]["samples_per_second"]
+    fixed = {n: m for n, m in medians.items() if n.startswith("encoded f=")}
+    best = max(fixed, key=lambda n: fixed[n]["samples_per_second"])
+    auto = medians["encoded auto"]["samples_per_second"]
+    print(
+        f"{os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} "
+        f"threads, medians of {args.repeats}:",
+        file=sys.stderr,
+    )
+    for name, m in medians.items():
+        rate = m["samples_per_second"]
+        print(
+            f"  {name:<18} {rate:7.0f} samples/s ({rate / decoded:.2f}x decoded)"
+            f"  server {m['server_cpu_ms']:.2f} + client {m['python_cpu_ms']:.2f} CPU-ms/sample",
+            file=sys.stderr,
+        )
+    best_rate = fixed[best]["samples_per_second"]
+    print(
+        f"  best fixed share: {best}; auto reaches {auto / best_rate:.2f}x of it",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
