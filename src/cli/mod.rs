@@ -688,7 +688,9 @@ mod tests {
         };
         let error = args.config().unwrap_err();
         assert_eq!(error.0.len(), 3, "{error}");
-        assert!(error.to_string().contains("--decoded-cache-dir must differ"));
+        assert!(error
+            .to_string()
+            .contains("--decoded-cache-dir must differ"));
         let Command::Serve(args) = parse(&["--listen", "unix:/run/sf.sock"]).unwrap().command
         else {
             panic!("not serve");

@@ -25,11 +25,17 @@ use crate::pipeline::{self, BatchReceiver, CacheHints, PipelineConfig, StreamCon
 use crate::plan::{
     self, EpochCounts, Partition, PlanError, PlanRequest, ShuffleConfig, StreamPlan,
 };
+use crate::store::cache::PlanFollower;
 
 /// Decode threads when none are configured: one per core.
 pub fn default_decode_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
+
+/// Most shards a shuffle buffer is counted as spanning in the plan hints
+/// (a buffer far larger than shards mixes so widely that following the
+/// plan shard by shard no longer says what is read next).
+const MAX_BUFFERED_SHARDS: u64 = 64;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -315,9 +321,24 @@ impl Engine {
             &reservation,
         )?;
         let shard_samples = dataset.shard_samples();
-        // Loose objects are cached one by one, not as the plan's virtual
-        // shards: eviction falls back to LRU for them.
-        let want_hints = self.registry.cache().is_some() && !dataset.is_loose();
+        // Both the shard cache and, for a stream that uses it, the
+        // decoded-source tier evict by the plans. Loose objects are cached
+        // one by one, not as the plan's virtual shards: eviction falls back
+        // to LRU for them.
+        let mut followers: Vec<Arc<dyn PlanFollower>> = Vec::new();
+        if !dataset.is_loose() {
+            if let Some(cache) = self.registry.cache() {
+                followers.push(cache.clone());
+            }
+            if let Some(tier) = self
+                .decoded
+                .as_ref()
+                .filter(|_| request.decoded_source.is_some())
+            {
+                followers.push(tier.clone());
+            }
+        }
+        let want_hints = !followers.is_empty();
         let plan_request = request.plan.clone();
         let (plan, hinted_shards) = tokio::task::spawn_blocking(move || {
             let plan = plan::plan_stream(&shard_samples, &plan_request)?;
@@ -350,8 +371,8 @@ impl Engine {
                 "stream started"
             )
         });
-        let cache_hints = self.registry.cache().filter(|_| want_hints).map(|cache| {
-            let locations = hinted_shards
+        let cache_hints = want_hints.then(|| {
+            let locations: Vec<String> = hinted_shards
                 .into_iter()
                 .map(|shard| dataset.store.location(&dataset.shard_key(shard)))
                 .collect();
@@ -361,11 +382,22 @@ impl Engine {
                 request.plan.rank,
                 request.plan.world_size,
             );
-            cache.announce(&stream, locations);
-            CacheHints {
-                cache: cache.clone(),
-                stream,
+            // The shards a stream may still be consuming behind the one it
+            // last started: its readers, and the shards its shuffle buffer
+            // spans (the tier fills as samples leave the buffer).
+            let shuffle = request.plan.shuffle.effective();
+            let shard_mean = dataset
+                .index
+                .samples()
+                .div_ceil(dataset.index.shards.len().max(1) as u64);
+            let buffered = u64::from(shuffle.buffer).div_ceil(shard_mean.max(1));
+            let in_flight = shuffle.interleave as usize
+                + self.config.pipeline.prefetch_shards
+                + buffered.min(MAX_BUFFERED_SHARDS) as usize;
+            for follower in &followers {
+                follower.announce(&stream, &locations, in_flight);
             }
+            CacheHints { followers, stream }
         });
         let metrics = StreamMetrics::new(request.plan.rank);
         let batches = self.spawn_stream(

@@ -66,7 +66,7 @@ use crate::decode::{self, CropBox, Decoder, OutputSpec, ScratchBudget};
 use crate::metrics;
 use crate::plan::StreamPlan;
 use crate::shard::{BadShardPolicy, SampleLayout, ShardError, DEFAULT_MAX_MEMBER_BYTES};
-use crate::store::cache::DiskCache;
+use crate::store::cache::PlanFollower;
 use crate::store::read::ReadConfig;
 use crate::store::StoreError;
 use batch::{BatchDispatch, EmittedSample, SampleOrigin};
@@ -210,7 +210,8 @@ pub fn substitute_source(key: &str, good_slots: &[u32]) -> Option<u32> {
 /// knows what is still ahead.
 #[derive(Clone)]
 pub struct CacheHints {
-    pub cache: Arc<DiskCache>,
+    /// The shard cache and the decoded-source tier, where the stream uses them.
+    pub followers: Vec<Arc<dyn PlanFollower>>,
     pub stream: String,
 }
 

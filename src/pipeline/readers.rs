@@ -63,7 +63,9 @@ impl<'a> ShardReaders<'a> {
                     .dataset
                     .store
                     .location(&self.context.dataset.shard_key(segment.shard));
-                hints.cache.reached(&hints.stream, &location);
+                for follower in &hints.followers {
+                    follower.reached(&hints.stream, &location);
+                }
             }
             let job = ReadJob {
                 dataset: self.context.dataset.clone(),

@@ -31,6 +31,7 @@ use super::source::{derive_source_with, output_from_source, SourceForm, StoredSo
 use super::{full_size_bounded, Crop, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
 use super::{Decoder, ScratchBudget, MAX_SIZE};
 
+mod index;
 mod record;
 mod store;
 

@@ -1,17 +1,20 @@
-//! The host's decoded sources on local disk: one record per sample, an
-//! index of them kept in memory with their last use, the bound, and the
-//! directory's lock (one server per directory or slot).
+//! The host's decoded sources on local disk: one record per sample (in a
+//! bucket of its shard: `<dir>/<2 hex>/<shard 16 hex>-<record 16 hex>.src`),
+//! the index of them ([`super::index`]), the bound, and the directory's
+//! lock (one server per directory or slot).
 
-use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::super::source::{SourceForm, StoredSource};
+use super::index::{Index, Record};
 use super::record::{encode_record, full_key, parse_record, record_name};
 use super::TierError;
 use crate::metrics;
+use crate::store::cache::hints::location_id;
+use crate::store::cache::PlanFollower;
 
 /// The host's decoded sources on local disk, shared by every stream.
 #[derive(Debug)]
@@ -21,7 +24,7 @@ pub struct DecodedCache {
     /// evict records this one's index holds, and count the bytes twice.
     _lock: std::fs::File,
     max_bytes: u64,
-    state: Mutex<State>,
+    state: Mutex<Index>,
     /// Names temporary files uniquely: this run's prefix (a process id
     /// recurs across container restarts; the start time does not), then a
     /// count.
@@ -29,90 +32,6 @@ pub struct DecodedCache {
     next_temp: AtomicU64,
     /// Records this process has stored.
     fills: AtomicU64,
-}
-
-#[derive(Debug)]
-struct State {
-    /// Record name → its size and last use.
-    entries: HashMap<u64, Entry>,
-    /// (last use, record name): the eviction order.
-    by_use: BTreeSet<(u64, u64)>,
-    bytes: u64,
-    /// Uses in this run count up from here; records adopted from an
-    /// earlier run are stamped below it (older than anything used since).
-    clock: u64,
-    /// Stamps of adopted records, in the order of their files' mtimes.
-    adopted_clock: u64,
-    /// While the directory is still being scanned: a record not in the
-    /// index may still be on disk, so a lookup reads the file to know.
-    adopting: bool,
-}
-
-/// Where this run's use stamps start (adopted records stay below).
-const LIVE_CLOCK: u64 = 1 << 62;
-
-impl Default for State {
-    fn default() -> Self {
-        Self {
-            entries: HashMap::new(),
-            by_use: BTreeSet::new(),
-            bytes: 0,
-            clock: LIVE_CLOCK,
-            adopted_clock: 0,
-            adopting: false,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    bytes: u64,
-    used: u64,
-}
-
-impl State {
-    fn touch(&mut self, name: u64) {
-        self.clock += 1;
-        if let Some(entry) = self.entries.get_mut(&name) {
-            self.by_use.remove(&(entry.used, name));
-            entry.used = self.clock;
-            self.by_use.insert((entry.used, name));
-        }
-    }
-
-    fn insert(&mut self, name: u64, bytes: u64) {
-        self.remove(name);
-        self.clock += 1;
-        self.entries.insert(
-            name,
-            Entry {
-                bytes,
-                used: self.clock,
-            },
-        );
-        self.by_use.insert((self.clock, name));
-        self.bytes += bytes;
-    }
-
-    /// A record found on disk from an earlier run, unless this run
-    /// already knows it.
-    fn adopt(&mut self, name: u64, bytes: u64) {
-        if self.entries.contains_key(&name) {
-            return;
-        }
-        self.adopted_clock += 1;
-        let used = self.adopted_clock;
-        self.entries.insert(name, Entry { bytes, used });
-        self.by_use.insert((used, name));
-        self.bytes += bytes;
-    }
-
-    fn remove(&mut self, name: u64) -> Option<Entry> {
-        let entry = self.entries.remove(&name)?;
-        self.by_use.remove(&(entry.used, name));
-        self.bytes -= entry.bytes;
-        Some(entry)
-    }
 }
 
 impl DecodedCache {
@@ -192,7 +111,7 @@ impl DecodedCache {
             _lock: lock,
             dir,
             max_bytes,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(Index::default()),
             temp_prefix: format!(
                 ".tmp-{}-{:x}-",
                 std::process::id(),
@@ -227,30 +146,31 @@ impl DecodedCache {
             for file in std::fs::read_dir(&bucket).map_err(io)? {
                 let path = file.map_err(io)?.path();
                 let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                match name
-                    .strip_suffix(".src")
-                    .map(|hex| u64::from_str_radix(hex, 16))
-                {
-                    Some(Ok(record)) => {
-                        // Evicted since it was listed: nothing to adopt.
-                        let Ok(meta) = std::fs::metadata(&path) else {
-                            continue;
-                        };
-                        found.push((meta.modified().ok(), record, meta.len()));
+                if let Some(stem) = name.strip_suffix(".src") {
+                    match parse_file_name(stem) {
+                        Some((shard, record)) => {
+                            // Evicted since it was listed: nothing to adopt.
+                            let Ok(meta) = std::fs::metadata(&path) else {
+                                continue;
+                            };
+                            found.push((meta.modified().ok(), record, shard, meta.len()));
+                        }
+                        // Named by an older layout: unreachable, so removed.
+                        None => {
+                            let _ = std::fs::remove_file(&path);
+                        }
                     }
+                } else if name.starts_with(".tmp-") && !self.is_own_temp(name) {
                     // A temporary file left by a crash.
-                    _ if name.starts_with(".tmp-") && !self.is_own_temp(name) => {
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    _ => {}
+                    let _ = std::fs::remove_file(&path);
                 }
             }
         }
         found.sort();
         {
             let mut state = self.lock();
-            for (_, record, bytes) in found {
-                state.adopt(record, bytes);
+            for (_, name, shard, bytes) in found {
+                state.adopt(name, Record { shard, bytes });
             }
         }
         self.evict_to(self.max_bytes);
@@ -263,16 +183,16 @@ impl DecodedCache {
         name.starts_with(&self.temp_prefix)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Index> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn bytes(&self) -> u64 {
-        self.lock().bytes
+        self.lock().bytes()
     }
 
     pub fn records(&self) -> usize {
-        self.lock().entries.len()
+        self.lock().len()
     }
 
     /// Records stored since this process opened the tier.
@@ -280,30 +200,30 @@ impl DecodedCache {
         self.fills.load(Ordering::Relaxed)
     }
 
-    fn path(&self, name: u64) -> PathBuf {
+    fn path(&self, shard: u64, name: u64) -> PathBuf {
         self.dir
-            .join(format!("{:02x}", name >> 56))
-            .join(format!("{name:016x}.src"))
+            .join(format!("{:02x}", shard >> 56))
+            .join(format!("{shard:016x}-{name:016x}.src"))
     }
 
     /// The stored source of `record` in `form`, if the tier holds a sound one.
     pub fn get(&self, record: &str, form: &SourceForm) -> Option<StoredSource> {
         let key = full_key(record, form);
-        let name = record_name(&key);
+        let (shard, name) = (shard_of(record), record_name(&key));
         let adopting = {
             let state = self.lock();
-            if !state.entries.contains_key(&name) && !state.adopting {
+            if state.get(name).is_none() && !state.adopting {
                 drop(state);
                 metrics::decoded_tier("miss");
                 return None;
             }
             state.adopting
         };
-        let path = self.path(name);
+        let path = self.path(shard, name);
         let read = std::fs::read(&path);
         if adopting && matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
             // Not on disk, whether or not the scan got to it: a plain miss.
-            if !self.lock().entries.contains_key(&name) {
+            if self.lock().get(name).is_none() {
                 metrics::decoded_tier("miss");
                 return None;
             }
@@ -312,11 +232,17 @@ impl DecodedCache {
         match read.map(|data| parse_record(&data, &key, form)) {
             Ok(Ok(source)) => {
                 let mut state = self.lock();
-                if state.entries.contains_key(&name) {
+                if state.get(name).is_some() {
                     state.touch(name);
                 } else {
                     // Found before the scan took it in.
-                    state.insert(name, length);
+                    state.insert(
+                        name,
+                        Record {
+                            shard,
+                            bytes: length,
+                        },
+                    );
                 }
                 drop(state);
                 metrics::decoded_tier("hit");
@@ -344,32 +270,31 @@ impl DecodedCache {
     fn forget(&self, name: u64) {
         let mut state = self.lock();
         state.remove(name);
-        metrics::decoded_tier_bytes(state.bytes);
+        metrics::decoded_tier_bytes(state.bytes());
     }
 
     /// Stores `source` as `record`'s; a failure to write is logged and
     /// counted (the sample was served all the same).
     pub fn put(&self, record: &str, form: &SourceForm, source: &StoredSource) {
         let key = full_key(record, form);
-        let name = record_name(&key);
+        let (shard, name) = (shard_of(record), record_name(&key));
         let data = encode_record(&key, form, source);
         let bytes = data.len() as u64;
         if bytes > self.max_bytes {
             return;
         }
-        if let Err(error) = self.write(name, &data) {
+        if let Err(error) = self.write(&self.path(shard, name), &data) {
             tracing::warn!(dir = %self.dir.display(), %error, "could not store a decoded source");
             metrics::decoded_tier("write_failed");
             return;
         }
         metrics::decoded_tier("fill");
         self.fills.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(name, bytes);
+        self.lock().insert(name, Record { shard, bytes });
         self.evict_to(self.max_bytes);
     }
 
-    fn write(&self, name: u64, data: &[u8]) -> std::io::Result<()> {
-        let path = self.path(name);
+    fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<()> {
         let parent = path.parent().expect("records live in a bucket directory");
         std::fs::create_dir_all(parent)?;
         let temp = parent.join(format!(
@@ -378,37 +303,70 @@ impl DecodedCache {
             self.next_temp.fetch_add(1, Ordering::Relaxed)
         ));
         let written = std::fs::File::create(&temp).and_then(|mut file| file.write_all(data));
-        if let Err(error) = written.and_then(|()| std::fs::rename(&temp, &path)) {
+        if let Err(error) = written.and_then(|()| std::fs::rename(&temp, path)) {
             let _ = std::fs::remove_file(&temp);
             return Err(error);
         }
         Ok(())
     }
 
+    /// Evicts what the streams' plans need furthest ahead (see
+    /// [`super::index`]) until the records fit in `limit`.
     fn evict_to(&self, limit: u64) {
         loop {
-            let victim = {
+            let (name, record) = {
                 let mut state = self.lock();
-                if state.bytes <= limit {
-                    metrics::decoded_tier_bytes(state.bytes);
+                if state.bytes() <= limit {
+                    metrics::decoded_tier_bytes(state.bytes());
                     return;
                 }
-                let Some(&(_, name)) = state.by_use.iter().next() else {
+                let Some(victim) = state.evict_one() else {
                     return;
                 };
-                state.remove(name);
-                name
+                victim
             };
-            let _ = std::fs::remove_file(self.path(victim));
+            let _ = std::fs::remove_file(self.path(record.shard, name));
             metrics::decoded_tier("eviction");
         }
     }
+}
+
+impl PlanFollower for DecodedCache {
+    fn announce(&self, stream: &str, sequence: &[String], in_flight: usize) {
+        self.lock().announce(stream, sequence, in_flight);
+    }
+
+    fn reached(&self, stream: &str, location: &str) {
+        self.lock().reached(stream, location);
+    }
+}
+
+/// The shard a record belongs to: the location its name starts with (see
+/// `tier_record` in the pipeline), as the plan hints name it.
+fn shard_of(record: &str) -> u64 {
+    location_id(record.split('\n').next().unwrap_or(record))
+}
+
+/// `<shard 16 hex>-<record 16 hex>`.
+fn parse_file_name(stem: &str) -> Option<(u64, u64)> {
+    let (shard, name) = stem.split_once('-')?;
+    if shard.len() != 16 || name.len() != 16 {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(shard, 16).ok()?,
+        u64::from_str_radix(name, 16).ok()?,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::record::tests::{form, source};
     use super::*;
+
+    fn record_path(cache: &DecodedCache, record: &str) -> PathBuf {
+        cache.path(shard_of(record), record_name(&full_key(record, &form())))
+    }
 
     #[test]
     fn the_least_recently_used_records_go_past_the_limit_and_a_reopen_keeps_the_rest() {
@@ -464,7 +422,7 @@ mod tests {
         let cache = DecodedCache::open(dir.path(), 1 << 20).unwrap();
         cache.put("a", &form(), &source(1));
         cache.put("b", &form(), &source(2));
-        let path = |record: &str| cache.path(record_name(&full_key(record, &form())));
+        let path = |record: &str| record_path(&cache, record);
         let mut data = std::fs::read(path("a")).unwrap();
         data.truncate(data.len() - 3);
         std::fs::write(path("a"), data).unwrap();
@@ -506,16 +464,12 @@ mod tests {
         // Written in that order, a second apart (file times may tie).
         let epoch = std::time::SystemTime::UNIX_EPOCH;
         for i in 0..3u64 {
-            let path = earlier.path(record_name(&full_key(&format!("r{i}"), &form())));
+            let path = record_path(&earlier, &format!("r{i}"));
             let file = std::fs::File::options().write(true).open(path).unwrap();
             file.set_modified(epoch + std::time::Duration::from_secs(1_000_000 + i))
                 .unwrap();
         }
-        let bucket = earlier
-            .path(record_name(&full_key("r0", &form())))
-            .parent()
-            .unwrap()
-            .to_path_buf();
+        let bucket = record_path(&earlier, "r0").parent().unwrap().to_path_buf();
         drop(earlier);
         // A crashed run's half-written record (same process id: containers
         // restart as the same pid).

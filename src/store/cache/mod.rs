@@ -40,16 +40,16 @@ use serde::{Deserialize, Serialize};
 use super::StoreError;
 use crate::metrics;
 
+pub mod hints;
 mod slots;
 mod store;
+pub use hints::{PlanFollower, PlanHints};
 pub use slots::{claim_slot, prepare_dir, LOCK_FILE};
 pub use store::CacheStore;
 
 pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;
 pub const DEFAULT_MIN_FREE_PERCENT: f64 = 5.0;
 pub const DEFAULT_MAX_BYTES: u64 = 100_000_000_000;
-/// Finished streams whose next-epoch plan is kept as eviction hints.
-const MAX_HINTS: usize = 256;
 /// Listings longer than this are not kept in memory (a prefix of loose
 /// images can hold millions of objects; shard datasets list far fewer).
 const MAX_CACHED_LISTING: usize = 100_000;
@@ -167,14 +167,6 @@ fn block_len(meta: &EntryMeta, block: u64) -> u64 {
     meta.block_size.min(meta.size - block * meta.block_size)
 }
 
-/// Where one registered stream is in its announced shard sequence.
-#[derive(Debug)]
-struct Hint {
-    sequence: Vec<String>,
-    cursor: usize,
-    updated: u64,
-}
-
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<String, Entry>,
@@ -183,10 +175,7 @@ struct State {
     recency: BTreeMap<u64, String>,
     used: u64,
     clock: u64,
-    hints: HashMap<String, Hint>,
-    /// Each announced location's distance to its next use over all hints;
-    /// rebuilt (O(announced)) by the first eviction after a hint moved.
-    next_use: Option<HashMap<String, usize>>,
+    hints: PlanHints,
 }
 
 impl State {
@@ -230,24 +219,6 @@ impl State {
             self.remove(id);
         }
         empty
-    }
-
-    fn hints_moved(&mut self) {
-        self.next_use = None;
-    }
-
-    fn next_use(&mut self) -> &HashMap<String, usize> {
-        let hints = &self.hints;
-        self.next_use.get_or_insert_with(|| {
-            let mut next_use: HashMap<String, usize> = HashMap::new();
-            for hint in hints.values() {
-                for (distance, location) in hint.sequence[hint.cursor..].iter().enumerate() {
-                    let slot = next_use.entry(location.clone()).or_insert(distance);
-                    *slot = (*slot).min(distance);
-                }
-            }
-            next_use
-        })
     }
 }
 
@@ -443,52 +414,6 @@ impl DiskCache {
         ::metrics::gauge!(metrics::CACHE_BYTES).set(self.used_bytes() as f64);
     }
 
-    /// Announces the shard locations a stream will read, in order (this epoch,
-    /// then the next). `stream` identifies the stream across epochs (dataset,
-    /// seed, rank, world size), so the next epoch's stream replaces it.
-    pub fn announce(&self, stream: &str, sequence: Vec<String>) {
-        let mut state = self.lock();
-        let updated = state.tick();
-        state.hints_moved();
-        state.hints.insert(
-            stream.to_string(),
-            Hint {
-                sequence,
-                cursor: 0,
-                updated,
-            },
-        );
-        if state.hints.len() > MAX_HINTS {
-            if let Some(oldest) = state
-                .hints
-                .iter()
-                .min_by_key(|(_, hint)| hint.updated)
-                .map(|(key, _)| key.clone())
-            {
-                state.hints.remove(&oldest);
-            }
-        }
-    }
-
-    /// The stream has started reading `location`: its hints before it are past.
-    pub fn reached(&self, stream: &str, location: &str) {
-        let mut state = self.lock();
-        let clock = state.tick();
-        let Some(hint) = state.hints.get_mut(stream) else {
-            return;
-        };
-        hint.updated = clock;
-        if let Some(offset) = hint.sequence[hint.cursor..]
-            .iter()
-            .position(|l| l == location)
-        {
-            hint.cursor += offset;
-            if offset > 0 {
-                state.hints_moved();
-            }
-        }
-    }
-
     /// Frees room for `bytes` more, evicting per policy; the victims' data
     /// files go to `evicted`, for the caller to unlink once it has let go of
     /// the lock. Returns false if nothing (else) can be evicted; the caller
@@ -540,10 +465,7 @@ impl DiskCache {
     fn pick_victim(&self, state: &mut State, keep: &str) -> Option<String> {
         let next_use = match self.config.policy {
             EvictionPolicy::Lru => None,
-            EvictionPolicy::Planned => {
-                state.next_use();
-                state.next_use.as_ref()
-            }
+            EvictionPolicy::Planned => Some(state.hints.next_use()),
         };
         let mut furthest: Option<(usize, &String)> = None;
         for id in state.recency.values() {
@@ -556,7 +478,7 @@ impl DiskCache {
             let Some(next_use) = next_use else {
                 return Some(id.clone());
             };
-            match next_use.get(&entry.meta.location) {
+            match next_use.get(&hints::location_id(&entry.meta.location)) {
                 None => return Some(id.clone()),
                 // Ties go to the older entry, met first.
                 Some(&distance) if furthest.is_none_or(|(best, _)| distance > best) => {
@@ -763,7 +685,19 @@ fn disk_space(dir: &Path) -> Option<(u64, u64)> {
     Some((stat.f_bavail as u64 * unit, stat.f_blocks as u64 * unit))
 }
 
-/// Entry locations the stream will read, for [`DiskCache::announce`].
+impl PlanFollower for DiskCache {
+    /// A shard's blocks are read when its reader runs, at the cursor (and
+    /// downloads in progress are never evicted): nothing behind it is in use.
+    fn announce(&self, stream: &str, sequence: &[String], _in_flight: usize) {
+        self.lock().hints.announce(stream, sequence, 0);
+    }
+
+    fn reached(&self, stream: &str, location: &str) {
+        self.lock().hints.reached(stream, location);
+    }
+}
+
+/// A stream's name in the plan hints: the same across its epochs.
 pub fn stream_key(dataset: &str, seed: u64, rank: u32, world_size: u32) -> String {
     format!("{dataset}#seed={seed}#rank={rank}/{world_size}")
 }
