@@ -77,6 +77,13 @@ struct ReadySink<'a> {
     gauge: ::metrics::Gauge,
     share: Option<Arc<ServerShare>>,
     client_wait_ns: AtomicU64,
+    /// The stream's shared-memory ring: its lent slots are the batches
+    /// ahead of the client (gRPC drains the ready queue eagerly when
+    /// messages carry only a slot's descriptor).
+    ring: Option<Arc<super::shm::Ring>>,
+    /// Batches handed on so far: until the buffer between the two sides
+    /// could have filled once, an empty one says nothing about the client.
+    handed: AtomicU64,
 }
 
 /// Waits on the client shorter than this (scheduling noise) count as none.
@@ -90,18 +97,37 @@ impl ReadySink<'_> {
 
     /// After each batch handed on: a producer that waited on the client
     /// (ready queue full, every ring slot lent) has room, so the server
-    /// takes decodes back; one that did not is what the client waits on,
-    /// so decodes move to the client. The share settles where the server
-    /// waits about every other batch: just keeping up.
+    /// takes decodes back; one with nothing ahead of the client but the
+    /// batch just handed on (and, with a ring, the one the client holds
+    /// while it waits for the next) is what the client waits on, so decodes
+    /// move to the client (once that buffer could have filled: a stream
+    /// starts empty). In between, the buffer is neither full nor empty:
+    /// the share holds. It settles where the server just keeps up.
     fn tune_share(&self) {
         let waited = self.client_wait_ns.swap(0, Ordering::Relaxed);
-        if let Some(share) = &self.share {
-            if waited > SLACK_WAIT.as_nanos() as u64 {
-                share.server_waited();
-            } else {
-                share.server_behind();
-            }
+        let Some(share) = &self.share else {
+            return;
+        };
+        let (ahead, buffer) = match &self.ring {
+            // Less the one the client holds while it waits for the next.
+            Some(ring) => (ring.lent().saturating_sub(1), ring.slot_count()),
+            None => (
+                self.tx.max_capacity() - self.tx.capacity(),
+                self.tx.max_capacity(),
+            ),
+        };
+        let primed = self.handed.fetch_add(1, Ordering::Relaxed) >= buffer as u64;
+        if waited > SLACK_WAIT.as_nanos() as u64 {
+            share.server_waited();
+        } else if primed && ahead <= 1 {
+            share.server_behind();
         }
+        tracing::trace!(
+            waited_ms = waited as f64 / 1e6,
+            ahead,
+            share = share.get(),
+            "tuned the server's decode share"
+        );
     }
 }
 
@@ -124,6 +150,8 @@ impl<'a> BatchDispatch<'a> {
                 gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => rank.to_string()),
                 share,
                 client_wait_ns: AtomicU64::new(0),
+                ring: context.shared.as_ref().map(|shared| shared.ring.clone()),
+                handed: AtomicU64::new(0),
             },
             decoding: FuturesOrdered::new(),
             // Batches alive at once: decoding, queued, and one being encoded.

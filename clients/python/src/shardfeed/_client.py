@@ -446,6 +446,7 @@ class Client:
         decoded_source: int | None = None,
         delivery: str = "decoded",
         server_decode_fraction: float | str | None = None,
+        server_decode_start: float | None = None,
         host_pinning: _shm.HostPinning | None = None,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
@@ -501,7 +502,8 @@ class Client:
         other images, and ``server_decode_fraction`` (0 to 1) of each batch,
         arrive as pixels. ``server_decode_fraction="auto"``: the server tunes
         its share so that neither side waits (up while ready batches wait
-        for this client, down while it takes them as soon as they are ready).
+        for this client, down while it takes them as soon as they are ready),
+        starting from ``server_decode_start`` (default 0).
 
         ``host_pinning``: registers each shared-memory ring with a device
         runtime once, when it is mapped (``ShardfeedDataset(device="cuda")``
@@ -554,8 +556,12 @@ class Client:
         if delivery not in _DELIVERIES:
             raise ValueError(f"delivery must be one of {sorted(_DELIVERIES)}, not {delivery!r}")
         request.delivery = _DELIVERIES[delivery]
+        if server_decode_start is not None and server_decode_fraction != "auto":
+            raise ValueError('server_decode_start is for server_decode_fraction="auto"')
         if server_decode_fraction == "auto":
             request.tune_server_decode = True
+            if server_decode_start is not None:
+                request.server_decode_fraction = server_decode_start
         elif isinstance(server_decode_fraction, str):
             raise ValueError(
                 f'server_decode_fraction is a number or "auto", not {server_decode_fraction!r}'

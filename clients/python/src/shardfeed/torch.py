@@ -213,6 +213,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # Counts explicit epoch choices (set_epoch, load_state_dict): a pass
         # completed under the current count advances the epoch by itself.
         self._choice = 0
+        # With server_decode_fraction="auto": the share of the server's
+        # decodes in the last batch, where the next stream's tuning starts.
+        self._server_share: float | None = None
         self._repeat_logged = False
         self._shared = _SharedState()
         # For a trainer that fetches ahead (Lightning): positions of batches
@@ -334,6 +337,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
         delivery: dict[str, Any] = {} if self.decode == "server" else {"delivery": "encoded"}
         if self.device is not None and self.device.type == "cuda":
             delivery["host_pinning"] = _CudaHostPinning(self.device)
+        tuned = self.options.get("server_decode_fraction") == "auto"
+        if tuned and self._server_share is not None and "server_decode_start" not in self.options:
+            delivery["server_decode_start"] = self._server_share
         batches = self.client.batches(
             self.dataset,
             seed=self.seed,
@@ -353,6 +359,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
             batches, rank
         ):
             self._resume = None
+            if tuned and batch.encoded is not None and len(batch.keys):
+                self._server_share = float(batch.encoded.decoded.mean())
             if self.layout == "NCHW":
                 images = images.permute(0, 3, 1, 2)
             self._position = batch.position

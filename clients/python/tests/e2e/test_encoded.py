@@ -157,6 +157,19 @@ def test_a_server_share_puts_every_sample_in_its_slot(unix_server: Server, datas
             assert psnr(decoded.images[slot].numpy(), want.images[slot]) >= TOLERANCE_DB
     with pytest.raises(ValueError, match='a number or "auto"'):
         _stream(unix_server, dataset, "train", delivery="encoded", server_decode_fraction="half")
+    with pytest.raises(ValueError, match="server_decode_start is for"):
+        _stream(unix_server, dataset, "train", delivery="encoded", server_decode_start=0.5)
+    # A tuned stream starts where it is told: from all of it decoded here,
+    # the first batch has every slot decoded by the server.
+    started = _stream(
+        unix_server,
+        dataset,
+        "train",
+        delivery="encoded",
+        server_decode_fraction="auto",
+        server_decode_start=1.0,
+    )
+    assert started[0].encoded is not None and started[0].encoded.decoded.all()
     # The PNG and the progressive JPEG always arrive as pixels.
     for batch in half:
         assert batch.encoded is not None
@@ -236,6 +249,23 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
     tail = list(again)
     assert [b["keys"] for b in tail] == [b["keys"] for b in client_side[1:]]
     assert all(torch.equal(a["images"], b["images"]) for a, b in zip(tail, client_side[1:]))
+
+    # Tuned: each epoch's stream starts from the share the last one ended at.
+    tuned = ShardfeedDataset(dataset, decode="client", server_decode_fraction="auto", **common)
+    assert tuned._server_share is None
+    list(tuned)
+    share = tuned._server_share
+    assert share is not None and 0.0 <= share <= 1.0
+    starts: list[float | None] = []
+    original = tuned.client.batches
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        starts.append(kwargs.get("server_decode_start"))
+        return original(*args, **kwargs)
+
+    tuned.client.batches = recording  # type: ignore[method-assign]
+    assert len(list(tuned)) == 3
+    assert starts == [share]
 
     with pytest.raises(ValueError, match="decode must be one of"):
         ShardfeedDataset(dataset, decode="nvjpeg", **common)

@@ -320,7 +320,7 @@ def synthetic_setup(
             "--metrics-listen",
             f"127.0.0.1:{_free_port()}",
         ],
-        env=dict(env, SHARDFEED_LOG="warn"),
+        env=dict(env, SHARDFEED_LOG=os.environ.get("SHARDFEED_BENCH_SERVER_LOG", "warn")),
     )
     import grpc
 

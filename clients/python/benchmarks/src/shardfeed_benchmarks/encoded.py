@@ -15,8 +15,10 @@ a Unix socket (shared memory) as training batches (RandomResizedCrop + flip,
 Server and client share this machine's cores, so the figures say how the
 decode work splits between the two processes; on a GPU host the client's
 share runs on the GPU (``decode="gpu"``) and the same sweep applies there.
-Settings are interleaved ``--repeats`` times; medians are printed with
-CPU-seconds per sample for the server and this process.
+Settings are interleaved ``--repeats`` times, each ``--epochs`` epochs of
+one dataset (a tuned share carries across them); medians of the epochs
+after the first are printed with CPU-ms per sample for the server and this
+process, and the share auto ended at.
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ from typing import Any, cast
 from .delivered import _process_cpu, synthetic_setup
 
 
-def _epoch(target: str, dataset: str, args: argparse.Namespace, **options: Any) -> dict[str, Any]:
+def _epochs(
+    target: str, dataset: str, server_pid: int, args: argparse.Namespace, **options: Any
+) -> list[dict[str, Any]]:
+    """``--epochs`` epochs of one dataset, as a training run iterates it
+    (a tuned share carries from one epoch's stream to the next)."""
     import torch  # noqa: F401  (named by the cast below)
 
     from shardfeed.torch import ShardfeedDataset
@@ -49,17 +55,30 @@ def _epoch(target: str, dataset: str, args: argparse.Namespace, **options: Any) 
         world_size=1,
         **options,
     )
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    started = time.perf_counter()
-    samples = checksum = 0
-    for item in ds:
-        images, labels = cast("tuple[torch.Tensor, torch.Tensor]", item)
-        checksum += int(images[0, 0, 0, 0])  # touch the tensor, as a trainer would
-        samples += len(labels)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    python_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return {"samples": samples, "seconds": wall, "python_cpu": python_cpu}
+    runs = []
+    for _ in range(args.epochs):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        server_before = _process_cpu(server_pid)
+        started = time.perf_counter()
+        samples = checksum = 0
+        for item in ds:
+            images, labels = cast("tuple[torch.Tensor, torch.Tensor]", item)
+            checksum += int(images[0, 0, 0, 0])  # touch the tensor, as a trainer would
+            samples += len(labels)
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        python_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        runs.append(
+            {
+                "samples": samples,
+                "seconds": wall,
+                "samples_per_second": samples / wall,
+                "python_cpu": python_cpu,
+                "server_cpu": _process_cpu(server_pid) - server_before,
+                "server_share": getattr(ds, "_server_share", None),
+            }
+        )
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--fractions", default="0,0.25,0.5,0.75")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--fractions", default="0,0.25,0.5,0.75,1")
     args = parser.parse_args(argv)
     binary = os.environ.get("SHARDFEED_BIN", "shardfeed")
     import torch
@@ -86,16 +106,15 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
             for repeat in range(args.repeats):
                 for name, options in settings:
-                    server_before = _process_cpu(setup["server_pid"])
-                    run = _epoch(setup["target"], setup["dataset"], args, **options)
-                    run["server_cpu"] = _process_cpu(setup["server_pid"]) - server_before
-                    run["samples_per_second"] = run["samples"] / run["seconds"]
-                    runs[name].append(run)
-                    print(
-                        json.dumps(
-                            {"benchmark": "encoded", "setting": name, "repeat": repeat, **run}
-                        )
+                    epochs = _epochs(
+                        setup["target"], setup["dataset"], setup["server_pid"], args, **options
                     )
+                    # The first epoch is where a tuned share starts from
+                    # nothing: the steady state is the rest.
+                    for epoch, run in enumerate(epochs):
+                        line = {"setting": name, "repeat": repeat, "epoch": epoch, **run}
+                        print(json.dumps({"benchmark": "encoded", **line}))
+                    runs[name].extend(epochs[1:] if len(epochs) > 1 else epochs)
         finally:
             for process in setup["processes"]:
                 process.terminate()
@@ -125,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     best_rate = fixed[best]["samples_per_second"]
+    shares = [r["server_share"] for r in runs["encoded auto"] if r["server_share"] is not None]
+    ended = f", its share ending at {statistics.median(shares):.2f}" if shares else ""
     print(
-        f"  best fixed share: {best}; auto reaches {auto / best_rate:.2f}x of it",
+        f"  best fixed share: {best}; auto reaches {auto / best_rate:.2f}x of it{ended}",
         file=sys.stderr,
     )
     return 0
