@@ -1,0 +1,149 @@
+"""The decoded-source tier into Python over shared memory: today's decode
+path against the tier's cold epoch and its warm epochs, for the training
+and the evaluation recipe.
+
+    SHARDFEED_BIN=target/release/shardfeed python -m shardfeed_benchmarks.tier
+
+The demo's ~110 KB photos (``shardfeed dev-s3``) are streamed by a server on
+a Unix socket (shared memory) into ``ShardfeedDataset`` tensors, batch
+``--batch-size``, ``--image-size``². Each round and recipe starts a server
+with an empty tier directory, then runs, in order: an epoch of today's path
+(no ``decoded_source``), the tier's cold epoch (every source derived and
+stored; for evaluation the outputs too) and two warm epochs (later epochs,
+new crops for training). The shard cache is on, so no epoch waits on the
+S3 stand-in after the first. Medians over ``--rounds``, with the server's
+CPU-ms per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, cast
+
+from .delivered import _free_port, _process_cpu, _shardfeed_env, start_dev_s3
+
+PHASES = ("today", "cold", "warm 1", "warm 2")
+
+
+def _serve(binary: str, endpoint: str, socket: str, work: str) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(
+        [
+            binary,
+            "serve",
+            "--listen",
+            f"unix:{socket}",
+            "--metrics-listen",
+            f"127.0.0.1:{_free_port()}",
+            "--cache-dir",
+            f"{work}/cache",
+            "--decoded-cache-dir",
+            f"{work}/decoded",
+        ],
+        env=dict(_shardfeed_env(endpoint), SHARDFEED_LOG="warn"),
+    )
+    import grpc
+
+    channel = grpc.insecure_channel(
+        f"unix://{socket}", options=[("grpc.default_authority", "localhost")]
+    )
+    grpc.channel_ready_future(channel).result(timeout=30)
+    channel.close()
+    return server
+
+
+def _epoch(
+    target: str, server_pid: int, args: argparse.Namespace, augment: str, epoch: int, **options: Any
+) -> dict[str, float]:
+    import torch  # noqa: F401  (named by the cast below)
+
+    from shardfeed.torch import ShardfeedDataset
+
+    ds = ShardfeedDataset(
+        "s3://demo/photos/",
+        target=target,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        augment=augment,
+        rank=0,
+        world_size=1,
+        **options,
+    )
+    ds.set_epoch(epoch)
+    server_before = _process_cpu(server_pid)
+    started = time.perf_counter()
+    samples = checksum = 0
+    for item in ds:
+        images, labels = cast("tuple[torch.Tensor, torch.Tensor]", item)
+        checksum += int(images[0, 0, 0, 0])  # touch the tensor, as a trainer would
+        samples += len(labels)
+    seconds = time.perf_counter() - started
+    server_cpu = _process_cpu(server_pid) - server_before
+    return {
+        "samples": samples,
+        "samples_per_second": samples / seconds,
+        "server_cpu_ms": 1e3 * server_cpu / samples,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--per-shard", type=int, default=192)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--shorter-side", type=int, default=320)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    binary = os.environ.get("SHARDFEED_BIN", "shardfeed")
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {}
+    s3, endpoint = start_dev_s3(binary, args.shards, args.per_shard, "--get-delay-ms", "0")
+    try:
+        for round_ in range(args.rounds):
+            for augment in ("train", "eval"):
+                with tempfile.TemporaryDirectory() as work:
+                    socket = f"{work}/sf.sock"
+                    server = _serve(binary, endpoint, socket, work)
+                    try:
+                        target = f"unix://{socket}"
+                        # Fills the shard cache: every phase reads local disk.
+                        _epoch(target, server.pid, args, augment, 100)
+                        for epoch, phase in enumerate(PHASES):
+                            tier = {} if phase == "today" else {"decoded_source": args.shorter_side}
+                            run = _epoch(target, server.pid, args, augment, epoch, **tier)
+                            runs.setdefault((augment, phase), []).append(run)
+                            line = {"round": round_, "recipe": augment, "phase": phase, **run}
+                            print(json.dumps({"benchmark": "tier", **line}))
+                    finally:
+                        server.terminate()
+                        server.wait()
+    finally:
+        s3.terminate()
+        s3.wait()
+    print(
+        f"{os.cpu_count()} cores, raw@{args.shorter_side}, batch {args.batch_size}, "
+        f"{args.image_size}², shared memory into torch, medians of {args.rounds}:",
+        file=sys.stderr,
+    )
+    for augment in ("train", "eval"):
+        today = statistics.median(r["samples_per_second"] for r in runs[(augment, "today")])
+        for phase in PHASES:
+            rs = runs[(augment, phase)]
+            rate = statistics.median(r["samples_per_second"] for r in rs)
+            cpu = statistics.median(r["server_cpu_ms"] for r in rs)
+            print(
+                f"  {augment:<5} {phase:<7} {rate:7.0f} samples/s ({rate / today:.2f}x today)"
+                f"  server {cpu:.2f} CPU-ms/sample",
+                file=sys.stderr,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
