@@ -57,6 +57,18 @@ async fn all_ranks(
     out
 }
 
+/// A server over `s3` whose decoded-source tier is `tier`.
+async fn with_tier(s3: shardfeed::dev::s3mem::RunningS3, tier: &Arc<DecodedCache>) -> Harness {
+    Harness::with_s3(
+        s3,
+        Options {
+            decoded: Some(tier.clone()),
+            ..Options::default()
+        },
+    )
+    .await
+}
+
 /// Samples of 80..120 px sides: every one is reduced to the stored form.
 fn photos() -> Vec<Vec<Sample>> {
     (0..3)
@@ -123,14 +135,7 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
 
     let dir = tempfile::tempdir().unwrap();
     let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            decoded: Some(tier.clone()),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = with_tier(s3, &tier).await;
     let check = |label: &'static str| {
         let harness = &harness;
         let cases = &cases;
@@ -237,14 +242,7 @@ async fn a_changed_object_is_derived_anew() {
     fresh.shutdown().await;
     // A new server process sees the new index (the old one kept its listing).
     let s3 = harness.restart_s3().await;
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            decoded: Some(tier.clone()),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = with_tier(s3, &tier).await;
     let mut client = harness.client().await;
     let after = collect(&mut client, tiered(&uri, eval())).await.unwrap();
     assert_ne!(digest(&after), digest(&before));
@@ -353,14 +351,7 @@ async fn a_tier_smaller_than_the_dataset_keeps_what_the_next_epoch_reads_first()
     // Half the dataset fits.
     let dir = tempfile::tempdir().unwrap();
     let tier = Arc::new(DecodedCache::open(dir.path(), TOTAL / 2 * record).unwrap());
-    let harness = Harness::with_s3(
-        s3,
-        Options {
-            decoded: Some(tier.clone()),
-            ..Options::default()
-        },
-    )
-    .await;
+    let harness = with_tier(s3, &tier).await;
     all_ranks(&harness, &epoch(0, &uri), 1).await;
     assert_eq!((tier.fills(), tier.records() as u64), (TOTAL, TOTAL / 2));
     // Epoch 0 announced epoch 1's order too: beside the few shards still

@@ -171,6 +171,28 @@ def _stat_cpu(path: Path) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def timed_pass(ds: Any, server_pid: int) -> dict[str, float]:
+    """One pass over a ``ShardfeedDataset`` of ``(images, labels)``,
+    touching every batch as a trainer would: samples, wall seconds, and the
+    CPU-seconds this process and the server (``server_pid``) spent."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    server_before = _process_cpu(server_pid)
+    started = time.perf_counter()
+    samples = checksum = 0
+    for images, labels in ds:
+        checksum += int(images[0, 0, 0, 0])
+        samples += len(labels)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "samples": samples,
+        "seconds": seconds,
+        "samples_per_second": samples / seconds,
+        "python_cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+        "server_cpu": _process_cpu(server_pid) - server_before,
+    }
+
+
 def _process_cpu(pid: int | None) -> float:
     return _stat_cpu(Path(f"/proc/{pid}/stat")) if pid else 0.0
 

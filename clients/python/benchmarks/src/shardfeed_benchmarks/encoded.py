@@ -26,14 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
-import time
-from typing import Any, cast
+from typing import Any
 
-from .delivered import _process_cpu, synthetic_setup
+from .delivered import synthetic_setup, timed_pass
 
 
 def _epochs(
@@ -41,8 +39,6 @@ def _epochs(
 ) -> list[dict[str, Any]]:
     """``--epochs`` epochs of one dataset, as a training run iterates it
     (a tuned share carries from one epoch's stream to the next)."""
-    import torch  # noqa: F401  (named by the cast below)
-
     from shardfeed.torch import ShardfeedDataset
 
     ds = ShardfeedDataset(
@@ -57,27 +53,9 @@ def _epochs(
     )
     runs = []
     for _ in range(args.epochs):
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        server_before = _process_cpu(server_pid)
-        started = time.perf_counter()
-        samples = checksum = 0
-        for item in ds:
-            images, labels = cast("tuple[torch.Tensor, torch.Tensor]", item)
-            checksum += int(images[0, 0, 0, 0])  # touch the tensor, as a trainer would
-            samples += len(labels)
-        wall = time.perf_counter() - started
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        python_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-        runs.append(
-            {
-                "samples": samples,
-                "seconds": wall,
-                "samples_per_second": samples / wall,
-                "python_cpu": python_cpu,
-                "server_cpu": _process_cpu(server_pid) - server_before,
-                "server_share": getattr(ds, "_server_share", None),
-            }
-        )
+        run: dict[str, Any] = timed_pass(ds, server_pid)
+        run["server_share"] = getattr(ds, "_server_share", None)
+        runs.append(run)
     return runs
 
 

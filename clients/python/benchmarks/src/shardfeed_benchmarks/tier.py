@@ -24,10 +24,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from typing import Any, cast
+from typing import Any
 
-from .delivered import _free_port, _process_cpu, _shardfeed_env, start_dev_s3
+from .delivered import _free_port, _shardfeed_env, start_dev_s3, timed_pass
 
 PHASES = ("today", "cold", "warm 1", "warm 2")
 
@@ -61,8 +60,6 @@ def _serve(binary: str, endpoint: str, socket: str, work: str) -> subprocess.Pop
 def _epoch(
     target: str, server_pid: int, args: argparse.Namespace, augment: str, epoch: int, **options: Any
 ) -> dict[str, float]:
-    import torch  # noqa: F401  (named by the cast below)
-
     from shardfeed.torch import ShardfeedDataset
 
     ds = ShardfeedDataset(
@@ -76,19 +73,11 @@ def _epoch(
         **options,
     )
     ds.set_epoch(epoch)
-    server_before = _process_cpu(server_pid)
-    started = time.perf_counter()
-    samples = checksum = 0
-    for item in ds:
-        images, labels = cast("tuple[torch.Tensor, torch.Tensor]", item)
-        checksum += int(images[0, 0, 0, 0])  # touch the tensor, as a trainer would
-        samples += len(labels)
-    seconds = time.perf_counter() - started
-    server_cpu = _process_cpu(server_pid) - server_before
+    run = timed_pass(ds, server_pid)
     return {
-        "samples": samples,
-        "samples_per_second": samples / seconds,
-        "server_cpu_ms": 1e3 * server_cpu / samples,
+        "samples": run["samples"],
+        "samples_per_second": run["samples_per_second"],
+        "server_cpu_ms": 1e3 * run["server_cpu"] / run["samples"],
     }
 
 
