@@ -153,7 +153,12 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         Some(dir) => {
             // Earlier records are taken in on a thread of their own.
             let tier = open_tier(dir, &args.cache, true).await?;
-            tracing::info!(dir = %dir.display(), "decoded-source tier opened");
+            tier.limit_index_memory(config.engine.memory.decoded_index);
+            tracing::info!(
+                dir = %dir.display(),
+                index_memory_mib = config.engine.memory.decoded_index >> 20,
+                "decoded-source tier opened"
+            );
             engine.with_decoded_cache(tier)
         }
         None => engine,
@@ -333,6 +338,8 @@ async fn warm_decoded(
         .clone()
         .ok_or("--decoded needs --decoded-cache-dir")?;
     let tier = open_tier(&dir, &args.cache, false).await?;
+    // The bound the serving sidecar keeps (where it has the same memory).
+    tier.limit_index_memory(crate::engine::budget::MemoryConfig::detect().decoded_index);
     let mut registry = DatasetRegistry::new(
         args.s3.config(),
         args.read.retry_policy(),

@@ -61,6 +61,9 @@ pub struct MemoryConfig {
     /// Bytes of dataset indexes kept for datasets no stream uses (part of
     /// the quarter left to the runtime and indexes).
     pub idle_indexes: u64,
+    /// Bytes the decoded-source tier's index may take (also of that
+    /// quarter): it caps the tier's records.
+    pub decoded_index: u64,
 }
 
 impl MemoryConfig {
@@ -70,6 +73,7 @@ impl MemoryConfig {
             streams: (limit / 4 * 3).saturating_sub(decode_scratch),
             decode_scratch,
             idle_indexes: limit / 8,
+            decoded_index: limit / 32,
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::super::source::{SourceForm, StoredSource};
-use super::index::{Index, Record};
+use super::index::{Index, Record, INDEX_BYTES_PER_RECORD};
 use super::record::{encode_record, full_key, parse_record, record_name};
 use super::TierError;
 use crate::metrics;
@@ -24,6 +24,10 @@ pub struct DecodedCache {
     /// evict records this one's index holds, and count the bytes twice.
     _lock: std::fs::File,
     max_bytes: u64,
+    /// Most records the index may hold: its process memory is bounded by
+    /// this times [`INDEX_BYTES_PER_RECORD`] (small sources would otherwise
+    /// let a large directory grow it past the memory formula).
+    max_records: AtomicU64,
     state: Mutex<Index>,
     /// Names temporary files uniquely: this run's prefix (a process id
     /// recurs across container restarts; the start time does not), then a
@@ -95,6 +99,14 @@ impl DecodedCache {
         Ok(cache)
     }
 
+    /// Bounds the index's process memory to `bytes` (at most
+    /// [`INDEX_BYTES_PER_RECORD`] a record), evicting what is over.
+    pub fn limit_index_memory(&self, bytes: u64) {
+        self.max_records
+            .store((bytes / INDEX_BYTES_PER_RECORD).max(1), Ordering::Relaxed);
+        self.evict_to(self.max_bytes);
+    }
+
     /// Whether the records of an earlier run are still being taken in.
     pub fn adopting(&self) -> bool {
         self.lock().adopting
@@ -111,6 +123,7 @@ impl DecodedCache {
             _lock: lock,
             dir,
             max_bytes,
+            max_records: AtomicU64::new(u64::MAX),
             state: Mutex::new(Index::default()),
             temp_prefix: format!(
                 ".tmp-{}-{:x}-",
@@ -311,12 +324,14 @@ impl DecodedCache {
     }
 
     /// Evicts what the streams' plans need furthest ahead (see
-    /// [`super::index`]) until the records fit in `limit`.
+    /// [`super::index`]) until the records fit in `limit` bytes and the
+    /// index in its memory.
     fn evict_to(&self, limit: u64) {
+        let max_records = self.max_records.load(Ordering::Relaxed);
         loop {
             let (name, record) = {
                 let mut state = self.lock();
-                if state.bytes() <= limit {
+                if state.bytes() <= limit && state.len() as u64 <= max_records {
                     metrics::decoded_tier_bytes(state.bytes());
                     return;
                 }
@@ -490,5 +505,19 @@ mod tests {
         assert_eq!(cache.get("r2", &form()), Some(source(2)));
         assert_eq!(cache.get("r0", &form()), None);
         assert_eq!(cache.get("r1", &form()), Some(source(1)));
+    }
+
+    #[test]
+    fn the_index_memory_bound_caps_the_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DecodedCache::open(dir.path(), 1 << 30).unwrap();
+        for i in 0..5u8 {
+            cache.put(&format!("r{i}"), &form(), &source(i));
+        }
+        cache.limit_index_memory(3 * INDEX_BYTES_PER_RECORD);
+        assert_eq!(cache.records(), 3);
+        cache.put("r5", &form(), &source(5));
+        assert_eq!(cache.records(), 3);
+        assert_eq!(cache.get("r5", &form()), Some(source(5)));
     }
 }
