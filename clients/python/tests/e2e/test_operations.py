@@ -99,6 +99,15 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     for _ in range(2):
         tiered = list(client.batches(mix_a, batch_size=5, image_size=32, decoded_source=64))
         assert len(tiered) == 2
+    # Encoded delivery: the server decodes its share, the client the rest
+    # (and reports what it decoded).
+    encoded = list(
+        client.batches(
+            mix_a, batch_size=5, image_size=32, delivery="encoded", server_decode_fraction=0.4
+        )
+    )
+    assert len(encoded) == 2
+    client.report_client_decodes(6, rank=0)
     with pytest.raises(ShardfeedError):
         client.describe("s3://ops/absent/", world_size=1)
     after = scrape(server.metrics_url)
@@ -116,15 +125,19 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     def moved(name: str, suffix: str = "", **labels: str) -> float:
         return total(after, name + suffix, **labels) - total(before, name + suffix, **labels)
 
-    assert moved("shardfeed_batches_total") == 19
-    assert moved("shardfeed_samples_total") == 80
+    assert moved("shardfeed_batches_total") == 21
+    assert moved("shardfeed_samples_total") == 90
+    assert moved("shardfeed_delivered_samples_total", decoded_by="server") == 4
+    assert moved("shardfeed_delivered_samples_total", decoded_by="client") == 6
+    assert moved("shardfeed_client_decoded_samples_total") == 6
     assert moved("shardfeed_decoded_tier_total", event="fill") == 20
     assert moved("shardfeed_decoded_tier_total", event="hit") == 10
     assert total(after, "shardfeed_decoded_tier_bytes") > 10 * 32 * 32 * 3
     assert moved("shardfeed_mixed_source_samples_total", dataset=mix_a) == 10
     assert moved("shardfeed_mixed_source_samples_total", dataset=mix_b) == 10
     # gRPC's names of the codes, as clients and exporters spell them.
-    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="OK") == 4
+    assert moved("shardfeed_requests_total", rpc="StreamBatches", code="OK") == 5
+    assert moved("shardfeed_requests_total", rpc="ReportClientDecodes", code="OK") == 1
     assert moved("shardfeed_requests_total", rpc="Describe", code="NOT_FOUND") == 1
     assert moved("shardfeed_substituted_samples_total", reason="corrupt") == 1
     assert moved("shardfeed_invalid_labels_total") == 1
@@ -136,7 +149,8 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     assert 2 <= total(after, "shardfeed_s3_request_limit") < 128
     assert moved("shardfeed_s3_requests_total", op="get", outcome="ok") >= 2
     assert moved("shardfeed_s3_received_bytes_total") > 0
-    assert moved("shardfeed_decode_seconds", "_count") == 80
+    # Every sample the server decoded: not the 6 sent compressed.
+    assert moved("shardfeed_decode_seconds", "_count") == 84
     assert moved("shardfeed_s3_request_seconds", "_count", op="get") >= 3
     assert moved("shardfeed_cache_misses_total") >= 2
     assert moved("shardfeed_cache_read_bytes_total", source="origin") > 0
