@@ -7,8 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use shardfeed::decode::tier::DecodedCache;
 use shardfeed::server::pb;
+use shardfeed::store::decoded::DecodedCache;
 
 fn tiered(dataset: &str, augmentation: pb::Augmentation) -> pb::StreamBatchesRequest {
     pb::StreamBatchesRequest {

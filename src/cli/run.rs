@@ -7,10 +7,10 @@ use super::{CliError, Command, IndexArgs, PackArgs, ServeArgs, WarmArgs};
 use crate::dataset::{
     build_index, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
 };
-use crate::decode::tier::DecodedCache;
 use crate::engine::{warm, Engine};
 use crate::server::{self, Listener, ShardfeedService};
 use crate::store::cache::DiskCache;
+use crate::store::decoded::DecodedCache;
 
 /// Runs `command` to completion.
 pub async fn run(command: Command) -> Result<(), CliError> {
@@ -561,7 +561,7 @@ async fn open_tier(
         .await
         .map_err(|e| e.to_string())?;
         match opened {
-            Err(crate::decode::tier::TierError::SlotsHeld { .. }) if started.elapsed() < wait => {
+            Err(crate::store::decoded::TierError::SlotsHeld { .. }) if started.elapsed() < wait => {
                 tokio::time::sleep(RETRY.min(wait.saturating_sub(started.elapsed()))).await;
             }
             other => return Ok(other?),

@@ -12,10 +12,10 @@ use super::bench::{bench_request, engine_over, measured_epoch, BenchError, Epoch
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
 use crate::decode::source::{stored_size, SourceForm, SourceKind};
-use crate::decode::tier::DecodedCache;
 use crate::decode::{self, Crop, CropBox, OutputSpec};
 use crate::engine::{Engine, StreamRequest};
 use crate::shard::ImageFormat;
+use crate::store::decoded::DecodedCache;
 
 #[derive(Debug, Clone)]
 pub struct TierStreamSpec {

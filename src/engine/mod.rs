@@ -174,7 +174,7 @@ pub struct Engine {
     memory: MemoryBudget,
     scratch: Arc<ScratchBudget>,
     /// The host's decoded-source tier, when it keeps one.
-    decoded: Option<Arc<decode::tier::DecodedCache>>,
+    decoded: Option<Arc<crate::store::decoded::DecodedCache>>,
     /// Benchmarks only: streams send pattern batches instead of decoding.
     #[cfg(feature = "dev")]
     synthetic_batches: bool,
@@ -218,7 +218,7 @@ impl Engine {
     }
 
     /// Keeps decoded sources in `cache` for streams that ask for the tier.
-    pub fn with_decoded_cache(mut self, cache: Arc<decode::tier::DecodedCache>) -> Self {
+    pub fn with_decoded_cache(mut self, cache: Arc<crate::store::decoded::DecodedCache>) -> Self {
         self.decoded = Some(cache);
         self
     }

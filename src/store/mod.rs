@@ -5,10 +5,13 @@
 //! disk cache ([`cache::CacheStore`]) in front of a store, and
 //! [`retry::RetryingStore`], which retries every operation, bounds every
 //! attempt in time and resumes broken bodies: retries live there and nowhere
-//! else. [`read`] splits large ranges into ranged GETs in flight. This module
-//! knows nothing about tar, images or plans.
+//! else. [`read`] splits large ranges into ranged GETs in flight. These
+//! know nothing about tar, images or plans beyond the plans' eviction hints.
+//! Beside the shard cache, [`decoded`] keeps decoded sources on local disk
+//! (the decoded-source tier), not an object store itself.
 
 pub mod cache;
+pub mod decoded;
 pub mod local;
 pub mod read;
 pub mod retry;

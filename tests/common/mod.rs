@@ -146,7 +146,7 @@ pub struct Options {
     /// The decoder (default: the build's fastest).
     pub decoder: Option<Arc<dyn shardfeed::decode::Decoder>>,
     /// The host's decoded-source tier.
-    pub decoded: Option<Arc<shardfeed::decode::tier::DecodedCache>>,
+    pub decoded: Option<Arc<shardfeed::store::decoded::DecodedCache>>,
 }
 
 impl Default for Options {

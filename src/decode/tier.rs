@@ -8,54 +8,20 @@
 //! holds (or when the server keeps no tier directory at all: then every
 //! sample is derived and nothing is stored).
 //!
-//! # Records
-//!
-//! One file per sample, `<dir>/<2 hex>/<16 hex>.src`, written to a private
-//! temporary name and renamed into place (a reader never sees half a
-//! record). A record holds its full key (so neither a hash collision nor a
-//! changed object can serve the wrong pixels: the key names the shard's
-//! ETag), the source's geometry, the pixels, and a CRC-32 of all of it. A
-//! record that fails its checks is deleted and counted, and the sample is
-//! derived again: the batch does not change.
-//!
-//! # Bounds
-//!
-//! `max_bytes` of records on disk; the least recently used go first. The
-//! tier holds no pixels in process memory beyond the record being read
-//! (the page cache keeps hot records, outside the sidecar's own memory).
+//! This module defines a sample's output from its source; where sources
+//! are kept (records on disk, their index, eviction by the plans) is
+//! [`crate::store::decoded`], beside the shard cache.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
 use super::{full_size_bounded, Crop, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
 use super::{Decoder, ScratchBudget, MAX_SIZE};
 
-mod index;
-mod record;
-mod store;
-
-pub use store::DecodedCache;
+use crate::store::decoded::DecodedCache;
 /// Smallest and largest stored shorter side a request may ask for.
 pub const MIN_SHORTER_SIDE: u32 = 64;
 pub const MAX_SHORTER_SIDE: u32 = MAX_SIZE;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TierError {
-    #[error("decoded-source tier at {dir}: {source}")]
-    Io {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("decoded-source tier: {0}")]
-    Claim(#[from] crate::store::cache::CacheError),
-    #[error(
-        "every one of the {slots} slots of decoded-source tier {dir} is held by another \
-         shardfeed process; give each server its own --decoded-cache-dir or raise --cache-slots"
-    )]
-    SlotsHeld { dir: PathBuf, slots: u32 },
-}
 
 /// What a stream asks of the tier.
 #[derive(Clone, Debug)]

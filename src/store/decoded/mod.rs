@@ -1,18 +1,48 @@
-//! The host's decoded sources on local disk: one record per sample (in a
-//! bucket of its shard: `<dir>/<2 hex>/<shard 16 hex>-<record 16 hex>.src`),
-//! the index of them ([`super::index`]), the bound, and the directory's
-//! lock (one server per directory or slot).
+//! The decoded-source tier's store: the host's decoded sources on local
+//! disk, shared by every stream (what a source is and how an output is
+//! made from it is [`crate::decode::tier`]).
+//!
+//! One record per sample, in a bucket of its shard: `<dir>/<2 hex>/<shard
+//! 16 hex>-<record 16 hex>.src`, written to a private temporary name and
+//! renamed into place (a reader never sees half a record). A record holds
+//! its full key (so neither a hash collision nor a changed object can serve
+//! the wrong pixels: the key names the shard's ETag), the source's
+//! geometry, the pixels and a CRC-32 of all of it ([`record`]); one that
+//! fails its checks is deleted and counted, and the sample is derived
+//! again. The index of the records ([`index`]) lives in process memory,
+//! bounded per record; eviction follows the streams' plans. The directory
+//! is one server's (locked; slots let several share a node's).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::super::source::{SourceForm, StoredSource};
-use super::index::{Index, Record, INDEX_BYTES_PER_RECORD};
-use super::record::{encode_record, full_key, parse_record, record_name};
-use super::TierError;
+use crate::decode::source::{SourceForm, StoredSource};
 use crate::metrics;
+use index::{Index, Record, INDEX_BYTES_PER_RECORD};
+use record::{encode_record, full_key, parse_record, record_name};
+
+mod index;
+mod record;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    #[error("decoded-source tier at {dir}: {source}")]
+    Io {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("decoded-source tier: {0}")]
+    Claim(#[from] crate::store::cache::CacheError),
+    #[error(
+        "every one of the {slots} slots of decoded-source tier {dir} is held by another \
+         shardfeed process; give each server its own --decoded-cache-dir or raise --cache-slots"
+    )]
+    SlotsHeld { dir: PathBuf, slots: u32 },
+}
+
 use crate::store::cache::hints::location_id;
 use crate::store::cache::PlanFollower;
 
@@ -324,7 +354,7 @@ impl DecodedCache {
     }
 
     /// Evicts what the streams' plans need furthest ahead (see
-    /// [`super::index`]) until the records fit in `limit` bytes and the
+    /// [`index`]) until the records fit in `limit` bytes and the
     /// index in its memory.
     fn evict_to(&self, limit: u64) {
         let max_records = self.max_records.load(Ordering::Relaxed);
@@ -376,7 +406,7 @@ fn parse_file_name(stem: &str) -> Option<(u64, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::record::tests::{form, source};
+    use super::record::tests::{form, source};
     use super::*;
 
     fn record_path(cache: &DecodedCache, record: &str) -> PathBuf {

@@ -1,7 +1,7 @@
 //! The on-disk form of one decoded-source record: its full key, the
 //! source's geometry and pixels, and a CRC-32 of all of it.
 
-use super::super::source::{SourceForm, SourceKind, StoredSource};
+use crate::decode::source::{SourceForm, SourceKind, StoredSource};
 
 const MAGIC: &[u8; 8] = b"SFDSRC01";
 /// Most bytes a record's key may have.
@@ -14,7 +14,7 @@ pub(super) fn full_key(record: &str, form: &SourceForm) -> String {
 }
 
 pub(super) fn record_name(key: &str) -> u64 {
-    super::super::augment::fmix64(super::super::augment::fnv1a(key.bytes()))
+    crate::decode::augment::fmix64(crate::decode::augment::fnv1a(key.bytes()))
 }
 
 fn kind_code(kind: SourceKind) -> (u8, u8) {
@@ -120,14 +120,14 @@ impl<'a> Reader<'a> {
 pub(super) mod tests {
     use super::*;
 
-    pub(in crate::decode::tier) fn form() -> SourceForm {
+    pub(in crate::store::decoded) fn form() -> SourceForm {
         SourceForm {
             shorter_side: 64,
             kind: SourceKind::Raw,
         }
     }
 
-    pub(in crate::decode::tier) fn source(seed: u8) -> StoredSource {
+    pub(in crate::store::decoded) fn source(seed: u8) -> StoredSource {
         StoredSource {
             kind: SourceKind::Raw,
             width: 8,
