@@ -133,6 +133,10 @@ def test_a_drained_stream_says_where_to_resume_in_its_status_details(
         assert int(error.metadata["epoch"]) == 2
         assert error.resume_position() == got[-1].position
 
+        # The replacement takes the socket once the drained server is gone:
+        # while it still listens (it exits just after its last stream ends),
+        # a second server refuses the path rather than steal it.
+        first.process.wait(timeout=30)
         servers.append(start_server(s3, listen))
         rest = _epoch(Client(first.target), dataset, resume_from=error.resume_position())
         assert [keys for keys, _ in rest] == [keys for keys, _ in expected[len(got) :]]
