@@ -26,6 +26,7 @@ use crate::plan::{
     self, EpochCounts, Partition, PlanError, PlanRequest, ShuffleConfig, StreamPlan,
 };
 use crate::store::cache::PlanFollower;
+use crate::store::decoded::DecodedCache;
 
 /// Decode threads when none are configured: one per core.
 pub fn default_decode_threads() -> usize {
@@ -174,7 +175,7 @@ pub struct Engine {
     memory: MemoryBudget,
     scratch: Arc<ScratchBudget>,
     /// The host's decoded-source tier, when it keeps one.
-    decoded: Option<Arc<crate::store::decoded::DecodedCache>>,
+    decoded: Option<Arc<DecodedCache>>,
     /// Benchmarks only: streams send pattern batches instead of decoding.
     #[cfg(feature = "dev")]
     synthetic_batches: bool,
@@ -218,7 +219,7 @@ impl Engine {
     }
 
     /// Keeps decoded sources in `cache` for streams that ask for the tier.
-    pub fn with_decoded_cache(mut self, cache: Arc<crate::store::decoded::DecodedCache>) -> Self {
+    pub fn with_decoded_cache(mut self, cache: Arc<DecodedCache>) -> Self {
         self.decoded = Some(cache);
         self
     }
