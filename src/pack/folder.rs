@@ -32,8 +32,10 @@ pub(super) fn list_inputs(source: &Path, manifest: Option<&Path>) -> Result<List
         Some(manifest) => read_manifest(source, manifest)?,
         None => {
             let mut walker = Walker::new(source)?;
-            let mut files = Vec::new();
-            walker.walk(source, &mut files)?;
+            let mut found = Vec::new();
+            let real_source = walker.ancestors[0].clone();
+            walker.walk(source, &real_source, &mut found)?;
+            let files: Vec<PathBuf> = found.into_iter().map(|(path, _)| path).collect();
             let (records, images): (Vec<PathBuf>, Vec<PathBuf>) =
                 files.into_iter().partition(|path| {
                     ShardFormat::from_name(&path.to_string_lossy()) == Some(ShardFormat::TfRecord)
@@ -195,7 +197,8 @@ pub(super) fn read_record_image(
 fn image_folder(source: &Path) -> Result<Labelled, PackError> {
     let mut walker = Walker::new(source)?;
     let mut classes = Vec::new();
-    for entry in walker.entries(source)? {
+    let real_source = walker.ancestors[0].clone();
+    for entry in walker.entries(source, &real_source)? {
         if let Entry::Dir(path, _) = entry {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
             classes.push((name.into_owned(), path));
@@ -212,8 +215,17 @@ fn image_folder(source: &Path) -> Result<Labelled, PackError> {
     let mut files = Vec::new();
     for (label, (_, dir)) in classes.iter().enumerate() {
         let mut found = Vec::new();
-        walker.walk(dir, &mut found)?;
-        files.extend(found.into_iter().map(|path| (path, label as i64)));
+        let real = std::fs::canonicalize(dir).map_err(|source| PackError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        walker.walk(dir, &real, &mut found)?;
+        // A file reached by several paths of one class (a link beside its
+        // target) is that class's sample once, under its first path.
+        found.sort();
+        let mut seen = std::collections::HashSet::new();
+        found.retain(|(_, real)| seen.insert(real.clone()));
+        files.extend(found.into_iter().map(|(path, _)| (path, label as i64)));
     }
     files.sort();
     Ok(Labelled {
@@ -223,15 +235,17 @@ fn image_folder(source: &Path) -> Result<Labelled, PackError> {
     })
 }
 
+/// An entry of a directory, with its real path (links resolved).
 enum Entry {
-    /// A directory (or a link to one inside the root) and its real path.
     Dir(PathBuf, PathBuf),
-    File(PathBuf),
+    File(PathBuf, PathBuf),
 }
 
-/// Walks a folder following symlinks that stay inside its root.
+/// Walks a folder following symlinks wherever they point, as torchvision's
+/// ImageFolder does: subsets of large datasets are often folders of links.
+/// `pack` runs with its user's own rights, so it confines nothing; what a
+/// sidecar may serve is its `--allow` roots' business.
 struct Walker {
-    root: PathBuf,
     /// Real paths of the directories being walked: a link to one is a loop.
     ancestors: Vec<PathBuf>,
     skipped: Vec<Skipped>,
@@ -244,16 +258,14 @@ impl Walker {
             source: error,
         })?;
         Ok(Self {
-            ancestors: vec![root.clone()],
-            root,
+            ancestors: vec![root],
             skipped: Vec::new(),
         })
     }
 
-    /// The visible entries of `dir`, links resolved. A link to a directory
-    /// outside the root is an error (a whole class would vanish); a link to
-    /// a file outside it, or a broken link, is skipped with the reason.
-    fn entries(&mut self, dir: &Path) -> Result<Vec<Entry>, PackError> {
+    /// The visible entries of `dir` (whose real path is `real_dir`), links
+    /// resolved; a broken link is skipped with the reason.
+    fn entries(&mut self, dir: &Path, real_dir: &Path) -> Result<Vec<Entry>, PackError> {
         let io = |source| PackError::Io {
             path: dir.to_path_buf(),
             source,
@@ -261,17 +273,19 @@ impl Walker {
         let mut entries = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(io)? {
             let entry = entry.map_err(io)?;
-            if entry.file_name().to_string_lossy().starts_with('.') {
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with('.') {
                 continue;
             }
             let path = entry.path();
             let kind = entry.file_type().map_err(io)?;
             if !kind.is_symlink() {
-                if kind.is_dir() {
-                    entries.push(Entry::Dir(path.clone(), path));
+                let real = real_dir.join(&name);
+                entries.push(if kind.is_dir() {
+                    Entry::Dir(path, real)
                 } else {
-                    entries.push(Entry::File(path));
-                }
+                    Entry::File(path, real)
+                });
                 continue;
             }
             let Ok(target) = std::fs::canonicalize(&path) else {
@@ -281,47 +295,35 @@ impl Walker {
                 });
                 continue;
             };
-            let inside = target.starts_with(&self.root);
-            match (target.is_dir(), inside) {
-                (true, true) => entries.push(Entry::Dir(path, target)),
-                (true, false) => {
-                    return Err(PackError::Layout(format!(
-                        "{} links to {}, outside the source folder {}: pack a folder that \
-                         holds the data, or copy it in",
-                        path.display(),
-                        target.display(),
-                        self.root.display()
-                    )))
-                }
-                (false, true) => entries.push(Entry::File(path)),
-                (false, false) => self.skipped.push(Skipped {
-                    path,
-                    reason: format!("links to {}, outside the source folder", target.display()),
-                }),
-            }
+            entries.push(if target.is_dir() {
+                Entry::Dir(path, target)
+            } else {
+                Entry::File(path, target)
+            });
         }
         Ok(entries)
     }
 
-    /// Every file under `dir`, skipping hidden names.
-    fn walk(&mut self, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), PackError> {
-        for entry in self.entries(dir)? {
+    /// Every file under `dir` with its real path, skipping hidden names and
+    /// links back to a folder being walked (loops).
+    fn walk(
+        &mut self,
+        dir: &Path,
+        real_dir: &Path,
+        out: &mut Vec<(PathBuf, PathBuf)>,
+    ) -> Result<(), PackError> {
+        for entry in self.entries(dir, real_dir)? {
             match entry {
-                Entry::File(path) => out.push(path),
+                Entry::File(path, real) => out.push((path, real)),
                 Entry::Dir(path, real) => {
-                    let real = if path == real {
-                        std::fs::canonicalize(&path).unwrap_or(real)
-                    } else {
-                        real
-                    };
                     if self.ancestors.contains(&real) {
                         self.skipped.push(Skipped {
                             path,
                             reason: "a symlink loop (links to a folder that holds it)".into(),
                         });
                     } else {
-                        self.ancestors.push(real);
-                        let walked = self.walk(&path, out);
+                        self.ancestors.push(real.clone());
+                        let walked = self.walk(&path, &real, out);
                         self.ancestors.pop();
                         walked?;
                     }
@@ -367,21 +369,27 @@ mod tests {
     }
 
     #[test]
-    fn symlinked_classes_and_images_are_followed_inside_the_root() {
+    fn symlinked_classes_and_images_are_followed_wherever_they_point() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("train");
         touch(&root.join("a/1.jpg"));
         touch(&root.join("store/b/2.jpg"));
         touch(&root.join("store/loose.jpg"));
         touch(&dir.path().join("outside/3.jpg"));
+        touch(&dir.path().join("elsewhere/4.jpg"));
         std::os::unix::fs::symlink(root.join("store/b"), root.join("b")).unwrap();
         std::os::unix::fs::symlink(root.join("store/loose.jpg"), root.join("a/link.jpg")).unwrap();
         std::os::unix::fs::symlink(dir.path().join("outside/3.jpg"), root.join("a/out.jpg"))
             .unwrap();
+        // The same file twice in one class: once.
+        std::os::unix::fs::symlink(root.join("a/1.jpg"), root.join("a/again.jpg")).unwrap();
         std::os::unix::fs::symlink(&root, root.join("a/loop")).unwrap();
+        // A class folder outside the source folder (a subset made of links).
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), root.join("c")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("gone"), root.join("a/broken.jpg")).unwrap();
         std::fs::create_dir_all(root.join("empty")).unwrap();
         let listed = image_folder(&root).unwrap();
-        assert_eq!(listed.classes, ["a", "b", "empty", "store"]);
+        assert_eq!(listed.classes, ["a", "b", "c", "empty", "store"]);
         let rel: Vec<(String, i64)> = listed
             .files
             .iter()
@@ -392,21 +400,16 @@ mod tests {
             [
                 ("a/1.jpg".to_string(), 0),
                 ("a/link.jpg".to_string(), 0),
+                ("a/out.jpg".to_string(), 0),
                 ("b/2.jpg".to_string(), 1),
-                ("store/b/2.jpg".to_string(), 3),
-                ("store/loose.jpg".to_string(), 3),
+                ("c/4.jpg".to_string(), 2),
+                ("store/b/2.jpg".to_string(), 4),
+                ("store/loose.jpg".to_string(), 4),
             ]
         );
         let reasons: Vec<&str> = listed.skipped.iter().map(|s| s.reason.as_str()).collect();
-        assert!(reasons
-            .iter()
-            .any(|r| r.contains("outside the source folder")));
         assert!(reasons.iter().any(|r| r.contains("symlink loop")));
-
-        std::fs::create_dir_all(dir.path().join("elsewhere")).unwrap();
-        std::os::unix::fs::symlink(dir.path().join("elsewhere"), root.join("c")).unwrap();
-        let error = image_folder(&root).err().unwrap().to_string();
-        assert!(error.contains("outside the source folder"), "{error}");
+        assert!(reasons.iter().any(|r| r.contains("broken symlink")));
     }
 
     #[test]
