@@ -34,13 +34,22 @@ const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// The smallest frame size every HTTP/2 peer accepts: re-encoded blocks are
-/// split to it, whatever the server advertised.
+/// split to it. It is also the server's SETTINGS_MAX_FRAME_SIZE (h2's
+/// default, which the server keeps), so a larger frame from the client is an
+/// error there too: it is refused before it is buffered.
 const MAX_FRAME: usize = 16_384;
 /// A header block larger than this ends the connection: a gRPC call's
 /// headers are a few hundred bytes.
-const MAX_HEADER_BLOCK: usize = 1 << 20;
-/// The client's HPACK table may not grow past this (its memory is ours).
-const MAX_TABLE_SIZE: usize = 64 << 10;
+const MAX_HEADER_BLOCK: usize = 64 << 10;
+/// Decoded header bytes (RFC 9113's size: name + value + 32 per field) one
+/// block may expand to. HPACK lets a one-byte index stand for a table entry
+/// of up to the table's size, so a small block can name gigabytes; decoding
+/// stops appending past this, before allocating it.
+const MAX_HEADER_LIST: usize = 64 << 10;
+/// The client's HPACK table may not grow past this (its memory is ours): the
+/// SETTINGS_HEADER_TABLE_SIZE the server's h2 advertises (the protocol's
+/// default), so a larger size update is an error there too.
+const MAX_TABLE_SIZE: usize = 4096;
 /// Where an authority that is not one goes.
 const LOCAL_AUTHORITY: &[u8] = b"localhost";
 
@@ -99,6 +108,11 @@ impl<S> AnyAuthority<S> {
             if self.input.len() < FRAME_HEADER + length {
                 return Ok(());
             }
+            if length > MAX_FRAME {
+                return Err(invalid(
+                    "a frame larger than SETTINGS_MAX_FRAME_SIZE (16384)",
+                ));
+            }
             let (kind, flags) = (header[3], header[4]);
             let stream =
                 u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
@@ -133,24 +147,39 @@ impl<S> AnyAuthority<S> {
 
     fn continue_block(&mut self, block: PendingBlock, flags: u8) -> io::Result<()> {
         if block.fragment.len() > MAX_HEADER_BLOCK {
-            return Err(invalid("a header block over 1 MiB"));
+            return Err(invalid("a header block over 64 KiB"));
         }
         if flags & END_HEADERS == 0 {
             self.pending = Some(block);
             return Ok(());
         }
-        let headers = self
-            .decoder
-            .decode(&block.fragment)
-            .map_err(|error| invalid(&format!("HPACK: {error}")))?;
+        // Each field is re-encoded as it is decoded (table entries are
+        // borrowed, not copied), and nothing is kept past the bound.
         let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
-        for (name, value) in &headers {
-            let value = if name == b":authority" && !is_authority(value) {
-                LOCAL_AUTHORITY
-            } else {
-                value
-            };
-            encode_literal(name, value, &mut encoded)?;
+        let mut list_size = 0usize;
+        let mut failed: Option<io::Error> = None;
+        self.decoder
+            .decode_with_cb(&block.fragment, |name, value| {
+                if failed.is_some() {
+                    return;
+                }
+                list_size += name.len() + value.len() + 32;
+                if list_size > MAX_HEADER_LIST {
+                    failed = Some(invalid("a header list over 64 KiB decoded"));
+                    return;
+                }
+                let value: &[u8] = if &*name == b":authority" && !is_authority(&value) {
+                    LOCAL_AUTHORITY
+                } else {
+                    &value
+                };
+                if let Err(error) = encode_literal(&name, value, &mut encoded) {
+                    failed = Some(error);
+                }
+            })
+            .map_err(|error| invalid(&format!("HPACK: {error}")))?;
+        if let Some(error) = failed {
+            return Err(error);
         }
         write_block(&mut self.output, &block, &encoded);
         Ok(())
@@ -391,7 +420,10 @@ mod tests {
         client.extend(frame(HEADERS, PADDED | PRIORITY, 1, &payload));
         client.extend(frame(CONTINUATION, END_HEADERS, 1, tail));
         client.extend(frame(0x0, END_STREAM, 1, b"request body")); // DATA
-        client.extend(frame(HEADERS, END_HEADERS | END_STREAM, 3, &second));
+                                                                   // Frames are at most the server's SETTINGS_MAX_FRAME_SIZE.
+        let (head, tail) = second.split_at(second.len() / 2);
+        client.extend(frame(HEADERS, END_STREAM, 3, head));
+        client.extend(frame(CONTINUATION, END_HEADERS, 3, tail));
 
         let out = through(client).await.unwrap();
         assert_eq!(&out[..PREFACE.len()], PREFACE);
@@ -445,5 +477,41 @@ mod tests {
             error.to_string().contains("CONTINUATION without"),
             "{error}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_small_block_naming_huge_table_entries_is_refused_before_it_expands() {
+        // A 4 KB entry added to the client's table (a literal with
+        // incremental indexing: the table's whole size), then 100 one-byte
+        // references to it (the newest dynamic entry is index 62): 400 KB if
+        // expanded, and 64 KiB of them would be 260 MB.
+        let mut first = vec![0x40];
+        for string in [&b"x-big"[..], &vec![b'v'; 4_000][..]] {
+            loona_hpack::encoder::encode_integer_into(string.len(), 7, 0x00, &mut first).unwrap();
+            first.extend_from_slice(string);
+        }
+        let mut client = PREFACE.to_vec();
+        client.extend(frame(HEADERS, END_HEADERS, 1, &first));
+        client.extend(frame(HEADERS, END_HEADERS, 3, &[0x80 | 62; 100]));
+        let error = through(client).await.unwrap_err();
+        assert!(
+            error.to_string().contains("header list over 64 KiB"),
+            "{error}"
+        );
+
+        // A table larger than the server advertises is refused.
+        let mut update = Vec::new();
+        loona_hpack::encoder::encode_integer_into(64 << 10, 5, 0x20, &mut update).unwrap();
+        update.extend_from_slice(&first);
+        let mut client = PREFACE.to_vec();
+        client.extend(frame(HEADERS, END_HEADERS, 1, &update));
+        let error = through(client).await.unwrap_err();
+        assert!(error.to_string().contains("HPACK"), "{error}");
+
+        // A frame over the server's SETTINGS_MAX_FRAME_SIZE is refused whole.
+        let mut client = PREFACE.to_vec();
+        client.extend(frame(0x0, 0, 1, &vec![0; MAX_FRAME + 1]));
+        let error = through(client).await.unwrap_err();
+        assert!(error.to_string().contains("MAX_FRAME_SIZE"), "{error}");
     }
 }
