@@ -417,6 +417,17 @@ def check_documents(docs: list[Doc], name: str) -> None:
             check_custom(doc, pod_labels)
         for where, template in pod_templates(doc):
             check_pod(f"{name}: {where}", template)
+            # Metrics leave loopback only where a PodMonitor scrapes them.
+            scraped = any(d["kind"] == "PodMonitor" for d in docs)
+            sidecars = [
+                c for c in template["spec"].get("initContainers", []) if c["name"] == "shardfeed"
+            ]
+            for sidecar in sidecars:
+                listen = env_of(sidecar)["SHARDFEED_METRICS_LISTEN"]
+                check(
+                    listen.startswith("0.0.0.0:" if scraped else "127.0.0.1:"),
+                    f"{name}: metrics on {listen} with{'' if scraped else 'out'} a PodMonitor",
+                )
         if doc["kind"] == "ConfigMap" and "shardfeed.json" in doc.get("data", {}):
             shipped = json.loads(doc["data"]["shardfeed.json"])
             check(shipped == dashboard(), f"{name}: the ConfigMap's dashboard differs")
@@ -821,8 +832,13 @@ def check_query(expr: str, where: str) -> None:
     reference = (REPO / "docs/METRICS.md").read_text() + (
         REPO / "proto/shardfeed/v1/shardfeed.proto"
     ).read_text()
-    for label, value in re.findall(r'(\w+)="([^"$.*]+)"', expr):
-        check(value in reference, f"{where}: {label}={value!r} is no value shardfeed exports")
+    # Exclusions too: `code!="Ok"` against an exporter that writes `OK`
+    # matches every series.
+    for label, value in re.findall(r'(\w+)!?="([^"$.*]+)"', expr):
+        check(
+            re.search(rf"`{re.escape(value)}`|\b{re.escape(value)}\b", reference) is not None,
+            f"{where}: {label}={value!r} is no value shardfeed exports",
+        )
 
 
 def check_dashboard() -> int:
@@ -865,6 +881,25 @@ def check_rules(doc: Doc) -> None:
         check(rule["annotations"].get("summary"), f"alert {rule['alert']}: no summary")
 
 
+def check_alerts_with_promtool() -> int:
+    """The default PrometheusRule's groups through the real Prometheus rule
+    checker and its unit tests (helm/tests/alerts.test.yaml): each alert
+    fires on the event it names."""
+    promtool = tool("PROMTOOL", "promtool")
+    rendered = render(None, IMAGE, "prometheusRule.enabled=true")
+    check(rendered.returncode == 0, f"rules: helm template failed: {rendered.stderr}")
+    (rule,) = [d for d in documents(rendered.stdout) if d["kind"] == "PrometheusRule"]
+    with tempfile.TemporaryDirectory() as folder:
+        rules = Path(folder, "rules.yaml")
+        rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+        tests = Path(folder, "alerts.test.yaml")
+        shutil.copy(CHART.parent / "tests" / "alerts.test.yaml", tests)
+        for args in (("check", "rules", str(rules)), ("test", "rules", str(tests))):
+            done = run(promtool, *args)
+            check(done.returncode == 0, f"promtool {args[0]} rules: {done.stdout}{done.stderr}")
+    return len(yaml.safe_load((CHART.parent / "tests" / "alerts.test.yaml").read_text())["tests"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -885,6 +920,7 @@ def main() -> int:
         print(f"kustomize: {check_kustomize()}")
         panels = check_dashboard()
         print(f"dashboard: {panels} panels, every query parses, every metric is documented")
+        print(f"alerts: promtool checks the rules and passes {check_alerts_with_promtool()} tests")
     except (CheckFailed, kubernetes_validate.ValidationError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or getattr(e, "stdout", "") or ""
         print(f"chart check failed: {e}\n{detail}")

@@ -197,6 +197,25 @@ pub fn describe() {
     for source in ["cache", "origin"] {
         counter!(CACHE_READ_BYTES, "source" => source).absolute(0);
     }
+    // Every label value a rule or panel filters on exists from the start:
+    // `increase()` cannot see a series born at 1 (the alert on streams
+    // refused for memory would never fire on the first refusal).
+    for rpc in RPCS {
+        for code in ALL_CODES {
+            counter!(REQUESTS, "rpc" => rpc, "code" => grpc_code_name(code)).absolute(0);
+        }
+    }
+    for op in ["get", "head", "list", "put"] {
+        for outcome in S3_OUTCOMES {
+            counter!(S3_REQUESTS, "op" => op, "outcome" => outcome).absolute(0);
+        }
+    }
+    for event in TIER_EVENTS {
+        counter!(DECODED_TIER, "event" => event).absolute(0);
+    }
+    for decoded_by in ["server", "client"] {
+        counter!(DELIVERED, "decoded_by" => decoded_by).absolute(0);
+    }
     for reason in [
         "corrupt",
         "too_large",
@@ -218,6 +237,53 @@ pub fn describe() {
         gauge!(name).set(0.0);
     }
 }
+
+/// The RPCs `shardfeed_requests_total` counts (its `rpc` label).
+pub const RPCS: [&str; 3] = ["StreamBatches", "Describe", "ReportClientDecodes"];
+
+/// Every gRPC status code, for series that start at 0.
+const ALL_CODES: [tonic::Code; 17] = [
+    tonic::Code::Ok,
+    tonic::Code::Cancelled,
+    tonic::Code::Unknown,
+    tonic::Code::InvalidArgument,
+    tonic::Code::DeadlineExceeded,
+    tonic::Code::NotFound,
+    tonic::Code::AlreadyExists,
+    tonic::Code::PermissionDenied,
+    tonic::Code::ResourceExhausted,
+    tonic::Code::FailedPrecondition,
+    tonic::Code::Aborted,
+    tonic::Code::OutOfRange,
+    tonic::Code::Unimplemented,
+    tonic::Code::Internal,
+    tonic::Code::Unavailable,
+    tonic::Code::DataLoss,
+    tonic::Code::Unauthenticated,
+];
+
+/// The outcomes of S3 requests (`shardfeed_s3_requests_total`).
+pub const S3_OUTCOMES: [&str; 8] = [
+    "ok",
+    "not_found",
+    "denied",
+    "credentials",
+    "changed",
+    "transient",
+    "throttled",
+    "error",
+];
+
+/// The decoded-source tier's events (`shardfeed_decoded_tier_total`).
+pub const TIER_EVENTS: [&str; 7] = [
+    "hit",
+    "miss",
+    "fill",
+    "eviction",
+    "corrupt",
+    "missing",
+    "write_failed",
+];
 
 pub fn request(rpc: &'static str, code: tonic::Code) {
     counter!(REQUESTS, "rpc" => rpc, "code" => grpc_code_name(code)).increment(1);
@@ -292,6 +358,24 @@ pub fn decoded_tier_bytes(bytes: u64) {
 pub fn delivered(server: usize, client: usize) {
     counter!(DELIVERED, "decoded_by" => "server").increment(server as u64);
     counter!(DELIVERED, "decoded_by" => "client").increment(client as u64);
+    UNREPORTED_CLIENT_SAMPLES.fetch_add(client as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Samples sent compressed that no client has reported decoding (or failing
+/// to) yet: what `ReportClientDecodes` may still count.
+static UNREPORTED_CLIENT_SAMPLES: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// Takes `samples` reported by a client off the samples sent compressed;
+/// refuses (returning what is left) a report of more than were sent, so no
+/// client inflates the counters the decode-failure alert reads.
+pub fn take_client_reports(samples: u64) -> Result<(), u64> {
+    use std::sync::atomic::Ordering;
+    UNREPORTED_CLIENT_SAMPLES
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+            left.checked_sub(samples)
+        })
+        .map(|_| ())
 }
 
 pub fn client_decodes(samples: u64) {
@@ -303,6 +387,25 @@ pub fn substituted(reason: &'static str) {
 }
 
 /// Per-stream handles, resolved once per stream rather than per sample.
+/// Distinct rank labels one sidecar exports: a host's ranks (8 GPUs),
+/// DataLoader workers' sub-ranks and a restart's new world with room to
+/// spare, however many ranks clients name.
+pub const MAX_RANK_LABELS: usize = 64;
+
+/// A stream's `rank` label (see [`MAX_RANK_LABELS`]).
+pub fn rank_label(rank: u32) -> String {
+    static LABELLED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+    let mut labelled = LABELLED.lock().unwrap_or_else(|e| e.into_inner());
+    if labelled.contains(&rank) {
+        return rank.to_string();
+    }
+    if labelled.len() < MAX_RANK_LABELS {
+        labelled.push(rank);
+        return rank.to_string();
+    }
+    "other".to_string()
+}
+
 #[derive(Clone)]
 pub struct StreamMetrics {
     batches: metrics::Counter,
@@ -314,14 +417,12 @@ pub struct StreamMetrics {
 }
 
 impl StreamMetrics {
-    /// Stall figures are labelled by rank: a host serves a handful of ranks,
-    /// so the label set stays small; ranks past 1023 share one label.
+    /// Stall figures are labelled by rank: a host serves a handful of ranks.
+    /// Ranks are the clients' to choose and a series is never removed, so
+    /// only the first [`MAX_RANK_LABELS`] ranks a sidecar sees get a label
+    /// of their own; later ones share `other`.
     pub fn new(rank: u32) -> Self {
-        let rank = if rank < 1024 {
-            rank.to_string()
-        } else {
-            "1024+".to_string()
-        };
+        let rank = rank_label(rank);
         Self {
             batches: counter!(BATCHES),
             samples: counter!(SAMPLES),

@@ -334,6 +334,27 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
         assert!(status.message().contains(message), "{status:?}");
     }
 
+    // Reports count against the samples sent compressed: one epoch's.
+    let sent: usize = collect(&mut client, encoded(train(&uri), None))
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.encoded.iter().filter(|e| !e.decoded).count())
+        .sum();
+    assert!(sent >= 12, "{sent} sent compressed");
+    let inflated = client
+        .report_client_decodes(pb::ClientDecodeReport {
+            rank: 0,
+            decoded: 1 << 40,
+            failures: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(inflated.code(), tonic::Code::InvalidArgument);
+    assert!(
+        inflated.message().contains("sent compressed"),
+        "{inflated:?}"
+    );
     let failure = pb::ClientDecodeFailure {
         shard: "photos/shard-000000.tar".into(),
         key: "s0/k001".into(),

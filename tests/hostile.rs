@@ -29,7 +29,11 @@ async fn streams_are_admitted_against_the_memory_budget_and_free_it_when_they_le
     // 1 GiB limit: streams may reserve 640 MiB; one stream of 32 x 512² batches
     // reserves 7 x 24 MiB + readers ≈ 170 MiB, so three fit and a fourth does not.
     let harness = Harness::start(Options {
-        memory: MemoryConfig::from_limit(1 << 30),
+        // Refused after a short wait: this test is about the refusal.
+        memory: MemoryConfig {
+            admission_wait: Duration::from_millis(300),
+            ..MemoryConfig::from_limit(1 << 30)
+        },
         ..Options::default()
     })
     .await;
@@ -90,6 +94,42 @@ async fn streams_are_admitted_against_the_memory_budget_and_free_it_when_they_le
     println!(
         "reservation freed {:?} after the client left",
         left.elapsed()
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_opened_right_after_a_break_waits_for_the_memory_coming_back() {
+    // Three streams fill the budget (see above); the trainer breaks out of
+    // one and opens the next at once, as `break` + a new epoch does.
+    let harness = Harness::start(Options {
+        memory: MemoryConfig::from_limit(1 << 30),
+        ..Options::default()
+    })
+    .await;
+    let uri = upload(&harness.s3, "data", "", &simple_dataset(6, 40)).await;
+    let mut client = harness.client().await;
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut stream = client
+            .stream_batches(big_output(32, 512, &uri))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(stream.message().await.unwrap().is_some());
+        open.push(stream);
+    }
+    drop(open.pop());
+    let broke = Instant::now();
+    let mut next = client
+        .stream_batches(big_output(32, 512, &uri))
+        .await
+        .expect("admitted once the broken stream's memory came back, not refused")
+        .into_inner();
+    assert!(next.message().await.unwrap().is_some());
+    println!(
+        "the next stream waited {:?} for its memory",
+        broke.elapsed()
     );
     harness.shutdown().await;
 }

@@ -331,3 +331,58 @@ async fn bad_weights_and_sources_are_invalid_arguments_naming_the_field() {
     }
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_keeps_where_the_weights_began_and_streams_the_same_tail() {
+    let harness = Harness::start(Options::default()).await;
+    let (tar, records) = two_sources(&harness).await;
+    // Weights changed at step 0 of this epoch's request: [1, 1] before it.
+    let request = pb::StreamBatchesRequest {
+        epoch: 1,
+        weight_changes: vec![pb::WeightChange {
+            from_step: 0,
+            weights: vec![1.0, 1.0],
+        }],
+        ..mixed(&tar, &records, [3.0, 1.0])
+    };
+    let whole = global_steps(&harness, &request, 1, 16).await;
+    assert_eq!(whole.len(), 10);
+    // A reconnect after 4 batches says where the current weights began
+    // (epoch 1's first step, 10): the tail is the uninterrupted one's.
+    let resumed = pb::StreamBatchesRequest {
+        resume_from: Some(pb::EpochPosition {
+            segments: vec![pb::PositionSegment {
+                world_size: 1,
+                batches: 4,
+            }],
+            ..Default::default()
+        }),
+        weights_from_step: Some(10),
+        ..request.clone()
+    };
+    let tail = global_steps(&harness, &resumed, 1, 16).await;
+    let keys =
+        |steps: &[Vec<pb::Batch>]| -> Vec<Id> { steps.iter().flatten().flat_map(ids).collect() };
+    assert_eq!(keys(&tail), keys(&whole[4..]));
+
+    // Where the weights began is checked against the request.
+    for (weights_from_step, field) in [(Some(15), "after this request's first step")] {
+        let status = collect(
+            &mut harness.client().await,
+            at(
+                &pb::StreamBatchesRequest {
+                    weights_from_step,
+                    ..resumed.clone()
+                },
+                0,
+                1,
+                16,
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(field), "{}", status.message());
+    }
+    harness.shutdown().await;
+}

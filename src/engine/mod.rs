@@ -198,7 +198,8 @@ impl Engine {
             .build()
             .map_err(std::io::Error::other)?;
         Ok(Self {
-            memory: MemoryBudget::new(config.memory.streams),
+            memory: MemoryBudget::new(config.memory.streams)
+                .with_admission_wait(config.memory.admission_wait),
             scratch: Arc::new(ScratchBudget::new(config.memory.decode_scratch)),
             registry,
             config,
@@ -311,11 +312,11 @@ impl Engine {
             .index
             .bytes()
             .div_ceil(dataset.index.samples().max(1));
-        let reservation = Arc::new(self.memory.reserve(self.stream_cost(
-            &request,
-            mean_sample,
-            dataset.is_loose(),
-        ))?);
+        let reservation = Arc::new(
+            self.memory
+                .admit(self.stream_cost(&request, mean_sample, dataset.is_loose()))
+                .await?,
+        );
         let shared = self.shared_target(
             request.shared_memory.as_ref(),
             request.output.bytes() * request.plan.batch_size as usize,

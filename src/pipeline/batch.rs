@@ -147,7 +147,7 @@ impl<'a> BatchDispatch<'a> {
             ready: ReadySink {
                 tx,
                 // Per-stream series would be unbounded; the stream label is its rank.
-                gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => rank.to_string()),
+                gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => metrics::rank_label(rank)),
                 share,
                 client_wait_ns: AtomicU64::new(0),
                 ring: context.shared.as_ref().map(|shared| shared.ring.clone()),
@@ -465,7 +465,8 @@ pub(super) fn decode_batch(
     context.pool.spawn(move || {
         let slot = sample_decoder.spec.bytes();
         // An encoded batch is at most as long as a decoded one.
-        let (mut placements, length) = encoded::place(&samples, &delivery, slot);
+        let scratch_limit = sample_decoder.scratch.limit();
+        let (mut placements, length) = encoded::place(&samples, &delivery, slot, scratch_limit);
         let (mut heap, mut lease) = match shared_slot {
             Some(lease) => (Vec::new(), Some(lease)),
             None => (buffers.take(slot * samples.len()), None),

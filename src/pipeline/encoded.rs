@@ -113,6 +113,7 @@ pub(super) fn place(
     samples: &[EmittedSample],
     delivery: &Delivery,
     slot_bytes: usize,
+    scratch_limit: u64,
 ) -> (Vec<Placement>, usize) {
     let server_fraction = match delivery {
         Delivery::Decoded => {
@@ -129,7 +130,10 @@ pub(super) fn place(
         }
         Delivery::Encoded(share) => share.get(),
     };
-    let mut frames: Vec<Option<JpegFrame>> = samples.iter().map(client_decodable).collect();
+    let mut frames: Vec<Option<JpegFrame>> = samples
+        .iter()
+        .map(|emitted| client_decodable(emitted, scratch_limit))
+        .collect();
     server_share(&mut frames, server_fraction);
     // Compressed while the bytes so far stay within as many decoded slots.
     let (mut compressed, mut compressed_bytes) = (0usize, 0usize);
@@ -165,8 +169,13 @@ pub(super) fn place(
     (placements, offset)
 }
 
-/// The frame of an image the client can decode, else None.
-fn client_decodable(emitted: &EmittedSample) -> Option<JpegFrame> {
+/// The frame of an image the client can decode, else None. An image the
+/// server's own decode would refuse (too many pixels, more decode memory
+/// than the server's scratch budget, cut short) is left to the server,
+/// whose decode refuses it and substitutes it exactly as a decoded delivery
+/// does: both deliveries substitute the same samples, and the client never
+/// decodes more than the server would.
+fn client_decodable(emitted: &EmittedSample, scratch_limit: u64) -> Option<JpegFrame> {
     if emitted.sample.unreadable.is_some() {
         return None;
     }
@@ -175,7 +184,9 @@ fn client_decodable(emitted: &EmittedSample) -> Option<JpegFrame> {
     };
     let frame = decode::jpeg_frame(data)?;
     let pixels = u64::from(frame.width) * u64::from(frame.height);
-    (frame.is_baseline() && pixels <= decode::MAX_SOURCE_PIXELS).then_some(frame)
+    let within = pixels <= decode::MAX_SOURCE_PIXELS
+        && pixels * decode::SCRATCH_BYTES_PER_PIXEL <= scratch_limit;
+    (frame.is_baseline() && within && decode::check_jpeg_complete(data).is_ok()).then_some(frame)
 }
 
 /// Takes slots from the client (sets them None) until the server decodes

@@ -99,6 +99,7 @@ pub fn mixed_request(
             .iter()
             .map(|change| (change.from_step, change.weights.clone()))
             .collect(),
+        weights_from: request.weights_from_step,
         seed: single.plan.seed,
         epoch: single.plan.epoch,
         rank: single.plan.rank,

@@ -48,15 +48,53 @@ impl Default for ServiceConfig {
 
 /// Whether `--allow` rule `rule` admits `dataset`. A rule without a trailing
 /// slash still ends at a path boundary: `s3://b/train` admits
-/// `s3://b/train/x/` but not `s3://b/training/`.
+/// `s3://b/train/x/` but not `s3://b/training/`. Local paths are compared
+/// as the directories they resolve to (symlinks and `..` followed), so a
+/// link inside an allowed folder does not lead out of it.
 pub fn rule_allows(rule: &str, dataset: &str) -> bool {
+    let (rule, dataset) = (resolved(rule), resolved(dataset));
     let dataset = dataset.trim_end_matches('/');
     let rule_dir = rule.trim_end_matches('/');
     dataset == rule_dir
         || dataset
             .strip_prefix(rule_dir)
             .is_some_and(|rest| rest.starts_with('/'))
-        || (rule.ends_with("://") && dataset.starts_with(rule))
+        || (rule.ends_with("://") && dataset.starts_with(&*rule))
+}
+
+/// A `file://` URI as the path it resolves to; other URIs as they are. Of a
+/// path that does not exist (yet), its longest existing ancestor is
+/// resolved and the rest normalized on top of it (`..` takes off a part),
+/// so it cannot climb out of a rule either.
+fn resolved(uri: &str) -> std::borrow::Cow<'_, str> {
+    use std::path::{Component, Path, PathBuf};
+    let Some(path) = uri.strip_prefix("file://") else {
+        return uri.into();
+    };
+    let components: Vec<Component> = Path::new(path).components().collect();
+    let mut split = components.len();
+    let mut real = loop {
+        let prefix: PathBuf = components[..split].iter().collect();
+        if let Ok(found) = std::fs::canonicalize(&prefix) {
+            break found;
+        }
+        if split == 0 {
+            break PathBuf::from("/");
+        }
+        split -= 1;
+    };
+    for part in &components[split..] {
+        match part {
+            Component::ParentDir => {
+                real.pop();
+            }
+            Component::Normal(name) => real.push(name),
+            _ => {}
+        }
+    }
+    let slash = if uri.ends_with('/') { "/" } else { "" };
+    let text = real.to_string_lossy();
+    format!("file://{}{slash}", text.trim_end_matches('/')).into()
 }
 
 #[derive(Debug)]
@@ -625,15 +663,37 @@ impl Shardfeed for ShardfeedService {
             metrics::request("ReportClientDecodes", error.code());
             return Err(error.into());
         }
+        let reported = report.decoded.saturating_add(report.failures.len() as u64);
+        if let Err(left) = metrics::take_client_reports(reported) {
+            let error = ServiceError::InvalidArgument(format!(
+                "decoded + failures: the report counts {reported} samples; {left} samples \
+                 were sent compressed and not yet reported"
+            ));
+            metrics::request("ReportClientDecodes", error.code());
+            return Err(error.into());
+        }
         metrics::client_decodes(report.decoded);
+        let mut unlogged = 0usize;
         for failure in &report.failures {
             metrics::substituted("client_decode");
+            if !CLIENT_FAILURE_LOG.take() {
+                unlogged += 1;
+                continue;
+            }
             tracing::warn!(
                 rank = report.rank,
                 shard = %bounded(&failure.shard),
                 key = %bounded(&failure.key),
                 error = %bounded(&failure.reason),
                 "the client substituted a sample it could not decode"
+            );
+        }
+        if unlogged > 0 && CLIENT_FAILURE_LOG.summary_due() {
+            tracing::warn!(
+                rank = report.rank,
+                unlogged,
+                "clients substituted more samples than are logged one by one \
+                 (shardfeed_substituted_samples_total{{reason=\"client_decode\"}} counts all)"
             );
         }
         metrics::request("ReportClientDecodes", tonic::Code::Ok);
@@ -643,6 +703,51 @@ impl Shardfeed for ShardfeedService {
 
 /// Failures one `ReportClientDecodes` may name: a few batches' worth.
 const MAX_REPORTED_FAILURES: usize = 4096;
+
+/// Client-reported failures logged one by one: at most this many a minute,
+/// whatever clients send (the counter counts every one).
+const CLIENT_FAILURE_LINES_PER_MINUTE: u32 = 100;
+
+static CLIENT_FAILURE_LOG: LogBudget = LogBudget::new(CLIENT_FAILURE_LINES_PER_MINUTE);
+
+/// Log lines a minute, shared by every caller.
+struct LogBudget {
+    per_minute: u32,
+    /// (the minute's start, lines logged in it, whether its summary was logged)
+    window: std::sync::Mutex<Option<(std::time::Instant, u32, bool)>>,
+}
+
+impl LogBudget {
+    const fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute,
+            window: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn with_window<T>(&self, f: impl FnOnce(&mut (std::time::Instant, u32, bool)) -> T) -> T {
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let current = window.get_or_insert((now, 0, false));
+        if now.duration_since(current.0) >= std::time::Duration::from_secs(60) {
+            *current = (now, 0, false);
+        }
+        f(current)
+    }
+
+    /// Whether one more line may be logged this minute.
+    fn take(&self) -> bool {
+        self.with_window(|(_, lines, _)| {
+            *lines += 1;
+            *lines <= self.per_minute
+        })
+    }
+
+    /// Whether this minute's one summary of lines not logged is still due.
+    fn summary_due(&self) -> bool {
+        self.with_window(|(_, _, summarized)| !std::mem::replace(summarized, true))
+    }
+}
 
 /// A client's text as logged: at most 512 bytes of it.
 fn bounded(text: &str) -> &str {

@@ -216,6 +216,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
                 Some(Code::FailedPrecondition)
             }
             EngineError::Mix(crate::plan::mix::MixError::Plan(_)) => None,
+            EngineError::Mix(crate::plan::mix::MixError::Abandoned) => Some(Code::Cancelled),
             EngineError::Mix(_) => Some(Code::InvalidArgument),
             _ => None,
         };

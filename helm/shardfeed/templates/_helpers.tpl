@@ -49,7 +49,8 @@ the headless Service (Job) or the JobSet's own subdomain.
 {{/* The pod template of every workload kind. `restartPolicy` is the pod's. */}}
 {{- define "shardfeed.podTemplate" -}}
 {{- $values := .root.Values -}}
-{{- $sidecar := $values.shardfeed -}}
+{{- /* Metrics leave loopback only for the PodMonitor that scrapes them. */ -}}
+{{- $sidecar := set (deepCopy $values.shardfeed) "scrapeMetrics" $values.podMonitor.enabled -}}
 metadata:
   labels:
     {{- include "shardfeed.labels" .root | nindent 4 }}

@@ -74,6 +74,20 @@ pub enum MixError {
     AllZero,
     #[error("weight_changes[{index}]: {reason}")]
     BadChange { index: usize, reason: String },
+    #[error("{0}")]
+    BadWeightsFrom(String),
+    #[error(
+        "epoch {epoch}: a mixed stream is planned from its first global step, and its \
+         first batch is step {first_step} ({steps} steps an epoch), past the \
+         {MAX_PLANNED_STEPS} steps planning walks"
+    )]
+    TooFarToPlan {
+        epoch: u64,
+        first_step: u64,
+        steps: u64,
+    },
+    #[error("planning was abandoned: the stream's client left")]
+    Abandoned,
     #[error(
         "sources[{index}] has {samples} samples, fewer than world_size {world_size}: \
          every rank reads at least one sample of each source"
@@ -106,13 +120,23 @@ impl MixWeights {
                 });
             }
         }
-        let total: f64 = weights.iter().sum();
+        // The sum of finite weights can overflow to infinity (two weights of
+        // 1e308), which would make every share zero: then the weights are
+        // scaled by the largest first. Only then, so that the shares of
+        // ordinary weights (and the batches planned from them) stay as they
+        // were.
+        let mut scale = 1.0;
+        let mut total: f64 = weights.iter().sum();
+        if total.is_infinite() {
+            scale = weights.iter().copied().fold(0.0, f64::max);
+            total = weights.iter().map(|w| w / scale).sum();
+        }
         if total <= 0.0 {
             return Err(MixError::AllZero);
         }
         let mut parts: Vec<u64> = weights
             .iter()
-            .map(|w| (w / total * WEIGHT_ONE as f64).round() as u64)
+            .map(|w| (w / scale / total * WEIGHT_ONE as f64).round() as u64)
             .collect();
         // Rounding leaves the sum a few parts off: the largest share absorbs it.
         let largest = (0..parts.len())
@@ -359,7 +383,26 @@ fn validate_changes(request: &MixRequest) -> Result<(), MixError> {
     Ok(())
 }
 
+/// The most global steps a mixed plan walks to its first batch: its counts
+/// are a running apportionment with no closed form, so the walk is linear
+/// in the step (about 0.1 µs a step here: a few seconds at the bound). A
+/// job of 10^5 steps an epoch plans 330 epochs within it.
+pub const MAX_PLANNED_STEPS: u64 = 1 << 25;
+
+/// How many steps the walk takes between looks at its abandon flag.
+const STEPS_BETWEEN_CHECKS: u64 = 1 << 16;
+
 pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
+    plan_mix_unless(request, &std::sync::atomic::AtomicBool::new(false))
+}
+
+/// [`plan_mix`], giving up with [`MixError::Abandoned`] once `abandoned` is
+/// set (the stream's client left, or the server shuts down): a walk of many
+/// steps never outlives its reason.
+pub fn plan_mix_unless(
+    request: &MixRequest,
+    abandoned: &std::sync::atomic::AtomicBool,
+) -> Result<MixPlan, MixError> {
     validate_changes(request)?;
     let MixRequest {
         seed,
@@ -408,6 +451,13 @@ pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
     let first_step = epoch
         .saturating_mul(stream.steps)
         .saturating_add(request.start_batch);
+    if first_step > MAX_PLANNED_STEPS {
+        return Err(MixError::TooFarToPlan {
+            epoch,
+            first_step,
+            steps: stream.steps,
+        });
+    }
     let history: u64 = request.history.iter().map(|p| p.batches).sum();
     if request.history.len() > super::MAX_RESUME_PHASES {
         return Err(PlanError::TooManyResumePhases(request.history.len()).into());
@@ -461,12 +511,22 @@ pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
         .map(|mut per_rank| per_rank.swap_remove(rank as usize))
         .collect();
     let (mut global, mut own) = (vec![0; sources], vec![0; sources]);
+    // Taking is additive: the rank's counts add up, then are taken at once.
+    let mut taken = vec![0u64; sources];
     while counts.step < first_step {
+        if counts.step.is_multiple_of(STEPS_BETWEEN_CHECKS)
+            && abandoned.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(MixError::Abandoned);
+        }
         let step = counts.next(&mut global);
         rank_counts(&global, world_size, rank, step, &mut own);
-        for (queue, (&count, &total)) in queues.iter_mut().zip(own.iter().zip(&samples)) {
-            queue.take(count, total);
+        for (sum, &count) in taken.iter_mut().zip(&own) {
+            *sum += count;
         }
+    }
+    for (queue, (&count, &total)) in queues.iter_mut().zip(taken.iter().zip(&samples)) {
+        queue.take(count, total);
     }
     let seeds = request
         .sources

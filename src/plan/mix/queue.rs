@@ -63,8 +63,16 @@ impl SourceQueue {
 
     /// Consumes `count` samples; `samples` is the source's size.
     pub(super) fn take(&mut self, mut count: u64, samples: u64) {
+        let part = samples / u64::from(self.world_size);
         while count > 0 {
             let Some(front) = self.slices.front_mut() else {
+                // Whole fresh parts taken (source-epochs run through) are
+                // skipped by arithmetic; the last one is opened.
+                if part > 0 && count > part {
+                    let whole = (count - 1) / part;
+                    self.next_epoch += whole;
+                    count -= whole * part;
+                }
                 self.open_next(samples);
                 continue;
             };

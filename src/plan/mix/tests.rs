@@ -27,6 +27,12 @@ fn bad_weights_are_refused_naming_the_source() {
 }
 
 #[test]
+fn huge_weights_whose_sum_overflows_keep_their_ratio() {
+    assert_eq!(weights(&[1e308, 1e308]), weights(&[1.0, 1.0]));
+    assert_eq!(weights(&[f64::MAX, f64::MAX / 3.0]), weights(&[3.0, 1.0]));
+}
+
+#[test]
 fn seventy_thirty_over_a_global_batch_of_ten() {
     let mut counts = GlobalCounts::new(
         &[WeightChange {
@@ -354,4 +360,42 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn planning_refuses_a_walk_past_its_bound_and_stops_when_abandoned() {
+    let mut req = request(
+        &[vec![1000; 10], vec![1000; 5]],
+        single(&weights(&[0.7, 0.3])),
+        8,
+        3,
+        128,
+    );
+    // 14 steps an epoch: epoch 10^15 is far past any bound.
+    req.epoch = 1_000_000_000_000_000;
+    let refused = plan_mix(&req).unwrap_err();
+    assert!(
+        matches!(refused, MixError::TooFarToPlan { .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("epoch"), "{refused}");
+    // Abandoned (the client left): planning stops at its next check.
+    req.epoch = 1000;
+    let abandoned = std::sync::atomic::AtomicBool::new(true);
+    assert_eq!(
+        plan_mix_unless(&req, &abandoned).unwrap_err(),
+        MixError::Abandoned
+    );
+}
+
+#[test]
+fn taking_many_samples_at_once_equals_taking_them_one_step_at_a_time() {
+    let (samples, world) = (37u64, 4u32);
+    let mut stepped = queue::SourceQueue::fresh(0, world, 1);
+    let mut at_once = stepped.clone();
+    for count in [3u64, 0, 9, 1, 40, 7, 100] {
+        stepped.take(count, samples);
+    }
+    at_once.take(160, samples);
+    assert_eq!(stepped, at_once);
 }

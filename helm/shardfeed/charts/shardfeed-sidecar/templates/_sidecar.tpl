@@ -102,8 +102,11 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
   env:
     - name: SHARDFEED_LISTEN
       value: unix:{{ include "shardfeed-sidecar.socketDir" . }}/shardfeed.sock
+    # Loopback unless a PodMonitor scrapes the pod (scrapeMetrics): metrics
+    # name mixed streams' datasets. Scraped: all addresses, as a pod has only
+    # loopback and its own (its IP would need brackets when IPv6).
     - name: SHARDFEED_METRICS_LISTEN
-      value: "0.0.0.0:{{ .metricsPort | int64 }}"
+      value: "{{ if .scrapeMetrics }}0.0.0.0{{ else }}127.0.0.1{{ end }}:{{ .metricsPort | int64 }}"
     - name: SHARDFEED_MAX_STREAMS
       value: {{ .maxStreams | int64 | quote }}
     - name: SHARDFEED_PART_SIZE
@@ -166,10 +169,12 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
     {{- with .extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+  {{- if .scrapeMetrics }}
   ports:
     - name: metrics
       containerPort: {{ .metricsPort | int64 }}
       protocol: TCP
+  {{- end }}
   # gRPC health over the Unix socket: the trainer starts once this passes.
   startupProbe:
     exec:
