@@ -257,6 +257,9 @@ class Client:
             raise ValueError(f"reconnect_timeout must be >= 0 or None, not {reconnect_timeout!r}")
         self._target = target or os.environ.get(TARGET_ENV) or DEFAULT_TARGET
         self._reconnect_timeout = reconnect_timeout or 0.0
+        # Whether a call has reached the server: one that never did is a
+        # wrong target, not a restart, and a Describe to it fails at once.
+        self._reached = False
         self._call_timeout = timeout if timeout is not None else call_timeout
         self._batch_timeout = batch_timeout
         self._lock = threading.Lock()
@@ -401,10 +404,19 @@ class Client:
             batch_size=batch_size,
             partition=_partition(partition),
         )
-        try:
-            response = self._get_stub().Describe(request, timeout=self._call_timeout)
-        except grpc.RpcError as exc:
-            raise self._unreachable(_error(exc)) from None
+        reconnect = _Reconnect(self, "Describe")
+        while True:
+            try:
+                response = self._get_stub().Describe(request, timeout=self._call_timeout)
+                self._reached = True
+                break
+            except grpc.RpcError as exc:
+                error = _error(exc)
+                if not self._reached:
+                    raise self._unreachable(error) from None
+                # A sidecar restarting (its container's restart) is waited
+                # for within reconnect_timeout, as a stream's reconnect is.
+                reconnect.wait(error)
         return DatasetInfo(
             shards=response.shards,
             samples=response.samples,
@@ -421,6 +433,7 @@ class Client:
         *,
         sources: Sequence[SourceSpec] | None = None,
         weight_changes: Sequence[tuple[int, Sequence[float]]] = (),
+        weights_from: int | None = None,
         seed: int = 0,
         epoch: int = 0,
         rank: int | None = None,
@@ -487,7 +500,9 @@ class Client:
         source-epoch (``Batch.sources``, ``Batch.source_epochs``).
         ``weight_changes``: the stream's earlier weights as ``(from_step,
         weights)``, oldest first (global steps: ``epoch * epoch_steps +
-        batch``); the sources' weights hold from this stream's first batch.
+        batch``); the sources' weights hold from ``weights_from`` (a global
+        step, not after this stream's first batch), else from its first batch.
+        A reconnect keeps where they began.
 
         ``decoded_source=S``: outputs defined from each image brought once to
         a shorter side of ``S`` (64 to 4096) and kept by the server's
@@ -574,6 +589,8 @@ class Client:
                 pb.WeightChange(from_step=step, weights=list(weights))
                 for step, weights in weight_changes
             )
+            if weights_from is not None:
+                request.weights_from_step = weights_from
         if resume_from is not None:
             resume_from.to_message(request.resume_from)
         return self._stream(request, host_pinning)
@@ -583,38 +600,24 @@ class Client:
     ) -> Iterator[Batch]:
         """The stream of ``request``, reopened after ``UNAVAILABLE`` right
         after the last batch delivered (each batch carries its position)."""
-        outage_started: float | None = None
-        delay = _RECONNECT_FIRST_DELAY
+        reconnect = _Reconnect(self, "stream")
         while True:
             try:
                 for batch in self._stream_once(request, host_pinning):
-                    outage_started, delay = None, _RECONNECT_FIRST_DELAY
+                    reconnect.reset()
+                    self._reached = True
+                    if request.sources and not request.HasField("weights_from_step"):
+                        # The weights began at this first batch: a reconnect
+                        # resumes past it and must say so (the plan rounds
+                        # each weight span from its own start).
+                        done = sum(batches for _, batches in batch.position.segments)
+                        request.weights_from_step = batch.epoch * batch.epoch_steps + done - 1
                     yield batch
                     batch.position.to_message(request.resume_from)
                     request.start_batch = 0
                 return
             except ShardfeedError as error:
-                if error.code != "UNAVAILABLE" or not self._reconnect_timeout:
-                    raise self._unreachable(error) from None
-                now = time.monotonic()
-                outage_started = now if outage_started is None else outage_started
-                left = outage_started + self._reconnect_timeout - now
-                if left <= 0:
-                    raise error.with_message(
-                        f"{error.message}; gave up reconnecting to {self._target} after "
-                        f"{self._reconnect_timeout:g}s (reconnect_timeout)",
-                    ) from None
-                # The server's advice (RetryInfo) when it says to wait longer.
-                wait = min(max(delay, error.retry_delay or 0.0), left)
-                _log.warning(
-                    "stream from %s ended with UNAVAILABLE (%s); reconnecting in %.1fs "
-                    "and resuming after the last batch received",
-                    self._target,
-                    error.message,
-                    wait,
-                )
-                time.sleep(wait)
-                delay = min(delay * 2, _RECONNECT_MAX_DELAY)
+                reconnect.wait(error, "resuming after the last batch received")
 
     def _stream_once(
         self, request: Any, host_pinning: _shm.HostPinning | None = None
@@ -693,6 +696,46 @@ class Source:
 
 
 SourceSpec = Union[Source, tuple[str, float]]
+
+
+class _Reconnect:
+    """Waits out an ``UNAVAILABLE`` server (a sidecar restarting) with
+    exponential backoff, within the client's ``reconnect_timeout`` from the
+    outage's start; other errors, and an outage past the budget, raise."""
+
+    def __init__(self, client: Client, what: str) -> None:
+        self._client = client
+        self._what = what
+        self.reset()
+
+    def reset(self) -> None:
+        self._started: float | None = None
+        self._delay = _RECONNECT_FIRST_DELAY
+
+    def wait(self, error: ShardfeedError, then: str = "retrying") -> None:
+        client = self._client
+        if error.code != "UNAVAILABLE" or not client._reconnect_timeout:
+            raise client._unreachable(error) from None
+        now = time.monotonic()
+        self._started = now if self._started is None else self._started
+        left = self._started + client._reconnect_timeout - now
+        if left <= 0:
+            raise error.with_message(
+                f"{error.message}; gave up reconnecting to {client._target} after "
+                f"{client._reconnect_timeout:g}s (reconnect_timeout)",
+            ) from None
+        # The server's advice (RetryInfo) when it says to wait longer.
+        wait = min(max(self._delay, error.retry_delay or 0.0), left)
+        _log.warning(
+            "%s from %s ended with UNAVAILABLE (%s); reconnecting in %.1fs and %s",
+            self._what,
+            client._target,
+            error.message,
+            wait,
+            then,
+        )
+        time.sleep(wait)
+        self._delay = min(self._delay * 2, _RECONNECT_MAX_DELAY)
 
 
 def _source_message(source: SourceSpec) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -19,6 +20,27 @@ from typing import IO, Any
 
 from ._client import Client
 from ._wire import ShardfeedError
+
+# The server exits with the *thread* that forked it (PR_SET_PDEATHSIG is
+# per thread, --exit-with-parent): servers are forked from one thread that
+# lives as long as this process, not from whichever thread called start().
+_spawner: concurrent.futures.ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(command: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="shardfeed-spawner"
+            )
+
+    def popen() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(command, **options)
+
+    return _spawner.submit(popen).result()
+
 
 __all__ = ["Server", "pack", "serve"]
 
@@ -110,7 +132,7 @@ class Server:
             str(os.getpid()),
             *self.args,
         ]
-        self._process = subprocess.Popen(
+        self._process = _spawn(
             command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

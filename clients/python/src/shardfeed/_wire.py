@@ -53,12 +53,11 @@ class ShardfeedError(Exception):
         """Where the stream that ended with this error goes on (``resume_from``)."""
         if "position" not in self.metadata:
             return None
-        text = self.metadata["position"]
-        segments = tuple(
-            (int(world), int(batches))
-            for world, batches in (part.split(":") for part in text.split(",") if part)
+        return EpochPosition(
+            _segments(self.metadata["position"]),
+            self.metadata.get("dataset", ""),
+            _segments(self.metadata.get("before_epoch", "")),
         )
-        return EpochPosition(segments, self.metadata.get("dataset", ""))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable, so DataLoader workers can pass it to the main process.
@@ -66,6 +65,15 @@ class ShardfeedError(Exception):
             ShardfeedError,
             (self.code, self.message, self.reason, self.metadata, self.retry_delay),
         )
+
+
+def _segments(text: str) -> tuple[tuple[int, int], ...]:
+    """``world_size:batches`` segments joined by commas, as the server's
+    ``ErrorInfo`` metadata writes them."""
+    return tuple(
+        (int(world), int(batches))
+        for world, batches in (part.split(":") for part in text.split(",") if part)
+    )
 
 
 _DETAILS_TRAILER = "grpc-status-details-bin"

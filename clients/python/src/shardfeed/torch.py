@@ -12,6 +12,7 @@ import logging
 import mmap
 import os
 import struct
+import sys
 import warnings
 import weakref
 from collections import deque
@@ -90,18 +91,28 @@ class ShardfeedDataset(IterableDataset[Sample]):
     (``shuffle``, ``partition``, ``shuffle_buffer``, ``interleave``,
     ``transport`` ...) go to :meth:`shardfeed.Client.batches`.
 
-    Epochs advance by themselves: an iteration after a pass that reached
-    the epoch's end streams the next epoch (a fresh order and fresh
-    augmentation), so frameworks that never call ``set_epoch`` on a dataset
-    (PyTorch Lightning) train on every epoch. ``set_epoch(e)`` chooses the
-    epoch of the next iteration, also one already streamed (logged once). A
-    pass cut short is streamed again from its start unless a state says
-    otherwise. ``len()`` is the epoch's batches per rank, asked of the
-    server once per (world size, batch size). ``state_dict()`` records the
-    epoch and the position of the last batch handed out;
-    ``load_state_dict()`` makes the next iteration of that epoch resume right
-    after it, also at another world size with the same global batch
-    (``world_size * batch_size``).
+    Epochs advance by themselves: each new iteration streams the next
+    epoch (a fresh order and fresh augmentation), whether the last pass
+    reached the epoch's end or stopped early (``break``, Lightning's
+    ``limit_train_batches`` or ``max_steps``), unless ``set_epoch(e)`` or
+    ``load_state_dict()`` chose what it streams. So frameworks that never
+    call ``set_epoch`` on a dataset (PyTorch Lightning) train on a new epoch
+    every time, and nothing is replayed silently. ``set_epoch(e)`` chooses
+    the epoch of the next iteration, also one already streamed (logged
+    once). ``len()`` is the epoch's batches per rank, asked of the server
+    once per (world size, batch size). ``state_dict()`` records the epoch
+    and the position of the last batch handed out (after a complete pass:
+    the next epoch's start); ``load_state_dict()`` makes the next iteration
+    of that epoch resume right after it, also at another world size with
+    the same global batch (``world_size * batch_size``).
+
+    accelerate: ``accelerator.prepare(model, optimizer, loader)`` with the
+    loader of this dataset works as written. accelerate's default for an
+    ``IterableDataset`` is to iterate it on process 0 only and hand each
+    process its slice of what that yields; there the dataset streams every
+    rank's batches in turn (rank 0's batch k, rank 1's batch k, ...), so
+    each process receives its own partition, the same batches a plain loop
+    on each rank gets.
 
     Workers: the sidecar does the work DataLoader workers would, so
     ``num_workers=0`` is the intended use. With ``num_workers=W`` each worker
@@ -213,6 +224,12 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # Counts explicit epoch choices (set_epoch, load_state_dict): a pass
         # completed under the current count advances the epoch by itself.
         self._choice = 0
+        # Passes this copy began (with the DataLoader's seed, the identity of
+        # a pass that sibling workers share), and whether a worker's copy was
+        # given a state to resume (StatefulDataLoader) that its next pass
+        # must follow whatever passes the record shows.
+        self._passes = 0
+        self._worker_loaded = False
         # With server_decode_fraction="auto": the share of the server's
         # decodes in the last batch, where the next stream's tuning starts.
         self._server_share: float | None = None
@@ -227,8 +244,12 @@ class ShardfeedDataset(IterableDataset[Sample]):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next (or current) iteration streams."""
-        return self._upcoming_epoch()
+        """The epoch the next iteration streams (while one is under way in
+        this process: the one after it)."""
+        started = self._shared.started()
+        if self._worker_loaded or started is None or started.choice != self._choice:
+            return self._epoch
+        return max(started.epoch + 1, self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch the next iteration streams. Setting the epoch a
@@ -236,33 +257,54 @@ class ShardfeedDataset(IterableDataset[Sample]):
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, not {epoch}")
         self._choice += 1
+        self._worker_loaded = False
         if epoch != self._epoch:
             self._epoch = epoch
             self._position = EpochPosition()
             self._resume = None
 
-    def _upcoming_epoch(self) -> int:
-        # Under the same choice, a pass may also have completed in a worker,
-        # which advanced its own copy of the epoch before it.
+    def _completed_epoch(self) -> int:
+        """The epoch a checkpoint taken now resumes: after a complete pass
+        under the current choice (here or in a worker), the next one."""
         completed = self._shared.completed()
         if completed is not None and completed[1] == self._choice and completed[0] >= self._epoch:
             return completed[0] + 1
         return self._epoch
 
-    def _advance_if_completed(self) -> None:
-        upcoming = self._upcoming_epoch()
-        completed = self._shared.completed()
-        if upcoming != self._epoch:
-            self._epoch = upcoming
-            self._position = self._next_epoch_start()
-            self._resume = None
-        elif completed is not None and completed[0] == self._epoch and not self._repeat_logged:
+    def _begin_pass(self, world: int) -> int:
+        """Chooses the epoch this pass streams and returns the pass's token.
+
+        A pass already begun under the current choice (here, or in a
+        DataLoader worker of an earlier pass) makes this one the next epoch;
+        sibling workers of one pass share its token, so they stream the same
+        epoch; a state loaded into a worker's copy, and a choice made since
+        (set_epoch, load_state_dict), stream the epoch chosen."""
+        self._passes += 1
+        worker = get_worker_info()
+        if worker is None:
+            token = int.from_bytes(os.urandom(7), "little")
+        else:
+            # The DataLoader's base seed is drawn anew for each of its
+            # iterators and shared by that iterator's workers.
+            token = ((worker.seed - worker.id) * 1_000_003 + self._passes) % (1 << 62)
+        started = self._shared.started()
+        epoch = self._epoch
+        if self._worker_loaded:
+            self._worker_loaded = False
+        elif started is not None and started.choice == self._choice:
+            epoch = started.epoch if started.token == token else max(started.epoch + 1, epoch)
+        elif started is not None and started.epoch == epoch and not self._repeat_logged:
             self._repeat_logged = True
             _log.info(
                 "streaming epoch %d again, as set_epoch chose (the same order and "
                 "augmentation as its previous pass)",
-                self._epoch,
+                epoch,
             )
+        if epoch != self._epoch:
+            self._position = self._next_epoch_start(epoch, world)
+            self._epoch = epoch
+            self._resume = None
+        return token
 
     def _stream_rank_and_world(self) -> tuple[int, int]:
         """This process's stream: in a DataLoader worker, its sub-rank."""
@@ -272,9 +314,20 @@ class ShardfeedDataset(IterableDataset[Sample]):
             return rank, world
         return rank * worker.num_workers + worker.id, world * worker.num_workers
 
-    def _next_epoch_start(self) -> EpochPosition:
-        """The next epoch's start; a mixed stream's keeps its history."""
-        return EpochPosition() if self.sources is None else self._position.next_epoch()
+    def _next_epoch_start(self, epoch: int, world: int) -> EpochPosition:
+        """Epoch ``epoch``'s start, after this copy's epoch. A mixed stream's
+        keeps its history: the rest of this copy's epoch and any epochs
+        between count as run at ``world`` (the stream's global steps go on,
+        so what a shortened epoch left out is not streamed later)."""
+        if self.sources is None:
+            return EpochPosition()
+        steps = self._epoch_steps(world)
+        done = sum(batches for _, batches in self._position.segments)
+        rest = steps - done + steps * max(epoch - self._epoch - 1, 0)
+        return EpochPosition(
+            self._position.segments + ((world, rest),),
+            before_epoch=self._position.before_epoch,
+        ).next_epoch()
 
     def _rank_and_world(self) -> tuple[int, int]:
         if self.device_mesh is not None:
@@ -312,8 +365,10 @@ class ShardfeedDataset(IterableDataset[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         if get_worker_info() is not None:
             self._shared.set_worker_used()
-        self._advance_if_completed()
         rank, world = self._stream_rank_and_world()
+        token = self._begin_pass(world)
+        # Under accelerate's dispatch, process 0 streams every rank's batches.
+        ranks = list(range(world)) if _accelerate_dispatch(self) else [rank]
         # A loaded position stays loaded until the resumed stream delivers:
         # an attempt that fails before its first batch, retried, must not
         # restart the epoch at batch 0.
@@ -326,7 +381,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
             if self._weights_from is None:
                 done = sum(batches for _, batches in resume.segments)
                 self._weights_from = self._epoch * self._epoch_steps(world) + done
-            mix = {"sources": self.sources, "weight_changes": self._weight_changes}
+            mix = {
+                "sources": self.sources,
+                "weight_changes": self._weight_changes,
+                "weights_from": self._weights_from,
+            }
         # Trainers that know len() stop after that many batches without
         # asking for another (Lightning): the pass completes with its last
         # batch, not when the stream ends. Each batch says the epoch's steps.
@@ -340,66 +399,74 @@ class ShardfeedDataset(IterableDataset[Sample]):
         tuned = self.options.get("server_decode_fraction") == "auto"
         if tuned and self._server_share is not None and "server_decode_start" not in self.options:
             delivery["server_decode_start"] = self._server_share
-        batches = self.client.batches(
-            self.dataset,
-            seed=self.seed,
-            epoch=self._epoch,
-            rank=rank,
-            world_size=world,
-            batch_size=self.batch_size,
-            image_size=self.image_size,
-            augment=self.augment,
-            partition=self.partition,
-            resume_from=resume,
-            **mix,
-            **delivery,
-            **self.options,
-        )
-        for batch, images, labels, crop_boxes, flipped, substituted in self._on_device(
-            batches, rank
-        ):
-            self._resume = None
-            if tuned and batch.encoded is not None and len(batch.keys):
-                self._server_share = float(batch.encoded.decoded.mean())
-            if self.layout == "NCHW":
-                images = images.permute(0, 3, 1, 2)
-            self._position = batch.position
-            if steps is None:
-                # Servers before `epoch_steps` are asked with Describe.
-                steps = batch.epoch_steps or self._epoch_steps(world)
-            if sum(batches for _, batches in batch.position.segments) >= steps:
-                self._shared.set_completed(self._epoch, self._choice)
-            if self._tracking:
-                if len(self._pending) >= MAX_FETCH_AHEAD:
-                    raise RuntimeError(
-                        f"{MAX_FETCH_AHEAD} batches were handed out that no training step "
-                        "consumed: ShardfeedDataModule marks a batch consumed as a step takes "
-                        "it (on_before_batch_transfer), so a loop fetching this far ahead, or "
-                        "one that skips that hook, cannot be checkpointed exactly"
-                    )
-                self._pending.append(batch.position)
-            if self.output == "tuple":
-                yield images, labels
-                continue
-            yield {
-                "images": images,
-                "labels": labels,
-                "keys": batch.keys,
-                "shards": batch.shards,
-                "crop_boxes": torch.from_numpy(crop_boxes),
-                "flipped": torch.from_numpy(flipped),
-                "substituted": _mask(len(batch.keys), substituted),
-                "padded": _mask(len(batch.keys), batch.padded),
-                "fields": batch.fields,
-                "sources": torch.tensor(batch.sources, dtype=torch.int64),
-                "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
-                "epoch": batch.epoch,
-                "index": batch.index,
-            }
+        streams = [
+            self._on_device(
+                self.client.batches(
+                    self.dataset,
+                    seed=self.seed,
+                    epoch=self._epoch,
+                    rank=stream_rank,
+                    world_size=world,
+                    batch_size=self.batch_size,
+                    image_size=self.image_size,
+                    augment=self.augment,
+                    partition=self.partition,
+                    resume_from=resume,
+                    **mix,
+                    **delivery,
+                    **self.options,
+                ),
+                stream_rank,
+            )
+            for stream_rank in ranks
+        ]
+        for group in _in_step(streams):
+            for batch, images, labels, crop_boxes, flipped, substituted in group:
+                if steps is None:
+                    self._shared.set_started(self._epoch, self._choice, token)
+                self._resume = None
+                if tuned and batch.encoded is not None and len(batch.keys):
+                    self._server_share = float(batch.encoded.decoded.mean())
+                if self.layout == "NCHW":
+                    images = images.permute(0, 3, 1, 2)
+                self._position = batch.position
+                if steps is None:
+                    # Servers before `epoch_steps` are asked with Describe.
+                    steps = batch.epoch_steps or self._epoch_steps(world)
+                if sum(batches for _, batches in batch.position.segments) >= steps:
+                    self._shared.set_completed(self._epoch, self._choice)
+                if self._tracking:
+                    if len(self._pending) >= MAX_FETCH_AHEAD:
+                        raise RuntimeError(
+                            f"{MAX_FETCH_AHEAD} batches were handed out that no training step "
+                            "consumed: ShardfeedDataModule marks a batch consumed as a step "
+                            "takes it (on_before_batch_transfer), so a loop fetching this far "
+                            "ahead, or one that skips that hook, cannot be checkpointed exactly"
+                        )
+                    self._pending.append(batch.position)
+                if self.output == "tuple":
+                    yield images, labels
+                    continue
+                yield {
+                    "images": images,
+                    "labels": labels,
+                    "keys": batch.keys,
+                    "shards": batch.shards,
+                    "crop_boxes": torch.from_numpy(crop_boxes),
+                    "flipped": torch.from_numpy(flipped),
+                    "substituted": _mask(len(batch.keys), substituted),
+                    "padded": _mask(len(batch.keys), batch.padded),
+                    "fields": batch.fields,
+                    "sources": torch.tensor(batch.sources, dtype=torch.int64),
+                    "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
+                    "epoch": batch.epoch,
+                    "index": batch.index,
+                }
         # Resumed at the epoch's end: nothing was left, the position is spent.
         self._resume = None
         # Seen by this process and, after a fork, by the one that made the
         # dataset (a DataLoader worker's pass counts).
+        self._shared.set_started(self._epoch, self._choice, token)
         self._shared.set_completed(self._epoch, self._choice)
 
     def _on_device(self, batches: Iterator[Batch], rank: int) -> Iterator[_Delivered]:
@@ -452,10 +519,10 @@ class ShardfeedDataset(IterableDataset[Sample]):
                 "process cannot see: use num_workers=0, or torchdata's StatefulDataLoader "
                 "(which asks each worker for its state), to checkpoint mid-epoch"
             )
-        epoch = self._upcoming_epoch()
+        epoch = self._completed_epoch()
         if epoch != self._epoch:
             # The pass is complete: the next epoch, from its start.
-            position = self._next_epoch_start()
+            position = self._next_epoch_start(epoch, self._stream_rank_and_world()[1])
         else:
             position = self._resume if self._resume is not None else self._position
         return self._state(epoch, position)
@@ -535,9 +602,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
             )
         if get_worker_info() is None:
             self._choice += 1
-        # else: StatefulDataLoader restoring a worker's copy. Its pass must
-        # still count as completed for the process that made the dataset
-        # (whose choice count this keeps).
+        else:
+            # StatefulDataLoader restoring a worker's copy: its next pass
+            # resumes this state. Its passes must still count for the
+            # process that made the dataset (whose choice count this keeps).
+            self._worker_loaded = True
         self._epoch = int(state["epoch"])
         self._position = position
         self._resume = position if position.segments else None
@@ -569,6 +638,42 @@ class ShardfeedDataset(IterableDataset[Sample]):
         source = state.pop("_shared")
         self.__dict__.update(state)
         self._shared = _SharedState(source)
+
+
+def _in_step(streams: list[Iterator[_Delivered]]) -> Iterator[list[_Delivered]]:
+    """Each stream's next batch together: the ranks' streams have equal
+    batch counts, so one ending early is a broken invariant, not a tail."""
+    while True:
+        group = [next(stream, None) for stream in streams]
+        if all(item is None for item in group):
+            return
+        if any(item is None for item in group):
+            raise RuntimeError("the ranks' streams ended at different batches")
+        yield group  # type: ignore[misc]
+
+
+def _accelerate_dispatch(dataset: ShardfeedDataset) -> bool:
+    """Whether accelerate's ``DataLoaderDispatcher`` is iterating ``dataset``
+    (on process 0, handing each process its slice of what it yields)."""
+    state = sys.modules.get("accelerate.state")
+    gradient_state = getattr(state, "GradientState", None)
+    if gradient_state is None or not getattr(gradient_state, "_shared_state", None):
+        return False
+    try:
+        active = gradient_state().active_dataloader
+    except Exception:  # accelerate's internals moved: behave as without it
+        return False
+    if type(active).__name__ != "DataLoaderDispatcher":
+        return False
+    if getattr(active, "dataset", None) is not dataset:
+        return False
+    if getattr(active, "split_batches", False):
+        raise ValueError(
+            "accelerate's split_batches=True cuts one batch into per-process slices; "
+            "ShardfeedDataset already streams each rank its own batches of batch_size: "
+            "leave split_batches at its default (False)"
+        )
+    return True
 
 
 def _as_source(source: SourceSpec) -> Source:
@@ -677,15 +782,18 @@ def _mask(size: int, slots: list[int]) -> torch.Tensor:
 
 class _SharedState:
     """A page of shared memory that DataLoader workers write and the process
-    that made the dataset reads: whether a worker iterated, and the last epoch
-    a pass completed with the epoch choice count it ran under.
+    that made the dataset reads: whether a worker iterated; the last epoch a
+    pass began, with the epoch choice count it ran under and the pass's
+    token; and the last epoch a pass completed, with its choice count.
 
     The page is a memfd the owner keeps open: a forked worker inherits the
     mapping, a spawned one (``forkserver``, ``spawn``) maps it again through
     ``/proc/<owner>/fd/<fd>``. Where neither works (no memfd, another PID
     namespace), a worker gets a private copy and its passes stay unseen."""
 
-    _FORMAT = "<Bxxxxxxxqq"  # worker used; completed epoch + 1 (0: none); choice
+    # Worker used; completed epoch + 1 (0: none), its choice; started epoch
+    # + 1 (0: none), its choice, its pass token.
+    _FORMAT = "<Bxxxxxxxqqqqq"
 
     def __init__(self, source: tuple[int, int, bytes] | None = None) -> None:
         self._owner: tuple[int, int] | None = None
@@ -697,7 +805,7 @@ class _SharedState:
                 return
         # The owner (a copy made in this process owns a page of its own).
         if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("shardfeed-dataset-state", os.MFD_CLOEXEC)
+            fd = os.memfd_create(_PAGE_NAME, os.MFD_CLOEXEC)
             os.ftruncate(fd, mmap.PAGESIZE)
             self._page = mmap.mmap(fd, mmap.PAGESIZE)
             self._owner = (os.getpid(), fd)
@@ -711,31 +819,59 @@ class _SharedState:
         owner_pid, fd = self._owner if self._owner is not None else (-1, -1)
         return owner_pid, fd, bytes(self._page[: struct.calcsize(self._FORMAT)])
 
-    def _read(self) -> tuple[int, int, int]:
-        used, epoch, choice = struct.unpack_from(self._FORMAT, self._page)
-        return used, epoch, choice
+    def _read(self) -> list[int]:
+        return list(struct.unpack_from(self._FORMAT, self._page))
+
+    def _write(self, **fields: int) -> None:
+        values = self._read()
+        for name, value in fields.items():
+            values[self._FIELDS.index(name)] = value
+        struct.pack_into(self._FORMAT, self._page, 0, *values)
+
+    _FIELDS = ("used", "completed", "completed_choice", "started", "started_choice", "token")
 
     def set_worker_used(self) -> None:
-        _, epoch, choice = self._read()
-        struct.pack_into(self._FORMAT, self._page, 0, 1, epoch, choice)
+        self._write(used=1)
 
     def worker_used(self) -> bool:
         return self._read()[0] == 1
 
     def set_completed(self, epoch: int, choice: int) -> None:
-        used, _, _ = self._read()
-        struct.pack_into(self._FORMAT, self._page, 0, used, epoch + 1, choice)
+        self._write(completed=epoch + 1, completed_choice=choice)
 
     def completed(self) -> tuple[int, int] | None:
-        _, epoch, recorded = self._read()
+        _, epoch, recorded, *_ = self._read()
         return None if epoch == 0 else (epoch - 1, recorded)
+
+    def set_started(self, epoch: int, choice: int, token: int) -> None:
+        self._write(started=epoch + 1, started_choice=choice, token=token)
+
+    def started(self) -> _Started | None:
+        *_, epoch, choice, token = self._read()
+        return None if epoch == 0 else _Started(epoch - 1, choice, token)
+
+
+class _Started(NamedTuple):
+    """The last pass begun: its epoch, choice count and token."""
+
+    epoch: int
+    choice: int
+    token: int
+
+
+_PAGE_NAME = "shardfeed-dataset-state"
 
 
 def _map_owner_page(owner_pid: int, fd: int) -> mmap.mmap | None:
     if owner_pid < 0:
         return None
+    path = f"/proc/{owner_pid}/fd/{fd}"
     try:
-        opened = os.open(f"/proc/{owner_pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        # The owner may have closed the page and reused the number for
+        # another file (a checkpoint): map it only while it is the page.
+        if not os.readlink(path).startswith(f"/memfd:{_PAGE_NAME}"):
+            return None
+        opened = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError:
         return None
     try:

@@ -20,7 +20,16 @@ from shardfeed import Client  # noqa: E402
 from shardfeed.decode import BatchDecoder, crop_resize, substitute_source  # noqa: E402
 from shardfeed.torch import ShardfeedDataset  # noqa: E402
 
-from ..conftest import S3, Server, scrape, upload, write_tar  # noqa: E402
+from ..conftest import (  # noqa: E402
+    S3,
+    Server,
+    free_port,
+    scrape,
+    start_server,
+    stop,
+    upload,
+    write_tar,
+)
 
 TOLERANCE_DB = 35.0
 
@@ -271,3 +280,42 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
         ShardfeedDataset(dataset, decode="nvjpeg", **common)
     with pytest.raises(ValueError, match="CUDA device"):
         ShardfeedDataset(dataset, decode="gpu", device="cpu", **common)
+
+
+def test_a_jpeg_cut_short_and_one_over_the_budget_are_substituted_in_both_deliveries(
+    s3: S3,
+) -> None:
+    from PIL import Image
+
+    whole = photo(40, 200, 150)
+    # Pillow refuses it; a lenient decoder would fill the missing rows.
+    cut = whole[: len(whole) // 3]
+    with pytest.raises(OSError):
+        Image.open(io.BytesIO(cut)).load()
+    # 48 Mpx: 288 MB of decode scratch, over the 256 MB of a 2 GiB sidecar.
+    large = io.BytesIO()
+    Image.new("RGB", (8000, 6000), (90, 120, 30)).save(large, format="JPEG", quality=50)
+    samples = [(f"c{i:02d}", {"jpg": photo(41 + i, 160, 120), "cls": b"1"}) for i in range(8)]
+    samples[2] = ("c02", {"jpg": cut, "cls": b"2"})
+    samples[4] = ("c04", {"jpg": large.getvalue(), "cls": b"4"})
+    uri = upload(s3, "cutshort", "", [write_tar(samples)])
+    server = start_server(s3, f"127.0.0.1:{free_port()}", "--memory-limit", "2G")
+    try:
+        decoded = _stream(server, uri, "eval", shuffle=False)
+        encoded = _stream(server, uri, "eval", shuffle=False, delivery="encoded")
+    finally:
+        stop(server.process)
+    assert len(decoded) == len(encoded) == 1
+    want, got = decoded[0], encoded[0]
+    slots = {want.keys.index("c02"), want.keys.index("c04")}
+    assert set(want.substituted) == slots, want.substitution_reasons
+    reasons = dict(zip(want.substituted, want.substitution_reasons))
+    assert "premature end of JPEG data" in reasons[want.keys.index("c02")]
+    assert "decode memory budget" in reasons[want.keys.index("c04")]
+    # The server's refusal, as in the decoded delivery: the client is never
+    # handed the images to decode.
+    assert got.encoded is not None
+    assert set(got.substituted) == slots
+    decoder = BatchDecoder("cpu")
+    assert decoder.decode(got).substituted == want.substituted
+    assert decoder.failures == 0

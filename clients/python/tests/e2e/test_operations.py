@@ -255,3 +255,42 @@ def test_batch_timeout_bounds_the_wait_for_a_batch_not_the_epoch(s3: S3) -> None
     finally:
         stop(slow_server.process)
         stop(slow_process)
+
+
+def _filtered_label_values() -> set[tuple[str, str, str]]:
+    """(metric, label, value) for every exact label value the dashboard's
+    panels and the PrometheusRule's alerts filter on (``=`` or ``!=``)."""
+    texts = [
+        (REPO / "helm/shardfeed/dashboards/shardfeed.json").read_text().replace('\\"', '"'),
+        (REPO / "helm/shardfeed/templates/prometheusrule.yaml").read_text(),
+    ]
+    found = set()
+    for text in texts:
+        for metric, selector in re.findall(r"(shardfeed_[a-z0-9_]+)\{([^}]*)\}", text):
+            base = re.sub(r"_(bucket|sum|count)$", "", metric)
+            for label, value in re.findall(r'(\w+)!?="([^"$.*|]+)"', selector):
+                found.add((base, label, value))
+    return found
+
+
+def test_every_label_value_the_chart_filters_on_is_exported_from_the_start(s3: S3) -> None:
+    # A fresh server, before any request: a rule over `increase()` sees the
+    # first event only where its series already exists at 0.
+    server = start_server(s3, f"127.0.0.1:{_port()}")
+    try:
+        samples = scrape(server.metrics_url)
+    finally:
+        stop(server.process)
+    filtered = _filtered_label_values()
+    assert ("shardfeed_requests_total", "code", "OK") in filtered
+    missing = [
+        f"{metric}{{{label}={value!r}}}"
+        for metric, label, value in sorted(filtered)
+        if not any(
+            key.partition("{")[0].startswith(metric) and f'{label}="{value}"' in key
+            for key in samples
+        )
+    ]
+    assert not missing, f"the chart filters on series the exporter does not write: {missing}"
+    assert total(samples, "shardfeed_requests_total", code="RESOURCE_EXHAUSTED") == 0
+    assert any("shardfeed_decoded_tier_total" in key and "hit" in key for key in samples)

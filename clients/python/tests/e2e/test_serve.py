@@ -88,3 +88,27 @@ def test_a_killed_parent_leaves_no_server(s3: S3, tmp_path: Path) -> None:
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), "the server exits with the process that started it"
+
+
+def test_a_server_started_from_a_thread_that_ends_keeps_serving(s3: S3, dataset: str) -> None:
+    import threading
+
+    servers: list[Server] = []
+    starter = threading.Thread(
+        target=lambda: servers.append(_started(Server(binary=binary(), env=_env(s3))))
+    )
+    starter.start()
+    starter.join()
+    (server,) = servers
+    try:
+        time.sleep(1.0)  # the starting thread is gone; the server must not be
+        assert server._process is not None and server._process.poll() is None
+        batches = list(Client(server.target).batches(dataset, batch_size=8, image_size=16))
+        assert len(batches) == 3
+    finally:
+        server.stop()
+
+
+def _started(server: Server) -> Server:
+    server.start()
+    return server

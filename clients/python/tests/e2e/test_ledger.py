@@ -1,0 +1,436 @@
+"""Every sample exactly once, in the idioms users write: the delivery ledger's
+matrix (idioms x features x faults), each row against the real sidecar.
+
+Rows marked ``ledger_full`` run only with ``SHARDFEED_LEDGER=full`` (the
+whole matrix: ``SHARDFEED_LEDGER=full pytest tests/e2e/test_ledger.py -s``);
+the rest run in every test run. Each row prints its verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardfeed import Client
+from shardfeed.torch import ShardfeedDataset
+
+from ..conftest import (
+    S3,
+    SAFE_START,
+    Server,
+    free_port,
+    noise_jpeg,
+    run_ranks,
+    start_server,
+    stop,
+    upload,
+    write_tar,
+)
+from .ledger import SOURCE_LABELS, Expected, Ledger, check, read, same_batches
+
+FULL = os.environ.get("SHARDFEED_LEDGER") == "full"
+WORLD, BATCH = 2, 4
+# Source 0: 4 shards of 12 (6 batches per rank and epoch at world 2); source
+# 1: 3 shards of 8.
+SHAPES = ((4, 12), (3, 8))
+
+
+@dataclass(frozen=True)
+class Data:
+    uris: tuple[str, str]
+    labels: tuple[tuple[int, ...], tuple[int, ...]]
+
+
+@pytest.fixture(scope="module")
+def data(s3: S3) -> Data:
+    uris, labels = [], []
+    for source, (shards, per_shard) in enumerate(SHAPES):
+        tars = []
+        for s in range(shards):
+            members = []
+            for i in range(per_shard):
+                label = source * SOURCE_LABELS + s * per_shard + i
+                members.append(
+                    (f"k{label:05d}", {"jpg": noise_jpeg(label, 30, 36), "cls": b"%d" % label})
+                )
+            tars.append(write_tar(members))
+        uris.append(upload(s3, f"ledger{source}", "", tars))
+        labels.append(tuple(source * SOURCE_LABELS + i for i in range(shards * per_shard)))
+    return Data((uris[0], uris[1]), (labels[0], labels[1]))
+
+
+class Sidecar:
+    """A sidecar on a Unix socket that comes back after a SIGKILL, as a
+    pod's container restart would."""
+
+    def __init__(self, s3: S3) -> None:
+        self.directory = tempfile.mkdtemp(prefix="sf-")
+        self.listen = f"unix:{self.directory}/sf.sock"
+        self.s3 = s3
+        self.servers: list[Server] = [start_server(s3, self.listen)]
+        self.restarts = 0
+        self._closing = False
+        self._watcher = threading.Thread(target=self._restart_when_killed, daemon=True)
+        self._watcher.start()
+
+    @property
+    def target(self) -> str:
+        return self.servers[0].target
+
+    @property
+    def pid(self) -> int:
+        return self.servers[-1].process.pid
+
+    def _restart_when_killed(self) -> None:
+        while not self._closing:
+            self.servers[-1].process.wait()
+            if self._closing:
+                return
+            self.restarts += 1
+            self.servers.append(start_server(self.s3, self.listen))
+
+    def close(self) -> None:
+        self._closing = True
+        for server in list(self.servers):
+            stop(server.process)
+        # A restart under way when the test ended is stopped once it is up.
+        self._watcher.join(timeout=60)
+        for server in self.servers:
+            stop(server.process)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of an idiom: where to stream from and record to, and the fault."""
+
+    target: str
+    data: Data
+    feature: str  # "one" or "mix"
+    ledger_dir: str
+    run: str
+    epochs: int = 2
+    kill_at: int = 0  # rank 0's batch after which the sidecar is SIGKILLed
+    kill_pid: int = 0
+    break_at: int = 0  # rank 0's batch after which the loop breaks and resumes
+
+    def dataset(
+        self, rank: int | None, *, output: str = "dict", **options: Any
+    ) -> ShardfeedDataset:
+        common: dict[str, Any] = dict(
+            client=Client(self.target),
+            batch_size=BATCH,
+            image_size=24,
+            seed=7,
+            augment="train",
+            output=output,
+            rank=rank,
+            world_size=None if rank is None else WORLD,
+            **options,
+        )
+        if self.feature == "mix":
+            return ShardfeedDataset(
+                sources=[(self.data.uris[0], 1), (self.data.uris[1], 1)], **common
+            )
+        return ShardfeedDataset(self.data.uris[0], **common)
+
+    def ledger(self, rank: int) -> Ledger:
+        kill = self.kill_at if rank == 0 else 0
+        return Ledger(self.ledger_dir, self.run, kill_at=kill, kill_pid=self.kill_pid)
+
+
+def _reweight(ds: ShardfeedDataset, case: Case, epoch: int) -> None:
+    """The mix's weight change: 3:1 from epoch 1 on."""
+    if case.feature == "mix" and epoch == 1:
+        ds.set_weights([3, 1])
+
+
+# Idioms: each consumes `case.epochs` epochs on every rank and records them.
+
+
+def plain(case: Case) -> None:
+    for rank in range(WORLD):
+        ledger, ds = case.ledger(rank), case.dataset(rank)
+        epoch = 0
+        while epoch < case.epochs:
+            _reweight(ds, case, epoch)
+            for batch in ds:
+                ledger.record(batch, rank=rank)
+                if rank == 0 and ledger.recorded == case.break_at:
+                    # break, checkpoint, and a new process resumes from it.
+                    state = ds.state_dict()
+                    ds = case.dataset(rank)
+                    ds.load_state_dict(state)
+                    break
+            else:
+                epoch += 1
+
+
+def workers(case: Case, stateful: bool = False) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader(ds: ShardfeedDataset) -> Any:
+        kind = StatefulDataLoader if stateful else DataLoader
+        return kind(ds, batch_size=None, num_workers=2, multiprocessing_context=SAFE_START)
+
+    for rank in range(WORLD):
+        ledger, ds = case.ledger(rank), case.dataset(rank)
+        batches, epoch = loader(ds), 0
+        while epoch < case.epochs:
+            _reweight(ds, case, epoch)
+            for batch in batches:
+                ledger.record(batch, rank=rank)
+                if rank == 0 and ledger.recorded == case.break_at:
+                    state = batches.state_dict()
+                    del batches
+                    ds = case.dataset(rank)
+                    batches = loader(ds)
+                    batches.load_state_dict(state)
+                    break
+            else:
+                epoch += 1
+
+
+def stateful(case: Case) -> None:
+    workers(case, stateful=True)
+
+
+def lightning(case: Case, **trainer_options: Any) -> None:
+    import pytorch_lightning as pl
+
+    from shardfeed.lightning import ShardfeedDataModule
+
+    class Recorder(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self, ledger: Ledger, rank: int, stop_at: int = 0) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 2)
+            self.ledger, self.rank, self.stop_at = ledger, rank, stop_at
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            if self.stop_at and self.ledger.recorded == self.stop_at:
+                raise _Stop
+            self.ledger.record(batch, rank=self.rank)
+            images = batch["images"]
+            return self.layer(images.float().mean(dim=(1, 2))).square().mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def trainer(root: Path, **options: Any) -> pl.Trainer:
+        merged = dict(max_epochs=case.epochs, enable_checkpointing=False)
+        merged.update(trainer_options)
+        merged.update(options)
+        return pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=root,
+            **merged,
+        )
+
+    root = Path(case.ledger_dir) / f"{case.run}-lightning"
+    for rank in range(WORLD):
+        ledger = case.ledger(rank)
+        if not (rank == 0 and case.break_at):
+            loader = DataLoader(case.dataset(rank), batch_size=None)
+            trainer(root / str(rank)).fit(Recorder(ledger, rank), train_dataloaders=loader)
+            continue
+        # A checkpoint every step through the DataModule; stopped, resumed.
+        from pytorch_lightning.callbacks import ModelCheckpoint
+
+        def module(rank: int = rank) -> ShardfeedDataModule:
+            return ShardfeedDataModule(
+                case.data.uris[0],
+                target=case.target,
+                batch_size=BATCH,
+                image_size=24,
+                seed=7,
+                train_output="dict",
+                rank=rank,
+                world_size=WORLD,
+            )
+
+        saves = root / "checkpoints"
+        saver = ModelCheckpoint(dirpath=saves, every_n_train_steps=1, save_top_k=-1)
+        with pytest.raises(_Stop):
+            trainer(root / "cut", callbacks=[saver], enable_checkpointing=True).fit(
+                Recorder(ledger, rank, stop_at=case.break_at), datamodule=module()
+            )
+        (checkpoint,) = saves.glob(f"*step={case.break_at}.ckpt")
+        trainer(root / "resumed").fit(
+            Recorder(ledger, rank), datamodule=module(), ckpt_path=str(checkpoint)
+        )
+
+
+class _Stop(Exception):
+    pass
+
+
+def _accelerate_rank(rank: int, port: int, case: Case) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    # accelerate's canonical call, the loader included; tuple output (its
+    # dispatch concatenates tensors only).
+    loader = DataLoader(case.dataset(None, output="tuple"), batch_size=None)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    ledger = case.ledger(rank)
+    for epoch in range(case.epochs):
+        for images, labels in loader:
+            ledger.record((images, labels), rank=rank, epoch=epoch)
+            loss = model(images.float().mean(dim=(1, 2))).square().mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    # run_ranks reads what each rank says; the ledger holds the batches.
+    Path(case.ledger_dir, f"{case.run}-ranks", f"{rank}.json").write_text("{}")
+    accelerator.end_training()
+
+
+def accelerate(case: Case) -> None:
+    port = free_port()
+    said = Path(case.ledger_dir) / f"{case.run}-ranks"
+    said.mkdir()
+    run_ranks(_accelerate_rank, WORLD, lambda _: (port, case), said)
+
+
+@dataclass(frozen=True)
+class Row:
+    idiom: str
+    feature: str
+    fault: str
+    full_only: bool = False
+    trainer: tuple[tuple[str, Any], ...] = ()
+
+
+IDIOMS: dict[str, Callable[..., None]] = {
+    "plain": plain,
+    "workers": workers,
+    "stateful": stateful,
+    "lightning": lightning,
+    "accelerate": accelerate,
+}
+
+# Lightning's epoch shapes: whole epochs, shortened ones, a step budget.
+LIMIT = (("limit_train_batches", 3), ("max_epochs", 3))
+MAX_STEPS = (("max_steps", 9), ("max_epochs", -1))
+
+MATRIX = [
+    Row("plain", "one", "none"),
+    Row("plain", "one", "kill"),
+    Row("plain", "one", "break"),
+    Row("plain", "mix", "none"),
+    Row("plain", "mix", "kill"),
+    Row("plain", "mix", "break", full_only=True),
+    Row("workers", "one", "none"),
+    Row("workers", "one", "kill", full_only=True),
+    Row("workers", "mix", "none", full_only=True),
+    Row("stateful", "one", "break"),
+    Row("stateful", "one", "kill", full_only=True),
+    Row("stateful", "mix", "break", full_only=True),
+    Row("lightning", "one", "none", full_only=True),
+    Row("lightning", "one", "none", trainer=LIMIT),
+    Row("lightning", "one", "none", full_only=True, trainer=MAX_STEPS),
+    Row("lightning", "mix", "none", full_only=True, trainer=LIMIT),
+    Row("lightning", "one", "break", full_only=True),
+    Row("lightning", "one", "kill", full_only=True, trainer=LIMIT),
+    Row("accelerate", "one", "none"),
+    Row("accelerate", "one", "kill", full_only=True),
+]
+
+
+def _row_id(row: Row) -> str:
+    shape = "-".join(f"{k}={v}" for k, v in row.trainer if k != "max_epochs")
+    return "-".join(filter(None, (row.idiom, row.feature, row.fault, shape)))
+
+
+@pytest.fixture
+def sidecar(s3: S3) -> Iterator[Sidecar]:
+    running = Sidecar(s3)
+    yield running
+    running.close()
+
+
+def _expected(row: Row, data: Data) -> Expected:
+    options = dict(row.trainer)
+    sources = data.labels if row.feature == "mix" else data.labels[:1]
+    epochs = 2
+    whole = True
+    batches = None
+    if "limit_train_batches" in options:
+        epochs, whole, batches = options["max_epochs"], False, options["limit_train_batches"]
+    if "max_steps" in options:
+        # 6 batches an epoch: epoch 0 whole, epoch 1's first 3.
+        whole = False
+    return Expected(sources, WORLD, epochs, whole, batches)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(
+            row,
+            id=_row_id(row),
+            marks=[pytest.mark.skipif(row.full_only and not FULL, reason="SHARDFEED_LEDGER=full")],
+        )
+        for row in MATRIX
+    ],
+)
+def test_every_sample_exactly_once(row: Row, data: Data, sidecar: Sidecar, tmp_path: Path) -> None:
+    idiom = IDIOMS[row.idiom]
+    options = dict(row.trainer)
+    base = Case(sidecar.target, data, row.feature, str(tmp_path), "reference")
+    if options.get("max_epochs", 0) > 0:
+        base = replace(base, epochs=options["max_epochs"])
+
+    def run(case: Case) -> None:
+        if row.idiom == "lightning":
+            idiom(case, **options)
+        else:
+            idiom(case)
+
+    run(base)
+    reference = read(tmp_path, "reference")
+    expected = _expected(row, data)
+    verdict = check(reference, expected)
+    problems = list(verdict.problems)
+    if row.fault != "none":
+        fault = replace(base, run=row.fault)
+        if row.fault == "kill":
+            fault = replace(fault, kill_at=4, kill_pid=sidecar.pid)
+        else:
+            fault = replace(fault, break_at=3)
+        run(fault)
+        faulted = read(tmp_path, row.fault)
+        fault_verdict = check(faulted, expected)
+        verdict.samples += fault_verdict.samples
+        verdict.duplicates += fault_verdict.duplicates
+        verdict.losses += fault_verdict.losses
+        problems += [f"{row.fault}: {p}" for p in fault_verdict.problems]
+        problems += [f"{row.fault}: {p}" for p in same_batches(faulted, reference)]
+        if row.fault == "kill":
+            assert sidecar.restarts == 1, "the fault killed the sidecar once"
+    print(f"\nledger {_row_id(row)}: {verdict.summary()}")
+    assert not problems, "\n".join(problems)
