@@ -149,20 +149,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     );
     let engine = Engine::new(registry.clone(), config.engine.clone())
         .map_err(|e| format!("starting the decode pool: {e}"))?;
-    let engine = match &args.cache.decoded_cache_dir {
-        Some(dir) => {
-            // Earlier records are taken in on a thread of their own.
-            let tier = open_tier(dir, &args.cache, true).await?;
-            tier.limit_index_memory(config.engine.memory.decoded_index);
-            tracing::info!(
-                dir = %dir.display(),
-                index_memory_mib = config.engine.memory.decoded_index >> 20,
-                "decoded-source tier opened"
-            );
-            engine.with_decoded_cache(tier)
-        }
-        None => engine,
-    };
+    let tier_slot = engine.decoded_cache_slot();
     #[cfg(feature = "dev")]
     let engine = if args.dev_synthetic_batches {
         tracing::warn!("--dev-synthetic-batches: streams send pattern batches, not the dataset's");
@@ -174,9 +161,26 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let listener = Listener::bind(&config.listen).await?;
     // The cache is opened after the listener is bound: adopting millions of
     // entries takes a while, and meanwhile health answers NOT_SERVING.
+    // So is the decoded-source tier: waiting for a free slot of its
+    // directory (a pod replacing another drains first), it answers
+    // NOT_SERVING rather than not at all.
     let startup = {
         let cache = config.cache.clone();
+        let (tier_args, index_memory) = (args.cache.clone(), config.engine.memory.decoded_index);
         async move {
+            if let Some(dir) = &tier_args.decoded_cache_dir {
+                // Earlier records are taken in on a thread of their own.
+                let tier = open_tier(dir, &tier_args, true)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tier.limit_index_memory(index_memory);
+                tracing::info!(
+                    dir = %dir.display(),
+                    index_memory_mib = index_memory >> 20,
+                    "decoded-source tier opened"
+                );
+                let _ = tier_slot.set(tier);
+            }
             let Some(cache) = cache else {
                 return Ok(());
             };

@@ -62,27 +62,32 @@ impl TierRequest {
                 }
             }
         }
-        let source = match cache.and_then(|(cache, record)| cache.get(record, &self.form)) {
-            Some(source) => source,
-            None => {
-                let source = full_size_bounded(budget, format, data, |_, _| {
-                    derive_source_with(decoder, format, data, &self.form)
-                })?;
-                if let Some((cache, record)) = cache {
-                    cache.put(record, &self.form, &source);
+        // A stored source is read, and a missing one derived, within the
+        // decode scratch budget (sized by the original, which a stored form
+        // never exceeds): a hit holds as much memory as a decode would.
+        let crop = full_size_bounded(budget, format, data, |_, _| {
+            let source = match cache.and_then(|(cache, record)| cache.get(record, &self.form)) {
+                Some(source) => source,
+                None => {
+                    let source = derive_source_with(decoder, format, data, &self.form)?;
+                    if let Some((cache, record)) = cache {
+                        cache.put(record, &self.form, &source);
+                    }
+                    source
                 }
-                source
-            }
-        };
-        let crop = spec.crop_box(source.original_width, source.original_height, key);
-        output_from_source(&source, spec, &crop, out)?;
+            };
+            let crop = spec.crop_box(source.original_width, source.original_height, key);
+            output_from_source(&source, spec, &crop, out)?;
+            Ok((crop, source.original_width, source.original_height))
+        })?;
+        let (crop, original_width, original_height) = crop;
         if let Some((cache, name)) = &output_record {
             let kept = StoredSource {
                 kind: self.form.kind,
                 width: spec.width,
                 height: spec.height,
-                original_width: source.original_width,
-                original_height: source.original_height,
+                original_width,
+                original_height,
                 bytes: out.to_vec(),
             };
             cache.put(name, &self.form, &kept);

@@ -174,8 +174,9 @@ pub struct Engine {
     decoder: Arc<dyn Decoder>,
     memory: MemoryBudget,
     scratch: Arc<ScratchBudget>,
-    /// The host's decoded-source tier, when it keeps one.
-    decoded: Option<Arc<DecodedCache>>,
+    /// The host's decoded-source tier, when it keeps one: set once, when
+    /// it is open (the server opens it after it listens, as the shard cache).
+    decoded: Arc<std::sync::OnceLock<Arc<DecodedCache>>>,
     /// Benchmarks only: streams send pattern batches instead of decoding.
     #[cfg(feature = "dev")]
     synthetic_batches: bool,
@@ -205,7 +206,7 @@ impl Engine {
             config,
             pool: Arc::new(pool),
             decoder,
-            decoded: None,
+            decoded: Default::default(),
             #[cfg(feature = "dev")]
             synthetic_batches: false,
         })
@@ -220,16 +221,22 @@ impl Engine {
     }
 
     /// Keeps decoded sources in `cache` for streams that ask for the tier.
-    pub fn with_decoded_cache(mut self, cache: Arc<DecodedCache>) -> Self {
-        self.decoded = Some(cache);
+    pub fn with_decoded_cache(self, cache: Arc<DecodedCache>) -> Self {
+        let _ = self.decoded.set(cache);
         self
+    }
+
+    /// Where the tier goes once it is open (see [`Engine::with_decoded_cache`]),
+    /// for a server that opens it while already listening.
+    pub fn decoded_cache_slot(&self) -> Arc<std::sync::OnceLock<Arc<DecodedCache>>> {
+        self.decoded.clone()
     }
 
     /// The tier a stream of `form` uses: this host's store, if any.
     fn tier(&self, form: Option<decode::source::SourceForm>) -> Option<decode::tier::TierRequest> {
         form.map(|form| decode::tier::TierRequest {
             form,
-            cache: self.decoded.clone(),
+            cache: self.decoded.get().cloned(),
         })
     }
 
@@ -334,7 +341,7 @@ impl Engine {
             }
             if let Some(tier) = self
                 .decoded
-                .as_ref()
+                .get()
                 .filter(|_| request.decoded_source.is_some())
             {
                 followers.push(tier.clone());

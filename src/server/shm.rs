@@ -111,14 +111,51 @@ impl RingRegistry {
     }
 }
 
-/// Connections the fd socket serves at once: one per open shared-memory
-/// stream is the use; beyond this a connection is closed at once.
+/// Connections that collected a ring and return its slots: one per open
+/// shared-memory stream is the use; beyond this a connection is closed.
 pub const MAX_FD_CONNECTIONS: usize = 1024;
+
+/// Connections still to send their ring's token. A client sends it right
+/// after connecting, so a connection that has not within
+/// [`TOKEN_WAIT`] is dropped; and when this many are waiting, a new one
+/// pushes out the oldest: silent connections cannot lock clients out.
+pub const MAX_HANDSHAKES: usize = 64;
+
+/// How long a connection may take to send its token.
+pub const TOKEN_WAIT: Duration = Duration::from_secs(2);
+
+/// Connections waiting for their token, oldest first, each with the signal
+/// that closes it.
+#[derive(Default)]
+struct Handshakes {
+    next_id: u64,
+    waiting: std::collections::VecDeque<(u64, tokio_util::sync::CancellationToken)>,
+}
+
+impl Handshakes {
+    /// Registers a new handshake, pushing out the oldest when full.
+    fn begin(&mut self) -> (u64, tokio_util::sync::CancellationToken) {
+        if self.waiting.len() >= MAX_HANDSHAKES {
+            if let Some((_, oldest)) = self.waiting.pop_front() {
+                oldest.cancel();
+            }
+        }
+        self.next_id += 1;
+        let cancel = tokio_util::sync::CancellationToken::new();
+        self.waiting.push_back((self.next_id, cancel.clone()));
+        (self.next_id, cancel)
+    }
+
+    fn end(&mut self, id: u64) {
+        self.waiting.retain(|(waiting, _)| *waiting != id);
+    }
+}
 
 /// Serves the fd socket: hands each client its ring's memfd and takes its
 /// credits until it disconnects.
 pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<RingRegistry>) {
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_FD_CONNECTIONS));
+    let handshakes = Arc::new(std::sync::Mutex::new(Handshakes::default()));
     let mut sweep = tokio::time::interval(Duration::from_secs(5));
     loop {
         let accepted = tokio::select! {
@@ -130,20 +167,43 @@ pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<R
         };
         match accepted {
             Ok((stream, _)) => {
-                let Ok(permit) = connections.clone().try_acquire_owned() else {
-                    tracing::warn!(
-                        limit = MAX_FD_CONNECTIONS,
-                        "refused a shared-memory connection: too many open"
-                    );
-                    drop(stream);
-                    continue;
-                };
-                let registry = registry.clone();
+                let (registry, connections, handshakes) =
+                    (registry.clone(), connections.clone(), handshakes.clone());
+                let (id, pushed_out) = lock(&handshakes).begin();
                 tokio::spawn(async move {
-                    if let Err(error) = serve_client(stream, &registry).await {
+                    // Only the wait for the token can be cut short: once a
+                    // token is taken, its ring is handed over.
+                    let token = tokio::select! {
+                        token = read_token(&stream) => token,
+                        () = pushed_out.cancelled() => {
+                            Err(std::io::Error::other("pushed out by newer connections"))
+                        }
+                    };
+                    lock(&handshakes).end(id);
+                    let ring = match token {
+                        Ok(token) => hand_over(&stream, &registry, &token).await,
+                        Err(error) => Err(error),
+                    };
+                    let result = match ring {
+                        Ok(ring) => match connections.try_acquire_owned() {
+                            Ok(permit) => {
+                                let served = serve_client(stream, ring).await;
+                                drop(permit);
+                                served
+                            }
+                            Err(_) => {
+                                tracing::warn!(
+                                    limit = MAX_FD_CONNECTIONS,
+                                    "refused a shared-memory connection: too many open"
+                                );
+                                Ok(())
+                            }
+                        },
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = result {
                         tracing::debug!(%error, "shared-memory client ended");
                     }
-                    drop(permit);
                 });
             }
             Err(error) => {
@@ -154,15 +214,36 @@ pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<R
     }
 }
 
-async fn serve_client(
-    mut stream: tokio::net::UnixStream,
-    registry: &RingRegistry,
-) -> std::io::Result<()> {
+fn lock(handshakes: &std::sync::Mutex<Handshakes>) -> std::sync::MutexGuard<'_, Handshakes> {
+    handshakes.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A client's ring token, read within [`TOKEN_WAIT`].
+async fn read_token(stream: &tokio::net::UnixStream) -> std::io::Result<[u8; TOKEN_BYTES]> {
     let mut token = [0u8; TOKEN_BYTES];
-    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut token))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no token"))??;
-    let Some(ring) = registry.collect(&token) else {
+    let mut read = 0;
+    let deadline = tokio::time::Instant::now() + TOKEN_WAIT;
+    while read < TOKEN_BYTES {
+        tokio::time::timeout_at(deadline, stream.readable())
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no token"))??;
+        match stream.try_read(&mut token[read..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => read += n,
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(token)
+}
+
+/// Sends the client the memfd of the ring `token` names; returns the ring.
+async fn hand_over(
+    stream: &tokio::net::UnixStream,
+    registry: &RingRegistry,
+    token: &[u8; TOKEN_BYTES],
+) -> std::io::Result<Arc<Ring>> {
+    let Some(ring) = registry.collect(token) else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
             "unknown ring token",
@@ -174,6 +255,11 @@ async fn serve_client(
         })
         .await?;
     ring.mark_collected();
+    Ok(ring)
+}
+
+/// Takes a client's credits (slots it gave back) until it disconnects.
+async fn serve_client(mut stream: tokio::net::UnixStream, ring: Arc<Ring>) -> std::io::Result<()> {
     // Only a weak handle from here: the stream owns its ring.
     let weak = Arc::downgrade(&ring);
     drop(ring);
@@ -257,5 +343,43 @@ mod tests {
         registry.expire();
         assert!(registry.collect(&late_token).is_none());
         assert_eq!(registry.live(), 0);
+    }
+
+    #[tokio::test]
+    async fn silent_connections_cannot_lock_clients_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sf.sock.fds");
+        let registry = Arc::new(RingRegistry::new(path.clone()));
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(serve_fd_socket(listener, registry.clone()));
+        // Many more silent connections than the handshakes waiting at once.
+        let mut silent = Vec::new();
+        for _ in 0..MAX_FD_CONNECTIONS + MAX_HANDSHAKES {
+            silent.push(tokio::net::UnixStream::connect(&path).await.unwrap());
+        }
+        // A client that sends its token at once still gets its ring's fd.
+        let ring = Ring::new(1, 64).unwrap();
+        registry.register(&ring);
+        let mut client = tokio::net::UnixStream::connect(&path).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut client, &ring.token())
+            .await
+            .unwrap();
+        let mut byte = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut byte))
+            .await
+            .expect("answered while silent connections wait")
+            .unwrap();
+        assert_eq!(byte, [1]);
+        // The oldest silent ones were pushed out: their reads see the end.
+        let mut pushed_out = 0;
+        for stream in &mut silent[..MAX_HANDSHAKES] {
+            let mut byte = [0u8; 1];
+            if let Ok(Ok(0)) =
+                tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte)).await
+            {
+                pushed_out += 1;
+            }
+        }
+        assert_eq!(pushed_out, MAX_HANDSHAKES);
     }
 }

@@ -68,6 +68,9 @@ pub struct DecodedCache {
     fills: AtomicU64,
 }
 
+/// Records taken into the index per hold of its lock while adopting.
+const ADOPT_CHUNK: usize = 4096;
+
 impl DecodedCache {
     /// Opens (creating) the tier at `dir`, taking in the records already
     /// there (least recently used: those found first), evicting down to
@@ -210,9 +213,11 @@ impl DecodedCache {
             }
         }
         found.sort();
-        {
+        // In chunks: readers take the same lock for every lookup, and a
+        // large directory's millions of records would hold it for seconds.
+        for chunk in found.chunks(ADOPT_CHUNK) {
             let mut state = self.lock();
-            for (_, name, shard, bytes) in found {
+            for &(_, name, shard, bytes) in chunk {
                 state.adopt(name, Record { shard, bytes });
             }
         }

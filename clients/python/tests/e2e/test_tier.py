@@ -68,3 +68,50 @@ def test_the_tier_gives_the_same_batches_cold_warm_damaged_and_absent(
         assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, expected)), "damaged"
     finally:
         stop(tiered.process)
+
+
+def test_a_server_waiting_for_a_tier_slot_answers_not_serving(s3: S3) -> None:
+    import os
+    import subprocess
+
+    from shardfeed import ShardfeedError
+
+    from ..conftest import ACCESS_KEY, SECRET_KEY, binary, free_port
+
+    directory = Path(tempfile.mkdtemp(prefix="sf-slot-"))
+    decoded = str(directory / "decoded")
+    holder = start_server(s3, f"unix:{directory}/a.sock", "--decoded-cache-dir", decoded)
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
+    waiting = subprocess.Popen(
+        [
+            str(binary()),
+            "serve",
+            "--listen",
+            f"unix:{directory}/b.sock",
+            "--metrics-listen",
+            f"127.0.0.1:{free_port()}",
+            "--decoded-cache-dir",
+            decoded,
+            "--cache-lock-wait",
+            "60",
+        ],
+        env=env,
+    )
+    try:
+        client = Client(f"unix://{directory}/b.sock")
+        # Listening while it waits: health says NOT_SERVING, not "no socket".
+        message = ""
+        for _ in range(100):
+            try:
+                client.wait_until_serving(timeout=0.2)
+            except ShardfeedError as error:
+                message = error.message
+                if "NOT_SERVING" in message:
+                    break
+        assert "NOT_SERVING" in message, message
+        # Once the slot is free, it serves.
+        stop(holder.process)
+        client.wait_until_serving(timeout=30)
+    finally:
+        stop(holder.process)
+        stop(waiting)
