@@ -53,16 +53,7 @@ async fn streams_are_admitted_against_the_memory_budget_and_free_it_when_they_le
         never.message()
     );
 
-    let mut open = Vec::new();
-    for _ in 0..3 {
-        let mut stream = client
-            .stream_batches(big_output(32, 512, &uri))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(stream.message().await.unwrap().is_some());
-        open.push(stream);
-    }
+    let mut open = fill_the_budget(&mut client, &uri).await;
     let busy = client
         .stream_batches(big_output(32, 512, &uri))
         .await
@@ -98,6 +89,27 @@ async fn streams_are_admitted_against_the_memory_budget_and_free_it_when_they_le
     harness.shutdown().await;
 }
 
+/// Three streams of 32 x 512^2 that have each sent a batch: all a 1 GiB
+/// budget holds.
+async fn fill_the_budget(
+    client: &mut shardfeed::server::pb::shardfeed_client::ShardfeedClient<
+        tonic::transport::Channel,
+    >,
+    uri: &str,
+) -> Vec<tonic::Streaming<pb::Batch>> {
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut stream = client
+            .stream_batches(big_output(32, 512, uri))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(stream.message().await.unwrap().is_some());
+        open.push(stream);
+    }
+    open
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_opened_right_after_a_break_waits_for_the_memory_coming_back() {
     // Three streams fill the budget (see above); the trainer breaks out of
@@ -109,16 +121,7 @@ async fn a_stream_opened_right_after_a_break_waits_for_the_memory_coming_back() 
     .await;
     let uri = upload(&harness.s3, "data", "", &simple_dataset(6, 40)).await;
     let mut client = harness.client().await;
-    let mut open = Vec::new();
-    for _ in 0..3 {
-        let mut stream = client
-            .stream_batches(big_output(32, 512, &uri))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(stream.message().await.unwrap().is_some());
-        open.push(stream);
-    }
+    let mut open = fill_the_budget(&mut client, &uri).await;
     drop(open.pop());
     let broke = Instant::now();
     let mut next = client

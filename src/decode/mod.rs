@@ -275,45 +275,25 @@ impl JpegFrame {
 
 /// The frame header of a JPEG (see [`jpeg_dimensions`]).
 pub fn jpeg_frame(data: &[u8]) -> Option<JpegFrame> {
-    if data.get(..2)? != [0xFF, 0xD8] {
-        return None;
+    let (marker, at) = jpeg_segments(data).find(|&(marker, _)| {
+        // SOF0..SOF15, except DHT, JPG and DAC, which share the range.
+        marker == 0xDA || matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC)
+    })?;
+    if marker == 0xDA {
+        return None; // start of scan before any frame header
     }
-    let mut at = 2;
-    loop {
-        if *data.get(at)? != 0xFF {
-            return None;
-        }
-        let marker = *data.get(at + 1)?;
-        at += 2;
-        match marker {
-            // Fill bytes and markers without a length.
-            0xFF => at -= 1,
-            0x01 | 0xD0..=0xD7 => {}
-            // Start of scan before any frame header.
-            0xDA | 0xD9 => return None,
-            _ => {
-                let length = usize::from(u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]));
-                // SOF0..SOF15, except DHT, JPG and DAC, which share the range.
-                if matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC) {
-                    let precision = *data.get(at + 2)?;
-                    let height = u16::from_be_bytes([*data.get(at + 3)?, *data.get(at + 4)?]);
-                    let width = u16::from_be_bytes([*data.get(at + 5)?, *data.get(at + 6)?]);
-                    let components = *data.get(at + 7)?;
-                    return (width > 0 && height > 0).then_some(JpegFrame {
-                        width: u32::from(width),
-                        height: u32::from(height),
-                        process: marker & 0x0F,
-                        precision,
-                        components,
-                    });
-                }
-                if length < 2 {
-                    return None;
-                }
-                at += length;
-            }
-        }
-    }
+    let field = |offset: usize| data.get(at + 4 + offset).copied();
+    let precision = field(0)?;
+    let height = u16::from_be_bytes([field(1)?, field(2)?]);
+    let width = u16::from_be_bytes([field(3)?, field(4)?]);
+    let components = field(5)?;
+    (width > 0 && height > 0).then_some(JpegFrame {
+        width: u32::from(width),
+        height: u32::from(height),
+        process: marker & 0x0F,
+        precision,
+        components,
+    })
 }
 
 /// A JPEG whose scan data is not followed by an end-of-image marker was cut
@@ -328,7 +308,9 @@ pub fn jpeg_frame(data: &[u8]) -> Option<JpegFrame> {
 pub fn check_jpeg_complete(data: &[u8]) -> Result<(), DecodeError> {
     let premature =
         || DecodeError::Corrupt("premature end of JPEG data (no end-of-image marker)".into());
-    let scan = jpeg_scan_start(data).ok_or_else(premature)?;
+    let (_, scan) = jpeg_segments(data)
+        .find(|&(marker, _)| marker == 0xDA)
+        .ok_or_else(premature)?;
     let ends = data[scan..]
         .windows(2)
         .rev()
@@ -340,33 +322,44 @@ pub fn check_jpeg_complete(data: &[u8]) -> Result<(), DecodeError> {
     }
 }
 
-/// Where a JPEG's first start-of-scan segment begins, found by walking the
-/// marker segments before it; None where the headers end first.
-fn jpeg_scan_start(data: &[u8]) -> Option<usize> {
-    if data.get(..2)? != [0xFF, 0xD8] {
-        return None;
-    }
-    let mut at = 2;
-    loop {
-        if *data.get(at)? != 0xFF {
+/// The marker segments of a JPEG's headers, as (marker, offset of its
+/// `FF`), up to and including the first start of scan; none past a
+/// malformed one or the end of the image.
+fn jpeg_segments(data: &[u8]) -> impl Iterator<Item = (u8, usize)> + '_ {
+    let mut at = if data.get(..2) == Some(&[0xFF, 0xD8][..]) {
+        Some(2)
+    } else {
+        None
+    };
+    std::iter::from_fn(move || loop {
+        let here = at?;
+        if *data.get(here)? != 0xFF {
+            at = None;
             return None;
         }
-        let marker = *data.get(at + 1)?;
+        let marker = *data.get(here + 1)?;
         match marker {
-            0xFF => at += 1,
-            0x01 | 0xD0..=0xD7 => at += 2,
-            0xDA => return Some(at),
-            0xD9 => return None,
+            // Fill bytes and markers without a length.
+            0xFF => at = Some(here + 1),
+            0x01 | 0xD0..=0xD7 => at = Some(here + 2),
+            0xD9 => {
+                at = None;
+                return None;
+            }
+            0xDA => {
+                at = None;
+                return Some((marker, here));
+            }
             _ => {
-                let length =
-                    usize::from(u16::from_be_bytes([*data.get(at + 2)?, *data.get(at + 3)?]));
-                if length < 2 {
-                    return None;
-                }
-                at += 2 + length;
+                let length = usize::from(u16::from_be_bytes([
+                    *data.get(here + 2)?,
+                    *data.get(here + 3)?,
+                ]));
+                at = (length >= 2).then_some(here + 2 + length);
+                return Some((marker, here));
             }
         }
-    }
+    })
 }
 
 /// Decodes one sample within the budgets and returns the box it came from.
