@@ -161,3 +161,27 @@ def test_each_batch_says_when_the_epoch_is_complete() -> None:
     ds = ShardfeedDataset(URI, client=client, world_size=1, batch_size=1)
     list(ds)
     assert client.describes == 1
+
+
+def test_a_worker_maps_the_epoch_page_only_while_the_descriptor_is_the_page(
+    tmp_path: Any,
+) -> None:
+    import os
+
+    from shardfeed.torch import _map_owner_page, _SharedState
+
+    owner = _SharedState()
+    assert owner._owner is not None
+    pid, fd = owner._owner
+    page = _map_owner_page(pid, fd)
+    assert page is not None, "the owner's page, mapped again"
+    page.close()
+    # The number now names another file (a checkpoint): it is left alone.
+    checkpoint = tmp_path / "ckpt.pt"
+    checkpoint.write_bytes(b"checkpoint bytes, not a page")
+    other = os.open(checkpoint, os.O_RDWR)
+    try:
+        assert _map_owner_page(os.getpid(), other) is None
+    finally:
+        os.close(other)
+    assert checkpoint.read_bytes() == b"checkpoint bytes, not a page"
