@@ -70,7 +70,7 @@ class ShardfeedDataModule(pl.LightningDataModule):  # type: ignore[misc]
             self.train_dataset = ShardfeedDataset(
                 train, batch_size=batch_size, augment=train_augment, output=train_output, **common
             )
-            self.train_dataset._tracking = True
+            self.train_dataset.track_consumption()
         if val is not None:
             self.val_dataset = ShardfeedDataset(
                 val,
@@ -97,13 +97,13 @@ class ShardfeedDataModule(pl.LightningDataModule):  # type: ignore[misc]
         # Called as a step takes its batch, after the loop fetched ahead.
         trainer = getattr(self, "trainer", None)
         if self.train_dataset is not None and trainer is not None and trainer.training:
-            self.train_dataset._mark_consumed()
+            self.train_dataset.mark_consumed()
         return batch
 
     def state_dict(self) -> dict[str, Any]:
         if self.train_dataset is None:
             return {}
-        return {"train": self.train_dataset._consumed_state_dict()}
+        return {"train": self.train_dataset.consumed_state_dict()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         if self.train_dataset is not None and "train" in state_dict:

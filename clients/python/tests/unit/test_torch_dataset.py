@@ -130,7 +130,7 @@ class _StreamingClient(_CountingClient):
 
 def test_positions_kept_for_unconsumed_batches_are_bounded() -> None:
     ds = ShardfeedDataset(URI, client=_StreamingClient(), world_size=1, batch_size=1)
-    ds._tracking = True
+    ds.track_consumption()
     stream = iter(ds)
     for _ in range(MAX_FETCH_AHEAD):
         next(stream)
@@ -138,10 +138,10 @@ def test_positions_kept_for_unconsumed_batches_are_bounded() -> None:
         next(stream)
     # Consumed as they are handed out, the stream goes on as long as it lasts.
     ds = ShardfeedDataset(URI, client=_StreamingClient(), world_size=1, batch_size=1)
-    ds._tracking = True
+    ds.track_consumption()
     taken = 0
     for _ in ds:
-        ds._mark_consumed()
+        ds.mark_consumed()
         taken += 1
     assert taken == 100
 
@@ -168,12 +168,12 @@ def test_a_worker_maps_the_epoch_page_only_while_the_descriptor_is_the_page(
 ) -> None:
     import os
 
-    from shardfeed.torch import _map_owner_page, _SharedState
+    from shardfeed._epochs import EpochPage, map_owner_page
 
-    owner = _SharedState()
+    owner = EpochPage()
     assert owner._owner is not None
     pid, fd = owner._owner
-    page = _map_owner_page(pid, fd)
+    page = map_owner_page(pid, fd)
     assert page is not None, "the owner's page, mapped again"
     page.close()
     # The number now names another file (a checkpoint): it is left alone.
@@ -181,7 +181,7 @@ def test_a_worker_maps_the_epoch_page_only_while_the_descriptor_is_the_page(
     checkpoint.write_bytes(b"checkpoint bytes, not a page")
     other = os.open(checkpoint, os.O_RDWR)
     try:
-        assert _map_owner_page(os.getpid(), other) is None
+        assert map_owner_page(os.getpid(), other) is None
     finally:
         os.close(other)
     assert checkpoint.read_bytes() == b"checkpoint bytes, not a page"

@@ -213,7 +213,7 @@ def tier(binary: str, endpoint: str) -> dict[str, Any]:
         flags = ("--memory-limit", "1G", "--decode-threads", "48", "--decoded-cache-dir", decoded)
         # A small shuffle buffer: these objects are 1-2 MB each.
         options: dict[str, Any] = dict(
-            batch_size=16, image_size=224, decoded_source=4096, shuffle_buffer=16
+            batch_size=16, image_size=224, decoded_source=4096, shuffle_buffer=16, interleave=1
         )
         with _server(binary, endpoint, *flags) as (target, pid):
             for _ in Client(target).batches("s3://large/photos/", **options):

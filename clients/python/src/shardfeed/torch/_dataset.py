@@ -1,28 +1,18 @@
-"""PyTorch adapter: a shardfeed stream as a resumable ``IterableDataset``.
-
-shardfeed already shuffles, decodes, augments and batches in the sidecar, so
-the dataset yields whole batches: use ``DataLoader(ds, batch_size=None)``
-with ``num_workers=0`` (the default). See :class:`ShardfeedDataset`.
-"""
+"""The ``IterableDataset`` surface of a shardfeed stream (see the package)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import mmap
 import os
-import struct
-import sys
-import warnings
-import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Union
+from typing import Any, Union
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._client import (
+from .._client import (
     AugmentSpec,
     Client,
     ImageSize,
@@ -30,7 +20,10 @@ from ._client import (
     SourceSpec,
     distributed_rank_and_world,
 )
-from ._wire import Batch, EpochPosition
+from .._epochs import EpochPage, choose_epoch, pass_token
+from .._wire import EpochPosition
+from ._device import CudaHostPinning, mask, on_device
+from ._frameworks import accelerate_dispatch, in_step
 
 __all__ = ["ShardfeedDataset"]
 
@@ -234,7 +227,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # decodes in the last batch, where the next stream's tuning starts.
         self._server_share: float | None = None
         self._repeat_logged = False
-        self._shared = _SharedState()
+        self._shared = EpochPage()
         # For a trainer that fetches ahead (Lightning): positions of batches
         # handed out but not yet consumed, and of the last one consumed.
         self._tracking = False
@@ -272,28 +265,26 @@ class ShardfeedDataset(IterableDataset[Sample]):
         return self._epoch
 
     def _begin_pass(self, world: int) -> int:
-        """Chooses the epoch this pass streams and returns the pass's token.
-
-        A pass already begun under the current choice (here, or in a
-        DataLoader worker of an earlier pass) makes this one the next epoch;
-        sibling workers of one pass share its token, so they stream the same
-        epoch; a state loaded into a worker's copy, and a choice made since
-        (set_epoch, load_state_dict), stream the epoch chosen."""
+        """Chooses the epoch this pass streams (``shardfeed._epochs``) and
+        returns the pass's token."""
         self._passes += 1
         worker = get_worker_info()
-        if worker is None:
-            token = int.from_bytes(os.urandom(7), "little")
-        else:
-            # The DataLoader's base seed is drawn anew for each of its
-            # iterators and shared by that iterator's workers.
-            token = ((worker.seed - worker.id) * 1_000_003 + self._passes) % (1 << 62)
+        # The DataLoader's base seed is drawn anew for each of its iterators
+        # and shared by that iterator's workers.
+        token = pass_token(
+            None if worker is None else worker.seed - worker.id,
+            self._passes,
+            int.from_bytes(os.urandom(7), "little"),
+        )
         started = self._shared.started()
-        epoch = self._epoch
-        if self._worker_loaded:
-            self._worker_loaded = False
-        elif started is not None and started.choice == self._choice:
-            epoch = started.epoch if started.token == token else max(started.epoch + 1, epoch)
-        elif started is not None and started.epoch == epoch and not self._repeat_logged:
+        epoch = choose_epoch(self._epoch, self._choice, started, token, self._worker_loaded)
+        self._worker_loaded = False
+        if (
+            started is not None
+            and started.choice != self._choice
+            and started.epoch == epoch
+            and not self._repeat_logged
+        ):
             self._repeat_logged = True
             _log.info(
                 "streaming epoch %d again, as set_epoch chose (the same order and "
@@ -368,7 +359,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         rank, world = self._stream_rank_and_world()
         token = self._begin_pass(world)
         # Under accelerate's dispatch, process 0 streams every rank's batches.
-        ranks = list(range(world)) if _accelerate_dispatch(self) else [rank]
+        ranks = list(range(world)) if accelerate_dispatch(self) else [rank]
         # A loaded position stays loaded until the resumed stream delivers:
         # an attempt that fails before its first batch, retried, must not
         # restart the epoch at batch 0.
@@ -395,12 +386,12 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._pending.clear()
         delivery: dict[str, Any] = {} if self.decode == "server" else {"delivery": "encoded"}
         if self.device is not None and self.device.type == "cuda":
-            delivery["host_pinning"] = _CudaHostPinning(self.device)
+            delivery["host_pinning"] = CudaHostPinning(self.device)
         tuned = self.options.get("server_decode_fraction") == "auto"
         if tuned and self._server_share is not None and "server_decode_start" not in self.options:
             delivery["server_decode_start"] = self._server_share
         streams = [
-            self._on_device(
+            on_device(
                 self.client.batches(
                     self.dataset,
                     seed=self.seed,
@@ -416,11 +407,14 @@ class ShardfeedDataset(IterableDataset[Sample]):
                     **delivery,
                     **self.options,
                 ),
-                stream_rank,
+                decode=self.decode,
+                device=self.device,
+                client=self.client,
+                rank=stream_rank,
             )
             for stream_rank in ranks
         ]
-        for group in _in_step(streams):
+        for group in in_step(streams):
             for batch, images, labels, crop_boxes, flipped, substituted in group:
                 if steps is None:
                     self._shared.set_started(self._epoch, self._choice, token)
@@ -454,8 +448,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
                     "shards": batch.shards,
                     "crop_boxes": torch.from_numpy(crop_boxes),
                     "flipped": torch.from_numpy(flipped),
-                    "substituted": _mask(len(batch.keys), substituted),
-                    "padded": _mask(len(batch.keys), batch.padded),
+                    "substituted": mask(len(batch.keys), substituted),
+                    "padded": mask(len(batch.keys), batch.padded),
                     "fields": batch.fields,
                     "sources": torch.tensor(batch.sources, dtype=torch.int64),
                     "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
@@ -468,47 +462,6 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # dataset (a DataLoader worker's pass counts).
         self._shared.set_started(self._epoch, self._choice, token)
         self._shared.set_completed(self._epoch, self._choice)
-
-    def _on_device(self, batches: Iterator[Batch], rank: int) -> Iterator[_Delivered]:
-        """Each batch with its images and labels on ``device``, decoded here
-        for ``decode="client"``/``"gpu"``. On CUDA, copies (and GPU decodes)
-        run on a side stream one batch ahead of the training loop, out of
-        the shared-memory ring registered once as pinned memory."""
-        decoder = None
-        if self.decode != "server":
-            from .decode import BatchDecoder
-
-            decoder = BatchDecoder(self.device or "cpu", client=self.client, rank=rank)
-        device = self.device
-        try:
-            if device is None or device.type != "cuda":
-                for batch in batches:
-                    delivered = _materialize(batch, decoder)
-                    if device is not None:
-                        delivered = delivered._replace(
-                            images=delivered.images.to(device), labels=delivered.labels.to(device)
-                        )
-                    yield delivered
-                return
-            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            pending: tuple[_Delivered, Any] | None = None
-            for batch in batches:
-                with torch.cuda.stream(side):
-                    delivered = _materialize(batch, decoder)
-                    delivered = delivered._replace(
-                        images=delivered.images.to(device, non_blocking=True),
-                        labels=delivered.labels.to(device, non_blocking=True),
-                    )
-                    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                    done.record(side)
-                if pending is not None:
-                    yield _ready_on(device, *pending)
-                pending = (delivered, done)
-            if pending is not None:
-                yield _ready_on(device, *pending)
-        finally:
-            if decoder is not None:
-                decoder.flush()
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain
@@ -527,15 +480,22 @@ class ShardfeedDataset(IterableDataset[Sample]):
             position = self._resume if self._resume is not None else self._position
         return self._state(epoch, position)
 
-    def _mark_consumed(self) -> None:
+    def track_consumption(self) -> None:
+        """For a trainer that fetches batches ahead of its steps (Lightning):
+        from now on the positions of batches handed out are kept until
+        :meth:`mark_consumed` says a step took them, so that
+        :meth:`consumed_state_dict` can checkpoint at the last one consumed."""
+        self._tracking = True
+
+    def mark_consumed(self) -> None:
         """The oldest batch handed out has been consumed (a trainer's step)."""
         if self._pending:
             self._consumed = self._pending.popleft()
 
-    def _consumed_state_dict(self) -> dict[str, Any]:
+    def consumed_state_dict(self) -> dict[str, Any]:
         """Like :meth:`state_dict`, at the last batch consumed rather than the
         last handed out (the DataModule's checkpoints, with batches fetched
-        ahead)."""
+        ahead; see :meth:`track_consumption`)."""
         if not self._pending:
             return self.state_dict()
         position = self._consumed if self._consumed is not None else self._pass_start
@@ -637,43 +597,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         source = state.pop("_shared")
         self.__dict__.update(state)
-        self._shared = _SharedState(source)
-
-
-def _in_step(streams: list[Iterator[_Delivered]]) -> Iterator[list[_Delivered]]:
-    """Each stream's next batch together: the ranks' streams have equal
-    batch counts, so one ending early is a broken invariant, not a tail."""
-    while True:
-        group = [next(stream, None) for stream in streams]
-        if all(item is None for item in group):
-            return
-        if any(item is None for item in group):
-            raise RuntimeError("the ranks' streams ended at different batches")
-        yield group  # type: ignore[misc]
-
-
-def _accelerate_dispatch(dataset: ShardfeedDataset) -> bool:
-    """Whether accelerate's ``DataLoaderDispatcher`` is iterating ``dataset``
-    (on process 0, handing each process its slice of what it yields)."""
-    state = sys.modules.get("accelerate.state")
-    gradient_state = getattr(state, "GradientState", None)
-    if gradient_state is None or not getattr(gradient_state, "_shared_state", None):
-        return False
-    try:
-        active = gradient_state().active_dataloader
-    except Exception:  # accelerate's internals moved: behave as without it
-        return False
-    if type(active).__name__ != "DataLoaderDispatcher":
-        return False
-    if getattr(active, "dataset", None) is not dataset:
-        return False
-    if getattr(active, "split_batches", False):
-        raise ValueError(
-            "accelerate's split_batches=True cuts one batch into per-process slices; "
-            "ShardfeedDataset already streams each rank its own batches of batch_size: "
-            "leave split_batches at its default (False)"
-        )
-    return True
+        self._shared = EpochPage(source)
 
 
 def _as_source(source: SourceSpec) -> Source:
@@ -681,202 +605,3 @@ def _as_source(source: SourceSpec) -> Source:
         return source
     dataset, weight = source
     return Source(dataset, float(weight))
-
-
-class _Delivered(NamedTuple):
-    """A batch as the dataset yields it: images and labels where training
-    wants them, and what substitution decided (on either side)."""
-
-    batch: Batch
-    images: torch.Tensor
-    labels: torch.Tensor
-    crop_boxes: Any
-    flipped: Any
-    substituted: list[int]
-
-
-def _materialize(batch: Batch, decoder: Any) -> _Delivered:
-    """A batch's tensors: views of the received pixels, or decoded by
-    ``decoder`` (a BatchDecoder)."""
-    if decoder is None:
-        with warnings.catch_warnings():
-            # Received batches are read-only; torch warns about writes that
-            # would be undefined. Training reads them (e.g. copies to the GPU).
-            warnings.simplefilter("ignore", UserWarning)
-            images = torch.from_numpy(batch.images)
-        return _Delivered(
-            batch,
-            images,
-            torch.from_numpy(batch.labels),
-            batch.crop_boxes,
-            batch.flipped,
-            batch.substituted,
-        )
-    decoded = decoder.decode(batch)
-    return _Delivered(
-        batch,
-        decoded.images,
-        decoded.labels,
-        decoded.crop_boxes,
-        decoded.flipped,
-        decoded.substituted,
-    )
-
-
-def _ready_on(device: torch.device, delivered: _Delivered, done: Any) -> _Delivered:
-    """A batch made on the side stream, handed to the training stream."""
-    # Its copies read the server's ring asynchronously (pinned): the slot
-    # goes back to the server when the host views are dropped, which may be
-    # as soon as the trainer moves on, so they must be done by then. They
-    # were queued a batch ago, so this rarely waits.
-    done.synchronize()
-    current = torch.cuda.current_stream(device)
-    current.wait_event(done)
-    # The caching allocator must not reuse their memory before the
-    # training stream is done with them.
-    delivered.images.record_stream(current)
-    delivered.labels.record_stream(current)
-    return delivered
-
-
-class _CudaHostPinning:
-    """Page-locks a stream's shared-memory ring for CUDA once, when it is
-    mapped (``cudaHostRegister``, read-only: the mapping is), so each
-    batch's host-to-device copy is a DMA on a side stream rather than a
-    staged, synchronous copy; a registration the driver refuses leaves the
-    copies staged, as without it."""
-
-    _READ_ONLY = 0x08  # cudaHostRegisterReadOnly
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def register(self, address: int, size: int) -> bool:
-        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-        with torch.cuda.device(self.device):
-            error = int(cudart.cudaHostRegister(address, size, self._READ_ONLY))
-        if error != 0:
-            global _pin_refused_logged
-            if not _pin_refused_logged:
-                _pin_refused_logged = True
-                _log.info(
-                    "CUDA refused to register the shared-memory ring (error %d): "
-                    "host-to-device copies are staged",
-                    error,
-                )
-            return False
-        return True
-
-    def unregister(self, address: int) -> None:
-        torch.cuda.cudart().cudaHostUnregister(address)  # type: ignore[no-untyped-call]
-
-
-_pin_refused_logged = False
-
-
-def _mask(size: int, slots: list[int]) -> torch.Tensor:
-    mask = torch.zeros(size, dtype=torch.bool)
-    mask[slots] = True
-    return mask
-
-
-class _SharedState:
-    """A page of shared memory that DataLoader workers write and the process
-    that made the dataset reads: whether a worker iterated; the last epoch a
-    pass began, with the epoch choice count it ran under and the pass's
-    token; and the last epoch a pass completed, with its choice count.
-
-    The page is a memfd the owner keeps open: a forked worker inherits the
-    mapping, a spawned one (``forkserver``, ``spawn``) maps it again through
-    ``/proc/<owner>/fd/<fd>``. Where neither works (no memfd, another PID
-    namespace), a worker gets a private copy and its passes stay unseen."""
-
-    # Worker used; completed epoch + 1 (0: none), its choice; started epoch
-    # + 1 (0: none), its choice, its pass token.
-    _FORMAT = "<Bxxxxxxxqqqqq"
-
-    def __init__(self, source: tuple[int, int, bytes] | None = None) -> None:
-        self._owner: tuple[int, int] | None = None
-        if source is not None and source[0] != os.getpid():
-            page = _map_owner_page(source[0], source[1])
-            if page is not None:
-                self._owner = (source[0], source[1])
-                self._page = page
-                return
-        # The owner (a copy made in this process owns a page of its own).
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create(_PAGE_NAME, os.MFD_CLOEXEC)
-            os.ftruncate(fd, mmap.PAGESIZE)
-            self._page = mmap.mmap(fd, mmap.PAGESIZE)
-            self._owner = (os.getpid(), fd)
-            weakref.finalize(self, os.close, fd)
-        else:
-            self._page = mmap.mmap(-1, mmap.PAGESIZE)
-        if source is not None:
-            self._page[: len(source[2])] = source[2]
-
-    def to_pickle(self) -> tuple[int, int, bytes]:
-        owner_pid, fd = self._owner if self._owner is not None else (-1, -1)
-        return owner_pid, fd, bytes(self._page[: struct.calcsize(self._FORMAT)])
-
-    def _read(self) -> list[int]:
-        return list(struct.unpack_from(self._FORMAT, self._page))
-
-    def _write(self, **fields: int) -> None:
-        values = self._read()
-        for name, value in fields.items():
-            values[self._FIELDS.index(name)] = value
-        struct.pack_into(self._FORMAT, self._page, 0, *values)
-
-    _FIELDS = ("used", "completed", "completed_choice", "started", "started_choice", "token")
-
-    def set_worker_used(self) -> None:
-        self._write(used=1)
-
-    def worker_used(self) -> bool:
-        return self._read()[0] == 1
-
-    def set_completed(self, epoch: int, choice: int) -> None:
-        self._write(completed=epoch + 1, completed_choice=choice)
-
-    def completed(self) -> tuple[int, int] | None:
-        _, epoch, recorded, *_ = self._read()
-        return None if epoch == 0 else (epoch - 1, recorded)
-
-    def set_started(self, epoch: int, choice: int, token: int) -> None:
-        self._write(started=epoch + 1, started_choice=choice, token=token)
-
-    def started(self) -> _Started | None:
-        *_, epoch, choice, token = self._read()
-        return None if epoch == 0 else _Started(epoch - 1, choice, token)
-
-
-class _Started(NamedTuple):
-    """The last pass begun: its epoch, choice count and token."""
-
-    epoch: int
-    choice: int
-    token: int
-
-
-_PAGE_NAME = "shardfeed-dataset-state"
-
-
-def _map_owner_page(owner_pid: int, fd: int) -> mmap.mmap | None:
-    if owner_pid < 0:
-        return None
-    path = f"/proc/{owner_pid}/fd/{fd}"
-    try:
-        # The owner may have closed the page and reused the number for
-        # another file (a checkpoint): map it only while it is the page.
-        if not os.readlink(path).startswith(f"/memfd:{_PAGE_NAME}"):
-            return None
-        opened = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return mmap.mmap(opened, mmap.PAGESIZE)
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(opened)
