@@ -8,9 +8,11 @@
 //! holds (or when the server keeps no tier directory at all: then every
 //! sample is derived and nothing is stored).
 //!
-//! This module defines a sample's output from its source; where sources
-//! are kept (records on disk, their index, eviction by the plans) is
-//! [`crate::store::decoded`], beside the shard cache.
+//! This module defines a sample's output from its source, and what it
+//! needs of a store of sources ([`SourceStore`]: get and put by a
+//! [`SourceKey`]); where sources are kept (records on disk, their index,
+//! eviction by the plans) is the store's business, `store::decoded` beside
+//! the shard cache, which decode does not import.
 
 use std::sync::Arc;
 
@@ -18,7 +20,77 @@ use super::source::{derive_source_with, output_from_source, SourceForm, StoredSo
 use super::{full_size_bounded, Crop, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
 use super::{Decoder, ScratchBudget, MAX_SIZE};
 
-use crate::store::decoded::DecodedCache;
+/// A store of decoded sources, as decode needs it. Its calls read and write
+/// the host's local disk: they run on the decode threads, each within the
+/// decode scratch budget (see [`TierRequest::output`]), never on the async
+/// runtime. A record that is missing, damaged or of another version is a
+/// miss; a write that fails is dropped (the source is derived again).
+pub trait SourceStore: Send + Sync + std::fmt::Debug {
+    fn get(&self, key: &SourceKey) -> Option<StoredSource>;
+    fn put(&self, key: &SourceKey, source: &StoredSource);
+}
+
+/// The identity of a sample's object, the part of a [`SourceKey`] that
+/// tells a changed object from the one stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleVersion<'a> {
+    /// Where the shard (or loose object group) is: its store location.
+    pub location: &'a str,
+    /// Its version: an ETag, or a loose group's digest of its members'.
+    pub version: &'a str,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The sample's key within it.
+    pub key: &'a str,
+}
+
+/// The key a source is got and put by: the sample's versioned identity and
+/// the form it is stored in. Built here only, so every store names a
+/// sample alike; a changed object has another key, so it is derived anew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceKey {
+    /// The sample: location, version, size and key, one per line (the
+    /// first line, the location, groups a shard's records).
+    record: String,
+    form: SourceForm,
+}
+
+impl SourceKey {
+    pub fn new(sample: &SampleVersion<'_>, form: SourceForm) -> Self {
+        let SampleVersion {
+            location,
+            version,
+            size,
+            key,
+        } = sample;
+        Self {
+            record: format!("{location}\n{version}\n{size}\n{key}"),
+            form,
+        }
+    }
+
+    /// The sample's record: what the store names and groups records by.
+    pub fn record(&self) -> &str {
+        &self.record
+    }
+
+    pub fn form(&self) -> &SourceForm {
+        &self.form
+    }
+
+    /// The key of the sample's final output under `spec` (kept where the
+    /// transform is the same every epoch; see [`TierRequest::output`]).
+    fn output(&self, spec: &OutputSpec) -> Self {
+        Self {
+            record: format!(
+                "{}\noutput {}x{} {:?}",
+                self.record, spec.width, spec.height, spec.crop
+            ),
+            form: self.form,
+        }
+    }
+}
+
 /// Smallest and largest stored shorter side a request may ask for.
 pub const MIN_SHORTER_SIDE: u32 = 64;
 pub const MAX_SHORTER_SIDE: u32 = MAX_SIZE;
@@ -28,13 +100,13 @@ pub const MAX_SHORTER_SIDE: u32 = MAX_SIZE;
 pub struct TierRequest {
     pub form: SourceForm,
     /// Where sources are kept; `None`: derived for every sample, not kept.
-    pub cache: Option<Arc<DecodedCache>>,
+    pub cache: Option<Arc<dyn SourceStore>>,
 }
 
 impl TierRequest {
-    /// One sample's output, defined from its stored source. `record` names
-    /// the sample for the cache (`None`: not cached, e.g. a loose object
-    /// without an ETag to tell a changed one by).
+    /// One sample's output, defined from its stored source. `sample` names
+    /// it for the store (`None`: not kept, e.g. a loose object without an
+    /// ETag to tell a changed one by).
     #[allow(clippy::too_many_arguments)]
     pub fn output(
         &self,
@@ -44,18 +116,19 @@ impl TierRequest {
         data: &[u8],
         spec: &OutputSpec,
         key: &SampleKey,
-        record: Option<&str>,
+        sample: Option<&SampleVersion<'_>>,
         out: &mut [u8],
     ) -> Result<CropBox, DecodeError> {
-        let cache = self.cache.as_ref().zip(record);
+        let source_key = sample.map(|sample| SourceKey::new(sample, self.form));
+        let cache = self.cache.as_ref().zip(source_key.as_ref());
         // A transform with no randomness (center crop or stretch, no flip)
         // makes the same output every epoch: it is kept too, and later
         // epochs are a copy.
         let output_record = cache
             .filter(|_| is_deterministic(spec))
-            .map(|(cache, record)| (cache, output_record(record, spec)));
+            .map(|(cache, source_key)| (cache, source_key.output(spec)));
         if let Some((cache, name)) = &output_record {
-            if let Some(kept) = cache.get(name, &self.form) {
+            if let Some(kept) = cache.get(name) {
                 if kept.bytes.len() == out.len() {
                     out.copy_from_slice(&kept.bytes);
                     return Ok(spec.crop_box(kept.original_width, kept.original_height, key));
@@ -66,12 +139,12 @@ impl TierRequest {
         // decode scratch budget (sized by the original, which a stored form
         // never exceeds): a hit holds as much memory as a decode would.
         let crop = full_size_bounded(budget, format, data, |_, _| {
-            let source = match cache.and_then(|(cache, record)| cache.get(record, &self.form)) {
+            let source = match cache.and_then(|(cache, source_key)| cache.get(source_key)) {
                 Some(source) => source,
                 None => {
                     let source = derive_source_with(decoder, format, data, &self.form)?;
-                    if let Some((cache, record)) = cache {
-                        cache.put(record, &self.form, &source);
+                    if let Some((cache, source_key)) = cache {
+                        cache.put(source_key, &source);
                     }
                     source
                 }
@@ -90,7 +163,7 @@ impl TierRequest {
                 original_height,
                 bytes: out.to_vec(),
             };
-            cache.put(name, &self.form, &kept);
+            cache.put(name, &kept);
         }
         Ok(crop)
     }
@@ -99,13 +172,4 @@ impl TierRequest {
 /// Whether `spec` gives a sample the same output every epoch.
 fn is_deterministic(spec: &OutputSpec) -> bool {
     spec.flip == 0.0 && matches!(spec.crop, Crop::Center { .. } | Crop::Stretch)
-}
-
-/// The record of a sample's final output under `spec` (see
-/// [`TierRequest::output`]).
-fn output_record(record: &str, spec: &OutputSpec) -> String {
-    format!(
-        "{record}\noutput {}x{} {:?}",
-        spec.width, spec.height, spec.crop
-    )
 }

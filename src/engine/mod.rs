@@ -236,7 +236,10 @@ impl Engine {
     fn tier(&self, form: Option<decode::source::SourceForm>) -> Option<decode::tier::TierRequest> {
         form.map(|form| decode::tier::TierRequest {
             form,
-            cache: self.decoded.get().cloned(),
+            cache: self
+                .decoded
+                .get()
+                .map(|tier| tier.clone() as Arc<dyn decode::tier::SourceStore>),
         })
     }
 

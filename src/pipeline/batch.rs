@@ -46,18 +46,23 @@ pub(super) struct EmittedSample {
     pub sample: RawSample,
 }
 
-/// A sample's name in the decoded-source tier: its shard's location and
-/// version (ETag, or a loose group's digest of its members' ETags) and its
-/// key, so a changed object is derived anew. `None` (not kept) when the
-/// shard has no version to tell a change by.
-fn tier_record(dataset: &Dataset, emitted: &EmittedSample) -> Option<String> {
+/// A sample's versioned identity for the decoded-source tier: its shard's
+/// location and version (ETag, or a loose group's digest of its members'
+/// ETags) and its key, so a changed object is derived anew. `None` (not
+/// kept) when the shard has no version to tell a change by.
+fn tier_sample<'a>(
+    dataset: &'a Dataset,
+    location: &'a str,
+    emitted: &'a EmittedSample,
+) -> Option<decode::tier::SampleVersion<'a>> {
     let shard = &dataset.index.shards[emitted.shard as usize];
     let version = shard.etag.as_ref().or(shard.digest.as_ref())?;
-    let location = dataset.store.location(&dataset.shard_key(emitted.shard));
-    Some(format!(
-        "{location}\n{version}\n{}\n{}",
-        shard.size, emitted.sample.key
-    ))
+    Some(decode::tier::SampleVersion {
+        location,
+        version,
+        size: shard.size,
+        key: &emitted.sample.key,
+    })
 }
 
 /// Batches of one stream on their way out: decoding (at most
@@ -421,10 +426,14 @@ impl SampleDecoder {
             ),
             Some(tier) => {
                 // Named only where a tier directory keeps it.
-                let record = tier
+                let dataset = &origin.dataset;
+                let location = tier
                     .cache
                     .as_ref()
-                    .and_then(|_| tier_record(&origin.dataset, emitted));
+                    .map(|_| dataset.store.location(&dataset.shard_key(emitted.shard)));
+                let sample = location
+                    .as_deref()
+                    .and_then(|location| tier_sample(dataset, location, emitted));
                 tier.output(
                     &*self.decoder,
                     &self.scratch,
@@ -432,7 +441,7 @@ impl SampleDecoder {
                     data,
                     &self.spec,
                     &key,
-                    record.as_deref(),
+                    sample.as_ref(),
                     out,
                 )
             }

@@ -40,6 +40,21 @@
 //! pooled batch buffers (decoding, queued, one being encoded) plus the
 //! encoded copies gRPC holds while sending.
 //!
+//! Decode scratch is shared by all streams: a full-size decode, and a
+//! decoded-source tier record read or derived, holds its image's share of
+//! the server's scratch budget (`--memory-limit / 8`, at most 1 GiB) while
+//! it works, so the decode threads together never hold more.
+//!
+//! # Where the decoded-source tier's disk I/O runs
+//!
+//! On the decode threads, inside each sample's decode (decode sees the tier
+//! only as a `SourceStore`): a hit reads one record file and a miss writes
+//! one, under the scratch budget as above. Not on the async runtime, whose
+//! threads only move bytes; and not ahead of the decode on a thread of its
+//! own, which would hold a second copy of every record in flight. A slow
+//! disk slows the decode pool as a slow decode would, and back-pressure
+//! follows as below.
+//!
 //! # Who blocks whom
 //!
 //! A slow client fills the ready queue; the producer then waits to send, stops

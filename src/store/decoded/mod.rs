@@ -68,6 +68,16 @@ pub struct DecodedCache {
     fills: AtomicU64,
 }
 
+impl crate::decode::tier::SourceStore for DecodedCache {
+    fn get(&self, key: &crate::decode::tier::SourceKey) -> Option<StoredSource> {
+        DecodedCache::get(self, key.record(), key.form())
+    }
+
+    fn put(&self, key: &crate::decode::tier::SourceKey, source: &StoredSource) {
+        DecodedCache::put(self, key.record(), key.form(), source)
+    }
+}
+
 /// Records taken into the index per hold of its lock while adopting.
 const ADOPT_CHUNK: usize = 4096;
 
