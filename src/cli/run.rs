@@ -153,7 +153,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     #[cfg(feature = "dev")]
     let engine = if args.dev_synthetic_batches {
         tracing::warn!("--dev-synthetic-batches: streams send pattern batches, not the dataset's");
-        engine.with_synthetic_batches()
+        engine.with_stream_producer(crate::dev::transport::spawn_synthetic_stream)
     } else {
         engine
     };

@@ -177,10 +177,15 @@ pub struct Engine {
     /// The host's decoded-source tier, when it keeps one: set once, when
     /// it is open (the server opens it after it listens, as the shard cache).
     decoded: Arc<std::sync::OnceLock<Arc<DecodedCache>>>,
-    /// Benchmarks only: streams send pattern batches instead of decoding.
-    #[cfg(feature = "dev")]
-    synthetic_batches: bool,
+    /// What runs a started stream: the real pipeline, or a double a caller
+    /// hands in (the dev transport benchmark's pattern batches).
+    producer: StreamProducer,
 }
+
+/// Runs a planned stream's producer and returns its batches; holds `held`
+/// (the stream's memory reservation) until the stream ends.
+pub type StreamProducer =
+    fn(StreamContext, tracing::Span, Arc<crate::engine::budget::Reservation>) -> BatchReceiver;
 
 impl Engine {
     /// An engine with the default decoder (libjpeg-turbo when built in).
@@ -207,16 +212,14 @@ impl Engine {
             pool: Arc::new(pool),
             decoder,
             decoded: Default::default(),
-            #[cfg(feature = "dev")]
-            synthetic_batches: false,
+            producer: pipeline::spawn_stream,
         })
     }
 
-    /// Streams of this engine send pattern batches written on the decode
-    /// pool (see [`crate::dev::transport`]): the transport measured alone.
-    #[cfg(feature = "dev")]
-    pub fn with_synthetic_batches(mut self) -> Self {
-        self.synthetic_batches = true;
+    /// Streams of this engine run `producer` instead of the pipeline (a
+    /// benchmark's double: the engine links no dev code of its own).
+    pub fn with_stream_producer(mut self, producer: StreamProducer) -> Self {
+        self.producer = producer;
         self
     }
 
@@ -249,11 +252,7 @@ impl Engine {
         span: tracing::Span,
         held: Arc<crate::engine::budget::Reservation>,
     ) -> BatchReceiver {
-        #[cfg(feature = "dev")]
-        if self.synthetic_batches {
-            return crate::dev::transport::spawn_synthetic_stream(context, span, held);
-        }
-        pipeline::spawn_stream(context, span, held)
+        (self.producer)(context, span, held)
     }
 
     pub fn config(&self) -> &EngineConfig {
