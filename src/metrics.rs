@@ -494,3 +494,29 @@ impl Drop for ActiveStream {
         gauge!(STREAMS_ACTIVE).decrement(1.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_chosen_ranks_get_at_most_so_many_labels() {
+        let labels: std::collections::HashSet<String> =
+            (1_000_000..1_020_000).map(rank_label).collect();
+        assert!(labels.len() <= MAX_RANK_LABELS + 1, "{}", labels.len());
+        assert!(labels.contains("other"));
+        // A rank labelled once keeps its label.
+        let first = rank_label(7);
+        assert_eq!(rank_label(7), first);
+    }
+
+    #[test]
+    fn client_reports_count_against_samples_sent_compressed() {
+        delivered(0, 5);
+        assert!(
+            take_client_reports(u64::MAX).is_err(),
+            "more than were sent"
+        );
+        assert_eq!(take_client_reports(5), Ok(()));
+    }
+}

@@ -386,3 +386,20 @@ async fn a_reconnect_keeps_where_the_weights_began_and_streams_the_same_tail() {
     }
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_spelled_without_its_slash_is_the_same_source() {
+    let harness = Harness::start(Options::default()).await;
+    let (tar, records) = two_sources(&harness).await;
+    let request = mixed(&tar, &records, [0.7, 0.3]);
+    let slashless = mixed(tar.trim_end_matches('/'), &records, [0.7, 0.3]);
+    assert_ne!(request.sources[0].dataset, slashless.sources[0].dataset);
+    let keys =
+        |steps: &[Vec<pb::Batch>]| -> Vec<Id> { steps.iter().flatten().flat_map(ids).collect() };
+    assert_eq!(
+        keys(&global_steps(&harness, &request, 2, 8).await),
+        keys(&global_steps(&harness, &slashless, 2, 8).await),
+        "one source, one shuffle, however it is spelled"
+    );
+    harness.shutdown().await;
+}

@@ -62,3 +62,15 @@ def test_truncated_messages_raise(cut: int) -> None:
     data = _message().SerializeToString()
     with pytest.raises(ValueError):
         _batch_from_wire(data[:cut])
+
+
+def test_a_stream_errors_resume_position_keeps_a_mixed_streams_history() -> None:
+    from shardfeed import EpochPosition, ShardfeedError
+
+    error = ShardfeedError(
+        "UNAVAILABLE",
+        "draining",
+        "SERVER_DRAINING",
+        {"position": "4:3,2:1", "dataset": "d", "before_epoch": "8:10,4:2"},
+    )
+    assert error.resume_position() == EpochPosition(((4, 3), (2, 1)), "d", ((8, 10), (4, 2)))
