@@ -539,36 +539,40 @@ fn exit_with_parent(parent: u32) -> Result<(), CliError> {
 
 /// The decoded-source tier in the first free slot of `dir` (as many slots
 /// as the shard cache has), waiting up to `--cache-lock-wait` while every
-/// slot is held: a pod replacing another on the node starts while the old
-/// one drains. `background`: earlier records are taken in while it serves.
+/// slot is held (the shard cache's wait: `store::cache::wait_for_slot`).
+/// `background`: earlier records are taken in while it serves.
 async fn open_tier(
     dir: &std::path::Path,
     cache: &super::CacheArgs,
     background: bool,
 ) -> Result<Arc<DecodedCache>, CliError> {
-    const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+    use crate::store::cache::{wait_for_slot, SlotWaitError};
+    use crate::store::decoded::TierError;
+    let (owned, size, slots) = (
+        dir.to_path_buf(),
+        cache.decoded_cache_size,
+        cache.cache_slots,
+    );
     let wait = std::time::Duration::from_secs(cache.cache_lock_wait);
-    let started = std::time::Instant::now();
-    loop {
-        let (dir, size, slots) = (
-            dir.to_path_buf(),
-            cache.decoded_cache_size,
-            cache.cache_slots,
-        );
-        let opened = tokio::task::spawn_blocking(move || {
-            if background {
-                DecodedCache::open_slot_in_background(&dir, size, slots)
-            } else {
-                DecodedCache::open_slot(&dir, size, slots).map(Arc::new)
-            }
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    let attempt = move || {
+        let opened = if background {
+            DecodedCache::open_slot_in_background(&owned, size, slots)
+        } else {
+            DecodedCache::open_slot(&owned, size, slots).map(Arc::new)
+        };
         match opened {
-            Err(crate::store::decoded::TierError::SlotsHeld { .. }) if started.elapsed() < wait => {
-                tokio::time::sleep(RETRY.min(wait.saturating_sub(started.elapsed()))).await;
-            }
-            other => return Ok(other?),
+            Err(TierError::SlotsHeld { .. }) => Ok(None),
+            other => other.map(Some),
         }
+    };
+    match wait_for_slot(dir, slots, wait, attempt).await {
+        Ok(Ok(tier)) => Ok(tier),
+        Ok(Err(_)) => Err(TierError::SlotsHeld {
+            dir: dir.to_path_buf(),
+            slots: slots.max(1),
+        }
+        .into()),
+        Err(SlotWaitError::Attempt(error)) => Err(error.into()),
+        Err(SlotWaitError::Task(error)) => Err(error.to_string().into()),
     }
 }

@@ -44,7 +44,7 @@ pub mod hints;
 mod slots;
 mod store;
 pub use hints::{PlanFollower, PlanHints};
-pub use slots::{claim_slot, prepare_dir, LOCK_FILE};
+pub use slots::{claim_slot, prepare_dir, wait_for_slot, SlotWaitError, LOCK_FILE};
 pub use store::CacheStore;
 
 pub const DEFAULT_BLOCK_SIZE: u64 = 8 << 20;

@@ -69,43 +69,31 @@ impl DiskCache {
     /// held: a pod that replaces another on the same node starts while the
     /// old one drains, and the old one's lock goes with its process.
     pub async fn open_waiting(config: CacheConfig) -> Result<Arc<Self>, CacheError> {
-        const RETRY: Duration = Duration::from_secs(1);
         let wait = config.lock_wait;
-        let started = tokio::time::Instant::now();
-        let mut logged = false;
-        loop {
-            let attempt = config.clone();
-            let claimed = tokio::task::spawn_blocking(move || Self::try_claim(&attempt))
-                .await
-                .map_err(|e| io_error(&config.dir, std::io::Error::other(e)))??;
-            if let Some((dir, lock)) = claimed {
+        let attempt = config.clone();
+        let claimed = wait_for_slot(&config.dir, config.slots, wait, move || {
+            Self::try_claim(&attempt)
+        })
+        .await
+        .map_err(|e| match e {
+            SlotWaitError::Attempt(e) => e,
+            SlotWaitError::Task(e) => io_error(&config.dir, e),
+        })?;
+        match claimed {
+            Ok((dir, lock)) => {
                 let config = config.claimed(dir);
-                return tokio::task::spawn_blocking(move || Self::open_locked(config, lock))
+                tokio::task::spawn_blocking(move || Self::open_locked(config, lock))
                     .await
-                    .map_err(|e| io_error(Path::new("."), std::io::Error::other(e)))?;
+                    .map_err(|e| io_error(Path::new("."), std::io::Error::other(e)))?
             }
-            let waited = started.elapsed();
-            if waited >= wait {
-                return Err(if config.slots <= 1 && wait.is_zero() {
-                    CacheError::Locked { dir: config.dir }
-                } else {
-                    CacheError::SlotsHeld {
-                        dir: config.dir,
-                        slots: config.slots,
-                        waited_s: waited.as_secs(),
-                    }
-                });
+            Err(_) if config.slots <= 1 && wait.is_zero() => {
+                Err(CacheError::Locked { dir: config.dir })
             }
-            if !logged {
-                tracing::warn!(
-                    dir = %config.dir.display(),
-                    slots = config.slots,
-                    wait_s = wait.as_secs(),
-                    "every cache slot is held by another process; waiting for one"
-                );
-                logged = true;
-            }
-            tokio::time::sleep(RETRY.min(wait - waited)).await;
+            Err(waited) => Err(CacheError::SlotsHeld {
+                dir: config.dir,
+                slots: config.slots,
+                waited_s: waited.as_secs(),
+            }),
         }
     }
 
@@ -145,4 +133,54 @@ pub fn claim_slot(dir: &Path, slots: u32) -> Result<Option<(PathBuf, std::fs::Fi
         }
     }
     Ok(None)
+}
+
+/// Why [`wait_for_slot`] stopped short of a slot.
+#[derive(Debug)]
+pub enum SlotWaitError<E> {
+    /// The attempt failed otherwise than by finding every slot held.
+    Attempt(E),
+    /// The blocking task running it did not finish.
+    Task(std::io::Error),
+}
+
+/// Claims a free slot of `dir` with `attempt` (blocking: it takes a file
+/// lock; `Ok(None)` when every one of the `slots` is held), retried every
+/// second for up to `wait` and logged once: a pod replacing another on the
+/// node starts while the old one drains. Both caches, the shard cache and
+/// the decoded-source tier, wait through this. `Ok(Err(waited))` when every
+/// slot was still held after `wait`.
+pub async fn wait_for_slot<T: Send + 'static, E: Send + 'static>(
+    dir: &Path,
+    slots: u32,
+    wait: Duration,
+    attempt: impl Fn() -> Result<Option<T>, E> + Clone + Send + 'static,
+) -> Result<Result<T, Duration>, SlotWaitError<E>> {
+    const RETRY: Duration = Duration::from_secs(1);
+    let started = tokio::time::Instant::now();
+    let mut logged = false;
+    loop {
+        let once = attempt.clone();
+        let claimed = tokio::task::spawn_blocking(once)
+            .await
+            .map_err(|e| SlotWaitError::Task(std::io::Error::other(e)))?
+            .map_err(SlotWaitError::Attempt)?;
+        if let Some(claimed) = claimed {
+            return Ok(Ok(claimed));
+        }
+        let waited = started.elapsed();
+        if waited >= wait {
+            return Ok(Err(waited));
+        }
+        if !logged {
+            tracing::warn!(
+                dir = %dir.display(),
+                slots,
+                wait_s = wait.as_secs(),
+                "every slot of the directory is held by another process; waiting for one"
+            );
+            logged = true;
+        }
+        tokio::time::sleep(RETRY.min(wait - waited)).await;
+    }
 }
