@@ -158,22 +158,44 @@ def _reweight(ds: ShardfeedDataset, case: Case, epoch: int) -> None:
 # Idioms: each consumes `case.epochs` epochs on every rank and records them.
 
 
+def _consume(
+    case: Case,
+    rank: int,
+    start: Callable[[], tuple[ShardfeedDataset, Any]],
+    resume: Callable[[ShardfeedDataset, Any], tuple[ShardfeedDataset, Any]],
+) -> None:
+    """Consumes ``case.epochs`` epochs on one rank from what ``start()``
+    returns (a dataset and what the loop iterates); at rank 0's
+    ``break_at``-th batch the loop breaks and ``resume`` checkpoints and
+    continues the epoch from a new dataset, as a new process would."""
+    ledger = case.ledger(rank)
+    ds, batches = start()
+    epoch = 0
+    while epoch < case.epochs:
+        _reweight(ds, case, epoch)
+        for batch in batches:
+            ledger.record(batch, rank=rank)
+            if rank == 0 and ledger.recorded == case.break_at:
+                ds, batches = resume(ds, batches)
+                break
+        else:
+            epoch += 1
+
+
 def plain(case: Case) -> None:
     for rank in range(WORLD):
-        ledger, ds = case.ledger(rank), case.dataset(rank)
-        epoch = 0
-        while epoch < case.epochs:
-            _reweight(ds, case, epoch)
-            for batch in ds:
-                ledger.record(batch, rank=rank)
-                if rank == 0 and ledger.recorded == case.break_at:
-                    # break, checkpoint, and a new process resumes from it.
-                    state = ds.state_dict()
-                    ds = case.dataset(rank)
-                    ds.load_state_dict(state)
-                    break
-            else:
-                epoch += 1
+
+        def start(rank: int = rank) -> tuple[ShardfeedDataset, Any]:
+            ds = case.dataset(rank)
+            return ds, ds
+
+        def resume(ds: ShardfeedDataset, _: Any, rank: int = rank) -> tuple[ShardfeedDataset, Any]:
+            state = ds.state_dict()
+            again = case.dataset(rank)
+            again.load_state_dict(state)
+            return again, again
+
+        _consume(case, rank, start, resume)
 
 
 def workers(case: Case, stateful: bool = False) -> None:
@@ -184,21 +206,19 @@ def workers(case: Case, stateful: bool = False) -> None:
         return kind(ds, batch_size=None, num_workers=2, multiprocessing_context=SAFE_START)
 
     for rank in range(WORLD):
-        ledger, ds = case.ledger(rank), case.dataset(rank)
-        batches, epoch = loader(ds), 0
-        while epoch < case.epochs:
-            _reweight(ds, case, epoch)
-            for batch in batches:
-                ledger.record(batch, rank=rank)
-                if rank == 0 and ledger.recorded == case.break_at:
-                    state = batches.state_dict()
-                    del batches
-                    ds = case.dataset(rank)
-                    batches = loader(ds)
-                    batches.load_state_dict(state)
-                    break
-            else:
-                epoch += 1
+
+        def start(rank: int = rank) -> tuple[ShardfeedDataset, Any]:
+            ds = case.dataset(rank)
+            return ds, loader(ds)
+
+        def resume(_: ShardfeedDataset, batches: Any, rank: int = rank) -> tuple[Any, Any]:
+            state = batches.state_dict()
+            ds = case.dataset(rank)
+            again = loader(ds)
+            again.load_state_dict(state)
+            return ds, again
+
+        _consume(case, rank, start, resume)
 
 
 def stateful(case: Case) -> None:
