@@ -294,13 +294,7 @@ impl MemoryBudget {
                 )
                 .await;
                 match waited {
-                    Ok(Ok(permit)) => Ok(Reservation {
-                        _permit: permit,
-                        _gauge: metrics::GaugeGuard::new(
-                            metrics::MEMORY_RESERVED,
-                            (u64::from(units) * UNIT) as f64,
-                        ),
-                    }),
+                    Ok(Ok(permit)) => Ok(Reservation::new(permit)),
                     // Still busy: the refusal says what is free now.
                     _ => self.reserve(cost),
                 }
@@ -330,10 +324,18 @@ impl MemoryBudget {
                 budget: mib(self.total),
                 field,
             })?;
-        Ok(Reservation {
+        Ok(Reservation::new(permit))
+    }
+}
+
+impl Reservation {
+    /// Holds `permit` (its units of the budget), counted in the gauge.
+    fn new(permit: OwnedSemaphorePermit) -> Self {
+        let bytes = permit.num_permits() as u64 * UNIT;
+        Self {
             _permit: permit,
-            _gauge: metrics::GaugeGuard::new(metrics::MEMORY_RESERVED, (units * UNIT) as f64),
-        })
+            _gauge: metrics::GaugeGuard::new(metrics::MEMORY_RESERVED, bytes as f64),
+        }
     }
 }
 

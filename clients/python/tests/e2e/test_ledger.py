@@ -40,6 +40,8 @@ from .ledger import SOURCE_LABELS, Expected, Ledger, check, read, same_batches
 
 FULL = os.environ.get("SHARDFEED_LEDGER") == "full"
 WORLD, BATCH = 2, 4
+# Every idiom's stream: the same batches whatever loop consumes them.
+STREAM: dict[str, Any] = dict(batch_size=BATCH, image_size=24, seed=7)
 # Source 0: 4 shards of 12 (6 batches per rank and epoch at world 2); source
 # 1: 3 shards of 8.
 SHAPES = ((4, 12), (3, 8))
@@ -129,9 +131,7 @@ class Case:
     ) -> ShardfeedDataset:
         common: dict[str, Any] = dict(
             client=Client(self.target),
-            batch_size=BATCH,
-            image_size=24,
-            seed=7,
+            **STREAM,
             augment="train",
             output=output,
             rank=rank,
@@ -275,9 +275,7 @@ def lightning(case: Case, **trainer_options: Any) -> None:
             return ShardfeedDataModule(
                 case.data.uris[0],
                 target=case.target,
-                batch_size=BATCH,
-                image_size=24,
-                seed=7,
+                **STREAM,
                 train_output="dict",
                 rank=rank,
                 world_size=WORLD,

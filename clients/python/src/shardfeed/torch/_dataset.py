@@ -239,10 +239,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
     def epoch(self) -> int:
         """The epoch the next iteration streams (while one is under way in
         this process: the one after it)."""
+        # As a new pass would choose: no pass shares the token -1.
         started = self._shared.started()
-        if self._worker_loaded or started is None or started.choice != self._choice:
-            return self._epoch
-        return max(started.epoch + 1, self._epoch)
+        return choose_epoch(self._epoch, self._choice, started, -1, self._worker_loaded)
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch the next iteration streams. Setting the epoch a
