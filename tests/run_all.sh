@@ -22,6 +22,10 @@ fi
 step "rust: format and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
+# The sidecar image builds without `dev`: every target that needs it says so.
+cargo check --locked --no-default-features --all-targets
+# No cycles between files, no module importing one above it (docs/ARCHITECTURE.md).
+python3 tests/tools/module_graph.py
 
 step "rust: unit, property and integration tests"
 cargo test --locked
@@ -40,8 +44,8 @@ step "python: stubs are current, lints, types"
 .venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src clients/python/benchmarks/src \
   clients/python-server helm/check_chart.py
 # The chart check keeps the client's style (helm/ has no pyproject of its own).
-.venv/bin/ruff check --config clients/python/pyproject.toml helm/check_chart.py
-.venv/bin/ruff format --check --config clients/python/pyproject.toml helm/check_chart.py
+.venv/bin/ruff check --config clients/python/pyproject.toml helm/check_chart.py tests/tools
+.venv/bin/ruff format --check --config clients/python/pyproject.toml helm/check_chart.py tests/tools
 
 step "container and chart"
 .venv/bin/hadolint docker/Dockerfile

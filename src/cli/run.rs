@@ -334,8 +334,6 @@ async fn warm_decoded(
     shorter_side: u32,
     cache_config: Option<crate::store::cache::CacheConfig>,
 ) -> Result<(), CliError> {
-    use crate::decode::{Crop, OutputSpec, RandomResizedCrop};
-    use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
     let dir = args
         .cache
         .decoded_cache_dir
@@ -354,62 +352,22 @@ async fn warm_decoded(
     }
     let engine = Engine::new(Arc::new(registry), crate::engine::EngineConfig::default())?
         .with_decoded_cache(tier.clone());
-    // A random crop keeps no output (only sources); a center crop keeps both.
-    let output = match args.eval_size {
-        Some(size) => OutputSpec {
-            crop: Crop::Center {
-                resize: Some((f64::from(size) * 256.0 / 224.0).round() as u32),
-            },
-            ..OutputSpec::center(size, size)
-        },
-        None => OutputSpec {
-            crop: Crop::RandomResized(RandomResizedCrop::default()),
-            flip: 0.5,
-            ..OutputSpec::center(16, 16)
-        },
-    };
     let started = std::time::Instant::now();
-    let mut batches = engine
-        .open_stream(crate::engine::StreamRequest {
-            dataset: args.uri.clone(),
-            plan: PlanRequest {
-                seed: 0,
-                epoch: 0,
-                rank: 0,
-                world_size: 1,
-                batch_size: 64,
-                shuffle: ShuffleConfig {
-                    enabled: false,
-                    ..ShuffleConfig::default()
-                },
-                // Every sample, the last batch padded with repeats (hits).
-                partition: Partition::Pad,
-                start_batch: 0,
-                resume_from: EpochPosition::default(),
-            },
-            output,
-            shared_memory: None,
-            layout: Default::default(),
-            resume_dataset: None,
-            decoded_source: Some(crate::decode::source::SourceForm {
-                shorter_side,
-                kind: crate::decode::source::SourceKind::Raw,
-            }),
-            delivery: Default::default(),
-        })
-        .await?
-        .batches;
-    let (mut samples, mut substituted) = (0u64, 0usize);
-    while let Some(batch) = batches.recv().await {
-        let batch = batch?;
-        samples += batch.size as u64;
-        substituted += batch.substituted.len();
-        eprint!(
-            "\rwarming the decoded tier: {samples} samples, {:.0}/s   ",
-            samples as f64 / started.elapsed().as_secs_f64().max(1e-9)
-        );
-        let _ = std::io::stderr().flush();
-    }
+    let report = crate::engine::warm::warm_decoded(
+        &engine,
+        &args.uri,
+        shorter_side,
+        args.eval_size,
+        |samples| {
+            eprint!(
+                "\rwarming the decoded tier: {samples} samples, {:.0}/s   ",
+                samples as f64 / started.elapsed().as_secs_f64().max(1e-9)
+            );
+            let _ = std::io::stderr().flush();
+        },
+    )
+    .await?;
+    let (samples, substituted) = (report.samples, report.substituted);
     eprintln!();
     println!(
         "decoded tier in {}: {} records, {:.1} MB ({} samples read in {:.1}s{})",

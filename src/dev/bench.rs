@@ -59,9 +59,9 @@ pub(crate) fn bench_request(
     seed: u64,
     epoch: u64,
 ) -> crate::engine::StreamRequest {
-    crate::engine::StreamRequest {
-        dataset: dataset.to_string(),
-        plan: crate::plan::PlanRequest {
+    crate::engine::StreamRequest::one(
+        dataset,
+        crate::plan::PlanRequest {
             seed,
             epoch,
             rank: 0,
@@ -73,12 +73,7 @@ pub(crate) fn bench_request(
             resume_from: crate::plan::EpochPosition::default(),
         },
         output,
-        shared_memory: None,
-        layout: Default::default(),
-        resume_dataset: None,
-        decoded_source: None,
-        delivery: Default::default(),
-    }
+    )
 }
 
 /// Drains one stream of `request`, timing it and the process's CPU.
@@ -339,16 +334,7 @@ pub async fn entitlement(
     let (cpu_before, _) = cpu_and_peak_rss();
     let started = std::time::Instant::now();
     let mut receiver = engine
-        .open_stream(StreamRequest {
-            layout: Default::default(),
-            dataset: uri.to_string(),
-            plan: plan_request,
-            output,
-            shared_memory: None,
-            resume_dataset: None,
-            decoded_source: None,
-            delivery: Default::default(),
-        })
+        .open_stream(StreamRequest::one(uri, plan_request, output))
         .await?
         .batches;
     let (mut samples, mut batches, mut payload) = (0u64, 0u64, 0u64);

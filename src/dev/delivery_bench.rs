@@ -10,7 +10,6 @@ use super::bench::{bench_request, engine_over, measured_epoch, BenchError};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
-use crate::engine::StreamRequest;
 use crate::pipeline::Delivery;
 
 #[derive(Debug, Clone)]
@@ -53,14 +52,9 @@ pub async fn run(spec: &DeliveryBenchSpec) -> Result<(), BenchError> {
     let mut rate: Vec<Vec<f64>> = vec![Vec::new(); deliveries.len()];
     for round in 0..spec.rounds {
         for (i, (name, delivery)) in deliveries.iter().enumerate() {
-            let figures = measured_epoch(
-                &engine,
-                StreamRequest {
-                    delivery: delivery.clone(),
-                    ..bench_request(&uri, spec.batch_size, TRAIN, 1, round as u64)
-                },
-            )
-            .await?;
+            let mut request = bench_request(&uri, spec.batch_size, TRAIN, 1, round as u64);
+            request.output.delivery = *delivery;
+            let figures = measured_epoch(&engine, request).await?;
             println!(
                 "{}",
                 serde_json::json!({

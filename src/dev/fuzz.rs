@@ -76,7 +76,7 @@ pub fn check_request(request: &pb::StreamBatchesRequest) {
         StreamShape {
             interleave: shuffle.interleave,
             shuffle_buffer: shuffle.buffer,
-            batch_bytes: request.output.bytes() as u64 * u64::from(request.plan.batch_size),
+            batch_bytes: request.output.spec.bytes() as u64 * u64::from(request.plan.batch_size),
             mean_sample_bytes: 110_000,
             loose_objects: false,
         },

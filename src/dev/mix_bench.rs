@@ -10,8 +10,7 @@ use super::bench::{engine_over, BenchError};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec, DEMO_BUCKET};
 use crate::decode::{Crop, OutputSpec};
-use crate::engine::mix::{MixedSource, MixedStreamRequest};
-use crate::engine::StreamRequest;
+use crate::engine::{MixSources, MixedSource, OutputRequest, Sources, StreamRequest};
 use crate::pipeline::BatchReceiver;
 use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
 
@@ -59,27 +58,19 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
     let shuffle = ShuffleConfig::default();
     let mut ratios = Vec::new();
     for round in 0..spec.rounds {
+        let plan = PlanRequest {
+            seed: round as u64,
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            batch_size: spec.batch_size,
+            shuffle,
+            partition: Partition::DropLast,
+            start_batch: 0,
+            resume_from: EpochPosition::default(),
+        };
         let single = engine
-            .open_stream(StreamRequest {
-                dataset: all.clone(),
-                plan: PlanRequest {
-                    seed: round as u64,
-                    epoch: 0,
-                    rank: 0,
-                    world_size: 1,
-                    batch_size: spec.batch_size,
-                    shuffle,
-                    partition: Partition::DropLast,
-                    start_batch: 0,
-                    resume_from: EpochPosition::default(),
-                },
-                output: OUTPUT,
-                shared_memory: None,
-                layout: Default::default(),
-                resume_dataset: None,
-                decoded_source: None,
-                delivery: Default::default(),
-            })
+            .open_stream(StreamRequest::one(&all, plan.clone(), OUTPUT))
             .await?;
         let (single_samples, single_seconds) = drain(single.batches).await?;
         let source = |dataset: &str, weight: f64| MixedSource {
@@ -87,25 +78,17 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
             weight,
             layout: Default::default(),
         };
-        let (mixed, _) = engine
-            .open_mixed_stream(MixedStreamRequest {
-                sources: vec![source(&a, 0.7), source(&b, 0.3)],
-                weight_changes: Vec::new(),
-                weights_from: None,
-                seed: round as u64,
-                epoch: 0,
-                rank: 0,
-                world_size: 1,
-                batch_size: spec.batch_size,
-                shuffle,
-                resume_from: EpochPosition::default(),
-                start_batch: 0,
-                before_epoch: Vec::new(),
-                output: OUTPUT,
-                shared_memory: None,
+        let mixed = engine
+            .open_stream(StreamRequest {
+                sources: Sources::Mix(MixSources {
+                    sources: vec![source(&a, 0.7), source(&b, 0.3)],
+                    weight_changes: Vec::new(),
+                    weights_from: None,
+                    before_epoch: Vec::new(),
+                }),
+                plan,
+                output: OutputRequest::pixels(OUTPUT),
                 resume_dataset: None,
-                decoded_source: None,
-                delivery: Default::default(),
             })
             .await?;
         let (mixed_samples, mixed_seconds) = drain(mixed.batches).await?;

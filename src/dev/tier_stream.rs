@@ -13,7 +13,7 @@ use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
 use crate::decode::source::{stored_size, SourceForm, SourceKind};
 use crate::decode::{self, Crop, CropBox, OutputSpec};
-use crate::engine::{Engine, StreamRequest};
+use crate::engine::Engine;
 use crate::shard::ImageFormat;
 use crate::store::decoded::DecodedCache;
 
@@ -58,14 +58,9 @@ async fn epoch(
     epoch: u64,
     tier: Option<SourceForm>,
 ) -> Result<EpochFigures, BenchError> {
-    measured_epoch(
-        engine,
-        StreamRequest {
-            decoded_source: tier,
-            ..bench_request(uri, spec.batch_size, output, 1, epoch)
-        },
-    )
-    .await
+    let mut request = bench_request(uri, spec.batch_size, output, 1, epoch);
+    request.output.decoded_source = tier;
+    measured_epoch(engine, request).await
 }
 
 pub async fn run(spec: &TierStreamSpec) -> Result<(), BenchError> {

@@ -52,26 +52,26 @@ pub fn spawn_synthetic_stream<H: Send + 'static>(
     span: tracing::Span,
     held: H,
 ) -> BatchReceiver {
-    let capacity = context.config.ready_batches;
+    let capacity = context.common.config.ready_batches;
     spawn_producer(capacity, span, held, move |tx| async move {
         produce(&context, &tx).await
     })
 }
 
 async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), PipelineError> {
-    let plan = &context.plan;
-    let size = plan.batch_size as usize;
-    let image_bytes = context.spec.bytes();
-    let buffers = BufferPool::new(context.config.ready_batches + 2);
-    for index in plan.first_batch..plan.first_batch + plan.batches {
-        let mut lease = match &context.shared {
+    let common = &context.common;
+    let size = context.planned.batch_size() as usize;
+    let image_bytes = common.spec.bytes();
+    let buffers = BufferPool::new(common.config.ready_batches + 2);
+    for index in context.planned.batch_range() {
+        let mut lease = match &common.ring {
             Some(shared) => Some(shared.acquire().await?),
             None => None,
         };
         let (done, filled) = oneshot::channel();
         let first_sample = index as usize * size;
         let buffers = buffers.clone();
-        context.pool.spawn(move || {
+        common.pool.spawn(move || {
             let mut heap = Vec::new();
             let images: &mut [u8] = match &mut lease {
                 Some(lease) => &mut lease.as_mut_slice()[..size * image_bytes],

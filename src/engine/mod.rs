@@ -6,26 +6,28 @@
 //! (one rayon pool sized to the cores, shared by all streams), and the
 //! plan-driven cache hints. It plans each stream, tells the cache which
 //! shards the stream reads this epoch and the next, and starts the stream's
-//! pipeline. It knows nothing of protobuf or gRPC: the server translates
-//! requests into [`StreamRequest`]s and errors into statuses.
+//! pipeline (`open.rs`: one opener for one dataset or a mix; `mix.rs`: the
+//! mix's planner). It knows nothing of protobuf or gRPC: the server
+//! translates requests into [`StreamRequest`]s and errors into statuses.
 
 pub mod budget;
 mod cgroup;
-pub mod mix;
+mod mix;
+mod open;
+mod request;
 pub mod warm;
 
 use std::sync::Arc;
 
-use budget::{BudgetError, MemoryBudget, MemoryConfig, StreamCost, StreamShape};
+use budget::{BudgetError, MemoryBudget, MemoryConfig};
+pub use open::StreamProducer;
+pub use request::{MixSources, MixedSource, OutputRequest, Sources, StreamRequest};
 
 use crate::dataset::{DatasetError, DatasetRegistry};
 use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
 use crate::metrics::StreamMetrics;
-use crate::pipeline::{self, BatchReceiver, CacheHints, PipelineConfig, StreamContext};
-use crate::plan::{
-    self, EpochCounts, Partition, PlanError, PlanRequest, ShuffleConfig, StreamPlan,
-};
-use crate::store::cache::PlanFollower;
+use crate::pipeline::{self, BatchReceiver, PipelineConfig};
+use crate::plan::{self, EpochCounts, Partition, PlanError, ShuffleConfig, StreamPlan};
 use crate::store::decoded::DecodedCache;
 
 /// Decode threads when none are configured: one per core.
@@ -89,25 +91,6 @@ pub enum EngineError {
     Internal(String),
 }
 
-/// One stream to open: a dataset, its plan request and the output images.
-#[derive(Debug, Clone)]
-pub struct StreamRequest {
-    pub dataset: String,
-    pub plan: PlanRequest,
-    pub output: OutputSpec,
-    /// Decode into a shared-memory ring handed out on this socket (None:
-    /// batches stay in process memory and are sent inline).
-    pub shared_memory: Option<std::path::PathBuf>,
-    /// What else to read of each sample.
-    pub layout: crate::shard::SampleLayout,
-    /// The dataset identity the resume position was taken on, if it says.
-    pub resume_dataset: Option<String>,
-    /// Define outputs from decoded sources stored in this form (the tier).
-    pub decoded_source: Option<decode::source::SourceForm>,
-    /// Pixels, or baseline JPEGs for the client to decode.
-    pub delivery: crate::pipeline::Delivery,
-}
-
 /// A started stream: its batches, in order, and what they were planned from.
 pub struct OpenStream {
     /// Dropping it stops the stream and frees its resources.
@@ -122,8 +105,15 @@ pub struct OpenStream {
     pub reservation: Arc<budget::Reservation>,
     /// The stream's shared-memory ring, when it asked for one.
     pub ring: Option<Arc<crate::pipeline::shm::Ring>>,
-    /// The dataset index's identity, for the positions the stream reports.
+    /// The dataset index's identity (a mix's: its sources', joined), for
+    /// the positions the stream reports.
     pub dataset_identity: String,
+    /// The request's epoch, and the index of the first batch it sends.
+    pub epoch: u64,
+    pub first_index: u64,
+    pub output: OutputSpec,
+    /// The names of the fields every batch carries.
+    pub field_names: Vec<String>,
 }
 
 /// Where a stream's batches fall in its epoch, for the positions it reports.
@@ -135,6 +125,11 @@ pub struct StreamGeometry {
     pub world_size: u32,
     /// The position batch indexes count from.
     pub base_position: plan::EpochPosition,
+    /// A mixed stream's world sizes before this epoch (empty otherwise).
+    pub before_epoch: Vec<plan::Phase>,
+    /// A mixed stream's samples sent, per source, counted by dataset
+    /// (empty for one dataset: its batches carry no sources).
+    source_samples: Vec<::metrics::Counter>,
 }
 
 impl StreamGeometry {
@@ -144,6 +139,27 @@ impl StreamGeometry {
             global_batch: plan.counts.global_batch,
             world_size: plan.world_size,
             base_position: plan.base_position.clone(),
+            before_epoch: Vec::new(),
+            source_samples: Vec::new(),
+        }
+    }
+
+    /// Whether the stream mixes sources (its batches say each sample's).
+    pub fn is_mixed(&self) -> bool {
+        !self.source_samples.is_empty()
+    }
+
+    /// Counts a mixed batch's samples per source (`sources`: each
+    /// sample's source index).
+    pub fn count_samples(&self, sources: &[u32]) {
+        let mut counts = vec![0u64; self.source_samples.len()];
+        for &k in sources {
+            if let Some(count) = counts.get_mut(k as usize) {
+                *count += 1;
+            }
+        }
+        for (counter, count) in self.source_samples.iter().zip(counts) {
+            counter.increment(count);
         }
     }
 
@@ -180,12 +196,21 @@ pub struct Engine {
     /// What runs a started stream: the real pipeline, or a double a caller
     /// hands in (the dev transport benchmark's pattern batches).
     producer: StreamProducer,
+    /// Dropped with the engine: tells [`EngineDropped`] waiters.
+    alive: tokio::sync::watch::Sender<()>,
 }
 
-/// Runs a planned stream's producer and returns its batches; holds `held`
-/// (the stream's memory reservation) until the stream ends.
-pub type StreamProducer =
-    fn(StreamContext, tracing::Span, Arc<crate::engine::budget::Reservation>) -> BatchReceiver;
+/// Resolves once the engine is dropped: whoever held it (the service, its
+/// server task) has let go, and with it the registry, caches and pool.
+#[derive(Debug, Clone)]
+pub struct EngineDropped(tokio::sync::watch::Receiver<()>);
+
+impl EngineDropped {
+    pub async fn wait(&mut self) {
+        // Nothing is ever sent: `changed` fails only once the sender is gone.
+        while self.0.changed().await.is_ok() {}
+    }
+}
 
 impl Engine {
     /// An engine with the default decoder (libjpeg-turbo when built in).
@@ -213,6 +238,7 @@ impl Engine {
             decoder,
             decoded: Default::default(),
             producer: pipeline::spawn_stream,
+            alive: tokio::sync::watch::Sender::new(()),
         })
     }
 
@@ -235,24 +261,9 @@ impl Engine {
         self.decoded.clone()
     }
 
-    /// The tier a stream of `form` uses: this host's store, if any.
-    fn tier(&self, form: Option<decode::source::SourceForm>) -> Option<decode::tier::TierRequest> {
-        form.map(|form| decode::tier::TierRequest {
-            form,
-            cache: self
-                .decoded
-                .get()
-                .map(|tier| tier.clone() as Arc<dyn decode::tier::SourceStore>),
-        })
-    }
-
-    fn spawn_stream(
-        &self,
-        context: StreamContext,
-        span: tracing::Span,
-        held: Arc<crate::engine::budget::Reservation>,
-    ) -> BatchReceiver {
-        (self.producer)(context, span, held)
+    /// A future-maker that resolves once this engine has been dropped.
+    pub fn dropped(&self) -> EngineDropped {
+        EngineDropped(self.alive.subscribe())
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -264,211 +275,9 @@ impl Engine {
         &self.memory
     }
 
-    /// What a stream of `request` over a dataset with `mean_sample_bytes`
-    /// per sample (of loose objects or not) reserves.
-    pub fn stream_cost(
-        &self,
-        request: &StreamRequest,
-        mean_sample_bytes: u64,
-        loose_objects: bool,
-    ) -> StreamCost {
-        let shuffle = request.plan.shuffle.effective();
-        StreamCost::new(
-            &self.config.pipeline,
-            StreamShape {
-                interleave: shuffle.interleave,
-                shuffle_buffer: shuffle.buffer,
-                batch_bytes: request.output.bytes() as u64 * u64::from(request.plan.batch_size),
-                mean_sample_bytes,
-                loose_objects,
-            },
-        )
-    }
-
     /// What decodes JPEGs on this engine.
     pub fn decoder_name(&self) -> &'static str {
         self.decoder.name()
-    }
-
-    /// Admits, plans and starts the stream; batches arrive on the returned
-    /// receiver. The stream's memory is reserved before anything of it is
-    /// allocated, and planning (whose cost follows the dataset) runs off the
-    /// async runtime.
-    pub async fn open_stream(&self, request: StreamRequest) -> Result<OpenStream, EngineError> {
-        plan::validate_shuffle(request.plan.shuffle)?;
-        request.output.validate()?;
-        let dataset = self.registry.open(&request.dataset).await?;
-        let dataset_identity = dataset.index.identity();
-        if let Some(taken) = request
-            .resume_dataset
-            .as_ref()
-            .filter(|taken| **taken != dataset_identity)
-        {
-            return Err(EngineError::StalePosition {
-                dataset: request.dataset.clone(),
-                taken: taken.clone(),
-                now: dataset_identity,
-            });
-        }
-        if dataset.is_loose() && !request.layout.fields.is_empty() {
-            return Err(EngineError::Unsupported(format!(
-                "{} is a dataset of loose image objects: its samples have no fields \
-                 ({:?} asked); pack it into tar shards to keep captions or metadata with the images",
-                request.dataset, request.layout.fields
-            )));
-        }
-        let mean_sample = dataset
-            .index
-            .bytes()
-            .div_ceil(dataset.index.samples().max(1));
-        let reservation = Arc::new(
-            self.memory
-                .admit(self.stream_cost(&request, mean_sample, dataset.is_loose()))
-                .await?,
-        );
-        let shared = self.shared_target(
-            request.shared_memory.as_ref(),
-            request.output.bytes() * request.plan.batch_size as usize,
-            &reservation,
-        )?;
-        let shard_samples = dataset.shard_samples();
-        // Both the shard cache and, for a stream that uses it, the
-        // decoded-source tier evict by the plans. Loose objects are cached
-        // one by one, not as the plan's virtual shards: eviction falls back
-        // to LRU for them.
-        let mut followers: Vec<Arc<dyn PlanFollower>> = Vec::new();
-        if !dataset.is_loose() {
-            if let Some(cache) = self.registry.cache() {
-                followers.push(cache.clone());
-            }
-            if let Some(tier) = self
-                .decoded
-                .get()
-                .filter(|_| request.decoded_source.is_some())
-            {
-                followers.push(tier.clone());
-            }
-        }
-        let want_hints = !followers.is_empty();
-        let plan_request = request.plan.clone();
-        let (plan, hinted_shards) = tokio::task::spawn_blocking(move || {
-            let plan = plan::plan_stream(&shard_samples, &plan_request)?;
-            // The shards this stream reads this epoch and the next: both
-            // pure functions of the request, so cache eviction can look ahead.
-            let mut sequence = Vec::new();
-            if want_hints {
-                sequence = plan.shard_sequence();
-                match plan::next_epoch_shard_sequence(&shard_samples, &plan_request) {
-                    Ok(next) => sequence.extend(next),
-                    Err(error) => tracing::debug!(%error, "no next-epoch hints"),
-                }
-            }
-            Ok::<_, PlanError>((plan, sequence))
-        })
-        .await
-        .map_err(|e| EngineError::Internal(format!("planning task failed: {e}")))??;
-        let plan = Arc::new(plan);
-        let span = tracing::info_span!(
-            "stream",
-            dataset = %request.dataset,
-            rank = request.plan.rank,
-            world_size = request.plan.world_size,
-            epoch = request.plan.epoch,
-        );
-        span.in_scope(|| {
-            tracing::info!(
-                batches = plan.batches,
-                start_batch = plan.first_batch,
-                "stream started"
-            )
-        });
-        let cache_hints = want_hints.then(|| {
-            let locations: Vec<String> = hinted_shards
-                .into_iter()
-                .map(|shard| dataset.store.location(&dataset.shard_key(shard)))
-                .collect();
-            let stream = crate::store::cache::stream_key(
-                &request.dataset,
-                request.plan.seed,
-                request.plan.rank,
-                request.plan.world_size,
-            );
-            // The shards a stream may still be consuming behind the one it
-            // last started: its readers, and the shards its shuffle buffer
-            // spans (the tier fills as samples leave the buffer).
-            let shuffle = request.plan.shuffle.effective();
-            let shard_mean = dataset
-                .index
-                .samples()
-                .div_ceil(dataset.index.shards.len().max(1) as u64);
-            let buffered = u64::from(shuffle.buffer).div_ceil(shard_mean.max(1));
-            let in_flight = shuffle.interleave as usize
-                + self.config.pipeline.prefetch_shards
-                + buffered.min(MAX_BUFFERED_SHARDS) as usize;
-            for follower in &followers {
-                follower.announce(&stream, &locations, in_flight);
-            }
-            CacheHints { followers, stream }
-        });
-        let metrics = StreamMetrics::new(request.plan.rank);
-        let batches = self.spawn_stream(
-            StreamContext {
-                dataset,
-                plan: plan.clone(),
-                spec: request.output,
-                seed: request.plan.seed,
-                epoch: request.plan.epoch,
-                config: self.config.pipeline.clone(),
-                pool: self.pool.clone(),
-                decoder: self.decoder.clone(),
-                scratch: self.scratch.clone(),
-                cache_hints,
-                shared: shared.clone(),
-                layout: Arc::new(request.layout.clone()),
-                tier: self.tier(request.decoded_source),
-                delivery: request.delivery.clone(),
-                metrics: metrics.clone(),
-            },
-            span.clone(),
-            reservation.clone(),
-        );
-        Ok(OpenStream {
-            batches,
-            shape: StreamGeometry::of(&plan),
-            metrics,
-            span,
-            reservation,
-            ring: shared.map(|shared| shared.ring),
-            dataset_identity,
-        })
-    }
-
-    /// The shared-memory ring a stream decodes into, when it asked for one.
-    /// The ring takes the place of the batch buffers the reservation
-    /// counted: (decode_ahead + ready_batches + 3) batches.
-    fn shared_target(
-        &self,
-        socket: Option<&std::path::PathBuf>,
-        batch_bytes: usize,
-        reservation: &Arc<budget::Reservation>,
-    ) -> Result<Option<crate::pipeline::SharedTarget>, EngineError> {
-        let Some(socket) = socket else {
-            return Ok(None);
-        };
-        let pipeline = &self.config.pipeline;
-        let slots = pipeline.decode_ahead.max(1)
-            + pipeline.ready_batches.max(1)
-            + crate::pipeline::shm::CLIENT_SLOTS;
-        let ring = crate::pipeline::shm::Ring::new(slots, batch_bytes)
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
-        // The ring may outlive the stream (kept for a client still to
-        // collect it, mapped by one that holds a batch): the budget
-        // counts its memory until it is gone.
-        ring.hold_until_dropped(reservation.clone());
-        Ok(Some(crate::pipeline::SharedTarget {
-            ring,
-            fd_socket: socket.clone(),
-        }))
     }
 
     /// Sizes of `dataset` and its epoch counts at this world and batch size.

@@ -1,6 +1,7 @@
 //! Cache warming: fills the host's disk cache with a dataset ahead of
 //! training, shard by shard, and stops at the size limit rather than evict
-//! what it just cached.
+//! what it just cached; `warm_decoded` fills the decoded-source tier by
+//! streaming the dataset once through it.
 
 use futures::StreamExt;
 
@@ -12,10 +13,90 @@ use crate::store::StoreError;
 pub enum WarmError {
     #[error("warming needs a disk cache (--cache-dir)")]
     NoCache,
+    #[error("warming the decoded tier needs one (--decoded-cache-dir)")]
+    NoTier,
     #[error("{0}")]
     Dataset(#[from] DatasetError),
     #[error("{0}")]
     Store(#[from] StoreError),
+    #[error("{0}")]
+    Stream(#[from] super::EngineError),
+    #[error("{0}")]
+    Pipeline(#[from] crate::pipeline::PipelineError),
+}
+
+/// How a `warm_decoded` run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodedWarmReport {
+    /// Samples streamed (the last batch's repeats included).
+    pub samples: u64,
+    /// Samples that could not be decoded (nothing kept for them).
+    pub substituted: usize,
+}
+
+/// Streams every sample of `uri` once, in stored order, through `engine`'s
+/// decoded-source tier, so that each sample's source is kept at
+/// `shorter_side` (and, with `eval_size`, its evaluation output: a center
+/// crop keeps both, a random crop only sources). `progress(samples)` is
+/// called after each batch.
+pub async fn warm_decoded(
+    engine: &super::Engine,
+    uri: &str,
+    shorter_side: u32,
+    eval_size: Option<u32>,
+    mut progress: impl FnMut(u64),
+) -> Result<DecodedWarmReport, WarmError> {
+    use crate::decode::source::{SourceForm, SourceKind};
+    use crate::decode::{Crop, OutputSpec, RandomResizedCrop};
+    use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
+    if engine.decoded_cache_slot().get().is_none() {
+        return Err(WarmError::NoTier);
+    }
+    let output = match eval_size {
+        Some(size) => OutputSpec {
+            crop: Crop::Center {
+                resize: Some((f64::from(size) * 256.0 / 224.0).round() as u32),
+            },
+            ..OutputSpec::center(size, size)
+        },
+        None => OutputSpec {
+            crop: Crop::RandomResized(RandomResizedCrop::default()),
+            flip: 0.5,
+            ..OutputSpec::center(16, 16)
+        },
+    };
+    let plan = PlanRequest {
+        seed: 0,
+        epoch: 0,
+        rank: 0,
+        world_size: 1,
+        batch_size: 64,
+        shuffle: ShuffleConfig {
+            enabled: false,
+            ..ShuffleConfig::default()
+        },
+        // Every sample, the last batch padded with repeats (hits).
+        partition: Partition::Pad,
+        start_batch: 0,
+        resume_from: EpochPosition::default(),
+    };
+    let mut request = super::StreamRequest::one(uri, plan, output);
+    request.output.decoded_source = Some(SourceForm {
+        shorter_side,
+        kind: SourceKind::Raw,
+    });
+    let mut batches = engine.open_stream(request).await?.batches;
+    let mut report = DecodedWarmReport {
+        samples: 0,
+        substituted: 0,
+    };
+    while let Some(batch) = batches.recv().await {
+        let batch = batch?;
+        report.samples += batch.size as u64;
+        report.substituted += batch.substituted.len();
+        progress(report.samples);
+    }
+    Ok(report)
 }
 
 /// How a warm run ended.

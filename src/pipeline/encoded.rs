@@ -10,41 +10,47 @@
 //! batch past its decoded size. So an encoded batch is never larger than
 //! a decoded one: it fits the same ring slot and the same memory formula.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::time::Duration;
 
-use super::batch::EmittedSample;
+use super::sample::EmittedSample;
 use crate::decode::{self, JpegFrame};
 use crate::shard::ImageFormat;
 
-/// How a stream's images reach the client.
-#[derive(Debug, Clone, Default)]
+/// How a stream's images reach the client: plain data a request carries.
+/// The share a running stream decodes lives in its [`ServerShare`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub enum Delivery {
     /// Every image decoded, cropped, resized and flipped here.
     #[default]
     Decoded,
     /// Baseline JPEGs compressed, with their box and flip, for the client
-    /// to decode; a share of each batch decoded here.
-    Encoded(Arc<ServerShare>),
+    /// to decode; `server_fraction` of each batch decoded here, tuned from
+    /// it as the stream runs when `tuned`.
+    Encoded { server_fraction: f64, tuned: bool },
 }
 
 impl Delivery {
+    /// A fixed share decoded by the server.
     pub fn encoded(server_fraction: f64) -> Self {
-        Self::Encoded(Arc::new(ServerShare::fixed(server_fraction)))
+        Self::Encoded {
+            server_fraction,
+            tuned: false,
+        }
     }
 }
 
-/// The share of each batch the server decodes: fixed by the request, or
-/// tuned from where the stream waits so that neither side does (the
-/// producer steps it per batch: up when it waited on the client, down when
-/// the client took batches as fast as they came).
+/// The share of each batch a stream's server decodes: fixed by the request,
+/// or tuned from where the stream waits so that neither side does (stepped
+/// per batch: up when the producer waited on the client, down when the
+/// client took batches as fast as they came). One per stream, owned by its
+/// dispatch: each batch is placed with the share at its submission.
 ///
 /// The signal is the producer's, not the gRPC stream's: gRPC takes ready
 /// batches ahead of the client as far as its window (or, with shared
 /// memory, the ring) allows, so only the producer sees the client's pace.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerShare {
-    bits: AtomicU64,
+    fraction: f64,
     tuned: bool,
 }
 
@@ -52,47 +58,66 @@ pub struct ServerShare {
 /// middle in ten batches, then within a step of where it settles.
 pub const SHARE_STEP: f64 = 0.05;
 
-impl ServerShare {
-    pub fn fixed(fraction: f64) -> Self {
-        Self {
-            bits: AtomicU64::new(fraction.clamp(0.0, 1.0).to_bits()),
-            tuned: false,
-        }
-    }
+/// Waits on the client shorter than this (scheduling noise) count as none.
+const SLACK_WAIT: Duration = Duration::from_millis(1);
 
-    /// Tuned from `start`.
-    pub fn tuned(start: f64) -> Self {
-        Self {
-            tuned: true,
-            ..Self::fixed(start)
+/// What the producer saw of the client while it handed on one batch.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ClientPace {
+    /// How long the producer waited for the client (a full ready queue, or
+    /// every ring slot lent).
+    pub waited: Duration,
+    /// Batches ready ahead of the client.
+    pub ahead: usize,
+    /// Whether the buffer between the two sides could have filled once: a
+    /// stream starts empty, and an empty buffer then says nothing.
+    pub primed: bool,
+}
+
+impl ServerShare {
+    /// The share a stream of `delivery` starts with (None: decoded delivery).
+    pub fn of(delivery: Delivery) -> Option<Self> {
+        match delivery {
+            Delivery::Decoded => None,
+            Delivery::Encoded {
+                server_fraction,
+                tuned,
+            } => Some(Self {
+                fraction: server_fraction.clamp(0.0, 1.0),
+                tuned,
+            }),
         }
     }
 
     pub fn get(&self) -> f64 {
-        f64::from_bits(self.bits.load(Ordering::Relaxed))
+        self.fraction
     }
 
-    pub fn is_tuned(&self) -> bool {
-        self.tuned
-    }
-
-    /// The client took the batch as soon as it was ready.
-    pub fn server_behind(&self) {
-        self.step(-SHARE_STEP);
-    }
-
-    /// The producer waited for the client to take a batch (or return a slot).
-    pub fn server_waited(&self) {
-        self.step(SHARE_STEP);
-    }
-
-    fn step(&self, by: f64) {
+    /// After each batch handed on: a producer that waited on the client has
+    /// room, so the server takes decodes back; one with nothing ahead of
+    /// the client but the batch just handed on is what the client waits
+    /// on, so decodes move to the client. In between, the buffer is
+    /// neither full nor empty: the share holds. It settles where the server
+    /// just keeps up.
+    pub(super) fn tune(&mut self, pace: ClientPace) {
         if !self.tuned {
             return;
         }
-        // One writer per stream (its gRPC task): load and store suffice.
-        let next = (self.get() + by).clamp(0.0, 1.0);
-        self.bits.store(next.to_bits(), Ordering::Relaxed);
+        if pace.waited > SLACK_WAIT {
+            self.step(SHARE_STEP);
+        } else if pace.primed && pace.ahead <= 1 {
+            self.step(-SHARE_STEP);
+        }
+        tracing::trace!(
+            waited_ms = pace.waited.as_secs_f64() * 1e3,
+            ahead = pace.ahead,
+            share = self.fraction,
+            "tuned the server's decode share"
+        );
+    }
+
+    fn step(&mut self, by: f64) {
+        self.fraction = (self.fraction + by).clamp(0.0, 1.0);
     }
 }
 
@@ -109,14 +134,16 @@ pub struct Placement {
 }
 
 /// Where every sample of a batch goes, and the batch's length in bytes.
+/// `server_fraction`: the share the server decodes of an encoded delivery
+/// (None: decoded delivery).
 pub(super) fn place(
     samples: &[EmittedSample],
-    delivery: &Delivery,
+    server_fraction: Option<f64>,
     slot_bytes: usize,
     scratch_limit: u64,
 ) -> (Vec<Placement>, usize) {
-    let server_fraction = match delivery {
-        Delivery::Decoded => {
+    let server_fraction = match server_fraction {
+        None => {
             let placements = (0..samples.len())
                 .map(|slot| Placement {
                     offset: slot * slot_bytes,
@@ -128,7 +155,7 @@ pub(super) fn place(
                 .collect();
             return (placements, samples.len() * slot_bytes);
         }
-        Delivery::Encoded(share) => share.get(),
+        Some(fraction) => fraction,
     };
     let mut frames: Vec<Option<JpegFrame>> = samples
         .iter()
@@ -216,23 +243,46 @@ fn server_share(frames: &mut [Option<JpegFrame>], fraction: f64) {
 mod tests {
     use super::*;
 
+    fn pace(waited_ms: u64, ahead: usize) -> ClientPace {
+        ClientPace {
+            waited: Duration::from_millis(waited_ms),
+            ahead,
+            primed: true,
+        }
+    }
+
     #[test]
     fn a_tuned_share_steps_within_bounds_and_a_fixed_one_stays() {
-        let tuned = ServerShare::tuned(0.5);
-        tuned.server_behind();
+        let mut tuned = ServerShare::of(Delivery::Encoded {
+            server_fraction: 0.5,
+            tuned: true,
+        })
+        .unwrap();
+        tuned.tune(pace(0, 0));
         assert!((tuned.get() - 0.45).abs() < 1e-12);
+        tuned.tune(pace(0, 2));
+        assert!(
+            (tuned.get() - 0.45).abs() < 1e-12,
+            "neither full nor empty: holds"
+        );
+        tuned.tune(ClientPace {
+            primed: false,
+            ..pace(0, 0)
+        });
+        assert!((tuned.get() - 0.45).abs() < 1e-12, "not primed: holds");
         for _ in 0..100 {
-            tuned.server_waited();
+            tuned.tune(pace(5, 0));
         }
         assert_eq!(tuned.get(), 1.0);
         for _ in 0..100 {
-            tuned.server_behind();
+            tuned.tune(pace(0, 1));
         }
         assert_eq!(tuned.get(), 0.0);
-        let fixed = ServerShare::fixed(0.3);
-        fixed.server_behind();
-        fixed.server_waited();
+        let mut fixed = ServerShare::of(Delivery::encoded(0.3)).unwrap();
+        fixed.tune(pace(0, 0));
+        fixed.tune(pace(5, 0));
         assert_eq!(fixed.get(), 0.3);
+        assert_eq!(ServerShare::of(Delivery::Decoded), None);
     }
 
     fn frame() -> Option<JpegFrame> {

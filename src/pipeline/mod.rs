@@ -62,12 +62,15 @@
 //! away closes the ready queue: the producer notices at once (it watches the
 //! queue while it waits) and drops its readers, which aborts their requests.
 
-mod batch;
+mod assemble;
 pub(crate) mod buffers;
+mod dispatch;
 pub mod encoded;
-pub mod mix;
+mod mix;
 mod readers;
+mod sample;
 pub mod shm;
+mod substitute;
 mod walk;
 
 use std::sync::Arc;
@@ -79,13 +82,16 @@ use tokio::sync::mpsc;
 use crate::dataset::{Dataset, DatasetError};
 use crate::decode::{self, CropBox, Decoder, OutputSpec, ScratchBudget};
 use crate::metrics;
+use crate::plan::mix::MixPlan;
 use crate::plan::StreamPlan;
 use crate::shard::{BadShardPolicy, SampleLayout, ShardError, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::cache::PlanFollower;
 use crate::store::read::ReadConfig;
 use crate::store::StoreError;
-use batch::{BatchDispatch, EmittedSample, SampleOrigin};
+use dispatch::BatchDispatch;
 pub use encoded::{Delivery, Placement};
+use sample::EmittedSample;
+pub use substitute::{substitute_source, Substitution};
 use walk::SampleWalker;
 
 pub const DEFAULT_PREFETCH_SHARDS: usize = 2;
@@ -199,28 +205,6 @@ pub struct DecodedBatch {
     pub ready_at: Instant,
 }
 
-/// A sample that could not be decoded, and what was sent in its place.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Substitution {
-    pub slot: u32,
-    pub reason: String,
-    /// The slot whose image and label were copied into this one; `None`
-    /// when no sample of the batch decoded (then zeros and label -1).
-    pub source: Option<u32>,
-}
-
-/// The slot that stands in for the failed sample `key` among the batch's
-/// good slots: a pure function of the key and the batch (FNV-1a of the key,
-/// then MurmurHash3's 64-bit finalizer so every bit counts), so a rerun
-/// substitutes exactly the same way.
-pub fn substitute_source(key: &str, good_slots: &[u32]) -> Option<u32> {
-    if good_slots.is_empty() {
-        return None;
-    }
-    let hash = decode::augment::fmix64(decode::augment::fnv1a(key.bytes()));
-    Some(good_slots[(hash % good_slots.len() as u64) as usize])
-}
-
 /// Tells the disk cache which shards a stream has reached, so its eviction
 /// knows what is still ahead.
 #[derive(Clone)]
@@ -230,31 +214,82 @@ pub struct CacheHints {
     pub stream: String,
 }
 
-/// What one stream needs to run.
-#[derive(Clone)]
-pub struct StreamContext {
-    pub dataset: Arc<Dataset>,
-    pub plan: Arc<StreamPlan>,
-    pub spec: OutputSpec,
-    /// The request's seed and epoch, which key every sample's augmentation.
-    pub seed: u64,
-    pub epoch: u64,
+/// What every source of a stream shares: its settings, the host's decode
+/// pool and budgets, the output it makes and where its batches go.
+pub struct StreamCommon {
     pub config: PipelineConfig,
     pub pool: Arc<rayon::ThreadPool>,
     pub decoder: Arc<dyn Decoder>,
     /// Decode memory shared by every stream's decodes.
     pub scratch: Arc<ScratchBudget>,
-    pub cache_hints: Option<CacheHints>,
+    pub spec: OutputSpec,
     /// Decode into this shared-memory ring instead of process memory.
-    pub shared: Option<SharedTarget>,
-    /// What else to read of each sample.
-    pub layout: Arc<SampleLayout>,
+    pub ring: Option<SharedTarget>,
     /// Outputs defined from stored decoded sources (the decoded tier).
     pub tier: Option<decode::tier::TierRequest>,
     /// Pixels, or baseline JPEGs for the client to decode.
     pub delivery: Delivery,
     /// The stream's metric handles, resolved once.
     pub metrics: metrics::StreamMetrics,
+}
+
+/// A dataset a stream reads, and what it reads of each sample.
+#[derive(Clone)]
+pub struct Source {
+    pub dataset: Arc<Dataset>,
+    pub layout: Arc<SampleLayout>,
+    /// Where the source's shard reads are followed (a one-dataset stream's:
+    /// a mix's parts run across epochs, and its caches fall back to LRU).
+    pub cache_hints: Option<CacheHints>,
+}
+
+/// What a stream emits, in order: one dataset's plan, or a mix of sources.
+pub enum Planned {
+    One {
+        source: Source,
+        plan: Arc<StreamPlan>,
+        /// The request's seed and epoch, which key every sample's augmentation.
+        seed: u64,
+        epoch: u64,
+    },
+    Mix {
+        sources: Vec<Source>,
+        plan: Arc<MixPlan>,
+        /// The index of the stream's first batch in its epoch.
+        first_index: u64,
+    },
+}
+
+impl Planned {
+    /// The batches the stream sends: the first one's index, and how many.
+    pub fn batch_range(&self) -> std::ops::Range<u64> {
+        match self {
+            Self::One { plan, .. } => plan.first_batch..plan.first_batch + plan.batches,
+            Self::Mix {
+                plan, first_index, ..
+            } => *first_index..first_index + plan.batches,
+        }
+    }
+
+    pub fn batch_size(&self) -> u32 {
+        match self {
+            Self::One { plan, .. } => plan.batch_size,
+            Self::Mix { plan, .. } => plan.batch_size,
+        }
+    }
+
+    pub fn rank(&self) -> u32 {
+        match self {
+            Self::One { plan, .. } => plan.rank,
+            Self::Mix { plan, .. } => plan.rank,
+        }
+    }
+}
+
+/// What one stream needs to run.
+pub struct StreamContext {
+    pub common: StreamCommon,
+    pub planned: Planned,
 }
 
 /// A stream's shared-memory ring, and the socket it is handed out on (for
@@ -287,9 +322,38 @@ pub fn spawn_stream<H: Send + 'static>(
     span: tracing::Span,
     held: H,
 ) -> BatchReceiver {
-    let capacity = context.config.ready_batches;
+    let capacity = context.common.config.ready_batches;
+    let feeders_span = span.clone();
     spawn_producer(capacity, span, held, move |tx| async move {
-        produce(&context, &tx).await
+        match &context.planned {
+            Planned::One {
+                source,
+                plan,
+                seed,
+                epoch,
+            } => {
+                let part = SourcePart {
+                    source,
+                    plan,
+                    seed: *seed,
+                    epoch: *epoch,
+                    index: 0,
+                };
+                produce(&context.common, part, &tx).await
+            }
+            Planned::Mix {
+                sources,
+                plan,
+                first_index,
+            } => {
+                let mix = mix::Mixing {
+                    sources,
+                    plan,
+                    first_index: *first_index,
+                };
+                mix::produce_mixed(&context.common, mix, &tx, feeders_span).await
+            }
+        }
     })
 }
 
@@ -328,21 +392,28 @@ where
     rx
 }
 
+/// One part of a source's plan, walked in order: a one-dataset stream's
+/// whole plan, or a slice of a mixed stream's source.
+pub(crate) struct SourcePart<'a> {
+    pub source: &'a Source,
+    pub plan: &'a StreamPlan,
+    /// With `epoch`, keys every sample's augmentation.
+    pub seed: u64,
+    /// The stream's epoch, or the source-epoch in a mixed stream.
+    pub epoch: u64,
+    /// The source's index in a mixed stream (0 otherwise).
+    pub index: u32,
+}
+
 async fn produce(
-    context: &StreamContext,
-    tx: &mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    common: &StreamCommon,
+    part: SourcePart<'_>,
+    tx: &BatchSender,
 ) -> Result<(), PipelineError> {
-    let plan = &context.plan;
+    let plan = part.plan;
     let batch_size = plan.batch_size as usize;
-    let origin = Arc::new(SampleOrigin {
-        dataset: context.dataset.clone(),
-        seed: context.seed,
-        epoch: context.epoch,
-        label_offset: context.layout.label_offset,
-        source: 0,
-    });
-    let mut walker = SampleWalker::new(context, origin);
-    let mut dispatch = BatchDispatch::new(context, tx, plan.first_batch, plan.rank);
+    let mut walker = SampleWalker::new(&common.config, part);
+    let mut dispatch = BatchDispatch::new(common, tx, plan.first_batch, plan.rank);
     let mut pending: Vec<EmittedSample> = Vec::with_capacity(batch_size);
     while let Some(sample) = walker.next().await? {
         pending.push(sample);

@@ -20,7 +20,8 @@ type SampleResult = Result<(u64, RawSample), PipelineError>;
 /// The shard readers of one rank plan, one per segment (a byte range of a
 /// shard), started in order, a window ahead.
 pub(super) struct ShardReaders<'a> {
-    context: &'a StreamContext,
+    config: &'a PipelineConfig,
+    source: &'a Source,
     plan: &'a RankPlan,
     starts: Vec<Option<u64>>,
     receivers: HashMap<u32, mpsc::Receiver<SampleResult>>,
@@ -31,12 +32,14 @@ pub(super) struct ShardReaders<'a> {
 
 impl<'a> ShardReaders<'a> {
     pub(super) fn new(
-        context: &'a StreamContext,
+        config: &'a PipelineConfig,
+        source: &'a Source,
         plan: &'a RankPlan,
         starts: Vec<Option<u64>>,
     ) -> Self {
         Self {
-            context,
+            config,
+            source,
             plan,
             starts,
             receivers: HashMap::new(),
@@ -46,7 +49,7 @@ impl<'a> ShardReaders<'a> {
     }
 
     fn ensure_spawned(&mut self, segment: u32) {
-        let last = (segment as usize + self.context.config.prefetch_shards)
+        let last = (segment as usize + self.config.prefetch_shards)
             .min(self.plan.segments.len().saturating_sub(1)) as u32;
         while self.next_to_spawn <= last {
             let index = self.next_to_spawn;
@@ -55,27 +58,27 @@ impl<'a> ShardReaders<'a> {
                 continue;
             };
             let segment = self.plan.segments[index as usize];
-            let (tx, rx) = mpsc::channel(self.context.config.reader_queue.max(1));
+            let (tx, rx) = mpsc::channel(self.config.reader_queue.max(1));
             self.receivers.insert(index, rx);
-            if let Some(hints) = &self.context.cache_hints {
+            if let Some(hints) = &self.source.cache_hints {
                 let location = self
-                    .context
+                    .source
                     .dataset
                     .store
-                    .location(&self.context.dataset.shard_key(segment.shard));
+                    .location(&self.source.dataset.shard_key(segment.shard));
                 for follower in &hints.followers {
                     follower.reached(&hints.stream, &location);
                 }
             }
             let job = ReadJob {
-                dataset: self.context.dataset.clone(),
-                layout: self.context.layout.clone(),
+                dataset: self.source.dataset.clone(),
+                layout: self.source.layout.clone(),
                 shard: segment.shard,
                 first,
                 end: segment.end,
-                read: self.context.config.read.clone(),
-                max_member: self.context.config.max_member_bytes,
-                on_bad_shard: self.context.config.on_bad_shard,
+                read: self.config.read.clone(),
+                max_member: self.config.max_member_bytes,
+                on_bad_shard: self.config.on_bad_shard,
             };
             self.tasks.spawn(async move {
                 if let Err(error) = job.run(&tx).await {

@@ -4,15 +4,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::batch::{EmittedSample, SampleOrigin};
 use super::readers::ShardReaders;
-use super::{PipelineError, StreamContext};
+use super::sample::{EmittedSample, SampleOrigin};
+use super::{PipelineConfig, PipelineError, Source, SourcePart};
 use crate::plan::{RankPlan, ResumedSlice, SampleRef, Schedule, Step};
 use crate::shard::RawSample;
 
-/// The samples `context.plan` emits, in order.
+/// The samples a source part's plan emits, in order.
 pub(super) struct SampleWalker<'a> {
-    context: &'a StreamContext,
+    config: &'a PipelineConfig,
+    source: &'a Source,
     origin: Arc<SampleOrigin>,
     slices: Box<dyn Iterator<Item = ResumedSlice<'a>> + Send + 'a>,
     current: Option<SliceWalk<'a>>,
@@ -29,11 +30,12 @@ struct SliceWalk<'a> {
 }
 
 impl<'a> SampleWalker<'a> {
-    pub fn new(context: &'a StreamContext, origin: Arc<SampleOrigin>) -> Self {
+    pub fn new(config: &'a PipelineConfig, part: SourcePart<'a>) -> Self {
         Self {
-            context,
-            origin,
-            slices: Box::new(context.plan.resumed_slices()),
+            config,
+            source: part.source,
+            origin: Arc::new(SampleOrigin::of(&part)),
+            slices: Box::new(part.plan.resumed_slices()),
             current: None,
         }
     }
@@ -47,8 +49,12 @@ impl<'a> SampleWalker<'a> {
                     let Some(slice) = self.slices.next() else {
                         return Ok(None);
                     };
-                    let mut readers =
-                        ShardReaders::new(self.context, slice.rank_plan, slice.segment_starts);
+                    let mut readers = ShardReaders::new(
+                        self.config,
+                        self.source,
+                        slice.rank_plan,
+                        slice.segment_starts,
+                    );
                     let mut buffer = HashMap::with_capacity(slice.held.len());
                     for sample in slice.held {
                         buffer.insert(sample, readers.take(sample).await?);

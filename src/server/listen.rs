@@ -7,10 +7,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::client::connect;
 use super::pb::shardfeed_server::ShardfeedServer;
 use super::service::ShardfeedService;
-use super::{pb, CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
+use super::{CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
 
 /// Where the gRPC server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,77 +280,4 @@ async fn set_health(
             status,
         )
         .await;
-}
-
-/// A server on a local listener, run in this process: the one in-process
-/// server of the demo, the benchmarks and the tests.
-pub struct LocalServer {
-    pub addr: ListenAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), ServeError>>,
-}
-
-impl LocalServer {
-    /// On an ephemeral loopback port, with a one-second drain: the in-process
-    /// server the demo and the benchmarks stream through.
-    pub async fn loopback(service: ShardfeedService) -> Result<Self, ServeError> {
-        Self::start(
-            service,
-            &ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
-            Duration::from_secs(1),
-        )
-        .await
-    }
-
-    pub async fn start(
-        service: ShardfeedService,
-        listen: &ListenAddr,
-        grace: Duration,
-    ) -> Result<Self, ServeError> {
-        let listener = Listener::bind(listen).await?;
-        let addr = listener.local_addr();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve(
-            listener,
-            service,
-            std::future::ready(Ok(())),
-            async move {
-                let _ = stopped.await;
-            },
-            grace,
-        ));
-        Ok(Self {
-            addr,
-            stop: Some(stop),
-            task,
-        })
-    }
-
-    /// A client with message limits raised for whole batches.
-    pub async fn client(
-        &self,
-    ) -> Result<
-        pb::shardfeed_client::ShardfeedClient<tonic::transport::Channel>,
-        tonic::transport::Error,
-    > {
-        Ok(
-            pb::shardfeed_client::ShardfeedClient::new(connect(&self.addr).await?)
-                .max_decoding_message_size(usize::MAX),
-        )
-    }
-
-    /// Starts shutdown (as SIGTERM would) without waiting for it.
-    pub fn begin_shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-
-    /// Shuts down (draining) and waits for the server to finish.
-    pub async fn stop(mut self) -> Result<(), ServeError> {
-        self.begin_shutdown();
-        (&mut self.task)
-            .await
-            .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
-    }
 }

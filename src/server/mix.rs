@@ -1,19 +1,17 @@
-//! Mixed-stream requests (`StreamBatchesRequest.sources`): checked and
-//! translated into the engine's [`MixedStreamRequest`].
+//! Mixed-stream requests (`StreamBatchesRequest.sources`): the sources and
+//! weights checked and translated into the engine's [`MixSources`]; the
+//! rest of the request is translated as a one-dataset stream's.
 
+use super::layout::sample_layout;
 use super::pb;
-use super::request::{sample_layout, stream_request};
 use super::status::ServiceError;
-use crate::engine::mix::{MixedSource, MixedStreamRequest};
+use crate::engine::{MixSources, MixedSource};
 use crate::plan::mix::{MAX_SOURCES, MAX_WEIGHT_CHANGES};
-use crate::plan::{Partition, Phase, ShuffleConfig};
+use crate::plan::{Partition, Phase, PlanRequest};
+use crate::shard::SampleLayout;
 
-/// The engine's request for a mixed `StreamBatches` call: every field of a
-/// single stream's is checked the same way, then the sources and weights.
-pub fn mixed_request(
-    request: &pb::StreamBatchesRequest,
-    defaults: ShuffleConfig,
-) -> Result<MixedStreamRequest, ServiceError> {
+/// The checks of a mixed request's shape, made before any other field's.
+pub(super) fn check_counts(request: &pb::StreamBatchesRequest) -> Result<(), ServiceError> {
     let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
     if !request.dataset.is_empty() {
         return invalid(format!(
@@ -35,8 +33,18 @@ pub fn mixed_request(
             request.weight_changes.len()
         ));
     }
-    let single = stream_request(request, defaults)?;
-    if single.plan.partition != Partition::DropLast {
+    Ok(())
+}
+
+/// A mixed request's sources and weights, checked: `plan` and `layout`
+/// are the request's own, checked as a one-dataset stream's.
+pub(super) fn mix_sources(
+    request: &pb::StreamBatchesRequest,
+    plan: &PlanRequest,
+    layout: SampleLayout,
+) -> Result<MixSources, ServiceError> {
+    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    if plan.partition != Partition::DropLast {
         return invalid(
             "partition: a mixed stream's epochs count global batches of all its sources; \
              PARTITION_PAD is for one dataset"
@@ -49,7 +57,7 @@ pub fn mixed_request(
             return invalid(format!("sources[{index}].dataset is empty"));
         }
         let layout = match &source.layout {
-            None => single.layout.clone(),
+            None => layout.clone(),
             Some(own) if !own.fields.is_empty() => {
                 return invalid(format!(
                     "sources[{index}].layout.fields is set: a stream's fields are the same \
@@ -57,10 +65,10 @@ pub fn mixed_request(
                 ))
             }
             Some(own) => {
-                let mut layout = sample_layout(Some(own))
+                let mut own = sample_layout(Some(own))
                     .map_err(|e| ServiceError::InvalidArgument(format!("sources[{index}].{e}")))?;
-                layout.fields = single.layout.fields.clone();
-                layout
+                own.fields = layout.fields.clone();
+                own
             }
         };
         sources.push(MixedSource {
@@ -92,7 +100,7 @@ pub fn mixed_request(
                 .collect()
         })
         .unwrap_or_default();
-    Ok(MixedStreamRequest {
+    Ok(MixSources {
         sources,
         weight_changes: request
             .weight_changes
@@ -100,19 +108,6 @@ pub fn mixed_request(
             .map(|change| (change.from_step, change.weights.clone()))
             .collect(),
         weights_from: request.weights_from_step,
-        seed: single.plan.seed,
-        epoch: single.plan.epoch,
-        rank: single.plan.rank,
-        world_size: single.plan.world_size,
-        batch_size: single.plan.batch_size,
-        shuffle: single.plan.shuffle,
-        resume_from: single.plan.resume_from,
-        start_batch: single.plan.start_batch,
         before_epoch,
-        output: single.output,
-        shared_memory: None,
-        resume_dataset: single.resume_dataset,
-        decoded_source: single.decoded_source,
-        delivery: single.delivery,
     })
 }

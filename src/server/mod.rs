@@ -6,8 +6,9 @@
 //!   batch stream with stall accounting.
 //! - [`status`]: every error a request can end with, and the one table that
 //!   maps them to gRPC codes.
-//! - [`listen`]: TCP and Unix listeners, the tonic server, graceful shutdown,
-//!   and [`LocalServer`], the in-process server of the demo, benchmarks and tests.
+//! - [`listen`]: TCP and Unix listeners, the tonic server, graceful shutdown.
+//! - `local`: [`LocalServer`], the in-process server of the demo, benchmarks
+//!   and tests.
 //! - [`authority`]: lets any gRPC client call over the Unix socket, whatever
 //!   `:authority` it sends.
 //! - [`client`]: a channel to a server, and the health check.
@@ -16,7 +17,9 @@
 mod authority;
 pub mod client;
 pub mod codec;
+mod layout;
 pub mod listen;
+mod local;
 mod mix;
 mod request;
 pub mod service;
@@ -28,7 +31,8 @@ pub mod pb {
 }
 
 pub use client::{check_health, connect};
-pub use listen::{serve, ListenAddr, Listener, LocalServer, ServeError, DEFAULT_SHUTDOWN_GRACE};
+pub use listen::{serve, ListenAddr, Listener, ServeError, DEFAULT_SHUTDOWN_GRACE};
+pub use local::LocalServer;
 pub use service::{rule_allows, Lifecycle, ServiceConfig, ShardfeedService};
 pub use status::{status_code, ServiceError};
 

@@ -1,28 +1,28 @@
 //! `StreamBatches` requests checked and translated into the engine's
 //! [`StreamRequest`]: output size, batch bytes, enum values, the sample
-//! layout and the decoded-source form; fields left unset take the server's
-//! defaults.
+//! layout and the decoded-source form (a mix's sources and weights in
+//! `mix.rs`); fields left unset take the server's defaults.
 
+use super::layout::sample_layout;
 use super::pb;
 use super::status::ServiceError;
 use super::{DEFAULT_BATCH_SIZE, MAX_BATCH_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
-use crate::engine::StreamRequest;
-use std::sync::Arc;
-
-use crate::pipeline::encoded::ServerShare;
+use crate::engine::{OutputRequest, Sources, StreamRequest};
 use crate::pipeline::Delivery;
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
-use crate::shard::tfrecord::FeatureNames;
-use crate::shard::{SampleLayout, DEFAULT_MAX_FIELD_BYTES, MAX_FIELDS, MAX_FIELD_BYTES};
 
-/// The engine's request for a `StreamBatches` call, with the fields checked
-/// that the engine cannot (output size, batch bytes, enum values); fields
-/// left unset take the server's defaults.
+/// The engine's request for a `StreamBatches` call, of one dataset or a
+/// mix, with the fields checked that the engine cannot (output size, batch
+/// bytes, enum values); fields left unset take the server's defaults.
 pub fn stream_request(
     request: &pb::StreamBatchesRequest,
     defaults: ShuffleConfig,
 ) -> Result<StreamRequest, ServiceError> {
+    let mixed = !request.sources.is_empty();
+    if mixed {
+        super::mix::check_counts(request)?;
+    }
     let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
     let world_size = request.world_size.max(1);
     let height = nonzero_or(request.height, decode::DEFAULT_SIZE);
@@ -71,29 +71,41 @@ pub fn stream_request(
             })
             .unwrap_or_default(),
     };
-    Ok(StreamRequest {
-        dataset: request.dataset.clone(),
-        plan: PlanRequest {
-            seed: request.seed,
-            epoch: request.epoch,
-            rank: request.rank,
-            world_size,
-            batch_size,
-            shuffle,
-            partition: partition(request.partition)?,
-            start_batch: request.start_batch,
-            resume_from,
-        },
-        output,
+    let plan = PlanRequest {
+        seed: request.seed,
+        epoch: request.epoch,
+        rank: request.rank,
+        world_size,
+        batch_size,
+        shuffle,
+        partition: partition(request.partition)?,
+        start_batch: request.start_batch,
+        resume_from,
+    };
+    let layout = sample_layout(request.layout.as_ref())?;
+    let output = OutputRequest {
+        spec: output,
         shared_memory: None,
-        layout: sample_layout(request.layout.as_ref())?,
+        decoded_source: decoded_source(request.decoded_source.as_ref())?,
+        delivery: delivery(request)?,
+    };
+    let sources = if mixed {
+        Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)
+    } else {
+        Sources::One {
+            dataset: request.dataset.clone(),
+            layout,
+        }
+    };
+    Ok(StreamRequest {
+        sources,
+        plan,
+        output,
         resume_dataset: request
             .resume_from
             .as_ref()
             .map(|position| position.dataset.clone())
             .filter(|identity| !identity.is_empty()),
-        decoded_source: decoded_source(request.decoded_source.as_ref())?,
-        delivery: delivery(request)?,
     })
 }
 
@@ -126,11 +138,10 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
                         .into(),
                 );
             }
-            Ok(Delivery::Encoded(Arc::new(if request.tune_server_decode {
-                ServerShare::tuned(server_fraction)
-            } else {
-                ServerShare::fixed(server_fraction)
-            })))
+            Ok(Delivery::Encoded {
+                server_fraction,
+                tuned: request.tune_server_decode,
+            })
         }
         Err(_) => invalid(format!("unknown delivery {}", request.delivery)),
     }
@@ -154,67 +165,6 @@ fn decoded_source(
         shorter_side: wire.shorter_side,
         kind: decode::source::SourceKind::Raw,
     }))
-}
-
-/// The request's sample layout, checked: fields ride in every batch message,
-/// so their number and size are bounded.
-pub(super) fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, ServiceError> {
-    let Some(wire) = wire else {
-        return Ok(SampleLayout::default());
-    };
-    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
-    if wire.fields.len() > MAX_FIELDS {
-        return invalid(format!(
-            "layout.fields names {} fields; at most {MAX_FIELDS}",
-            wire.fields.len()
-        ));
-    }
-    let mut fields = Vec::with_capacity(wire.fields.len());
-    for name in &wire.fields {
-        if name.is_empty() || name.len() > 128 {
-            return invalid(format!(
-                "layout.fields: {name:?} is not a field name (1 to 128 bytes)"
-            ));
-        }
-        if fields.contains(name) {
-            return invalid(format!("layout.fields names {name:?} twice"));
-        }
-        fields.push(name.clone());
-    }
-    let max_field_bytes = match u64::from(wire.max_field_bytes) {
-        0 => DEFAULT_MAX_FIELD_BYTES,
-        bytes if bytes > MAX_FIELD_BYTES => {
-            return invalid(format!(
-                "layout.max_field_bytes {bytes} exceeds the maximum of {MAX_FIELD_BYTES}"
-            ))
-        }
-        bytes => bytes,
-    };
-    let label_offset = wire.label_offset;
-    if label_offset.unsigned_abs() > 1 << 31 {
-        return invalid(format!(
-            "layout.label_offset {label_offset} is outside +-2^31"
-        ));
-    }
-    let defaults = FeatureNames::default();
-    let feature = |name: &str, default: String| {
-        if name.is_empty() {
-            default
-        } else {
-            name.to_string()
-        }
-    };
-    Ok(SampleLayout {
-        fields,
-        label_json_key: (!wire.label_json_key.is_empty()).then(|| wire.label_json_key.clone()),
-        features: FeatureNames {
-            image: feature(&wire.image_feature, defaults.image),
-            label: feature(&wire.label_feature, defaults.label),
-            key: feature(&wire.key_feature, defaults.key),
-        },
-        max_field_bytes,
-        label_offset,
-    })
 }
 
 /// The crop of a request: its augmentation's, else the legacy `resize`.

@@ -23,7 +23,7 @@ use super::shm::RingRegistry;
 use super::status::{self, ServiceError};
 use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES};
 use crate::decode::{self, OutputSpec};
-use crate::engine::mix::MixedGeometry;
+pub use crate::engine::EngineDropped;
 use crate::engine::{Engine, StreamGeometry};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
@@ -148,6 +148,13 @@ impl ShardfeedService {
         self
     }
 
+    /// Resolves once the service's engine is dropped (see [`LocalServer::stop`]).
+    ///
+    /// [`LocalServer::stop`]: super::LocalServer::stop
+    pub fn engine_dropped(&self) -> EngineDropped {
+        self.engine.dropped()
+    }
+
     pub fn lifecycle(&self) -> Lifecycle {
         self.lifecycle.clone()
     }
@@ -191,53 +198,17 @@ impl ShardfeedService {
         request: pb::StreamBatchesRequest,
     ) -> Result<BatchStream, ServiceError> {
         self.check_serving()?;
-        let mixed = !request.sources.is_empty();
-        if mixed {
-            for source in &request.sources {
-                self.check_allowed(&source.dataset)?;
-            }
-        } else {
-            self.check_allowed(&request.dataset)?;
-        }
         let wants_shared = request.transport == pb::Transport::SharedMemory as i32;
+        let mut request = stream_request(&request, self.engine.config().default_shuffle)?;
+        for (dataset, _) in request.each_source() {
+            self.check_allowed(dataset)?;
+        }
         // Over TCP there is no socket to hand a memfd through: inline.
-        let shared_memory = wants_shared
+        request.output.shared_memory = wants_shared
             .then(|| self.rings.as_ref().map(|rings| rings.fd_socket.clone()))
             .flatten();
-        let defaults = self.engine.config().default_shuffle;
-        let (stream, mix, epoch, next_index, output, field_names) = if mixed {
-            let mut request = super::mix::mixed_request(&request, defaults)?;
-            request.shared_memory = shared_memory;
-            let (epoch, next_index, output) = (request.epoch, request.start_batch, request.output);
-            let field_names = request.sources[0].layout.fields.clone();
-            let permit = self.admit()?;
-            let (stream, mix) = self.engine.open_mixed_stream(request).await?;
-            (
-                (stream, permit),
-                Some(mix),
-                epoch,
-                next_index,
-                output,
-                field_names,
-            )
-        } else {
-            let mut request = stream_request(&request, defaults)?;
-            request.shared_memory = shared_memory;
-            let (epoch, next_index, output) =
-                (request.plan.epoch, request.plan.start_batch, request.output);
-            let field_names = request.layout.fields.clone();
-            let permit = self.admit()?;
-            let stream = self.engine.open_stream(request).await?;
-            (
-                (stream, permit),
-                None,
-                epoch,
-                next_index,
-                output,
-                field_names,
-            )
-        };
-        let (stream, permit) = stream;
+        let permit = self.admit()?;
+        let stream = self.engine.open_stream(request).await?;
         let ring = match (&stream.ring, &self.rings) {
             (Some(ring), Some(rings)) => {
                 rings.register(ring);
@@ -248,23 +219,18 @@ impl ShardfeedService {
         Ok(BatchStream {
             receiver: stream.batches,
             shape: stream.shape,
-            mix,
-            output,
-            field_names,
-            epoch,
+            output: stream.output,
+            field_names: stream.field_names,
+            epoch: stream.epoch,
             metrics: stream.metrics,
             waiting_since: None,
-            next_index,
+            next_index: stream.first_index,
             drain: Box::pin(self.lifecycle.drain.clone().cancelled_owned()),
             abort: Box::pin(self.lifecycle.abort.clone().cancelled_owned()),
-            draining: false,
-            sent_since_drain: false,
-            finished: false,
-            completed: false,
+            state: StreamState::Sending,
             dataset_identity: stream.dataset_identity,
             ring,
             sent_shared: false,
-            awaiting_collection: None,
             span: stream.span,
             _active: ActiveStream::open(),
             _open: self.lifecycle.open.token(),
@@ -287,9 +253,8 @@ impl ShardfeedService {
 /// The response stream of one `StreamBatches` call.
 pub struct BatchStream {
     receiver: BatchReceiver,
+    /// Where its batches fall in the epoch (and, mixed, its sources).
     shape: StreamGeometry,
-    /// Set for a mixed stream.
-    mix: Option<MixedGeometry>,
     output: OutputSpec,
     /// The request's `layout.fields`, which name the batches' fields.
     field_names: Vec<String>,
@@ -301,14 +266,7 @@ pub struct BatchStream {
     next_index: u64,
     drain: Pin<Box<WaitForCancellationFutureOwned>>,
     abort: Pin<Box<WaitForCancellationFutureOwned>>,
-    /// Draining: send the batch in flight, then end with UNAVAILABLE. A
-    /// batch that waits on the client (every ring slot lent) is not in
-    /// flight: a trainer may hold its batches until the sidecar has gone.
-    draining: bool,
-    sent_since_drain: bool,
-    finished: bool,
-    /// Every batch was sent: a client may still come for the ring.
-    completed: bool,
+    state: StreamState,
     /// The dataset index's identity, carried by every position sent.
     dataset_identity: String,
     /// The stream's registered ring, forgotten if the stream ends early.
@@ -317,7 +275,6 @@ pub struct BatchStream {
     /// has collected the ring, so that a stream that completes is one whose
     /// ring needs no keeping for a client still to come.
     sent_shared: bool,
-    awaiting_collection: Option<Pin<Box<dyn Future<Output = bool> + Send>>>,
     span: tracing::Span,
     _active: ActiveStream,
     /// Shutdown waits until every stream has dropped this.
@@ -326,19 +283,31 @@ pub struct BatchStream {
     _memory: Arc<crate::engine::budget::Reservation>,
 }
 
+/// Where a `StreamBatches` response stands.
+enum StreamState {
+    /// Sending batches as they are ready.
+    Sending,
+    /// Shutdown began: send the batch in flight (`sent`: it has been),
+    /// then end with UNAVAILABLE. A batch that waits on the client (every
+    /// ring slot lent) is not in flight: a trainer may hold its batches
+    /// until the sidecar has gone.
+    Draining { sent: bool },
+    /// Every batch was sent; the stream ends once its client has collected
+    /// the ring (false: it never did).
+    Collecting(Pin<Box<dyn Future<Output = bool> + Send>>),
+    /// Ended; `completed`: every batch was sent (and its ring collected),
+    /// so the ring is kept for a client still to come for it.
+    Ended { completed: bool },
+}
+
 impl BatchStream {
     fn to_message(&self, batch: DecodedBatch) -> pb::Batch {
         let position = self.shape.position_after(batch.index);
-        let before_epoch = self
-            .mix
-            .as_ref()
-            .map_or(&[][..], |mix| &mix.before_epoch[..]);
-        let (sample_sources, sample_source_epochs) = match &self.mix {
-            Some(mix) => {
-                mix.count_samples(&batch.sources);
-                (batch.sources, batch.source_epochs)
-            }
-            None => Default::default(),
+        let (sample_sources, sample_source_epochs) = if self.shape.is_mixed() {
+            self.shape.count_samples(&batch.sources);
+            (batch.sources, batch.source_epochs)
+        } else {
+            Default::default()
         };
         let (images, shared) = match batch.images {
             BatchImages::Inline(bytes) => (bytes, None),
@@ -378,7 +347,7 @@ impl BatchStream {
             substitution_reasons: batch.substituted.into_iter().map(|s| s.reason).collect(),
             position: Some(position_message(
                 &position,
-                before_epoch,
+                &self.shape.before_epoch,
                 &self.dataset_identity,
             )),
             global_samples: self.shape.global_samples_after(batch.index),
@@ -455,7 +424,7 @@ impl BatchStream {
     }
 
     fn drained_status(&mut self) -> Status {
-        self.finished = true;
+        self.state = StreamState::Ended { completed: false };
         let _entered = self.span.enter();
         tracing::info!(next_batch = self.next_index, "stream ended by shutdown");
         metrics::request("StreamBatches", tonic::Code::Unavailable);
@@ -477,10 +446,7 @@ impl BatchStream {
             start_batch: self.next_index,
             epoch: self.epoch,
             position: &position,
-            before_epoch: self
-                .mix
-                .as_ref()
-                .map_or(&[][..], |mix| &mix.before_epoch[..]),
+            before_epoch: &self.shape.before_epoch,
             dataset: &self.dataset_identity,
         };
         let retry_after = (code == tonic::Code::Unavailable).then_some(status::RETRY_AFTER_RESTART);
@@ -489,21 +455,25 @@ impl BatchStream {
 }
 
 impl BatchStream {
-    /// Before the end of a stream that sent shared batches: ready once the
-    /// client has collected the ring, with an error status if it never did.
-    fn poll_collected(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Status>> {
-        let Some((_, ring)) = self.ring.as_ref().filter(|_| self.sent_shared) else {
-            return Poll::Ready(None);
-        };
-        let ring = ring.clone();
-        let waiting = self
-            .awaiting_collection
-            .get_or_insert_with(|| Box::pin(ring.wait_collected()));
-        let collected = ready!(waiting.as_mut().poll(cx));
-        self.awaiting_collection = None;
-        if collected {
-            return Poll::Ready(None);
+    /// The end of a stream whose every batch was sent: at once, or, if it
+    /// sent shared batches, once the client has collected the ring (an
+    /// error status if it never did).
+    fn poll_end(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<pb::Batch, Status>>> {
+        if !matches!(self.state, StreamState::Collecting(_)) {
+            match self.ring.as_ref().filter(|_| self.sent_shared) {
+                Some((_, ring)) => {
+                    self.state = StreamState::Collecting(Box::pin(ring.clone().wait_collected()))
+                }
+                None => return self.completed(),
+            }
         }
+        let StreamState::Collecting(waiting) = &mut self.state else {
+            unreachable!("set above")
+        };
+        if ready!(waiting.as_mut().poll(cx)) {
+            return self.completed();
+        }
+        self.state = StreamState::Ended { completed: false };
         let error = crate::pipeline::shm::ShmError::NotCollected {
             socket: self
                 .ring
@@ -513,7 +483,13 @@ impl BatchStream {
             seconds: crate::pipeline::shm::CONNECT_TIMEOUT.as_secs(),
         };
         metrics::request("StreamBatches", tonic::Code::FailedPrecondition);
-        Poll::Ready(Some(Status::failed_precondition(error.to_string())))
+        Poll::Ready(Some(Err(Status::failed_precondition(error.to_string()))))
+    }
+
+    fn completed(&mut self) -> Poll<Option<Result<pb::Batch, Status>>> {
+        self.state = StreamState::Ended { completed: true };
+        metrics::request("StreamBatches", tonic::Code::Ok);
+        Poll::Ready(None)
     }
 }
 
@@ -521,7 +497,8 @@ impl Drop for BatchStream {
     fn drop(&mut self) {
         // Cancelled or failed: the ring (and the memory it holds) is not
         // kept for a client that will not come for it.
-        if let (false, Some((rings, ring))) = (self.completed, &self.ring) {
+        let completed = matches!(self.state, StreamState::Ended { completed: true });
+        if let (false, Some((rings, ring))) = (completed, &self.ring) {
             rings.forget_uncollected(&ring.token());
         }
     }
@@ -531,39 +508,37 @@ impl Stream for BatchStream {
     type Item = Result<pb::Batch, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.finished {
+        if let StreamState::Ended { .. } = self.state {
             return Poll::Ready(None);
         }
         if self.abort.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Err(self.drained_status())));
         }
-        if !self.draining && self.drain.as_mut().poll(cx).is_ready() {
-            self.draining = true;
+        if let StreamState::Collecting(_) = self.state {
+            return self.poll_end(cx);
         }
-        if self.draining && self.sent_since_drain {
-            // The batch that was in flight when draining began has been sent.
-            return Poll::Ready(Some(Err(self.drained_status())));
+        if matches!(self.state, StreamState::Sending) && self.drain.as_mut().poll(cx).is_ready() {
+            self.state = StreamState::Draining { sent: false };
         }
+        let draining = match self.state {
+            StreamState::Draining { sent: true } => {
+                // The batch that was in flight when draining began has been sent.
+                return Poll::Ready(Some(Err(self.drained_status())));
+            }
+            StreamState::Draining { sent: false } => true,
+            _ => false,
+        };
         match self.receiver.poll_recv(cx) {
-            Poll::Pending if self.draining && self.waits_on_client() => {
+            Poll::Pending if draining && self.waits_on_client() => {
                 Poll::Ready(Some(Err(self.drained_status())))
             }
             Poll::Pending => {
                 self.waiting_since.get_or_insert_with(Instant::now);
                 Poll::Pending
             }
-            Poll::Ready(None) => {
-                if let Some(status) = ready!(self.as_mut().poll_collected(cx)) {
-                    self.finished = true;
-                    return Poll::Ready(Some(Err(status)));
-                }
-                self.finished = true;
-                self.completed = true;
-                metrics::request("StreamBatches", tonic::Code::Ok);
-                Poll::Ready(None)
-            }
+            Poll::Ready(None) => self.poll_end(cx),
             Poll::Ready(Some(Err(error))) => {
-                self.finished = true;
+                self.state = StreamState::Ended { completed: false };
                 let error = ServiceError::from(error);
                 let _entered = self.span.enter();
                 tracing::error!(%error, next_batch = self.next_index, "stream failed");
@@ -587,7 +562,9 @@ impl Stream for BatchStream {
                 let message = self.to_message(batch);
                 self.sent_shared |= message.shared.is_some();
                 // While draining, this was the batch in flight: end after it.
-                self.sent_since_drain = self.draining;
+                if draining {
+                    self.state = StreamState::Draining { sent: true };
+                }
                 Poll::Ready(Some(Ok(message)))
             }
         }

@@ -1,0 +1,198 @@
+//! A stream's batches on their way out: at most `decode_ahead` decoding,
+//! then sent in order to the ready queue, waiting on the client's ring
+//! slots where it has one (the back-pressure of the memory essay).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::assemble::decode_batch;
+use super::buffers::BufferPool;
+use super::encoded::{ClientPace, ServerShare};
+use super::sample::EmittedSample;
+use super::{shm, DecodedBatch, PipelineError, SharedTarget, StreamCommon};
+use crate::metrics;
+
+/// Batches of one stream on their way out: decoding (at most
+/// `decode_ahead`), then sent in order to the ready queue.
+pub(super) struct BatchDispatch<'a> {
+    common: &'a StreamCommon,
+    ready: ReadySink<'a>,
+    decoding: FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    buffers: BufferPool,
+    next_index: u64,
+    /// The share of an encoded delivery the server decodes, tuned here.
+    share: Option<ServerShare>,
+}
+
+/// The ready queue, its gauge, and what the producer saw of the client's
+/// pace for the batch at hand.
+struct ReadySink<'a> {
+    tx: &'a mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+    gauge: ::metrics::Gauge,
+    client_wait_ns: AtomicU64,
+    /// The stream's shared-memory ring: its lent slots are the batches
+    /// ahead of the client (gRPC drains the ready queue eagerly when
+    /// messages carry only a slot's descriptor).
+    ring: Option<std::sync::Arc<super::shm::Ring>>,
+    /// Batches handed on so far: until the buffer between the two sides
+    /// could have filled once, an empty one says nothing about the client.
+    handed: AtomicU64,
+}
+
+impl ReadySink<'_> {
+    fn waited_on_client(&self, since: Instant) {
+        let waited = since.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.client_wait_ns.fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// The client's pace over the batch just handed on: how long the
+    /// producer waited for it, and the batches ahead of it (with a ring,
+    /// less the one the client holds while it waits for the next).
+    fn take_pace(&self) -> ClientPace {
+        let waited = Duration::from_nanos(self.client_wait_ns.swap(0, Ordering::Relaxed));
+        let (ahead, buffer) = match &self.ring {
+            Some(ring) => (ring.lent().saturating_sub(1), ring.slot_count()),
+            None => (
+                self.tx.max_capacity() - self.tx.capacity(),
+                self.tx.max_capacity(),
+            ),
+        };
+        let primed = self.handed.fetch_add(1, Ordering::Relaxed) >= buffer as u64;
+        ClientPace {
+            waited,
+            ahead,
+            primed,
+        }
+    }
+}
+
+impl<'a> BatchDispatch<'a> {
+    pub fn new(
+        common: &'a StreamCommon,
+        tx: &'a mpsc::Sender<Result<DecodedBatch, PipelineError>>,
+        first_index: u64,
+        rank: u32,
+    ) -> Self {
+        Self {
+            common,
+            ready: ReadySink {
+                tx,
+                // Per-stream series would be unbounded; the stream label is its rank.
+                gauge: ::metrics::gauge!(metrics::READY_BATCHES, "rank" => metrics::rank_label(rank)),
+                client_wait_ns: AtomicU64::new(0),
+                ring: common.ring.as_ref().map(|target| target.ring.clone()),
+                handed: AtomicU64::new(0),
+            },
+            decoding: FuturesOrdered::new(),
+            // Batches alive at once: decoding, queued, and one being encoded.
+            buffers: BufferPool::new(common.config.decode_ahead + common.config.ready_batches + 1),
+            next_index: first_index,
+            share: ServerShare::of(common.delivery),
+        }
+    }
+
+    /// Starts decoding a batch of `samples`. `Ok(false)`: the client went away.
+    pub async fn submit(&mut self, samples: Vec<EmittedSample>) -> Result<bool, PipelineError> {
+        // A shared ring holds the producer back until the client has
+        // returned a slot.
+        let target = match &self.common.ring {
+            Some(ring) => {
+                match acquire_sending_decoded(ring, &mut self.decoding, &self.ready).await? {
+                    Some(lease) => Some(lease),
+                    None => return Ok(false),
+                }
+            }
+            None => None,
+        };
+        self.decoding.push_back(decode_batch(
+            self.common,
+            &self.buffers,
+            self.share.as_ref().map(ServerShare::get),
+            samples,
+            self.next_index,
+            target,
+        ));
+        self.next_index += 1;
+        while self.decoding.len() >= self.common.config.decode_ahead.max(1) {
+            if !send_next(&mut self.decoding, &self.ready).await? {
+                return Ok(false);
+            }
+        }
+        let pace = self.ready.take_pace();
+        if let Some(share) = &mut self.share {
+            share.tune(pace);
+        }
+        Ok(true)
+    }
+
+    /// Sends every batch still decoding.
+    pub async fn finish(mut self) -> Result<(), PipelineError> {
+        while !self.decoding.is_empty() {
+            if !send_next(&mut self.decoding, &self.ready).await? {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A ring slot for the next batch. While the client holds every slot, the
+/// batches that finish decoding meanwhile go on to the ready queue: none
+/// waits unsent for a slot it does not need (so a draining stream's
+/// batches in flight all arrive). `Ok(None)`: the client went away.
+async fn acquire_sending_decoded(
+    shared: &SharedTarget,
+    decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    ready: &ReadySink<'_>,
+) -> Result<Option<shm::SlotLease>, PipelineError> {
+    let started = Instant::now();
+    let acquire = shared.acquire();
+    tokio::pin!(acquire);
+    loop {
+        if decoding.is_empty() {
+            let lease = acquire.await;
+            ready.waited_on_client(started);
+            return lease.map(Some);
+        }
+        tokio::select! {
+            biased;
+            lease = &mut acquire => {
+                ready.waited_on_client(started);
+                return lease.map(Some);
+            }
+            // `FuturesOrdered::next` is cancel-safe: an unfinished batch stays queued.
+            decoded = decoding.next() => {
+                if !send_decoded(decoded, ready).await? {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Sends the oldest decoded batch. `Ok(false)`: the client went away.
+async fn send_next(
+    decoding: &mut FuturesOrdered<oneshot::Receiver<DecodedBatch>>,
+    ready: &ReadySink<'_>,
+) -> Result<bool, PipelineError> {
+    send_decoded(decoding.next().await, ready).await
+}
+
+async fn send_decoded(
+    decoded: Option<Result<DecodedBatch, oneshot::error::RecvError>>,
+    ready: &ReadySink<'_>,
+) -> Result<bool, PipelineError> {
+    let batch = decoded
+        .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
+        .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
+    let started = Instant::now();
+    let tx = ready.tx;
+    let sent = tx.send(Ok(batch)).await.is_ok();
+    ready.waited_on_client(started);
+    ready.gauge.set((tx.max_capacity() - tx.capacity()) as f64);
+    Ok(sent)
+}

@@ -1,0 +1,45 @@
+//! A sample on its way from the shuffle buffer to the decoder, and where it
+//! came from.
+
+use std::sync::Arc;
+
+use crate::dataset::Dataset;
+use crate::shard::RawSample;
+
+use super::SourcePart;
+
+/// Where emitted samples come from, and what keys their augmentation: one
+/// per stream, or per part of a source of a mixed stream.
+#[derive(Debug)]
+pub(crate) struct SampleOrigin {
+    pub dataset: Arc<Dataset>,
+    /// With `epoch`, keys every sample's augmentation.
+    pub seed: u64,
+    /// The stream's epoch, or the source-epoch in a mixed stream.
+    pub epoch: u64,
+    pub label_offset: i64,
+    /// The source's index in a mixed stream (0 otherwise).
+    pub source: u32,
+}
+
+/// A sample leaving the shuffle buffer, on its way to the decoder.
+pub(crate) struct EmittedSample {
+    pub shard: u32,
+    /// A repeat that pads the epoch.
+    pub padding: bool,
+    pub origin: Arc<SampleOrigin>,
+    pub sample: RawSample,
+}
+
+impl SampleOrigin {
+    /// The origin of the samples `part` emits.
+    pub fn of(part: &SourcePart<'_>) -> Self {
+        Self {
+            dataset: part.source.dataset.clone(),
+            seed: part.seed,
+            epoch: part.epoch,
+            label_offset: part.source.layout.label_offset,
+            source: part.index,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! A request's sample layout, checked: what else of each sample a stream
+//! reads (fields, label key, TFRecord feature names), bounded because
+//! fields ride in every batch message.
+
+use super::pb;
+use super::status::ServiceError;
+use crate::shard::tfrecord::FeatureNames;
+use crate::shard::{SampleLayout, DEFAULT_MAX_FIELD_BYTES, MAX_FIELDS, MAX_FIELD_BYTES};
+
+/// The request's sample layout, checked: fields ride in every batch message,
+/// so their number and size are bounded.
+pub(super) fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLayout, ServiceError> {
+    let Some(wire) = wire else {
+        return Ok(SampleLayout::default());
+    };
+    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    if wire.fields.len() > MAX_FIELDS {
+        return invalid(format!(
+            "layout.fields names {} fields; at most {MAX_FIELDS}",
+            wire.fields.len()
+        ));
+    }
+    let mut fields = Vec::with_capacity(wire.fields.len());
+    for name in &wire.fields {
+        if name.is_empty() || name.len() > 128 {
+            return invalid(format!(
+                "layout.fields: {name:?} is not a field name (1 to 128 bytes)"
+            ));
+        }
+        if fields.contains(name) {
+            return invalid(format!("layout.fields names {name:?} twice"));
+        }
+        fields.push(name.clone());
+    }
+    let max_field_bytes = match u64::from(wire.max_field_bytes) {
+        0 => DEFAULT_MAX_FIELD_BYTES,
+        bytes if bytes > MAX_FIELD_BYTES => {
+            return invalid(format!(
+                "layout.max_field_bytes {bytes} exceeds the maximum of {MAX_FIELD_BYTES}"
+            ))
+        }
+        bytes => bytes,
+    };
+    let label_offset = wire.label_offset;
+    if label_offset.unsigned_abs() > 1 << 31 {
+        return invalid(format!(
+            "layout.label_offset {label_offset} is outside +-2^31"
+        ));
+    }
+    let defaults = FeatureNames::default();
+    let feature = |name: &str, default: String| {
+        if name.is_empty() {
+            default
+        } else {
+            name.to_string()
+        }
+    };
+    Ok(SampleLayout {
+        fields,
+        label_json_key: (!wire.label_json_key.is_empty()).then(|| wire.label_json_key.clone()),
+        features: FeatureNames {
+            image: feature(&wire.image_feature, defaults.image),
+            label: feature(&wire.label_feature, defaults.label),
+            key: feature(&wire.key_feature, defaults.key),
+        },
+        max_field_bytes,
+        label_offset,
+    })
+}
