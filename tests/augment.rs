@@ -241,7 +241,7 @@ async fn flips_mirror_exactly_and_bad_ranges_name_their_field() {
         .await
         .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
-        assert!(status.message().contains(field), "{}", status.message());
+        assert_eq!(bad_field(&status), field, "{}", status.message());
     }
     let status = collect(
         &mut client,
@@ -253,5 +253,6 @@ async fn flips_mirror_exactly_and_bad_ranges_name_their_field() {
     .await
     .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert_eq!(bad_field(&status), "resize");
     harness.shutdown().await;
 }

@@ -168,11 +168,7 @@ async fn bad_requests_get_clear_statuses() {
     .await
     .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(
-        status.message().contains("batch_size"),
-        "{}",
-        status.message()
-    );
+    assert_eq!(bad_field(&status), "batch_size", "{}", status.message());
 
     let status = collect(
         &mut client,
@@ -184,6 +180,7 @@ async fn bad_requests_get_clear_statuses() {
     .await
     .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(bad_field(&status), "batch_size");
     assert!(
         status.message().contains("fewer than one global batch"),
         "{}",
@@ -195,6 +192,8 @@ async fn bad_requests_get_clear_statuses() {
             pb::StreamBatchesRequest {
                 rank: 2,
                 world_size: 2,
+                // Small enough for two ranks: the rank is what is wrong.
+                batch_size: Some(1),
                 ..request(&uri)
             },
             "rank",
@@ -233,6 +232,12 @@ async fn bad_requests_get_clear_statuses() {
             "{what}: {}",
             status.message()
         );
+        let field = match what {
+            "output size" => "height",
+            "expected s3://" => "dataset",
+            field => field,
+        };
+        assert_eq!(bad_field(&status), field, "{what}");
     }
     harness.shutdown().await;
 }

@@ -332,6 +332,12 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
         let status = collect(&mut client, request).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(message), "{status:?}");
+        let field = message.split([' ', '.']).next().unwrap();
+        let field = match field {
+            "unknown" => "delivery",
+            field => field,
+        };
+        assert_eq!(bad_field(&status), field, "{message}");
     }
 
     // Reports count against the samples sent compressed: one epoch's.
@@ -351,6 +357,7 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
         .await
         .unwrap_err();
     assert_eq!(inflated.code(), tonic::Code::InvalidArgument);
+    assert_eq!(bad_field(&inflated), "decoded");
     assert!(
         inflated.message().contains("sent compressed"),
         "{inflated:?}"
@@ -384,6 +391,7 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("5000 failures"), "{status:?}");
+    assert_eq!(bad_field(&status), "failures");
 }
 
 /// How many samples of each batch the server decoded (substituted slots

@@ -161,6 +161,11 @@ async fn bad_layouts_are_invalid_arguments_saying_what_is_wrong() {
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains(expected), "{}", status.message());
+        let field = match expected {
+            "max_field_bytes" => "layout.max_field_bytes",
+            _ => "layout.fields",
+        };
+        assert_eq!(bad_field(&status), field, "{expected}");
     }
     harness.shutdown().await;
 }

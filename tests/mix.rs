@@ -328,6 +328,14 @@ async fn bad_weights_and_sources_are_invalid_arguments_naming_the_field() {
             "{field}: {}",
             status.message()
         );
+        let named = match field {
+            "every weight is 0" | "2 to 16" => "sources",
+            "PARTITION_PAD" => "partition",
+            "sources only" => "dataset",
+            "weight_changes[0]" => "weight_changes[0].weights",
+            field => field,
+        };
+        assert_eq!(bad_field(&status), named, "{field}");
     }
     harness.shutdown().await;
 }
@@ -383,6 +391,7 @@ async fn a_reconnect_keeps_where_the_weights_began_and_streams_the_same_tail() {
         .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(field), "{}", status.message());
+        assert_eq!(bad_field(&status), "weights_from_step");
     }
     harness.shutdown().await;
 }

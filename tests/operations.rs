@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
+use shardfeed::server::pb::shardfeed_client::ShardfeedClient;
 use shardfeed::server::{self, pb};
+use tonic::transport::Channel;
 use tonic_types::StatusExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,11 +23,8 @@ async fn shutdown_mid_stream_drains_cleanly() {
     assert_eq!(whole.len(), 8);
 
     // A stream whose first batch is still being fetched when shutdown starts.
-    harness
-        .s3
-        .state
-        .faults
-        .set_get_delay(Duration::from_millis(1500));
+    let gate = &harness.s3.state.faults.get_gate;
+    gate.close();
     let mut open = client
         .stream_batches(pb::StreamBatchesRequest {
             epoch: 1,
@@ -34,10 +33,10 @@ async fn shutdown_mid_stream_drains_cleanly() {
         .await
         .unwrap()
         .into_inner();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(gate.wait_held(1, Duration::from_secs(10)).await);
     let started = Instant::now();
     harness.begin_shutdown();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_not_serving(&harness.addr).await;
 
     // Draining: probes see NOT_SERVING, new streams are refused clearly.
     assert!(
@@ -52,6 +51,7 @@ async fn shutdown_mid_stream_drains_cleanly() {
         "{}",
         refused.message()
     );
+    harness.s3.state.faults.get_gate.open();
 
     // The open stream gets its batch in flight, then a status saying where to resume.
     let first = open
@@ -110,17 +110,18 @@ async fn grace_expiry_ends_open_streams_with_a_status() {
     .await;
     let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 8)).await;
     let mut client = harness.client().await;
-    harness
-        .s3
-        .state
-        .faults
-        .set_get_delay(Duration::from_secs(5));
+    // Opened (and held by the registry) before the gate closes: opening the
+    // stream reads nothing more.
+    open_dataset(&mut client, &uri).await;
+    // The stream's fetches never answer: it has no batch in flight to finish.
+    let gate = &harness.s3.state.faults.get_gate;
+    gate.close();
     let mut open = client
         .stream_batches(request(&uri))
         .await
         .unwrap()
         .into_inner();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(gate.wait_held(1, Duration::from_secs(10)).await);
     harness.begin_shutdown();
     let ended = open.message().await.unwrap_err();
     assert_eq!(ended.code(), tonic::Code::Unavailable);
@@ -134,6 +135,7 @@ async fn grace_expiry_ends_open_streams_with_a_status() {
         .expect("ErrorInfo in the details");
     assert_eq!(info.metadata["start_batch"], "0");
     assert_eq!(info.metadata["position"], "", "nothing done yet");
+    harness.s3.state.faults.get_gate.open();
     harness.server.stop().await.unwrap();
 }
 
@@ -146,11 +148,9 @@ async fn streams_over_the_limit_are_refused() {
     .await;
     let uri = upload(&harness.s3, "data", "", &simple_dataset(2, 8)).await;
     let mut client = harness.client().await;
-    harness
-        .s3
-        .state
-        .faults
-        .set_get_delay(Duration::from_millis(800));
+    open_dataset(&mut client, &uri).await;
+    // The first stream's fetches wait: it holds its slot while the second asks.
+    harness.s3.state.faults.get_gate.close();
     let _held = client
         .stream_batches(request(&uri))
         .await
@@ -164,7 +164,7 @@ async fn streams_over_the_limit_are_refused() {
         refused.message()
     );
     drop(_held);
-    harness.s3.state.faults.set_get_delay(Duration::ZERO);
+    harness.s3.state.faults.get_gate.open();
     // The permit is released when the client goes away.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -370,4 +370,18 @@ async fn until_startup_completes_health_is_not_serving_and_requests_are_unavaila
         error.to_string().contains("cache directory is locked"),
         "{error}"
     );
+}
+
+/// Opens `uri` on the server (a Describe), so that later streams of it
+/// read no index.
+async fn open_dataset(client: &mut ShardfeedClient<Channel>, uri: &str) {
+    client
+        .describe(pb::DescribeRequest {
+            dataset: uri.to_string(),
+            world_size: 1,
+            batch_size: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 }

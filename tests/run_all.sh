@@ -30,6 +30,9 @@ python3 tests/tools/module_graph.py
 step "rust: unit, property and integration tests"
 cargo test --locked
 
+step "rust: a real minute of S3 outage through the whole stack (ignored by default)"
+cargo test --locked --test store_retries -- --ignored
+
 step "rust: the libjpeg-turbo decode path (feature turbojpeg)"
 if command -v cmake >/dev/null && command -v nasm >/dev/null; then
   cargo test --locked --features turbojpeg --lib decode

@@ -330,7 +330,12 @@ async fn missing_credentials_are_not_retried_and_say_so() {
     );
 }
 
+/// A real minute of S3 outage through the whole stack. The budget's own
+/// arithmetic is tested on a paused clock (`store::retry`'s unit tests);
+/// this one takes a minute of wall time, so it runs on request:
+/// `cargo test --test store_retries -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a minute of wall time; the retry budget is unit-tested on a paused clock"]
 async fn a_stream_rides_out_a_minute_long_outage_with_identical_batches() {
     let retry = RetryPolicy {
         max_attempts: 1_000,
@@ -376,20 +381,24 @@ async fn a_stream_rides_out_a_minute_long_outage_with_identical_batches() {
 }
 
 /// A 70 MB object (over the multipart threshold: five 16 MiB parts) put
-/// from a task of its own while parts take 200 ms each; returns once the
-/// upload is open at the server.
-async fn slow_multipart_put(
+/// from a task of its own; returns once its first part waits at the
+/// server's closed part gate (so the caller holds the upload's id). Open
+/// the gate to let the parts through.
+async fn held_multipart_put(
     s3: &RunningS3,
     store: Arc<RetryingStore>,
 ) -> tokio::task::JoinHandle<Result<(), StoreError>> {
-    s3.state.faults.set_part_delay(Duration::from_millis(200));
+    s3.state.faults.part_gate.close();
     let data = Bytes::from(vec![7u8; 70 << 20]);
     let put = tokio::spawn(async move { store.put("data/big", data).await });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while s3.state.open_uploads() == 0 {
-        assert!(std::time::Instant::now() < deadline, "no upload started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    assert!(
+        s3.state
+            .faults
+            .part_gate
+            .wait_held(1, Duration::from_secs(10))
+            .await,
+        "no part reached the server"
+    );
     put
 }
 
@@ -397,11 +406,12 @@ async fn slow_multipart_put(
 async fn a_multipart_upload_that_fails_midway_is_aborted() {
     let (s3, store) = setup().await;
     let store = Arc::new(store);
-    let put = slow_multipart_put(&s3, store.clone()).await;
+    let put = held_multipart_put(&s3, store.clone()).await;
     // The link is refused from here on: the parts still to go fail for good.
     s3.state
         .faults
         .fail_next(Operation::Put, 16, Injected::AccessDenied);
+    s3.state.faults.part_gate.open();
     let error = put.await.unwrap().unwrap_err();
     assert!(
         matches!(error, StoreError::PermissionDenied { .. }),
@@ -414,8 +424,10 @@ async fn a_multipart_upload_that_fails_midway_is_aborted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multipart_upload_whose_caller_gives_up_is_aborted() {
     let (s3, store) = setup().await;
-    let put = slow_multipart_put(&s3, Arc::new(store)).await;
+    let put = held_multipart_put(&s3, Arc::new(store)).await;
     put.abort(); // a timeout or a cancelled pack drops the future
+    s3.state.faults.part_gate.open();
+    // The abort runs on a task of its own, after the caller has gone.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while s3.state.open_uploads() > 0 {
         assert!(

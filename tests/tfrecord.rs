@@ -208,9 +208,6 @@ async fn imagenet_records_are_named_by_their_filename_and_labels_can_start_at_ze
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(
-        status.message().contains("layout.label_offset"),
-        "{status:?}"
-    );
+    assert_eq!(bad_field(&status), "layout.label_offset", "{status:?}");
     harness.shutdown().await;
 }

@@ -203,7 +203,7 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
     .await
     .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().contains("decoded_source.shorter_side"));
+    assert_eq!(bad_field(&status), "decoded_source.shorter_side");
     harness.shutdown().await;
 }
 

@@ -63,6 +63,11 @@ pub struct Faults {
     pub list_delay: Mutex<Duration>,
     /// Delay before every multipart part's response (a slow uplink).
     pub part_delay: Mutex<Duration>,
+    /// While closed, every GET waits here before it answers: a test holds
+    /// fetches in flight for exactly as long as it needs, with no sleep.
+    pub get_gate: Gate,
+    /// The same for every multipart part.
+    pub part_gate: Gate,
     /// The next N GETs fail with 503 SlowDown.
     pub slow_down: AtomicU64,
     /// The next N GET bodies stop after this many bytes.
@@ -85,6 +90,80 @@ pub struct Faults {
     /// InternalError and 503 SlowDown, at pseudo-random (a fixed sequence).
     pub fail_percent: AtomicU64,
     requests_seen: AtomicU64,
+}
+
+/// A gate requests wait at while it is closed (open at first).
+#[derive(Debug)]
+pub struct Gate {
+    open: tokio::sync::watch::Sender<bool>,
+    held: std::sync::atomic::AtomicUsize,
+    arrived: tokio::sync::Notify,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            open: tokio::sync::watch::Sender::new(true),
+            held: Default::default(),
+            arrived: Default::default(),
+        }
+    }
+}
+
+impl Gate {
+    /// Requests arriving from now on wait until [`Gate::open`].
+    pub fn close(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Lets every waiting request, and those to come, through.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Requests waiting at the gate now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at least `count` requests wait at the gate; false if
+    /// `within` passed first.
+    pub async fn wait_held(&self, count: usize, within: Duration) -> bool {
+        tokio::time::timeout(within, async {
+            loop {
+                // Registered before the check: an arrival in between wakes it.
+                let arrived = self.arrived.notified();
+                if self.held() >= count {
+                    return;
+                }
+                arrived.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Passes the gate, waiting while it is closed.
+    async fn pass(&self) {
+        let mut open = self.open.subscribe();
+        if *open.borrow_and_update() {
+            return;
+        }
+        self.held.fetch_add(1, Ordering::SeqCst);
+        // Counted out also when the request is dropped while it waits.
+        let _held = CountedOut(&self.held);
+        self.arrived.notify_waiters();
+        // The sender lives as long as the server: `wait_for` ends when opened.
+        let _ = open.wait_for(|open| *open).await;
+    }
+}
+
+struct CountedOut<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for CountedOut<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Faults {
@@ -336,6 +415,7 @@ impl S3 for Backend {
     ) -> S3Result<S3Response<dto::UploadPartOutput>> {
         self.0.counts.put.fetch_add(1, Ordering::Relaxed);
         self.0.faults.scripted(Operation::Put)?;
+        self.0.faults.part_gate.pass().await;
         pause(&self.0.faults.part_delay).await;
         let input = req.input;
         let data = read_body(input.body).await?;
@@ -424,6 +504,7 @@ impl S3 for Backend {
     ) -> S3Result<S3Response<dto::GetObjectOutput>> {
         let server = &self.0;
         server.counts.get.fetch_add(1, Ordering::Relaxed);
+        server.faults.get_gate.pass().await;
         let delay = *server
             .faults
             .get_delay

@@ -13,39 +13,48 @@ pub(super) fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLay
     let Some(wire) = wire else {
         return Ok(SampleLayout::default());
     };
-    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    let invalid = |field: &str, message: String| Err(ServiceError::invalid(field, message));
     if wire.fields.len() > MAX_FIELDS {
-        return invalid(format!(
-            "layout.fields names {} fields; at most {MAX_FIELDS}",
-            wire.fields.len()
-        ));
+        return invalid(
+            "layout.fields",
+            format!(
+                "layout.fields names {} fields; at most {MAX_FIELDS}",
+                wire.fields.len()
+            ),
+        );
     }
     let mut fields = Vec::with_capacity(wire.fields.len());
     for name in &wire.fields {
         if name.is_empty() || name.len() > 128 {
-            return invalid(format!(
-                "layout.fields: {name:?} is not a field name (1 to 128 bytes)"
-            ));
+            return invalid(
+                "layout.fields",
+                format!("layout.fields: {name:?} is not a field name (1 to 128 bytes)"),
+            );
         }
         if fields.contains(name) {
-            return invalid(format!("layout.fields names {name:?} twice"));
+            return invalid(
+                "layout.fields",
+                format!("layout.fields names {name:?} twice"),
+            );
         }
         fields.push(name.clone());
     }
     let max_field_bytes = match u64::from(wire.max_field_bytes) {
         0 => DEFAULT_MAX_FIELD_BYTES,
         bytes if bytes > MAX_FIELD_BYTES => {
-            return invalid(format!(
-                "layout.max_field_bytes {bytes} exceeds the maximum of {MAX_FIELD_BYTES}"
-            ))
+            return invalid(
+                "layout.max_field_bytes",
+                format!("layout.max_field_bytes {bytes} exceeds the maximum of {MAX_FIELD_BYTES}"),
+            )
         }
         bytes => bytes,
     };
     let label_offset = wire.label_offset;
     if label_offset.unsigned_abs() > 1 << 31 {
-        return invalid(format!(
-            "layout.label_offset {label_offset} is outside +-2^31"
-        ));
+        return invalid(
+            "layout.label_offset",
+            format!("layout.label_offset {label_offset} is outside +-2^31"),
+        );
     }
     let defaults = FeatureNames::default();
     let feature = |name: &str, default: String| {

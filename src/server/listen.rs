@@ -180,6 +180,8 @@ pub async fn serve(
     };
     let _fd_server = fd_server;
     let lifecycle = service.lifecycle();
+    // However `serve` ends, the engine is let go of with it.
+    let _release_engine = ReleaseEngine(lifecycle.clone());
     // Our receive windows (client requests are small; these matter when the
     // server is reached through a proxy that also streams to us).
     let window = DEFAULT_STREAM_WINDOW_BYTES;
@@ -265,6 +267,14 @@ pub async fn serve(
     match tokio::time::timeout(Duration::from_secs(2), &mut server).await {
         Ok(result) => result.map_err(ServeError::from),
         Err(_) => Ok(()),
+    }
+}
+
+struct ReleaseEngine(super::service::Lifecycle);
+
+impl Drop for ReleaseEngine {
+    fn drop(&mut self) {
+        self.0.engine.release();
     }
 }
 

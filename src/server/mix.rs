@@ -12,26 +12,35 @@ use crate::shard::SampleLayout;
 
 /// The checks of a mixed request's shape, made before any other field's.
 pub(super) fn check_counts(request: &pb::StreamBatchesRequest) -> Result<(), ServiceError> {
-    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    let invalid = |field: &str, message: String| Err(ServiceError::invalid(field, message));
     if !request.dataset.is_empty() {
-        return invalid(format!(
-            "dataset {:?} and sources are both set: a mixed stream names its datasets in \
+        return invalid(
+            "dataset",
+            format!(
+                "dataset {:?} and sources are both set: a mixed stream names its datasets in \
              sources only",
-            request.dataset
-        ));
+                request.dataset
+            ),
+        );
     }
     if request.sources.len() < 2 || request.sources.len() > MAX_SOURCES {
-        return invalid(format!(
-            "sources: {} given; a mixed stream has 2 to {MAX_SOURCES} (one dataset goes in \
+        return invalid(
+            "sources",
+            format!(
+                "sources: {} given; a mixed stream has 2 to {MAX_SOURCES} (one dataset goes in \
              `dataset`)",
-            request.sources.len()
-        ));
+                request.sources.len()
+            ),
+        );
     }
     if request.weight_changes.len() > MAX_WEIGHT_CHANGES {
-        return invalid(format!(
-            "weight_changes: {} given; at most {MAX_WEIGHT_CHANGES}",
-            request.weight_changes.len()
-        ));
+        return invalid(
+            "weight_changes",
+            format!(
+                "weight_changes: {} given; at most {MAX_WEIGHT_CHANGES}",
+                request.weight_changes.len()
+            ),
+        );
     }
     Ok(())
 }
@@ -43,9 +52,10 @@ pub(super) fn mix_sources(
     plan: &PlanRequest,
     layout: SampleLayout,
 ) -> Result<MixSources, ServiceError> {
-    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    let invalid = |field: &str, message: String| Err(ServiceError::invalid(field, message));
     if plan.partition != Partition::DropLast {
         return invalid(
+            "partition",
             "partition: a mixed stream's epochs count global batches of all its sources; \
              PARTITION_PAD is for one dataset"
                 .into(),
@@ -54,19 +64,25 @@ pub(super) fn mix_sources(
     let mut sources = Vec::with_capacity(request.sources.len());
     for (index, source) in request.sources.iter().enumerate() {
         if source.dataset.is_empty() {
-            return invalid(format!("sources[{index}].dataset is empty"));
+            return invalid(
+                &format!("sources[{index}].dataset"),
+                format!("sources[{index}].dataset is empty"),
+            );
         }
         let layout = match &source.layout {
             None => layout.clone(),
             Some(own) if !own.fields.is_empty() => {
-                return invalid(format!(
-                    "sources[{index}].layout.fields is set: a stream's fields are the same \
+                return invalid(
+                    &format!("sources[{index}].layout.fields"),
+                    format!(
+                        "sources[{index}].layout.fields is set: a stream's fields are the same \
                      for every source (set them in `layout`)"
-                ))
+                    ),
+                )
             }
             Some(own) => {
-                let mut own = sample_layout(Some(own))
-                    .map_err(|e| ServiceError::InvalidArgument(format!("sources[{index}].{e}")))?;
+                let mut own =
+                    sample_layout(Some(own)).map_err(|e| e.within(&format!("sources[{index}]")))?;
                 own.fields = layout.fields.clone();
                 own
             }
@@ -79,11 +95,14 @@ pub(super) fn mix_sources(
     }
     for (index, change) in request.weight_changes.iter().enumerate() {
         if change.weights.len() != sources.len() {
-            return invalid(format!(
-                "weight_changes[{index}] has {} weights for {} sources",
-                change.weights.len(),
-                sources.len()
-            ));
+            return invalid(
+                &format!("weight_changes[{index}].weights"),
+                format!(
+                    "weight_changes[{index}] has {} weights for {} sources",
+                    change.weights.len(),
+                    sources.len()
+                ),
+            );
         }
     }
     let before_epoch = request

@@ -28,10 +28,18 @@ pub fn stream_request(
     let height = nonzero_or(request.height, decode::DEFAULT_SIZE);
     let width = nonzero_or(request.width, decode::DEFAULT_SIZE);
     if height > decode::MAX_SIZE || width > decode::MAX_SIZE {
-        return Err(ServiceError::InvalidArgument(format!(
-            "output size {height}x{width} exceeds the maximum side of {}",
-            decode::MAX_SIZE
-        )));
+        let field = if height > decode::MAX_SIZE {
+            "height"
+        } else {
+            "width"
+        };
+        return Err(ServiceError::invalid(
+            field,
+            format!(
+                "output size {height}x{width} exceeds the maximum side of {}",
+                decode::MAX_SIZE
+            ),
+        ));
     }
     let output = OutputSpec {
         height,
@@ -44,11 +52,14 @@ pub fn stream_request(
     };
     output
         .validate()
-        .map_err(|e| ServiceError::InvalidArgument(e.to_string()))?;
+        .map_err(|e| ServiceError::invalid(e.field, e.to_string()))?;
     if output.bytes() as u64 * u64::from(batch_size) > MAX_BATCH_BYTES {
-        return Err(ServiceError::InvalidArgument(format!(
+        return Err(ServiceError::invalid(
+            "batch_size",
+            format!(
             "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
-        )));
+        ),
+        ));
     }
     let shuffle = ShuffleConfig {
         enabled: request.shuffle.unwrap_or(true),
@@ -111,12 +122,18 @@ pub fn stream_request(
 
 /// The request's delivery, checked.
 fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError> {
-    let invalid = |message: String| Err(ServiceError::InvalidArgument(message));
+    let invalid = |field: &str, message: String| Err(ServiceError::invalid(field, message));
     let server_fraction = request.server_decode_fraction;
     match pb::Delivery::try_from(request.delivery) {
         Ok(pb::Delivery::Decoded) => {
             if server_fraction.is_some() || request.tune_server_decode {
+                let field = if server_fraction.is_some() {
+                    "server_decode_fraction"
+                } else {
+                    "tune_server_decode"
+                };
                 return invalid(
+                    field,
                     "server_decode_fraction and tune_server_decode are for delivery = \
                      DELIVERY_ENCODED; leave them unset"
                         .into(),
@@ -127,12 +144,14 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
         Ok(pb::Delivery::Encoded) => {
             let server_fraction = server_fraction.unwrap_or(0.0);
             if !(0.0..=1.0).contains(&server_fraction) {
-                return invalid(format!(
-                    "server_decode_fraction {server_fraction} is outside 0..=1"
-                ));
+                return invalid(
+                    "server_decode_fraction",
+                    format!("server_decode_fraction {server_fraction} is outside 0..=1"),
+                );
             }
             if request.decoded_source.is_some() {
                 return invalid(
+                    "decoded_source",
                     "decoded_source and delivery = DELIVERY_ENCODED conflict: the client decodes \
                      from the original images; set one of them"
                         .into(),
@@ -143,7 +162,7 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
                 tuned: request.tune_server_decode,
             })
         }
-        Err(_) => invalid(format!("unknown delivery {}", request.delivery)),
+        Err(_) => invalid("delivery", format!("unknown delivery {}", request.delivery)),
     }
 }
 
@@ -156,10 +175,13 @@ fn decoded_source(
         return Ok(None);
     };
     if !(MIN_SHORTER_SIDE..=MAX_SHORTER_SIDE).contains(&wire.shorter_side) {
-        return Err(ServiceError::InvalidArgument(format!(
-            "decoded_source.shorter_side {} is outside {MIN_SHORTER_SIDE}..={MAX_SHORTER_SIDE}",
-            wire.shorter_side
-        )));
+        return Err(ServiceError::invalid(
+            "decoded_source.shorter_side",
+            format!(
+                "decoded_source.shorter_side {} is outside {MIN_SHORTER_SIDE}..={MAX_SHORTER_SIDE}",
+                wire.shorter_side
+            ),
+        ));
     }
     Ok(Some(decode::source::SourceForm {
         shorter_side: wire.shorter_side,
@@ -171,14 +193,15 @@ fn decoded_source(
 fn crop(request: &pb::StreamBatchesRequest) -> Result<Crop, ServiceError> {
     use pb::augmentation::Crop as Wire;
     let legacy = pb::ResizeMode::try_from(request.resize).map_err(|_| {
-        ServiceError::InvalidArgument(format!("unknown resize mode {}", request.resize))
+        ServiceError::invalid("resize", format!("unknown resize mode {}", request.resize))
     })?;
     let wire = request.augmentation.as_ref().and_then(|a| a.crop.as_ref());
     match (wire, legacy) {
         (None, pb::ResizeMode::CenterCrop) => Ok(Crop::Center { resize: None }),
         (None, pb::ResizeMode::Stretch) => Ok(Crop::Stretch),
-        (Some(_), pb::ResizeMode::Stretch) => Err(ServiceError::InvalidArgument(
-            "resize = STRETCH conflicts with augmentation.crop: set one of them".into(),
+        (Some(_), pb::ResizeMode::Stretch) => Err(ServiceError::invalid(
+            "resize",
+            "resize = STRETCH conflicts with augmentation.crop: set one of them",
         )),
         (Some(Wire::CenterCrop(center)), _) => Ok(Crop::Center {
             resize: (center.resize != 0).then_some(center.resize),
@@ -211,8 +234,9 @@ pub(super) fn partition(value: i32) -> Result<Partition, ServiceError> {
     match pb::Partition::try_from(value) {
         Ok(pb::Partition::DropLast) => Ok(Partition::DropLast),
         Ok(pb::Partition::Pad) => Ok(Partition::Pad),
-        Err(_) => Err(ServiceError::InvalidArgument(format!(
-            "unknown partition {value}"
-        ))),
+        Err(_) => Err(ServiceError::invalid(
+            "partition",
+            format!("unknown partition {value}"),
+        )),
     }
 }

@@ -99,7 +99,7 @@ fn resolved(uri: &str) -> std::borrow::Cow<'_, str> {
 
 #[derive(Debug)]
 pub struct ShardfeedService {
-    engine: Arc<Engine>,
+    engine: EngineSlot,
     config: ServiceConfig,
     streams: Arc<Semaphore>,
     lifecycle: Lifecycle,
@@ -117,6 +117,31 @@ pub struct Lifecycle {
     pub(super) drain: CancellationToken,
     pub(super) abort: CancellationToken,
     pub(super) open: TaskTracker,
+    /// Released when `serve` ends (see [`EngineSlot`]).
+    pub(super) engine: EngineSlot,
+}
+
+/// The service's engine, let go of when `serve` ends: a connection a
+/// client keeps open holds the service, but not the registry, caches and
+/// decode pool behind it. Requests after that are refused as draining.
+#[derive(Debug, Clone)]
+pub struct EngineSlot(Arc<std::sync::Mutex<Option<Arc<Engine>>>>);
+
+impl EngineSlot {
+    fn get(&self) -> Result<Arc<Engine>, ServiceError> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or(ServiceError::Draining)
+    }
+
+    pub(super) fn release(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+    }
 }
 
 impl Lifecycle {
@@ -127,14 +152,16 @@ impl Lifecycle {
 
 impl ShardfeedService {
     pub fn new(engine: Engine, config: ServiceConfig) -> Self {
+        let engine = EngineSlot(Arc::new(std::sync::Mutex::new(Some(Arc::new(engine)))));
         Self {
-            engine: Arc::new(engine),
+            engine: engine.clone(),
             streams: Arc::new(Semaphore::new(config.max_streams)),
             lifecycle: Lifecycle {
                 started: CancellationToken::new(),
                 drain: CancellationToken::new(),
                 abort: CancellationToken::new(),
                 open: TaskTracker::new(),
+                engine,
             },
             config,
             rings: None,
@@ -151,8 +178,8 @@ impl ShardfeedService {
     /// Resolves once the service's engine is dropped (see [`LocalServer::stop`]).
     ///
     /// [`LocalServer::stop`]: super::LocalServer::stop
-    pub fn engine_dropped(&self) -> EngineDropped {
-        self.engine.dropped()
+    pub fn engine_dropped(&self) -> Result<EngineDropped, ServiceError> {
+        Ok(self.engine.get()?.dropped())
     }
 
     pub fn lifecycle(&self) -> Lifecycle {
@@ -199,7 +226,8 @@ impl ShardfeedService {
     ) -> Result<BatchStream, ServiceError> {
         self.check_serving()?;
         let wants_shared = request.transport == pb::Transport::SharedMemory as i32;
-        let mut request = stream_request(&request, self.engine.config().default_shuffle)?;
+        let engine = self.engine.get()?;
+        let mut request = stream_request(&request, engine.config().default_shuffle)?;
         for (dataset, _) in request.each_source() {
             self.check_allowed(dataset)?;
         }
@@ -208,7 +236,7 @@ impl ShardfeedService {
             .then(|| self.rings.as_ref().map(|rings| rings.fd_socket.clone()))
             .flatten();
         let permit = self.admit()?;
-        let stream = self.engine.open_stream(request).await?;
+        let stream = engine.open_stream(request).await?;
         let ring = match (&stream.ring, &self.rings) {
             (Some(ring), Some(rings)) => {
                 rings.register(ring);
@@ -600,8 +628,8 @@ impl Shardfeed for ShardfeedService {
             let partition = partition(request.partition)?;
             self.check_serving()?;
             self.check_allowed(&request.dataset)?;
-            let summary = self
-                .engine
+            let engine = self.engine.get()?;
+            let summary = engine
                 .describe(&request.dataset, world_size, batch_size, partition)
                 .await?;
             Ok::<_, ServiceError>(pb::DescribeResponse {
@@ -611,7 +639,7 @@ impl Shardfeed for ShardfeedService {
                 dropped_per_epoch: summary.counts.dropped,
                 padded_per_epoch: summary.counts.padded,
                 total_bytes: summary.total_bytes,
-                decoder: self.engine.decoder_name().to_string(),
+                decoder: engine.decoder_name().to_string(),
             })
         }
         .await;
@@ -633,19 +661,25 @@ impl Shardfeed for ShardfeedService {
     ) -> Result<Response<pb::ClientDecodeReportResponse>, Status> {
         let report = request.into_inner();
         if report.failures.len() > MAX_REPORTED_FAILURES {
-            let error = ServiceError::InvalidArgument(format!(
+            let error = ServiceError::invalid(
+                "failures",
+                format!(
                 "a report names {} failures; at most {MAX_REPORTED_FAILURES} (report more often)",
                 report.failures.len()
-            ));
+            ),
+            );
             metrics::request("ReportClientDecodes", error.code());
             return Err(error.into());
         }
         let reported = report.decoded.saturating_add(report.failures.len() as u64);
         if let Err(left) = metrics::take_client_reports(reported) {
-            let error = ServiceError::InvalidArgument(format!(
-                "decoded + failures: the report counts {reported} samples; {left} samples \
+            let error = ServiceError::invalid(
+                "decoded",
+                format!(
+                    "decoded + failures: the report counts {reported} samples; {left} samples \
                  were sent compressed and not yet reported"
-            ));
+                ),
+            );
             metrics::request("ReportClientDecodes", error.code());
             return Err(error.into());
         }

@@ -24,8 +24,10 @@ use crate::store::StoreError;
 /// Everything that can fail a request at the edge.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    #[error("{0}")]
-    InvalidArgument(String),
+    /// A request field's value the server refuses: `field` names it as a
+    /// path (`layout.fields`, `sources[1].weight`), the message says why.
+    #[error("{message}")]
+    InvalidArgument { field: String, message: String },
     #[error("{0}")]
     Engine(#[from] EngineError),
     #[error("{0}")]
@@ -41,6 +43,25 @@ pub enum ServiceError {
 }
 
 impl ServiceError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The same error, of a field inside `parent` (`sources[1]`): its
+    /// field path and message both say so.
+    pub fn within(self, parent: &str) -> Self {
+        match self {
+            Self::InvalidArgument { field, message } => Self::InvalidArgument {
+                field: format!("{parent}.{field}"),
+                message: format!("{parent}.{message}"),
+            },
+            other => other,
+        }
+    }
+
     pub fn code(&self) -> Code {
         status_code(self)
     }
@@ -51,7 +72,18 @@ impl From<ServiceError> for Status {
         let (reason, retry_after) = match error {
             ServiceError::Draining => (REASON_DRAINING, RETRY_AFTER_RESTART),
             ServiceError::Starting => (REASON_STARTING, RETRY_AFTER_RESTART),
-            _ => return Status::new(error.code(), error.to_string()),
+            _ => {
+                let code = error.code();
+                // gRPC's BadRequest names the field, for programs to read.
+                return match invalid_field(&error).filter(|_| code == Code::InvalidArgument) {
+                    Some(field) => Status::with_error_details(
+                        code,
+                        error.to_string(),
+                        ErrorDetails::with_bad_request_violation(field, error.to_string()),
+                    ),
+                    None => Status::new(code, error.to_string()),
+                };
+            }
         };
         let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::new());
         details.set_retry_info(Some(retry_after));
@@ -148,6 +180,66 @@ pub fn status_code(error: &(dyn Error + 'static)) -> Code {
         .unwrap_or(Code::Internal)
 }
 
+/// The request field an error refuses (gRPC `BadRequest`'s field), as a
+/// path: that of the deepest error in its source chain that names one.
+pub fn invalid_field(error: &(dyn Error + 'static)) -> Option<String> {
+    let mut chain = Vec::new();
+    let mut next = Some(error);
+    while let Some(current) = next {
+        chain.push(current);
+        next = current.source();
+    }
+    chain.into_iter().rev().find_map(own_field)
+}
+
+/// The field an error names by itself.
+fn own_field(error: &(dyn Error + 'static)) -> Option<String> {
+    use crate::plan::mix::MixError;
+    if let Some(ServiceError::InvalidArgument { field, .. }) = error.downcast_ref() {
+        return Some(field.clone());
+    }
+    if let Some(error) = error.downcast_ref::<PlanError>() {
+        return Some(plan_field(error).into());
+    }
+    if let Some(error) = error.downcast_ref::<MixError>() {
+        return Some(match error {
+            MixError::SourceCount(_) | MixError::AllZero => "sources".into(),
+            MixError::BadWeight { index, .. } => format!("sources[{index}].weight"),
+            MixError::BadChange { index, .. } => format!("weight_changes[{index}]"),
+            MixError::BadWeightsFrom(_) => "weights_from_step".into(),
+            MixError::SourceTooSmall { index, .. } => format!("sources[{index}].dataset"),
+            MixError::TooFarToPlan { .. } | MixError::StartPastEnd { .. } => "start_batch".into(),
+            MixError::Plan(error) => plan_field(error).into(),
+            MixError::Abandoned => return None,
+        });
+    }
+    if let Some(BudgetError::NeverFits { field, .. }) = error.downcast_ref() {
+        return Some((*field).into());
+    }
+    if let Some(error) = error.downcast_ref::<crate::decode::augment::AugmentError>() {
+        return Some(error.field.into());
+    }
+    if let Some(DatasetError::InvalidUri { .. }) = error.downcast_ref() {
+        return Some("dataset".into());
+    }
+    None
+}
+
+fn plan_field(error: &PlanError) -> &'static str {
+    match error {
+        PlanError::ZeroBatchSize | PlanError::TooFewSamples { .. } => "batch_size",
+        PlanError::ZeroWorldSize | PlanError::WorldTooLarge(_) => "world_size",
+        PlanError::RankOutOfRange { .. } => "rank",
+        PlanError::EmptyDataset => "dataset",
+        PlanError::ShuffleBufferTooLarge(_) => "shuffle_buffer",
+        PlanError::InterleaveTooLarge(_) => "interleave",
+        PlanError::ResumeWorldSize { .. }
+        | PlanError::TooManyResumePhases(_)
+        | PlanError::ResumePastEnd { .. } => "resume_from",
+        PlanError::StartPastEnd { .. } => "start_batch",
+    }
+}
+
 /// The code an error implies by itself; `None` for wrappers that only
 /// carry an inner error.
 fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
@@ -165,6 +257,13 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
     }
     if error.is::<PlanError>() {
         return Some(Code::InvalidArgument);
+    }
+    // A mix's own refusals, and (transparently wrapped) its plan's.
+    if let Some(error) = error.downcast_ref::<crate::plan::mix::MixError>() {
+        return Some(match error {
+            crate::plan::mix::MixError::Abandoned => Code::Cancelled,
+            _ => Code::InvalidArgument,
+        });
     }
     if let Some(error) = error.downcast_ref::<ShardError>() {
         return Some(match error {
@@ -215,15 +314,12 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             EngineError::Unsupported(_) | EngineError::StalePosition { .. } => {
                 Some(Code::FailedPrecondition)
             }
-            EngineError::Mix(crate::plan::mix::MixError::Plan(_)) => None,
-            EngineError::Mix(crate::plan::mix::MixError::Abandoned) => Some(Code::Cancelled),
-            EngineError::Mix(_) => Some(Code::InvalidArgument),
             _ => None,
         };
     }
     if let Some(error) = error.downcast_ref::<ServiceError>() {
         return match error {
-            ServiceError::InvalidArgument(_) => Some(Code::InvalidArgument),
+            ServiceError::InvalidArgument { .. } => Some(Code::InvalidArgument),
             ServiceError::TooManyStreams(_) => Some(Code::ResourceExhausted),
             ServiceError::NotAllowed { .. } => Some(Code::PermissionDenied),
             ServiceError::Draining | ServiceError::Starting => Some(Code::Unavailable),
@@ -273,6 +369,45 @@ mod tests {
         assert_eq!(
             ServiceError::Pipeline(PipelineError::Internal("x".into())).code(),
             Code::Internal
+        );
+    }
+
+    /// The field a status's BadRequest names, if it has one.
+    fn named_field(error: ServiceError) -> Option<String> {
+        let status = Status::from(error);
+        let bad = status.get_details_bad_request()?;
+        Some(bad.field_violations.first()?.field.clone())
+    }
+
+    #[test]
+    fn invalid_arguments_name_their_field_through_every_wrapper() {
+        let layout = ServiceError::invalid("layout.fields", "layout.fields names \"a\" twice");
+        assert_eq!(
+            named_field(layout.within("sources[1]")).as_deref(),
+            Some("sources[1].layout.fields")
+        );
+        let plan = ServiceError::Engine(EngineError::Plan(PlanError::RankOutOfRange {
+            rank: 4,
+            world_size: 2,
+        }));
+        assert_eq!(named_field(plan).as_deref(), Some("rank"));
+        let mix = ServiceError::Engine(EngineError::Mix(crate::plan::mix::MixError::BadWeight {
+            index: 1,
+            weight: "-1".into(),
+        }));
+        assert_eq!(named_field(mix).as_deref(), Some("sources[1].weight"));
+        let through_mix = ServiceError::Engine(EngineError::Mix(crate::plan::mix::MixError::Plan(
+            PlanError::ShuffleBufferTooLarge(1 << 30),
+        )));
+        assert_eq!(through_mix.code(), Code::InvalidArgument);
+        assert_eq!(named_field(through_mix).as_deref(), Some("shuffle_buffer"));
+        assert_eq!(named_field(ServiceError::TooManyStreams(4)), None);
+        assert_eq!(
+            named_field(ServiceError::Engine(EngineError::Mix(
+                crate::plan::mix::MixError::Abandoned
+            ))),
+            None,
+            "not an invalid argument"
         );
     }
 }

@@ -12,7 +12,10 @@
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The retry budget runs on tokio's clock, so its tests can pause time.
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -476,5 +479,68 @@ impl ResumingBody {
                 .back_off(error, self.attempt, first_failure)
                 .await?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store whose retries back off from 50 ms to 5 s under `budget`.
+    fn retrying(budget: Duration) -> RetryingStore {
+        RetryingStore::new(
+            Arc::new(crate::store::local::LocalStore::new(std::env::temp_dir())),
+            RetryPolicy {
+                max_attempts: 10_000,
+                budget,
+                base_delay: Duration::from_millis(50),
+                max_delay: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(10),
+            },
+        )
+    }
+
+    /// Fails as S3 does in a regional outage (503) until `until`.
+    async fn outage_until(until: Instant) -> Result<(), StoreError> {
+        if Instant::now() < until {
+            return Err(StoreError::Throttled {
+                location: "s3://bucket/shard".into(),
+                message: "503 SlowDown".into(),
+            });
+        }
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_minute_long_outage_is_ridden_out_within_the_budget() {
+        let store = retrying(Duration::from_secs(120));
+        let started = Instant::now();
+        let outage = Duration::from_secs(60);
+        store
+            .retry("shard", || outage_until(started + outage))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(took >= outage, "{took:?}");
+        // At most one backoff (max 5 s) past the outage's end.
+        assert!(took <= outage + Duration::from_secs(5), "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_past_the_budget_gives_up_at_the_budget() {
+        let budget = Duration::from_secs(120);
+        let store = retrying(budget);
+        let started = Instant::now();
+        let error = store
+            .retry("shard", || outage_until(started + Duration::from_secs(600)))
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(error, StoreError::Exhausted { .. }), "{error}");
+        assert!(took <= budget, "never sleeps past the budget: {took:?}");
+        assert!(
+            took >= budget - Duration::from_secs(5),
+            "gives up only when the next backoff would pass it: {took:?}"
+        );
     }
 }

@@ -259,6 +259,42 @@ impl Harness {
     }
 }
 
+/// Waits (at most 10 s) until the server's health says NOT_SERVING: it
+/// watches the health service's stream rather than polling it.
+pub async fn wait_not_serving(addr: &ListenAddr) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let channel = shardfeed::server::connect(addr).await.unwrap();
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let not_serving = async {
+        while let Some(update) = watch.message().await.unwrap() {
+            if update.status == ServingStatus::NotServing as i32 {
+                return;
+            }
+        }
+        panic!("the health watch ended before NOT_SERVING");
+    };
+    tokio::time::timeout(Duration::from_secs(10), not_serving)
+        .await
+        .expect("NOT_SERVING within 10 s");
+}
+
+/// The request field an INVALID_ARGUMENT status names (its gRPC
+/// `BadRequest` detail), "" when it names none.
+pub fn bad_field(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    status
+        .get_details_bad_request()
+        .and_then(|bad| bad.field_violations.first().map(|v| v.field.clone()))
+        .unwrap_or_default()
+}
+
 pub fn request(dataset: &str) -> pb::StreamBatchesRequest {
     pb::StreamBatchesRequest {
         dataset: dataset.to_string(),

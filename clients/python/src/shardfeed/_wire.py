@@ -28,6 +28,9 @@ class ShardfeedError(Exception):
     ``SERVER_STARTING``, ``STREAM_FAILED``), ``metadata`` (a stream that ended
     early: ``start_batch``, ``epoch``, ``dataset``, ``position``) and
     ``retry_delay`` in seconds, the server's advice on when to retry.
+    An ``INVALID_ARGUMENT`` error names the request ``field`` it refuses (a
+    path such as ``layout.fields`` or ``sources[1].weight``; ``""`` when
+    none is named).
     """
 
     def __init__(
@@ -37,6 +40,7 @@ class ShardfeedError(Exception):
         reason: str = "",
         metadata: Mapping[str, str] | None = None,
         retry_delay: float | None = None,
+        field: str = "",
     ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
@@ -44,10 +48,13 @@ class ShardfeedError(Exception):
         self.reason = reason
         self.metadata = dict(metadata or {})
         self.retry_delay = retry_delay
+        self.field = field
 
     def with_message(self, message: str) -> ShardfeedError:
         """The same error (code and details) saying more."""
-        return ShardfeedError(self.code, message, self.reason, self.metadata, self.retry_delay)
+        return ShardfeedError(
+            self.code, message, self.reason, self.metadata, self.retry_delay, self.field
+        )
 
     def resume_position(self) -> EpochPosition | None:
         """Where the stream that ended with this error goes on (``resume_from``)."""
@@ -63,7 +70,7 @@ class ShardfeedError(Exception):
         # Picklable, so DataLoader workers can pass it to the main process.
         return (
             ShardfeedError,
-            (self.code, self.message, self.reason, self.metadata, self.retry_delay),
+            (self.code, self.message, self.reason, self.metadata, self.retry_delay, self.field),
         )
 
 
@@ -79,20 +86,34 @@ def _segments(text: str) -> tuple[tuple[int, int], ...]:
 _DETAILS_TRAILER = "grpc-status-details-bin"
 _ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 _RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
+_BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
+
+
+@dataclass
+class _Details:
+    reason: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    retry_delay: float | None = None
+    field_path: str = ""
 
 
 def _error(exc: grpc.RpcError) -> ShardfeedError:
     code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    reason, metadata, retry_delay = _status_details(exc)
+    message = exc.details() if hasattr(exc, "details") else str(exc)
+    details = _status_details(exc)
     return ShardfeedError(
-        code.name if code is not None else "UNKNOWN", details or "", reason, metadata, retry_delay
+        code.name if code is not None else "UNKNOWN",
+        message or "",
+        details.reason,
+        details.metadata,
+        details.retry_delay,
+        details.field_path,
     )
 
 
-def _status_details(exc: grpc.RpcError) -> tuple[str, dict[str, str], float | None]:
-    """The ErrorInfo and RetryInfo of a status's details trailer, if sent."""
-    reason, metadata, retry_delay = "", {}, None
+def _status_details(exc: grpc.RpcError) -> _Details:
+    """The ErrorInfo, RetryInfo and BadRequest of a status's details trailer, if sent."""
+    found = _Details()
     trailers = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for key, value in trailers or ():
         if key != _DETAILS_TRAILER or not isinstance(value, bytes):
@@ -102,13 +123,17 @@ def _status_details(exc: grpc.RpcError) -> tuple[str, dict[str, str], float | No
             for detail in status.details:
                 if detail.type_url == _ERROR_INFO_TYPE:
                     info = rpc.ErrorInfo.FromString(detail.value)
-                    reason, metadata = info.reason, dict(info.metadata)
+                    found.reason, found.metadata = info.reason, dict(info.metadata)
                 elif detail.type_url == _RETRY_INFO_TYPE:
                     delay = rpc.RetryInfo.FromString(detail.value).retry_delay
-                    retry_delay = delay.seconds + delay.nanos / 1e9
+                    found.retry_delay = delay.seconds + delay.nanos / 1e9
+                elif detail.type_url == _BAD_REQUEST_TYPE:
+                    violations = rpc.BadRequest.FromString(detail.value).field_violations
+                    if violations:
+                        found.field_path = violations[0].field
         except DecodeError:
             _log.warning("ignored undecodable status details from the server")
-    return reason, metadata, retry_delay
+    return found
 
 
 @dataclass(frozen=True)

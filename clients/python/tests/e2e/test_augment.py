@@ -133,6 +133,6 @@ def test_bad_ranges_are_invalid_argument(
     with pytest.raises(ShardfeedError) as error:
         next(iter(client.batches(uri, augment=Augment.train(scale=(0.9, 0.1)))))
     assert error.value.code == "INVALID_ARGUMENT"
-    assert "augmentation.random_resized_crop.scale" in str(error.value)
+    assert error.value.field == "augmentation.random_resized_crop.scale", error.value.message
     with pytest.raises(ValueError, match="augment must be"):
         client.batches(uri, augment="sometimes")

@@ -110,12 +110,17 @@ def test_errors_carry_the_grpc_code(server: Server, colors) -> None:  # type: ig
     with pytest.raises(ShardfeedError) as bad:
         list(client.batches(uri, batch_size=0))
     assert bad.value.code == "INVALID_ARGUMENT"
-    assert "batch_size" in bad.value.message
+    assert bad.value.field == "batch_size", bad.value.message
+    assert missing.value.field == "", "only a refused argument names a field"
     with pytest.raises(ShardfeedError) as describe_missing:
         client.describe("s3://no-such-bucket/x/")
     assert describe_missing.value.code == "NOT_FOUND"
     again = pickle.loads(pickle.dumps(bad.value))
-    assert (again.code, again.message) == (bad.value.code, bad.value.message)
+    assert (again.code, again.message, again.field) == (
+        bad.value.code,
+        bad.value.message,
+        bad.value.field,
+    )
 
 
 def test_rank_and_world_size_come_from_the_environment(

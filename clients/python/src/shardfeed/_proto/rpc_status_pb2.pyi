@@ -41,6 +41,19 @@ class ErrorInfo(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     def __init__(self, reason: _Optional[str] = ..., domain: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class BadRequest(_message.Message):
+    __slots__ = ("field_violations",)
+    class FieldViolation(_message.Message):
+        __slots__ = ("field", "description")
+        FIELD_FIELD_NUMBER: _ClassVar[int]
+        DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+        field: str
+        description: str
+        def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+    FIELD_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    field_violations: _containers.RepeatedCompositeFieldContainer[BadRequest.FieldViolation]
+    def __init__(self, field_violations: _Optional[_Iterable[_Union[BadRequest.FieldViolation, _Mapping]]] = ...) -> None: ...
+
 class RetryInfo(_message.Message):
     __slots__ = ("retry_delay",)
     RETRY_DELAY_FIELD_NUMBER: _ClassVar[int]
