@@ -1,6 +1,7 @@
 """shardfeed: decoded, batched images from S3 tar shards, streamed over gRPC."""
 
 from ._client import Augment, Client, Source, distributed_rank_and_world
+from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
 from ._server import Server, pack, serve
 from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
 
@@ -9,10 +10,15 @@ __all__ = [
     "Batch",
     "Client",
     "DatasetInfo",
+    "Delivery",
     "EpochPosition",
+    "MixHistory",
+    "SampleLayout",
     "Server",
     "ShardfeedError",
+    "Shuffle",
     "Source",
+    "StreamOptions",
     "distributed_rank_and_world",
     "pack",
     "serve",

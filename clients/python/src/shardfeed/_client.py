@@ -13,6 +13,7 @@ from typing import Any, Union
 import grpc
 
 from . import _shm
+from ._options import StreamOptions, stream_options
 from ._proto import shardfeed_pb2 as pb
 from ._proto import shardfeed_pb2_grpc as pb_grpc
 from ._wire import (
@@ -55,7 +56,6 @@ _grpc_started_in: int | None = None
 _FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
 _RESIZE = {"center_crop": pb.RESIZE_MODE_CENTER_CROP, "stretch": pb.RESIZE_MODE_STRETCH}
-_DELIVERIES = {"decoded": pb.DELIVERY_DECODED, "encoded": pb.DELIVERY_ENCODED}
 _TRANSPORTS = {
     "auto": pb.TRANSPORT_INLINE,
     "inline": pb.TRANSPORT_INLINE,
@@ -432,8 +432,6 @@ class Client:
         dataset: str | None = None,
         *,
         sources: Sequence[SourceSpec] | None = None,
-        weight_changes: Sequence[tuple[int, Sequence[float]]] = (),
-        weights_from: int | None = None,
         seed: int = 0,
         epoch: int = 0,
         rank: int | None = None,
@@ -441,33 +439,24 @@ class Client:
         batch_size: int = 128,
         image_size: ImageSize = 224,
         start_batch: int = 0,
-        shuffle: bool = True,
-        partition: str = "drop_last",
-        resize: str = "center_crop",
         resume_from: EpochPosition | None = None,
-        shuffle_buffer: int = 0,
-        interleave: int = 0,
         augment: AugmentSpec = None,
-        transport: str = "auto",
-        fields: Sequence[str] = (),
-        label_json_key: str | None = None,
-        image_feature: str | None = None,
-        label_feature: str | None = None,
-        key_feature: str | None = None,
-        label_offset: int = 0,
-        max_field_bytes: int = 0,
-        decoded_source: int | None = None,
-        delivery: str = "decoded",
-        server_decode_fraction: float | str | None = None,
-        server_decode_start: float | None = None,
-        host_pinning: _shm.HostPinning | None = None,
+        options: StreamOptions | None = None,
+        **keywords: Any,
     ) -> Iterator[Batch]:
         """Streams this rank's batches of one epoch, in order.
 
         ``augment``: ``"train"`` (RandomResizedCrop + flip), ``"eval"``
         (Resize(256) + CenterCrop(224), scaled to ``image_size``), an
-        :class:`Augment`, or None (``resize`` decides: the center crop that
-        covers the output, or a stretch).
+        :class:`Augment`, or None (``options.resize`` decides: the center
+        crop that covers the output, or a stretch).
+
+        ``options``: a :class:`StreamOptions` (shuffle, sample layout,
+        delivery, a mix's weight history, partition, resize, transport, the
+        decoded-source tier, host pinning); today's flat keywords
+        (``shuffle=False``, ``fields=["txt"]``, ``delivery="encoded"``,
+        ``server_decode_fraction="auto"``, ...) are applied on top of it. An
+        unknown keyword or a bad value raises here, before any request.
 
         ``transport``: ``"shared_memory"`` has the server decode into memory
         this process maps (over a ``unix:`` target; the server falls back to
@@ -524,8 +513,8 @@ class Client:
         runtime once, when it is mapped (``ShardfeedDataset(device="cuda")``
         passes CUDA's), so copies out of it run asynchronously.
         """
-        if transport not in _TRANSPORTS:
-            raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, not {transport!r}")
+        stream = stream_options(options, **keywords)
+        transport = stream.transport
         if transport == "auto":
             transport = "shared_memory" if _shm.socket_path(self._target) else "inline"
         if rank is None or world_size is None:
@@ -533,8 +522,6 @@ class Client:
             rank = default_rank if rank is None else rank
             world_size = default_world if world_size is None else world_size
         height, width = _image_size(image_size)
-        if resize not in _RESIZE:
-            raise ValueError(f"resize must be one of {sorted(_RESIZE)}, not {resize!r}")
         if (dataset is None) == (sources is None):
             raise ValueError("pass dataset or sources, one of them")
         request = pb.StreamBatchesRequest(
@@ -547,53 +534,31 @@ class Client:
             height=height,
             width=width,
             start_batch=start_batch,
-            shuffle=shuffle,
-            partition=_partition(partition),
-            resize=_RESIZE[resize],
-            shuffle_buffer=shuffle_buffer,
-            interleave=interleave,
+            shuffle=stream.shuffle.enabled,
+            partition=_PARTITIONS[stream.partition],
+            resize=_RESIZE[stream.resize],
+            shuffle_buffer=stream.shuffle.buffer,
+            interleave=stream.shuffle.interleave,
             transport=_TRANSPORTS[transport],
-            layout=pb.SampleLayout(
-                fields=list(fields),
-                label_json_key=label_json_key or "",
-                image_feature=image_feature or "",
-                label_feature=label_feature or "",
-                key_feature=key_feature or "",
-                label_offset=label_offset,
-                max_field_bytes=max_field_bytes,
-            ),
+            layout=stream.layout.to_message(),
         )
         augmentation = _augment(augment, image_size)
         if augmentation is not None:
             request.augmentation.CopyFrom(augmentation.to_message())
-        if decoded_source is not None:
-            request.decoded_source.shorter_side = decoded_source
-        if delivery not in _DELIVERIES:
-            raise ValueError(f"delivery must be one of {sorted(_DELIVERIES)}, not {delivery!r}")
-        request.delivery = _DELIVERIES[delivery]
-        if server_decode_start is not None and server_decode_fraction != "auto":
-            raise ValueError('server_decode_start is for server_decode_fraction="auto"')
-        if server_decode_fraction == "auto":
-            request.tune_server_decode = True
-            if server_decode_start is not None:
-                request.server_decode_fraction = server_decode_start
-        elif isinstance(server_decode_fraction, str):
-            raise ValueError(
-                f'server_decode_fraction is a number or "auto", not {server_decode_fraction!r}'
-            )
-        elif server_decode_fraction is not None:
-            request.server_decode_fraction = server_decode_fraction
+        if stream.decoded_source is not None:
+            request.decoded_source.shorter_side = stream.decoded_source
+        stream.delivery.apply(request)
         if sources is not None:
             request.sources.extend(_source_message(source) for source in sources)
             request.weight_changes.extend(
                 pb.WeightChange(from_step=step, weights=list(weights))
-                for step, weights in weight_changes
+                for step, weights in stream.mix.weight_changes
             )
-            if weights_from is not None:
-                request.weights_from_step = weights_from
+            if stream.mix.weights_from is not None:
+                request.weights_from_step = stream.mix.weights_from
         if resume_from is not None:
             resume_from.to_message(request.resume_from)
-        return self._stream(request, host_pinning)
+        return self._stream(request, stream.host_pinning)
 
     def _stream(
         self, request: Any, host_pinning: _shm.HostPinning | None = None

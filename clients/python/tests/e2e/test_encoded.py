@@ -269,7 +269,7 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
     original = tuned.client.batches
 
     def recording(*args: Any, **kwargs: Any) -> Any:
-        starts.append(kwargs.get("server_decode_start"))
+        starts.append(kwargs["options"].delivery.server_start)
         return original(*args, **kwargs)
 
     tuned.client.batches = recording  # type: ignore[method-assign]

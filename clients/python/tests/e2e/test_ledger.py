@@ -79,7 +79,9 @@ class Sidecar:
         self.directory = tempfile.mkdtemp(prefix="sf-")
         self.listen = f"unix:{self.directory}/sf.sock"
         self.s3 = s3
-        self.servers: list[Server] = [start_server(s3, self.listen)]
+        # A decoded-source tier that outlives a restart, as a pod's volume does.
+        self.extra = ("--decoded-cache-dir", f"{self.directory}/tier")
+        self.servers: list[Server] = [start_server(s3, self.listen, *self.extra)]
         self.restarts = 0
         self._closing = False
         self._watcher = threading.Thread(target=self._restart_when_killed, daemon=True)
@@ -99,7 +101,7 @@ class Sidecar:
             if self._closing:
                 return
             self.restarts += 1
-            self.servers.append(start_server(self.s3, self.listen))
+            self.servers.append(start_server(self.s3, self.listen, *self.extra))
 
     def close(self) -> None:
         self._closing = True
@@ -118,7 +120,9 @@ class Case:
 
     target: str
     data: Data
-    feature: str  # "one" or "mix"
+    # "one" dataset, a "mix" of two, one dataset delivered "encoded" (the
+    # client decodes), or one through the decoded-source "tier".
+    feature: str
     ledger_dir: str
     run: str
     epochs: int = 2
@@ -136,6 +140,7 @@ class Case:
             output=output,
             rank=rank,
             world_size=None if rank is None else WORLD,
+            **FEATURE_OPTIONS.get(self.feature, {}),
             **options,
         )
         if self.feature == "mix":
@@ -147,6 +152,13 @@ class Case:
     def ledger(self, rank: int) -> Ledger:
         kill = self.kill_at if rank == 0 else 0
         return Ledger(self.ledger_dir, self.run, kill_at=kill, kill_pid=self.kill_pid)
+
+
+# What a feature asks of the dataset beyond one plain stream.
+FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
+    "encoded": dict(decode="client"),
+    "tier": dict(decoded_source=64),
+}
 
 
 def _reweight(ds: ShardfeedDataset, case: Case, epoch: int) -> None:
@@ -341,6 +353,9 @@ class Row:
     fault: str
     full_only: bool = False
     trainer: tuple[tuple[str, Any], ...] = ()
+    # A seam the ledger found and not yet mended: the row must fail (strict
+    # xfail), so that mending it turns the row green on purpose.
+    known_seam: str = ""
 
 
 IDIOMS: dict[str, Callable[..., None]] = {
@@ -376,6 +391,21 @@ MATRIX = [
     Row("lightning", "one", "kill", full_only=True, trainer=LIMIT),
     Row("accelerate", "one", "none"),
     Row("accelerate", "one", "kill", full_only=True),
+    Row("plain", "encoded", "kill"),
+    Row("plain", "encoded", "break", full_only=True),
+    Row("workers", "encoded", "none", full_only=True),
+    Row(
+        "stateful",
+        "encoded",
+        "break",
+        full_only=True,
+        known_seam="StatefulDataLoader + decode='client' + break/resume: the resumed "
+        "loader starts the next epoch (44 of 192 samples lost, an extra epoch); "
+        "plain-encoded-break and stateful-one-break pass",
+    ),
+    Row("plain", "tier", "kill"),
+    Row("workers", "tier", "none", full_only=True),
+    Row("stateful", "tier", "break", full_only=True),
 ]
 
 
@@ -411,7 +441,8 @@ def _expected(row: Row, data: Data) -> Expected:
         pytest.param(
             row,
             id=_row_id(row),
-            marks=[pytest.mark.skipif(row.full_only and not FULL, reason="SHARDFEED_LEDGER=full")],
+            marks=[pytest.mark.skipif(row.full_only and not FULL, reason="SHARDFEED_LEDGER=full")]
+            + ([pytest.mark.xfail(strict=True, reason=row.known_seam)] if row.known_seam else []),
         )
         for row in MATRIX
     ],

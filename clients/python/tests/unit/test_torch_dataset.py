@@ -44,6 +44,11 @@ def test_arguments_are_checked() -> None:
         ShardfeedDataset(URI, target="127.0.0.1:1", client=Client("127.0.0.1:1"))
     with pytest.raises(ValueError, match="batch_size must be positive"):
         ShardfeedDataset(URI, batch_size=0)
+    # Stream options are checked when the dataset is made, not in a worker.
+    with pytest.raises(TypeError, match="unknown stream option shufle"):
+        ShardfeedDataset(URI, shufle=False)
+    with pytest.raises(ValueError, match="delivery must be one of"):
+        ShardfeedDataset(URI, delivery="zipped")
 
 
 def test_target_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

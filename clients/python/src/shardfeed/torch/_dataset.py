@@ -21,6 +21,7 @@ from .._client import (
     distributed_rank_and_world,
 )
 from .._epochs import EpochPage, choose_epoch, pass_token
+from .._options import StreamOptions
 from .._wire import EpochPosition
 from ._device import CudaHostPinning, mask, on_device
 from ._frameworks import accelerate_dispatch, in_step
@@ -151,6 +152,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
             raise ValueError(f"decode must be one of {_DECODES}, not {decode!r}")
         if decode != "server" and "delivery" in options:
             raise ValueError(f"decode={decode!r} sets delivery itself")
+        # Checked now: a misspelt or ill-valued option fails here, not at
+        # the first iteration (in a DataLoader worker).
+        stream_options = StreamOptions().with_keywords(**options)
         if decode == "gpu":
             device = torch.device("cuda" if device is None else device)
             if device.type != "cuda":
@@ -206,7 +210,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self.partition = partition
         self.decode = decode
         self.device = None if device is None else torch.device(device)
-        self.options = options
+        self.options = stream_options
         self._epoch = 0
         # Where the current epoch stands in this process: the position of the
         # last batch handed out (or the one loaded, before any).
@@ -383,12 +387,20 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._position = resume or EpochPosition()
         self._pass_start, self._consumed = self._position, None
         self._pending.clear()
-        delivery: dict[str, Any] = {} if self.decode == "server" else {"delivery": "encoded"}
+        options = self.options
+        if self.decode != "server":
+            options = dataclasses.replace(
+                options, delivery=dataclasses.replace(options.delivery, mode="encoded")
+            )
         if self.device is not None and self.device.type == "cuda":
-            delivery["host_pinning"] = CudaHostPinning(self.device)
-        tuned = self.options.get("server_decode_fraction") == "auto"
-        if tuned and self._server_share is not None and "server_decode_start" not in self.options:
-            delivery["server_decode_start"] = self._server_share
+            options = dataclasses.replace(options, host_pinning=CudaHostPinning(self.device))
+        tuned = options.delivery.tuned
+        if tuned and self._server_share is not None and options.delivery.server_start is None:
+            # The next stream's tuning starts where this one's settled.
+            options = dataclasses.replace(
+                options,
+                delivery=dataclasses.replace(options.delivery, server_start=self._server_share),
+            )
         streams = [
             on_device(
                 self.client.batches(
@@ -402,9 +414,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
                     augment=self.augment,
                     partition=self.partition,
                     resume_from=resume,
+                    options=options,
                     **mix,
-                    **delivery,
-                    **self.options,
                 ),
                 decode=self.decode,
                 device=self.device,

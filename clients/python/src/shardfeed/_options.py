@@ -1,0 +1,235 @@
+"""A stream's options beyond its dataset and place in the epoch, grouped in
+typed objects that check themselves when made: ``Client.batches`` and
+``ShardfeedDataset`` take them (or today's flat keywords, mapped here), so a
+misspelt or ill-valued option fails where it is written, not when the
+stream is first iterated."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union, get_args
+
+from ._proto import shardfeed_pb2 as pb
+from ._shm import HostPinning
+
+Partition = Literal["drop_last", "pad"]
+Resize = Literal["center_crop", "stretch"]
+Transport = Literal["auto", "inline", "shared_memory"]
+DeliveryMode = Literal["decoded", "encoded"]
+ServerFraction = Union[float, Literal["auto"], None]
+
+
+def _check_choice(name: str, value: Any, allowed: Any) -> None:
+    choices = get_args(allowed)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, not {value!r}")
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """Whether and how widely samples are shuffled (0: the server's default)."""
+
+    enabled: bool = True
+    buffer: int = 0
+    interleave: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("buffer", "interleave"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"shuffle {name} must be >= 0, not {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class SampleLayout:
+    """What else each sample brings, and where its label and key are.
+
+    ``fields``: other parts of each sample as bytes in ``Batch.fields`` (tar
+    member extensions such as ``"txt"``, or TFRecord feature names), each at
+    most ``max_field_bytes`` (0: 1 MiB). ``label_json_key``: the label from
+    this key of the ``.json`` member instead of ``.cls``. ``image_feature``,
+    ``label_feature``, ``key_feature``: TFRecord feature names.
+    ``label_offset``: added to every label (a label below 0 is sent as -1).
+    """
+
+    fields: tuple[str, ...] = ()
+    label_json_key: str | None = None
+    image_feature: str | None = None
+    label_feature: str | None = None
+    key_feature: str | None = None
+    label_offset: int = 0
+    max_field_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fields, str):
+            raise TypeError(f"fields is a sequence of names, not the string {self.fields!r}")
+        object.__setattr__(self, "fields", tuple(self.fields))
+
+    def to_message(self) -> Any:
+        return pb.SampleLayout(
+            fields=list(self.fields),
+            label_json_key=self.label_json_key or "",
+            image_feature=self.image_feature or "",
+            label_feature=self.label_feature or "",
+            key_feature=self.key_feature or "",
+            label_offset=self.label_offset,
+            max_field_bytes=self.max_field_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How images arrive: decoded pixels, or (``"encoded"``) baseline JPEGs
+    for the trainer to decode, ``server_fraction`` (0 to 1) of each batch
+    decoded by the server; ``"auto"`` tunes that share from
+    ``server_start`` so that neither side waits."""
+
+    mode: DeliveryMode = "decoded"
+    server_fraction: ServerFraction = None
+    server_start: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("delivery", self.mode, DeliveryMode)
+        if isinstance(self.server_fraction, str) and self.server_fraction != "auto":
+            raise ValueError(
+                f'server_decode_fraction is a number or "auto", not {self.server_fraction!r}'
+            )
+        if self.server_start is not None and self.server_fraction != "auto":
+            raise ValueError('server_decode_start is for server_decode_fraction="auto"')
+
+    @property
+    def tuned(self) -> bool:
+        return self.server_fraction == "auto"
+
+    def apply(self, request: Any) -> None:
+        request.delivery = {"decoded": pb.DELIVERY_DECODED, "encoded": pb.DELIVERY_ENCODED}[
+            self.mode
+        ]
+        if self.tuned:
+            request.tune_server_decode = True
+            if self.server_start is not None:
+                request.server_decode_fraction = self.server_start
+        elif self.server_fraction is not None:
+            request.server_decode_fraction = float(self.server_fraction)
+
+
+@dataclass(frozen=True)
+class MixHistory:
+    """A mixed stream's earlier weights, ``(from_step, weights)`` oldest
+    first, and the global step its sources' weights began at."""
+
+    weight_changes: tuple[tuple[int, tuple[float, ...]], ...] = ()
+    weights_from: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "weight_changes",
+            tuple((int(step), tuple(weights)) for step, weights in self.weight_changes),
+        )
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Every option of a stream beyond its dataset, seed, epoch, rank,
+    batch, image size, augmentation and resume position.
+
+    ``transport``: ``"shared_memory"`` (over a ``unix:`` target), ``"inline"``
+    or ``"auto"`` (shared memory on ``unix:`` targets). ``decoded_source=S``:
+    outputs from each image brought once to a shorter side of ``S`` and kept
+    by the server's decoded-source tier. ``host_pinning``: registers each
+    shared-memory ring with a device runtime once, when it is mapped.
+    """
+
+    shuffle: Shuffle = field(default_factory=Shuffle)
+    layout: SampleLayout = field(default_factory=SampleLayout)
+    delivery: Delivery = field(default_factory=Delivery)
+    mix: MixHistory = field(default_factory=MixHistory)
+    partition: Partition = "drop_last"
+    resize: Resize = "center_crop"
+    transport: Transport = "auto"
+    decoded_source: int | None = None
+    host_pinning: HostPinning | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("partition", self.partition, Partition)
+        _check_choice("resize", self.resize, Resize)
+        _check_choice("transport", self.transport, Transport)
+
+    def with_keywords(self, **keywords: Any) -> StreamOptions:
+        """These options with today's flat keywords applied (``shuffle=False``,
+        ``shuffle_buffer=``, ``fields=``, ``delivery="encoded"``,
+        ``server_decode_fraction=``, ...); an unknown keyword is a
+        ``TypeError`` naming it."""
+        unknown = sorted(set(keywords) - _KEYWORDS.keys())
+        if unknown:
+            raise TypeError(
+                f"unknown stream option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(_KEYWORDS))}"
+            )
+        groups: dict[str, dict[str, Any]] = {}
+        top: dict[str, Any] = {}
+        for keyword, value in keywords.items():
+            group, name = _KEYWORDS[keyword]
+            if group is None and isinstance(value, _GROUP_TYPES.get(name, ())):
+                top[name] = value
+            elif group is None and name == "shuffle":
+                groups.setdefault("shuffle", {})["enabled"] = value
+            elif group is None and name == "delivery":
+                groups.setdefault("delivery", {})["mode"] = value
+            elif group is None:
+                top[name] = value
+            else:
+                groups.setdefault(group, {})[name] = value
+        for group, values in groups.items():
+            top[group] = dataclasses.replace(top.get(group, getattr(self, group)), **values)
+        return dataclasses.replace(self, **top)
+
+
+# Flat keyword -> (group, field); a group of None is a field of StreamOptions.
+_KEYWORDS: dict[str, tuple[str | None, str]] = {
+    "shuffle": (None, "shuffle"),
+    "shuffle_buffer": ("shuffle", "buffer"),
+    "interleave": ("shuffle", "interleave"),
+    "fields": ("layout", "fields"),
+    "label_json_key": ("layout", "label_json_key"),
+    "image_feature": ("layout", "image_feature"),
+    "label_feature": ("layout", "label_feature"),
+    "key_feature": ("layout", "key_feature"),
+    "label_offset": ("layout", "label_offset"),
+    "max_field_bytes": ("layout", "max_field_bytes"),
+    "delivery": (None, "delivery"),
+    "server_decode_fraction": ("delivery", "server_fraction"),
+    "server_decode_start": ("delivery", "server_start"),
+    "weight_changes": ("mix", "weight_changes"),
+    "weights_from": ("mix", "weights_from"),
+    "mix": (None, "mix"),
+    "partition": (None, "partition"),
+    "resize": (None, "resize"),
+    "transport": (None, "transport"),
+    "decoded_source": (None, "decoded_source"),
+    "host_pinning": (None, "host_pinning"),
+}
+
+# A keyword naming a whole group takes the group's object too.
+_GROUP_TYPES: dict[str, Any] = {
+    "shuffle": Shuffle,
+    "layout": SampleLayout,
+    "delivery": Delivery,
+    "mix": MixHistory,
+}
+
+
+def stream_options(options: StreamOptions | None = None, **keywords: Any) -> StreamOptions:
+    """``options`` (default: all defaults) with ``keywords`` applied."""
+    return (options or StreamOptions()).with_keywords(**keywords)
+
+
+__all__ = [
+    "Delivery",
+    "MixHistory",
+    "SampleLayout",
+    "Shuffle",
+    "StreamOptions",
+    "stream_options",
+]
