@@ -353,8 +353,8 @@ class Row:
     fault: str
     full_only: bool = False
     trainer: tuple[tuple[str, Any], ...] = ()
-    # A seam the ledger found and not yet mended: the row must fail (strict
-    # xfail), so that mending it turns the row green on purpose.
+    # A seam the ledger found and not yet mended (an xfail naming it; not
+    # strict, as the seam is a race that shows in about one run of three).
     known_seam: str = ""
 
 
@@ -399,9 +399,10 @@ MATRIX = [
         "encoded",
         "break",
         full_only=True,
-        known_seam="StatefulDataLoader + decode='client' + break/resume: the resumed "
-        "loader starts the next epoch (44 of 192 samples lost, an extra epoch); "
-        "plain-encoded-break and stateful-one-break pass",
+        known_seam="StatefulDataLoader + decode='client' + break/resume, about one run "
+        "in three: a resumed worker streams the next epoch instead of the rest of its "
+        "loaded one (44 of 192 samples lost, an extra epoch); plain-encoded-break and "
+        "stateful-one-break pass",
     ),
     Row("plain", "tier", "kill"),
     Row("workers", "tier", "none", full_only=True),
@@ -442,7 +443,7 @@ def _expected(row: Row, data: Data) -> Expected:
             row,
             id=_row_id(row),
             marks=[pytest.mark.skipif(row.full_only and not FULL, reason="SHARDFEED_LEDGER=full")]
-            + ([pytest.mark.xfail(strict=True, reason=row.known_seam)] if row.known_seam else []),
+            + ([pytest.mark.xfail(strict=False, reason=row.known_seam)] if row.known_seam else []),
         )
         for row in MATRIX
     ],
