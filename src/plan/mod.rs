@@ -394,21 +394,6 @@ pub struct StreamPlan {
 }
 
 impl StreamPlan {
-    /// A plan that emits nothing (a placeholder until a real one is made).
-    pub fn empty() -> Self {
-        Self {
-            counts: EpochCounts::default(),
-            batch_size: 1,
-            rank_plans: Vec::new(),
-            slices: Vec::new(),
-            batches: 0,
-            first_batch: 0,
-            base_position: EpochPosition::default(),
-            world_size: 1,
-            rank: 0,
-        }
-    }
-
     /// Samples this stream emits.
     pub fn samples(&self) -> u64 {
         self.slices.iter().map(|p| p.to - p.from).sum()
