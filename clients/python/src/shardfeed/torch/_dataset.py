@@ -232,6 +232,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._server_share: float | None = None
         self._repeat_logged = False
         self._shared = EpochPage()
+        # The last pass this copy completed: (epoch, choice count).
+        self._completed_here: tuple[int, int] | None = None
         # For a trainer that fetches ahead (Lightning): positions of batches
         # handed out but not yet consumed, and of the last one consumed.
         self._tracking = False
@@ -261,8 +263,14 @@ class ShardfeedDataset(IterableDataset[Sample]):
 
     def _completed_epoch(self) -> int:
         """The epoch a checkpoint taken now resumes: after a complete pass
-        under the current choice (here or in a worker), the next one."""
-        completed = self._shared.completed()
+        under the current choice (here or in a worker), the next one. A
+        worker's copy counts only its own pass: its siblings stream other
+        sub-ranks, and one that finished first says nothing of this one's
+        batches still to come (StatefulDataLoader snapshots each worker)."""
+        if get_worker_info() is not None:
+            completed = self._completed_here
+        else:
+            completed = self._shared.completed()
         if completed is not None and completed[1] == self._choice and completed[0] >= self._epoch:
             return completed[0] + 1
         return self._epoch
@@ -438,7 +446,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
                     # Servers before `epoch_steps` are asked with Describe.
                     steps = batch.epoch_steps or self._epoch_steps(world)
                 if sum(batches for _, batches in batch.position.segments) >= steps:
-                    self._shared.set_completed(self._epoch, self._choice)
+                    self._set_completed()
                 if self._tracking:
                     if len(self._pending) >= MAX_FETCH_AHEAD:
                         raise RuntimeError(
@@ -471,6 +479,12 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # Seen by this process and, after a fork, by the one that made the
         # dataset (a DataLoader worker's pass counts).
         self._shared.set_started(self._epoch, self._choice, token)
+        self._set_completed()
+
+    def _set_completed(self) -> None:
+        """This copy's pass is complete: here, and on the page the process
+        that made the dataset reads."""
+        self._completed_here = (self._epoch, self._choice)
         self._shared.set_completed(self._epoch, self._choice)
 
     def state_dict(self) -> dict[str, Any]:
@@ -580,6 +594,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._epoch = int(state["epoch"])
         self._position = position
         self._resume = position if position.segments else None
+        self._completed_here = None
         if self.sources is not None:
             self._load_weights(state)
 
