@@ -277,13 +277,6 @@ impl Planned {
             Self::Mix { plan, .. } => plan.batch_size,
         }
     }
-
-    pub fn rank(&self) -> u32 {
-        match self {
-            Self::One { plan, .. } => plan.rank,
-            Self::Mix { plan, .. } => plan.rank,
-        }
-    }
 }
 
 /// What one stream needs to run.

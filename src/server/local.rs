@@ -42,9 +42,7 @@ impl LocalServer {
     ) -> Result<Self, ServeError> {
         let listener = Listener::bind(listen).await?;
         let addr = listener.local_addr();
-        let engine_dropped = service
-            .engine_dropped()
-            .map_err(|e| ServeError::Io(std::io::Error::other(e.to_string())))?;
+        let engine_dropped = service.engine_dropped();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve(
             listener,

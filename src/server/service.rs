@@ -105,6 +105,8 @@ pub struct ShardfeedService {
     lifecycle: Lifecycle,
     /// Shared-memory rings, when serving on a Unix socket.
     rings: Option<Arc<RingRegistry>>,
+    /// Resolves once the engine is dropped (taken before it can be released).
+    engine_dropped: EngineDropped,
 }
 
 /// Lets `serve` start and drain the service: requests are refused until
@@ -152,8 +154,10 @@ impl Lifecycle {
 
 impl ShardfeedService {
     pub fn new(engine: Engine, config: ServiceConfig) -> Self {
+        let engine_dropped = engine.dropped();
         let engine = EngineSlot(Arc::new(std::sync::Mutex::new(Some(Arc::new(engine)))));
         Self {
+            engine_dropped,
             engine: engine.clone(),
             streams: Arc::new(Semaphore::new(config.max_streams)),
             lifecycle: Lifecycle {
@@ -178,8 +182,8 @@ impl ShardfeedService {
     /// Resolves once the service's engine is dropped (see [`LocalServer::stop`]).
     ///
     /// [`LocalServer::stop`]: super::LocalServer::stop
-    pub fn engine_dropped(&self) -> Result<EngineDropped, ServiceError> {
-        Ok(self.engine.get()?.dropped())
+    pub fn engine_dropped(&self) -> EngineDropped {
+        self.engine_dropped.clone()
     }
 
     pub fn lifecycle(&self) -> Lifecycle {
