@@ -9,6 +9,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Reserves each message's exact size: no reallocation chain per batch.
         .codec_path("crate::server::codec::SizedProstCodec")
         .compile_protos(&["proto/shardfeed/v1/shardfeed.proto"], &["proto"])?;
+    // The decode pool's units: image bytes out and pixels back without a copy.
+    tonic_prost_build::configure()
+        .bytes(".shardfeed.pool.v1.UnitSample.data")
+        .bytes(".shardfeed.pool.v1.DecodedUnit.pixels")
+        .compile_protos(&["proto/shardfeed/v1/pool.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod pack;
 pub mod pipeline;
 pub mod plan;
+pub mod pool;
 pub mod server;
 pub mod shard;
 pub mod store;

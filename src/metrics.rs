@@ -11,6 +11,8 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 
+pub mod pool;
+
 pub const BUILD_INFO: &str = "shardfeed_build_info";
 pub const REQUESTS: &str = "shardfeed_requests_total";
 pub const STREAMS_ACTIVE: &str = "shardfeed_streams_active";
@@ -66,6 +68,7 @@ pub fn describe() {
     );
     ::metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     describe_counter!(REQUESTS, "RPCs handled, by rpc and gRPC code.");
+    pool::describe();
     describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");
     describe_counter!(BATCHES, "Batches sent to clients.");
     describe_counter!(SAMPLES, "Samples sent to clients.");
@@ -414,6 +417,9 @@ pub struct StreamMetrics {
     consumer_wait: metrics::Histogram,
     ready_wait: metrics::Histogram,
     server_decode_share: metrics::Gauge,
+    /// The client's waits since the producer last looked (the pool's
+    /// demand signal reads them).
+    consumer_wait_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl StreamMetrics {
@@ -430,6 +436,7 @@ impl StreamMetrics {
             consumer_wait: histogram!(CONSUMER_WAIT_SECONDS, "rank" => rank.clone()),
             ready_wait: histogram!(READY_WAIT_SECONDS, "rank" => rank.clone()),
             server_decode_share: gauge!(SERVER_DECODE_SHARE, "rank" => rank),
+            consumer_wait_ns: Default::default(),
         }
     }
 
@@ -450,6 +457,17 @@ impl StreamMetrics {
     /// The client asked for a batch that was not ready yet (data-bound).
     pub fn consumer_waited(&self, waited: Duration) {
         self.consumer_wait.record(waited.as_secs_f64());
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.consumer_wait_ns
+            .fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The client's waits since the last call.
+    pub fn take_consumer_wait(&self) -> Duration {
+        Duration::from_nanos(
+            self.consumer_wait_ns
+                .swap(0, std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// A ready batch waited for the client to ask (compute-bound).

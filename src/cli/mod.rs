@@ -6,6 +6,7 @@
 
 #[cfg(feature = "dev")]
 mod dev_args;
+mod pool_args;
 mod run;
 
 #[cfg(feature = "dev")]
@@ -30,6 +31,7 @@ use crate::store::read::{self, ReadConfig};
 use crate::store::retry::RetryPolicy;
 use crate::store::s3::S3Config;
 
+pub use pool_args::{PoolArgs, PoolWorkerArgs};
 pub use run::run;
 
 /// What a command can fail with.
@@ -63,7 +65,7 @@ pub enum LogFormat {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve batches over gRPC.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Scan a dataset's shards and write its index beside them.
     Index(IndexArgs),
     /// Fill the disk cache with a dataset ahead of training, within its size limit.
@@ -71,6 +73,9 @@ pub enum Command {
     /// Pack an image folder (ImageFolder layout, or a CSV/JSONL manifest of
     /// path,label) into WebDataset tar shards and their index.
     Pack(PackArgs),
+    /// Run a decode pool worker: decode the work units sidecars started
+    /// with --pool send (a Deployment behind a headless Service).
+    PoolWorker(PoolWorkerArgs),
     /// Exit 0 if the server at --listen reports SERVING (for probes).
     Health(HealthArgs),
     /// Give a cache directory on the node (a hostPath) to the sidecar's
@@ -124,7 +129,7 @@ impl Command {
     /// tools only warnings (their output is the point).
     pub fn default_log_level(&self) -> &'static str {
         match self {
-            Command::Serve(_) | Command::Index(_) => "info",
+            Command::Serve(_) | Command::Index(_) | Command::PoolWorker(_) => "info",
             _ => "warn",
         }
     }
@@ -360,6 +365,8 @@ pub struct ServeArgs {
     pub cache: CacheArgs,
     #[command(flatten)]
     pub streams: StreamArgs,
+    #[command(flatten)]
+    pub pool: PoolArgs,
     /// Benchmarks only: streams send batches of a fixed pattern written on
     /// the decode pool, reading nothing (the transport measured alone).
     #[cfg(feature = "dev")]
@@ -431,12 +438,14 @@ pub struct ServeConfig {
     pub engine: EngineConfig,
     pub service: ServiceConfig,
     pub shutdown_grace: Duration,
+    pub pool: Option<crate::pool::PoolConfig>,
 }
 
 impl ServeArgs {
     pub fn config(&self) -> Result<ServeConfig, ConfigError> {
         let mut problems = Vec::new();
         let cache = self.cache.config(&mut problems);
+        let pool = self.pool.config(&mut problems);
         for rule in &self.allow {
             if let Err(error) = DatasetUri::parse(rule) {
                 problems.push(format!("--allow {rule:?}: {error}"));
@@ -465,6 +474,7 @@ impl ServeArgs {
                 allow: self.allow.clone(),
             },
             shutdown_grace: Duration::from_secs(self.shutdown_grace),
+            pool,
         })
     }
 }

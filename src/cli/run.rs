@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use super::{CliError, Command, IndexArgs, PackArgs, ServeArgs, WarmArgs};
+use super::{CliError, Command, IndexArgs, PackArgs, PoolWorkerArgs, ServeArgs, WarmArgs};
 use crate::dataset::{
     build_index, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
 };
@@ -15,10 +15,11 @@ use crate::store::decoded::DecodedCache;
 /// Runs `command` to completion.
 pub async fn run(command: Command) -> Result<(), CliError> {
     match command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
         Command::Index(args) => index(args).await,
         Command::Warm(args) => warm_cache(args).await,
         Command::Pack(args) => pack(args).await,
+        Command::PoolWorker(args) => pool_worker(args).await,
         Command::Health(args) => {
             if server::check_health(&args.listen).await? {
                 Ok(())
@@ -127,20 +128,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         exit_with_parent(parent)?;
     }
     let config = args.config()?;
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(config.metrics_listen)
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
-            crate::metrics::SECONDS_BUCKETS,
-        )?
-        .install()
-        .map_err(|e| {
-            format!(
-                "starting the metrics listener on {}: {e}",
-                config.metrics_listen
-            )
-        })?;
-    crate::metrics::describe();
+    install_metrics(config.metrics_listen)?;
 
     let registry = Arc::new(
         DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)
@@ -149,6 +137,19 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     );
     let engine = Engine::new(registry.clone(), config.engine.clone())
         .map_err(|e| format!("starting the decode pool: {e}"))?;
+    let engine = match &config.pool {
+        Some(pool) => {
+            tracing::info!(
+                targets = ?pool.targets,
+                share = ?pool.share,
+                unit_samples = pool.unit_samples,
+                "sending the decode shortfall to the pool"
+            );
+            let client = crate::pool::PoolClient::start(pool.clone(), engine.decoder_name());
+            engine.with_pool(client)
+        }
+        None => engine,
+    };
     let tier_slot = engine.decoded_cache_slot();
     #[cfg(feature = "dev")]
     let engine = if args.dev_synthetic_batches {
@@ -210,6 +211,27 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     )
     .await?;
     tracing::info!("shut down");
+    Ok(())
+}
+
+/// Serves /metrics on `addr` with the shared buckets and help texts.
+fn install_metrics(addr: std::net::SocketAddr) -> Result<(), CliError> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+            crate::metrics::SECONDS_BUCKETS,
+        )?
+        .install()
+        .map_err(|e| format!("starting the metrics listener on {addr}: {e}"))?;
+    crate::metrics::describe();
+    Ok(())
+}
+
+async fn pool_worker(args: PoolWorkerArgs) -> Result<(), CliError> {
+    let config = args.config()?;
+    install_metrics(args.metrics_listen)?;
+    crate::pool::serve_worker(config, shutdown_signal()).await?;
     Ok(())
 }
 

@@ -196,6 +196,8 @@ pub struct Engine {
     /// What runs a started stream: the real pipeline, or a double a caller
     /// hands in (the dev transport benchmark's pattern batches).
     producer: StreamProducer,
+    /// The decode pool streams send their shortfall to, where configured.
+    remote: Option<crate::pool::PoolClient>,
     /// Dropped with the engine: tells [`EngineDropped`] waiters.
     alive: tokio::sync::watch::Sender<()>,
 }
@@ -238,8 +240,15 @@ impl Engine {
             decoder,
             decoded: Default::default(),
             producer: pipeline::spawn_stream,
+            remote: None,
             alive: tokio::sync::watch::Sender::new(()),
         })
+    }
+
+    /// Streams of decoded deliveries send the batches' shortfall to `pool`.
+    pub fn with_pool(mut self, pool: crate::pool::PoolClient) -> Self {
+        self.remote = Some(pool);
+        self
     }
 
     /// Streams of this engine run `producer` instead of the pipeline (a

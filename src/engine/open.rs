@@ -62,6 +62,7 @@ impl Engine {
                 tier: self.tier(request.output.decoded_source),
                 delivery: request.output.delivery,
                 metrics: metrics.clone(),
+                remote: self.remote.clone(),
             },
             planned,
         };

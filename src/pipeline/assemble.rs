@@ -13,10 +13,11 @@ use super::buffers::BufferPool;
 use super::encoded::{self, Placement};
 use super::sample::EmittedSample;
 use super::substitute::{batch_fields, copy_placed_image, substitute_failures};
-use super::{shm, BatchImages, DecodedBatch, StreamCommon};
+use super::{remote, shm, BatchImages, DecodedBatch, StreamCommon};
 use crate::dataset::Dataset;
 use crate::decode::{self, CropBox, SampleKey};
 use crate::metrics;
+use crate::pool::wire::SampleAnswer;
 use crate::shard::Label;
 
 /// A sample's versioned identity for the decoded-source tier: its shard's
@@ -51,6 +52,7 @@ fn regions<'b>(mut images: &'b mut [u8], placements: &[Placement]) -> Vec<&'b mu
 }
 
 /// What decoding one sample needs, shared by a batch's decode tasks.
+#[derive(Clone)]
 struct SampleDecoder {
     decoder: Arc<dyn decode::Decoder>,
     scratch: Arc<decode::ScratchBudget>,
@@ -58,7 +60,7 @@ struct SampleDecoder {
     tier: Option<decode::tier::TierRequest>,
 }
 
-type SampleOutcome = Result<CropBox, (&'static str, String)>;
+pub(super) type SampleOutcome = Result<CropBox, (&'static str, String)>;
 
 impl SampleDecoder {
     /// Decodes `emitted` into `out`, or, for a compressed placement, copies
@@ -125,51 +127,121 @@ impl SampleDecoder {
     }
 }
 
-/// Decodes a batch on the pool, each image straight into its slot (or,
-/// delivered encoded, the client's images copied compressed into theirs).
-pub(super) fn decode_batch(
-    common: &StreamCommon,
-    buffers: &BufferPool,
-    server_fraction: Option<f64>,
+/// A batch on its way: its samples, where each goes in its bytes, the
+/// bytes themselves (process memory or a ring slot), and each sample's
+/// outcome once decoded here or answered by the pool.
+pub(super) struct BatchWork {
     samples: Vec<EmittedSample>,
-    index: u64,
-    shared_slot: Option<shm::SlotLease>,
-) -> oneshot::Receiver<DecodedBatch> {
-    let (tx, rx) = oneshot::channel();
-    let sample_decoder = SampleDecoder {
-        decoder: common.decoder.clone(),
-        scratch: common.scratch.clone(),
-        spec: common.spec,
-        tier: common.tier.clone(),
-    };
-    let stream_metrics = common.metrics.clone();
-    let buffers = buffers.clone();
-    let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
-    common.pool.spawn(move || {
-        let slot = sample_decoder.spec.bytes();
+    placements: Vec<Placement>,
+    length: usize,
+    heap: Vec<u8>,
+    lease: Option<shm::SlotLease>,
+    outcomes: Vec<Option<SampleOutcome>>,
+    /// Samples the pool decoded.
+    remote: usize,
+}
+
+impl BatchWork {
+    fn new(
+        samples: Vec<EmittedSample>,
+        server_fraction: Option<f64>,
+        decoder: &SampleDecoder,
+        buffers: &BufferPool,
+        shared_slot: Option<shm::SlotLease>,
+    ) -> Self {
+        let slot = decoder.spec.bytes();
         // An encoded batch is at most as long as a decoded one.
-        let scratch_limit = sample_decoder.scratch.limit();
-        let (mut placements, length) =
-            encoded::place(&samples, server_fraction, slot, scratch_limit);
-        let (mut heap, mut lease) = match shared_slot {
+        let (placements, length) =
+            encoded::place(&samples, server_fraction, slot, decoder.scratch.limit());
+        let (heap, lease) = match shared_slot {
             Some(lease) => (Vec::new(), Some(lease)),
             None => (buffers.take(slot * samples.len()), None),
         };
-        let images: &mut [u8] = match &mut lease {
+        let outcomes = vec![None; samples.len()];
+        Self {
+            samples,
+            placements,
+            length,
+            heap,
+            lease,
+            outcomes,
+            remote: 0,
+        }
+    }
+
+    fn images(&mut self) -> &mut [u8] {
+        match &mut self.lease {
+            Some(lease) => &mut lease.as_mut_slice()[..self.length],
+            None => &mut self.heap[..self.length],
+        }
+    }
+
+    /// Decodes here every sample without an outcome yet, but those
+    /// `reserved` (for the pool's answers).
+    fn decode_rest(
+        &mut self,
+        decoder: &SampleDecoder,
+        stream_metrics: &metrics::StreamMetrics,
+        reserved: &[usize],
+    ) {
+        let (samples, placements, outcomes) = (&self.samples, &self.placements, &self.outcomes);
+        let length = self.length;
+        let images: &mut [u8] = match &mut self.lease {
             Some(lease) => &mut lease.as_mut_slice()[..length],
-            None => &mut heap[..length],
+            None => &mut self.heap[..length],
         };
-        let outcomes: Vec<SampleOutcome> = regions(images, &placements)
+        let decoded: Vec<(usize, SampleOutcome)> = regions(images, placements)
             .into_par_iter()
-            .zip(samples.par_iter())
-            .zip(placements.par_iter())
-            .map(|((out, emitted), placement)| {
+            .enumerate()
+            .filter(|(slot, _)| outcomes[*slot].is_none() && !reserved.contains(slot))
+            .map(|(slot, out)| {
+                let (emitted, placement) = (&samples[slot], &placements[slot]);
                 let started = Instant::now();
-                let outcome = sample_decoder.run(emitted, placement, out);
+                let outcome = decoder.run(emitted, placement, out);
                 if placement.decoded {
                     stream_metrics.decode_time(started.elapsed().as_secs_f64());
                 }
-                outcome
+                (slot, outcome)
+            })
+            .collect();
+        for (slot, outcome) in decoded {
+            self.outcomes[slot] = Some(outcome);
+        }
+    }
+
+    /// Writes each sample the pool decoded into its slot; one it failed
+    /// (or a unit it never answered) stays for local decode.
+    fn place_answers(&mut self, answers: Vec<remote::UnitResult>) {
+        for (slots, answer) in answers {
+            let Some(answer) = answer else {
+                continue;
+            };
+            for (i, (&slot, sample)) in slots.iter().zip(&answer.samples).enumerate() {
+                let SampleAnswer::Decoded(crop) = sample else {
+                    continue;
+                };
+                let placement = self.placements[slot];
+                let pixels = &answer.pixels[i * placement.length..(i + 1) * placement.length];
+                self.images()[placement.offset..placement.offset + placement.length]
+                    .copy_from_slice(pixels);
+                self.outcomes[slot] = Some(Ok(*crop));
+                self.remote += 1;
+            }
+        }
+    }
+
+    /// The batch, with failures substituted and labels and fields gathered.
+    fn finish(
+        mut self,
+        server_fraction: Option<f64>,
+        buffers: &BufferPool,
+        stream_metrics: &metrics::StreamMetrics,
+        index: u64,
+    ) -> DecodedBatch {
+        let outcomes: Vec<SampleOutcome> = std::mem::take(&mut self.outcomes)
+            .into_iter()
+            .map(|outcome| {
+                outcome.unwrap_or_else(|| Err(("internal", "sample left undecoded".into())))
             })
             .collect();
         let mut crops: Vec<CropBox> = outcomes
@@ -178,8 +250,18 @@ pub(super) fn decode_batch(
             .collect();
         let failures: Vec<Option<(&'static str, String)>> =
             outcomes.into_iter().map(Result::err).collect();
-        let server_decoded = placements.iter().filter(|p| p.decoded).count();
+        let samples = std::mem::take(&mut self.samples);
+        let server_decoded = self.placements.iter().filter(|p| p.decoded).count();
+        if server_fraction.is_none() {
+            crate::metrics::pool::samples(
+                (server_decoded - self.remote) as u64,
+                self.remote as u64,
+            );
+        }
         let mut labels = batch_labels(&samples);
+        let mut placements = std::mem::take(&mut self.placements);
+        let length = self.length;
+        let images = self.images();
         let substituted = substitute_failures(
             &failures,
             &samples,
@@ -199,13 +281,13 @@ pub(super) fn decode_batch(
                 placements
             }
         };
-        let batch = DecodedBatch {
+        DecodedBatch {
             index,
             size: samples.len(),
             image_bytes: length,
-            images: match lease {
+            images: match self.lease {
                 Some(lease) => BatchImages::Shared(lease),
-                None => BatchImages::Inline(buffers.share(heap).slice(..length)),
+                None => BatchImages::Inline(buffers.share(self.heap).slice(..length)),
             },
             encoded,
             labels,
@@ -227,9 +309,81 @@ pub(super) fn decode_batch(
             substituted,
             fields,
             ready_at: Instant::now(),
+        }
+    }
+}
+
+/// Decodes a batch on the pool, each image straight into its slot (or,
+/// delivered encoded, the client's images copied compressed into theirs).
+/// With `remote`, the samples it names go to the decode pool first and
+/// only those it does not answer are decoded here.
+pub(super) fn decode_batch(
+    common: &StreamCommon,
+    buffers: &BufferPool,
+    server_fraction: Option<f64>,
+    remote: Option<remote::RemotePart>,
+    samples: Vec<EmittedSample>,
+    index: u64,
+    shared_slot: Option<shm::SlotLease>,
+) -> oneshot::Receiver<DecodedBatch> {
+    let (tx, rx) = oneshot::channel();
+    let sample_decoder = SampleDecoder {
+        decoder: common.decoder.clone(),
+        scratch: common.scratch.clone(),
+        spec: common.spec,
+        tier: common.tier.clone(),
+    };
+    let stream_metrics = common.metrics.clone();
+    let buffers = buffers.clone();
+    let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
+    let pool = common.pool.clone();
+    let Some(remote) = remote else {
+        pool.spawn(move || {
+            let mut work = BatchWork::new(
+                samples,
+                server_fraction,
+                &sample_decoder,
+                &buffers,
+                shared_slot,
+            );
+            work.decode_rest(&sample_decoder, &stream_metrics, &[]);
+            let batch = work.finish(server_fraction, &buffers, &stream_metrics, index);
+            drop(queued);
+            let _ = tx.send(batch);
+        });
+        return rx;
+    };
+    // The pool's units leave first; local cores decode the rest meanwhile,
+    // then place the answers and decode whatever the pool did not answer.
+    let answers = remote.send(&common.spec, &samples);
+    let (local_tx, local_rx) = oneshot::channel();
+    let local_decoder = sample_decoder.clone();
+    let local_metrics = stream_metrics.clone();
+    let local_buffers = buffers.clone();
+    let reserved = remote.slots();
+    pool.spawn(move || {
+        let mut work = BatchWork::new(
+            samples,
+            server_fraction,
+            &local_decoder,
+            &local_buffers,
+            shared_slot,
+        );
+        work.decode_rest(&local_decoder, &local_metrics, &reserved);
+        let _ = local_tx.send(work);
+    });
+    tokio::spawn(async move {
+        let (Ok(mut work), answers) = (local_rx.await, answers.await) else {
+            return;
         };
-        drop(queued);
-        let _ = tx.send(batch);
+        pool.spawn(move || {
+            // A unit task that panicked answered nothing: all decoded here.
+            work.place_answers(answers.unwrap_or_default());
+            work.decode_rest(&sample_decoder, &stream_metrics, &[]);
+            let batch = work.finish(server_fraction, &buffers, &stream_metrics, index);
+            drop(queued);
+            let _ = tx.send(batch);
+        });
     });
     rx
 }

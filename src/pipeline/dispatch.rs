@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::assemble::decode_batch;
 use super::buffers::BufferPool;
 use super::encoded::{ClientPace, ServerShare};
+use super::remote::RemoteShare;
 use super::sample::EmittedSample;
 use super::{shm, DecodedBatch, PipelineError, SharedTarget, StreamCommon};
 use crate::metrics;
@@ -26,6 +27,8 @@ pub(super) struct BatchDispatch<'a> {
     next_index: u64,
     /// The share of an encoded delivery the server decodes, tuned here.
     share: Option<ServerShare>,
+    /// The share of each batch sent to the decode pool, tuned here.
+    remote: Option<RemoteShare>,
 }
 
 /// The ready queue, its gauge, and what the producer saw of the client's
@@ -92,6 +95,7 @@ impl<'a> BatchDispatch<'a> {
             buffers: BufferPool::new(common.config.decode_ahead + common.config.ready_batches + 1),
             next_index: first_index,
             share: ServerShare::of(common.delivery),
+            remote: RemoteShare::of(common, rank),
         }
     }
 
@@ -108,10 +112,16 @@ impl<'a> BatchDispatch<'a> {
             }
             None => None,
         };
+        let batch_samples = samples.len();
+        let remote = self
+            .remote
+            .as_ref()
+            .and_then(|remote| remote.part(&samples));
         self.decoding.push_back(decode_batch(
             self.common,
             &self.buffers,
             self.share.as_ref().map(ServerShare::get),
+            remote,
             samples,
             self.next_index,
             target,
@@ -125,6 +135,9 @@ impl<'a> BatchDispatch<'a> {
         let pace = self.ready.take_pace();
         if let Some(share) = &mut self.share {
             share.tune(pace);
+        }
+        if let Some(remote) = &mut self.remote {
+            remote.tune(pace, batch_samples);
         }
         Ok(true)
     }

@@ -68,6 +68,7 @@ mod dispatch;
 pub mod encoded;
 mod mix;
 mod readers;
+mod remote;
 mod sample;
 pub mod shm;
 mod substitute;
@@ -231,6 +232,8 @@ pub struct StreamCommon {
     pub delivery: Delivery,
     /// The stream's metric handles, resolved once.
     pub metrics: metrics::StreamMetrics,
+    /// The decode pool, where the server has one.
+    pub remote: Option<crate::pool::PoolClient>,
 }
 
 /// A dataset a stream reads, and what it reads of each sample.

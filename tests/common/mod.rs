@@ -147,6 +147,8 @@ pub struct Options {
     pub decoder: Option<Arc<dyn shardfeed::decode::Decoder>>,
     /// The host's decoded-source tier.
     pub decoded: Option<Arc<shardfeed::store::decoded::DecodedCache>>,
+    /// The decode pool streams send to.
+    pub pool: Option<shardfeed::pool::PoolClient>,
 }
 
 impl Default for Options {
@@ -166,6 +168,7 @@ impl Default for Options {
             memory: MemoryConfig::from_limit(8 << 30),
             decoder: None,
             decoded: None,
+            pool: None,
         }
     }
 }
@@ -218,6 +221,10 @@ impl Harness {
         .unwrap();
         let engine = match options.decoded {
             Some(tier) => engine.with_decoded_cache(tier),
+            None => engine,
+        };
+        let engine = match options.pool {
+            Some(pool) => engine.with_pool(pool),
             None => engine,
         };
         let service = ShardfeedService::new(

@@ -24,7 +24,7 @@ from pathlib import Path
 # Lower index: lower layer. A module may import its own layer or lower ones.
 LAYERS: list[set[str]] = [
     {"metrics", "plan", "shard"},
-    {"decode", "store", "dataset"},
+    {"decode", "store", "dataset", "pool"},
     {"pipeline"},
     {"engine"},
     {"server"},

@@ -1,0 +1,194 @@
+//! A stream's use of the decode pool: how much of each batch goes to it
+//! (only the shortfall: the share rises while the trainer waits and falls
+//! while local decode keeps ahead), which samples, and how the pool's
+//! answers land in the batch.
+//!
+//! Which samples go where never shows in the batch: an answer is exactly
+//! the pixels a local decode writes (the worker runs this build's decode on
+//! the same bytes and key), and whatever the pool does not answer, or could
+//! not decode, is decoded here. Only decoded deliveries without the
+//! decoded-source tier use the pool: the tier's stored sources live on this
+//! host's disk, and an encoded delivery already hands its share of decodes
+//! to the trainer.
+
+use std::time::{Duration, Instant};
+
+use super::encoded::{ClientPace, Delivery, SHARE_STEP};
+use super::sample::EmittedSample;
+use super::StreamCommon;
+use crate::decode::{augment::sample_identity, OutputSpec, SampleKey};
+use crate::metrics::pool as pool_metrics;
+use crate::pool::client::UnitAnswer;
+use crate::pool::wire::UnitSample;
+use crate::pool::{PoolClient, PoolShareSetting};
+
+/// Waits on the client shorter than this (scheduling noise) count as none.
+const SLACK_WAIT: Duration = Duration::from_millis(1);
+/// Weight of the newest batch in the demand estimate.
+const DEMAND_SMOOTHING: f64 = 0.2;
+
+/// One unit's slots in the batch and the pool's answer (None: decode here).
+pub(super) type UnitResult = (Vec<usize>, Option<UnitAnswer>);
+
+/// The samples of one batch sent to the pool, in units.
+pub(super) struct RemotePart {
+    client: PoolClient,
+    units: Vec<Vec<usize>>,
+}
+
+impl RemotePart {
+    /// Every slot of the part.
+    pub fn slots(&self) -> Vec<usize> {
+        self.units.iter().flatten().copied().collect()
+    }
+
+    /// Sends every unit at once; resolves with each unit's answer.
+    pub fn send(
+        &self,
+        spec: &OutputSpec,
+        samples: &[EmittedSample],
+    ) -> tokio::task::JoinHandle<Vec<UnitResult>> {
+        let units: Vec<(Vec<usize>, Vec<UnitSample>)> = self
+            .units
+            .iter()
+            .map(|slots| {
+                let unit = slots
+                    .iter()
+                    .filter_map(|&slot| unit_sample(&samples[slot]))
+                    .collect();
+                (slots.clone(), unit)
+            })
+            .collect();
+        let (client, spec) = (self.client.clone(), *spec);
+        tokio::spawn(async move {
+            let answers = units.iter().map(|(_, unit)| client.decode(&spec, unit));
+            let answers = futures::future::join_all(answers).await;
+            units
+                .into_iter()
+                .zip(answers)
+                .map(|((slots, _), answer)| (slots, answer))
+                .collect()
+        })
+    }
+}
+
+/// What the pool needs of a sample; None for one it has nothing to decode.
+fn unit_sample(emitted: &EmittedSample) -> Option<UnitSample> {
+    if emitted.sample.unreadable.is_some() {
+        return None;
+    }
+    let (format, data) = emitted.sample.image.as_ref()?;
+    let origin = &emitted.origin;
+    Some(UnitSample {
+        key: SampleKey {
+            seed: origin.seed,
+            epoch: origin.epoch,
+            sample: sample_identity(
+                &origin.dataset.index.shards[emitted.shard as usize].name,
+                &emitted.sample.key,
+            ),
+        },
+        format: *format,
+        data: data.clone(),
+    })
+}
+
+/// The share of each batch one stream sends to the pool, and its part of
+/// the host's demand signal. One per stream, owned by its dispatch.
+pub(super) struct RemoteShare {
+    client: PoolClient,
+    setting: PoolShareSetting,
+    fraction: f64,
+    rank: String,
+    metrics: crate::metrics::StreamMetrics,
+    last_handed: Option<Instant>,
+    /// This stream's samples/s the pool should supply, in the host's gauge.
+    demand: f64,
+}
+
+impl RemoteShare {
+    /// The stream's share, where it may use the pool at all.
+    pub fn of(common: &StreamCommon, rank: u32) -> Option<Self> {
+        let client = common.remote.clone()?;
+        if common.delivery != Delivery::Decoded || common.tier.is_some() {
+            return None;
+        }
+        let setting = client.config().share;
+        Some(Self {
+            fraction: match setting {
+                PoolShareSetting::Fixed(share) => share,
+                PoolShareSetting::Auto => 0.0,
+            },
+            client,
+            setting,
+            rank: crate::metrics::rank_label(rank),
+            metrics: common.metrics.clone(),
+            last_handed: None,
+            demand: 0.0,
+        })
+    }
+
+    /// The samples of the next batch to send: the last `share` of those
+    /// with an image, in units of consecutive slots. None: decode all here.
+    pub fn part(&self, samples: &[EmittedSample]) -> Option<RemotePart> {
+        if self.fraction <= 0.0 || self.client.live_workers() == 0 {
+            return None;
+        }
+        let decodable: Vec<usize> = (0..samples.len())
+            .filter(|&slot| {
+                let sample = &samples[slot].sample;
+                sample.unreadable.is_none() && sample.image.is_some()
+            })
+            .collect();
+        let count = ((samples.len() as f64 * self.fraction).round() as usize).min(decodable.len());
+        if count == 0 {
+            return None;
+        }
+        let unit_samples = self.client.config().unit_samples.max(1);
+        let units = decodable[decodable.len() - count..]
+            .chunks(unit_samples)
+            .map(<[usize]>::to_vec)
+            .collect();
+        Some(RemotePart {
+            client: self.client.clone(),
+            units,
+        })
+    }
+
+    /// After each batch handed on: in `auto`, the share rises while the
+    /// client has nothing ahead (the trainer waits) and falls while the
+    /// producer waits on the client (local decode keeps ahead), so it
+    /// settles at the shortfall. Then the demand signal: the samples/s the
+    /// trainer would take if it never waited, less what local decode gave.
+    pub(super) fn tune(&mut self, pace: ClientPace, samples: usize) {
+        let handed_share = self.fraction;
+        if self.setting == PoolShareSetting::Auto {
+            if pace.waited > SLACK_WAIT {
+                self.fraction = (self.fraction - SHARE_STEP).max(0.0);
+            } else if pace.primed && pace.ahead <= 1 && self.client.live_workers() > 0 {
+                self.fraction = (self.fraction + SHARE_STEP).min(1.0);
+            }
+        }
+        pool_metrics::share(&self.rank, self.fraction);
+        let now = Instant::now();
+        let waited = self.metrics.take_consumer_wait();
+        if let Some(last) = self.last_handed.replace(now) {
+            let interval = now.duration_since(last).as_secs_f64();
+            if interval > 0.0 {
+                let busy = (interval - waited.as_secs_f64()).max(interval / 10.0);
+                let wanted = samples as f64 / busy;
+                let local = samples as f64 * (1.0 - handed_share) / interval;
+                let gap = (wanted - local).max(0.0);
+                let estimate = self.demand + DEMAND_SMOOTHING * (gap - self.demand);
+                pool_metrics::demand_changed(estimate - self.demand);
+                self.demand = estimate;
+            }
+        }
+    }
+}
+
+impl Drop for RemoteShare {
+    fn drop(&mut self) {
+        pool_metrics::demand_changed(-self.demand);
+    }
+}

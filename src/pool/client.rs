@@ -1,0 +1,639 @@
+//! The sidecar's side of the pool: which workers are live, which one a unit
+//! goes to, and what happens when a worker is slow, refuses, or is gone.
+//!
+//! - **Membership.** Each `--pool` target is a `host:port`; names are
+//!   resolved with the system resolver (the pod's resolv.conf: search
+//!   domains and all), so a headless Service's name gives one address per
+//!   ready worker. The set is re-resolved every `refresh`, at once (at
+//!   most once a second) when an attempt cannot connect, and with
+//!   exponential backoff while resolution fails.
+//! - **Placement.** Rendezvous hashing of the unit's first sample over the
+//!   live workers: a worker joining or leaving moves about 1/N of the
+//!   units, and a unit's second choice is a stable, different worker.
+//! - **Deadlines.** A unit's first attempt goes to its first choice; past
+//!   the observed p95 of answers (at least `min_hedge`), a hedge goes to
+//!   the next; an attempt that fails is re-issued to the next at once. The
+//!   first answer wins and the others are dropped. A unit no worker
+//!   answers within `deadline` is given back for local decode.
+//! - **Cool-down.** A worker that failed an attempt sits out a backoff
+//!   (doubling to 5 s); one that refused the sidecar's token or build sits
+//!   out a minute, logged once.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::sync::{Notify, Semaphore};
+use tonic::transport::{Channel, Endpoint};
+
+use super::wire::{self, pb, SampleAnswer, UnitSample};
+use crate::decode::{augment::fmix64, OutputSpec};
+use crate::metrics::pool as pool_metrics;
+
+pub const DEFAULT_UNIT_SAMPLES: usize = 8;
+pub const DEFAULT_UNITS_PER_WORKER: usize = 4;
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+pub const DEFAULT_MIN_HEDGE: Duration = Duration::from_millis(50);
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(5);
+/// Attempts of one unit at most (first, hedge, re-issues).
+const MAX_ATTEMPTS: usize = 3;
+/// Answers the hedge delay is taken from.
+const LATENCY_WINDOW: usize = 512;
+/// Fewer answers than this: no percentiles yet, hedge at a tenth of the
+/// deadline.
+const LATENCY_MIN_SAMPLES: usize = 8;
+/// A unit is hedged past the p95 of answers, but no later than this many
+/// medians: where one worker of a few is slow, the p95 is that worker's
+/// pace and would never hedge its units.
+const HEDGE_MEDIANS: u32 = 3;
+const REFUSED_COOLDOWN: Duration = Duration::from_secs(60);
+const MAX_FAILURE_COOLDOWN: Duration = Duration::from_secs(5);
+const MIN_RERESOLVE: Duration = Duration::from_secs(1);
+const MAX_RESOLVE_BACKOFF: Duration = Duration::from_secs(30);
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How much of each batch a stream sends to the pool.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PoolShareSetting {
+    /// Only the shortfall: the share rises while the trainer waits and
+    /// falls while local decode keeps ahead.
+    Auto,
+    /// A fixed share (benchmarks, tests).
+    Fixed(f64),
+}
+
+impl std::str::FromStr for PoolShareSetting {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text == "auto" {
+            return Ok(Self::Auto);
+        }
+        match text.parse::<f64>() {
+            Ok(share) if (0.0..=1.0).contains(&share) => Ok(Self::Fixed(share)),
+            _ => Err(format!("{text:?} is neither `auto` nor a share in [0, 1]")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// `host:port` entries; a name may resolve to many workers.
+    pub targets: Vec<String>,
+    pub token: String,
+    pub share: PoolShareSetting,
+    /// Samples per unit.
+    pub unit_samples: usize,
+    /// Units in flight to one worker at most.
+    pub units_per_worker: usize,
+    pub deadline: Duration,
+    pub min_hedge: Duration,
+    pub refresh: Duration,
+}
+
+impl PoolConfig {
+    pub fn new(targets: Vec<String>, token: String) -> Self {
+        Self {
+            targets,
+            token,
+            share: PoolShareSetting::Auto,
+            unit_samples: DEFAULT_UNIT_SAMPLES,
+            units_per_worker: DEFAULT_UNITS_PER_WORKER,
+            deadline: DEFAULT_DEADLINE,
+            min_hedge: DEFAULT_MIN_HEDGE,
+            refresh: DEFAULT_REFRESH,
+        }
+    }
+}
+
+/// One resolved worker.
+struct Worker {
+    addr: SocketAddr,
+    client: pb::decode_pool_client::DecodePoolClient<Channel>,
+    in_flight: Arc<Semaphore>,
+    health: Mutex<WorkerHealth>,
+}
+
+#[derive(Default)]
+struct WorkerHealth {
+    cooling_until: Option<Instant>,
+    failures: u32,
+    refusal_logged: bool,
+}
+
+impl Worker {
+    fn connect(addr: SocketAddr, units: usize) -> Option<Self> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10));
+        Some(Self {
+            addr,
+            client: pb::decode_pool_client::DecodePoolClient::new(endpoint.connect_lazy())
+                .max_decoding_message_size(usize::MAX),
+            in_flight: Arc::new(Semaphore::new(units.max(1))),
+            health: Mutex::default(),
+        })
+    }
+
+    fn available(&self, now: Instant) -> bool {
+        let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        health.cooling_until.is_none_or(|until| until <= now)
+    }
+
+    fn succeeded(&self) {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        health.failures = 0;
+        health.cooling_until = None;
+    }
+
+    fn failed(&self) {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        health.failures = health.failures.saturating_add(1);
+        let backoff = Duration::from_millis(100)
+            .saturating_mul(1 << health.failures.min(6))
+            .min(MAX_FAILURE_COOLDOWN);
+        health.cooling_until = Some(Instant::now() + backoff);
+    }
+
+    fn refused(&self, status: &tonic::Status) {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        health.cooling_until = Some(Instant::now() + REFUSED_COOLDOWN);
+        if !health.refusal_logged {
+            health.refusal_logged = true;
+            tracing::error!(
+                worker = %self.addr,
+                code = ?status.code(),
+                message = status.message(),
+                "pool worker refused this sidecar; it gets no units for a minute"
+            );
+        }
+    }
+}
+
+/// The live workers, by address (ordered: logs and tests see a stable set).
+type Members = BTreeMap<SocketAddr, Arc<Worker>>;
+
+/// A client's unit outcomes so far (as `shardfeed_pool_units_total`
+/// counts them for the whole process).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct UnitCounts {
+    pub sent: u64,
+    pub answered: u64,
+    pub hedged: u64,
+    pub reissued: u64,
+    pub failed: u64,
+    pub refused: u64,
+    pub local: u64,
+}
+
+struct Inner {
+    counts: Mutex<UnitCounts>,
+    config: PoolConfig,
+    identity: String,
+    members: Mutex<Members>,
+    latencies: Mutex<VecDeque<Duration>>,
+    next_unit: AtomicU64,
+    reresolve: Notify,
+}
+
+/// The sidecar's handle on the pool; clones share one membership.
+#[derive(Clone)]
+pub struct PoolClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PoolClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolClient")
+            .field("targets", &self.inner.config.targets)
+            .field("live", &self.live_workers())
+            .finish()
+    }
+}
+
+/// A unit's answer: its pixels, in sample order, and each sample's outcome.
+#[derive(Debug, Clone)]
+pub struct UnitAnswer {
+    pub pixels: Bytes,
+    pub samples: Vec<SampleAnswer>,
+}
+
+enum AttemptError {
+    /// The worker will not take this sidecar's units (token, build).
+    Refused(tonic::Status),
+    /// Anything else: the next worker may answer.
+    Failed(String),
+}
+
+impl PoolClient {
+    /// Starts following `config.targets` on the current runtime. `decoder`
+    /// names the local decoder: workers must run the same.
+    pub fn start(config: PoolConfig, decoder: &str) -> Self {
+        let inner = Arc::new(Inner {
+            counts: Mutex::default(),
+            identity: wire::build_identity(decoder),
+            config,
+            members: Mutex::default(),
+            latencies: Mutex::new(VecDeque::with_capacity(LATENCY_WINDOW)),
+            next_unit: AtomicU64::new(1),
+            reresolve: Notify::new(),
+        });
+        tokio::spawn(follow_members(Arc::downgrade(&inner)));
+        Self { inner }
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.inner.config
+    }
+
+    /// This client's unit outcomes so far.
+    pub fn counts(&self) -> UnitCounts {
+        *self.inner.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, outcome: &'static str) {
+        pool_metrics::unit(outcome);
+        let mut counts = self.inner.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let field = match outcome {
+            "sent" => &mut counts.sent,
+            "answered" => &mut counts.answered,
+            "hedged" => &mut counts.hedged,
+            "reissued" => &mut counts.reissued,
+            "failed" => &mut counts.failed,
+            "refused" => &mut counts.refused,
+            _ => &mut counts.local,
+        };
+        *field += 1;
+    }
+
+    /// Workers resolved and not cooling down.
+    pub fn live_workers(&self) -> usize {
+        let now = Instant::now();
+        self.inner
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|worker| worker.available(now))
+            .count()
+    }
+
+    /// Resolves the targets now and waits until at least `at_least` workers
+    /// are known or `timeout` passes (start-up and tests).
+    pub async fn wait_for_workers(&self, at_least: usize, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let known = self
+                .inner
+                .members
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .len();
+            if known >= at_least || tokio::time::Instant::now() >= deadline {
+                return known;
+            }
+            self.inner.reresolve.notify_one();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Decodes `samples` on the pool. `None`: no worker answered in time
+    /// (none live, all refused or failed, or the deadline passed); the
+    /// caller decodes them itself.
+    pub async fn decode(&self, spec: &OutputSpec, samples: &[UnitSample]) -> Option<UnitAnswer> {
+        let affinity = samples.first().map_or(0, |sample| sample.key.sample);
+        let ranked = self.ranked(affinity);
+        if ranked.is_empty() {
+            self.count("local");
+            return None;
+        }
+        let unit_id = self.inner.next_unit.fetch_add(1, Ordering::Relaxed);
+        let request = wire::unit_to_wire(unit_id, spec, samples);
+        let sample_bytes = spec.bytes();
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.inner.config.deadline;
+        let mut attempts = FuturesUnordered::new();
+        let mut next = 0usize;
+        let mut hedged = false;
+        let attempt = |worker: Arc<Worker>| {
+            let request = request.clone();
+            let identity = self.inner.identity.clone();
+            let token = self.inner.config.token.clone();
+            async move {
+                let outcome = attempt(&worker, request, &identity, &token, sample_bytes).await;
+                (worker, outcome)
+            }
+        };
+        attempts.push(attempt(ranked[0].clone()));
+        self.count("sent");
+        next += 1;
+        loop {
+            let hedge_at = started + self.hedge_delay();
+            tokio::select! {
+                Some((worker, outcome)) = attempts.next() => match outcome {
+                    Ok(answer) => {
+                        worker.succeeded();
+                        self.record_latency(started.elapsed());
+                        self.count("answered");
+                        pool_metrics::unit_time(started.elapsed());
+                        return Some(answer);
+                    }
+                    Err(error) => {
+                        match error {
+                            AttemptError::Refused(status) => {
+                                self.count("refused");
+                                worker.refused(&status);
+                            }
+                            AttemptError::Failed(message) => {
+                                self.count("failed");
+                                tracing::debug!(worker = %worker.addr, %message, "pool attempt failed");
+                                worker.failed();
+                                self.inner.reresolve.notify_one();
+                            }
+                        }
+                        if next < ranked.len().min(MAX_ATTEMPTS) {
+                            attempts.push(attempt(ranked[next].clone()));
+                            next += 1;
+                            self.count("sent");
+                            self.count("reissued");
+                        } else if attempts.is_empty() {
+                            self.count("local");
+                            return None;
+                        }
+                    }
+                },
+                () = tokio::time::sleep_until(hedge_at),
+                    if !hedged && next < ranked.len().min(MAX_ATTEMPTS) => {
+                    hedged = true;
+                    attempts.push(attempt(ranked[next].clone()));
+                    next += 1;
+                    self.count("sent");
+                    self.count("hedged");
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    self.count("local");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Live workers, best first for a unit of `affinity` (rendezvous
+    /// hashing); among equals in rank, one with a free slot goes first.
+    fn ranked(&self, affinity: u64) -> Vec<Arc<Worker>> {
+        let now = Instant::now();
+        let members = self.inner.members.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live: Vec<(u64, Arc<Worker>)> = members
+            .values()
+            .filter(|worker| worker.available(now))
+            .map(|worker| (rendezvous_score(affinity, &worker.addr), worker.clone()))
+            .collect();
+        drop(members);
+        live.sort_by_key(|(score, _)| std::cmp::Reverse(*score));
+        let mut ranked: Vec<Arc<Worker>> = live.into_iter().map(|(_, worker)| worker).collect();
+        // A saturated first choice yields to the next with a free slot:
+        // affinity is worth less than a unit waiting.
+        if let Some(free) = ranked
+            .iter()
+            .position(|worker| worker.in_flight.available_permits() > 0)
+        {
+            ranked[..=free].rotate_right(1);
+        }
+        ranked
+    }
+
+    fn hedge_delay(&self) -> Duration {
+        let latencies = self
+            .inner
+            .latencies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let config = &self.inner.config;
+        if latencies.len() < LATENCY_MIN_SAMPLES {
+            return (config.deadline / 10).max(config.min_hedge);
+        }
+        let mut sorted: Vec<Duration> = latencies.iter().copied().collect();
+        drop(latencies);
+        sorted.sort_unstable();
+        let at = |share: usize| sorted[(sorted.len() * share / 100).min(sorted.len() - 1)];
+        at(95).min(at(50) * HEDGE_MEDIANS).max(config.min_hedge)
+    }
+
+    fn record_latency(&self, latency: Duration) {
+        let mut latencies = self
+            .inner
+            .latencies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if latencies.len() == LATENCY_WINDOW {
+            latencies.pop_front();
+        }
+        latencies.push_back(latency);
+    }
+}
+
+/// One attempt of a unit on `worker`, within the worker's in-flight bound.
+async fn attempt(
+    worker: &Worker,
+    unit: pb::DecodeUnit,
+    identity: &str,
+    token: &str,
+    sample_bytes: usize,
+) -> Result<UnitAnswer, AttemptError> {
+    let _slot = worker
+        .in_flight
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| AttemptError::Failed("worker closed".into()))?;
+    let samples = unit.samples.len();
+    let unit_id = unit.unit_id;
+    let mut request = tonic::Request::new(unit);
+    let metadata = request.metadata_mut();
+    let bearer = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| AttemptError::Failed("the token is not a valid header value".into()))?;
+    metadata.insert("authorization", bearer);
+    let build = identity
+        .parse()
+        .map_err(|_| AttemptError::Failed("the build is not a valid header value".into()))?;
+    metadata.insert(wire::BUILD_HEADER, build);
+    let answer = match worker.client.clone().decode(request).await {
+        Ok(answer) => answer.into_inner(),
+        Err(status) => {
+            return Err(match status.code() {
+                tonic::Code::Unauthenticated
+                | tonic::Code::PermissionDenied
+                | tonic::Code::FailedPrecondition
+                | tonic::Code::InvalidArgument => AttemptError::Refused(status),
+                _ => AttemptError::Failed(format!("{:?}: {}", status.code(), status.message())),
+            })
+        }
+    };
+    if answer.unit_id != unit_id {
+        return Err(AttemptError::Failed(format!(
+            "answer for unit {} to unit {unit_id}",
+            answer.unit_id
+        )));
+    }
+    let answers = wire::answers_from_wire(&answer, samples, sample_bytes)
+        .ok_or_else(|| AttemptError::Failed("malformed answer".into()))?;
+    Ok(UnitAnswer {
+        pixels: answer.pixels,
+        samples: answers,
+    })
+}
+
+/// Highest score first: the unit's rendezvous order over workers.
+fn rendezvous_score(affinity: u64, addr: &SocketAddr) -> u64 {
+    let worker = crate::decode::augment::fnv1a(addr.to_string().into_bytes());
+    fmix64(affinity ^ fmix64(worker))
+}
+
+/// Keeps `inner.members` equal to what the targets resolve to, until the
+/// client is dropped.
+async fn follow_members(inner: Weak<Inner>) {
+    let mut backoff = MIN_RERESOLVE;
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let resolved = resolve_all(&strong.config.targets).await;
+        let wait = match resolved {
+            Ok(addrs) => {
+                update_members(&strong, addrs);
+                backoff = MIN_RERESOLVE;
+                strong.config.refresh
+            }
+            Err(message) => {
+                tracing::warn!(
+                    targets = ?strong.config.targets,
+                    %message,
+                    retry_in_s = backoff.as_secs_f64(),
+                    "cannot resolve the decode pool; decoding locally meanwhile"
+                );
+                let wait = backoff;
+                backoff = (backoff * 2).min(MAX_RESOLVE_BACKOFF);
+                wait
+            }
+        };
+        let reresolve = async {
+            strong.reresolve.notified().await;
+            // At most once a second, however many attempts fail.
+            tokio::time::sleep(MIN_RERESOLVE).await;
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = reresolve => {}
+        }
+        drop(strong);
+    }
+}
+
+/// Every target's addresses; an error only when none resolves.
+async fn resolve_all(targets: &[String]) -> Result<Vec<SocketAddr>, String> {
+    let mut addrs = Vec::new();
+    let mut errors = Vec::new();
+    for target in targets {
+        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(target.as_str())).await
+        {
+            Ok(Ok(found)) => addrs.extend(found),
+            Ok(Err(error)) => errors.push(format!("{target}: {error}")),
+            Err(_) => errors.push(format!("{target}: timed out")),
+        }
+    }
+    if addrs.is_empty() && !errors.is_empty() {
+        return Err(errors.join("; "));
+    }
+    addrs.sort();
+    addrs.dedup();
+    Ok(addrs)
+}
+
+fn update_members(inner: &Inner, addrs: Vec<SocketAddr>) {
+    let mut members = inner.members.lock().unwrap_or_else(|e| e.into_inner());
+    let before: Vec<SocketAddr> = members.keys().copied().collect();
+    members.retain(|addr, _| addrs.contains(addr));
+    for addr in addrs {
+        if let std::collections::btree_map::Entry::Vacant(slot) = members.entry(addr) {
+            if let Some(worker) = Worker::connect(addr, inner.config.units_per_worker) {
+                slot.insert(Arc::new(worker));
+            }
+        }
+    }
+    let after: Vec<SocketAddr> = members.keys().copied().collect();
+    if before != after {
+        tracing::info!(workers = ?after, "decode pool membership changed");
+    }
+    pool_metrics::workers(after.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addrs(n: usize) -> Vec<SocketAddr> {
+        (0..n)
+            .map(|i| SocketAddr::from(([10, 0, (i / 250) as u8, (i % 250) as u8 + 1], 50061)))
+            .collect()
+    }
+
+    fn owner(affinity: u64, workers: &[SocketAddr]) -> SocketAddr {
+        *workers
+            .iter()
+            .max_by_key(|addr| rendezvous_score(affinity, addr))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_worker_joining_moves_about_one_nth_of_the_units() {
+        let before = addrs(10);
+        let after = addrs(11);
+        let units = 20_000u64;
+        let moved = (0..units)
+            .map(fmix64)
+            .filter(|&unit| owner(unit, &before) != owner(unit, &after))
+            .count() as f64;
+        let expected = units as f64 / 11.0;
+        assert!(
+            (moved - expected).abs() < expected * 0.1,
+            "{moved} moved, about {expected} expected"
+        );
+        // Every moved unit went to the newcomer.
+        let newcomer = after[10];
+        assert!((0..units)
+            .map(fmix64)
+            .filter(|&unit| owner(unit, &before) != owner(unit, &after))
+            .all(|unit| owner(unit, &after) == newcomer));
+    }
+
+    #[test]
+    fn units_spread_evenly() {
+        let workers = addrs(8);
+        let mut counts = BTreeMap::new();
+        for unit in (0..16_000u64).map(fmix64) {
+            *counts.entry(owner(unit, &workers)).or_insert(0usize) += 1;
+        }
+        assert_eq!(counts.len(), 8);
+        for count in counts.values() {
+            assert!((1_700..2_300).contains(count), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn share_settings_parse() {
+        assert_eq!("auto".parse(), Ok(PoolShareSetting::Auto));
+        assert_eq!("0.5".parse(), Ok(PoolShareSetting::Fixed(0.5)));
+        assert!("1.5".parse::<PoolShareSetting>().is_err());
+        assert!("most".parse::<PoolShareSetting>().is_err());
+    }
+}

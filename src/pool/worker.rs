@@ -1,0 +1,382 @@
+//! `shardfeed pool-worker`: decodes the units sidecars send it.
+//!
+//! Stateless: it holds a unit only while decoding it. Bounded: at most
+//! `max_units` units at once, each at most `max_unit_bytes` in and
+//! `max_unit_output_bytes` out, so a worker's peak is about
+//!
+//! ```text
+//! max_units * (max_unit_bytes + max_unit_output_bytes) + decode scratch
+//! ```
+//!
+//! and a unit past any bound is refused with a status that names the bound
+//! (a sidecar then decodes it elsewhere). Authenticated: every call must
+//! carry the pool's token, and the sender's build must be the worker's own.
+//! On SIGTERM it reports NOT_SERVING, refuses new units (UNAVAILABLE: the
+//! sidecar re-issues them at once) and finishes the ones it holds.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rayon::prelude::*;
+use tokio::sync::Semaphore;
+use tonic::{Request, Response, Status};
+
+use super::wire::{self, pb, SampleAnswer};
+use crate::decode::{self, Decoder, SampleKey, ScratchBudget};
+use crate::metrics::pool as pool_metrics;
+
+pub const DEFAULT_MAX_UNIT_BYTES: usize = 32 << 20;
+pub const DEFAULT_MAX_UNIT_OUTPUT_BYTES: usize = 32 << 20;
+pub const DEFAULT_MAX_UNIT_SAMPLES: usize = 256;
+/// Longest a worker lets the units it holds finish after SIGTERM.
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub listen: SocketAddr,
+    pub token: String,
+    pub decode_threads: usize,
+    /// Units decoded at once (others are refused as RESOURCE_EXHAUSTED).
+    pub max_units: usize,
+    pub max_unit_bytes: usize,
+    pub max_unit_output_bytes: usize,
+    pub max_unit_samples: usize,
+    pub decode_scratch: u64,
+    pub drain_grace: Duration,
+}
+
+impl WorkerConfig {
+    /// The worker's peak memory by the formula above, scratch included.
+    pub fn memory_bound(&self) -> u64 {
+        (self.max_units as u64) * (self.max_unit_bytes + self.max_unit_output_bytes) as u64
+            + self.decode_scratch
+    }
+}
+
+/// What a worker has decoded so far (tests and benchmarks read it; the
+/// process's metrics count the same).
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub units: std::sync::atomic::AtomicU64,
+    pub samples: std::sync::atomic::AtomicU64,
+}
+
+struct WorkerService {
+    stats: Arc<WorkerStats>,
+    token: String,
+    identity: String,
+    decoder: Arc<dyn Decoder>,
+    scratch: Arc<ScratchBudget>,
+    pool: Arc<rayon::ThreadPool>,
+    slots: Arc<Semaphore>,
+    max_units: usize,
+    max_unit_samples: usize,
+    max_unit_output_bytes: usize,
+    draining: Arc<AtomicBool>,
+}
+
+impl WorkerService {
+    /// The caller's token and build, checked before anything else is read.
+    fn admit(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        let presented = metadata
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if !presented.is_some_and(|token| constant_time_eq(token.as_bytes(), self.token.as_bytes()))
+        {
+            pool_metrics::worker_unit("unauthenticated");
+            return Err(Status::unauthenticated(
+                "the pool's token is missing or wrong (sidecar --pool-token-file and worker \
+                 --token-file must name the same secret)",
+            ));
+        }
+        let build = metadata
+            .get(wire::BUILD_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("");
+        if build != self.identity {
+            pool_metrics::worker_unit("wrong_build");
+            return Err(Status::failed_precondition(format!(
+                "this worker runs {:?} but the sidecar runs {build:?}: pixels from another \
+                 build may differ, so units go only to workers of the sidecar's own build \
+                 (deploy the pool from the sidecar's image)",
+                self.identity
+            )));
+        }
+        if self.draining.load(Ordering::Acquire) {
+            pool_metrics::worker_unit("draining");
+            return Err(Status::unavailable("worker is draining (SIGTERM)"));
+        }
+        Ok(())
+    }
+
+    fn check_unit(&self, unit: &pb::DecodeUnit) -> Result<decode::OutputSpec, Status> {
+        let invalid = |error: wire::UnitError| {
+            pool_metrics::worker_unit("invalid");
+            Status::invalid_argument(error.to_string())
+        };
+        let spec = wire::spec_from_wire(unit.spec.as_ref()).map_err(invalid)?;
+        let samples = unit.samples.len();
+        if samples == 0 || samples > self.max_unit_samples {
+            return Err(invalid(wire::UnitError {
+                field: "samples",
+                message: format!(
+                    "{samples} samples; a unit holds 1 to {} (worker --max-unit-samples)",
+                    self.max_unit_samples
+                ),
+            }));
+        }
+        let output = spec.bytes().saturating_mul(samples);
+        if output > self.max_unit_output_bytes {
+            return Err(invalid(wire::UnitError {
+                field: "samples",
+                message: format!(
+                    "{samples} outputs of {}x{} are {output} bytes, over the worker's \
+                     --max-unit-output-bytes {}",
+                    spec.height, spec.width, self.max_unit_output_bytes
+                ),
+            }));
+        }
+        for sample in &unit.samples {
+            wire::format_from_wire(sample.format).map_err(invalid)?;
+        }
+        Ok(spec)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::decode_pool_server::DecodePool for WorkerService {
+    async fn decode(
+        &self,
+        request: Request<pb::DecodeUnit>,
+    ) -> Result<Response<pb::DecodedUnit>, Status> {
+        self.admit(request.metadata())?;
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            pool_metrics::worker_unit("busy");
+            return Err(Status::resource_exhausted(format!(
+                "worker busy: {} units decoding (--max-units)",
+                self.max_units
+            )));
+        };
+        let unit = request.into_inner();
+        let spec = self.check_unit(&unit)?;
+        let started = Instant::now();
+        let busy = pool_metrics::WorkerBusy::enter(self.max_units);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (decoder, scratch) = (self.decoder.clone(), self.scratch.clone());
+        self.pool.spawn(move || {
+            let _ = tx.send(decode_unit(&*decoder, &scratch, &spec, &unit));
+            drop(permit);
+        });
+        let answer = rx
+            .await
+            .map_err(|_| Status::internal("the decode thread dropped its unit"))?;
+        drop(busy);
+        pool_metrics::worker_unit("decoded");
+        pool_metrics::worker_samples(answer.results.len() as u64);
+        self.stats.units.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .samples
+            .fetch_add(answer.results.len() as u64, Ordering::Relaxed);
+        pool_metrics::worker_unit_time(started.elapsed());
+        Ok(Response::new(answer))
+    }
+}
+
+/// Decodes every sample of `unit` into one buffer, as a local stream would.
+fn decode_unit(
+    decoder: &dyn Decoder,
+    scratch: &ScratchBudget,
+    spec: &decode::OutputSpec,
+    unit: &pb::DecodeUnit,
+) -> pb::DecodedUnit {
+    let sample_bytes = spec.bytes();
+    let mut pixels = vec![0u8; sample_bytes * unit.samples.len()];
+    let answers: Vec<SampleAnswer> = pixels
+        .par_chunks_mut(sample_bytes)
+        .zip(unit.samples.par_iter())
+        .map(|(out, sample)| {
+            let format = match wire::format_from_wire(sample.format) {
+                Ok(format) => format,
+                Err(error) => {
+                    return SampleAnswer::Failed {
+                        reason: "format".into(),
+                        message: error.to_string(),
+                    }
+                }
+            };
+            let key = SampleKey {
+                seed: sample.seed,
+                epoch: sample.epoch,
+                sample: sample.sample,
+            };
+            match decode::decode_bounded(decoder, scratch, format, &sample.data, spec, &key, out) {
+                Ok(crop) => SampleAnswer::Decoded(crop),
+                Err(error) => {
+                    out.fill(0);
+                    SampleAnswer::Failed {
+                        reason: error.reason().into(),
+                        message: error.to_string(),
+                    }
+                }
+            }
+        })
+        .collect();
+    pb::DecodedUnit {
+        unit_id: unit.unit_id,
+        pixels: Bytes::from(pixels),
+        results: answers.iter().map(wire::answer_to_wire).collect(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting the decode threads: {0}")]
+    Threads(String),
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A worker bound to its address: the port is known before it serves.
+pub struct BoundWorker {
+    stats: Arc<WorkerStats>,
+    listener: tokio::net::TcpListener,
+    config: WorkerConfig,
+    decoder: Arc<dyn Decoder>,
+}
+
+impl BoundWorker {
+    pub async fn bind(config: WorkerConfig) -> Result<Self, WorkerError> {
+        Self::bind_with_decoder(config, decode::default_decoder()).await
+    }
+
+    pub async fn bind_with_decoder(
+        config: WorkerConfig,
+        decoder: Arc<dyn Decoder>,
+    ) -> Result<Self, WorkerError> {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| WorkerError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        Ok(Self {
+            stats: Arc::default(),
+            listener,
+            config,
+            decoder,
+        })
+    }
+
+    /// What this worker decodes, as it goes.
+    pub fn stats(&self) -> Arc<WorkerStats> {
+        self.stats.clone()
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.config.listen)
+    }
+
+    /// Serves until `shutdown` resolves, then drains (see the module doc).
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), WorkerError> {
+        let config = self.config;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.decode_threads.max(1))
+            .thread_name(|i| format!("shardfeed-pool-decode-{i}"))
+            .build()
+            .map_err(|e| WorkerError::Threads(e.to_string()))?;
+        let draining = Arc::new(AtomicBool::new(false));
+        let slots = Arc::new(Semaphore::new(config.max_units.max(1)));
+        let service = WorkerService {
+            stats: self.stats,
+            token: config.token.clone(),
+            identity: wire::build_identity(self.decoder.name()),
+            decoder: self.decoder,
+            scratch: Arc::new(ScratchBudget::new(config.decode_scratch)),
+            pool: Arc::new(pool),
+            slots: slots.clone(),
+            max_units: config.max_units.max(1),
+            max_unit_samples: config.max_unit_samples,
+            max_unit_output_bytes: config.max_unit_output_bytes,
+            draining: draining.clone(),
+        };
+        tracing::info!(
+            listen = %self.listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
+            build = %service.identity,
+            decode_threads = config.decode_threads,
+            max_units = config.max_units,
+            memory_bound_mib = config.memory_bound() >> 20,
+            "pool worker serving"
+        );
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<pb::decode_pool_server::DecodePoolServer<WorkerService>>()
+            .await;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .add_service(health_service)
+            .add_service(
+                pb::decode_pool_server::DecodePoolServer::new(service)
+                    .max_decoding_message_size(config.max_unit_bytes)
+                    .max_encoding_message_size(config.max_unit_output_bytes + (1 << 20)),
+            )
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true)),
+                async move {
+                    let _ = stop_rx.await;
+                },
+            );
+        let mut server = std::pin::pin!(server);
+        tokio::select! {
+            result = &mut server => return result.map_err(WorkerError::from),
+            () = shutdown => {}
+        }
+        tracing::info!("pool worker draining: NOT_SERVING, refusing new units");
+        draining.store(true, Ordering::Release);
+        health
+            .set_not_serving::<pb::decode_pool_server::DecodePoolServer<WorkerService>>()
+            .await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        // Every unit decoding holds a slot: all of them back means none is left.
+        let all = u32::try_from(config.max_units.max(1)).unwrap_or(u32::MAX);
+        if tokio::time::timeout(config.drain_grace, slots.acquire_many(all))
+            .await
+            .is_err()
+        {
+            tracing::warn!("drain grace over with units still decoding");
+        }
+        let _ = stop_tx.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
+        tracing::info!("pool worker stopped");
+        Ok(())
+    }
+}
+
+/// Binds `config.listen` and serves until `shutdown` resolves.
+pub async fn serve_worker(
+    config: WorkerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    BoundWorker::bind(config).await?.serve(shutdown).await
+}

@@ -1,0 +1,448 @@
+//! The decode pool in process: a sidecar and workers on 127.0.0.x. Batches
+//! are byte-identical whoever decoded their samples (the pool, several of
+//! its workers, a hedge, or local decode after a refusal or a drain), and
+//! no sample arrives twice.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use shardfeed::decode::{self, CropBox, Decoder, OutputSpec};
+use shardfeed::pool::client::UnitCounts;
+use shardfeed::pool::worker::{BoundWorker, WorkerStats};
+use shardfeed::pool::{PoolClient, PoolConfig, PoolShareSetting, WorkerConfig};
+use shardfeed::server::pb;
+use shardfeed::shard::ImageFormat;
+
+const TOKEN: &str = "pool-test-token";
+
+/// 4 shards of 16 photos of a few sizes, one of them corrupt: 64 samples.
+fn photos() -> Vec<Vec<Sample>> {
+    (0..4)
+        .map(|s| {
+            (0..16)
+                .map(|i| {
+                    let n = (s * 16 + i) as u64;
+                    let image = if n == 21 {
+                        b"\xff\xd8 not a jpeg".to_vec()
+                    } else {
+                        jpeg(160 + (n % 4) as u32 * 40, 120 + (n % 3) as u32 * 30, n)
+                    };
+                    Sample {
+                        key: format!("s{s}/k{n:03}"),
+                        image: Some(("jpg", image)),
+                        label: Some((n % 5).to_string()),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn train(dataset: &str) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        seed: 5,
+        augmentation: Some(pb::Augmentation {
+            crop: Some(pb::augmentation::Crop::RandomResizedCrop(
+                pb::RandomResizedCrop::default(),
+            )),
+            horizontal_flip: 0.5,
+        }),
+        ..request(dataset)
+    }
+}
+
+/// A decoder that names itself differently (a worker of another build).
+#[derive(Debug)]
+struct OtherBuild(Arc<dyn Decoder>);
+
+impl Decoder for OtherBuild {
+    fn decode_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        crop: &CropBox,
+        out: &mut [u8],
+    ) -> Result<(), decode::DecodeError> {
+        self.0.decode_into(format, data, spec, crop, out)
+    }
+
+    fn name(&self) -> &'static str {
+        "another build's decoder"
+    }
+}
+
+/// The build's decoder, slowed down per image (a worker on a busy node).
+#[derive(Debug)]
+struct Slow(Arc<dyn Decoder>, Duration);
+
+impl Decoder for Slow {
+    fn decode_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        crop: &CropBox,
+        out: &mut [u8],
+    ) -> Result<(), decode::DecodeError> {
+        std::thread::sleep(self.1);
+        self.0.decode_into(format, data, spec, crop, out)
+    }
+
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+}
+
+struct Worker {
+    addr: SocketAddr,
+    stats: Arc<WorkerStats>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Worker {
+    async fn start(ip: [u8; 4], token: &str, decoder: Option<Arc<dyn Decoder>>) -> Self {
+        let config = WorkerConfig {
+            listen: (ip, 0).into(),
+            token: token.into(),
+            decode_threads: 1,
+            max_units: 8,
+            max_unit_bytes: 16 << 20,
+            max_unit_output_bytes: 16 << 20,
+            max_unit_samples: 64,
+            decode_scratch: 256 << 20,
+            drain_grace: Duration::from_secs(5),
+        };
+        let decoder = decoder.unwrap_or_else(decode::default_decoder);
+        let bound = BoundWorker::bind_with_decoder(config, decoder)
+            .await
+            .unwrap();
+        let (addr, stats) = (bound.local_addr(), bound.stats());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            bound
+                .serve(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            addr,
+            stats,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn samples(&self) -> u64 {
+        self.stats.samples.load(Ordering::Relaxed)
+    }
+
+    /// Drains as on SIGTERM and waits until the worker has stopped.
+    async fn drain(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.unwrap();
+    }
+}
+
+fn pool_config(workers: &[&Worker], share: f64) -> PoolConfig {
+    PoolConfig {
+        share: PoolShareSetting::Fixed(share),
+        unit_samples: 3,
+        ..PoolConfig::new(
+            workers.iter().map(|w| w.addr.to_string()).collect(),
+            TOKEN.into(),
+        )
+    }
+}
+
+async fn pooled(config: PoolConfig, workers: usize) -> (Harness, PoolClient) {
+    let client = PoolClient::start(config, decode::default_decoder_name());
+    assert_eq!(
+        client
+            .wait_for_workers(workers, Duration::from_secs(10))
+            .await,
+        workers
+    );
+    let harness = Harness::start(Options {
+        decode_threads: 1,
+        pool: Some(client.clone()),
+        ..Options::default()
+    })
+    .await;
+    (harness, client)
+}
+
+async fn every_rank(
+    harness: &Harness,
+    uri: &str,
+    request: pb::StreamBatchesRequest,
+    world_size: u32,
+) -> Vec<pb::Batch> {
+    let mut client = harness.client().await;
+    let mut all = Vec::new();
+    for rank in 0..world_size {
+        let ranked = pb::StreamBatchesRequest {
+            dataset: uri.into(),
+            rank,
+            world_size,
+            ..request.clone()
+        };
+        all.extend(collect(&mut client, ranked).await.unwrap());
+    }
+    all
+}
+
+fn no_repeats(batches: &[pb::Batch]) {
+    let mut seen = std::collections::HashSet::new();
+    for key in keys(batches) {
+        assert!(seen.insert(key.clone()), "{key} delivered twice");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_batches_equal_local_ones_at_world_one_and_four_and_after_a_resume() {
+    let shards = photos();
+    let local = Harness::start(Options::default()).await;
+    let local_uri = upload(&local.s3, "data", "train/", &shards).await;
+    let workers = [
+        Worker::start([127, 0, 0, 1], TOKEN, None).await,
+        Worker::start([127, 0, 0, 2], TOKEN, None).await,
+        Worker::start([127, 0, 0, 3], TOKEN, None).await,
+    ];
+    for share in [1.0, 0.5] {
+        let (harness, client) =
+            pooled(pool_config(&workers.iter().collect::<Vec<_>>(), share), 3).await;
+        let uri = upload(&harness.s3, "data", "train/", &shards).await;
+        for world_size in [1, 4] {
+            for recipe in [train(""), request("")] {
+                let expected = every_rank(&local, &local_uri, recipe.clone(), world_size).await;
+                let pooled = every_rank(&harness, &uri, recipe, world_size).await;
+                no_repeats(&pooled);
+                assert_eq!(pooled.len(), expected.len());
+                assert_eq!(
+                    digest(&pooled),
+                    digest(&expected),
+                    "share {share}, world size {world_size}: pooled batches differ"
+                );
+            }
+        }
+        // A resume at the third batch equals the tail of the local epoch.
+        let whole = every_rank(&local, &local_uri, train(""), 1).await;
+        let resumed = every_rank(
+            &harness,
+            &uri,
+            pb::StreamBatchesRequest {
+                start_batch: 3,
+                ..train("")
+            },
+            1,
+        )
+        .await;
+        assert_eq!(resumed.first().map(|b| b.index), Some(3));
+        assert_eq!(digest(&resumed), digest(&whole[3..]));
+        let counts = client.counts();
+        assert!(counts.answered > 0 && counts.local == 0, "{counts:?}");
+        harness.shutdown().await;
+    }
+    // Every worker took a part (rendezvous spreads the units).
+    for worker in &workers {
+        assert!(worker.samples() > 0, "{} decoded nothing", worker.addr);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_and_absent_workers_leave_the_epoch_to_local_decode() {
+    let shards = photos();
+    let local = Harness::start(Options::default()).await;
+    let local_uri = upload(&local.s3, "data", "train/", &shards).await;
+    let expected = every_rank(&local, &local_uri, train(""), 2).await;
+
+    let wrong_token = Worker::start([127, 0, 0, 1], "not-the-token", None).await;
+    let other_build = Worker::start(
+        [127, 0, 0, 2],
+        TOKEN,
+        Some(Arc::new(OtherBuild(decode::default_decoder()))),
+    )
+    .await;
+    // A port nothing listens on any more: a worker that is gone.
+    let gone = std::net::TcpListener::bind("127.0.0.3:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut config = pool_config(&[&wrong_token, &other_build], 1.0);
+    config.targets.push(gone.to_string());
+    let (harness, client) = pooled(config, 3).await;
+    let uri = upload(&harness.s3, "data", "train/", &shards).await;
+    let pooled = every_rank(&harness, &uri, train(""), 2).await;
+    no_repeats(&pooled);
+    assert_eq!(digest(&pooled), digest(&expected));
+    assert_eq!(wrong_token.samples() + other_build.samples(), 0);
+    let counts = client.counts();
+    assert!(counts.refused >= 2, "{counts:?}");
+    assert_eq!(counts.answered, 0, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_worker_is_hedged_and_a_drained_one_loses_nothing() {
+    let shards = photos();
+    let local = Harness::start(Options::default()).await;
+    let local_uri = upload(&local.s3, "data", "train/", &shards).await;
+    let expected = every_rank(&local, &local_uri, train(""), 1).await;
+
+    let slow = Worker::start(
+        [127, 0, 0, 1],
+        TOKEN,
+        Some(Arc::new(Slow(
+            decode::default_decoder(),
+            Duration::from_millis(300),
+        ))),
+    )
+    .await;
+    let mut fast = Worker::start([127, 0, 0, 2], TOKEN, None).await;
+    let mut config = pool_config(&[&slow, &fast], 1.0);
+    config.min_hedge = Duration::from_millis(20);
+    let (harness, client) = pooled(config, 2).await;
+    let uri = upload(&harness.s3, "data", "train/", &shards).await;
+    let pooled = every_rank(&harness, &uri, train(""), 1).await;
+    assert_eq!(digest(&pooled), digest(&expected));
+    let UnitCounts {
+        hedged, answered, ..
+    } = client.counts();
+    assert!(hedged > 0 && answered > 0, "{:?}", client.counts());
+
+    // Drain the fast worker halfway through an epoch: the rest of the
+    // units go to the slow one or local decode, and the epoch is whole.
+    let mut stream = harness
+        .client()
+        .await
+        .stream_batches(pb::StreamBatchesRequest {
+            dataset: uri.clone(),
+            ..train("")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut batches = vec![stream.message().await.unwrap().unwrap()];
+    fast.drain().await;
+    while let Some(batch) = stream.message().await.unwrap() {
+        batches.push(batch);
+    }
+    no_repeats(&batches);
+    assert_eq!(digest(&batches), digest(&expected));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_units_are_refused_with_the_field_named() {
+    use shardfeed::pool::wire::{self, pb as wire_pb};
+    let worker = Worker::start([127, 0, 0, 1], TOKEN, None).await;
+    let mut client =
+        wire_pb::decode_pool_client::DecodePoolClient::connect(format!("http://{}", worker.addr))
+            .await
+            .unwrap();
+    let call = |unit: wire_pb::DecodeUnit, token: &str, build: &str| {
+        let mut request = tonic::Request::new(unit);
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request
+            .metadata_mut()
+            .insert(wire::BUILD_HEADER, build.parse().unwrap());
+        request
+    };
+    let build = wire::build_identity(decode::default_decoder_name());
+    let sample = wire::UnitSample {
+        key: decode::SampleKey {
+            seed: 1,
+            epoch: 0,
+            sample: 7,
+        },
+        format: ImageFormat::Jpeg,
+        data: jpeg(64, 48, 1).into(),
+    };
+    let good = wire::unit_to_wire(
+        9,
+        &OutputSpec::center(32, 32),
+        std::slice::from_ref(&sample),
+    );
+
+    let answer = client
+        .decode(call(good.clone(), TOKEN, &build))
+        .await
+        .unwrap();
+    assert_eq!(answer.get_ref().pixels.len(), 32 * 32 * 3);
+
+    let status = client
+        .decode(call(good.clone(), "wrong", &build))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let status = client
+        .decode(call(good.clone(), TOKEN, "shardfeed 0.0.1 / x"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(status.message().contains("0.0.1"), "{}", status.message());
+
+    let too_many = wire::unit_to_wire(9, &OutputSpec::center(32, 32), &vec![sample.clone(); 65]);
+    let status = client
+        .decode(call(too_many, TOKEN, &build))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("samples:"),
+        "{}",
+        status.message()
+    );
+
+    let huge = wire::unit_to_wire(
+        9,
+        &OutputSpec::center(4096, 4096),
+        std::slice::from_ref(&sample),
+    );
+    let status = client.decode(call(huge, TOKEN, &build)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("max-unit-output-bytes"),
+        "{}",
+        status.message()
+    );
+
+    let mut no_spec = good.clone();
+    no_spec.spec = None;
+    let status = client
+        .decode(call(no_spec, TOKEN, &build))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("spec:"),
+        "{}",
+        status.message()
+    );
+
+    // A corrupt image is answered as a failure, not an error.
+    let mut corrupt = sample;
+    corrupt.data = bytes::Bytes::from_static(b"\xff\xd8 not a jpeg");
+    let answer = client
+        .decode(call(
+            wire::unit_to_wire(10, &OutputSpec::center(32, 32), &[corrupt]),
+            TOKEN,
+            &build,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let answers = wire::answers_from_wire(&answer, 1, 32 * 32 * 3).unwrap();
+    assert!(matches!(answers[0], wire::SampleAnswer::Failed { .. }));
+}
