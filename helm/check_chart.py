@@ -54,6 +54,7 @@ CUSTOM = {
     "JobSet",
     "TrainingRuntime",
     "ClusterTrainingRuntime",
+    "ScaledObject",
 }
 # The one value the chart requires.
 IMAGE = "shardfeed.image.repository=registry.example.com/infra/shardfeed"
@@ -410,9 +411,15 @@ def check_documents(docs: list[Doc], name: str) -> None:
     workloads = [d for d in docs if pod_templates(d)]
     check(len(workloads) == 1, f"{name}: expected one workload, got {len(workloads)}")
     pod_labels = pod_templates(workloads[0])[0][1].get("metadata", {}).get("labels", {})
+    # The decode pool's workers, where on: a PodMonitor of theirs selects them.
+    pool_labels = [
+        d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] == "Deployment"
+    ]
     for doc in docs:
         if doc["kind"] not in CUSTOM:
             kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        elif doc["kind"] == "PodMonitor" and doc["metadata"]["name"].endswith("-pool"):
+            check_custom(doc, pool_labels[0] if pool_labels else {})
         else:
             check_custom(doc, pod_labels)
         for where, template in pod_templates(doc):
@@ -459,6 +466,62 @@ def check_custom(doc: Doc, pod_labels: Doc) -> None:
         check(doc["apiVersion"] == "jobset.x-k8s.io/v1alpha2", "JobSet apiVersion")
 
 
+def check_pool(docs: list[Doc], name: str) -> str:
+    """The decode pool, where on: sidecars dial its headless Service with
+    the token its workers hold; the Service selects the workers and no
+    training pod; KEDA scales the Deployment on documented metrics."""
+    pools = [d for d in docs if d["kind"] == "Deployment"]
+    if not pools:
+        return ""
+    (pool,) = pools
+    worker_labels = pool["spec"]["template"]["metadata"]["labels"]
+    (service,) = [
+        d
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] == pool["metadata"]["name"]
+    ]
+    check(service["spec"].get("clusterIP") == "None", f"{name}: the pool's Service is not headless")
+    selector = service["spec"]["selector"]
+    check(
+        all(worker_labels.get(k) == v for k, v in selector.items()),
+        f"{name}: the pool's Service does not select its workers",
+    )
+    (port,) = service["spec"]["ports"]
+    worker = pool["spec"]["template"]["spec"]
+    (secret,) = [v["secret"]["secretName"] for v in worker["volumes"] if "secret" in v]
+    for doc in docs:
+        for where, template in pod_templates(doc):
+            labels = template["metadata"].get("labels", {})
+            check(
+                not all(labels.get(k) == v for k, v in selector.items()),
+                f"{name}: the pool's Service selects {where}'s training pods",
+            )
+            (sidecar,) = [
+                c for c in template["spec"].get("initContainers", []) if c["name"] == "shardfeed"
+            ]
+            env = env_of(sidecar)
+            address = f"{service['metadata']['name']}:{port['port']}"
+            check(env.get("SHARDFEED_POOL") == address, f"{name}: {where} dials no {address}")
+            tokens = [
+                v["secret"]["secretName"] for v in template["spec"]["volumes"] if "secret" in v
+            ]
+            check(tokens == [secret], f"{name}: {where} mounts {tokens}, the workers {secret}")
+    scaled = [d for d in docs if d["kind"] == "ScaledObject"]
+    for doc in scaled:
+        check(
+            doc["spec"]["scaleTargetRef"]["name"] == pool["metadata"]["name"],
+            f"{name}: the ScaledObject scales something else",
+        )
+        for trigger in doc["spec"]["triggers"]:
+            check(trigger["type"] == "prometheus", f"{name}: a {trigger['type']} trigger")
+            query = trigger["metadata"]["query"]
+            release = 'release="test"'
+            check(release in query, f"{name}: KEDA's query ignores the release: {query}")
+            # The release's name is the user's, not a value shardfeed exports.
+            check_query(query.replace(release, 'release=~"$release"'), f"{name} ScaledObject")
+    return f", a decode pool{' scaled by KEDA' if scaled else ''}"
+
+
 def check_scenario(values: Path | None) -> str:
     name = values.name if values else "required values only"
     sets = () if values else (IMAGE,)
@@ -473,7 +536,7 @@ def check_scenario(values: Path | None) -> str:
     world = check_world(docs, name)
     if values is not None:
         check_passthrough(docs, yaml.safe_load(values.read_text()), name)
-    return f"{sorted(d['kind'] for d in docs)}, {world}"
+    return f"{sorted(d['kind'] for d in docs)}, {world}{check_pool(docs, name)}"
 
 
 def check_refusals() -> None:
@@ -489,6 +552,7 @@ def check_refusals() -> None:
             "claimName is not set",
         ),
         (("shardfeed.cache.decoded.enabled=true",), "needs shardfeed.cache.enabled"),
+        (("shardfeed.pool.address=pool:50061",), "pool.tokenSecret is not set"),
     ):
         refused = render(None, IMAGE, *sets)
         check(
@@ -503,6 +567,8 @@ def check_refusals() -> None:
         "shardfeed.cache.decoded.sizeGi=0",
         "shardfeed.partSize=1024",
         "shardfeed.allow[0]=http://elsewhere/",
+        "shardfeed.pool.share=most",
+        "pool.autoscaling.samplesPerSecondPerWorker=0",
         "shardfeed.imagee.tag=1",
         "trainer.shmSize=lots",
         "prometheusRule.for.inputBound=soon",

@@ -204,6 +204,16 @@ pub struct DeliveryBenchArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct PoolBenchArgs {
+    #[command(flatten)]
+    pub stream: SyntheticStreamArgs,
+    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    pub rounds: usize,
+    #[command(flatten)]
+    pub pool: super::PoolArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct TierStreamBenchArgs {
     #[command(flatten)]
     pub stream: SyntheticStreamArgs,

@@ -114,6 +114,11 @@ pub enum Command {
     /// a training stream, alternately (the demo's photos). Prints JSON lines.
     #[cfg(feature = "dev")]
     DeliveryBench(DeliveryBenchArgs),
+    /// A training stream decoded here alone against the same stream with
+    /// the decode pool at --pool taking the shortfall, alternately (the
+    /// demo's photos). Prints JSON lines.
+    #[cfg(feature = "dev")]
+    PoolBench(PoolBenchArgs),
     /// Compare shuffle quality with the WebDataset recipe on a class-sorted
     /// dataset (no I/O: the plan alone decides the order). Prints JSON lines.
     #[cfg(feature = "dev")]

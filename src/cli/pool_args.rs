@@ -102,8 +102,9 @@ pub struct PoolWorkerArgs {
     #[arg(long, env = "SHARDFEED_DECODE_THREADS",
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub decode_threads: Option<usize>,
-    /// Units decoded at once; more are refused (RESOURCE_EXHAUSTED) and the
-    /// sidecar sends them elsewhere (default: two per decode thread).
+    /// Units decoded at once; more wait up to a second, then are refused
+    /// (RESOURCE_EXHAUSTED) and the sidecar sends them elsewhere (default:
+    /// four per decode thread, at least 8).
     #[arg(long, env = "SHARDFEED_POOL_MAX_UNITS",
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=4096))]
     pub max_units: Option<usize>,
@@ -147,7 +148,7 @@ impl PoolWorkerArgs {
             listen: self.listen,
             token,
             decode_threads,
-            max_units: self.max_units.unwrap_or(2 * decode_threads),
+            max_units: self.max_units.unwrap_or((4 * decode_threads).max(8)),
             max_unit_bytes: self.max_unit_bytes,
             max_unit_output_bytes: self.max_unit_output_bytes,
             max_unit_samples: self.max_unit_samples,

@@ -68,6 +68,23 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             .await
         }
         #[cfg(feature = "dev")]
+        Command::PoolBench(args) => {
+            let mut problems = Vec::new();
+            let pool = args.pool.config(&mut problems);
+            let Some(pool) = pool else {
+                problems.push("pool-bench needs --pool".into());
+                return Err(super::ConfigError(problems).into());
+            };
+            crate::dev::pool_bench::run(&crate::dev::pool_bench::PoolBenchSpec {
+                data: args.stream.data(),
+                batch_size: args.stream.batch_size,
+                decode_threads: args.stream.decode_threads(),
+                rounds: args.rounds,
+                pool,
+            })
+            .await
+        }
+        #[cfg(feature = "dev")]
         Command::DeliveryBench(args) => {
             crate::dev::delivery_bench::run(&crate::dev::delivery_bench::DeliveryBenchSpec {
                 data: args.stream.data(),

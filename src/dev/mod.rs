@@ -10,6 +10,7 @@ pub mod demo;
 pub mod fuzz;
 pub mod kernel;
 pub mod mix_bench;
+pub mod pool_bench;
 pub mod s3mem;
 pub mod shuffle_quality;
 pub mod synthetic;

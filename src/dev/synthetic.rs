@@ -161,6 +161,20 @@ pub fn synthesize_shards(spec: &SyntheticSpec) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// The first `count` photos of `spec`'s kind, as JPEG bytes.
+pub fn photos(spec: &SyntheticSpec, count: usize) -> Vec<bytes::Bytes> {
+    let one_shard = SyntheticSpec {
+        shards: 1,
+        samples_per_shard: count,
+        ..spec.clone()
+    };
+    synthesize_samples(&one_shard)
+        .into_iter()
+        .flatten()
+        .map(|(_, jpeg, _)| jpeg.into())
+        .collect()
+}
+
 /// The samples of each shard, built in parallel.
 fn synthesize_samples(spec: &SyntheticSpec) -> Vec<Vec<SyntheticSample>> {
     (0..spec.shards)

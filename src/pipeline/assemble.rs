@@ -356,6 +356,7 @@ pub(super) fn decode_batch(
     // The pool's units leave first; local cores decode the rest meanwhile,
     // then place the answers and decode whatever the pool did not answer.
     let answers = remote.send(&common.spec, &samples);
+    let started = Instant::now();
     let (local_tx, local_rx) = oneshot::channel();
     let local_decoder = sample_decoder.clone();
     let local_metrics = stream_metrics.clone();
@@ -370,15 +371,18 @@ pub(super) fn decode_batch(
             shared_slot,
         );
         work.decode_rest(&local_decoder, &local_metrics, &reserved);
-        let _ = local_tx.send(work);
+        let _ = local_tx.send((work, Instant::now()));
     });
     tokio::spawn(async move {
-        let (Ok(mut work), answers) = (local_rx.await, answers.await) else {
+        let (Ok((mut work, local_done)), answers) = (local_rx.await, answers.await) else {
             return;
         };
+        // A unit task that panicked answered nothing: all decoded here.
+        let (answers, remote_done) = answers.unwrap_or_else(|_| (Vec::new(), Instant::now()));
+        let nanos = |at: Instant| at.duration_since(started).as_nanos() as i64;
+        remote.finished(nanos(remote_done) - nanos(local_done));
         pool.spawn(move || {
-            // A unit task that panicked answered nothing: all decoded here.
-            work.place_answers(answers.unwrap_or_default());
+            work.place_answers(answers);
             work.decode_rest(&sample_decoder, &stream_metrics, &[]);
             let batch = work.finish(server_fraction, &buffers, &stream_metrics, index);
             drop(queued);

@@ -11,6 +11,8 @@
 //! host's disk, and an encoded delivery already hands its share of decodes
 //! to the trainer.
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::encoded::{ClientPace, Delivery, SHARE_STEP};
@@ -30,10 +32,14 @@ const DEMAND_SMOOTHING: f64 = 0.2;
 /// One unit's slots in the batch and the pool's answer (None: decode here).
 pub(super) type UnitResult = (Vec<usize>, Option<UnitAnswer>);
 
+/// No batch has finished since the share last looked.
+const NO_BALANCE: i64 = i64::MIN;
+
 /// The samples of one batch sent to the pool, in units.
 pub(super) struct RemotePart {
     client: PoolClient,
     units: Vec<Vec<usize>>,
+    balance: Arc<AtomicI64>,
 }
 
 impl RemotePart {
@@ -42,12 +48,20 @@ impl RemotePart {
         self.units.iter().flatten().copied().collect()
     }
 
-    /// Sends every unit at once; resolves with each unit's answer.
+    /// How much later the pool's part of a batch finished than the local
+    /// part (negative: sooner), for the share to balance the two.
+    pub fn finished(&self, remote_late_by: i64) {
+        self.balance
+            .store(remote_late_by.max(NO_BALANCE + 1), Ordering::Relaxed);
+    }
+
+    /// Sends every unit at once; resolves with each unit's answer and when
+    /// the last came.
     pub fn send(
         &self,
         spec: &OutputSpec,
         samples: &[EmittedSample],
-    ) -> tokio::task::JoinHandle<Vec<UnitResult>> {
+    ) -> tokio::task::JoinHandle<(Vec<UnitResult>, Instant)> {
         let units: Vec<(Vec<usize>, Vec<UnitSample>)> = self
             .units
             .iter()
@@ -63,11 +77,13 @@ impl RemotePart {
         tokio::spawn(async move {
             let answers = units.iter().map(|(_, unit)| client.decode(&spec, unit));
             let answers = futures::future::join_all(answers).await;
-            units
+            let answered = Instant::now();
+            let results = units
                 .into_iter()
                 .zip(answers)
                 .map(|((slots, _), answer)| (slots, answer))
-                .collect()
+                .collect();
+            (results, answered)
         })
     }
 }
@@ -101,6 +117,9 @@ pub(super) struct RemoteShare {
     fraction: f64,
     rank: String,
     metrics: crate::metrics::StreamMetrics,
+    /// Nanoseconds the pool's part of the last finished batch came after
+    /// the local part ([`NO_BALANCE`]: none finished since last looked).
+    balance: Arc<AtomicI64>,
     last_handed: Option<Instant>,
     /// This stream's samples/s the pool should supply, in the host's gauge.
     demand: f64,
@@ -117,12 +136,13 @@ impl RemoteShare {
         Some(Self {
             fraction: match setting {
                 PoolShareSetting::Fixed(share) => share,
-                PoolShareSetting::Auto => 0.0,
+                PoolShareSetting::Auto => client.settled_share(),
             },
             client,
             setting,
             rank: crate::metrics::rank_label(rank),
             metrics: common.metrics.clone(),
+            balance: Arc::new(AtomicI64::new(NO_BALANCE)),
             last_handed: None,
             demand: 0.0,
         })
@@ -152,22 +172,31 @@ impl RemoteShare {
         Some(RemotePart {
             client: self.client.clone(),
             units,
+            balance: self.balance.clone(),
         })
     }
 
-    /// After each batch handed on: in `auto`, the share rises while the
-    /// client has nothing ahead (the trainer waits) and falls while the
-    /// producer waits on the client (local decode keeps ahead), so it
-    /// settles at the shortfall. Then the demand signal: the samples/s the
-    /// trainer would take if it never waited, less what local decode gave.
+    /// After each batch handed on: in `auto`, the share falls while the
+    /// producer waits on the client (local decode keeps ahead, the pool is
+    /// not needed); while the client has nothing ahead (the trainer waits)
+    /// it rises, unless the pool's part of the last batch came after the
+    /// local part (then the pool is what the batch waits on, and the share
+    /// falls). So it settles at the shortfall, and where the pool cannot
+    /// cover it, where both parts of a batch finish together. Then the
+    /// demand signal: the samples/s the trainer would take if it never
+    /// waited, less what local decode gave.
     pub(super) fn tune(&mut self, pace: ClientPace, samples: usize) {
         let handed_share = self.fraction;
+        let balance = self.balance.swap(NO_BALANCE, Ordering::Relaxed);
         if self.setting == PoolShareSetting::Auto {
+            let pool_lags = balance != NO_BALANCE && balance > SLACK_WAIT.as_nanos() as i64;
             if pace.waited > SLACK_WAIT {
                 self.fraction = (self.fraction - SHARE_STEP).max(0.0);
             } else if pace.primed && pace.ahead <= 1 && self.client.live_workers() > 0 {
-                self.fraction = (self.fraction + SHARE_STEP).min(1.0);
+                let step = if pool_lags { -SHARE_STEP } else { SHARE_STEP };
+                self.fraction = (self.fraction + step).clamp(0.0, 1.0);
             }
+            self.client.settle_share(self.fraction);
         }
         pool_metrics::share(&self.rank, self.fraction);
         let now = Instant::now();

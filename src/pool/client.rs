@@ -133,6 +133,11 @@ impl Worker {
             .ok()?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
+            // An answer is megabytes: HTTP/2's default 64 KiB window would
+            // cost a round trip (and a wake-up on each side) per 64 KiB.
+            .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(super::CONNECTION_WINDOW_BYTES)
+            .max_frame_size(super::MAX_FRAME_BYTES)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10));
         Some(Self {
@@ -193,6 +198,8 @@ pub struct UnitCounts {
     pub failed: u64,
     pub refused: u64,
     pub local: u64,
+    /// Samples in the units answered.
+    pub remote_samples: u64,
 }
 
 struct Inner {
@@ -203,6 +210,9 @@ struct Inner {
     latencies: Mutex<VecDeque<Duration>>,
     next_unit: AtomicU64,
     reresolve: Notify,
+    /// The share `auto` streams last settled at (f64 bits): a new stream
+    /// starts there rather than ramping from nothing.
+    settled_share: AtomicU64,
 }
 
 /// The sidecar's handle on the pool; clones share one membership.
@@ -246,6 +256,7 @@ impl PoolClient {
             latencies: Mutex::new(VecDeque::with_capacity(LATENCY_WINDOW)),
             next_unit: AtomicU64::new(1),
             reresolve: Notify::new(),
+            settled_share: AtomicU64::new(0f64.to_bits()),
         });
         tokio::spawn(follow_members(Arc::downgrade(&inner)));
         Self { inner }
@@ -253,6 +264,17 @@ impl PoolClient {
 
     pub fn config(&self) -> &PoolConfig {
         &self.inner.config
+    }
+
+    /// The share the last `auto` stream settled at.
+    pub fn settled_share(&self) -> f64 {
+        f64::from_bits(self.inner.settled_share.load(Ordering::Relaxed))
+    }
+
+    pub fn settle_share(&self, share: f64) {
+        self.inner
+            .settled_share
+            .store(share.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
     }
 
     /// This client's unit outcomes so far.
@@ -344,6 +366,8 @@ impl PoolClient {
                         worker.succeeded();
                         self.record_latency(started.elapsed());
                         self.count("answered");
+                        self.inner.counts.lock().unwrap_or_else(|e| e.into_inner()).remote_samples +=
+                            samples.len() as u64;
                         pool_metrics::unit_time(started.elapsed());
                         return Some(answer);
                     }

@@ -28,6 +28,13 @@ pub mod worker;
 pub use client::{PoolClient, PoolConfig, PoolShareSetting};
 pub use worker::{serve_worker, WorkerConfig};
 
+/// HTTP/2 windows of pool connections, both ways: a unit's bytes and its
+/// answer (about a megabyte each at 8 samples) in flight without waiting.
+const STREAM_WINDOW_BYTES: u32 = 8 << 20;
+const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
+/// HTTP/2's largest frame: a sample's pixels in 10 frames, not 10 per 16 KiB.
+const MAX_FRAME_BYTES: u32 = (1 << 24) - 1;
+
 /// The token file's contents, trimmed: a Kubernetes Secret mounted as a
 /// file, or any file the operator writes.
 pub fn read_token(path: &std::path::Path) -> std::io::Result<String> {

@@ -1,11 +1,13 @@
 //! `shardfeed pool-worker`: decodes the units sidecars send it.
 //!
 //! Stateless: it holds a unit only while decoding it. Bounded: at most
-//! `max_units` units at once, each at most `max_unit_bytes` in and
-//! `max_unit_output_bytes` out, so a worker's peak is about
+//! `max_units` units decoding and as many again waiting (a second's wait
+//! for a slot; any more are refused at once), each at most
+//! `max_unit_bytes` in and `max_unit_output_bytes` out, so a worker's peak
+//! is about
 //!
 //! ```text
-//! max_units * (max_unit_bytes + max_unit_output_bytes) + decode scratch
+//! max_units * (2 * max_unit_bytes + max_unit_output_bytes) + decode scratch
 //! ```
 //!
 //! and a unit past any bound is refused with a status that names the bound
@@ -31,6 +33,8 @@ use crate::metrics::pool as pool_metrics;
 pub const DEFAULT_MAX_UNIT_BYTES: usize = 32 << 20;
 pub const DEFAULT_MAX_UNIT_OUTPUT_BYTES: usize = 32 << 20;
 pub const DEFAULT_MAX_UNIT_SAMPLES: usize = 256;
+/// Longest a unit waits for a free slot before it is refused as busy.
+const SLOT_WAIT: Duration = Duration::from_secs(1);
 /// Longest a worker lets the units it holds finish after SIGTERM.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(20);
 
@@ -51,7 +55,7 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     /// The worker's peak memory by the formula above, scratch included.
     pub fn memory_bound(&self) -> u64 {
-        (self.max_units as u64) * (self.max_unit_bytes + self.max_unit_output_bytes) as u64
+        (self.max_units as u64) * (2 * self.max_unit_bytes + self.max_unit_output_bytes) as u64
             + self.decode_scratch
     }
 }
@@ -72,6 +76,8 @@ struct WorkerService {
     scratch: Arc<ScratchBudget>,
     pool: Arc<rayon::ThreadPool>,
     slots: Arc<Semaphore>,
+    /// Units decoding or waiting for a slot: twice the slots.
+    admitted: Arc<Semaphore>,
     max_units: usize,
     max_unit_samples: usize,
     max_unit_output_bytes: usize,
@@ -154,11 +160,23 @@ impl pb::decode_pool_server::DecodePool for WorkerService {
         request: Request<pb::DecodeUnit>,
     ) -> Result<Response<pb::DecodedUnit>, Status> {
         self.admit(request.metadata())?;
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+        let Ok(_admitted) = self.admitted.clone().try_acquire_owned() else {
             pool_metrics::worker_unit("busy");
             return Err(Status::resource_exhausted(format!(
-                "worker busy: {} units decoding (--max-units)",
+                "worker busy: {} units decoding and as many waiting (--max-units)",
                 self.max_units
+            )));
+        };
+        // A unit waits briefly for a slot (the sidecar's units in flight
+        // are about what the worker has slots for), then goes elsewhere.
+        let Ok(Ok(permit)) =
+            tokio::time::timeout(SLOT_WAIT, self.slots.clone().acquire_owned()).await
+        else {
+            pool_metrics::worker_unit("busy");
+            return Err(Status::resource_exhausted(format!(
+                "worker busy: {} units decoding (--max-units) for {} ms",
+                self.max_units,
+                SLOT_WAIT.as_millis()
             )));
         };
         let unit = request.into_inner();
@@ -311,6 +329,7 @@ impl BoundWorker {
             scratch: Arc::new(ScratchBudget::new(config.decode_scratch)),
             pool: Arc::new(pool),
             slots: slots.clone(),
+            admitted: Arc::new(Semaphore::new(2 * config.max_units.max(1))),
             max_units: config.max_units.max(1),
             max_unit_samples: config.max_unit_samples,
             max_unit_output_bytes: config.max_unit_output_bytes,
@@ -331,6 +350,9 @@ impl BoundWorker {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(super::CONNECTION_WINDOW_BYTES)
+            .max_frame_size(super::MAX_FRAME_BYTES)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(health_service)

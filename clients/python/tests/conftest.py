@@ -179,6 +179,46 @@ def start_server(s3: S3, listen: str, *extra: str) -> Server:
     return Server(target, f"http://127.0.0.1:{metrics_port}/metrics", process)
 
 
+@dataclass
+class PoolWorker:
+    address: str
+    metrics: str
+    process: subprocess.Popen[bytes]
+
+
+def start_pool_worker(host: str, token_file: Path, *extra: str) -> PoolWorker:
+    """`shardfeed pool-worker` on `host` (a loopback address), one decode
+    thread; returns once it accepts connections."""
+    port, metrics_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [
+            str(binary()),
+            "pool-worker",
+            "--listen",
+            f"{host}:{port}",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            "--token-file",
+            str(token_file),
+            "--decode-threads",
+            "1",
+            *extra,
+        ]
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"pool-worker exited with {process.returncode}")
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    return PoolWorker(f"{host}:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
+
+
 def wait_ready(target: str, process: subprocess.Popen[bytes]) -> None:
     """Until the server reports SERVING (it listens before its cache is open)."""
     from shardfeed import Client, ShardfeedError

@@ -14,6 +14,30 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The decode pool's Deployment and headless Service. */}}
+{{- define "shardfeed.poolName" -}}
+{{- printf "%s-pool" (include "shardfeed.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Pool pods are not training pods: another name, so the training
+PodDisruptionBudget and rendezvous Service never select them. */}}
+{{- define "shardfeed.poolSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-pool
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: decode-pool
+{{- end -}}
+
+{{- define "shardfeed.poolLabels" -}}
+{{ include "shardfeed.poolSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "shardfeed.poolTokenSecret" -}}
+{{- default (printf "%s-pool-token" (include "shardfeed.fullname" .)) .Values.pool.token.existingSecret -}}
+{{- end -}}
+
 {{- define "shardfeed.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "shardfeed.fullname" .) .Values.serviceAccount.name -}}
@@ -51,6 +75,12 @@ the headless Service (Job) or the JobSet's own subdomain.
 {{- $values := .root.Values -}}
 {{- /* Metrics leave loopback only for the PodMonitor that scrapes them. */ -}}
 {{- $sidecar := set (deepCopy $values.shardfeed) "scrapeMetrics" $values.podMonitor.enabled -}}
+{{- /* The chart's own pool: its Service and token, unless set by hand. */ -}}
+{{- if $values.pool.enabled -}}
+{{- $pool := $sidecar.pool -}}
+{{- $_ := set $pool "address" (default (printf "%s:%d" (include "shardfeed.poolName" .root) (int $values.pool.port)) $pool.address) -}}
+{{- $_ := set $pool "tokenSecret" (default (include "shardfeed.poolTokenSecret" .root) $pool.tokenSecret) -}}
+{{- end -}}
 metadata:
   labels:
     {{- include "shardfeed.labels" .root | nindent 4 }}

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,10 +28,12 @@ from shardfeed.torch import ShardfeedDataset
 from ..conftest import (
     S3,
     SAFE_START,
+    PoolWorker,
     Server,
     free_port,
     noise_jpeg,
     run_ranks,
+    start_pool_worker,
     start_server,
     stop,
     upload,
@@ -75,12 +78,22 @@ class Sidecar:
     """A sidecar on a Unix socket that comes back after a SIGKILL, as a
     pod's container restart would."""
 
-    def __init__(self, s3: S3) -> None:
+    def __init__(self, s3: S3, pool: bool = False) -> None:
         self.directory = tempfile.mkdtemp(prefix="sf-")
         self.listen = f"unix:{self.directory}/sf.sock"
         self.s3 = s3
         # A decoded-source tier that outlives a restart, as a pod's volume does.
-        self.extra = ("--decoded-cache-dir", f"{self.directory}/tier")
+        self.extra: tuple[str, ...] = ("--decoded-cache-dir", f"{self.directory}/tier")
+        # A decode pool of three worker processes, sent every decode.
+        self.workers: list[PoolWorker] = []
+        if pool:
+            token = Path(self.directory, "pool-token")
+            token.write_text("ledger-pool-token")
+            hosts = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+            self.workers = [start_pool_worker(host, token) for host in hosts]
+            addresses = ",".join(w.address for w in self.workers)
+            self.extra += ("--pool", addresses, "--pool-token-file", str(token))
+            self.extra += ("--pool-share", "1", "--pool-unit-samples", "2")
         self.servers: list[Server] = [start_server(s3, self.listen, *self.extra)]
         self.restarts = 0
         self._closing = False
@@ -111,6 +124,8 @@ class Sidecar:
         self._watcher.join(timeout=60)
         for server in self.servers:
             stop(server.process)
+        for worker in self.workers:
+            stop(worker.process)
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
@@ -121,7 +136,8 @@ class Case:
     target: str
     data: Data
     # "one" dataset, a "mix" of two, one dataset delivered "encoded" (the
-    # client decodes), or one through the decoded-source "tier".
+    # client decodes), one through the decoded-source "tier", or one
+    # decoded by the sidecar's decode "pool".
     feature: str
     ledger_dir: str
     run: str
@@ -397,6 +413,12 @@ MATRIX = [
     Row("plain", "tier", "kill"),
     Row("workers", "tier", "none", full_only=True),
     Row("stateful", "tier", "break", full_only=True),
+    # The decode pool: a worker SIGKILLed mid-epoch ("worker"), the sidecar
+    # itself killed and restarted.
+    Row("plain", "pool", "worker"),
+    Row("workers", "pool", "kill"),
+    Row("stateful", "pool", "break", full_only=True),
+    Row("lightning", "pool", "worker", full_only=True, trainer=LIMIT),
 ]
 
 
@@ -406,8 +428,9 @@ def _row_id(row: Row) -> str:
 
 
 @pytest.fixture
-def sidecar(s3: S3) -> Iterator[Sidecar]:
-    running = Sidecar(s3)
+def sidecar(s3: S3, request: pytest.FixtureRequest) -> Iterator[Sidecar]:
+    row = request.node.callspec.params.get("row")
+    running = Sidecar(s3, pool=row is not None and row.feature == "pool")
     yield running
     running.close()
 
@@ -459,6 +482,8 @@ def test_every_sample_exactly_once(row: Row, data: Data, sidecar: Sidecar, tmp_p
         fault = replace(base, run=row.fault)
         if row.fault == "kill":
             fault = replace(fault, kill_at=4, kill_pid=sidecar.pid)
+        elif row.fault == "worker":
+            fault = replace(fault, kill_at=4, kill_pid=sidecar.workers[0].process.pid)
         else:
             fault = replace(fault, break_at=3)
         run(fault)
@@ -471,5 +496,17 @@ def test_every_sample_exactly_once(row: Row, data: Data, sidecar: Sidecar, tmp_p
         problems += [f"{row.fault}: {p}" for p in same_batches(faulted, reference)]
         if row.fault == "kill":
             assert sidecar.restarts == 1, "the fault killed the sidecar once"
+    if row.feature == "pool":
+        # The workers the fault left standing did decode (not local decode alone).
+        decoded = sum(
+            float(line.rpartition(" ")[2])
+            for worker in sidecar.workers[1:]
+            for line in urllib.request.urlopen(worker.metrics, timeout=5)
+            .read()
+            .decode()
+            .splitlines()
+            if line.startswith("shardfeed_pool_worker_samples_total")
+        )
+        assert decoded > 0, "the pool decoded nothing"
     print(f"\nledger {_row_id(row)}: {verdict.summary()}")
     assert not problems, "\n".join(problems)

@@ -14,6 +14,11 @@ the alias `shardfeed` (README.md shows the pod template).
 /var/cache/shardfeed
 {{- end -}}
 
+{{/* Where the pool's token is mounted (sidecar and workers alike). */}}
+{{- define "shardfeed-sidecar.poolTokenDir" -}}
+/var/run/shardfeed-pool
+{{- end -}}
+
 {{- define "shardfeed-sidecar.image" -}}
 {{- $repository := required "shardfeed.image.repository is not set: give the registry path of your shardfeed image (docker/Dockerfile builds it), e.g. --set shardfeed.image.repository=registry.example.com/infra/shardfeed" .image.repository -}}
 {{- printf "%s:%s" $repository (toString .image.tag) -}}
@@ -166,6 +171,14 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
     - name: SHARDFEED_S3_FORCE_PATH_STYLE
       value: "true"
     {{- end }}
+    {{- if .pool.address }}
+    - name: SHARDFEED_POOL
+      value: {{ .pool.address | quote }}
+    - name: SHARDFEED_POOL_TOKEN_FILE
+      value: {{ include "shardfeed-sidecar.poolTokenDir" . }}/token
+    - name: SHARDFEED_POOL_SHARE
+      value: {{ .pool.share | quote }}
+    {{- end }}
     {{- with .extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -199,6 +212,11 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
     - name: shardfeed-cache
       mountPath: {{ include "shardfeed-sidecar.cacheDir" . }}
     {{- end }}
+    {{- if .pool.address }}
+    - name: shardfeed-pool-token
+      mountPath: {{ include "shardfeed-sidecar.poolTokenDir" . }}
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
 {{/* The trainer container's env: where the sidecar listens. */}}
@@ -222,6 +240,14 @@ fsGroup (any) unless the trainer runs as root.
   emptyDir:
     medium: Memory
     sizeLimit: 1Mi
+{{- if .pool.address }}
+- name: shardfeed-pool-token
+  secret:
+    secretName: {{ required "shardfeed.pool.tokenSecret is not set: name the Secret holding the decode pool's token (the shardfeed chart's pool.enabled sets it)" .pool.tokenSecret | quote }}
+    items:
+      - key: {{ .pool.tokenKey | quote }}
+        path: token
+{{- end }}
 {{- if .cache.enabled }}
 {{- if eq .cache.volume "emptyDir" }}
 - name: shardfeed-cache
