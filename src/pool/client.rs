@@ -11,10 +11,11 @@
 //!   live workers: a worker joining or leaving moves about 1/N of the
 //!   units, and a unit's second choice is a stable, different worker.
 //! - **Deadlines.** A unit's first attempt goes to its first choice; past
-//!   the observed p95 of answers (at least `min_hedge`), a hedge goes to
-//!   the next; an attempt that fails is re-issued to the next at once. The
-//!   first answer wins and the others are dropped. A unit no worker
-//!   answers within `deadline` is given back for local decode.
+//!   the hedge delay (the p95 of answers, at most three medians, at least
+//!   `min_hedge`), a hedge goes to the next; an attempt that fails is
+//!   re-issued to the next at once. The first answer wins and the others
+//!   are dropped. A unit with no worker left to try is given back for
+//!   local decode at twice the hedge delay, and any unit at `deadline`.
 //! - **Cool-down.** A worker that failed an attempt sits out a backoff
 //!   (doubling to 5 s); one that refused the sidecar's token or build sits
 //!   out a minute, logged once.
@@ -51,6 +52,9 @@ const LATENCY_MIN_SAMPLES: usize = 8;
 /// medians: where one worker of a few is slow, the p95 is that worker's
 /// pace and would never hedge its units.
 const HEDGE_MEDIANS: u32 = 3;
+/// A unit with no worker left to hedge to is decoded locally this many
+/// hedge delays after it was sent.
+const LOCAL_HEDGE_DELAYS: u32 = 2;
 const REFUSED_COOLDOWN: Duration = Duration::from_secs(60);
 const MAX_FAILURE_COOLDOWN: Duration = Duration::from_secs(5);
 const MIN_RERESOLVE: Duration = Duration::from_secs(1);
@@ -359,7 +363,12 @@ impl PoolClient {
         self.count("sent");
         next += 1;
         loop {
-            let hedge_at = started + self.hedge_delay();
+            let hedge_delay = self.hedge_delay();
+            let hedge_at = started + hedge_delay;
+            // With no worker left to hedge to, this host's own cores are
+            // the hedge: a little later, since they are the trainer's.
+            let local_at = started + hedge_delay * LOCAL_HEDGE_DELAYS;
+            let others_left = next < ranked.len().min(MAX_ATTEMPTS);
             tokio::select! {
                 Some((worker, outcome)) = attempts.next() => match outcome {
                     Ok(answer) => {
@@ -395,13 +404,16 @@ impl PoolClient {
                         }
                     }
                 },
-                () = tokio::time::sleep_until(hedge_at),
-                    if !hedged && next < ranked.len().min(MAX_ATTEMPTS) => {
+                () = tokio::time::sleep_until(hedge_at), if !hedged && others_left => {
                     hedged = true;
                     attempts.push(attempt(ranked[next].clone()));
                     next += 1;
                     self.count("sent");
                     self.count("hedged");
+                }
+                () = tokio::time::sleep_until(local_at.min(deadline)), if !others_left => {
+                    self.count("local");
+                    return None;
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     self.count("local");

@@ -186,7 +186,10 @@ impl pb::decode_pool_server::DecodePool for WorkerService {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (decoder, scratch) = (self.decoder.clone(), self.scratch.clone());
         self.pool.spawn(move || {
-            let _ = tx.send(decode_unit(&*decoder, &scratch, &spec, &unit));
+            // A unit whose sender has gone (answered by a hedge, or given
+            // back to local decode) is not worth a slot's time.
+            let answer = decode_unit(&*decoder, &scratch, &spec, &unit, &|| tx.is_closed());
+            let _ = tx.send(answer);
             drop(permit);
         });
         let answer = rx
@@ -210,6 +213,7 @@ fn decode_unit(
     scratch: &ScratchBudget,
     spec: &decode::OutputSpec,
     unit: &pb::DecodeUnit,
+    abandoned: &(dyn Fn() -> bool + Sync),
 ) -> pb::DecodedUnit {
     let sample_bytes = spec.bytes();
     let mut pixels = vec![0u8; sample_bytes * unit.samples.len()];
@@ -217,6 +221,12 @@ fn decode_unit(
         .par_chunks_mut(sample_bytes)
         .zip(unit.samples.par_iter())
         .map(|(out, sample)| {
+            if abandoned() {
+                return SampleAnswer::Failed {
+                    reason: "abandoned".into(),
+                    message: "the sender no longer waits for this unit".into(),
+                };
+            }
             let format = match wire::format_from_wire(sample.format) {
                 Ok(format) => format,
                 Err(error) => {
