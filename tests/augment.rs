@@ -11,36 +11,11 @@ use shardfeed::server::pb;
 
 /// 4 shards of 16 photos of a few sizes: 64 samples, 8 batches of 8.
 fn photos() -> Vec<Vec<Sample>> {
-    (0..4)
-        .map(|s| {
-            (0..16)
-                .map(|i| {
-                    let n = (s * 16 + i) as u64;
-                    Sample {
-                        key: format!("s{s}/k{n:03}"),
-                        image: Some((
-                            "jpg",
-                            jpeg(160 + (n % 4) as u32 * 40, 120 + (n % 3) as u32 * 30, n),
-                        )),
-                        label: Some((n % 5).to_string()),
-                    }
-                })
-                .collect()
-        })
-        .collect()
+    photo_shards(&[])
 }
 
 fn train(dataset: &str) -> pb::StreamBatchesRequest {
-    pb::StreamBatchesRequest {
-        seed: 11,
-        augmentation: Some(pb::Augmentation {
-            crop: Some(pb::augmentation::Crop::RandomResizedCrop(
-                pb::RandomResizedCrop::default(),
-            )),
-            horizontal_flip: 0.5,
-        }),
-        ..request(dataset)
-    }
+    train_request(dataset, 11)
 }
 
 /// What a sample received: its box (as bits, to compare exactly), flip,

@@ -49,18 +49,11 @@ fn photos() -> Vec<Vec<Sample>> {
 
 fn train(dataset: &str) -> pb::StreamBatchesRequest {
     pb::StreamBatchesRequest {
-        seed: 5,
         batch_size: Some(6),
-        augmentation: Some(pb::Augmentation {
-            crop: Some(pb::augmentation::Crop::RandomResizedCrop(
-                pb::RandomResizedCrop::default(),
-            )),
-            horizontal_flip: 0.5,
-        }),
         // Large enough that the JPEGs here fit as compressed.
         height: 64,
         width: 64,
-        ..request(dataset)
+        ..train_request(dataset, 5)
     }
 }
 

@@ -20,40 +20,13 @@ use shardfeed::shard::ImageFormat;
 
 const TOKEN: &str = "pool-test-token";
 
-/// 4 shards of 16 photos of a few sizes, one of them corrupt: 64 samples.
+/// The photos, one of them corrupt (decoded locally wherever it is sent).
 fn photos() -> Vec<Vec<Sample>> {
-    (0..4)
-        .map(|s| {
-            (0..16)
-                .map(|i| {
-                    let n = (s * 16 + i) as u64;
-                    let image = if n == 21 {
-                        b"\xff\xd8 not a jpeg".to_vec()
-                    } else {
-                        jpeg(160 + (n % 4) as u32 * 40, 120 + (n % 3) as u32 * 30, n)
-                    };
-                    Sample {
-                        key: format!("s{s}/k{n:03}"),
-                        image: Some(("jpg", image)),
-                        label: Some((n % 5).to_string()),
-                    }
-                })
-                .collect()
-        })
-        .collect()
+    photo_shards(&[21])
 }
 
 fn train(dataset: &str) -> pb::StreamBatchesRequest {
-    pb::StreamBatchesRequest {
-        seed: 5,
-        augmentation: Some(pb::Augmentation {
-            crop: Some(pb::augmentation::Crop::RandomResizedCrop(
-                pb::RandomResizedCrop::default(),
-            )),
-            horizontal_flip: 0.5,
-        }),
-        ..request(dataset)
-    }
+    train_request(dataset, 5)
 }
 
 /// A decoder that names itself differently (a worker of another build).

@@ -21,12 +21,7 @@ fn tiered(dataset: &str, augmentation: pb::Augmentation) -> pb::StreamBatchesReq
 }
 
 fn train() -> pb::Augmentation {
-    pb::Augmentation {
-        crop: Some(pb::augmentation::Crop::RandomResizedCrop(
-            pb::RandomResizedCrop::default(),
-        )),
-        horizontal_flip: 0.5,
-    }
+    training_augmentation()
 }
 
 fn eval() -> pb::Augmentation {

@@ -43,6 +43,23 @@ pub(crate) fn engine_over(
     Ok(Engine::new(Arc::new(registry), config)?)
 }
 
+/// torchvision's training recipe at 224x224: RandomResizedCrop + flip.
+pub(crate) const TRAIN: crate::decode::OutputSpec = crate::decode::OutputSpec {
+    height: 224,
+    width: 224,
+    crop: crate::decode::Crop::RandomResized(crate::decode::RandomResizedCrop {
+        scale: (0.08, 1.0),
+        ratio: (3.0 / 4.0, 4.0 / 3.0),
+    }),
+    flip: 0.5,
+};
+
+/// The median of `values` (reordered).
+pub(crate) fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 /// A stream's pace over one epoch.
 pub(crate) struct EpochFigures {
     pub samples_per_second: f64,

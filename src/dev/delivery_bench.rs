@@ -6,10 +6,10 @@
 //! box; what it drops is the decode and resize. A server share of 0.5 is
 //! measured beside them.
 
-use super::bench::{bench_request, engine_over, measured_epoch, BenchError};
+use super::bench::{bench_request, engine_over, measured_epoch, median, BenchError, TRAIN};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
-use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
+use crate::decode;
 use crate::pipeline::Delivery;
 
 #[derive(Debug, Clone)]
@@ -18,21 +18,6 @@ pub struct DeliveryBenchSpec {
     pub batch_size: u32,
     pub decode_threads: usize,
     pub rounds: usize,
-}
-
-const TRAIN: OutputSpec = OutputSpec {
-    height: 224,
-    width: 224,
-    crop: Crop::RandomResized(RandomResizedCrop {
-        scale: (0.08, 1.0),
-        ratio: (3.0 / 4.0, 4.0 / 3.0),
-    }),
-    flip: 0.5,
-};
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 pub async fn run(spec: &DeliveryBenchSpec) -> Result<(), BenchError> {

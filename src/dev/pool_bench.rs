@@ -8,10 +8,10 @@
 
 use prost::Message;
 
-use super::bench::{bench_request, engine_over, measured_epoch, BenchError};
+use super::bench::{bench_request, engine_over, measured_epoch, median, BenchError, TRAIN};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec};
-use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop, SampleKey};
+use crate::decode::{self, SampleKey};
 use crate::pool::wire::{self, UnitSample};
 use crate::pool::{PoolClient, PoolConfig};
 use crate::shard::ImageFormat;
@@ -23,21 +23,6 @@ pub struct PoolBenchSpec {
     pub decode_threads: usize,
     pub rounds: usize,
     pub pool: PoolConfig,
-}
-
-const TRAIN: OutputSpec = OutputSpec {
-    height: 224,
-    width: 224,
-    crop: Crop::RandomResized(RandomResizedCrop {
-        scale: (0.08, 1.0),
-        ratio: (3.0 / 4.0, 4.0 / 3.0),
-    }),
-    flip: 0.5,
-};
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 /// Bytes on the wire per sample, out and back, for units of `unit_samples`

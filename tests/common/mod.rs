@@ -449,3 +449,46 @@ pub fn indexed_local_dataset(shards: &[Vec<Sample>]) -> (tempfile::TempDir, Stri
     );
     (dir, uri)
 }
+
+/// torchvision's training recipe: RandomResizedCrop (its defaults) + flip.
+pub fn training_augmentation() -> pb::Augmentation {
+    pb::Augmentation {
+        crop: Some(pb::augmentation::Crop::RandomResizedCrop(
+            pb::RandomResizedCrop::default(),
+        )),
+        horizontal_flip: 0.5,
+    }
+}
+
+/// A training stream of `dataset` with `seed`.
+pub fn train_request(dataset: &str, seed: u64) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        seed,
+        augmentation: Some(training_augmentation()),
+        ..request(dataset)
+    }
+}
+
+/// 4 shards of 16 photos of a few sizes (64 samples, labels 0..5); the
+/// samples numbered in `corrupt` hold bytes that are no JPEG.
+pub fn photo_shards(corrupt: &[u64]) -> Vec<Vec<Sample>> {
+    (0..4)
+        .map(|s| {
+            (0..16)
+                .map(|i| {
+                    let n = (s * 16 + i) as u64;
+                    let image = if corrupt.contains(&n) {
+                        b"\xff\xd8 not a jpeg".to_vec()
+                    } else {
+                        jpeg(160 + (n % 4) as u32 * 40, 120 + (n % 3) as u32 * 30, n)
+                    };
+                    Sample {
+                        key: format!("s{s}/k{n:03}"),
+                        image: Some(("jpg", image)),
+                        label: Some((n % 5).to_string()),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
