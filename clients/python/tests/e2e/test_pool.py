@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from shardfeed import Client
 
 from ..conftest import (
+    REPO,
     S3,
     PoolWorker,
     Server,
@@ -34,6 +36,11 @@ from ..conftest import (
 TOKEN = "e2e-pool-token"
 STREAM: dict[str, Any] = dict(batch_size=8, image_size=32, seed=3, augment="train")
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+
+
+def documented_metrics() -> list[str]:
+    table = (REPO / "docs" / "METRICS.md").read_text()
+    return re.findall(r"^\| `(shardfeed_[a-z0-9_]+)`", table, flags=re.M)
 
 
 def total(samples: dict[str, float], name: str, **labels: str) -> float:
@@ -129,8 +136,24 @@ def test_pooled_batches_equal_a_pool_less_run(
         sidecar = scrape(pooled.metrics_url)
         assert total(sidecar, "shardfeed_pool_samples_total", decoder="remote") > 0
         assert total(sidecar, "shardfeed_pool_units_total", outcome="local") == 0
+        assert total(sidecar, "shardfeed_pool_workers") == 3
+        exported = set(sidecar)
         for worker in workers:
-            assert total(scrape(worker.metrics), "shardfeed_pool_worker_samples_total") > 0
+            scraped = scrape(worker.metrics)
+            assert total(scraped, "shardfeed_pool_worker_samples_total") > 0
+            exported |= set(scraped)
+        # Every documented pool metric, from the sidecar or its workers.
+        present = {
+            key.partition("{")[0]
+            .removesuffix("_sum")
+            .removesuffix("_count")
+            .removesuffix("_bucket")
+            for key in exported
+        }
+        documented = [n for n in documented_metrics() if n.startswith("shardfeed_pool_")]
+        assert len(documented) >= 10
+        missing = [n for n in documented if n not in present]
+        assert not missing, f"documented but not exported: {missing}"
     finally:
         stop(pooled.process)
 
