@@ -314,6 +314,16 @@ async fn a_slow_worker_is_hedged_and_a_drained_one_loses_nothing() {
     assert_eq!(digest(&batches), digest(&expected));
 }
 
+/// The status a worker refuses `request` with (it must refuse it).
+async fn refusal(
+    client: &mut shardfeed::pool::wire::pb::decode_pool_client::DecodePoolClient<
+        tonic::transport::Channel,
+    >,
+    request: tonic::Request<shardfeed::pool::wire::pb::DecodeUnit>,
+) -> tonic::Status {
+    client.decode(request).await.unwrap_err()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_units_are_refused_with_the_field_named() {
     use shardfeed::pool::wire::{self, pb as wire_pb};
@@ -354,23 +364,18 @@ async fn hostile_units_are_refused_with_the_field_named() {
         .unwrap();
     assert_eq!(answer.get_ref().pixels.len(), 32 * 32 * 3);
 
-    let status = client
-        .decode(call(good.clone(), "wrong", &build))
-        .await
-        .unwrap_err();
+    let status = refusal(&mut client, call(good.clone(), "wrong", &build)).await;
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
-    let status = client
-        .decode(call(good.clone(), TOKEN, "shardfeed 0.0.1 / x"))
-        .await
-        .unwrap_err();
+    let status = refusal(
+        &mut client,
+        call(good.clone(), TOKEN, "shardfeed 0.0.1 / x"),
+    )
+    .await;
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(status.message().contains("0.0.1"), "{}", status.message());
 
     let too_many = wire::unit_to_wire(9, &OutputSpec::center(32, 32), &vec![sample.clone(); 65]);
-    let status = client
-        .decode(call(too_many, TOKEN, &build))
-        .await
-        .unwrap_err();
+    let status = refusal(&mut client, call(too_many, TOKEN, &build)).await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(
         status.message().starts_with("samples:"),
@@ -383,7 +388,7 @@ async fn hostile_units_are_refused_with_the_field_named() {
         &OutputSpec::center(4096, 4096),
         std::slice::from_ref(&sample),
     );
-    let status = client.decode(call(huge, TOKEN, &build)).await.unwrap_err();
+    let status = refusal(&mut client, call(huge, TOKEN, &build)).await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(
         status.message().contains("max-unit-output-bytes"),
@@ -393,10 +398,7 @@ async fn hostile_units_are_refused_with_the_field_named() {
 
     let mut no_spec = good.clone();
     no_spec.spec = None;
-    let status = client
-        .decode(call(no_spec, TOKEN, &build))
-        .await
-        .unwrap_err();
+    let status = refusal(&mut client, call(no_spec, TOKEN, &build)).await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(
         status.message().starts_with("spec:"),

@@ -182,7 +182,7 @@ impl BatchWork {
         &mut self,
         decoder: &SampleDecoder,
         stream_metrics: &metrics::StreamMetrics,
-        reserved: &[usize],
+        reserved: &[bool],
     ) {
         let (samples, placements, outcomes) = (&self.samples, &self.placements, &self.outcomes);
         let length = self.length;
@@ -193,7 +193,9 @@ impl BatchWork {
         let decoded: Vec<(usize, SampleOutcome)> = regions(images, placements)
             .into_par_iter()
             .enumerate()
-            .filter(|(slot, _)| outcomes[*slot].is_none() && !reserved.contains(slot))
+            .filter(|(slot, _)| {
+                outcomes[*slot].is_none() && !reserved.get(*slot).copied().unwrap_or(false)
+            })
             .map(|(slot, out)| {
                 let (emitted, placement) = (&samples[slot], &placements[slot]);
                 let started = Instant::now();
@@ -361,7 +363,10 @@ pub(super) fn decode_batch(
     let local_decoder = sample_decoder.clone();
     let local_metrics = stream_metrics.clone();
     let local_buffers = buffers.clone();
-    let reserved = remote.slots();
+    let mut reserved = vec![false; samples.len()];
+    for slot in remote.slots() {
+        reserved[slot] = true;
+    }
     pool.spawn(move || {
         let mut work = BatchWork::new(
             samples,

@@ -48,6 +48,8 @@ const LATENCY_WINDOW: usize = 512;
 /// Fewer answers than this: no percentiles yet, hedge at a tenth of the
 /// deadline.
 const LATENCY_MIN_SAMPLES: usize = 8;
+/// Answers between two refreshes of the hedge delay.
+const HEDGE_REFRESH: u64 = 8;
 /// A unit is hedged past the p95 of answers, but no later than this many
 /// medians: where one worker of a few is slow, the p95 is that worker's
 /// pace and would never hedge its units.
@@ -214,6 +216,10 @@ struct Inner {
     latencies: Mutex<VecDeque<Duration>>,
     next_unit: AtomicU64,
     reresolve: Notify,
+    /// The hedge delay in nanoseconds (0: too few answers yet).
+    hedge_nanos: AtomicU64,
+    /// Answers recorded so far.
+    answers: AtomicU64,
     /// The share `auto` streams last settled at (f64 bits): a new stream
     /// starts there rather than ramping from nothing.
     settled_share: AtomicU64,
@@ -261,6 +267,8 @@ impl PoolClient {
             next_unit: AtomicU64::new(1),
             reresolve: Notify::new(),
             settled_share: AtomicU64::new(0f64.to_bits()),
+            hedge_nanos: AtomicU64::new(0),
+            answers: AtomicU64::new(0),
         });
         tokio::spawn(follow_members(Arc::downgrade(&inner)));
         Self { inner }
@@ -447,23 +455,20 @@ impl PoolClient {
         ranked
     }
 
+    /// The hedge delay as of the last answers (see [`LATENCY_WINDOW`]).
     fn hedge_delay(&self) -> Duration {
-        let latencies = self
-            .inner
-            .latencies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let config = &self.inner.config;
-        if latencies.len() < LATENCY_MIN_SAMPLES {
-            return (config.deadline / 10).max(config.min_hedge);
+        match self.inner.hedge_nanos.load(Ordering::Relaxed) {
+            0 => {
+                let config = &self.inner.config;
+                (config.deadline / 10).max(config.min_hedge)
+            }
+            nanos => Duration::from_nanos(nanos),
         }
-        let mut sorted: Vec<Duration> = latencies.iter().copied().collect();
-        drop(latencies);
-        sorted.sort_unstable();
-        let at = |share: usize| sorted[(sorted.len() * share / 100).min(sorted.len() - 1)];
-        at(95).min(at(50) * HEDGE_MEDIANS).max(config.min_hedge)
     }
 
+    /// Keeps `latency` in the window; every [`HEDGE_REFRESH`] answers, the
+    /// hedge delay is taken anew from it (not per unit: sorting the window
+    /// is the costliest thing a unit would do here).
     fn record_latency(&self, latency: Duration) {
         let mut latencies = self
             .inner
@@ -474,6 +479,19 @@ impl PoolClient {
             latencies.pop_front();
         }
         latencies.push_back(latency);
+        let answers = self.inner.answers.fetch_add(1, Ordering::Relaxed) + 1;
+        if latencies.len() < LATENCY_MIN_SAMPLES || !answers.is_multiple_of(HEDGE_REFRESH) {
+            return;
+        }
+        let mut sorted: Vec<Duration> = latencies.iter().copied().collect();
+        drop(latencies);
+        sorted.sort_unstable();
+        let at = |share: usize| sorted[(sorted.len() * share / 100).min(sorted.len() - 1)];
+        let delay = at(95)
+            .min(at(50) * HEDGE_MEDIANS)
+            .max(self.inner.config.min_hedge);
+        let nanos = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.inner.hedge_nanos.store(nanos, Ordering::Relaxed);
     }
 }
 
