@@ -314,6 +314,42 @@ async fn a_slow_worker_is_hedged_and_a_drained_one_loses_nothing() {
     assert_eq!(digest(&batches), digest(&expected));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_added_mid_epoch_takes_units_and_loses_nothing() {
+    let shards = photos();
+    let local = Harness::start(Options::default()).await;
+    let local_uri = upload(&local.s3, "data", "train/", &shards).await;
+    let expected = every_rank(&local, &local_uri, train(""), 1).await;
+
+    let first = Worker::start([127, 0, 0, 1], TOKEN, None).await;
+    let added = Worker::start([127, 0, 0, 2], TOKEN, None).await;
+    let mut config = pool_config(&[&first], 1.0);
+    // The Service's records change only when this test says so.
+    config.refresh = Duration::from_secs(3600);
+    let (harness, client) = pooled(config, 1).await;
+    let uri = upload(&harness.s3, "data", "train/", &shards).await;
+    let mut stream = harness
+        .client()
+        .await
+        .stream_batches(pb::StreamBatchesRequest {
+            dataset: uri.clone(),
+            ..train("")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut batches = vec![stream.message().await.unwrap().unwrap()];
+    // What a DNS refresh does when the Deployment scales up.
+    client.set_members(vec![first.addr, added.addr]);
+    while let Some(batch) = stream.message().await.unwrap() {
+        batches.push(batch);
+    }
+    no_repeats(&batches);
+    assert_eq!(digest(&batches), digest(&expected));
+    assert!(added.samples() > 0, "the added worker got no units");
+    assert!(first.samples() > 0);
+}
+
 /// The status a worker refuses `request` with (it must refuse it).
 async fn refusal(
     client: &mut shardfeed::pool::wire::pb::decode_pool_client::DecodePoolClient<

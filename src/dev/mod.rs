@@ -11,6 +11,8 @@ pub mod fuzz;
 pub mod kernel;
 pub mod mix_bench;
 pub mod pool_bench;
+pub mod pool_model;
+pub mod pool_sim;
 pub mod s3mem;
 pub mod shuffle_quality;
 pub mod synthetic;

@@ -12,26 +12,32 @@
 //!   units, and a unit's second choice is a stable, different worker.
 //! - **Deadlines.** A unit's first attempt goes to its first choice; past
 //!   the hedge delay (the p95 of answers, at most three medians, at least
-//!   `min_hedge`), a hedge goes to the next; an attempt that fails is
-//!   re-issued to the next at once. The first answer wins and the others
-//!   are dropped. A unit with no worker left to try is given back for
-//!   local decode at twice the hedge delay, and any unit at `deadline`.
+//!   `min_hedge`), a hedge goes to the next, and one more each hedge delay
+//!   after while workers remain (three attempts at most); an attempt that
+//!   fails is re-issued to the next at once. The first answer wins and the
+//!   others are dropped. A unit with no worker left to try is given back
+//!   for local decode after one hedge delay more than it had attempts
+//!   (two at least), and any unit at `deadline`.
 //! - **Cool-down.** A worker that failed an attempt sits out a backoff
-//!   (doubling to 5 s); one that refused the sidecar's token or build sits
+//!   (doubling to 5 s), one that was busy (RESOURCE_EXHAUSTED) 20 ms; one
+//!   that refused the sidecar's token or build sits
 //!   out a minute, logged once.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+// Tokio's clock, not std's: the pool simulation runs this code in paused,
+// virtual time.
 use tokio::sync::{Notify, Semaphore};
-use tonic::transport::{Channel, Endpoint};
+use tokio::time::Instant;
 
+use super::link::{Connector, GrpcConnector, WorkerLink};
 use super::wire::{self, pb, SampleAnswer, UnitSample};
 use crate::decode::{augment::fmix64, OutputSpec};
 use crate::metrics::pool as pool_metrics;
@@ -57,12 +63,12 @@ const HEDGE_MEDIANS: u32 = 3;
 /// A unit with no worker left to hedge to is decoded locally this many
 /// hedge delays after it was sent.
 const LOCAL_HEDGE_DELAYS: u32 = 2;
+const BUSY_COOLDOWN: Duration = Duration::from_millis(20);
 const REFUSED_COOLDOWN: Duration = Duration::from_secs(60);
 const MAX_FAILURE_COOLDOWN: Duration = Duration::from_secs(5);
 const MIN_RERESOLVE: Duration = Duration::from_secs(1);
 const MAX_RESOLVE_BACKOFF: Duration = Duration::from_secs(30);
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How much of each batch a stream sends to the pool.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -121,65 +127,61 @@ impl PoolConfig {
 /// One resolved worker.
 struct Worker {
     addr: SocketAddr,
-    client: pb::decode_pool_client::DecodePoolClient<Channel>,
+    /// The address's hash, taken once: placement scores every live worker
+    /// for every unit.
+    key: u64,
+    link: Arc<dyn WorkerLink>,
     in_flight: Arc<Semaphore>,
-    health: Mutex<WorkerHealth>,
-}
-
-#[derive(Default)]
-struct WorkerHealth {
-    cooling_until: Option<Instant>,
-    failures: u32,
-    refusal_logged: bool,
+    /// Until when (nanoseconds past the client's start; 0: not cooling) the
+    /// worker gets no units. Atomics, not a lock: placement reads every
+    /// worker's for every unit.
+    cooling_until: AtomicU64,
+    failures: AtomicU32,
+    refusal_logged: AtomicBool,
 }
 
 impl Worker {
-    fn connect(addr: SocketAddr, units: usize) -> Option<Self> {
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .ok()?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            // An answer is megabytes: HTTP/2's default 64 KiB window would
-            // cost a round trip (and a wake-up on each side) per 64 KiB.
-            .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(super::CONNECTION_WINDOW_BYTES)
-            .max_frame_size(super::MAX_FRAME_BYTES)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10));
-        Some(Self {
+    fn new(addr: SocketAddr, link: Arc<dyn WorkerLink>, units: usize) -> Self {
+        Self {
             addr,
-            client: pb::decode_pool_client::DecodePoolClient::new(endpoint.connect_lazy())
-                .max_decoding_message_size(usize::MAX),
+            key: crate::decode::augment::fnv1a(addr.to_string().into_bytes()),
+            link,
             in_flight: Arc::new(Semaphore::new(units.max(1))),
-            health: Mutex::default(),
-        })
+            cooling_until: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            refusal_logged: AtomicBool::new(false),
+        }
     }
 
-    fn available(&self, now: Instant) -> bool {
-        let health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        health.cooling_until.is_none_or(|until| until <= now)
+    fn available(&self, now_nanos: u64) -> bool {
+        self.cooling_until.load(Ordering::Relaxed) <= now_nanos
     }
 
     fn succeeded(&self) {
-        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        health.failures = 0;
-        health.cooling_until = None;
+        self.failures.store(0, Ordering::Relaxed);
+        self.cooling_until.store(0, Ordering::Relaxed);
     }
 
-    fn failed(&self) {
-        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        health.failures = health.failures.saturating_add(1);
+    fn failed(&self, now_nanos: u64) {
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
         let backoff = Duration::from_millis(100)
-            .saturating_mul(1 << health.failures.min(6))
+            .saturating_mul(1 << failures.min(6))
             .min(MAX_FAILURE_COOLDOWN);
-        health.cooling_until = Some(Instant::now() + backoff);
+        self.cool_for(now_nanos, backoff);
     }
 
-    fn refused(&self, status: &tonic::Status) {
-        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
-        health.cooling_until = Some(Instant::now() + REFUSED_COOLDOWN);
-        if !health.refusal_logged {
-            health.refusal_logged = true;
+    /// A busy worker is healthy: it sits out a moment, not a backoff, or
+    /// a pool near its capacity would shed the workers it needs most.
+    fn busy(&self, now_nanos: u64) {
+        self.cool_for(now_nanos, BUSY_COOLDOWN);
+    }
+
+    fn refused(&self, now_nanos: u64, status: &tonic::Status) {
+        self.cool_for(now_nanos, REFUSED_COOLDOWN);
+        if !self.refusal_logged.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 worker = %self.addr,
                 code = ?status.code(),
@@ -188,10 +190,17 @@ impl Worker {
             );
         }
     }
+
+    fn cool_for(&self, now_nanos: u64, span: Duration) {
+        let span = u64::try_from(span.as_nanos()).unwrap_or(u64::MAX);
+        self.cooling_until
+            .store(now_nanos.saturating_add(span).max(1), Ordering::Relaxed);
+    }
 }
 
-/// The live workers, by address (ordered: logs and tests see a stable set).
-type Members = BTreeMap<SocketAddr, Arc<Worker>>;
+/// The live workers, ordered by address (logs and tests see a stable set);
+/// replaced whole on a change, so placement reads it without a lock held.
+type Members = Arc<Vec<Arc<Worker>>>;
 
 /// A client's unit outcomes so far (as `shardfeed_pool_units_total`
 /// counts them for the whole process).
@@ -212,6 +221,9 @@ struct Inner {
     counts: Mutex<UnitCounts>,
     config: PoolConfig,
     identity: String,
+    connector: Box<dyn Connector>,
+    /// The clock's zero for the workers' cool-downs.
+    started: Instant,
     members: Mutex<Members>,
     latencies: Mutex<VecDeque<Duration>>,
     next_unit: AtomicU64,
@@ -250,6 +262,8 @@ pub struct UnitAnswer {
 enum AttemptError {
     /// The worker will not take this sidecar's units (token, build).
     Refused(tonic::Status),
+    /// The worker holds all the units it takes: the next may have room.
+    Busy,
     /// Anything else: the next worker may answer.
     Failed(String),
 }
@@ -258,9 +272,23 @@ impl PoolClient {
     /// Starts following `config.targets` on the current runtime. `decoder`
     /// names the local decoder: workers must run the same.
     pub fn start(config: PoolConfig, decoder: &str) -> Self {
+        let client = Self::with_connector(config, decoder, Box::new(GrpcConnector));
+        tokio::spawn(follow_members(Arc::downgrade(&client.inner)));
+        client
+    }
+
+    /// A client whose workers are reached through `connector` and whose
+    /// membership only [`Self::set_members`] changes (the simulation).
+    pub fn with_connector(
+        config: PoolConfig,
+        decoder: &str,
+        connector: Box<dyn Connector>,
+    ) -> Self {
         let inner = Arc::new(Inner {
             counts: Mutex::default(),
             identity: wire::build_identity(decoder),
+            connector,
+            started: Instant::now(),
             config,
             members: Mutex::default(),
             latencies: Mutex::new(VecDeque::with_capacity(LATENCY_WINDOW)),
@@ -270,8 +298,36 @@ impl PoolClient {
             hedge_nanos: AtomicU64::new(0),
             answers: AtomicU64::new(0),
         });
-        tokio::spawn(follow_members(Arc::downgrade(&inner)));
         Self { inner }
+    }
+
+    /// Makes `addrs` the live workers (what a resolution of the targets
+    /// does): newcomers are connected, the departed dropped.
+    pub fn set_members(&self, addrs: Vec<SocketAddr>) {
+        update_members(&self.inner, addrs);
+    }
+
+    /// The worker a unit whose first sample is `affinity` goes to first,
+    /// when all have free slots (placement, for the simulation's count of
+    /// units moved by a membership change).
+    pub fn first_choice(&self, affinity: u64) -> Option<SocketAddr> {
+        let members = self.members();
+        members
+            .iter()
+            .max_by_key(|worker| rendezvous_score(affinity, worker.key))
+            .map(|worker| worker.addr)
+    }
+
+    fn members(&self) -> Members {
+        self.inner
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn now_nanos(&self) -> u64 {
+        u64::try_from(self.inner.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     pub fn config(&self) -> &PoolConfig {
@@ -311,12 +367,9 @@ impl PoolClient {
 
     /// Workers resolved and not cooling down.
     pub fn live_workers(&self) -> usize {
-        let now = Instant::now();
-        self.inner
-            .members
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
+        let now = self.now_nanos();
+        self.members()
+            .iter()
             .filter(|worker| worker.available(now))
             .count()
     }
@@ -326,12 +379,7 @@ impl PoolClient {
     pub async fn wait_for_workers(&self, at_least: usize, timeout: Duration) -> usize {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let known = self
-                .inner
-                .members
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .len();
+            let known = self.members().len();
             if known >= at_least || tokio::time::Instant::now() >= deadline {
                 return known;
             }
@@ -353,11 +401,10 @@ impl PoolClient {
         let unit_id = self.inner.next_unit.fetch_add(1, Ordering::Relaxed);
         let request = wire::unit_to_wire(unit_id, spec, samples);
         let sample_bytes = spec.bytes();
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let deadline = started + self.inner.config.deadline;
         let mut attempts = FuturesUnordered::new();
         let mut next = 0usize;
-        let mut hedged = false;
         let attempt = |worker: Arc<Worker>| {
             let request = request.clone();
             let identity = self.inner.identity.clone();
@@ -372,10 +419,14 @@ impl PoolClient {
         next += 1;
         loop {
             let hedge_delay = self.hedge_delay();
-            let hedge_at = started + hedge_delay;
+            // The n-th attempt goes out n hedge delays after the first
+            // (sooner when one fails): a hedge that is slow too is hedged
+            // in turn, rather than the unit waiting out its deadline.
+            let attempts_sent = u32::try_from(next).unwrap_or(u32::MAX);
+            let hedge_at = started + hedge_delay * attempts_sent;
             // With no worker left to hedge to, this host's own cores are
             // the hedge: a little later, since they are the trainer's.
-            let local_at = started + hedge_delay * LOCAL_HEDGE_DELAYS;
+            let local_at = started + hedge_delay * (attempts_sent + 1).max(LOCAL_HEDGE_DELAYS);
             let others_left = next < ranked.len().min(MAX_ATTEMPTS);
             tokio::select! {
                 Some((worker, outcome)) = attempts.next() => match outcome {
@@ -392,12 +443,16 @@ impl PoolClient {
                         match error {
                             AttemptError::Refused(status) => {
                                 self.count("refused");
-                                worker.refused(&status);
+                                worker.refused(self.now_nanos(), &status);
+                            }
+                            AttemptError::Busy => {
+                                self.count("failed");
+                                worker.busy(self.now_nanos());
                             }
                             AttemptError::Failed(message) => {
                                 self.count("failed");
                                 tracing::debug!(worker = %worker.addr, %message, "pool attempt failed");
-                                worker.failed();
+                                worker.failed(self.now_nanos());
                                 self.inner.reresolve.notify_one();
                             }
                         }
@@ -412,8 +467,7 @@ impl PoolClient {
                         }
                     }
                 },
-                () = tokio::time::sleep_until(hedge_at), if !hedged && others_left => {
-                    hedged = true;
+                () = tokio::time::sleep_until(hedge_at), if others_left => {
                     attempts.push(attempt(ranked[next].clone()));
                     next += 1;
                     self.count("sent");
@@ -431,19 +485,25 @@ impl PoolClient {
         }
     }
 
-    /// Live workers, best first for a unit of `affinity` (rendezvous
-    /// hashing); among equals in rank, one with a free slot goes first.
+    /// The first [`MAX_ATTEMPTS`] live workers for a unit of `affinity`
+    /// (rendezvous hashing), best first; among those, one with a free slot
+    /// goes first. One pass, no sort: a pool of thousands is scored for
+    /// every unit.
     fn ranked(&self, affinity: u64) -> Vec<Arc<Worker>> {
-        let now = Instant::now();
-        let members = self.inner.members.lock().unwrap_or_else(|e| e.into_inner());
-        let mut live: Vec<(u64, Arc<Worker>)> = members
-            .values()
-            .filter(|worker| worker.available(now))
-            .map(|worker| (rendezvous_score(affinity, &worker.addr), worker.clone()))
-            .collect();
-        drop(members);
-        live.sort_by_key(|(score, _)| std::cmp::Reverse(*score));
-        let mut ranked: Vec<Arc<Worker>> = live.into_iter().map(|(_, worker)| worker).collect();
+        let now = self.now_nanos();
+        let members = self.members();
+        let mut best: Vec<(u64, &Arc<Worker>)> = Vec::with_capacity(MAX_ATTEMPTS + 1);
+        for worker in members.iter().filter(|worker| worker.available(now)) {
+            let score = rendezvous_score(affinity, worker.key);
+            if best.len() == MAX_ATTEMPTS && best[MAX_ATTEMPTS - 1].0 >= score {
+                continue;
+            }
+            let at = best.partition_point(|(better, _)| *better >= score);
+            best.insert(at, (score, worker));
+            best.truncate(MAX_ATTEMPTS);
+        }
+        let mut ranked: Vec<Arc<Worker>> =
+            best.into_iter().map(|(_, worker)| worker.clone()).collect();
         // A saturated first choice yields to the next with a free slot:
         // affinity is worth less than a unit waiting.
         if let Some(free) = ranked
@@ -511,24 +571,15 @@ async fn attempt(
         .map_err(|_| AttemptError::Failed("worker closed".into()))?;
     let samples = unit.samples.len();
     let unit_id = unit.unit_id;
-    let mut request = tonic::Request::new(unit);
-    let metadata = request.metadata_mut();
-    let bearer = format!("Bearer {token}")
-        .parse()
-        .map_err(|_| AttemptError::Failed("the token is not a valid header value".into()))?;
-    metadata.insert("authorization", bearer);
-    let build = identity
-        .parse()
-        .map_err(|_| AttemptError::Failed("the build is not a valid header value".into()))?;
-    metadata.insert(wire::BUILD_HEADER, build);
-    let answer = match worker.client.clone().decode(request).await {
-        Ok(answer) => answer.into_inner(),
+    let answer = match worker.link.decode(unit, identity, token).await {
+        Ok(answer) => answer,
         Err(status) => {
             return Err(match status.code() {
                 tonic::Code::Unauthenticated
                 | tonic::Code::PermissionDenied
                 | tonic::Code::FailedPrecondition
                 | tonic::Code::InvalidArgument => AttemptError::Refused(status),
+                tonic::Code::ResourceExhausted => AttemptError::Busy,
                 _ => AttemptError::Failed(format!("{:?}: {}", status.code(), status.message())),
             })
         }
@@ -548,9 +599,8 @@ async fn attempt(
 }
 
 /// Highest score first: the unit's rendezvous order over workers.
-fn rendezvous_score(affinity: u64, addr: &SocketAddr) -> u64 {
-    let worker = crate::decode::augment::fnv1a(addr.to_string().into_bytes());
-    fmix64(affinity ^ fmix64(worker))
+fn rendezvous_score(affinity: u64, worker_key: u64) -> u64 {
+    fmix64(affinity ^ fmix64(worker_key))
 }
 
 /// Keeps `inner.members` equal to what the targets resolve to, until the
@@ -613,27 +663,47 @@ async fn resolve_all(targets: &[String]) -> Result<Vec<SocketAddr>, String> {
     Ok(addrs)
 }
 
-fn update_members(inner: &Inner, addrs: Vec<SocketAddr>) {
+fn update_members(inner: &Inner, mut addrs: Vec<SocketAddr>) {
+    addrs.sort();
+    addrs.dedup();
     let mut members = inner.members.lock().unwrap_or_else(|e| e.into_inner());
-    let before: Vec<SocketAddr> = members.keys().copied().collect();
-    members.retain(|addr, _| addrs.contains(addr));
-    for addr in addrs {
-        if let std::collections::btree_map::Entry::Vacant(slot) = members.entry(addr) {
-            if let Some(worker) = Worker::connect(addr, inner.config.units_per_worker) {
-                slot.insert(Arc::new(worker));
-            }
-        }
+    if members.len() == addrs.len() && members.iter().zip(&addrs).all(|(w, a)| w.addr == *a) {
+        return;
     }
-    let after: Vec<SocketAddr> = members.keys().copied().collect();
-    if before != after {
-        tracing::info!(workers = ?after, "decode pool membership changed");
+    let next: Vec<Arc<Worker>> = addrs
+        .iter()
+        .filter_map(
+            |&addr| match members.binary_search_by_key(&addr, |w| w.addr) {
+                Ok(at) => Some(members[at].clone()),
+                Err(_) => {
+                    let link = inner.connector.connect(addr)?;
+                    Some(Arc::new(Worker::new(
+                        addr,
+                        link,
+                        inner.config.units_per_worker,
+                    )))
+                }
+            },
+        )
+        .collect();
+    *members = Arc::new(next);
+    drop(members);
+    // Thousands of workers would make this line a page: a count, and the
+    // addresses only where they fit on a line.
+    if addrs.len() <= 16 {
+        tracing::info!(workers = ?addrs, "decode pool membership changed");
+    } else {
+        tracing::info!(workers = addrs.len(), "decode pool membership changed");
     }
-    pool_metrics::workers(after.len());
+    pool_metrics::workers(addrs.len());
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::decode::augment::fnv1a;
 
     fn addrs(n: usize) -> Vec<SocketAddr> {
         (0..n)
@@ -644,7 +714,7 @@ mod tests {
     fn owner(affinity: u64, workers: &[SocketAddr]) -> SocketAddr {
         *workers
             .iter()
-            .max_by_key(|addr| rendezvous_score(affinity, addr))
+            .max_by_key(|addr| rendezvous_score(affinity, fnv1a(addr.to_string().into_bytes())))
             .unwrap()
     }
 

@@ -22,6 +22,7 @@
 //! what a batch holds never depends on the pool.
 
 pub mod client;
+pub mod link;
 pub mod wire;
 pub mod worker;
 
