@@ -14,7 +14,7 @@ fn main() {
     let number =
         |at: usize, default: f64| args.get(at).and_then(|s| s.parse().ok()).unwrap_or(default);
     let mut spec = match scenario {
-        "churn" => pool_sim::churn(number(1, 125.0) as usize, number(2, 40.0)),
+        "churn" => pool_sim::churn(number(1, 125.0) as usize, number(2, 70.0)),
         "step" => pool_sim::demand_step(number(1, 4.0) as usize, number(2, 600.0)),
         other => {
             eprintln!("unknown scenario {other:?}: churn or step");

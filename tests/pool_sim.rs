@@ -14,8 +14,8 @@ fn assert_exactly_once(report: &SimReport) {
 
 #[tokio::test(start_paused = true)]
 async fn churn_loses_and_repeats_nothing_and_placement_moves_one_nth() {
-    let mut spec: SimSpec = pool_sim::churn(3, 20.0);
-    // Enough losses in 20 s to kill several pods mid-unit.
+    let mut spec: SimSpec = pool_sim::churn(3, 35.0);
+    // Enough losses in 35 s to kill several pods mid-unit.
     spec.loss_per_minute = 0.6;
     let report = pool_sim::run(spec.clone()).await;
     assert_exactly_once(&report);

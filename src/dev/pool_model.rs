@@ -65,6 +65,10 @@ const GONE: u8 = 3;
 /// Calls that come in while a worker is partitioned away fail this long
 /// after the partition heals (the HTTP/2 keep-alive notices).
 const PARTITION_NOTICE: Duration = Duration::from_secs(10);
+/// Units a worker takes per decode thread before it answers busy: the
+/// real worker's `--max-units` defaults to four per thread, and it admits
+/// twice that (the rest wait for a slot, a second at most).
+const ADMITTED_PER_THREAD: usize = 8;
 /// Connection refused by a pod that is gone.
 const REFUSED_AFTER: Duration = Duration::from_millis(1);
 
@@ -159,7 +163,7 @@ impl SimPool {
             state: AtomicU8::new(STARTING),
             partitioned_until: AtomicU64::new(0),
             slots: Arc::new(Semaphore::new(threads)),
-            admitted: Arc::new(Semaphore::new(2 * threads)),
+            admitted: Arc::new(Semaphore::new(ADMITTED_PER_THREAD * threads)),
             decoded_units: AtomicU64::new(0),
         });
         (addr, worker)
@@ -295,12 +299,12 @@ impl SimPool {
 
     /// Drops pods that are gone and hold nothing (draining ones once idle).
     fn forget_gone(&self, state: &mut PoolState) {
-        let threads = self.model.threads.max(1);
+        let admitted = ADMITTED_PER_THREAD * self.model.threads.max(1);
         state
             .workers
             .retain(|(_, worker)| match worker.state.load(Ordering::Relaxed) {
                 GONE => false,
-                DRAINING => worker.admitted.available_permits() < 2 * threads,
+                DRAINING => worker.admitted.available_permits() < admitted,
                 _ => true,
             });
     }

@@ -104,8 +104,9 @@ const SAMPLES_PER_WORKER: f64 = 2_000.0;
 
 /// 125 hosts x 8 ranks (or `hosts`) at 24,000 samples/s a host, 8,000 of
 /// them from local cores, against a pool sized by the rule that loses 5%
-/// of its pods a minute, has 5% partitioned away for 4 s at a quarter of
-/// the run, grows by half at 45% and is cut by half at 70%.
+/// of its pods a minute, has 5% partitioned away for 4 s at 1/7 of the
+/// run, grows by half at 2/7 (new pods ready 20 s later) and is cut by
+/// half at 5/7, below the demand (trainers then wait; nothing is lost).
 pub fn churn(hosts: usize, seconds: f64) -> SimSpec {
     let mut spec = SimSpec {
         hosts,
@@ -120,8 +121,8 @@ pub fn churn(hosts: usize, seconds: f64) -> SimSpec {
         workers: worker(),
         initial_workers: 0,
         loss_per_minute: 0.05,
-        resizes: vec![(seconds * 0.45, 1.5), (seconds * 0.7, 0.5)],
-        partitions: vec![(seconds * 0.25, 0.05, 4.0)],
+        resizes: vec![(seconds * 2.0 / 7.0, 1.5), (seconds * 5.0 / 7.0, 0.5)],
+        partitions: vec![(seconds / 7.0, 0.05, 4.0)],
         autoscaling: None,
         dns_refresh: Duration::from_secs(5),
         seed: 35,

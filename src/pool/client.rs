@@ -212,6 +212,7 @@ pub struct UnitCounts {
     pub reissued: u64,
     pub failed: u64,
     pub refused: u64,
+    pub outpaced: u64,
     pub local: u64,
     /// Samples in the units answered.
     pub remote_samples: u64,
@@ -360,6 +361,7 @@ impl PoolClient {
             "reissued" => &mut counts.reissued,
             "failed" => &mut counts.failed,
             "refused" => &mut counts.refused,
+            "outpaced" => &mut counts.outpaced,
             _ => &mut counts.local,
         };
         *field += 1;
@@ -405,16 +407,19 @@ impl PoolClient {
         let deadline = started + self.inner.config.deadline;
         let mut attempts = FuturesUnordered::new();
         let mut next = 0usize;
-        let attempt = |worker: Arc<Worker>| {
+        // Which of the ranked workers' attempts have come back.
+        let mut returned = [false; MAX_ATTEMPTS];
+        let attempt = |order: usize| {
+            let worker = ranked[order].clone();
             let request = request.clone();
             let identity = self.inner.identity.clone();
             let token = self.inner.config.token.clone();
             async move {
                 let outcome = attempt(&worker, request, &identity, &token, sample_bytes).await;
-                (worker, outcome)
+                (order, worker, outcome)
             }
         };
-        attempts.push(attempt(ranked[0].clone()));
+        attempts.push(attempt(0));
         self.count("sent");
         next += 1;
         loop {
@@ -429,9 +434,19 @@ impl PoolClient {
             let local_at = started + hedge_delay * (attempts_sent + 1).max(LOCAL_HEDGE_DELAYS);
             let others_left = next < ranked.len().min(MAX_ATTEMPTS);
             tokio::select! {
-                Some((worker, outcome)) = attempts.next() => match outcome {
+                Some((order, worker, outcome)) = attempts.next() => match outcome {
                     Ok(answer) => {
                         worker.succeeded();
+                        // A worker that had a head start and is still at
+                        // it lost to a later attempt: it sits out a backoff
+                        // as a failing one would, so a worker cut off by a
+                        // partition (calls hang, nothing fails) stops
+                        // costing every unit a hedge delay.
+                        let now = self.now_nanos();
+                        for earlier in (0..order).filter(|&earlier| !returned[earlier]) {
+                            ranked[earlier].failed(now);
+                            self.count("outpaced");
+                        }
                         self.record_latency(started.elapsed());
                         self.count("answered");
                         self.inner.counts.lock().unwrap_or_else(|e| e.into_inner()).remote_samples +=
@@ -440,6 +455,7 @@ impl PoolClient {
                         return Some(answer);
                     }
                     Err(error) => {
+                        returned[order] = true;
                         match error {
                             AttemptError::Refused(status) => {
                                 self.count("refused");
@@ -457,7 +473,7 @@ impl PoolClient {
                             }
                         }
                         if next < ranked.len().min(MAX_ATTEMPTS) {
-                            attempts.push(attempt(ranked[next].clone()));
+                            attempts.push(attempt(next));
                             next += 1;
                             self.count("sent");
                             self.count("reissued");
@@ -468,7 +484,7 @@ impl PoolClient {
                     }
                 },
                 () = tokio::time::sleep_until(hedge_at), if others_left => {
-                    attempts.push(attempt(ranked[next].clone()));
+                    attempts.push(attempt(next));
                     next += 1;
                     self.count("sent");
                     self.count("hedged");
