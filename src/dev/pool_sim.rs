@@ -116,7 +116,7 @@ pub fn churn(hosts: usize, seconds: f64) -> SimSpec {
         local_per_host: 8_000.0,
         demand: vec![(0.0, 24_000.0)],
         seconds,
-        decode_ahead: crate::pipeline::DEFAULT_DECODE_AHEAD,
+        decode_ahead: crate::pool::POOL_DECODE_AHEAD,
         ready_batches: crate::pipeline::DEFAULT_READY_BATCHES,
         workers: worker(),
         initial_workers: 0,

@@ -29,6 +29,10 @@ pub mod worker;
 pub use client::{PoolClient, PoolConfig, PoolShareSetting};
 pub use worker::{serve_worker, WorkerConfig};
 
+/// Batches a stream with a pool decodes at once (at least): the memory
+/// formula's `decode_ahead` (README, Memory) is this with a pool.
+pub const POOL_DECODE_AHEAD: usize = 4;
+
 /// HTTP/2 windows of pool connections, both ways: a unit's bytes and its
 /// answer (about a megabyte each at 8 samples) in flight without waiting.
 const STREAM_WINDOW_BYTES: u32 = 8 << 20;
