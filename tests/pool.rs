@@ -175,6 +175,31 @@ async fn every_rank(
     all
 }
 
+/// One training epoch of `uri`, with `change` made to the pool after the
+/// first batch arrived.
+async fn epoch_changing_midway(
+    harness: &Harness,
+    uri: &str,
+    change: impl std::future::Future<Output = ()>,
+) -> Vec<pb::Batch> {
+    let mut stream = harness
+        .client()
+        .await
+        .stream_batches(pb::StreamBatchesRequest {
+            dataset: uri.into(),
+            ..train("")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut batches = vec![stream.message().await.unwrap().unwrap()];
+    change.await;
+    while let Some(batch) = stream.message().await.unwrap() {
+        batches.push(batch);
+    }
+    batches
+}
+
 fn no_repeats(batches: &[pb::Batch]) {
     let mut seen = std::collections::HashSet::new();
     for key in keys(batches) {
@@ -295,21 +320,7 @@ async fn a_slow_worker_is_hedged_and_a_drained_one_loses_nothing() {
 
     // Drain the fast worker halfway through an epoch: the rest of the
     // units go to the slow one or local decode, and the epoch is whole.
-    let mut stream = harness
-        .client()
-        .await
-        .stream_batches(pb::StreamBatchesRequest {
-            dataset: uri.clone(),
-            ..train("")
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut batches = vec![stream.message().await.unwrap().unwrap()];
-    fast.drain().await;
-    while let Some(batch) = stream.message().await.unwrap() {
-        batches.push(batch);
-    }
+    let batches = epoch_changing_midway(&harness, &uri, fast.drain()).await;
     no_repeats(&batches);
     assert_eq!(digest(&batches), digest(&expected));
 }
@@ -328,22 +339,9 @@ async fn a_worker_added_mid_epoch_takes_units_and_loses_nothing() {
     config.refresh = Duration::from_secs(3600);
     let (harness, client) = pooled(config, 1).await;
     let uri = upload(&harness.s3, "data", "train/", &shards).await;
-    let mut stream = harness
-        .client()
-        .await
-        .stream_batches(pb::StreamBatchesRequest {
-            dataset: uri.clone(),
-            ..train("")
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut batches = vec![stream.message().await.unwrap().unwrap()];
     // What a DNS refresh does when the Deployment scales up.
-    client.set_members(vec![first.addr, added.addr]);
-    while let Some(batch) = stream.message().await.unwrap() {
-        batches.push(batch);
-    }
+    let scale_up = async { client.set_members(vec![first.addr, added.addr]) };
+    let batches = epoch_changing_midway(&harness, &uri, scale_up).await;
     no_repeats(&batches);
     assert_eq!(digest(&batches), digest(&expected));
     assert!(added.samples() > 0, "the added worker got no units");
