@@ -78,7 +78,6 @@ struct SimWorker {
     partitioned_until: AtomicU64,
     slots: Arc<Semaphore>,
     admitted: Arc<Semaphore>,
-    decoded_units: AtomicU64,
 }
 
 /// The pool's pods, its Service's view of them and the counts the
@@ -164,7 +163,6 @@ impl SimPool {
             partitioned_until: AtomicU64::new(0),
             slots: Arc::new(Semaphore::new(threads)),
             admitted: Arc::new(Semaphore::new(ADMITTED_PER_THREAD * threads)),
-            decoded_units: AtomicU64::new(0),
         });
         (addr, worker)
     }
@@ -193,15 +191,6 @@ impl SimPool {
 
     pub fn ready_history(&self) -> Vec<(f64, usize)> {
         self.lock().ready_history.clone()
-    }
-
-    /// Units each worker decoded, for the utilisation spread.
-    pub fn decoded_units(&self) -> Vec<u64> {
-        self.lock()
-            .workers
-            .iter()
-            .map(|(_, worker)| worker.decoded_units.load(Ordering::Relaxed))
-            .collect()
     }
 
     fn note_ready(&self, state: &mut PoolState) {
@@ -365,7 +354,6 @@ impl SimPool {
                     return false;
                 }
                 tokio::time::sleep(took).await;
-                worker.decoded_units.fetch_add(1, Ordering::Relaxed);
                 true
             }
         });

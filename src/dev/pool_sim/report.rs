@@ -41,8 +41,8 @@ pub struct SimReport {
     pub one_nth: f64,
     pub workers_at_end: usize,
     pub killed: usize,
-    /// Spread of units decoded per worker (max / mean) over workers alive
-    /// all along.
+    /// (second, count) at every change of the Deployment's replicas and of
+    /// the ready pods; the autoscaler's (second, demand, replicas) calls.
     pub replica_history: Vec<(f64, usize)>,
     pub ready_history: Vec<(f64, usize)>,
     pub decisions: Vec<(f64, f64, usize)>,
@@ -243,19 +243,15 @@ pub fn step_responses(spec: &SimSpec, report: &SimReport) -> Vec<StepResponse> {
             .map_or(spec.seconds, |(next, _)| *next);
         let needed = spec.workers_needed(to, rule.samples_per_worker);
         let up = to > from;
-        let in_step = |t: f64| t >= at && t < end;
-        let ready: Vec<(f64, usize)> = report
-            .ready_history
-            .iter()
-            .copied()
-            .filter(|(t, _)| in_step(*t))
-            .collect();
-        let replicas: Vec<(f64, usize)> = report
-            .replica_history
-            .iter()
-            .copied()
-            .filter(|(t, _)| in_step(*t))
-            .collect();
+        let in_step = |history: &[(f64, usize)]| -> Vec<(f64, usize)> {
+            history
+                .iter()
+                .copied()
+                .filter(|(t, _)| *t >= at && *t < end)
+                .collect()
+        };
+        let ready = in_step(&report.ready_history);
+        let replicas = in_step(&report.replica_history);
         let first_time = |series: &[(f64, usize)], test: &dyn Fn(f64) -> bool| {
             series
                 .iter()
