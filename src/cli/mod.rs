@@ -7,6 +7,7 @@
 #[cfg(feature = "dev")]
 mod dev_args;
 mod pool_args;
+mod progress;
 mod run;
 
 #[cfg(feature = "dev")]
@@ -580,6 +581,10 @@ pub struct PackArgs {
     /// Seed of the order samples are spread over the shards.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Also write the report as JSON here: samples, shards, bytes, seconds,
+    /// classes and every skipped file with its reason.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
     #[command(flatten)]
     pub s3: S3Args,
     #[command(flatten)]

@@ -3,9 +3,10 @@
 use std::io::Write;
 use std::sync::Arc;
 
+use super::progress;
 use super::{CliError, Command, IndexArgs, PackArgs, PoolWorkerArgs, ServeArgs, WarmArgs};
 use crate::dataset::{
-    build_index, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
+    build_index_reporting, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
 };
 use crate::engine::{warm, Engine};
 use crate::server::{self, Listener, ShardfeedService};
@@ -145,7 +146,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         exit_with_parent(parent)?;
     }
     let config = args.config()?;
-    install_metrics(config.metrics_listen)?;
+    let metrics_listen = install_metrics(config.metrics_listen)?;
 
     let registry = Arc::new(
         DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)
@@ -211,7 +212,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     tracing::info!(
         listen = %listener.local_addr(),
-        metrics = %config.metrics_listen,
+        metrics = %metrics_listen,
         decode_threads = config.engine.decode_threads,
         max_streams = config.service.max_streams,
         stream_memory_mib = config.engine.memory.streams >> 20,
@@ -231,8 +232,18 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Serves /metrics on `addr` with the shared buckets and help texts.
-fn install_metrics(addr: std::net::SocketAddr) -> Result<(), CliError> {
+/// Serves /metrics on `addr` with the shared buckets and help texts, and
+/// returns the address served: port 0 becomes a free port chosen here, so
+/// the start-up log can say where (a local `serve()` from Python asks for
+/// port 0 and reads it back), which the exporter itself never reports.
+fn install_metrics(addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, CliError> {
+    let addr = if addr.port() == 0 {
+        std::net::TcpListener::bind(addr)
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| format!("choosing a port for the metrics listener on {addr}: {e}"))?
+    } else {
+        addr
+    };
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(
@@ -242,12 +253,13 @@ fn install_metrics(addr: std::net::SocketAddr) -> Result<(), CliError> {
         .install()
         .map_err(|e| format!("starting the metrics listener on {addr}: {e}"))?;
     crate::metrics::describe();
-    Ok(())
+    Ok(addr)
 }
 
 async fn pool_worker(args: PoolWorkerArgs) -> Result<(), CliError> {
     let config = args.config()?;
-    install_metrics(args.metrics_listen)?;
+    let metrics_listen = install_metrics(args.metrics_listen)?;
+    tracing::info!(metrics = %metrics_listen, "pool worker metrics");
     crate::pool::serve_worker(config, shutdown_signal()).await?;
     Ok(())
 }
@@ -289,13 +301,20 @@ async fn index(args: IndexArgs) -> Result<(), CliError> {
         manifest: uri.manifest().map(str::to_string),
     };
     let started = std::time::Instant::now();
-    let (index, shard_indexes) = build_index(
+    let bar = progress::bytes(0, "scanning shards");
+    let (index, shard_indexes) = build_index_reporting(
         store.clone(),
         &location,
         registry.read_config(),
         args.read.on_bad_shard.into(),
+        &|p| {
+            bar.set_length(p.bytes);
+            bar.set_position(p.bytes_done);
+            bar.set_message(format!("{}/{} shards", p.shards_done, p.shards));
+        },
     )
     .await?;
+    bar.finish_and_clear();
     write_index(store.as_ref(), &location, &index, &shard_indexes).await?;
     let what = match index.layout {
         DatasetLayout::Shards => format!("{} shards", index.shards.len()),
@@ -327,24 +346,18 @@ async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
     )
     .with_cache(cache.clone());
     let started = std::time::Instant::now();
+    let bar = progress::bytes(0, &format!("warming {}", args.uri));
     let report = warm::warm(
         &registry,
         &args.uri,
         &args.read.read_config(),
         |done, total| {
-            let seconds = started.elapsed().as_secs_f64().max(1e-9);
-            eprint!(
-                "\rwarming {}: {:>5.1}% of {:.2} GB, {:.0} MB/s   ",
-                args.uri,
-                100.0 * done as f64 / total.max(1) as f64,
-                total as f64 / 1e9,
-                done as f64 / seconds / 1e6
-            );
-            let _ = std::io::stderr().flush();
+            bar.set_length(total);
+            bar.set_position(done);
         },
     )
     .await?;
-    eprintln!();
+    bar.finish_and_clear();
     if report.complete() {
         println!(
             "all {} shards cached ({:.1} MB) in {} after {:.1}s",
@@ -392,22 +405,18 @@ async fn warm_decoded(
     let engine = Engine::new(Arc::new(registry), crate::engine::EngineConfig::default())?
         .with_decoded_cache(tier.clone());
     let started = std::time::Instant::now();
+    let bar = progress::count("warming the decoded tier");
+    bar.set_message("samples");
     let report = crate::engine::warm::warm_decoded(
         &engine,
         &args.uri,
         shorter_side,
         args.eval_size,
-        |samples| {
-            eprint!(
-                "\rwarming the decoded tier: {samples} samples, {:.0}/s   ",
-                samples as f64 / started.elapsed().as_secs_f64().max(1e-9)
-            );
-            let _ = std::io::stderr().flush();
-        },
+        |samples| bar.set_position(samples),
     )
     .await?;
+    bar.finish_and_clear();
     let (samples, substituted) = (report.samples, report.substituted);
-    eprintln!();
     println!(
         "decoded tier in {}: {} records, {:.1} MB ({} samples read in {:.1}s{})",
         dir.display(),
@@ -437,24 +446,20 @@ async fn pack(args: PackArgs) -> Result<(), CliError> {
     };
     let config = args.config(source);
     let (store, prefix) = registry.store_for(&DatasetUri::parse(&args.dest)?).await;
-    let started = std::time::Instant::now();
+    let bar = progress::bytes(0, "packing");
     let report = crate::pack::pack(&config, store, &prefix, |p| {
-        let fraction = p.bytes_done as f64 / p.bytes.max(1) as f64;
-        let filled = (fraction * 30.0) as usize;
-        eprint!(
-            "\r[{}{}] {:>5.1}%  {}/{} files, {} shards, {:.0} MB/s   ",
-            "#".repeat(filled),
-            ".".repeat(30 - filled.min(30)),
-            100.0 * fraction,
-            p.files_done,
-            p.files,
-            p.shards_done,
-            p.bytes_done as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e6,
-        );
-        let _ = std::io::stderr().flush();
+        bar.set_length(p.bytes);
+        bar.set_position(p.bytes_done);
+        bar.set_message(format!(
+            "{}/{} files, {} shards",
+            p.files_done, p.files, p.shards_done
+        ));
     })
     .await?;
-    eprintln!();
+    bar.finish_and_clear();
+    if let Some(path) = &args.report {
+        write_pack_report(path, &args.dest, &report)?;
+    }
     for skipped in report.skipped.iter().take(20) {
         eprintln!("skipped {}: {}", skipped.path.display(), skipped.reason);
     }
@@ -474,6 +479,31 @@ async fn pack(args: PackArgs) -> Result<(), CliError> {
         report.classes.len(),
         report.skipped.len(),
     );
+    Ok(())
+}
+
+/// `pack --report`: the report as JSON, for tools (Python's `pack()`).
+fn write_pack_report(
+    path: &std::path::Path,
+    dest: &str,
+    report: &crate::pack::PackReport,
+) -> Result<(), CliError> {
+    let skipped: Vec<_> = report
+        .skipped
+        .iter()
+        .map(|s| serde_json::json!({"path": s.path.display().to_string(), "reason": s.reason}))
+        .collect();
+    let json = serde_json::json!({
+        "dataset": dest,
+        "samples": report.samples,
+        "shards": report.shards,
+        "bytes": report.bytes,
+        "seconds": report.seconds,
+        "classes": report.classes,
+        "skipped": skipped,
+    });
+    std::fs::write(path, format!("{json:#}\n"))
+        .map_err(|e| format!("writing the report to {}: {e}", path.display()))?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::{
     loose, manifest, shard_index_key, summary_key, to_json, DatasetError, DatasetIndex,
-    DatasetLayout, DatasetLocation, ShardEntry, ShardIndex, INDEX_DIR, INDEX_VERSION,
+    DatasetLayout, DatasetLocation, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
 };
 use crate::shard::{
     BadShardPolicy, SampleLayout, SampleSplitter, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
@@ -27,6 +27,27 @@ pub async fn build_index(
     location: &DatasetLocation,
     read: &ReadConfig,
     on_bad_shard: BadShardPolicy,
+) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
+    build_index_reporting(store, location, read, on_bad_shard, &|_| {}).await
+}
+
+/// Progress of an index build: shards scanned of all, and their bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IndexProgress {
+    pub shards_done: u64,
+    pub shards: u64,
+    pub bytes_done: u64,
+    pub bytes: u64,
+}
+
+/// [`build_index`], calling `progress` as each shard's scan ends (the
+/// listing of loose objects, read in one go, reports nothing).
+pub async fn build_index_reporting(
+    store: Arc<dyn ObjectStore>,
+    location: &DatasetLocation,
+    read: &ReadConfig,
+    on_bad_shard: BadShardPolicy,
+    progress: &(dyn Fn(IndexProgress) + Send + Sync),
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
     let prefix = location.prefix.as_str();
     if let Some(manifest) = &location.manifest {
@@ -66,7 +87,18 @@ pub async fn build_index(
         return Ok(loose_index(images, classes));
     }
     drop(images);
+    let classes_key = format!("{prefix}{CLASSES_FILE}");
+    let classes = match objects.iter().any(|o| o.key == classes_key) {
+        true => read_classes(store.as_ref(), &classes_key).await?,
+        false => Vec::new(),
+    };
     drop(objects);
+    let mut done = IndexProgress {
+        shards: shards.len() as u64,
+        bytes: shards.iter().map(|s| s.size).sum(),
+        ..IndexProgress::default()
+    };
+    progress(done);
     let scans = futures::stream::iter(shards.into_iter().map(|object| {
         let store = store.clone();
         let read = read.clone();
@@ -84,6 +116,11 @@ pub async fn build_index(
         }
     }))
     .buffered(INDEX_CONCURRENCY)
+    .inspect_ok(|(object, _)| {
+        done.shards_done += 1;
+        done.bytes_done += object.size;
+        progress(done);
+    })
     .try_collect::<Vec<_>>()
     .await?;
     let mut entries = Vec::with_capacity(scans.len());
@@ -103,10 +140,21 @@ pub async fn build_index(
             version: INDEX_VERSION,
             layout: DatasetLayout::Shards,
             shards: entries,
-            classes: Vec::new(),
+            classes,
         },
         indexes,
     ))
+}
+
+/// The class names of a `classes.txt`, one per line (a trailing newline
+/// ends the last, it does not add an empty class).
+async fn read_classes(store: &dyn ObjectStore, key: &str) -> Result<Vec<String>, DatasetError> {
+    let bytes = get_all(store, key).await?;
+    let text = String::from_utf8_lossy(&bytes);
+    Ok(text
+        .lines()
+        .map(|line| line.trim_end_matches('\r').to_string())
+        .collect())
 }
 
 fn loose_index(

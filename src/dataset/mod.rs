@@ -22,7 +22,9 @@ pub mod manifest;
 mod registry;
 mod uri;
 
-pub use build::{build_index, index_shard_bytes, write_index};
+pub use build::{
+    build_index, build_index_reporting, index_shard_bytes, write_index, IndexProgress,
+};
 pub use registry::DatasetRegistry;
 pub use uri::DatasetUri;
 
@@ -32,6 +34,9 @@ use crate::store::{ObjectMeta, ObjectStore, StoreError};
 
 pub const INDEX_DIR: &str = "_shardfeed/";
 pub const INDEX_VERSION: u32 = 1;
+/// Class names beside a dataset's shards, one per line, line `i` naming
+/// label `i` (pack writes it; the index takes it in).
+pub const CLASSES_FILE: &str = "classes.txt";
 /// Per-shard indexes kept in memory when loaded lazily.
 const SHARD_INDEX_CACHE: usize = 4096;
 
@@ -126,7 +131,8 @@ pub struct DatasetIndex {
     #[serde(default)]
     pub layout: DatasetLayout,
     pub shards: Vec<ShardEntry>,
-    /// Class folder names of a loose dataset: label `i` is `classes[i]`.
+    /// Class names, label `i` is `classes[i]`: a loose dataset's class
+    /// folders, or the `classes.txt` beside a shard dataset (pack writes it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<String>,
 }

@@ -175,11 +175,13 @@ impl StreamGeometry {
 }
 
 /// What `describe` tells about a dataset at a world size and batch size.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct DatasetSummary {
     pub shards: u64,
     pub total_bytes: u64,
     pub counts: EpochCounts,
+    /// Label `i`'s name is `classes[i]` (empty: no names known).
+    pub classes: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -310,6 +312,7 @@ impl Engine {
             shards: dataset.index.shards.len() as u64,
             total_bytes: dataset.index.bytes(),
             counts,
+            classes: dataset.index.classes.clone(),
         })
     }
 }

@@ -47,8 +47,7 @@ mod folder;
 pub const DEFAULT_SHARD_BYTES: u64 = 256_000_000;
 /// Shards being uploaded while the next one is read.
 const SHARDS_IN_FLIGHT: usize = 2;
-/// Class names, one per line, line `i` naming label `i`.
-pub const CLASSES_FILE: &str = "classes.txt";
+pub use crate::dataset::CLASSES_FILE;
 // Keys the shuffle of the pack order apart from the plan's streams.
 const PURPOSE_PACK_ORDER: u64 = 0x5041_434B;
 
@@ -276,7 +275,8 @@ pub async fn pack(
         version: INDEX_VERSION,
         layout: DatasetLayout::Shards,
         shards: entries,
-        classes: Vec::new(),
+        // Also in classes.txt, which `shardfeed index` reads back.
+        classes: classes.clone(),
     };
     // Per-shard files, then the summary: the dataset appears whole or not at all.
     let location = DatasetLocation::prefix(prefix);

@@ -644,6 +644,7 @@ impl Shardfeed for ShardfeedService {
                 padded_per_epoch: summary.counts.padded,
                 total_bytes: summary.total_bytes,
                 decoder: engine.decoder_name().to_string(),
+                classes: summary.classes,
             })
         }
         .await;

@@ -324,7 +324,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., partition: _Optional[_Union[Partition, str]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes", "decoder")
+    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes", "decoder", "classes")
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BATCHES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +332,7 @@ class DescribeResponse(_message.Message):
     PADDED_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECODER_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
     shards: int
     samples: int
     batches_per_rank: int
@@ -339,4 +340,5 @@ class DescribeResponse(_message.Message):
     padded_per_epoch: int
     total_bytes: int
     decoder: str
-    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ..., decoder: _Optional[str] = ...) -> None: ...
+    classes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ..., decoder: _Optional[str] = ..., classes: _Optional[_Iterable[str]] = ...) -> None: ...
