@@ -2,7 +2,7 @@
 
 from ._client import Augment, Client, Source, distributed_rank_and_world
 from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
-from ._server import Server, pack, serve
+from ._server import PackReport, Server, SkippedFile, pack, serve
 from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
 
 __all__ = [
@@ -13,10 +13,12 @@ __all__ = [
     "Delivery",
     "EpochPosition",
     "MixHistory",
+    "PackReport",
     "SampleLayout",
     "Server",
     "ShardfeedError",
     "Shuffle",
+    "SkippedFile",
     "Source",
     "StreamOptions",
     "distributed_rank_and_world",

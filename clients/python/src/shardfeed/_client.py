@@ -46,6 +46,10 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 # A sidecar restart (drain, new pod process, socket back) takes seconds; a
 # node going away takes the trainer with it. Two minutes covers the first.
 DEFAULT_RECONNECT_TIMEOUT = 120.0
+# A target no call has reached yet is given this long to answer before the
+# client says it is wrong: long enough for a sidecar restarting beside a
+# trainer that starts again, short enough that a typo costs seconds.
+DEFAULT_CONNECT_TIMEOUT = 5.0
 _RECONNECT_FIRST_DELAY = 0.1
 _RECONNECT_MAX_DELAY = 5.0
 _HEALTH_SERVING = b"\x08\x01"
@@ -227,7 +231,10 @@ class Client:
     not count, so long epochs and slow steps are fine). ``None`` disables
     either. ``timeout`` is the former name of ``call_timeout``.
 
-    A stream that ends with ``UNAVAILABLE`` (the sidecar draining on
+    A target that nothing has answered at yet (a typo, no sidecar started)
+    fails within ``connect_timeout`` seconds with ``UNAVAILABLE`` naming
+    the target and where it came from. Once the server has answered, a
+    stream that ends with ``UNAVAILABLE`` (the sidecar draining on
     SIGTERM, restarting, or the connection lost) is reopened with bounded
     exponential backoff and resumed right after the last batch it
     delivered, for up to ``reconnect_timeout`` seconds per outage (``None``
@@ -245,20 +252,29 @@ class Client:
         batch_timeout: float | None = DEFAULT_BATCH_TIMEOUT,
         timeout: float | None = None,
         reconnect_timeout: float | None = DEFAULT_RECONNECT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         for name, value in (
             ("call_timeout", call_timeout),
             ("batch_timeout", batch_timeout),
             ("timeout", timeout),
+            ("connect_timeout", connect_timeout),
         ):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive or None, not {value!r}")
         if reconnect_timeout is not None and reconnect_timeout < 0:
             raise ValueError(f"reconnect_timeout must be >= 0 or None, not {reconnect_timeout!r}")
-        self._target = target or os.environ.get(TARGET_ENV) or DEFAULT_TARGET
+        if target:
+            self._target, self._target_source = target, "the target passed"
+        elif os.environ.get(TARGET_ENV):
+            self._target, self._target_source = os.environ[TARGET_ENV], f"${TARGET_ENV}"
+        else:
+            self._target = DEFAULT_TARGET
+            self._target_source = f"the default: ${TARGET_ENV} is not set"
         self._reconnect_timeout = reconnect_timeout or 0.0
-        # Whether a call has reached the server: one that never did is a
-        # wrong target, not a restart, and a Describe to it fails at once.
+        self._connect_timeout = connect_timeout
+        # Whether the server has answered: until it has, UNAVAILABLE more
+        # likely means a wrong target than a restart (see _check_reachable).
         self._reached = False
         self._call_timeout = timeout if timeout is not None else call_timeout
         self._batch_timeout = batch_timeout
@@ -312,6 +328,7 @@ class Client:
             "call_timeout": self._call_timeout,
             "batch_timeout": self._batch_timeout,
             "reconnect_timeout": self._reconnect_timeout,
+            "connect_timeout": self._connect_timeout,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -320,6 +337,7 @@ class Client:
             call_timeout=state["call_timeout"],
             batch_timeout=state["batch_timeout"],
             reconnect_timeout=state.get("reconnect_timeout", DEFAULT_RECONNECT_TIMEOUT),
+            connect_timeout=state.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT),
         )
 
     def _unreachable(self, error: ShardfeedError) -> ShardfeedError:
@@ -327,9 +345,46 @@ class Client:
         if error.code != "UNAVAILABLE" or self._target in error.message:
             return error
         return error.with_message(
-            f"{error.message} (target {self._target}: the Client's target, else "
-            f"${TARGET_ENV}, else {DEFAULT_TARGET})",
+            f"{error.message} (target {self._target}, {self._target_source})",
         )
+
+    def _check_reachable(self, error: ShardfeedError) -> None:
+        """After ``error`` (UNAVAILABLE) on a target nothing has answered at
+        yet: returns if a server answers within ``connect_timeout`` (one
+        starting or restarting: the caller waits for it as for any outage),
+        else raises, naming the target and ``$SHARDFEED_TARGET``."""
+        if self._reached or error.code != "UNAVAILABLE":
+            return
+        if self._answers(self._connect_timeout):
+            self._reached = True
+            return
+        raise ShardfeedError(
+            "UNAVAILABLE",
+            f"no shardfeed server answers at {self._target} ({self._target_source}) "
+            f"within connect_timeout={self._connect_timeout:g}s: {error.message}. Start one "
+            "(shardfeed.serve() on this host, or the chart's sidecar), or point the client "
+            f"at it: target=... or ${TARGET_ENV}",
+        )
+
+    def _answers(self, timeout: float) -> bool:
+        """Whether any gRPC server answers the health check at the target
+        within ``timeout`` (waiting for a listener to appear meanwhile)."""
+        self._get_stub()
+        assert self._channel is not None
+        check = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda service: service,
+            response_deserializer=lambda response: response,
+        )
+        try:
+            check(b"", timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            # Any answer, even UNIMPLEMENTED, came from a server.
+            return exc.code() not in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
+        return True
 
     def wait_until_serving(self, timeout: float = 60.0) -> None:
         """Blocks until the server's gRPC health says SERVING.
@@ -412,8 +467,7 @@ class Client:
                 break
             except grpc.RpcError as exc:
                 error = _error(exc)
-                if not self._reached:
-                    raise self._unreachable(error) from None
+                self._check_reachable(error)
                 # A sidecar restarting (its container's restart) is waited
                 # for within reconnect_timeout, as a stream's reconnect is.
                 reconnect.wait(error)
@@ -425,6 +479,7 @@ class Client:
             padded_per_epoch=response.padded_per_epoch,
             total_bytes=response.total_bytes,
             decoder=response.decoder,
+            classes=tuple(response.classes),
         )
 
     def batches(
@@ -566,11 +621,12 @@ class Client:
         """The stream of ``request``, reopened after ``UNAVAILABLE`` right
         after the last batch delivered (each batch carries its position)."""
         reconnect = _Reconnect(self, "stream")
+        delivered = False
         while True:
             try:
                 for batch in self._stream_once(request, host_pinning):
                     reconnect.reset()
-                    self._reached = True
+                    self._reached = delivered = True
                     if request.sources and not request.HasField("weights_from_step"):
                         # The weights began at this first batch: a reconnect
                         # resumes past it and must say so (the plan rounds
@@ -582,7 +638,9 @@ class Client:
                     request.start_batch = 0
                 return
             except ShardfeedError as error:
-                reconnect.wait(error, "resuming after the last batch received")
+                self._check_reachable(error)
+                then = "resuming after the last batch received" if delivered else "retrying"
+                reconnect.wait(error, then)
 
     def _stream_once(
         self, request: Any, host_pinning: _shm.HostPinning | None = None

@@ -10,11 +10,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,9 +44,10 @@ def _spawn(command: list[str], **options: Any) -> subprocess.Popen[bytes]:
     return _spawner.submit(popen).result()
 
 
-__all__ = ["Server", "pack", "serve"]
+__all__ = ["PackReport", "Server", "SkippedFile", "pack", "serve"]
 
 _server_log = logging.getLogger("shardfeed.server")
+_log = logging.getLogger("shardfeed")
 _LEVELS = {
     "TRACE": logging.DEBUG,
     "DEBUG": logging.DEBUG,
@@ -72,8 +75,11 @@ def find_binary(binary: str | os.PathLike[str] | None = None) -> Path:
     found = shutil.which("shardfeed")
     if found is None:
         raise FileNotFoundError(
-            "no shardfeed binary: pip install 'shardfeed[server]', put shardfeed on PATH "
-            "or set SHARDFEED_BIN"
+            "no shardfeed binary: the shardfeed-server wheel is not installed, no shardfeed "
+            "is on PATH and $SHARDFEED_BIN is not set. From a checkout of the repository, "
+            "`bash clients/python/install.sh` builds both wheels (needs Rust: "
+            "https://rustup.rs) and installs them into this Python; or set SHARDFEED_BIN "
+            "to a shardfeed binary you built (cargo build --release)"
         )
     return Path(found)
 
@@ -108,6 +114,8 @@ class Server:
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.target = ""
+        self._metrics_address: str | None = None
+        self._metrics_known = threading.Event()
         self._process: subprocess.Popen[bytes] | None = None
         self._directory: str | None = None
         self._logger: threading.Thread | None = None
@@ -164,6 +172,17 @@ class Server:
                     f"shardfeed serve {state} ({error.message}); its log:\n{said}"
                 ) from None
 
+    @property
+    def metrics_url(self) -> str:
+        """The server's Prometheus endpoint, ``http://host:port/metrics``
+        (``metrics_listen`` port 0, the default, is a free port it chose)."""
+        if self._process is None:
+            raise RuntimeError("this Server is not started")
+        # Said in its start-up line, which the log thread may still be reading.
+        if not self._metrics_known.wait(10.0) or self._metrics_address is None:
+            raise RuntimeError("the server's start-up log did not say its metrics address")
+        return f"http://{self._metrics_address}/metrics"
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is not None:
@@ -196,6 +215,9 @@ class Server:
                 fields = dict(record.get("fields", {}))
                 message = str(fields.pop("message", ""))
                 level = _LEVELS.get(str(record.get("level", "")), logging.INFO)
+                if message == "shardfeed serving" and "metrics" in fields:
+                    self._metrics_address = str(fields["metrics"])
+                    self._metrics_known.set()
                 extra = " ".join(f"{k}={v}" for k, v in fields.items())
                 _server_log.log(level, "%s%s", message, f" {extra}" if extra else "")
             except (ValueError, AttributeError):
@@ -209,25 +231,83 @@ def serve(*args: str, **options: Any) -> Iterator[str]:
         yield server.target
 
 
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file ``pack`` left out, and why (not an image, unreadable, an
+    empty class folder...)."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """What :func:`pack` wrote: ``dataset`` is the URI to stream
+    (``file://`` for a local directory); ``classes[i]`` names label ``i``
+    (empty where the labels were integers); ``skipped`` lists every file
+    left out with its reason."""
+
+    dataset: str
+    samples: int
+    shards: int
+    bytes: int
+    seconds: float
+    classes: tuple[str, ...]
+    skipped: tuple[SkippedFile, ...]
+
+    def __str__(self) -> str:
+        return self.dataset
+
+
 def pack(
     source: str | os.PathLike[str],
     dest: str | os.PathLike[str],
     *args: str,
     binary: str | os.PathLike[str] | None = None,
-) -> str:
+    progress: bool | None = None,
+) -> PackReport:
     """``shardfeed pack``: an image folder (one directory per class, or with
     ``--manifest``) into tar shards and their index at ``dest``, a local
-    directory or an ``s3://`` prefix. Returns the dataset's URI (``file://``
-    for a directory). Raises ``RuntimeError`` with its output if it fails."""
+    directory or an ``s3://`` prefix; ``args`` are more ``shardfeed pack``
+    flags (``--shard-size``, ``--manifest`` ...).
+
+    Returns a :class:`PackReport`; ``report.dataset`` is the URI to
+    stream. ``progress``: draw the
+    progress bar on stderr (default: when stderr is a terminal; in a pipe or
+    a notebook's captured output, nothing until the end). Skipped files are
+    logged on the ``shardfeed`` logger as warnings. Raises ``RuntimeError``
+    with the command's error if it fails."""
     target = str(dest)
     if "://" not in target:
         target = Path(target).resolve().as_uri() + "/"
-    done = subprocess.run(
-        [str(find_binary(binary)), "pack", str(source), target, *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
+    if progress is None:
+        progress = sys.stderr.isatty()
+    with tempfile.TemporaryDirectory(prefix="shardfeed-pack-") as directory:
+        report_path = Path(directory, "report.json")
+        command = [str(find_binary(binary)), "pack", str(source), target, *args]
+        command += ["--report", str(report_path)]
+        # With the progress bar, stderr is the terminal's: the bar draws
+        # there, and so does an error (the exception says where to look).
+        done = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=None if progress else subprocess.PIPE,
+            text=True,
+        )
+        if done.returncode != 0:
+            said = done.stderr if not progress else "(its error is printed above)"
+            raise RuntimeError(f"shardfeed pack failed ({done.returncode}):\n{said}")
+        written = json.loads(report_path.read_text())
+    report = PackReport(
+        dataset=target,
+        samples=int(written["samples"]),
+        shards=int(written["shards"]),
+        bytes=int(written["bytes"]),
+        seconds=float(written["seconds"]),
+        classes=tuple(written["classes"]),
+        skipped=tuple(SkippedFile(s["path"], s["reason"]) for s in written["skipped"]),
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"shardfeed pack failed ({done.returncode}):\n{done.stderr}")
-    return target
+    for skipped in report.skipped:
+        _log.warning("pack skipped %s: %s", skipped.path, skipped.reason)
+    return report

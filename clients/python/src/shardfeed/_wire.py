@@ -146,6 +146,14 @@ class DatasetInfo:
     total_bytes: int
     # What decodes JPEGs on the server.
     decoder: str = ""
+    # Label i's name is classes[i] (as torchvision's ImageFolder.classes):
+    # a packed folder's class directories; empty where labels have no names.
+    classes: tuple[str, ...] = ()
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Each class name's label, as ImageFolder's ``class_to_idx``."""
+        return {name: label for label, name in enumerate(self.classes)}
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ except ImportError:  # the package's older name
     import pytorch_lightning as pl
 
 from ._client import AugmentSpec, Client, ImageSize
+from ._stats import InputStats
 from .torch import ShardfeedDataset
 
-__all__ = ["ShardfeedDataModule"]
+__all__ = ["InputStatsCallback", "ShardfeedDataModule"]
 
 
 # Lightning is not type-checked here (an optional, heavy dependency).
@@ -86,12 +87,12 @@ class ShardfeedDataModule(pl.LightningDataModule):  # type: ignore[misc]
         if self.train_dataset is None:
             raise ValueError("this ShardfeedDataModule has no train dataset")
         # The sidecar decodes and batches: no workers, no collation.
-        return DataLoader(self.train_dataset, batch_size=None)
+        return self.train_dataset.dataloader()
 
     def val_dataloader(self) -> DataLoader[Any]:
         if self.val_dataset is None:
             raise ValueError("this ShardfeedDataModule has no val dataset")
-        return DataLoader(self.val_dataset, batch_size=None)
+        return self.val_dataset.dataloader()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Called as a step takes its batch, after the loop fetched ahead.
@@ -108,3 +109,51 @@ class ShardfeedDataModule(pl.LightningDataModule):  # type: ignore[misc]
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         if self.train_dataset is not None and "train" in state_dict:
             self.train_dataset.load_state_dict(state_dict["train"])
+
+
+class InputStatsCallback(pl.Callback):  # type: ignore[misc]
+    """Logs whether training waits for data: every ``every_n_steps``
+    training steps, the training dataset's :meth:`ShardfeedDataset.stats`
+    over those steps, as ``shardfeed/waiting_fraction``,
+    ``shardfeed/wait_p50_ms``, ``shardfeed/wait_p99_ms`` and
+    ``shardfeed/step_p50_ms`` to the Trainer's loggers (and the progress
+    bar's ``callback_metrics``). Finds the dataset in a
+    :class:`ShardfeedDataModule` or in the train DataLoader."""
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        if every_n_steps <= 0:
+            raise ValueError(f"every_n_steps must be positive, not {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.last: InputStats | None = None
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if (batch_idx + 1) % self.every_n_steps:
+            return
+        dataset = _train_dataset(trainer)
+        if dataset is None:
+            return
+        stats = dataset.stats(last=self.every_n_steps)
+        if stats.steps == 0:
+            return
+        self.last = stats
+        pl_module.log_dict(
+            {
+                "shardfeed/waiting_fraction": stats.waiting_fraction,
+                "shardfeed/wait_p50_ms": 1e3 * stats.wait_p50,
+                "shardfeed/wait_p99_ms": 1e3 * stats.wait_p99,
+                "shardfeed/step_p50_ms": 1e3 * stats.step_p50,
+            },
+            on_step=True,
+            on_epoch=False,
+        )
+
+
+def _train_dataset(trainer: Any) -> ShardfeedDataset | None:
+    module = getattr(trainer, "datamodule", None)
+    if isinstance(module, ShardfeedDataModule) and module.train_dataset is not None:
+        return module.train_dataset
+    loader = getattr(trainer, "train_dataloader", None)
+    dataset = getattr(loader, "dataset", None)
+    return dataset if isinstance(dataset, ShardfeedDataset) else None

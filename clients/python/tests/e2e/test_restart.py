@@ -147,7 +147,7 @@ def test_a_drained_stream_says_where_to_resume_in_its_status_details(
 
 
 def test_other_codes_fail_at_once_and_a_budget_ends_the_wait(
-    server: Server, dataset: str, socket_dir: str
+    s3: S3, server: Server, dataset: str, socket_dir: str
 ) -> None:
     started = time.monotonic()
     with pytest.raises(ShardfeedError) as raised:
@@ -155,8 +155,35 @@ def test_other_codes_fail_at_once_and_a_budget_ends_the_wait(
     assert raised.value.code == "NOT_FOUND"
     assert time.monotonic() - started < 10
 
-    absent = f"unix://{socket_dir}/absent.sock"
+    # A sidecar that answered once and is gone: waited for, within budget.
+    gone = start_server(s3, f"unix:{socket_dir}/gone.sock")
+    reached = Client(gone.target, reconnect_timeout=1.0)
+    reached.describe(dataset, world_size=1, batch_size=8)
+    stop(gone.process)
+    started = time.monotonic()
     with pytest.raises(ShardfeedError) as raised:
-        list(Client(absent, reconnect_timeout=1.0).batches(dataset, batch_size=8))
+        list(reached.batches(dataset, batch_size=8))
     assert raised.value.code == "UNAVAILABLE"
-    assert "gave up reconnecting" in raised.value.message and absent in raised.value.message
+    assert "gave up reconnecting" in raised.value.message, raised.value.message
+    assert gone.target in raised.value.message
+    assert time.monotonic() - started < 10
+
+
+def test_a_target_that_never_answered_fails_in_seconds_naming_it(
+    dataset: str, socket_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    absent = f"unix://{socket_dir}/absent.sock"
+    monkeypatch.setenv("SHARDFEED_TARGET", absent)
+    for make in (lambda: Client(), lambda: Client(absent)):
+        client = make()
+        started = time.monotonic()
+        with pytest.raises(ShardfeedError) as raised:
+            # The default reconnect budget (120 s) is for a server that answered.
+            next(iter(client.batches(dataset, batch_size=8)))
+        took = time.monotonic() - started
+        message = raised.value.message
+        assert raised.value.code == "UNAVAILABLE"
+        assert absent in message and "$SHARDFEED_TARGET" in message, message
+        assert took < 15, f"{took:.1f}s to give up on a target that never answered"
+    with pytest.raises(ShardfeedError, match="SHARDFEED_TARGET"):
+        Client(absent, connect_timeout=0.5).describe(dataset)

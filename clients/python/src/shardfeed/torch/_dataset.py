@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .._client import (
     AugmentSpec,
@@ -22,9 +22,11 @@ from .._client import (
 )
 from .._epochs import EpochPage, choose_epoch, pass_token
 from .._options import StreamOptions
+from .._stats import InputStats, WaitMeter
 from .._wire import EpochPosition
 from ._device import CudaHostPinning, mask, on_device
 from ._frameworks import accelerate_dispatch, in_step
+from ._loader import loader_class
 
 __all__ = ["ShardfeedDataset"]
 
@@ -240,6 +242,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._pending: deque[EpochPosition] = deque()
         self._pass_start = EpochPosition()
         self._consumed: EpochPosition | None = None
+        # The training loop's waits for batches, in the process it runs in.
+        self._meter = WaitMeter()
 
     @property
     def epoch(self) -> int:
@@ -364,7 +368,47 @@ class ShardfeedDataset(IterableDataset[Sample]):
             self._lengths[key] = info.batches_per_rank
         return self._lengths[key]
 
+    def stats(self, last: int | None = None) -> InputStats:
+        """Whether the training loop waits for data: over its last ``last``
+        steps (default: the last 1,000), the time it waited for each batch
+        against the time between batches, measured in the process running
+        the loop. With DataLoader workers, iterate :meth:`dataloader`'s
+        loader (which measures in this process); a plain DataLoader's
+        workers are out of sight here. ``str()`` of it reads as a sentence;
+        ``docs/INPUT_BOUND.md`` says what to change for each answer."""
+        return self._meter.stats(last)
+
+    def dataloader(
+        self, *, stateful: bool = False, num_workers: int = 0, **options: Any
+    ) -> DataLoader[Any]:
+        """The ``DataLoader`` for this dataset: ``batch_size=None`` (the
+        dataset yields whole batches), a fork-safe start method for workers
+        (``forkserver``; gRPC is not fork-safe), and waits measured for
+        :meth:`stats`. ``stateful=True``: torchdata's
+        ``StatefulDataLoader``, whose ``state_dict()`` checkpoints mid-epoch
+        also with workers (see the class's notes on workers). Other
+        keywords go to the loader (``pin_memory``, ``prefetch_factor`` ...).
+        """
+        if options.get("batch_size") is not None:
+            raise ValueError(
+                f"batch_size={options['batch_size']!r}: this dataset yields whole batches of "
+                f"its own batch_size ({self.batch_size}); the loader must not batch again"
+            )
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, not {num_workers}")
+        options["batch_size"] = None
+        if num_workers > 0:
+            options.setdefault("multiprocessing_context", "forkserver")
+        kind = loader_class(stateful, measured=num_workers > 0)
+        loader: DataLoader[Any] = kind(self, num_workers=num_workers, **options)
+        return loader
+
     def __iter__(self) -> Iterator[Sample]:
+        # The loop's waits are measured here when it runs in this process;
+        # a DataLoader worker's copy leaves it to dataloader()'s loader.
+        meter = self._meter if get_worker_info() is None else None
+        if meter is not None:
+            meter.begin_pass()
         if get_worker_info() is not None:
             self._shared.set_worker_used()
         rank, world = self._stream_rank_and_world()
@@ -456,30 +500,45 @@ class ShardfeedDataset(IterableDataset[Sample]):
                             "ahead, or one that skips that hook, cannot be checkpointed exactly"
                         )
                     self._pending.append(batch.position)
+                if meter is not None:
+                    meter.received()
                 if self.output == "tuple":
                     yield images, labels
-                    continue
-                yield {
-                    "images": images,
-                    "labels": labels,
-                    "keys": batch.keys,
-                    "shards": batch.shards,
-                    "crop_boxes": torch.from_numpy(crop_boxes),
-                    "flipped": torch.from_numpy(flipped),
-                    "substituted": mask(len(batch.keys), substituted),
-                    "padded": mask(len(batch.keys), batch.padded),
-                    "fields": batch.fields,
-                    "sources": torch.tensor(batch.sources, dtype=torch.int64),
-                    "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
-                    "epoch": batch.epoch,
-                    "index": batch.index,
-                }
+                else:
+                    yield self._as_dict(batch, images, labels, crop_boxes, flipped, substituted)
+                if meter is not None:
+                    meter.asking()
         # Resumed at the epoch's end: nothing was left, the position is spent.
         self._resume = None
         # Seen by this process and, after a fork, by the one that made the
         # dataset (a DataLoader worker's pass counts).
         self._shared.set_started(self._epoch, self._choice, token)
         self._set_completed()
+
+    @staticmethod
+    def _as_dict(
+        batch: Any,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        crop_boxes: Any,
+        flipped: Any,
+        substituted: Any,
+    ) -> dict[str, Any]:
+        return {
+            "images": images,
+            "labels": labels,
+            "keys": batch.keys,
+            "shards": batch.shards,
+            "crop_boxes": torch.from_numpy(crop_boxes),
+            "flipped": torch.from_numpy(flipped),
+            "substituted": mask(len(batch.keys), substituted),
+            "padded": mask(len(batch.keys), batch.padded),
+            "fields": batch.fields,
+            "sources": torch.tensor(batch.sources, dtype=torch.int64),
+            "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
+            "epoch": batch.epoch,
+            "index": batch.index,
+        }
 
     def _set_completed(self) -> None:
         """This copy's pass is complete: here, and on the page the process
@@ -617,12 +676,15 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # A mapping does not pickle: a spawned worker maps the owner's page
         # again (see _SharedState).
         state["_shared"] = self._shared.to_pickle()
+        # A copy (a worker's) measures nothing of the loop: a fresh meter.
+        del state["_meter"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         source = state.pop("_shared")
         self.__dict__.update(state)
         self._shared = EpochPage(source)
+        self._meter = WaitMeter()
 
 
 def _as_source(source: SourceSpec) -> Source:

@@ -1,0 +1,54 @@
+"""The DataLoader a ``ShardfeedDataset`` wants (``ShardfeedDataset.dataloader``):
+plain or torchdata's ``StatefulDataLoader``, and with workers one that times
+the training loop's waits in the process running it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from .._stats import WaitMeter
+
+_CLASSES: dict[tuple[bool, bool], type[Any]] = {}
+
+
+def loader_class(stateful: bool, *, measured: bool) -> type[Any]:
+    """DataLoader or torchdata's StatefulDataLoader; ``measured``: one that
+    times the loop's waits for its dataset's ``ShardfeedDataset.stats``
+    in this process (its workers cannot)."""
+    key = (stateful, measured)
+    if key in _CLASSES:
+        return _CLASSES[key]
+    base: type[Any] = DataLoader
+    if stateful:
+        try:
+            from torchdata.stateful_dataloader import (  # type: ignore[import-untyped]
+                StatefulDataLoader,
+            )
+        except ImportError:
+            raise ImportError(
+                "stateful=True needs torchdata's StatefulDataLoader: pip install torchdata"
+            ) from None
+        base = StatefulDataLoader
+    if not measured:
+        _CLASSES[key] = base
+        return base
+
+    def measured_iter(self: Any) -> Iterator[Any]:
+        meter: WaitMeter = self.dataset._meter
+        iterator = base.__iter__(self)
+        meter.begin_pass()
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            meter.received()
+            yield batch
+            meter.asking()
+
+    kind = type(f"Measured{base.__name__}", (base,), {"__iter__": measured_iter})
+    _CLASSES[key] = kind
+    return kind
