@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardfeed import Client
-from shardfeed.lightning import ShardfeedDataModule
+from shardfeed.lightning import InputStatsCallback, ShardfeedDataModule
 from shardfeed.torch import ShardfeedDataset
 
 from ..conftest import S3, SAFE_START, Server, free_port, noise_jpeg, run_ranks, upload, write_tar
@@ -233,3 +233,18 @@ def test_lightning_trains_epochs_and_resumes_a_mid_epoch_checkpoint(
     got = cut.trained[:9] + resumed.trained
     assert [labels for _, labels, _ in got] == [labels for _, labels, _ in whole.trained]
     assert [pixels for _, _, pixels in got] == [pixels for _, _, pixels in whole.trained]
+
+
+def test_the_stats_callback_logs_the_loops_waits(
+    unix_server: Server, dataset: str, tmp_path: Path
+) -> None:
+    stats = InputStatsCallback(every_n_steps=5)
+    trainer = _trainer(
+        tmp_path, callbacks=[stats], enable_checkpointing=False, limit_val_batches=0
+    )
+    trainer.fit(_Recorder(), datamodule=_module(unix_server, dataset))
+    assert stats.last is not None and stats.last.steps == 5, stats.last
+    logged = trainer.callback_metrics
+    assert 0.0 <= float(logged["shardfeed/waiting_fraction"]) <= 1.0
+    assert float(logged["shardfeed/step_p50_ms"]) > 0
+    assert float(logged["shardfeed/wait_p99_ms"]) >= float(logged["shardfeed/wait_p50_ms"])

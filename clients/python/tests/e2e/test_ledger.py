@@ -226,10 +226,14 @@ def plain(case: Case) -> None:
         _consume(case, rank, start, resume)
 
 
-def workers(case: Case, stateful: bool = False) -> None:
+def workers(case: Case, stateful: bool = False, helper: bool = False) -> None:
+    """Two DataLoader workers, as users write the loader (``helper``: as
+    ``ShardfeedDataset.dataloader`` makes it)."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def loader(ds: ShardfeedDataset) -> Any:
+        if helper:
+            return ds.dataloader(stateful=stateful, num_workers=2)
         kind = StatefulDataLoader if stateful else DataLoader
         return kind(ds, batch_size=None, num_workers=2, multiprocessing_context=SAFE_START)
 
@@ -251,6 +255,14 @@ def workers(case: Case, stateful: bool = False) -> None:
 
 def stateful(case: Case) -> None:
     workers(case, stateful=True)
+
+
+def loader(case: Case) -> None:
+    workers(case, helper=True)
+
+
+def stateful_loader(case: Case) -> None:
+    workers(case, stateful=True, helper=True)
 
 
 def lightning(case: Case, **trainer_options: Any) -> None:
@@ -375,6 +387,8 @@ IDIOMS: dict[str, Callable[..., None]] = {
     "plain": plain,
     "workers": workers,
     "stateful": stateful,
+    "loader": loader,
+    "stateful_loader": stateful_loader,
     "lightning": lightning,
     "accelerate": accelerate,
 }
@@ -419,6 +433,15 @@ MATRIX = [
     Row("workers", "pool", "kill"),
     Row("stateful", "pool", "break", full_only=True),
     Row("lightning", "pool", "worker", full_only=True, trainer=LIMIT),
+    # ShardfeedDataset.dataloader(): the loader the README's examples use,
+    # with workers (its wait meter wraps the loader's iterator).
+    Row("loader", "one", "kill"),
+    Row("stateful_loader", "one", "break"),
+    Row("loader", "mix", "none", full_only=True),
+    Row("stateful_loader", "mix", "break", full_only=True),
+    Row("stateful_loader", "encoded", "break", full_only=True),
+    Row("stateful_loader", "tier", "break", full_only=True),
+    Row("loader", "pool", "worker", full_only=True),
 ]
 
 
