@@ -8,12 +8,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import grpc
 
 from . import _shm
-from ._options import StreamOptions, stream_options
+from ._options import Partition, StreamOptions, stream_options
 from ._proto import shardfeed_pb2 as pb
 from ._proto import shardfeed_pb2_grpc as pb_grpc
 from ._wire import (
@@ -82,6 +82,8 @@ def _refuse_after_unsafe_fork() -> None:
     )
 
 
+Crop = Literal["center", "random_resized"]
+
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
 _EVAL_RESIZE_RATIO = 256 / 224
 
@@ -100,7 +102,7 @@ class Augment:
     the standard recipes.
     """
 
-    crop: str = "center"
+    crop: Crop = "center"
     resize: int = 0
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -144,7 +146,7 @@ class Augment:
         raise ValueError(f"crop must be 'center' or 'random_resized', not {self.crop!r}")
 
 
-AugmentSpec = Union[str, Augment, None]
+AugmentSpec = Union[Literal["train", "eval"], Augment, None]
 
 
 def _augment(augment: AugmentSpec, image_size: ImageSize) -> Augment | None:
@@ -449,7 +451,7 @@ class Client:
         *,
         world_size: int | None = None,
         batch_size: int = 128,
-        partition: str = "drop_last",
+        partition: Partition = "drop_last",
     ) -> DatasetInfo:
         if world_size is None:
             world_size = distributed_rank_and_world()[1]

@@ -7,6 +7,8 @@ stream is first iterated."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args
 
@@ -156,6 +158,11 @@ class StreamOptions:
         _check_choice("resize", self.resize, Resize)
         _check_choice("transport", self.transport, Transport)
 
+    @staticmethod
+    def keywords() -> tuple[str, ...]:
+        """The flat keywords :meth:`with_keywords` takes."""
+        return tuple(_KEYWORDS)
+
     def with_keywords(self, **keywords: Any) -> StreamOptions:
         """These options with today's flat keywords applied (``shuffle=False``,
         ``shuffle_buffer=``, ``fields=``, ``delivery="encoded"``,
@@ -163,10 +170,7 @@ class StreamOptions:
         ``TypeError`` naming it."""
         unknown = sorted(set(keywords) - _KEYWORDS.keys())
         if unknown:
-            raise TypeError(
-                f"unknown stream option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(_KEYWORDS))}"
-            )
+            raise unknown_keywords(unknown, _KEYWORDS)
         groups: dict[str, dict[str, Any]] = {}
         top: dict[str, Any] = {}
         for keyword, value in keywords.items():
@@ -220,6 +224,20 @@ _GROUP_TYPES: dict[str, Any] = {
 }
 
 
+def unknown_keywords(
+    unknown: Iterable[str], known: Iterable[str], *, what: str = "stream option"
+) -> TypeError:
+    """The error for misspelt keywords: each with its closest known names,
+    then every known one."""
+    known = sorted(known)
+    names = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, known, n=2, cutoff=0.7)
+        names.append(f"{name} (did you mean {' or '.join(close)}?)" if close else name)
+    plural = "s" if len(names) > 1 else ""
+    return TypeError(f"unknown {what}{plural} {', '.join(names)}; known: {', '.join(known)}")
+
+
 def stream_options(options: StreamOptions | None = None, **keywords: Any) -> StreamOptions:
     """``options`` (default: all defaults) with ``keywords`` applied."""
     return (options or StreamOptions()).with_keywords(**keywords)
@@ -232,4 +250,5 @@ __all__ = [
     "Shuffle",
     "StreamOptions",
     "stream_options",
+    "unknown_keywords",
 ]

@@ -18,6 +18,7 @@ except ImportError:  # the package's older name
 from ._client import AugmentSpec, Client, ImageSize
 from ._stats import InputStats
 from .torch import ShardfeedDataset
+from .torch._dataset import Output
 
 __all__ = ["InputStatsCallback", "ShardfeedDataModule"]
 
@@ -57,7 +58,7 @@ class ShardfeedDataModule(pl.LightningDataModule):  # type: ignore[misc]
         seed: int = 0,
         train_augment: AugmentSpec = "train",
         val_augment: AugmentSpec = "eval",
-        train_output: str = "tuple",
+        train_output: Output = "tuple",
         **options: Any,
     ) -> None:
         super().__init__()

@@ -239,9 +239,7 @@ def test_the_stats_callback_logs_the_loops_waits(
     unix_server: Server, dataset: str, tmp_path: Path
 ) -> None:
     stats = InputStatsCallback(every_n_steps=5)
-    trainer = _trainer(
-        tmp_path, callbacks=[stats], enable_checkpointing=False, limit_val_batches=0
-    )
+    trainer = _trainer(tmp_path, callbacks=[stats], enable_checkpointing=False, limit_val_batches=0)
     trainer.fit(_Recorder(), datamodule=_module(unix_server, dataset))
     assert stats.last is not None and stats.last.steps == 5, stats.last
     logged = trainer.callback_metrics

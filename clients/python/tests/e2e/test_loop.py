@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardfeed import Client
-from shardfeed.torch import ShardfeedDataset
+from shardfeed.torch import BatchDict, ShardfeedDataset
 
 from ..conftest import S3, Server, noise_jpeg, upload, write_tar
 
@@ -107,8 +107,13 @@ def test_stats_tell_a_busy_loop_from_a_waiting_one(
         f"waiting fraction, workers={workers}: {busy_fraction:.3f} with 50 ms of work a step, "
         f"{idle_fraction:.3f} with none"
     )
-    assert busy_fraction < 0.25, busy.stats()
+    # Bounds loose enough for a loaded machine: a busy loop's 50 ms of work
+    # dwarfs a wait for batches decoded ahead; a loop with no work does
+    # nothing but wait.
+    assert busy.stats().step_p50 >= 0.05
+    assert busy_fraction < 0.5, busy.stats()
     assert idle_fraction > 0.5, idle.stats()
+    assert busy_fraction < idle_fraction
     assert idle.stats().verdict == "input-bound"
     assert "input-bound" in str(idle.stats())
 
@@ -118,3 +123,9 @@ def test_a_plain_iteration_measures_itself(unix_server: Server, dataset: str) ->
     for images, _ in ds:
         torch.flip(images, dims=[0])
     assert ds.stats().steps == SHARDS * PER_SHARD // BATCH - 1
+
+
+def test_dict_output_is_the_typed_dict(unix_server: Server, dataset: str) -> None:
+    batch = next(iter(_dataset(unix_server, dataset, output="dict")))
+    assert isinstance(batch, dict)
+    assert set(batch) == set(BatchDict.__annotations__), "BatchDict names every key"

@@ -41,7 +41,9 @@ def test_keywords_apply_on_top_of_an_options_object() -> None:
 
 
 def test_unknown_keywords_and_bad_values_fail_where_written() -> None:
-    with pytest.raises(TypeError, match="unknown stream option shufle_buffer"):
+    with pytest.raises(
+        TypeError, match=r"unknown stream option shufle_buffer \(did you mean shuffle_buffer\?\)"
+    ):
         stream_options(shufle_buffer=4)
     with pytest.raises(TypeError, match="unknown stream option"):
         Client("127.0.0.1:1").batches("s3://b/", colour="red")

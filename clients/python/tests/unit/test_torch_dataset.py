@@ -45,8 +45,11 @@ def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="batch_size must be positive"):
         ShardfeedDataset(URI, batch_size=0)
     # Stream options are checked when the dataset is made, not in a worker.
-    with pytest.raises(TypeError, match="unknown stream option shufle"):
+    with pytest.raises(TypeError, match=r"unknown option shufle \(did you mean shuffle\?\)"):
         ShardfeedDataset(URI, shufle=False)
+    # The dataset's own keywords are among those a misspelt one is matched to.
+    with pytest.raises(TypeError, match=r"batchsize \(did you mean batch_size\?\).*known: aug"):
+        ShardfeedDataset(URI, batchsize=8)
     with pytest.raises(ValueError, match="delivery must be one of"):
         ShardfeedDataset(URI, delivery="zipped")
 

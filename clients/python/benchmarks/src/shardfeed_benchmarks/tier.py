@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Literal
 
 from .delivered import _free_port, _shardfeed_env, start_dev_s3, timed_pass
 
@@ -58,7 +58,12 @@ def _serve(binary: str, endpoint: str, socket: str, work: str) -> subprocess.Pop
 
 
 def _epoch(
-    target: str, server_pid: int, args: argparse.Namespace, augment: str, epoch: int, **options: Any
+    target: str,
+    server_pid: int,
+    args: argparse.Namespace,
+    augment: Literal["train", "eval"],
+    epoch: int,
+    **options: Any,
 ) -> dict[str, float]:
     from shardfeed.torch import ShardfeedDataset
 

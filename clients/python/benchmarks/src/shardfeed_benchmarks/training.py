@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -93,7 +93,7 @@ def shardfeed_run(
     batch_size: int,
     size: int,
     transport: str,
-    augment: str | None = "train",
+    augment: Literal["train", "eval"] | None = "train",
 ) -> int:
     from shardfeed import Client
 
@@ -331,7 +331,7 @@ def download_shards(endpoint: str, bucket: str, keys: list[str], directory: str)
 
 
 def shardfeed_contenders(
-    setup: dict[str, Any], batch_size: int, size: int, augment: str | None
+    setup: dict[str, Any], batch_size: int, size: int, augment: Literal["train", "eval"] | None
 ) -> Contenders:
     """shardfeed through shared memory and inline, timed with its server's CPU."""
     server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731

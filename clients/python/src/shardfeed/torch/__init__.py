@@ -12,6 +12,6 @@ encoded deliveries, copied on a side stream on CUDA), and ``_frameworks``
 (what the dataset must know of how frameworks iterate it).
 """
 
-from ._dataset import MAX_FETCH_AHEAD, ShardfeedDataset
+from ._dataset import MAX_FETCH_AHEAD, BatchDict, ShardfeedDataset
 
-__all__ = ["MAX_FETCH_AHEAD", "ShardfeedDataset"]
+__all__ = ["MAX_FETCH_AHEAD", "BatchDict", "ShardfeedDataset"]

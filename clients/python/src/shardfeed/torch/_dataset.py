@@ -7,7 +7,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any, Literal, TypedDict, Union
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -21,23 +21,45 @@ from .._client import (
     distributed_rank_and_world,
 )
 from .._epochs import EpochPage, choose_epoch, pass_token
-from .._options import StreamOptions
+from .._options import Partition, StreamOptions, unknown_keywords
 from .._stats import InputStats, WaitMeter
 from .._wire import EpochPosition
 from ._device import CudaHostPinning, mask, on_device
 from ._frameworks import accelerate_dispatch, in_step
 from ._loader import loader_class
 
-__all__ = ["ShardfeedDataset"]
+__all__ = ["BatchDict", "ShardfeedDataset"]
 
 _log = logging.getLogger("shardfeed")
 
+Layout = Literal["NHWC", "NCHW"]
+Decode = Literal["server", "client", "gpu"]
+Output = Literal["tuple", "dict"]
 _LAYOUTS = ("NHWC", "NCHW")
 _DECODES = ("server", "client", "gpu")
 _OUTPUTS = ("tuple", "dict")
 _STATE_VERSION = 1
 
-Sample = Union[tuple[torch.Tensor, torch.Tensor], dict[str, Any]]
+
+class BatchDict(TypedDict):
+    """One batch with ``output="dict"`` (see :class:`ShardfeedDataset`)."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    keys: list[str]
+    shards: list[str]
+    crop_boxes: torch.Tensor
+    flipped: torch.Tensor
+    substituted: torch.Tensor
+    padded: torch.Tensor
+    fields: dict[str, list[bytes | None]]
+    sources: torch.Tensor
+    source_epochs: torch.Tensor
+    epoch: int
+    index: int
+
+
+Sample = Union[tuple[torch.Tensor, torch.Tensor], BatchDict]
 
 
 # Batches handed out but not yet consumed that a DataModule-driven dataset
@@ -138,15 +160,15 @@ class ShardfeedDataset(IterableDataset[Sample]):
         image_size: ImageSize = 224,
         seed: int = 0,
         augment: AugmentSpec = None,
-        layout: str = "NHWC",
-        output: str = "tuple",
+        layout: Layout = "NHWC",
+        output: Output = "tuple",
         rank: int | None = None,
         world_size: int | None = None,
         dp_rank: int | None = None,
         dp_size: int | None = None,
         device_mesh: Any = None,
-        partition: str = "drop_last",
-        decode: str = "server",
+        partition: Partition = "drop_last",
+        decode: Decode = "server",
         device: str | torch.device | None = None,
         **options: Any,
     ) -> None:
@@ -156,7 +178,14 @@ class ShardfeedDataset(IterableDataset[Sample]):
             raise ValueError(f"decode={decode!r} sets delivery itself")
         # Checked now: a misspelt or ill-valued option fails here, not at
         # the first iteration (in a DataLoader worker).
-        stream_options = StreamOptions().with_keywords(**options)
+        try:
+            stream_options = StreamOptions().with_keywords(**options)
+        except TypeError as error:
+            unknown = [name for name in options if name not in StreamOptions.keywords()]
+            if not unknown:
+                raise
+            known = set(StreamOptions.keywords()) | set(_OWN_KEYWORDS)
+            raise unknown_keywords(unknown, known, what="option") from error
         if decode == "gpu":
             device = torch.device("cuda" if device is None else device)
             if device.type != "cuda":
@@ -523,7 +552,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         crop_boxes: Any,
         flipped: Any,
         substituted: Any,
-    ) -> dict[str, Any]:
+    ) -> BatchDict:
         return {
             "images": images,
             "labels": labels,
@@ -692,3 +721,10 @@ def _as_source(source: SourceSpec) -> Source:
         return source
     dataset, weight = source
     return Source(dataset, float(weight))
+
+
+# ShardfeedDataset's own keywords, for the list a misspelt one gets.
+_OWN_KEYWORDS = (
+    "dataset sources target client batch_size image_size seed augment layout output rank "
+    "world_size dp_rank dp_size device_mesh partition decode device"
+).split()
