@@ -285,16 +285,22 @@ def check_world(docs: list[Doc], name: str) -> str:
     kind, spec = workload["kind"], workload["spec"]
     template = pod_templates(workload)[0][1]
     trainer = trainer_of(template["spec"])
-    if kind == "PyTorchJob":
+    if kind in ("PyTorchJob", "TrainingRuntime", "ClusterTrainingRuntime"):
         flags = torchrun_flags(trainer)
         for flag in ("nnodes", "node-rank", "rdzv-endpoint", "master-addr"):
-            check(flag not in flags, f"{name}: --{flag} overrides the PyTorchJob operator's world")
+            check(flag not in flags, f"{name}: --{flag} overrides the {kind} operator's world")
         check(
             not {"MASTER_ADDR", "NNODES"} & set(env_of(trainer)),
             f"{name}: the operator's env overridden",
         )
-        check(spec.get("nprocPerNode"), f"{name}: PyTorchJob without nprocPerNode")
-        pods = 1 + spec["pytorchReplicaSpecs"].get("Worker", {}).get("replicas", 0)
+        check(not trainer.get("ports"), f"{name}: a rendezvous port beside the operator's")
+        if kind == "PyTorchJob":
+            check(spec.get("nprocPerNode"), f"{name}: PyTorchJob without nprocPerNode")
+            pods = 1 + spec["pytorchReplicaSpecs"].get("Worker", {}).get("replicas", 0)
+        else:
+            torch = spec["mlPolicy"]["torch"]
+            check(torch.get("numProcPerNode"), f"{name}: {kind} without numProcPerNode")
+            pods = spec["mlPolicy"]["numNodes"]
         return f"one world of {pods} pods (the operator's env)"
     name_ = workload["metadata"]["name"]
     if kind == "Job":
@@ -366,6 +372,30 @@ def check_passthrough(docs: list[Doc], values: Doc, name: str) -> None:
             workload["metadata"].get("annotations", {}).get(key) == value,
             f"{name}: annotation {key} lost",
         )
+    # Failure handling the platform asked for, where each kind reads it.
+    kind, spec = workload["kind"], workload["spec"]
+    wanted: list[tuple[str, Any, Any]] = []
+    if kind == "Job":
+        for field in ("activeDeadlineSeconds", "podFailurePolicy"):
+            wanted.append((f"job.{field}", values.get("job", {}).get(field), spec.get(field)))
+    elif kind == "JobSet":
+        jobset = values.get("jobSet", {})
+        wanted.append(
+            ("jobSet.failurePolicy", jobset.get("failurePolicy"), spec.get("failurePolicy"))
+        )
+        for job in spec["replicatedJobs"]:
+            for field in ("activeDeadlineSeconds", "podFailurePolicy"):
+                wanted.append(
+                    (f"jobSet.{field}", jobset.get(field), job["template"]["spec"].get(field))
+                )
+    elif kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        policy = values.get("trainingRuntime", {}).get("failurePolicy")
+        wanted.append(
+            ("trainingRuntime.failurePolicy", policy, spec["template"]["spec"].get("failurePolicy"))
+        )
+    for key, value, rendered in wanted:
+        if value is not None:
+            check(rendered == value, f"{name}: {key} not passed through ({rendered!r})")
     decoded = values.get("shardfeed", {}).get("cache", {}).get("decoded", {})
     for where, template in pod_templates(workload):
         spec = template["spec"]
@@ -464,6 +494,22 @@ def check_custom(doc: Doc, pod_labels: Doc) -> None:
             check(names == ["pytorch"], f"PyTorchJob containers {names}: must be pytorch")
     elif kind == "JobSet":
         check(doc["apiVersion"] == "jobset.x-k8s.io/v1alpha2", "JobSet apiVersion")
+    elif kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        check(doc["apiVersion"] == "trainer.kubeflow.org/v1alpha1", f"{kind} apiVersion")
+        check(
+            doc["metadata"]["labels"].get("trainer.kubeflow.org/framework") == "torch",
+            f"{kind}: not labelled for the Trainer's torch plugin",
+        )
+        for job in doc["spec"]["template"]["spec"]["replicatedJobs"]:
+            # The Trainer puts the TrainJob's image, command and world into
+            # the container named node of the job its ancestor label marks.
+            labels = job["template"].get("metadata", {}).get("labels", {})
+            check(
+                labels.get("trainer.kubeflow.org/trainjob-ancestor-step") == "trainer",
+                f"{kind} job {job['name']}: no trainer ancestor label",
+            )
+            names = [c["name"] for c in job["template"]["spec"]["template"]["spec"]["containers"]]
+            check(names == ["node"], f"{kind} containers {names}: must be node")
 
 
 def check_pool(docs: list[Doc], name: str) -> str:
@@ -536,7 +582,28 @@ def check_scenario(values: Path | None) -> str:
     world = check_world(docs, name)
     if values is not None:
         check_passthrough(docs, yaml.safe_load(values.read_text()), name)
+    check_notes(values, sets, docs, name)
     return f"{sorted(d['kind'] for d in docs)}, {world}{check_pool(docs, name)}"
+
+
+def check_notes(values: Path | None, sets: tuple[str, ...], docs: list[Doc], name: str) -> None:
+    """NOTES.txt renders and names what was deployed and how to check it."""
+    args = [tool("HELM", "helm"), "install", "test", str(CHART), "--dry-run=client"]
+    args += ["-f", str(values)] if values is not None else []
+    for item in sets:
+        args += ["--set", item]
+    installed = run(*args)
+    check(installed.returncode == 0, f"{name}: helm install --dry-run failed: {installed.stderr}")
+    notes = installed.stdout.partition("\nNOTES:\n")[2]
+    workload = next(d for d in docs if pod_templates(d))
+    for needed in (
+        f"{workload['kind']} {workload['metadata']['name']}",
+        "-c shardfeed -- shardfeed health",
+        "/metrics",
+    ):
+        check(needed in notes, f"{name}: NOTES.txt does not say {needed!r}:\n{notes}")
+    if any(d["kind"] == "Deployment" for d in docs):
+        check("shardfeed_pool_" in notes, f"{name}: NOTES.txt says nothing of the pool")
 
 
 def check_refusals() -> None:

@@ -52,6 +52,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Values.job.parallelism -}}
 {{- else if eq .Values.workloadKind "JobSet" -}}
 {{- mul .Values.jobSet.replicas .Values.jobSet.parallelism -}}
+{{- else if eq .Values.workloadKind "TrainingRuntime" -}}
+{{- .Values.trainingRuntime.numNodes -}}
 {{- else -}}
 {{- add 1 .Values.pytorchJob.workers -}}
 {{- end -}}
@@ -68,6 +70,12 @@ the headless Service (Job) or the JobSet's own subdomain.
 {{- else -}}
 {{- printf "%s-0.%s" $name $name -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Whether an operator gives torchrun its world (PyTorchJob, Kubeflow
+Trainer): then the chart sets no rendezvous env or port of its own. */}}
+{{- define "shardfeed.operatorSetsWorld" -}}
+{{- has .Values.workloadKind (list "PyTorchJob" "TrainingRuntime") -}}
 {{- end -}}
 
 {{/* The pod template of every workload kind. `restartPolicy` is the pod's. */}}
@@ -114,7 +122,7 @@ spec:
   initContainers:
     {{- include "shardfeed-sidecar.initContainers" $sidecar | nindent 4 }}
   containers:
-    # PyTorchJob requires its container to be named pytorch.
+    # PyTorchJob requires its container to be named pytorch, the Trainer node.
     - name: {{ .container | default "trainer" }}
       image: {{ $values.trainer.image | quote }}
       {{- with $values.trainer.command }}
@@ -127,8 +135,9 @@ spec:
       {{- end }}
       env:
         {{- include "shardfeed-sidecar.trainerEnv" $sidecar | nindent 8 }}
-        {{- if ne $values.workloadKind "PyTorchJob" }}
-        # The world for torchrun (the PyTorchJob operator sets its own):
+        {{- if ne (include "shardfeed.operatorSetsWorld" .root) "true" }}
+        # The world for torchrun (the PyTorchJob and Trainer operators set
+        # their own):
         # --nnodes=$(NNODES) --rdzv-backend=c10d
         # --rdzv-endpoint=$(MASTER_ADDR):$(MASTER_PORT)
         - name: NNODES
@@ -141,7 +150,7 @@ spec:
         {{- with $values.trainer.env }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- if ne $values.workloadKind "PyTorchJob" }}
+      {{- if ne (include "shardfeed.operatorSetsWorld" .root) "true" }}
       ports:
         - name: rendezvous
           containerPort: {{ $values.rendezvous.port | int64 }}
@@ -186,15 +195,19 @@ spec:
   {{- end }}
 {{- end -}}
 
-{{/* The workload's metadata: the chart's labels and the user's. */}}
+{{/* The workload's metadata: the chart's labels, the kind's own
+(`labels`) and the user's. */}}
 {{- define "shardfeed.workloadMetadata" -}}
-name: {{ include "shardfeed.fullname" . }}
+name: {{ include "shardfeed.fullname" .root }}
 labels:
-  {{- include "shardfeed.labels" . | nindent 2 }}
-  {{- with .Values.workloadLabels }}
+  {{- include "shardfeed.labels" .root | nindent 2 }}
+  {{- with .labels }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- with .Values.workloadAnnotations }}
+  {{- with .root.Values.workloadLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .root.Values.workloadAnnotations }}
 annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
