@@ -27,6 +27,13 @@ cargo check --locked --no-default-features --all-targets
 # No cycles between files, no module importing one above it (docs/ARCHITECTURE.md).
 python3 tests/tools/module_graph.py
 
+step "licenses: the allow-list (cargo-deny) and the third-party notices"
+# Every crate the binaries link carries a license deny.toml allows; the
+# notices (THIRD_PARTY_NOTICES.md, shipped in the wheel and the image) name
+# exactly the crates linked today.
+.venv/bin/cargo-deny check licenses
+python3 tests/tools/notices.py --check
+
 step "rust: unit, property and integration tests"
 cargo test --locked
 

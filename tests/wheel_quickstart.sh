@@ -18,6 +18,23 @@ for path in sys.stdin.read().split():
     size = os.path.getsize(path)
     print(f'{os.path.basename(path)}: {size / 2**20:.1f} MiB ({size:,} bytes)')"
 
+# The license in both wheels, the notices of what the binary links in the
+# server's; auditwheel names the platform tag the binary is good for (the
+# release build, clients/python-server/release.sh, targets manylinux_2_28).
+.venv/bin/python - "$work"/dist/*.whl <<'PY'
+import sys
+import zipfile
+
+for path in sys.argv[1:]:
+    names = zipfile.ZipFile(path).namelist()
+    wanted = ["LICENSE"] + (["THIRD_PARTY_NOTICES.md"] if "shardfeed_server" in path else [])
+    for name in wanted:
+        if not any(n.endswith(f".dist-info/licenses/{name}") for n in names):
+            sys.exit(f"{path} has no {name} in its dist-info/licenses")
+print("licenses: in both wheels")
+PY
+.venv/bin/auditwheel show "$work"/dist/shardfeed_server-*.whl
+
 # The user's own data: two classes of photos, one directory each.
 mkdir -p "$work/app"
 .venv/bin/python - "$work/app/my_images" <<'PY'

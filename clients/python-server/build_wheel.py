@@ -7,9 +7,12 @@ installs into the environment's ``bin`` with its executable bit; debug
 information is stripped first. The wheel is written directly (PEP 427: a zip
 with METADATA, WHEEL and RECORD): setuptools reads scripts as text and cannot
 package an executable. The tag is ``py3-none-<platform>``: any CPython, this
-CPU and OS. ``--manylinux`` tags it ``manylinux_2_<N>_x86_64`` instead, N the
-newest glibc symbol version the binary needs, after checking that it links
-only libraries every manylinux system has (what the release build does).
+CPU and OS. ``--manylinux`` tags it ``manylinux_2_<N>_<arch>`` instead (x86_64
+or aarch64, from the ELF header), N the newest glibc symbol version the
+binary needs, after checking that it links only libraries every manylinux
+system has (what the release build does). The repository's LICENSE and
+THIRD_PARTY_NOTICES.md (what the binary links) go in the dist-info's
+``licenses/`` (PEP 639).
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ MANYLINUX_LIBRARIES = {
     "libdl.so.2",
     "librt.so.1",
     "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
 }
+LICENSE_FILES = ("LICENSE", "THIRD_PARTY_NOTICES.md")
+ARCHES = {"Advanced Micro Devices X86-64": "x86_64", "AArch64": "aarch64"}
 
 
 def version() -> str:
@@ -73,7 +79,18 @@ def manylinux_tag(binary: Path) -> str:
         ),
         default=(2, 17),
     )
-    return f"manylinux_{glibc[0]}_{glibc[1]}_x86_64"
+    return f"manylinux_{glibc[0]}_{glibc[1]}_{architecture(binary)}"
+
+
+def architecture(binary: Path) -> str:
+    header = subprocess.run(
+        ["readelf", "-h", str(binary)], capture_output=True, text=True, check=True
+    ).stdout
+    found = re.search(r"Machine:\s+(.+)", header)
+    machine = found.group(1).strip() if found else "?"
+    if machine not in ARCHES:
+        raise SystemExit(f"{binary} is for {machine}, not one of {sorted(ARCHES)}")
+    return ARCHES[machine]
 
 
 def record_line(path: str, data: bytes) -> str:
@@ -96,13 +113,18 @@ def build(binary: Path, out: Path, platform: str) -> Path:
         ]
     for source in sorted((HERE / "src" / NAME).glob("*.py")):
         files.append((f"{NAME}/{source.name}", source.read_bytes(), 0o644))
+    for name in LICENSE_FILES:
+        files.append(
+            (f"{dist_info}/licenses/{name}", (REPO / name).read_bytes(), 0o644)
+        )
     metadata = (
-        "Metadata-Version: 2.1\n"
+        "Metadata-Version: 2.4\n"
         "Name: shardfeed-server\n"
         f"Version: {release}\n"
         "Summary: The shardfeed sidecar binary, on PATH (for shardfeed.serve())\n"
-        "License: Apache-2.0\n"
-        "Requires-Python: >=3.9\n"
+        "License-Expression: Apache-2.0\n"
+        + "".join(f"License-File: {name}\n" for name in LICENSE_FILES)
+        + "Requires-Python: >=3.9\n"
     )
     wheel = f"Wheel-Version: 1.0\nGenerator: build_wheel.py\nRoot-Is-Purelib: false\nTag: {tag}\n"
     files.append((f"{dist_info}/METADATA", metadata.encode(), 0o644))
