@@ -57,6 +57,13 @@ step "python: stubs are current, lints, types"
 .venv/bin/ruff check --config clients/python/pyproject.toml helm/check_chart.py tests/tools
 .venv/bin/ruff format --check --config clients/python/pyproject.toml helm/check_chart.py tests/tools
 
+step "docs: the generated reference pages are current, the site builds, every internal link resolves"
+python3 tests/tools/docs_reference.py --check
+docs_site="$(mktemp -d)"
+.venv/bin/mkdocs build --strict --quiet --site-dir "$docs_site"
+find "$docs_site" -name index.html | wc -l | xargs printf 'docs site: %s pages\n'
+rm -rf "$docs_site"
+
 step "container and chart"
 .venv/bin/hadolint docker/Dockerfile
 # A real helm (v4) and kubectl (with kustomize) ship inside an npm package of

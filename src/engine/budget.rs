@@ -100,7 +100,7 @@ impl Default for MemoryConfig {
     }
 }
 
-/// The terms of one stream's peak memory, in bytes (the README's formula).
+/// The terms of one stream's peak memory, in bytes (docs/reference/memory.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamCost {
     /// `(interleave + prefetch_shards) * (parts_in_flight + 2) * part_size`:

@@ -30,7 +30,7 @@ pub use client::{PoolClient, PoolConfig, PoolShareSetting};
 pub use worker::{serve_worker, WorkerConfig};
 
 /// Batches a stream with a pool decodes at once (at least): the memory
-/// formula's `decode_ahead` (README, Memory) is this with a pool.
+/// formula's `decode_ahead` (docs/reference/memory.md) is this with a pool.
 pub const POOL_DECODE_AHEAD: usize = 4;
 
 /// HTTP/2 windows of pool connections, both ways: a unit's bytes and its

@@ -3,6 +3,7 @@
 from ._client import Augment, Client, Source, distributed_rank_and_world
 from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
 from ._server import PackReport, Server, SkippedFile, pack, serve
+from ._stats import InputStats
 from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "DatasetInfo",
     "Delivery",
     "EpochPosition",
+    "InputStats",
     "MixHistory",
     "PackReport",
     "SampleLayout",

@@ -1,4 +1,4 @@
-"""Peak server memory per stream, measured against the README's formula.
+"""Peak server memory per stream, measured against docs/reference/memory.md's formula.
 
 ``python -m shardfeed_benchmarks.memory`` starts ``shardfeed dev-s3`` with the
 demo's photo dataset, then for each setting a fresh ``shardfeed serve`` with
@@ -62,7 +62,7 @@ class Setting:
         return "s3://demo/loose/" if self.loose else "s3://demo/photos/"
 
     def formula(self, mean_sample: float) -> dict[str, float]:
-        """The README's per-stream formula, in bytes, by term."""
+        """The per-stream formula (docs/reference/memory.md), in bytes, by term."""
         readers = self.interleave + self.prefetch_shards
         batch = self.batch_size * self.image_size * self.image_size * 3
         if self.loose:
