@@ -82,6 +82,8 @@ if ! command -v promtool >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
     prometheus >/dev/null
 fi
 HELM=.tools/helm/helm KUBECTL=.tools/kubectl/kubectl .venv/bin/python helm/check_chart.py
+# What the release workflow pushes: the packaged chart.
+chart_dir="$(mktemp -d)" && .tools/helm/helm package helm/shardfeed --destination "$chart_dir" && rm -rf "$chart_dir"
 
 step "python: client tests against the real binary"
 # `cargo test` built target/debug/shardfeed for the integration tests; a plain
