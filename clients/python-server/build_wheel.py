@@ -93,6 +93,12 @@ def architecture(binary: Path) -> str:
     return ARCHES[machine]
 
 
+def strip_tool() -> str:
+    """llvm-strip reads every architecture (the aarch64 cross build's
+    binary too); binutils' strip only the host's."""
+    return shutil.which("llvm-strip") or "strip"
+
+
 def record_line(path: str, data: bytes) -> str:
     digest = (
         base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -107,7 +113,7 @@ def build(binary: Path, out: Path, platform: str) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         stripped = Path(tmp) / "shardfeed"
         shutil.copyfile(binary, stripped)
-        subprocess.run(["strip", "--strip-debug", str(stripped)], check=True)
+        subprocess.run([strip_tool(), "--strip-debug", str(stripped)], check=True)
         files: list[tuple[str, bytes, int]] = [
             (f"{NAME}-{release}.data/scripts/shardfeed", stripped.read_bytes(), 0o755)
         ]

@@ -7,12 +7,16 @@
 //! faster JPEG path can replace the default without touching the pipeline.
 
 pub mod augment;
+mod jpeg;
 pub mod source;
 pub mod tier;
 #[cfg(feature = "turbojpeg")]
 pub mod turbo;
 
 pub use augment::{Crop, CropBox, OutputSpec, RandomResizedCrop, SampleKey};
+pub use jpeg::{
+    check_jpeg_complete, check_jpeg_tables, jpeg_dimensions, jpeg_frame, JpegFrame, JpegTables,
+};
 
 use std::cell::RefCell;
 use std::sync::{Condvar, Mutex};
@@ -133,6 +137,7 @@ pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
 pub fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
     if format == ImageFormat::Jpeg {
         check_jpeg_complete(data)?;
+        check_jpeg_tables(data)?;
     }
     let mut reader =
         image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format));
@@ -242,124 +247,6 @@ pub fn source_dimensions(format: ImageFormat, data: &[u8]) -> Result<(u32, u32),
     image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format))
         .into_dimensions()
         .map_err(|e| DecodeError::Corrupt(e.to_string()))
-}
-
-/// A JPEG's size from its frame header, found by walking the marker
-/// segments: no copy and no decoder state, where the `image` crate's reader
-/// copies the whole file first (every sample's size is read before its box
-/// is chosen). None when no frame header comes before the scan data.
-pub fn jpeg_dimensions(data: &[u8]) -> Option<(u32, u32)> {
-    jpeg_frame(data).map(|frame| (frame.width, frame.height))
-}
-
-/// What a JPEG's frame header says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JpegFrame {
-    pub width: u32,
-    pub height: u32,
-    /// The SOF marker's low nibble: 0 baseline, 1 extended sequential,
-    /// 2 progressive, 3 lossless, 9.. arithmetic-coded.
-    pub process: u8,
-    pub precision: u8,
-    pub components: u8,
-}
-
-impl JpegFrame {
-    /// Huffman-coded sequential 8-bit grey or YCbCr: what every JPEG
-    /// decoder takes, GPU hardware engines included (they refuse
-    /// progressive, arithmetic, 12-bit and CMYK images).
-    pub fn is_baseline(&self) -> bool {
-        self.process <= 1 && self.precision == 8 && matches!(self.components, 1 | 3)
-    }
-}
-
-/// The frame header of a JPEG (see [`jpeg_dimensions`]).
-pub fn jpeg_frame(data: &[u8]) -> Option<JpegFrame> {
-    let (marker, at) = jpeg_segments(data).find(|&(marker, _)| {
-        // SOF0..SOF15, except DHT, JPG and DAC, which share the range.
-        marker == 0xDA || matches!(marker, 0xC0..=0xCF) && !matches!(marker, 0xC4 | 0xC8 | 0xCC)
-    })?;
-    if marker == 0xDA {
-        return None; // start of scan before any frame header
-    }
-    let field = |offset: usize| data.get(at + 4 + offset).copied();
-    let precision = field(0)?;
-    let height = u16::from_be_bytes([field(1)?, field(2)?]);
-    let width = u16::from_be_bytes([field(3)?, field(4)?]);
-    let components = field(5)?;
-    (width > 0 && height > 0).then_some(JpegFrame {
-        width: u32::from(width),
-        height: u32::from(height),
-        process: marker & 0x0F,
-        precision,
-        components,
-    })
-}
-
-/// A JPEG whose scan data is not followed by an end-of-image marker was cut
-/// short (a truncated upload or copy): libjpeg-turbo warns "premature end
-/// of data" and other decoders fill the missing rows in. Either way it is
-/// not the image, so it counts as corrupt.
-///
-/// The marker is looked for after the first start-of-scan, from the end
-/// (it is almost always the last two bytes; data some writers append
-/// after it is allowed). Entropy-coded data never holds `FF D9`: a `FF`
-/// there is followed by a stuffed `00` or a restart marker.
-pub fn check_jpeg_complete(data: &[u8]) -> Result<(), DecodeError> {
-    let premature =
-        || DecodeError::Corrupt("premature end of JPEG data (no end-of-image marker)".into());
-    let (_, scan) = jpeg_segments(data)
-        .find(|&(marker, _)| marker == 0xDA)
-        .ok_or_else(premature)?;
-    let ends = data[scan..]
-        .windows(2)
-        .rev()
-        .any(|pair| pair == [0xFF, 0xD9]);
-    if ends {
-        Ok(())
-    } else {
-        Err(premature())
-    }
-}
-
-/// The marker segments of a JPEG's headers, as (marker, offset of its
-/// `FF`), up to and including the first start of scan; none past a
-/// malformed one or the end of the image.
-fn jpeg_segments(data: &[u8]) -> impl Iterator<Item = (u8, usize)> + '_ {
-    let mut at = if data.get(..2) == Some(&[0xFF, 0xD8][..]) {
-        Some(2)
-    } else {
-        None
-    };
-    std::iter::from_fn(move || loop {
-        let here = at?;
-        if *data.get(here)? != 0xFF {
-            at = None;
-            return None;
-        }
-        let marker = *data.get(here + 1)?;
-        match marker {
-            // Fill bytes and markers without a length.
-            0xFF => at = Some(here + 1),
-            0x01 | 0xD0..=0xD7 => at = Some(here + 2),
-            0xD9 => {
-                at = None;
-                return None;
-            }
-            0xDA => {
-                at = None;
-                return Some((marker, here));
-            }
-            _ => {
-                let length = usize::from(u16::from_be_bytes([
-                    *data.get(here + 2)?,
-                    *data.get(here + 3)?,
-                ]));
-                at = (length >= 2).then_some(here + 2 + length);
-                return Some((marker, here));
-            }
-        }
-    })
 }
 
 /// Decodes one sample within the budgets and returns the box it came from.

@@ -21,7 +21,8 @@ use std::ffi::CStr;
 use turbojpeg_sys as tj;
 
 use super::{
-    resize_rgb, CropBox, DecodeError, Decoder, ImageCrateDecoder, OutputSpec, MAX_SOURCE_PIXELS,
+    resize_rgb, CropBox, DecodeError, Decoder, ImageCrateDecoder, JpegTables, OutputSpec,
+    MAX_SOURCE_PIXELS,
 };
 use crate::shard::ImageFormat;
 
@@ -322,6 +323,11 @@ impl Decoder for TurboJpegDecoder {
         // A file cut short is corrupt for either decoder: the other one would
         // fill the missing rows in.
         crate::decode::check_jpeg_complete(data)?;
+        if crate::decode::check_jpeg_tables(data)? == JpegTables::DefaultHuffman {
+            // A reused handle would apply the last image's Huffman tables,
+            // not the standard ones: the image crate decodes it afresh.
+            return ImageCrateDecoder.decode_into(format, data, spec, crop, out);
+        }
         match self.decode_jpeg(data, spec, crop, out) {
             Ok(()) => Ok(()),
             Err(error) if error_is_data(&error) => Err(error),
@@ -480,6 +486,49 @@ mod tests {
                 vs_full > 30.0,
                 "{crop:?}: region vs full decode {vs_full:.1} dB"
             );
+        }
+    }
+
+    fn photo(width: u32, height: u32, shade: u8) -> Vec<u8> {
+        let image = image::RgbImage::from_fn(width, height, |x, y| {
+            image::Rgb([x as u8 * 3, y as u8 * 5, shade])
+        });
+        let mut out = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 60)
+            .encode_image(&image)
+            .unwrap();
+        out
+    }
+
+    /// libjpeg keeps the last image's tables in a reused handle: an image
+    /// that lacks its own must not borrow them (the output would depend on
+    /// what the thread decoded before).
+    #[test]
+    fn an_image_never_borrows_the_tables_of_the_one_before() {
+        let decoder = TurboJpegDecoder::default();
+        let spec = OutputSpec::center(32, 32);
+        let mut out = vec![0u8; spec.bytes()];
+        let first = photo(64, 48, 200);
+        let second = photo(64, 48, 30);
+        let crop = center_box(64, 48, &spec);
+        decoder
+            .decode_into(ImageFormat::Jpeg, &first, &spec, &crop, &mut out)
+            .unwrap();
+        let no_quantization = super::super::jpeg::tests::without(&second, 0xDB);
+        let error = decoder
+            .decode_into(ImageFormat::Jpeg, &no_quantization, &spec, &crop, &mut out)
+            .unwrap_err();
+        assert!(matches!(error, DecodeError::Corrupt(_)), "{error:?}");
+        // Without Huffman tables: the standard ones, whatever came before.
+        let no_huffman = super::super::jpeg::tests::without(&second, 0xC4);
+        let mut expected = vec![0u8; spec.bytes()];
+        ImageCrateDecoder
+            .decode_into(ImageFormat::Jpeg, &no_huffman, &spec, &crop, &mut expected)
+            .ok();
+        let got = decoder.decode_into(ImageFormat::Jpeg, &no_huffman, &spec, &crop, &mut out);
+        match got {
+            Ok(()) => assert_eq!(out, expected),
+            Err(error) => assert!(matches!(error, DecodeError::Corrupt(_)), "{error:?}"),
         }
     }
 }
