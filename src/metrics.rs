@@ -278,7 +278,7 @@ pub const S3_OUTCOMES: [&str; 8] = [
 ];
 
 /// The decoded-source tier's events (`shardfeed_decoded_tier_total`).
-pub const TIER_EVENTS: [&str; 7] = [
+pub const TIER_EVENTS: [&str; 8] = [
     "hit",
     "miss",
     "fill",
@@ -286,6 +286,7 @@ pub const TIER_EVENTS: [&str; 7] = [
     "corrupt",
     "missing",
     "write_failed",
+    "unversioned",
 ];
 
 pub fn request(rpc: &'static str, code: tonic::Code) {

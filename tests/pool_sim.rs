@@ -1,7 +1,7 @@
 //! The pool simulation's invariants at a scale a test can run: the
 //! sidecar's dispatch code against pods that are killed, partitioned,
 //! resized and autoscaled, in virtual time. The 1,000-rank figures come
-//! from `cargo run --release --example pool_sim` (see the README).
+//! from `cargo run --release --example pool_sim` (see docs/decoding.md).
 
 use shardfeed::dev::pool_sim::{self, SimReport, SimSpec};
 

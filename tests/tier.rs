@@ -361,3 +361,72 @@ async fn a_tier_smaller_than_the_dataset_keeps_what_the_next_epoch_reads_first()
     // The bytes are those of a tier that keeps everything.
     assert_eq!(digest(&epoch1), digest(&reference));
 }
+
+/// Some S3-compatible servers list objects without ETags: the index asks
+/// HEAD for each version, and the tier works as on S3 itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_without_etags_takes_the_versions_from_head() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
+    let harness = Harness::start(Options {
+        decoded: Some(tier.clone()),
+        ..Options::default()
+    })
+    .await;
+    let faults = &harness.s3.state.faults;
+    faults.list_without_etags.store(true, Ordering::Relaxed);
+    let uri = upload(&harness.s3, "tier", "unlisted/", &photos()).await;
+    let mut client = harness.client().await;
+    let cold = collect(&mut client, tiered(&uri, eval())).await.unwrap();
+    assert_eq!(
+        tier.records(),
+        72,
+        "sources and outputs kept, versioned by HEAD"
+    );
+    let warm = collect(&mut client, tiered(&uri, eval())).await.unwrap();
+    assert_eq!(digest(&warm), digest(&cold));
+    assert_eq!(
+        tier.records(),
+        72,
+        "the second pass reads what the first kept"
+    );
+    harness.shutdown().await;
+}
+
+/// Where no version can be had (no ETag from the listing or HEAD), the tier
+/// keeps nothing: the stream still delivers the same batches, each epoch
+/// decoded from the original.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_without_any_version_are_decoded_every_epoch_and_kept_nowhere() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
+    let harness = Harness::start(Options {
+        decoded: Some(tier.clone()),
+        ..Options::default()
+    })
+    .await;
+    let faults = &harness.s3.state.faults;
+    faults.list_without_etags.store(true, Ordering::Relaxed);
+    faults.head_without_etags.store(true, Ordering::Relaxed);
+    let uri = upload(&harness.s3, "tier", "unversioned/", &photos()).await;
+    let mut client = harness.client().await;
+    let got = collect(&mut client, tiered(&uri, eval())).await.unwrap();
+    assert_eq!(
+        tier.records(),
+        0,
+        "nothing kept without a version to check it by"
+    );
+
+    // The same batches as a server with no tier at all.
+    let plain = Harness::start(Options::default()).await;
+    let plain_uri = upload(&plain.s3, "tier", "unversioned/", &photos()).await;
+    let mut plain_client = plain.client().await;
+    let want = collect(&mut plain_client, tiered(&plain_uri, eval()))
+        .await
+        .unwrap();
+    assert_eq!(digest(&got), digest(&want));
+    plain.shutdown().await;
+    harness.shutdown().await;
+}

@@ -1,6 +1,5 @@
 //! Carries out a parsed command by calling into the library.
 
-use std::io::Write;
 use std::sync::Arc;
 
 use super::progress;
@@ -538,7 +537,7 @@ async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
         .store(args.fail_percent, Ordering::Relaxed);
     // Tests read this line to learn the port.
     println!("listening on {}", server.endpoint());
-    std::io::stdout().flush()?;
+    std::io::Write::flush(&mut std::io::stdout())?;
     shutdown_signal().await;
     Ok(())
 }

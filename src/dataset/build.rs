@@ -18,6 +18,8 @@ use crate::store::{ObjectStore, StoreError};
 
 /// Shards scanned at once when building an index.
 const INDEX_CONCURRENCY: usize = 8;
+/// HEADs in flight for a listing without ETags (small requests: latency-bound).
+const HEAD_CONCURRENCY: usize = 32;
 
 /// Builds the index of the dataset at `location`: lists the shards under
 /// its prefix and scans each once; without shards, the listing of its
@@ -51,9 +53,10 @@ pub async fn build_index_reporting(
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
     let prefix = location.prefix.as_str();
     if let Some(manifest) = &location.manifest {
-        return manifest_index(store.as_ref(), prefix, manifest).await;
+        return manifest_index(&store, prefix, manifest).await;
     }
-    let objects = store.list(prefix).await?;
+    let mut objects = store.list(prefix).await?;
+    versions_from_head(&store, prefix, &mut objects).await?;
     let shards: Vec<_> = objects
         .iter()
         .filter(|o| {
@@ -146,6 +149,43 @@ pub async fn build_index_reporting(
     ))
 }
 
+/// Objects whose listing named no version (some S3-compatible servers'
+/// ListObjectsV2 carries no ETags) are asked with HEAD: the ETag is what
+/// tells a changed object from the one whose samples the decoded-source
+/// tier and the disk cache keep. One that HEAD does not version either
+/// stays without (the tier then keeps none of its samples, and says so).
+async fn versions_from_head(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &str,
+    objects: &mut [crate::store::ObjectMeta],
+) -> Result<(), DatasetError> {
+    let unversioned: Vec<(usize, String)> = objects
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.etag.is_none() && !o.key[prefix.len()..].starts_with(INDEX_DIR))
+        .map(|(i, o)| (i, o.key.clone()))
+        .collect();
+    if unversioned.is_empty() {
+        return Ok(());
+    }
+    tracing::info!(
+        dataset = %store.location(prefix),
+        objects = unversioned.len(),
+        "the listing names no ETags: asking each object with HEAD"
+    );
+    let heads = futures::stream::iter(unversioned.into_iter().map(|(i, key)| {
+        let store = store.clone();
+        async move { store.head(&key).await.map(|meta| (i, meta.etag)) }
+    }))
+    .buffer_unordered(HEAD_CONCURRENCY)
+    .try_collect::<Vec<_>>()
+    .await?;
+    for (i, etag) in heads {
+        objects[i].etag = etag;
+    }
+    Ok(())
+}
+
 /// The class names of a `classes.txt`, one per line (a trailing newline
 /// ends the last, it does not add an empty class).
 async fn read_classes(store: &dyn ObjectStore, key: &str) -> Result<Vec<String>, DatasetError> {
@@ -174,7 +214,7 @@ fn loose_index(
 /// The index of the objects a manifest lists, checked against the listing
 /// of its folder (sizes, ETags, and that each one exists).
 async fn manifest_index(
-    store: &dyn ObjectStore,
+    store: &Arc<dyn ObjectStore>,
     prefix: &str,
     manifest: &str,
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
@@ -192,14 +232,15 @@ async fn manifest_index(
             loose::MAX_MANIFEST_BYTES
         )));
     }
-    let bytes = get_all(store, &key).await?;
+    let bytes = get_all(store.as_ref(), &key).await?;
     let name = manifest.to_string();
     // A 1 GiB manifest takes seconds to parse: not on the async runtime.
     let parsed = tokio::task::spawn_blocking(move || manifest::parse_manifest(&name, &bytes))
         .await
         .map_err(|e| DatasetError::Internal(format!("parsing the manifest failed: {e}")))?
         .map_err(&refuse)?;
-    let objects = store.list(prefix).await?;
+    let mut objects = store.list(prefix).await?;
+    versions_from_head(store, prefix, &mut objects).await?;
     let listed = loose::from_manifest(parsed.entries, &objects, prefix).map_err(refuse)?;
     Ok(loose_index(listed, parsed.classes))
 }

@@ -152,6 +152,9 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
         };
         let mut offset = 0;
         let mut digest = Vec::new();
+        // A member without a version leaves the group without one: its
+        // digest could not tell a changed object from the one before.
+        let versioned = members.iter().all(|object| object.etag.is_some());
         for object in members {
             digest.extend_from_slice(object.key.as_bytes());
             digest.push(0);
@@ -170,10 +173,12 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
             size: offset,
             etag: None,
             samples: members.len() as u64,
-            digest: Some(format!(
-                "{:016x}",
-                crate::decode::augment::fmix64(crate::decode::augment::fnv1a(digest))
-            )),
+            digest: versioned.then(|| {
+                format!(
+                    "{:016x}",
+                    crate::decode::augment::fmix64(crate::decode::augment::fnv1a(digest))
+                )
+            }),
         });
         indexes.push(index);
     }

@@ -86,6 +86,11 @@ pub struct Faults {
     gets_seen: AtomicU64,
     /// Every request until this instant answers 503 (a regional outage).
     outage_until: Mutex<Option<std::time::Instant>>,
+    /// ListObjectsV2 answers without ETags (some S3-compatible servers
+    /// do; HEAD and GET still carry them).
+    pub list_without_etags: std::sync::atomic::AtomicBool,
+    /// HEAD answers without an ETag too: no version to be had but the GET's.
+    pub head_without_etags: std::sync::atomic::AtomicBool,
     /// Percent of all requests (0-100) that fail, alternating 500
     /// InternalError and 503 SlowDown, at pseudo-random (a fixed sequence).
     pub fail_percent: AtomicU64,
@@ -490,9 +495,11 @@ impl S3 for Backend {
         self.0.counts.head.fetch_add(1, Ordering::Relaxed);
         self.0.faults.scripted(Operation::Head)?;
         let object = self.0.get(&req.input.bucket, &req.input.key)?;
+        let e_tag = (!self.0.faults.head_without_etags.load(Ordering::Relaxed))
+            .then_some(ETag::Strong(object.etag));
         Ok(S3Response::new(dto::HeadObjectOutput {
             content_length: Some(object.data.len() as i64),
-            e_tag: Some(ETag::Strong(object.etag)),
+            e_tag,
             last_modified: Some(Timestamp::from(object.modified)),
             ..Default::default()
         }))
@@ -605,7 +612,8 @@ impl S3 for Backend {
             contents.push(dto::Object {
                 key: Some(key.clone()),
                 size: Some(object.data.len() as i64),
-                e_tag: Some(ETag::Strong(object.etag.clone())),
+                e_tag: (!self.0.faults.list_without_etags.load(Ordering::Relaxed))
+                    .then(|| ETag::Strong(object.etag.clone())),
                 last_modified: Some(Timestamp::from(object.modified)),
                 ..Default::default()
             });

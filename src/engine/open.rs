@@ -37,6 +37,11 @@ impl Engine {
         );
         let ring = self.shared_target(&request, &reservation)?;
         let dataset_identity = identity(&datasets);
+        if request.output.decoded_source.is_some() && self.decoded.get().is_some() {
+            for dataset in &datasets {
+                warn_unversioned_once(dataset);
+            }
+        }
         let (planned, geometry) = match &request.sources {
             Sources::One { .. } => self.plan_one(&request, datasets).await?,
             Sources::Mix(mix) => self.plan_mix(&request, mix, datasets).await?,
@@ -321,5 +326,39 @@ fn stream_span(request: &StreamRequest) -> tracing::Span {
             world_size = plan.world_size,
             epoch = plan.epoch,
         ),
+    }
+}
+
+/// Says once per dataset (per process) that the decoded-source tier keeps
+/// none of the samples of its shards without a version (no ETag in the
+/// listing or from HEAD): a stream asking for the tier still works, at the
+/// cold epoch's cost every epoch, so the reason must not stay silent.
+fn warn_unversioned_once(dataset: &Dataset) {
+    static WARNED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    let unversioned = dataset
+        .index
+        .shards
+        .iter()
+        .filter(|shard| shard.etag.is_none() && shard.digest.is_none())
+        .count();
+    if unversioned == 0 {
+        return;
+    }
+    let location = dataset.uri.clone();
+    let warned = WARNED.get_or_init(Default::default);
+    let first = warned
+        .lock()
+        .map(|mut set| set.insert(location.clone()))
+        .unwrap_or(false);
+    if first {
+        tracing::warn!(
+            dataset = %location,
+            shards = unversioned,
+            of = dataset.index.shards.len(),
+            "the decoded-source tier keeps nothing of shards without a version: \
+             the store gave them no ETag (listing or HEAD); they are decoded from \
+             the original every epoch (counted as shardfeed_decoded_tier_total{{event=\"unversioned\"}})"
+        );
     }
 }

@@ -111,6 +111,9 @@ impl SampleDecoder {
                 let sample = location
                     .as_deref()
                     .and_then(|location| tier_sample(dataset, location, emitted));
+                if location.is_some() && sample.is_none() {
+                    metrics::decoded_tier("unversioned");
+                }
                 tier.output(
                     &*self.decoder,
                     &self.scratch,
