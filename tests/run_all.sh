@@ -107,3 +107,18 @@ fi
 
 step "python: the wheels in a fresh venv run the README's quickstart"
 bash tests/wheel_quickstart.sh
+
+step "python: encoded delivery and the decoded-source tier against the libjpeg-turbo binary"
+# Last, because it rebuilds target/debug/shardfeed with the feature: the
+# decoders must agree on what is corrupt and on every output byte's box,
+# which the default decoder alone cannot show (a reused TurboJPEG handle
+# once decoded a table-less JPEG with the previous image's tables).
+if command -v cmake >/dev/null && command -v nasm >/dev/null; then
+  # `cargo test --no-run` builds the binary with the test build's features,
+  # so only this crate recompiles.
+  cargo test --locked --features turbojpeg --no-run --test encoded
+  (cd clients/python && SHARDFEED_BIN="$PWD/../../target/debug/shardfeed" ../../.venv/bin/python -m pytest -q \
+    tests/e2e/test_encoded.py tests/e2e/test_tier.py)
+else
+  echo "skipped: the turbojpeg feature needs cmake and nasm (apt-get install cmake nasm)"
+fi
