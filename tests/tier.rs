@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::*;
@@ -362,11 +363,9 @@ async fn a_tier_smaller_than_the_dataset_keeps_what_the_next_epoch_reads_first()
     assert_eq!(digest(&epoch1), digest(&reference));
 }
 
-/// Some S3-compatible servers list objects without ETags: the index asks
-/// HEAD for each version, and the tier works as on S3 itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_listing_without_etags_takes_the_versions_from_head() {
-    use std::sync::atomic::Ordering;
+/// A server with a decoded-source tier (in the returned directory), over an
+/// S3 whose listings carry no ETags.
+async fn without_listed_etags() -> (tempfile::TempDir, Arc<DecodedCache>, Harness) {
     let dir = tempfile::tempdir().unwrap();
     let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
     let harness = Harness::start(Options {
@@ -376,6 +375,14 @@ async fn a_listing_without_etags_takes_the_versions_from_head() {
     .await;
     let faults = &harness.s3.state.faults;
     faults.list_without_etags.store(true, Ordering::Relaxed);
+    (dir, tier, harness)
+}
+
+/// Some S3-compatible servers list objects without ETags: the index asks
+/// HEAD for each version, and the tier works as on S3 itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_without_etags_takes_the_versions_from_head() {
+    let (_dir, tier, harness) = without_listed_etags().await;
     let uri = upload(&harness.s3, "tier", "unlisted/", &photos()).await;
     let mut client = harness.client().await;
     let cold = collect(&mut client, tiered(&uri, eval())).await.unwrap();
@@ -399,16 +406,8 @@ async fn a_listing_without_etags_takes_the_versions_from_head() {
 /// decoded from the original.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_without_any_version_are_decoded_every_epoch_and_kept_nowhere() {
-    use std::sync::atomic::Ordering;
-    let dir = tempfile::tempdir().unwrap();
-    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
-    let harness = Harness::start(Options {
-        decoded: Some(tier.clone()),
-        ..Options::default()
-    })
-    .await;
+    let (_dir, tier, harness) = without_listed_etags().await;
     let faults = &harness.s3.state.faults;
-    faults.list_without_etags.store(true, Ordering::Relaxed);
     faults.head_without_etags.store(true, Ordering::Relaxed);
     let uri = upload(&harness.s3, "tier", "unversioned/", &photos()).await;
     let mut client = harness.client().await;

@@ -368,16 +368,22 @@ class Client:
             f"at it: target=... or ${TARGET_ENV}",
         )
 
-    def _answers(self, timeout: float) -> bool:
-        """Whether any gRPC server answers the health check at the target
-        within ``timeout`` (waiting for a listener to appear meanwhile)."""
+    def _health_check(self) -> Any:
+        """gRPC health's Check on this client's channel, bytes in and out:
+        ``HealthCheckRequest{service: ""}`` is empty on the wire, and the
+        answer ``HealthCheckResponse{status}`` is compared as bytes."""
         self._get_stub()
         assert self._channel is not None
-        check = self._channel.unary_unary(
+        return self._channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=lambda service: service,
             response_deserializer=lambda response: response,
         )
+
+    def _answers(self, timeout: float) -> bool:
+        """Whether any gRPC server answers the health check at the target
+        within ``timeout`` (waiting for a listener to appear meanwhile)."""
+        check = self._health_check()
         try:
             check(b"", timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
@@ -396,13 +402,7 @@ class Client:
         not answer. Raises ``ShardfeedError("DEADLINE_EXCEEDED", ...)``
         naming the target and the last answer after ``timeout`` seconds.
         """
-        self._get_stub()
-        assert self._channel is not None
-        check = self._channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            request_serializer=lambda service: service,
-            response_deserializer=lambda response: response,
-        )
+        check = self._health_check()
         deadline = time.monotonic() + timeout
         last = "no answer"
         while True:
