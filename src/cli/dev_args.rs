@@ -261,4 +261,8 @@ pub struct DevS3Args {
     /// class folders (`s3://demo/loose/`).
     #[arg(long, requires = "synthetic_shards")]
     pub synthetic_loose: bool,
+    /// Answer ListObjectsV2 without ETags, as some S3-compatible servers do
+    /// (HEAD and GET still carry them).
+    #[arg(long)]
+    pub list_without_etags: bool,
 }

@@ -535,6 +535,9 @@ async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
     faults
         .fail_percent
         .store(args.fail_percent, Ordering::Relaxed);
+    faults
+        .list_without_etags
+        .store(args.list_without_etags, Ordering::Relaxed);
     // Tests read this line to learn the port.
     println!("listening on {}", server.endpoint());
     std::io::Write::flush(&mut std::io::stdout())?;
