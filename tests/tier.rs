@@ -205,13 +205,7 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_object_is_derived_anew() {
-    let dir = tempfile::tempdir().unwrap();
-    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
-    let harness = Harness::start(Options {
-        decoded: Some(tier.clone()),
-        ..Options::default()
-    })
-    .await;
+    let (_dir, tier, harness) = tiered_server().await;
     let first = photos();
     let uri = upload(&harness.s3, "tier", "photos/", &first).await;
     let mut client = harness.client().await;
@@ -363,9 +357,8 @@ async fn a_tier_smaller_than_the_dataset_keeps_what_the_next_epoch_reads_first()
     assert_eq!(digest(&epoch1), digest(&reference));
 }
 
-/// A server with a decoded-source tier (in the returned directory), over an
-/// S3 whose listings carry no ETags.
-async fn without_listed_etags() -> (tempfile::TempDir, Arc<DecodedCache>, Harness) {
+/// A server with a 1 GiB decoded-source tier (in the returned directory).
+async fn tiered_server() -> (tempfile::TempDir, Arc<DecodedCache>, Harness) {
     let dir = tempfile::tempdir().unwrap();
     let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
     let harness = Harness::start(Options {
@@ -373,6 +366,12 @@ async fn without_listed_etags() -> (tempfile::TempDir, Arc<DecodedCache>, Harnes
         ..Options::default()
     })
     .await;
+    (dir, tier, harness)
+}
+
+/// [`tiered_server`] over an S3 whose listings carry no ETags.
+async fn without_listed_etags() -> (tempfile::TempDir, Arc<DecodedCache>, Harness) {
+    let (dir, tier, harness) = tiered_server().await;
     let faults = &harness.s3.state.faults;
     faults.list_without_etags.store(true, Ordering::Relaxed);
     (dir, tier, harness)
