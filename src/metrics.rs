@@ -14,6 +14,7 @@ use metrics::{
 pub mod pool;
 
 pub const BUILD_INFO: &str = "shardfeed_build_info";
+pub const SETTING: &str = "shardfeed_setting";
 pub const REQUESTS: &str = "shardfeed_requests_total";
 pub const STREAMS_ACTIVE: &str = "shardfeed_streams_active";
 pub const BATCHES: &str = "shardfeed_batches_total";
@@ -67,6 +68,11 @@ pub fn describe() {
         "Always 1; its version label is the binary's (crate, Python package and chart share it)."
     );
     ::metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    describe_gauge!(
+        SETTING,
+        "A setting the server runs with, by name and where it came from (flag, \
+         cgroup_cpu_quota, cores, cgroup_memory_limit, machine_memory, default)."
+    );
     describe_counter!(REQUESTS, "RPCs handled, by rpc and gRPC code.");
     pool::describe();
     describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");

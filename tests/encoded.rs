@@ -401,13 +401,13 @@ fn server_counts(batches: &[pb::Batch]) -> Vec<usize> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tuned_share_follows_where_the_stream_waits() {
+async fn a_tuned_share_seeks_the_rate_the_trainer_takes_batches_at() {
     let harness = Harness::start(Options::default()).await;
-    let shards: Vec<Vec<Sample>> = (0..20)
+    let shards: Vec<Vec<Sample>> = (0..60)
         .map(|s| {
-            (0..12)
+            (0..20)
                 .map(|i| {
-                    let n = (s * 12 + i) as u64;
+                    let n = (s * 20 + i) as u64;
                     Sample {
                         key: format!("s{s}/k{n:03}"),
                         image: Some(("jpg", jpeg(320, 240, n))),
@@ -419,61 +419,57 @@ async fn a_tuned_share_follows_where_the_stream_waits() {
         .collect();
     let uri = upload(&harness.s3, "tuned", "photos/", &shards).await;
     let mut client = harness.client().await;
-    // Outputs large enough for these JPEGs to go compressed.
+    // Outputs large enough for these JPEGs to go compressed, and batches
+    // large enough that few fit the transport's window: the search lets
+    // those through before it times a share.
     let sized = |request: pb::StreamBatchesRequest| pb::StreamBatchesRequest {
-        batch_size: Some(4),
-        height: 160,
-        width: 160,
+        batch_size: Some(8),
+        height: 224,
+        width: 224,
         ..request
     };
-    let tuned = |start: f64| pb::StreamBatchesRequest {
+    // No start: the search begins in the middle.
+    let tuned = pb::StreamBatchesRequest {
         tune_server_decode: true,
-        ..sized(encoded(train(&uri), Some(start)))
+        ..sized(encoded(train(&uri), None))
     };
 
-    // A slow trainer: ready batches wait for it, so the server takes
-    // decodes back.
-    let mut stream = client
-        .stream_batches(tuned(0.0))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut slow = Vec::new();
+    // A trainer that decodes on its own time, dearer than the server: each
+    // image it gets compressed costs it 4 ms. Its rate rises with the
+    // server's share, so the search climbs to the top.
+    let mut stream = client.stream_batches(tuned).await.unwrap().into_inner();
+    let mut fast = Vec::new();
     while let Some(batch) = stream.message().await.unwrap() {
-        slow.push(batch);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let compressed = batch.encoded.iter().filter(|e| !e.decoded).count();
+        tokio::time::sleep(std::time::Duration::from_millis(4 * compressed as u64)).await;
+        fast.push(batch);
     }
-    let counts = server_counts(&slow);
-    assert_eq!(counts[0], 0, "{counts:?}");
-    assert!(
-        counts[counts.len() - 4..].iter().all(|&c| c >= 1),
-        "{counts:?}"
-    );
-
-    // A trainer that never waits on its own: while the server decodes
-    // everything it is behind, and hands decodes to the client.
-    let fast = collect(&mut client, tuned(1.0)).await.unwrap();
     let counts = server_counts(&fast);
-    let (first, last) = (&counts[..4], &counts[counts.len() - 4..]);
+    assert_eq!(counts[0], 4, "starts in the middle: {counts:?}");
+    let last = &counts[counts.len() - 10..];
     assert!(
-        last.iter().sum::<usize>() < first.iter().sum::<usize>(),
-        "{counts:?}"
+        last.iter().sum::<usize>() >= 70,
+        "settles at the top, probing a step below now and then: {counts:?}"
+    );
+    let settled: Vec<f64> = fast
+        .iter()
+        .map(|b| b.server_decode_settled.unwrap())
+        .collect();
+    assert!(
+        settled.iter().all(|s| (0.0..=1.0).contains(s)) && settled[settled.len() - 1] >= 0.875,
+        "{settled:?}"
     );
     // Tuning decides who decodes, never which box.
-    let fixed = collect(
-        &mut client,
-        encoded(
-            pb::StreamBatchesRequest {
-                batch_size: Some(4),
-                ..train(&uri)
-            },
-            None,
-        ),
-    )
-    .await
-    .unwrap();
+    let fixed = collect(&mut client, sized(encoded(train(&uri), None)))
+        .await
+        .unwrap();
+    assert_eq!(fixed.len(), fast.len());
     for (a, b) in fixed.iter().zip(&fast) {
         assert_eq!(a.keys, b.keys);
         assert_eq!(a.crops, b.crops);
+        assert_eq!(
+            a.server_decode_settled, None,
+            "a fixed share settles nowhere"
+        );
     }
 }

@@ -22,6 +22,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::dataset::DatasetUri;
 use crate::engine::budget::MemoryConfig;
+use crate::engine::sizing::{Chosen, Source};
 use crate::engine::{self, EngineConfig};
 use crate::pipeline::{self, PipelineConfig};
 use crate::plan::{self, ShuffleConfig};
@@ -383,7 +384,8 @@ pub struct ServeArgs {
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Streams")]
 pub struct StreamArgs {
-    /// Decode threads (default: one per core).
+    /// Decode threads (default: the container's CPU limit, its cgroup
+    /// quota rounded, within the cores this process may run on).
     #[arg(long, env = "SHARDFEED_DECODE_THREADS",
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub decode_threads: Option<usize>,
@@ -485,7 +487,73 @@ impl ServeArgs {
     }
 }
 
+impl ServeArgs {
+    /// Logs each setting the server runs with and where it came from, and
+    /// exports it (`shardfeed_setting`).
+    pub fn record_settings(&self, config: &ServeConfig) {
+        use crate::engine::sizing::record;
+        let source = |is_default: bool| {
+            if is_default {
+                Source::Default
+            } else {
+                Source::Flag
+            }
+        };
+        let threads = self.streams.decode_threads_sized();
+        record("decode_threads", threads.value as f64, threads.source);
+        let memory = match self.streams.memory_limit {
+            Some(_) => Source::Flag,
+            None => engine::budget::memory_limit_source(),
+        };
+        let budget = &config.engine.memory;
+        record("stream_memory_bytes", budget.streams as f64, memory);
+        record("decode_scratch_bytes", budget.decode_scratch as f64, memory);
+        let read = &config.read;
+        record(
+            "part_size_bytes",
+            read.part_size as f64,
+            source(read.part_size == read::DEFAULT_PART_SIZE),
+        );
+        record(
+            "parts_in_flight",
+            read.parts_in_flight as f64,
+            source(read.parts_in_flight == read::DEFAULT_PARTS_IN_FLIGHT),
+        );
+        record(
+            "object_requests_in_flight",
+            read.object_requests_in_flight as f64,
+            source(read.object_requests_in_flight == read::DEFAULT_OBJECT_REQUESTS_IN_FLIGHT),
+        );
+        let streams = &self.streams;
+        record(
+            "prefetch_shards",
+            streams.prefetch_shards as f64,
+            source(streams.prefetch_shards == pipeline::DEFAULT_PREFETCH_SHARDS),
+        );
+        record(
+            "ready_batches",
+            streams.ready_batches as f64,
+            source(streams.ready_batches == pipeline::DEFAULT_READY_BATCHES),
+        );
+        record(
+            "shuffle_buffer",
+            f64::from(streams.shuffle_buffer),
+            source(streams.shuffle_buffer == plan::DEFAULT_SHUFFLE_BUFFER),
+        );
+        record(
+            "interleave",
+            f64::from(streams.interleave),
+            source(streams.interleave == plan::DEFAULT_INTERLEAVE),
+        );
+    }
+}
+
 impl StreamArgs {
+    /// `--decode-threads`, else sized from the CPUs this process may use.
+    pub fn decode_threads_sized(&self) -> Chosen<usize> {
+        Chosen::or(self.decode_threads, engine::sizing::detect_decode_threads)
+    }
+
     pub fn engine_config(&self, read: ReadConfig) -> EngineConfig {
         EngineConfig {
             pipeline: PipelineConfig {
@@ -499,9 +567,7 @@ impl StreamArgs {
                 Some(limit) => MemoryConfig::from_limit(limit),
                 None => MemoryConfig::detect(),
             },
-            decode_threads: self
-                .decode_threads
-                .unwrap_or_else(engine::default_decode_threads),
+            decode_threads: self.decode_threads_sized().value,
             default_shuffle: ShuffleConfig {
                 enabled: true,
                 interleave: self.interleave,

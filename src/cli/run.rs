@@ -146,6 +146,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     }
     let config = args.config()?;
     let metrics_listen = install_metrics(config.metrics_listen)?;
+    args.record_settings(&config);
 
     let registry = Arc::new(
         DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)

@@ -45,6 +45,14 @@ pub fn detect_memory_limit() -> Option<u64> {
     }
 }
 
+/// Where [`detect_memory_limit`]'s value comes from.
+pub fn memory_limit_source() -> super::sizing::Source {
+    match super::cgroup::memory_limit(Path::new("/")) {
+        Some(_) => super::sizing::Source::CgroupMemory,
+        None => super::sizing::Source::MachineMemory,
+    }
+}
+
 fn machine_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;

@@ -1,6 +1,8 @@
-//! The memory limit of this process's own cgroup, wherever the host mounts
-//! it: cgroup v1, v2, or both (a "hybrid" host: v1 controllers under
-//! `/sys/fs/cgroup/<controller>`, v2 under `/sys/fs/cgroup/unified`).
+//! The limits of this process's own cgroup, wherever the host mounts it:
+//! cgroup v1, v2, or both (a "hybrid" host: v1 controllers under
+//! `/sys/fs/cgroup/<controller>`, v2 under `/sys/fs/cgroup/unified`). Two
+//! are read: the memory limit (the stream budget's default) and the CPU
+//! quota (the decode threads' default).
 //!
 //! A cgroup mount is not always this process's cgroup. Under a systemd
 //! slice, a Slurm job, or a container runtime without cgroup namespaces, the
@@ -8,10 +10,10 @@
 //! `/proc/self/cgroup` names its path, `/proc/self/mountinfo` says which part
 //! of the hierarchy each mount shows and where. Reading the file at the
 //! mount's top gives the host's (usually unlimited) value, and a stream
-//! budget planned from the machine's RAM gets the process OOM-killed. So the
-//! limit is read at this process's own cgroup and at every ancestor visible
-//! in the mount, and the smallest applies (a parent's limit binds its
-//! children).
+//! budget planned from the machine's RAM gets the process OOM-killed (a
+//! decode pool sized from the host's cores gets throttled). So a limit is
+//! read at this process's own cgroup and at every ancestor visible in the
+//! mount, and the smallest applies (a parent's limit binds its children).
 //!
 //! Everything is read below a root directory so that tests can lay out the
 //! `/proc` and `/sys` of each kind of host in a temp dir.
@@ -27,11 +29,43 @@ enum Version {
     V2,
 }
 
-impl Version {
-    fn limit_file(self) -> &'static str {
+/// A controller whose limit is read: its v1 name, and how a cgroup
+/// directory states its limit in each version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Controller {
+    Memory,
+    Cpu,
+}
+
+impl Controller {
+    fn v1_name(self) -> &'static str {
         match self {
-            Self::V1 => "memory.limit_in_bytes",
-            Self::V2 => "memory.max",
+            Self::Memory => "memory",
+            Self::Cpu => "cpu",
+        }
+    }
+
+    /// The limit set at `dir` (bytes; CPUs), None where none is.
+    fn limit_at(self, dir: &Path, version: Version) -> Option<f64> {
+        let read = |file: &str| std::fs::read_to_string(dir.join(file)).ok();
+        match (self, version) {
+            (Self::Memory, Version::V1) => {
+                parse_bytes(&read("memory.limit_in_bytes")?).map(|b| b as f64)
+            }
+            (Self::Memory, Version::V2) => parse_bytes(&read("memory.max")?).map(|b| b as f64),
+            (Self::Cpu, Version::V1) => {
+                let quota: i64 = read("cpu.cfs_quota_us")?.trim().parse().ok()?;
+                let period: u64 = read("cpu.cfs_period_us")?.trim().parse().ok()?;
+                cpus(quota, period)
+            }
+            (Self::Cpu, Version::V2) => {
+                // "max 100000", or "<quota> <period>".
+                let text = read("cpu.max")?;
+                let mut fields = text.split_whitespace();
+                let quota: i64 = fields.next()?.parse().ok()?;
+                let period: u64 = fields.next().map_or(Some(100_000), |p| p.parse().ok())?;
+                cpus(quota, period)
+            }
         }
     }
 }
@@ -39,23 +73,33 @@ impl Version {
 /// The memory limit that binds this process through its cgroups, if any,
 /// reading `/proc` and `/sys` under `root` (`/` on a real host).
 pub fn memory_limit(root: &Path) -> Option<u64> {
+    smallest_limit(root, Controller::Memory).map(|bytes| bytes as u64)
+}
+
+/// The CPUs this process's cgroups let it use (quota over period: 2.5 is
+/// 250 ms of CPU each 100 ms), if any quota binds.
+pub fn cpu_quota(root: &Path) -> Option<f64> {
+    smallest_limit(root, Controller::Cpu)
+}
+
+fn smallest_limit(root: &Path, controller: Controller) -> Option<f64> {
     let read = |path: &str| std::fs::read_to_string(root.join(path.trim_start_matches('/')));
     let membership = read("/proc/self/cgroup").ok()?;
     let mountinfo = read("/proc/self/mountinfo").ok()?;
     let mut limits = Vec::new();
-    for (version, path) in own_cgroups(&membership) {
-        for mount in mounts(&mountinfo, version) {
-            if let Some(limit) = limit_along(root, &mount, &path, version) {
+    for (version, path) in own_cgroups(&membership, controller) {
+        for mount in mounts(&mountinfo, version, controller) {
+            if let Some(limit) = limit_along(root, &mount, &path, version, controller) {
                 limits.push(limit);
             }
         }
     }
-    limits.into_iter().min()
+    limits.into_iter().reduce(f64::min)
 }
 
-/// This process's memory cgroup paths: the v1 `memory` hierarchy's and the
-/// v2 unified one's (`0::/path`).
-fn own_cgroups(membership: &str) -> Vec<(Version, String)> {
+/// This process's cgroup paths for `controller`: its v1 hierarchy's and
+/// the v2 unified one's (`0::/path`).
+fn own_cgroups(membership: &str, controller: Controller) -> Vec<(Version, String)> {
     membership
         .lines()
         .filter_map(|line| {
@@ -63,7 +107,7 @@ fn own_cgroups(membership: &str) -> Vec<(Version, String)> {
             let (id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
             if id == "0" && controllers.is_empty() {
                 Some((Version::V2, path.to_string()))
-            } else if controllers.split(',').any(|c| c == "memory") {
+            } else if controllers.split(',').any(|c| c == controller.v1_name()) {
                 Some((Version::V1, path.to_string()))
             } else {
                 None
@@ -81,9 +125,9 @@ struct Mount {
     mount_point: String,
 }
 
-/// The mounts of `version` holding the memory controller. A mountinfo line:
+/// The mounts of `version` holding `controller`. A mountinfo line:
 /// `id parent maj:min root mount-point options [optional...] - fstype source super-options`.
-fn mounts(mountinfo: &str, version: Version) -> Vec<Mount> {
+fn mounts(mountinfo: &str, version: Version, controller: Controller) -> Vec<Mount> {
     mountinfo
         .lines()
         .filter_map(|line| {
@@ -92,7 +136,9 @@ fn mounts(mountinfo: &str, version: Version) -> Vec<Mount> {
             let mut after = after.split(' ');
             let (fstype, _source, options) = (after.next()?, after.next()?, after.next()?);
             let wanted = match version {
-                Version::V1 => fstype == "cgroup" && options.split(',').any(|o| o == "memory"),
+                Version::V1 => {
+                    fstype == "cgroup" && options.split(',').any(|o| o == controller.v1_name())
+                }
                 Version::V2 => fstype == "cgroup2",
             };
             if !wanted {
@@ -129,7 +175,13 @@ fn unescape(field: &str) -> String {
 }
 
 /// The smallest limit set at `cgroup` or any ancestor visible in `mount`.
-fn limit_along(root: &Path, mount: &Mount, cgroup: &str, version: Version) -> Option<u64> {
+fn limit_along(
+    root: &Path,
+    mount: &Mount,
+    cgroup: &str,
+    version: Version,
+    controller: Controller,
+) -> Option<f64> {
     let top = root.join(mount.mount_point.trim_start_matches('/'));
     // The process's cgroup relative to what the mount shows. A cgroup outside
     // the mounted subtree (a container seeing its own cgroup at the mount
@@ -139,12 +191,10 @@ fn limit_along(root: &Path, mount: &Mount, cgroup: &str, version: Version) -> Op
         _ => "",
     };
     let mut dir: PathBuf = top.join(relative);
-    let mut smallest: Option<u64> = None;
+    let mut smallest: Option<f64> = None;
     loop {
-        if let Ok(text) = std::fs::read_to_string(dir.join(version.limit_file())) {
-            if let Some(limit) = parse_limit(&text) {
-                smallest = Some(smallest.map_or(limit, |s| s.min(limit)));
-            }
+        if let Some(limit) = controller.limit_at(&dir, version) {
+            smallest = Some(smallest.map_or(limit, |s| s.min(limit)));
         }
         if dir == top || !dir.pop() || !dir.starts_with(&top) {
             break;
@@ -153,10 +203,17 @@ fn limit_along(root: &Path, mount: &Mount, cgroup: &str, version: Version) -> Op
     smallest
 }
 
-/// A limit file's value: bytes, or `None` for "max" (v2) / v1's unlimited.
-fn parse_limit(text: &str) -> Option<u64> {
+/// A memory limit file's value: bytes, or `None` for "max" (v2) / v1's
+/// unlimited.
+fn parse_bytes(text: &str) -> Option<u64> {
     let value = text.trim().parse::<u64>().ok()?;
     (value < V1_UNLIMITED).then_some(value)
+}
+
+/// CPUs from a CFS quota and period; a negative quota (v1's -1) or v2's
+/// "max" (which fails to parse before this) is none.
+fn cpus(quota: i64, period: u64) -> Option<f64> {
+    (quota > 0 && period > 0).then(|| quota as f64 / period as f64)
 }
 
 #[cfg(test)]
@@ -184,6 +241,10 @@ mod tests {
 
         fn limit(&self) -> Option<u64> {
             memory_limit(self.0.path())
+        }
+
+        fn cpus(&self) -> Option<f64> {
+            cpu_quota(self.0.path())
         }
     }
 
@@ -279,6 +340,35 @@ mod tests {
         );
         host.write("sys/fs/cgroup/memory.max", "2147483648\n");
         assert_eq!(host.limit(), Some(2 * GIB));
+    }
+
+    #[test]
+    fn a_v2_cpu_quota_is_the_smallest_along_the_path() {
+        let host = Host::new("0::/kubepods/pod1/c1\n", V2_MOUNT);
+        assert_eq!(host.cpus(), None, "no cpu.max anywhere");
+        host.write("sys/fs/cgroup/kubepods/pod1/cpu.max", "max 100000\n");
+        assert_eq!(host.cpus(), None);
+        host.write("sys/fs/cgroup/kubepods/pod1/c1/cpu.max", "250000 100000\n");
+        assert_eq!(host.cpus(), Some(2.5));
+        host.write("sys/fs/cgroup/kubepods/cpu.max", "150000 100000\n");
+        assert_eq!(host.cpus(), Some(1.5), "a parent's smaller quota binds");
+    }
+
+    #[test]
+    fn a_v1_cpu_quota_reads_the_cfs_files_of_the_cpu_hierarchy() {
+        let host = Host::new(
+            "5:cpu,cpuacct:/slurm/uid_1/job_7\n4:memory:/slurm/uid_1/job_7\n1:name=systemd:/\n",
+            V1_MOUNTS,
+        );
+        host.write("sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n");
+        host.write("sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n");
+        assert_eq!(host.cpus(), None);
+        let job = "sys/fs/cgroup/cpu/slurm/uid_1/job_7";
+        host.write(&format!("{job}/cpu.cfs_quota_us"), "400000\n");
+        host.write(&format!("{job}/cpu.cfs_period_us"), "100000\n");
+        assert_eq!(host.cpus(), Some(4.0));
+        // The memory hierarchy's files say nothing of CPUs.
+        assert_eq!(host.limit(), None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod cgroup;
 mod mix;
 mod open;
 mod request;
+pub mod sizing;
 pub mod warm;
 
 use std::sync::Arc;
@@ -30,9 +31,10 @@ use crate::pipeline::{self, BatchReceiver, PipelineConfig};
 use crate::plan::{self, EpochCounts, Partition, PlanError, ShuffleConfig, StreamPlan};
 use crate::store::decoded::DecodedCache;
 
-/// Decode threads when none are configured: one per core.
+/// Decode threads when none are configured: the CPUs this process may use
+/// (its cgroup's quota, within its cores; see [`sizing`]).
 pub fn default_decode_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
+    sizing::detect_decode_threads().value
 }
 
 /// Most shards a shuffle buffer is counted as spanning in the plan hints

@@ -314,6 +314,7 @@ impl BatchWork {
             substituted,
             fields,
             ready_at: Instant::now(),
+            settled_share: None,
         }
     }
 }

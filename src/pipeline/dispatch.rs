@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::assemble::decode_batch;
 use super::buffers::BufferPool;
-use super::encoded::{ClientPace, ServerShare};
-use super::remote::RemoteShare;
+use super::encoded::ServerShare;
+use super::remote::{ClientPace, RemoteShare};
 use super::sample::EmittedSample;
 use super::{shm, DecodedBatch, PipelineError, SharedTarget, StreamCommon};
 use crate::metrics;
@@ -29,6 +29,9 @@ pub(super) struct BatchDispatch<'a> {
     share: Option<ServerShare>,
     /// The share of each batch sent to the decode pool, tuned here.
     remote: Option<RemoteShare>,
+    /// When the last batch was handed on (the share's rate is timed
+    /// from batch to batch).
+    last_handed: Option<Instant>,
 }
 
 /// The ready queue, its gauge, and what the producer saw of the client's
@@ -44,9 +47,32 @@ struct ReadySink<'a> {
     /// Batches handed on so far: until the buffer between the two sides
     /// could have filled once, an empty one says nothing about the client.
     handed: AtomicU64,
+    /// A tuned share's best so far (f64 bits; NaN: not tuned), told to the
+    /// client with each batch so that its next stream starts there.
+    settled_share: AtomicU64,
+    /// The bytes of the last batch handed on.
+    last_bytes: AtomicU64,
 }
 
+/// Most batches taken for in the transport, between the ready queue and an
+/// inline client (see [`ReadySink::in_transport`]).
+const MAX_TRANSPORT_BATCHES: u64 = 16;
+
 impl ReadySink<'_> {
+    /// Batches an inline stream's transport may hold ahead of the client:
+    /// as many as fit its HTTP/2 window, taken to be as large as ours (the
+    /// client sets it; ours is the largest a shardfeed client asks for).
+    /// A ring's lent slots count them exactly instead.
+    fn in_transport(&self) -> usize {
+        if self.ring.is_some() {
+            return 0;
+        }
+        let bytes = self.last_bytes.load(Ordering::Relaxed).max(1);
+        u64::from(super::DEFAULT_STREAM_WINDOW_BYTES)
+            .div_ceil(bytes)
+            .min(MAX_TRANSPORT_BATCHES) as usize
+    }
+
     fn waited_on_client(&self, since: Instant) {
         let waited = since.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
         self.client_wait_ns.fetch_add(waited, Ordering::Relaxed);
@@ -80,6 +106,8 @@ impl<'a> BatchDispatch<'a> {
         first_index: u64,
         rank: u32,
     ) -> Self {
+        let share = ServerShare::of(common.delivery);
+        let settled = share.as_ref().and_then(ServerShare::settled);
         Self {
             common,
             ready: ReadySink {
@@ -89,13 +117,16 @@ impl<'a> BatchDispatch<'a> {
                 client_wait_ns: AtomicU64::new(0),
                 ring: common.ring.as_ref().map(|target| target.ring.clone()),
                 handed: AtomicU64::new(0),
+                settled_share: AtomicU64::new(settled.unwrap_or(f64::NAN).to_bits()),
+                last_bytes: AtomicU64::new(0),
             },
             decoding: FuturesOrdered::new(),
             // Batches alive at once: decoding, queued, and one being encoded.
             buffers: BufferPool::new(common.config.decode_ahead + common.config.ready_batches + 1),
             next_index: first_index,
-            share: ServerShare::of(common.delivery),
+            share,
             remote: RemoteShare::of(common, rank),
+            last_handed: None,
         }
     }
 
@@ -133,8 +164,19 @@ impl<'a> BatchDispatch<'a> {
             }
         }
         let pace = self.ready.take_pace();
-        if let Some(share) = &mut self.share {
-            share.tune(pace);
+        let now = Instant::now();
+        let interval = self.last_handed.replace(now).map(|last| now - last);
+        if let (Some(share), Some(interval)) = (&mut self.share, interval) {
+            // Placed and not yet taken: decoding, ahead of the client (in
+            // the ready queue or ring, and in the transport), and the one
+            // it holds.
+            let in_flight = self.decoding.len() + pace.ahead + self.ready.in_transport() + 1;
+            share.handed(batch_samples, interval, in_flight);
+            if let Some(settled) = share.settled() {
+                self.ready
+                    .settled_share
+                    .store(settled.to_bits(), Ordering::Relaxed);
+            }
         }
         if let Some(remote) = &mut self.remote {
             remote.tune(pace, batch_samples);
@@ -202,6 +244,12 @@ async fn send_decoded(
     let batch = decoded
         .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
         .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
+    let mut batch = batch;
+    let settled = f64::from_bits(ready.settled_share.load(Ordering::Relaxed));
+    batch.settled_share = (!settled.is_nan()).then_some(settled);
+    ready
+        .last_bytes
+        .store(batch.image_bytes as u64, Ordering::Relaxed);
     let started = Instant::now();
     let tx = ready.tx;
     let sent = tx.send(Ok(batch)).await.is_ok();

@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use super::sample::EmittedSample;
+use super::seek::RateSeeker;
 use crate::decode::{self, JpegFrame};
 use crate::shard::ImageFormat;
 
@@ -24,54 +25,33 @@ pub enum Delivery {
     #[default]
     Decoded,
     /// Baseline JPEGs compressed, with their box and flip, for the client
-    /// to decode; `server_fraction` of each batch decoded here, tuned from
-    /// it as the stream runs when `tuned`.
-    Encoded { server_fraction: f64, tuned: bool },
+    /// to decode; `server_fraction` of each batch decoded here (unset: 0),
+    /// or when `tuned`, sought as the stream runs from there (unset: from
+    /// the middle, in coarse steps).
+    Encoded {
+        server_fraction: Option<f64>,
+        tuned: bool,
+    },
 }
 
 impl Delivery {
     /// A fixed share decoded by the server.
     pub fn encoded(server_fraction: f64) -> Self {
         Self::Encoded {
-            server_fraction,
+            server_fraction: Some(server_fraction),
             tuned: false,
         }
     }
 }
 
 /// The share of each batch a stream's server decodes: fixed by the request,
-/// or tuned from where the stream waits so that neither side does (stepped
-/// per batch: up when the producer waited on the client, down when the
-/// client took batches as fast as they came). One per stream, owned by its
-/// dispatch: each batch is placed with the share at its submission.
-///
-/// The signal is the producer's, not the gRPC stream's: gRPC takes ready
-/// batches ahead of the client as far as its window (or, with shared
-/// memory, the ring) allows, so only the producer sees the client's pace.
+/// or (tuned) sought for the client's rate by a [`RateSeeker`]. One per
+/// stream, owned by its dispatch: each batch is placed with the share at
+/// its submission.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerShare {
-    fraction: f64,
-    tuned: bool,
-}
-
-/// The tuned share's step per batch, either way: from either end to the
-/// middle in ten batches, then within a step of where it settles.
-pub const SHARE_STEP: f64 = 0.05;
-
-/// Waits on the client shorter than this (scheduling noise) count as none.
-const SLACK_WAIT: Duration = Duration::from_millis(1);
-
-/// What the producer saw of the client while it handed on one batch.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct ClientPace {
-    /// How long the producer waited for the client (a full ready queue, or
-    /// every ring slot lent).
-    pub waited: Duration,
-    /// Batches ready ahead of the client.
-    pub ahead: usize,
-    /// Whether the buffer between the two sides could have filled once: a
-    /// stream starts empty, and an empty buffer then says nothing.
-    pub primed: bool,
+    fixed: f64,
+    seeker: Option<RateSeeker>,
 }
 
 impl ServerShare {
@@ -83,41 +63,27 @@ impl ServerShare {
                 server_fraction,
                 tuned,
             } => Some(Self {
-                fraction: server_fraction.clamp(0.0, 1.0),
-                tuned,
+                fixed: server_fraction.unwrap_or(0.0).clamp(0.0, 1.0),
+                seeker: tuned.then(|| RateSeeker::new(server_fraction)),
             }),
         }
     }
 
+    /// The share to place the next batch with.
     pub fn get(&self) -> f64 {
-        self.fraction
+        self.seeker.as_ref().map_or(self.fixed, RateSeeker::share)
     }
 
-    /// After each batch handed on: a producer that waited on the client has
-    /// room, so the server takes decodes back; one with nothing ahead of
-    /// the client but the batch just handed on is what the client waits
-    /// on, so decodes move to the client. In between, the buffer is
-    /// neither full nor empty: the share holds. It settles where the server
-    /// just keeps up.
-    pub(super) fn tune(&mut self, pace: ClientPace) {
-        if !self.tuned {
-            return;
-        }
-        if pace.waited > SLACK_WAIT {
-            self.step(SHARE_STEP);
-        } else if pace.primed && pace.ahead <= 1 {
-            self.step(-SHARE_STEP);
-        }
-        tracing::trace!(
-            waited_ms = pace.waited.as_secs_f64() * 1e3,
-            ahead = pace.ahead,
-            share = self.fraction,
-            "tuned the server's decode share"
-        );
+    /// A tuned share's best so far (None: fixed).
+    pub fn settled(&self) -> Option<f64> {
+        self.seeker.as_ref().map(RateSeeker::settled)
     }
 
-    fn step(&mut self, by: f64) {
-        self.fraction = (self.fraction + by).clamp(0.0, 1.0);
+    /// After each batch handed on (see [`RateSeeker::handed`]).
+    pub(super) fn handed(&mut self, samples: usize, interval: Duration, in_flight: usize) {
+        if let Some(seeker) = &mut self.seeker {
+            seeker.handed(samples, interval, in_flight);
+        }
     }
 }
 
@@ -243,45 +209,23 @@ fn server_share(frames: &mut [Option<JpegFrame>], fraction: f64) {
 mod tests {
     use super::*;
 
-    fn pace(waited_ms: u64, ahead: usize) -> ClientPace {
-        ClientPace {
-            waited: Duration::from_millis(waited_ms),
-            ahead,
-            primed: true,
-        }
-    }
-
     #[test]
-    fn a_tuned_share_steps_within_bounds_and_a_fixed_one_stays() {
-        let mut tuned = ServerShare::of(Delivery::Encoded {
-            server_fraction: 0.5,
-            tuned: true,
-        })
-        .unwrap();
-        tuned.tune(pace(0, 0));
-        assert!((tuned.get() - 0.45).abs() < 1e-12);
-        tuned.tune(pace(0, 2));
-        assert!(
-            (tuned.get() - 0.45).abs() < 1e-12,
-            "neither full nor empty: holds"
-        );
-        tuned.tune(ClientPace {
-            primed: false,
-            ..pace(0, 0)
-        });
-        assert!((tuned.get() - 0.45).abs() < 1e-12, "not primed: holds");
-        for _ in 0..100 {
-            tuned.tune(pace(5, 0));
-        }
-        assert_eq!(tuned.get(), 1.0);
-        for _ in 0..100 {
-            tuned.tune(pace(0, 1));
-        }
-        assert_eq!(tuned.get(), 0.0);
+    fn a_fixed_share_stays_and_a_tuned_one_starts_where_asked() {
         let mut fixed = ServerShare::of(Delivery::encoded(0.3)).unwrap();
-        fixed.tune(pace(0, 0));
-        fixed.tune(pace(5, 0));
+        for _ in 0..100 {
+            fixed.handed(128, Duration::from_millis(100), 7);
+        }
         assert_eq!(fixed.get(), 0.3);
+        assert_eq!(fixed.settled(), None);
+        let tuned = |server_fraction| {
+            ServerShare::of(Delivery::Encoded {
+                server_fraction,
+                tuned: true,
+            })
+            .unwrap()
+        };
+        assert_eq!(tuned(Some(0.7)).get(), 0.7);
+        assert_eq!(tuned(None).get(), 0.5, "no start: the middle");
         assert_eq!(ServerShare::of(Delivery::Decoded), None);
     }
 

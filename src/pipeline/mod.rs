@@ -70,6 +70,7 @@ mod mix;
 mod readers;
 mod remote;
 mod sample;
+mod seek;
 pub mod shm;
 mod substitute;
 mod walk;
@@ -99,6 +100,10 @@ pub const DEFAULT_PREFETCH_SHARDS: usize = 2;
 pub const DEFAULT_READER_QUEUE: usize = 64;
 pub const DEFAULT_READY_BATCHES: usize = 2;
 pub const DEFAULT_DECODE_AHEAD: usize = 2;
+/// HTTP/2 flow-control windows sized for multi-megabyte messages: the
+/// server's, and what its own clients ask for. A stream's batches in the
+/// transport count against a tuned share's measurements (`dispatch`).
+pub const DEFAULT_STREAM_WINDOW_BYTES: u32 = 16 << 20;
 
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
@@ -204,6 +209,8 @@ pub struct DecodedBatch {
     pub fields: Vec<Vec<Option<Bytes>>>,
     /// When the batch became ready (for stall accounting).
     pub ready_at: Instant,
+    /// A tuned encoded delivery: the server's best share so far.
+    pub settled_share: Option<f64>,
 }
 
 /// Tells the disk cache which shards a stream has reached, so its eviction

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::encoded::{ClientPace, Delivery, SHARE_STEP};
+use super::encoded::Delivery;
 use super::sample::EmittedSample;
 use super::StreamCommon;
 use crate::decode::{augment::sample_identity, OutputSpec, SampleKey};
@@ -26,6 +26,23 @@ use crate::pool::{PoolClient, PoolShareSetting};
 
 /// Waits on the client shorter than this (scheduling noise) count as none.
 const SLACK_WAIT: Duration = Duration::from_millis(1);
+
+/// The pool share's step per batch in `auto`, either way: from either end
+/// to the middle in ten batches, then within a step of where it settles.
+pub const SHARE_STEP: f64 = 0.05;
+
+/// What the producer saw of the client while it handed on one batch.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ClientPace {
+    /// How long the producer waited for the client (a full ready queue, or
+    /// every ring slot lent).
+    pub waited: Duration,
+    /// Batches ready ahead of the client.
+    pub ahead: usize,
+    /// Whether the buffer between the two sides could have filled once: a
+    /// stream starts empty, and an empty buffer then says nothing.
+    pub primed: bool,
+}
 /// Weight of the newest batch in the demand estimate.
 const DEMAND_SMOOTHING: f64 = 0.2;
 

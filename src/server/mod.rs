@@ -45,7 +45,6 @@ pub const DEFAULT_MAX_STREAMS: usize = 64;
 pub const MAX_BATCH_BYTES: u64 = 1 << 30;
 /// Outgoing messages: one batch plus metadata.
 pub const MAX_MESSAGE_BYTES: usize = (MAX_BATCH_BYTES as usize) + (16 << 20);
-/// HTTP/2 flow-control windows sized for multi-megabyte messages.
-pub const DEFAULT_STREAM_WINDOW_BYTES: u32 = 16 << 20;
+pub use crate::pipeline::DEFAULT_STREAM_WINDOW_BYTES;
 /// Connections carry several streams: their window is this many stream windows.
 const CONNECTION_WINDOWS_PER_STREAM: u32 = 4;

@@ -142,11 +142,10 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
             Ok(Delivery::Decoded)
         }
         Ok(pb::Delivery::Encoded) => {
-            let server_fraction = server_fraction.unwrap_or(0.0);
-            if !(0.0..=1.0).contains(&server_fraction) {
+            if let Some(fraction) = server_fraction.filter(|f| !(0.0..=1.0).contains(f)) {
                 return invalid(
                     "server_decode_fraction",
-                    format!("server_decode_fraction {server_fraction} is outside 0..=1"),
+                    format!("server_decode_fraction {fraction} is outside 0..=1"),
                 );
             }
             if request.decoded_source.is_some() {

@@ -422,6 +422,7 @@ impl BatchStream {
                     source_height: placement.source_height,
                 })
                 .collect(),
+            server_decode_settled: batch.settled_share,
         }
     }
 }

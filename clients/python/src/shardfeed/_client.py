@@ -561,10 +561,12 @@ class Client:
         (``Batch.encoded``; ``images`` is then empty), for the trainer to
         decode (:class:`shardfeed.decode.BatchDecoder`, on CPU or GPU); the
         other images, and ``server_decode_fraction`` (0 to 1) of each batch,
-        arrive as pixels. ``server_decode_fraction="auto"``: the server tunes
-        its share so that neither side waits (up while ready batches wait
-        for this client, down while it takes them as soon as they are ready),
-        starting from ``server_decode_start`` (default 0).
+        arrive as pixels. ``server_decode_fraction="auto"``: the server
+        seeks the share at which this client takes batches fastest (times a
+        few batches at its share and a step to either side, moves where the
+        rate is higher, then probes ever more rarely), starting from
+        ``server_decode_start`` (default: 0.5, coarse steps first); each
+        batch's ``encoded.server_settled`` is its best share so far.
 
         ``host_pinning``: registers each shared-memory ring with a device
         runtime once, when it is mapped (``ShardfeedDataset(device="cuda")``

@@ -83,8 +83,8 @@ class SampleLayout:
 class Delivery:
     """How images arrive: decoded pixels, or (``"encoded"``) baseline JPEGs
     for the trainer to decode, ``server_fraction`` (0 to 1) of each batch
-    decoded by the server; ``"auto"`` tunes that share from
-    ``server_start`` so that neither side waits."""
+    decoded by the server; ``"auto"`` seeks the share at which the client
+    takes batches fastest, from ``server_start`` (None: the middle)."""
 
     mode: DeliveryMode = "decoded"
     server_fraction: ServerFraction = None

@@ -276,6 +276,10 @@ class EncodedImages:
     height: int
     width: int
     channels: int
+    # server_decode_fraction="auto": the share the server's search holds
+    # best so far, where a next stream starts (``decoded`` may show a probe
+    # of a neighbouring share). None for a fixed share, or an older server.
+    server_settled: float | None = None
 
     def bytes_of(self, slot: int) -> npt.NDArray[np.uint8]:
         """The bytes of one sample (pixels or a JPEG), a view."""
@@ -374,6 +378,9 @@ def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
         height=shape.height,
         width=shape.width,
         channels=shape.channels,
+        server_settled=(
+            message.server_decode_settled if message.HasField("server_decode_settled") else None
+        ),
     )
 
 

@@ -157,7 +157,9 @@ class Case:
     # "one" dataset, a "mix" of two, one dataset delivered "encoded" (the
     # client decodes), one through the decoded-source "tier", or one
     # decoded by the sidecar's decode "pool"; "tier_unlisted": the tier
-    # over an S3 whose listings name no ETags (versions from HEAD).
+    # over an S3 whose listings name no ETags (versions from HEAD);
+    # "encoded_auto": encoded, the sidecar's share sought as it streams
+    # (it moves mid-stream, and a resumed stream starts where it settled).
     feature: str
     ledger_dir: str
     run: str
@@ -193,6 +195,7 @@ class Case:
 # What a feature asks of the dataset beyond one plain stream.
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "encoded": dict(decode="client"),
+    "encoded_auto": dict(decode="client", server_decode_fraction="auto"),
     "tier": dict(decoded_source=64),
     "tier_unlisted": dict(decoded_source=64),
 }
@@ -468,6 +471,11 @@ MATRIX = [
     Row("plain", "tier_unlisted", "kill"),
     Row("stateful_loader", "tier_unlisted", "break", full_only=True),
     Row("workers", "tier_unlisted", "none", full_only=True),
+    # The tuned share: probes move it within a batch stream; neither a
+    # kill nor a resume may lose or repeat a sample for it.
+    Row("plain", "encoded_auto", "kill"),
+    Row("stateful", "encoded_auto", "break"),
+    Row("workers", "encoded_auto", "none", full_only=True),
 ]
 
 

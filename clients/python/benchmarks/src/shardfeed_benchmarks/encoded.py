@@ -12,13 +12,19 @@ a Unix socket (shared memory) as training batches (RandomResizedCrop + flip,
   (``decode="client"``), the server decoding a share X of each batch;
 - ``encoded auto``: the server tuning its share from where the stream waits.
 
-Server and client share this machine's cores, so the figures say how the
-decode work splits between the two processes; on a GPU host the client's
-share runs on the GPU (``decode="gpu"``) and the same sweep applies there.
+``--cores shared`` (the default): server and client share this machine's
+cores, so the figures say how the decode work splits between the two
+processes. ``--cores split``: the server (and dev-s3) run on the first core,
+this process and its one torch thread on the second, as a trainer with
+cores of its own. On a GPU host the client's share runs on the GPU
+(``decode="gpu"``) and the same sweep applies there.
+
 Settings are interleaved ``--repeats`` times, each ``--epochs`` epochs of
 one dataset (a tuned share carries across them); medians of the epochs
 after the first are printed with CPU-ms per sample for the server and this
-process, and the share auto ended at.
+process, and the share auto ended at. Auto's first epoch, where its search
+starts from nothing, is printed on its own: an epoch of the default dataset
+is 48 batches, a real one thousands, so that search weighs more here.
 """
 
 from __future__ import annotations
@@ -61,16 +67,20 @@ def _epochs(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--per-shard", type=int, default=192)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--per-shard", type=int, default=384)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--fractions", default="0,0.25,0.5,0.75,1")
+    parser.add_argument("--cores", choices=("shared", "split"), default="shared")
     args = parser.parse_args(argv)
     binary = os.environ.get("SHARDFEED_BIN", "shardfeed")
     import torch
+
+    if args.cores == "split":
+        torch.set_num_threads(1)
 
     settings: list[tuple[str, dict[str, Any]]] = [("decoded", {})]
     for fraction in (float(f) for f in args.fractions.split(",")):
@@ -80,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     settings.append(("encoded auto", {"decode": "client", "server_decode_fraction": "auto"}))
     with tempfile.TemporaryDirectory() as tmp:
         setup = synthetic_setup(binary, args.shards, args.per_shard, 0, f"{tmp}/sf.sock")
+        if args.cores == "split":
+            for process in setup["processes"]:
+                _pin(process.pid, {0})
+            _pin(os.getpid(), {1})
         try:
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
+            firsts: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
             for repeat in range(args.repeats):
                 for name, options in settings:
                     epochs = _epochs(
@@ -93,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                         line = {"setting": name, "repeat": repeat, "epoch": epoch, **run}
                         print(json.dumps({"benchmark": "encoded", **line}))
                     runs[name].extend(epochs[1:] if len(epochs) > 1 else epochs)
+                    firsts[name].append(epochs[0])
         finally:
             for process in setup["processes"]:
                 process.terminate()
@@ -110,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     best = max(fixed, key=lambda n: fixed[n]["samples_per_second"])
     auto = medians["encoded auto"]["samples_per_second"]
     print(
-        f"{os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} "
-        f"threads, medians of {args.repeats}:",
+        f"{os.cpu_count()} cores ({args.cores}), torch {torch.__version__} with "
+        f"{torch.get_num_threads()} threads, {args.shards * args.per_shard} samples an epoch, "
+        f"medians of {args.repeats} x {max(args.epochs - 1, 1)} epochs:",
         file=sys.stderr,
     )
     for name, m in medians.items():
@@ -128,7 +145,20 @@ def main(argv: list[str] | None = None) -> int:
         f"  best fixed share: {best}; auto reaches {auto / best_rate:.2f}x of it{ended}",
         file=sys.stderr,
     )
+    first = statistics.median(r["samples_per_second"] for r in firsts["encoded auto"])
+    best_first = statistics.median(r["samples_per_second"] for r in firsts[best])
+    print(
+        f"  first epochs: auto {first:.0f} samples/s, {first / best_first:.2f}x of {best}'s",
+        file=sys.stderr,
+    )
     return 0
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    """Pins every thread of ``pid`` (a process's threads keep the mask
+    they were started with, so each is set)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), cores)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ class Shape(_message.Message):
     def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded")
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,7 @@ class Batch(_message.Message):
     SAMPLE_SOURCES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SOURCE_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     ENCODED_FIELD_NUMBER: _ClassVar[int]
+    SERVER_DECODE_SETTLED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     index: int
     shape: Shape
@@ -261,7 +262,8 @@ class Batch(_message.Message):
     sample_sources: _containers.RepeatedScalarFieldContainer[int]
     sample_source_epochs: _containers.RepeatedScalarFieldContainer[int]
     encoded: _containers.RepeatedCompositeFieldContainer[EncodedSample]
-    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ...) -> None: ...
+    server_decode_settled: float
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ...) -> None: ...
 
 class EncodedSample(_message.Message):
     __slots__ = ("offset", "length", "decoded", "source_width", "source_height")

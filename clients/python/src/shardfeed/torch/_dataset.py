@@ -511,7 +511,10 @@ class ShardfeedDataset(IterableDataset[Sample]):
                     self._shared.set_started(self._epoch, self._choice, token)
                 self._resume = None
                 if tuned and batch.encoded is not None and len(batch.keys):
-                    self._server_share = float(batch.encoded.decoded.mean())
+                    settled = batch.encoded.server_settled
+                    self._server_share = (
+                        settled if settled is not None else float(batch.encoded.decoded.mean())
+                    )
                 if self.layout == "NCHW":
                     images = images.permute(0, 3, 1, 2)
                 self._position = batch.position

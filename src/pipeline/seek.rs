@@ -1,0 +1,340 @@
+//! The tuned server share of an encoded delivery: the share of each batch
+//! the server decodes, sought for the rate the client takes batches at
+//! (the trainer's step rate), not for balanced decode times.
+//!
+//! Balancing is right only where the two sides' decode work is
+//! independent: a trainer decoding on its own GPU or its own cores. Where
+//! trainer and sidecar share the CPU, moving decodes to the slower decoder
+//! (a trainer's full-size IDCT costs several times the sidecar's region
+//! decode) lowers the rate even though the sidecar is what the trainer
+//! waits on. So the share moves only where a measured rate says it pays:
+//! a compass search on the rate of batches handed on, which in steady
+//! state is the rate the client takes them (the ring and the ready queue
+//! hold the producer back to it).
+//!
+//! Each measurement is a window at one share: first the batches already
+//! placed when the share was set are let through (they were placed at the
+//! share before), then `WINDOW_BATCHES` are timed. A probe at
+//! `center ± step` that beats the center by `MARGIN` becomes the center
+//! (and the step doubles, so a far start closes in fast); when neither
+//! side does, the step halves, down to `MIN_STEP`; at that
+//! step the search holds the center for a doubling number of batches
+//! between probes, so a settled stream spends little time at worse shares
+//! but still follows a trainer whose pace changes.
+
+use std::time::Duration;
+
+/// Batches timed at one share. With ~1 ms of jitter on a ~100 ms batch,
+/// six of them put a window's rate within a percent or two.
+const WINDOW_BATCHES: u32 = 6;
+/// A probe must beat the center by this much to replace it: below, the
+/// difference is taken for noise.
+const MARGIN: f64 = 0.03;
+/// The first step without a start from the request, and the largest: the
+/// middle's probes reach either end in two moves.
+const FIRST_STEP: f64 = 0.25;
+/// The finest step: a share within it of the best is within a few percent
+/// of the best rate on every curve measured (see docs/benchmarks.md).
+pub const MIN_STEP: f64 = 1.0 / 16.0;
+/// Batches held at a settled center before probing again, first and most.
+const FIRST_HOLD: u32 = 32;
+const MAX_HOLD: u32 = 512;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Measuring the center's rate.
+    Center,
+    /// Measuring the share `center + direction * step`.
+    Probe { direction: f64 },
+    /// At the center, `batches` more before the next measurement.
+    Hold { batches: u32 },
+}
+
+/// One measurement in progress at `share`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Window {
+    share: f64,
+    /// Batches placed before `share` was set, still to be handed on.
+    let_through: usize,
+    batches: u32,
+    samples: usize,
+    seconds: f64,
+}
+
+impl Window {
+    fn at(share: f64, placed_before: usize) -> Self {
+        Self {
+            share,
+            let_through: placed_before,
+            batches: 0,
+            samples: 0,
+            seconds: 0.0,
+        }
+    }
+}
+
+/// A compass search of the share for the client's rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateSeeker {
+    center: f64,
+    center_rate: Option<f64>,
+    step: f64,
+    phase: Phase,
+    window: Window,
+    /// Directions tried without gain at this step (bit 0: down, bit 1: up).
+    failed: u8,
+    next_hold: u32,
+    /// Whether a batch was handed on yet.
+    started: bool,
+}
+
+impl RateSeeker {
+    /// From `start` when the request gives one (a share that an earlier
+    /// stream settled at, or the user's guess): fine steps, after a hold.
+    /// Without one: the middle, coarse steps at once.
+    pub fn new(start: Option<f64>) -> Self {
+        let (center, step, phase) = match start {
+            Some(start) => (
+                start.clamp(0.0, 1.0),
+                MIN_STEP,
+                Phase::Hold {
+                    batches: FIRST_HOLD,
+                },
+            ),
+            None => (0.5, FIRST_STEP, Phase::Center),
+        };
+        Self {
+            center,
+            center_rate: None,
+            step,
+            phase,
+            window: Window::at(center, 0),
+            failed: 0,
+            next_hold: FIRST_HOLD,
+            started: false,
+        }
+    }
+
+    /// The share to place the next batch with.
+    pub fn share(&self) -> f64 {
+        match self.phase {
+            Phase::Hold { .. } => self.center,
+            Phase::Center | Phase::Probe { .. } => self.window.share,
+        }
+    }
+
+    /// The best share found so far: where a next stream should start.
+    pub fn settled(&self) -> f64 {
+        self.center
+    }
+
+    /// One batch of `samples` handed on, `interval` after the one before;
+    /// `in_flight`: batches placed and not yet taken by the client.
+    pub fn handed(&mut self, samples: usize, interval: Duration, in_flight: usize) {
+        if !std::mem::replace(&mut self.started, true) {
+            // A stream's buffers first fill at the producer's pace, not the
+            // client's: twice what they hold goes by untimed.
+            self.window.let_through = 2 * in_flight;
+        }
+        if let Phase::Hold { batches } = &mut self.phase {
+            *batches = batches.saturating_sub(1);
+            if *batches == 0 {
+                self.measure(Phase::Center, self.center, in_flight);
+            }
+            return;
+        }
+        let window = &mut self.window;
+        if window.let_through > 0 {
+            window.let_through -= 1;
+            return;
+        }
+        window.batches += 1;
+        window.samples += samples;
+        window.seconds += interval.as_secs_f64();
+        if window.batches < WINDOW_BATCHES {
+            return;
+        }
+        let rate = window.samples as f64 / window.seconds.max(1e-9);
+        self.conclude(rate, in_flight);
+    }
+
+    fn conclude(&mut self, rate: f64, in_flight: usize) {
+        match self.phase {
+            Phase::Center => {
+                self.center_rate = Some(rate);
+                self.probe_next(1.0, in_flight);
+            }
+            Phase::Probe { direction } => {
+                let center_rate = self.center_rate.unwrap_or(0.0);
+                if rate > center_rate * (1.0 + MARGIN) {
+                    tracing::debug!(
+                        from = self.center,
+                        to = self.window.share,
+                        rate,
+                        center_rate,
+                        "the server's decode share moved"
+                    );
+                    self.center = self.window.share;
+                    self.center_rate = Some(rate);
+                    self.failed = 0;
+                    self.next_hold = FIRST_HOLD;
+                    // A far start reaches the best in a few moves.
+                    self.step = (self.step * 2.0).min(FIRST_STEP);
+                    self.probe_next(direction, in_flight);
+                } else {
+                    self.failed |= bit(direction);
+                    self.probe_next(-direction, in_flight);
+                }
+            }
+            Phase::Hold { .. } => unreachable!("a hold measures nothing"),
+        }
+    }
+
+    /// Probes `direction` (a step away, or to the end of 0..=1 where that
+    /// is nearer) unless it was tried at this step or the center is at that
+    /// end; else the other side. With both tried: a finer step from a fresh
+    /// center, or at the finest step, a hold.
+    fn probe_next(&mut self, direction: f64, in_flight: usize) {
+        for direction in [direction, -direction] {
+            let share = (self.center + direction * self.step).clamp(0.0, 1.0);
+            if self.failed & bit(direction) == 0 && (share - self.center).abs() > 1e-9 {
+                self.measure(Phase::Probe { direction }, share, in_flight);
+                return;
+            }
+            self.failed |= bit(direction);
+        }
+        self.failed = 0;
+        if self.step > MIN_STEP {
+            self.step = (self.step / 2.0).max(MIN_STEP);
+            self.measure(Phase::Center, self.center, in_flight);
+        } else {
+            self.phase = Phase::Hold {
+                batches: self.next_hold,
+            };
+            self.next_hold = (self.next_hold * 2).min(MAX_HOLD);
+        }
+    }
+
+    fn measure(&mut self, phase: Phase, share: f64, in_flight: usize) {
+        self.phase = phase;
+        self.window = Window::at(share, in_flight);
+    }
+}
+
+fn bit(direction: f64) -> u8 {
+    if direction > 0.0 {
+        2
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `batches` through a seeker whose client takes a batch at the
+    /// rate `curve(share)` gives for the share it was placed with, with
+    /// `lag` batches between placement and the client (a full ring), and
+    /// `noise` (± that fraction, deterministic) on each batch's time.
+    /// Returns the shares placed and the mean rate over the last half.
+    fn run(
+        curve: impl Fn(f64) -> f64,
+        start: Option<f64>,
+        batches: usize,
+        noise: f64,
+    ) -> (RateSeeker, Vec<f64>, f64) {
+        let lag = 7;
+        let mut seeker = RateSeeker::new(start);
+        let mut placed = std::collections::VecDeque::new();
+        let mut shares = Vec::new();
+        let (mut late_samples, mut late_seconds) = (0.0, 0.0);
+        let mut jitter = 0x9e37_79b9_u32;
+        for batch in 0..batches {
+            placed.push_back(seeker.share());
+            shares.push(seeker.share());
+            if placed.len() <= lag {
+                continue;
+            }
+            let taken = placed.pop_front().unwrap();
+            jitter ^= jitter << 13;
+            jitter ^= jitter >> 17;
+            jitter ^= jitter << 5;
+            let wobble = 1.0 + noise * (2.0 * f64::from(jitter) / f64::from(u32::MAX) - 1.0);
+            let seconds = 128.0 / curve(taken) * wobble;
+            if batch >= batches / 2 {
+                late_samples += 128.0;
+                late_seconds += seconds;
+            }
+            seeker.handed(128, Duration::from_secs_f64(seconds), lag);
+        }
+        (seeker, shares, late_samples / late_seconds)
+    }
+
+    /// This machine's CPU-shared curve (docs/benchmarks.md): the trainer's
+    /// decode is dearer, so the more the server decodes the better.
+    fn shared_cpu(share: f64) -> f64 {
+        1.0 / (share / 1400.0 + (1.0 - share) / 320.0)
+    }
+
+    /// Separate cores: the slower side sets the rate, best where the two
+    /// finish together (at 0.8 here).
+    fn separate_cores(share: f64) -> f64 {
+        let server = 660.0 / share.max(1e-6);
+        let client = 165.0 / (1.0 - share).max(1e-6);
+        server.min(client)
+    }
+
+    #[test]
+    fn it_climbs_to_the_end_the_rate_rises_towards() {
+        let (seeker, _, late) = run(shared_cpu, None, 400, 0.05);
+        assert_eq!(seeker.settled(), 1.0);
+        assert!(late > 0.95 * shared_cpu(1.0), "{late}");
+    }
+
+    #[test]
+    fn it_finds_an_interior_best_where_the_sides_balance() {
+        let (seeker, _, late) = run(separate_cores, None, 600, 0.05);
+        let best = separate_cores(0.8);
+        assert!(
+            (seeker.settled() - 0.8).abs() <= MIN_STEP + 1e-9,
+            "{}",
+            seeker.settled()
+        );
+        assert!(late > 0.9 * best, "{late} vs {best}");
+    }
+
+    #[test]
+    fn a_settled_start_probes_rarely() {
+        let (seeker, shares, late) = run(shared_cpu, Some(1.0), 1000, 0.05);
+        assert_eq!(seeker.settled(), 1.0);
+        // Five probes (after 32, 64, ... 512 batches held), each 13
+        // batches placed at 15/16: the window and the batches in flight.
+        let away = shares.iter().filter(|&&s| s != 1.0).count();
+        assert!(away <= 5 * 13, "{away} of 1000 batches away from the best");
+        assert!(late > 0.97 * shared_cpu(1.0), "{late}");
+    }
+
+    #[test]
+    fn a_flat_curve_under_noise_stays_near_the_start() {
+        let (seeker, _, _) = run(|_| 1000.0, Some(0.5), 1000, 0.02);
+        assert!((seeker.settled() - 0.5).abs() <= 2.0 * MIN_STEP);
+    }
+
+    #[test]
+    fn a_far_start_closes_in_within_a_few_hundred_batches() {
+        let (seeker, _, late) = run(shared_cpu, Some(0.0), 400, 0.05);
+        assert_eq!(seeker.settled(), 1.0);
+        assert!(late > 0.95 * shared_cpu(1.0), "{late}");
+        let (seeker, _, _) = run(separate_cores, Some(0.0), 400, 0.05);
+        assert!((seeker.settled() - 0.8).abs() <= MIN_STEP + 1e-9);
+    }
+
+    #[test]
+    fn shares_stay_within_bounds() {
+        for start in [None, Some(0.0), Some(1.0), Some(0.97)] {
+            let (_, shares, _) = run(shared_cpu, start, 300, 0.1);
+            assert!(shares.iter().all(|s| (0.0..=1.0).contains(s)));
+        }
+    }
+}
