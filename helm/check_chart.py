@@ -177,19 +177,22 @@ def check_pod(where: str, template: Doc) -> None:
         env_of(trainer).get("SHARDFEED_TARGET") == "unix://" + listen.removeprefix("unix:"),
         f"{where}: SHARDFEED_TARGET does not name the sidecar's socket",
     )
-    memory_limit: Doc = next(
-        (
-            e.get("valueFrom", {})
-            for e in sidecar.get("env", [])
-            if e["name"] == "SHARDFEED_MEMORY_LIMIT"
-        ),
-        {},
-    )
-    check(
-        memory_limit.get("resourceFieldRef", {}).get("resource") == "limits.memory"
-        and memory_limit["resourceFieldRef"].get("containerName") == sidecar["name"],
-        f"{where}: the sidecar's memory limit does not come from the Downward API",
-    )
+    downward: dict[str, Doc] = {
+        e["name"]: e.get("valueFrom", {}).get("resourceFieldRef", {})
+        for e in sidecar.get("env", [])
+    }
+    for variable, resource, divisor in (
+        ("SHARDFEED_MEMORY_LIMIT", "limits.memory", None),
+        ("SHARDFEED_CPU_REQUEST_MILLICORES", "requests.cpu", "1m"),
+    ):
+        field = downward.get(variable, {})
+        check(
+            field.get("resource") == resource
+            and field.get("containerName") == sidecar["name"]
+            and field.get("divisor") == divisor,
+            f"{where}: the sidecar's {resource} does not reach {variable} from the Downward API"
+            + (f" (divisor {divisor})" if divisor else ""),
+        )
     check(
         "memory" in sidecar.get("resources", {}).get("limits", {}),
         f"{where}: the sidecar has no memory limit for the Downward API to pass",

@@ -56,6 +56,10 @@ pub struct BenchArgs {
     pub image_size: u32,
     #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub decode_threads: Option<usize>,
+    /// Shard readers started ahead of the ones in use (as `serve`'s flag).
+    #[arg(long, default_value_t = crate::pipeline::DEFAULT_PREFETCH_SHARDS,
+          value_parser = RangedU64ValueParser::<usize>::new().range(0..=64))]
+    pub prefetch_shards: usize,
     /// Stop after this many batches (0: one whole epoch).
     #[arg(long, default_value_t = 0)]
     pub max_batches: u64,
@@ -128,6 +132,7 @@ impl BenchArgs {
                 .unwrap_or_else(engine::default_decode_threads),
             pipeline: PipelineConfig {
                 read: self.read.read_config(),
+                prefetch_shards: self.prefetch_shards,
                 ..PipelineConfig::default()
             },
             max_batches: self.max_batches,

@@ -179,10 +179,12 @@ pub struct ReadArgs {
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub parts_in_flight: usize,
     /// GETs in flight per reader of a loose-object dataset (one image each).
+    /// Default: sized by the server, from 16 up to as many as 32 MiB of
+    /// objects (at most 128), growing while the stream drains the reader
+    /// faster than its GETs return.
     #[arg(long, env = "SHARDFEED_OBJECT_REQUESTS_IN_FLIGHT",
-          default_value_t = read::DEFAULT_OBJECT_REQUESTS_IN_FLIGHT,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=256))]
-    pub object_requests_in_flight: usize,
+    pub object_requests_in_flight: Option<usize>,
     /// Attempts per S3 request at most (a backstop to --s3-retry-budget).
     #[arg(long, env = "SHARDFEED_S3_MAX_ATTEMPTS", default_value_t = RetryPolicy::default().max_attempts,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -208,7 +210,10 @@ impl ReadArgs {
         ReadConfig {
             part_size: self.part_size,
             parts_in_flight: self.parts_in_flight,
-            object_requests_in_flight: self.object_requests_in_flight,
+            object_requests_in_flight: self
+                .object_requests_in_flight
+                .unwrap_or(read::DEFAULT_OBJECT_REQUESTS_IN_FLIGHT),
+            object_requests_sized: self.object_requests_in_flight.is_none(),
         }
     }
 
@@ -385,10 +390,16 @@ pub struct ServeArgs {
 #[command(next_help_heading = "Streams")]
 pub struct StreamArgs {
     /// Decode threads (default: the container's CPU limit, its cgroup
-    /// quota rounded, within the cores this process may run on).
+    /// quota rounded, else its CPU request, within the cores this process
+    /// may run on).
     #[arg(long, env = "SHARDFEED_DECODE_THREADS",
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub decode_threads: Option<usize>,
+    /// The container's CPU request in millicores (the chart passes it from
+    /// the Downward API; 0: none): decode threads follow it where no cgroup
+    /// CPU quota binds.
+    #[arg(long, env = "SHARDFEED_CPU_REQUEST_MILLICORES")]
+    pub cpu_request_millicores: Option<u64>,
     /// Shard readers started ahead of the ones in use, per stream.
     #[arg(long, env = "SHARDFEED_PREFETCH_SHARDS", default_value_t = pipeline::DEFAULT_PREFETCH_SHARDS,
           value_parser = RangedU64ValueParser::<usize>::new().range(0..=64))]
@@ -519,10 +530,15 @@ impl ServeArgs {
             read.parts_in_flight as f64,
             source(read.parts_in_flight == read::DEFAULT_PARTS_IN_FLIGHT),
         );
+        // Sized: the count a loose reader starts at (it grows per stream).
         record(
             "object_requests_in_flight",
             read.object_requests_in_flight as f64,
-            source(read.object_requests_in_flight == read::DEFAULT_OBJECT_REQUESTS_IN_FLIGHT),
+            if read.object_requests_sized {
+                Source::Sized
+            } else {
+                Source::Flag
+            },
         );
         let streams = &self.streams;
         record(
@@ -551,7 +567,9 @@ impl ServeArgs {
 impl StreamArgs {
     /// `--decode-threads`, else sized from the CPUs this process may use.
     pub fn decode_threads_sized(&self) -> Chosen<usize> {
-        Chosen::or(self.decode_threads, engine::sizing::detect_decode_threads)
+        Chosen::or(self.decode_threads, || {
+            engine::sizing::CpuBudget::detect(self.cpu_request_millicores).decode_threads()
+        })
     }
 
     pub fn engine_config(&self, read: ReadConfig) -> EngineConfig {
@@ -704,7 +722,10 @@ impl PackArgs {
             manifest: self.manifest.clone(),
             shard_bytes: self.shard_size,
             seed: self.seed,
-            object_requests_in_flight: self.read.object_requests_in_flight,
+            object_requests_in_flight: self
+                .read
+                .object_requests_in_flight
+                .unwrap_or(read::DEFAULT_OBJECT_REQUESTS_IN_FLIGHT),
         }
     }
 }

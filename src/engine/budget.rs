@@ -115,8 +115,9 @@ pub struct StreamCost {
     /// parts in flight, the part being handed to the parser, and the
     /// parser's own buffer (up to a part plus the member it straddles).
     /// For loose objects, `(interleave + prefetch_shards) *
-    /// (object_requests_in_flight + 1) * S`: whole objects in flight and the
-    /// one being handed on.
+    /// (object_requests + 1) * S`: whole objects in flight and the one
+    /// being handed on, where `object_requests` is the flag's count, or
+    /// sized, `clamp(32 MiB / S, 16, 128)`.
     pub readers: u64,
     /// `(interleave + prefetch_shards) * reader_queue * S`
     pub reader_queues: u64,
@@ -143,7 +144,7 @@ impl StreamCost {
         let readers = u64::from(shape.interleave) + config.prefetch_shards as u64;
         let s = shape.mean_sample_bytes;
         let per_reader = if shape.loose_objects {
-            (config.read.object_requests_in_flight as u64 + 1).saturating_mul(s)
+            (config.read.object_requests_ceiling(s) as u64 + 1).saturating_mul(s)
         } else {
             (config.read.parts_in_flight as u64 + 2).saturating_mul(config.read.part_size)
         };

@@ -3,8 +3,10 @@
 //! sending its samples, in order, into a bounded channel.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -28,6 +30,8 @@ pub(super) struct ShardReaders<'a> {
     /// Aborts every reader when the stream ends or is dropped.
     tasks: JoinSet<()>,
     next_to_spawn: u32,
+    /// Loose GETs in flight, as the stream's readers sized them so far.
+    object_requests: Arc<AtomicUsize>,
 }
 
 impl<'a> ShardReaders<'a> {
@@ -45,6 +49,7 @@ impl<'a> ShardReaders<'a> {
             receivers: HashMap::new(),
             tasks: JoinSet::new(),
             next_to_spawn: 0,
+            object_requests: Arc::new(AtomicUsize::new(config.read.object_requests_in_flight)),
         }
     }
 
@@ -79,6 +84,7 @@ impl<'a> ShardReaders<'a> {
                 read: self.config.read.clone(),
                 max_member: self.config.max_member_bytes,
                 on_bad_shard: self.config.on_bad_shard,
+                object_requests: self.object_requests.clone(),
             };
             self.tasks.spawn(async move {
                 if let Err(error) = job.run(&tx).await {
@@ -124,6 +130,53 @@ impl<'a> ShardReaders<'a> {
 }
 
 /// Reads samples `[first, end)` of one shard: one sequential byte range.
+/// The GETs in flight of a loose reader. Sized (no flag): from the
+/// stream's count so far, a quarter more each time the reader hands on a
+/// sample to an empty queue after its first window's worth, up to the
+/// ceiling. An empty queue then means the stream takes samples as fast as
+/// they arrive: the GETs in flight do not cover their latency at the
+/// stream's pace (Little's law: in flight = rate x latency). A queue that
+/// stays non-empty means the decode is the slower side, and the count
+/// holds. The count is kept per stream, so each of its readers starts
+/// where the last one got.
+struct ObjectWindow<'a> {
+    shared: &'a AtomicUsize,
+    ceiling: usize,
+    limit: usize,
+    sent: usize,
+}
+
+impl<'a> ObjectWindow<'a> {
+    fn new(shared: &'a AtomicUsize, ceiling: usize) -> Self {
+        let limit = shared.load(Ordering::Relaxed).clamp(1, ceiling.max(1));
+        Self {
+            shared,
+            ceiling,
+            limit,
+            sent: 0,
+        }
+    }
+
+    fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// One sample about to be handed on; `drained`: its queue was empty.
+    fn sent(&mut self, drained: bool) {
+        self.sent += 1;
+        if drained && self.sent > self.limit && self.limit < self.ceiling {
+            self.limit = (self.limit + self.limit.div_ceil(4)).min(self.ceiling);
+            self.sent = 0;
+            self.shared.fetch_max(self.limit, Ordering::Relaxed);
+            tracing::debug!(
+                in_flight = self.limit,
+                ceiling = self.ceiling,
+                "loose reads: more GETs in flight"
+            );
+        }
+    }
+}
+
 struct ReadJob {
     dataset: Arc<Dataset>,
     layout: Arc<SampleLayout>,
@@ -133,6 +186,8 @@ struct ReadJob {
     read: ReadConfig,
     max_member: u64,
     on_bad_shard: BadShardPolicy,
+    /// The stream's loose GETs in flight so far (see [`ObjectWindow`]).
+    object_requests: Arc<AtomicUsize>,
 }
 
 impl ReadJob {
@@ -221,14 +276,26 @@ impl ReadJob {
                 }
             }
         });
-        let mut samples =
-            futures::stream::iter(fetches).buffered(self.read.object_requests_in_flight.max(1));
-        while let Some(sample) = samples.next().await {
+        let mean_bytes = self.dataset.index.bytes() / self.dataset.index.samples().max(1);
+        let ceiling = self.read.object_requests_ceiling(mean_bytes);
+        let mut window = ObjectWindow::new(&self.object_requests, ceiling);
+        let mut fetches = fetches.into_iter();
+        let mut pending = FuturesOrdered::new();
+        loop {
+            while pending.len() < window.limit() {
+                match fetches.next() {
+                    Some(fetch) => pending.push_back(fetch),
+                    None => break,
+                }
+            }
+            let Some(sample) = pending.next().await else {
+                return Ok(());
+            };
+            window.sent(tx.capacity() == tx.max_capacity());
             if tx.send(Ok(sample?)).await.is_err() {
                 return Ok(());
             }
         }
-        Ok(())
     }
 
     /// Sends samples from `*next` on, advancing it past each one sent.
@@ -304,5 +371,59 @@ impl ReadJob {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::read::ReadConfig;
+
+    #[test]
+    fn a_drained_reader_grows_its_window_to_the_ceiling_and_a_full_one_holds() {
+        let shared = AtomicUsize::new(16);
+        let mut window = ObjectWindow::new(&shared, 40);
+        for _ in 0..100 {
+            window.sent(false);
+        }
+        assert_eq!(
+            window.limit(),
+            16,
+            "the consumer is behind: the count holds"
+        );
+        // Drained, but only once a window's worth went by: 16 sends, then 20.
+        let mut window = ObjectWindow::new(&shared, 40);
+        for _ in 0..16 {
+            window.sent(true);
+        }
+        assert_eq!(window.limit(), 16);
+        window.sent(true);
+        assert_eq!(window.limit(), 20);
+        for _ in 0..1000 {
+            window.sent(true);
+        }
+        assert_eq!(window.limit(), 40, "at most the ceiling");
+        assert_eq!(shared.load(Ordering::Relaxed), 40);
+        // The stream's next reader starts where this one got.
+        assert_eq!(ObjectWindow::new(&shared, 64).limit(), 40);
+        assert_eq!(ObjectWindow::new(&shared, 8).limit(), 8);
+    }
+
+    #[test]
+    fn the_ceiling_is_the_flag_or_what_the_bytes_allow() {
+        let sized = ReadConfig::default();
+        assert_eq!(sized.object_requests_ceiling(110_000), 128);
+        assert_eq!(sized.object_requests_ceiling(1 << 20), 32);
+        assert_eq!(
+            sized.object_requests_ceiling(8 << 20),
+            16,
+            "never below the start"
+        );
+        let flag = ReadConfig {
+            object_requests_in_flight: 24,
+            object_requests_sized: false,
+            ..ReadConfig::default()
+        };
+        assert_eq!(flag.object_requests_ceiling(110_000), 24);
     }
 }

@@ -127,6 +127,14 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
         resourceFieldRef:
           containerName: shardfeed
           resource: limits.memory
+    # Decode threads follow the CPU limit (the cgroup's quota) or, where
+    # only a request is set, this: the node's other cores are the trainer's.
+    - name: SHARDFEED_CPU_REQUEST_MILLICORES
+      valueFrom:
+        resourceFieldRef:
+          containerName: shardfeed
+          resource: requests.cpu
+          divisor: 1m
     - name: SHARDFEED_LOG_FORMAT
       value: {{ .logFormat | quote }}
     - name: SHARDFEED_LOG
