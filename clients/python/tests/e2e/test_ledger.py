@@ -64,6 +64,23 @@ def data(s3: S3) -> Data:
 
 
 @pytest.fixture(scope="module")
+def loose_data(s3: S3) -> Data:
+    """Source 0's samples as loose objects, one per class folder (so that
+    each label, the folder's index, is the sample's own)."""
+    client = s3.client()
+    client.create_bucket(Bucket="ledgerloose")
+    shards, per_shard = SHAPES[0]
+    labels = tuple(range(shards * per_shard))
+    for label in labels:
+        client.put_object(
+            Bucket="ledgerloose",
+            Key=f"c{label:05d}/k{label:05d}.jpg",
+            Body=noise_jpeg(label, 30, 36),
+        )
+    return Data(("s3://ledgerloose/", "s3://ledgerloose/"), (labels, labels))
+
+
+@pytest.fixture(scope="module")
 def unlisted_s3() -> Iterator[S3]:
     """An S3-compatible server whose listings carry no ETags (HEAD does)."""
     server, process = start_s3("--list-without-etags")
@@ -159,7 +176,9 @@ class Case:
     # decoded by the sidecar's decode "pool"; "tier_unlisted": the tier
     # over an S3 whose listings name no ETags (versions from HEAD);
     # "encoded_auto": encoded, the sidecar's share sought as it streams
-    # (it moves mid-stream, and a resumed stream starts where it settled).
+    # (it moves mid-stream, and a resumed stream starts where it settled);
+    # "loose": one image object per sample, read with GETs in flight the
+    # stream sizes as it runs.
     feature: str
     ledger_dir: str
     run: str
@@ -476,6 +495,10 @@ MATRIX = [
     Row("plain", "encoded_auto", "kill"),
     Row("stateful", "encoded_auto", "break"),
     Row("workers", "encoded_auto", "none", full_only=True),
+    # Loose objects, their readers' GETs in flight sized per stream.
+    Row("plain", "loose", "kill"),
+    Row("stateful", "loose", "break", full_only=True),
+    Row("loader", "loose", "none", full_only=True),
 ]
 
 
@@ -525,6 +548,8 @@ def test_every_sample_exactly_once(
     idiom = IDIOMS[row.idiom]
     if row.feature == "tier_unlisted":
         data = request.getfixturevalue("unlisted_data")
+    if row.feature == "loose":
+        data = request.getfixturevalue("loose_data")
     options = dict(row.trainer)
     base = Case(sidecar.target, data, row.feature, str(tmp_path), "reference")
     if options.get("max_epochs", 0) > 0:
