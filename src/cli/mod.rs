@@ -9,6 +9,7 @@ mod dev_args;
 mod pool_args;
 mod progress;
 mod run;
+mod settings;
 
 #[cfg(feature = "dev")]
 pub use dev_args::*;
@@ -22,7 +23,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::dataset::DatasetUri;
 use crate::engine::budget::MemoryConfig;
-use crate::engine::sizing::{Chosen, Source};
+use crate::engine::sizing::Chosen;
 use crate::engine::{self, EngineConfig};
 use crate::pipeline::{self, PipelineConfig};
 use crate::plan::{self, ShuffleConfig};
@@ -495,72 +496,6 @@ impl ServeArgs {
             shutdown_grace: Duration::from_secs(self.shutdown_grace),
             pool,
         })
-    }
-}
-
-impl ServeArgs {
-    /// Logs each setting the server runs with and where it came from, and
-    /// exports it (`shardfeed_setting`).
-    pub fn record_settings(&self, config: &ServeConfig) {
-        use crate::engine::sizing::record;
-        let source = |is_default: bool| {
-            if is_default {
-                Source::Default
-            } else {
-                Source::Flag
-            }
-        };
-        let threads = self.streams.decode_threads_sized();
-        record("decode_threads", threads.value as f64, threads.source);
-        let memory = match self.streams.memory_limit {
-            Some(_) => Source::Flag,
-            None => engine::budget::memory_limit_source(),
-        };
-        let budget = &config.engine.memory;
-        record("stream_memory_bytes", budget.streams as f64, memory);
-        record("decode_scratch_bytes", budget.decode_scratch as f64, memory);
-        let read = &config.read;
-        record(
-            "part_size_bytes",
-            read.part_size as f64,
-            source(read.part_size == read::DEFAULT_PART_SIZE),
-        );
-        record(
-            "parts_in_flight",
-            read.parts_in_flight as f64,
-            source(read.parts_in_flight == read::DEFAULT_PARTS_IN_FLIGHT),
-        );
-        // Sized: the count a loose reader starts at (it grows per stream).
-        record(
-            "object_requests_in_flight",
-            read.object_requests_in_flight as f64,
-            if read.object_requests_sized {
-                Source::Sized
-            } else {
-                Source::Flag
-            },
-        );
-        let streams = &self.streams;
-        record(
-            "prefetch_shards",
-            streams.prefetch_shards as f64,
-            source(streams.prefetch_shards == pipeline::DEFAULT_PREFETCH_SHARDS),
-        );
-        record(
-            "ready_batches",
-            streams.ready_batches as f64,
-            source(streams.ready_batches == pipeline::DEFAULT_READY_BATCHES),
-        );
-        record(
-            "shuffle_buffer",
-            f64::from(streams.shuffle_buffer),
-            source(streams.shuffle_buffer == plan::DEFAULT_SHUFFLE_BUFFER),
-        );
-        record(
-            "interleave",
-            f64::from(streams.interleave),
-            source(streams.interleave == plan::DEFAULT_INTERLEAVE),
-        );
     }
 }
 
