@@ -35,44 +35,40 @@ impl ServeArgs {
         );
         // A flag that names its default reads as the default.
         let fixed = [
-            (
-                "part_size_bytes",
-                read.part_size as f64,
-                read.part_size == read::DEFAULT_PART_SIZE,
-            ),
+            ("part_size_bytes", read.part_size, read::DEFAULT_PART_SIZE),
             (
                 "parts_in_flight",
-                read.parts_in_flight as f64,
-                read.parts_in_flight == read::DEFAULT_PARTS_IN_FLIGHT,
+                read.parts_in_flight as u64,
+                read::DEFAULT_PARTS_IN_FLIGHT as u64,
             ),
             (
                 "prefetch_shards",
-                streams.prefetch_shards as f64,
-                streams.prefetch_shards == pipeline::DEFAULT_PREFETCH_SHARDS,
+                streams.prefetch_shards as u64,
+                pipeline::DEFAULT_PREFETCH_SHARDS as u64,
             ),
             (
                 "ready_batches",
-                streams.ready_batches as f64,
-                streams.ready_batches == pipeline::DEFAULT_READY_BATCHES,
+                streams.ready_batches as u64,
+                pipeline::DEFAULT_READY_BATCHES as u64,
             ),
             (
                 "shuffle_buffer",
-                f64::from(streams.shuffle_buffer),
-                streams.shuffle_buffer == plan::DEFAULT_SHUFFLE_BUFFER,
+                u64::from(streams.shuffle_buffer),
+                u64::from(plan::DEFAULT_SHUFFLE_BUFFER),
             ),
             (
                 "interleave",
-                f64::from(streams.interleave),
-                streams.interleave == plan::DEFAULT_INTERLEAVE,
+                u64::from(streams.interleave),
+                u64::from(plan::DEFAULT_INTERLEAVE),
             ),
         ];
-        for (name, value, is_default) in fixed {
-            let source = if is_default {
+        for (name, value, default) in fixed {
+            let source = if value == default {
                 Source::Default
             } else {
                 Source::Flag
             };
-            record(name, value, source);
+            record(name, value as f64, source);
         }
     }
 }

@@ -377,6 +377,24 @@ mod tests {
     }
 
     #[test]
+    fn loose_readers_are_counted_at_their_sized_ceiling_or_the_flag() {
+        let loose = StreamShape {
+            loose_objects: true,
+            ..shape(2_000, 128 * 224 * 224 * 3)
+        };
+        // Sized: up to 32 MiB / 110 KB, capped at 128, GETs per reader.
+        let cost = StreamCost::new(&PipelineConfig::default(), loose);
+        assert_eq!(cost.readers, 6 * (128 + 1) * 110_000);
+        let mut fixed = PipelineConfig::default();
+        fixed.read.object_requests_in_flight = 24;
+        fixed.read.object_requests_sized = false;
+        assert_eq!(
+            StreamCost::new(&fixed, loose).readers,
+            6 * (24 + 1) * 110_000
+        );
+    }
+
+    #[test]
     fn reservations_are_refused_named_and_returned() {
         let budget = MemoryBudget::new(2 << 30);
         let config = PipelineConfig::default();

@@ -78,10 +78,11 @@ impl ReadySink<'_> {
         self.client_wait_ns.fetch_add(waited, Ordering::Relaxed);
     }
 
-    /// The client's pace over the batch just handed on: how long the
-    /// producer waited for it, and the batches ahead of it (with a ring,
-    /// less the one the client holds while it waits for the next).
-    fn take_pace(&self) -> ClientPace {
+    /// The client's pace over the batch just handed on, `interval` after
+    /// the one before: how long the producer waited for it, and the batches
+    /// ahead of it (with a ring, less the one the client holds while it
+    /// waits for the next).
+    fn take_pace(&self, interval: Option<Duration>) -> ClientPace {
         let waited = Duration::from_nanos(self.client_wait_ns.swap(0, Ordering::Relaxed));
         let (ahead, buffer) = match &self.ring {
             Some(ring) => (ring.lent().saturating_sub(1), ring.slot_count()),
@@ -95,6 +96,7 @@ impl ReadySink<'_> {
             waited,
             ahead,
             primed,
+            interval,
         }
     }
 }
@@ -163,10 +165,11 @@ impl<'a> BatchDispatch<'a> {
                 return Ok(false);
             }
         }
-        let pace = self.ready.take_pace();
         let now = Instant::now();
-        let interval = self.last_handed.replace(now).map(|last| now - last);
-        if let (Some(share), Some(interval)) = (&mut self.share, interval) {
+        let pace = self
+            .ready
+            .take_pace(self.last_handed.replace(now).map(|last| now - last));
+        if let (Some(share), Some(interval)) = (&mut self.share, pace.interval) {
             // Placed and not yet taken: decoding, ahead of the client (in
             // the ready queue or ring, and in the transport), and the one
             // it holds.

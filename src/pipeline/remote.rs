@@ -42,6 +42,8 @@ pub(super) struct ClientPace {
     /// Whether the buffer between the two sides could have filled once: a
     /// stream starts empty, and an empty buffer then says nothing.
     pub primed: bool,
+    /// Since the batch before was handed on (None for the first).
+    pub interval: Option<Duration>,
 }
 /// Weight of the newest batch in the demand estimate.
 const DEMAND_SMOOTHING: f64 = 0.2;
@@ -137,7 +139,6 @@ pub(super) struct RemoteShare {
     /// Nanoseconds the pool's part of the last finished batch came after
     /// the local part ([`NO_BALANCE`]: none finished since last looked).
     balance: Arc<AtomicI64>,
-    last_handed: Option<Instant>,
     /// This stream's samples/s the pool should supply, in the host's gauge.
     demand: f64,
 }
@@ -160,7 +161,6 @@ impl RemoteShare {
             rank: crate::metrics::rank_label(rank),
             metrics: common.metrics.clone(),
             balance: Arc::new(AtomicI64::new(NO_BALANCE)),
-            last_handed: None,
             demand: 0.0,
         })
     }
@@ -216,10 +216,9 @@ impl RemoteShare {
             self.client.settle_share(self.fraction);
         }
         pool_metrics::share(&self.rank, self.fraction);
-        let now = Instant::now();
         let waited = self.metrics.take_consumer_wait();
-        if let Some(last) = self.last_handed.replace(now) {
-            let interval = now.duration_since(last).as_secs_f64();
+        if let Some(interval) = pace.interval {
+            let interval = interval.as_secs_f64();
             if interval > 0.0 {
                 let busy = (interval - waited.as_secs_f64()).max(interval / 10.0);
                 let wanted = samples as f64 / busy;
