@@ -306,6 +306,15 @@ impl MemoryS3 {
             .insert(key.to_string(), object);
     }
 
+    /// Deletes an object directly: a key that is gone answers NoSuchKey to
+    /// every request, unlike an injected fault that lands on whichever
+    /// request arrives next.
+    pub fn remove(&self, bucket: &str, key: &str) -> bool {
+        self.write()
+            .get_mut(bucket)
+            .is_some_and(|objects| objects.remove(key).is_some())
+    }
+
     pub fn object(&self, bucket: &str, key: &str) -> Option<Bytes> {
         self.read().get(bucket)?.get(key).map(|o| o.data.clone())
     }
