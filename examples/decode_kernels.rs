@@ -1,6 +1,8 @@
 //! The single-thread decode kernels on synthetic ~110 KB photos, each as a
 //! fraction of the JPEG entropy-decoding floor measured in the same run:
-//! `cargo run --release --features turbojpeg --example decode_kernels [-- REPEATS]`.
+//! `cargo run --release --features turbojpeg --example decode_kernels [-- REPEATS [ONLY]]`
+//! (ONLY: run just the kernels whose `transform/name` contains it, and the
+//! floor; for a profiler).
 //!
 //! The floor is a whole-image decode at DCT scale 1/8 with nothing to
 //! resize: about the Huffman decoding every kept row must pay. Center crop
@@ -98,6 +100,14 @@ fn main() {
                         ..turbo
                     },
                 ),
+                (
+                    "turbo region, fast upsampling + IDCT",
+                    TurboJpegDecoder {
+                        fast_upsample: true,
+                        fast_dct: true,
+                        ..turbo
+                    },
+                ),
             ];
             for (name, decoder) in variants {
                 kernels.push(kernel(transform, name, Box::new(decoder), spec));
@@ -115,6 +125,11 @@ fn main() {
             ..OutputSpec::center(8, 8)
         },
     ));
+    if let Some(only) = std::env::args().nth(2) {
+        kernels.retain(|k| {
+            k.transform == "floor" || format!("{}/{}", k.transform, k.name).contains(&only)
+        });
+    }
     for _ in 0..repeats {
         for kernel in &mut kernels {
             let figures = decode_kernel(kernel.decoder.as_ref(), &samples, &kernel.spec, 1);

@@ -50,3 +50,35 @@ def test_the_page_is_shared_with_a_copy_made_from_its_pickle() -> None:
     assert copy.started() == Started(4, 2, 77)
     assert copy.completed() == (4, 2)
     assert copy.worker_used()
+
+
+def _hammer(page: EpochPage, offset: int, rounds: int) -> None:
+    for i in range(rounds):
+        value = offset + i
+        page.set_started(value, value, value)
+        page.set_worker_used()
+        begun = page.started()
+        assert begun is not None and begun.epoch == begun.choice == begun.token, begun
+
+
+def _hammer_mapped(source: tuple[int, int, int, bytes], offset: int, rounds: int) -> None:
+    _hammer(EpochPage(source), offset, rounds)
+
+
+def test_workers_and_the_owner_updating_the_page_at_once_never_see_half_a_record() -> None:
+    import multiprocessing
+
+    owner = EpochPage()
+    context = multiprocessing.get_context("forkserver")
+    workers = [
+        context.Process(target=_hammer_mapped, args=(owner.to_pickle(), offset, 5_000))
+        for offset in (0, 1_000_000)
+    ]
+    for worker in workers:
+        worker.start()
+    _hammer(owner, 2_000_000, 5_000)
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0, "a worker read a torn record"
+    begun = owner.started()
+    assert begun is not None and begun.epoch == begun.choice == begun.token

@@ -180,16 +180,22 @@ def test_a_worker_maps_the_epoch_page_only_while_the_descriptor_is_the_page(
 
     owner = EpochPage()
     assert owner._owner is not None
-    pid, fd = owner._owner
-    page = map_owner_page(pid, fd)
-    assert page is not None, "the owner's page, mapped again"
-    page.close()
+    pid, fd, inode = owner._owner
+    mapped = map_owner_page(pid, fd, inode)
+    assert mapped is not None, "the owner's page, mapped again"
+    mapped[0].close()
+    os.close(mapped[1])
+    # The number names another dataset's page (the owner dropped the first
+    # and reused its number before a worker got to unpickle): left alone.
+    other_page = EpochPage()
+    assert other_page._owner is not None
+    assert map_owner_page(pid, other_page._owner[1], inode) is None
     # The number now names another file (a checkpoint): it is left alone.
     checkpoint = tmp_path / "ckpt.pt"
     checkpoint.write_bytes(b"checkpoint bytes, not a page")
     other = os.open(checkpoint, os.O_RDWR)
     try:
-        assert map_owner_page(os.getpid(), other) is None
+        assert map_owner_page(os.getpid(), other, inode) is None
     finally:
         os.close(other)
     assert checkpoint.read_bytes() == b"checkpoint bytes, not a page"
