@@ -308,7 +308,10 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
         ),
         (
             pb::StreamBatchesRequest {
-                decoded_source: Some(pb::DecodedSource { shorter_side: 64 }),
+                decoded_source: Some(pb::DecodedSource {
+                    shorter_side: 64,
+                    stored_from_epoch: None,
+                }),
                 ..encoded(train(&uri), None)
             },
             "decoded_source and delivery",

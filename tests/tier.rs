@@ -1,6 +1,8 @@
 //! The decoded-source tier end to end: outputs are defined from the stored
 //! source, so batches are the same bytes cold, warm, half warm, after damage
-//! to the tier, without a tier, at any world size and after a resume.
+//! to the tier, without a tier, at any world size and after a resume; the
+//! epochs before a stream's first stored epoch are the original's bytes and
+//! fill the tier in the background.
 
 mod common;
 
@@ -11,12 +13,16 @@ use common::*;
 use shardfeed::server::pb;
 use shardfeed::store::decoded::DecodedCache;
 
+/// Every epoch defined from the stored source (these tests stream epoch 0).
 fn tiered(dataset: &str, augmentation: pb::Augmentation) -> pb::StreamBatchesRequest {
     pb::StreamBatchesRequest {
         seed: 9,
         batch_size: Some(6),
         augmentation: Some(augmentation),
-        decoded_source: Some(pb::DecodedSource { shorter_side: 64 }),
+        decoded_source: Some(pb::DecodedSource {
+            shorter_side: 64,
+            stored_from_epoch: Some(0),
+        }),
         ..request(dataset)
     }
 }
@@ -192,7 +198,10 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
     let status = collect(
         &mut client,
         pb::StreamBatchesRequest {
-            decoded_source: Some(pb::DecodedSource { shorter_side: 8 }),
+            decoded_source: Some(pb::DecodedSource {
+                shorter_side: 8,
+                stored_from_epoch: None,
+            }),
             ..tiered(&uri, train())
         },
     )
@@ -426,5 +435,89 @@ async fn objects_without_any_version_are_decoded_every_epoch_and_kept_nowhere() 
         .unwrap();
     assert_eq!(digest(&got), digest(&want));
     plain.shutdown().await;
+    harness.shutdown().await;
+}
+
+/// Epoch `epoch` of `request` with the default first stored epoch (1).
+fn from_epoch_one(
+    uri: &str,
+    augmentation: pb::Augmentation,
+    epoch: u64,
+) -> pb::StreamBatchesRequest {
+    pb::StreamBatchesRequest {
+        epoch,
+        decoded_source: Some(pb::DecodedSource {
+            shorter_side: 64,
+            stored_from_epoch: None,
+        }),
+        ..tiered(uri, augmentation)
+    }
+}
+
+/// Waits (bounded) until `tier` holds `records`.
+async fn filled_to(tier: &DecodedCache, records: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while tier.records() < records && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(tier.records(), records, "the background fill stored them");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_epoch_is_the_originals_bytes_and_fills_the_tier_for_the_next() {
+    let bare = Harness::start(Options::default()).await;
+    let uri = upload(&bare.s3, "tierfirst", "photos/", &photos()).await;
+    let mut want = Vec::new();
+    for augmentation in [train(), eval()] {
+        let original = pb::StreamBatchesRequest {
+            decoded_source: None,
+            ..from_epoch_one(&uri, augmentation, 0)
+        };
+        // Epoch 1 without a tier directory: every source derived.
+        want.push((
+            digest(&all_ranks(&bare, &original, 2).await),
+            digest(&all_ranks(&bare, &from_epoch_one(&uri, augmentation, 1), 2).await),
+        ));
+    }
+    let s3 = bare.restart_s3().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
+    let harness = with_tier(s3, &tier).await;
+
+    // Training: a source per sample; evaluation adds each center crop's output.
+    for ((augmentation, records), (first, second)) in
+        [(train(), 36), (eval(), 72)].iter().zip(&want)
+    {
+        let epoch0 = all_ranks(&harness, &from_epoch_one(&uri, *augmentation, 0), 2).await;
+        assert_eq!(digest(&epoch0), *first, "epoch 0 is the original's bytes");
+        filled_to(&tier, *records).await;
+        let stored = tier.fills();
+        let epoch1 = all_ranks(&harness, &from_epoch_one(&uri, *augmentation, 1), 2).await;
+        assert_eq!(
+            digest(&epoch1),
+            *second,
+            "epoch 1 is defined from the source"
+        );
+        assert_eq!(
+            tier.fills(),
+            stored,
+            "epoch 1 only read what epoch 0 filled"
+        );
+    }
+    // A resumed epoch 0 is still the original's.
+    let mut client = harness.client().await;
+    let whole = collect(&mut client, from_epoch_one(&uri, train(), 0))
+        .await
+        .unwrap();
+    let tail = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            start_batch: 2,
+            ..from_epoch_one(&uri, train(), 0)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(digest(&tail), digest(&whole[2..]));
     harness.shutdown().await;
 }

@@ -7,6 +7,7 @@
 //! faster JPEG path can replace the default without touching the pipeline.
 
 pub mod augment;
+pub mod fill;
 mod jpeg;
 pub mod source;
 pub mod tier;

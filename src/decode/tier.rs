@@ -2,11 +2,14 @@
 //! ([`super::source`]) and kept on the host's local disk, so later epochs
 //! crop and resize from it instead of decoding the JPEG again.
 //!
-//! A stream that asks for the tier has its outputs *defined* from the
-//! stored source: a miss derives the source, stores it and crops from it
-//! exactly as a hit does, so a batch is the same bytes whatever the tier
-//! holds (or when the server keeps no tier directory at all: then every
-//! sample is derived and nothing is stored).
+//! A stream that asks for the tier has the outputs of its epochs from
+//! `from_epoch` on *defined* from the stored source: a miss derives the
+//! source, stores it and crops from it exactly as a hit does, so a batch is
+//! the same bytes whatever the tier holds (or when the server keeps no tier
+//! directory at all: then every sample is derived and nothing is stored).
+//! The epochs before `from_epoch` are defined from the original, exactly as
+//! with no tier, while the tier fills off the critical path
+//! ([`super::fill`]).
 //!
 //! This module defines a sample's output from its source, and what it
 //! needs of a store of sources ([`SourceStore`]: get and put by a
@@ -19,6 +22,7 @@ use std::sync::Arc;
 use super::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
 use super::{full_size_bounded, Crop, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
 use super::{Decoder, ScratchBudget, MAX_SIZE};
+use crate::metrics;
 
 /// A store of decoded sources, as decode needs it. Its calls read and write
 /// the host's local disk: they run on the decode threads, each within the
@@ -28,6 +32,11 @@ use super::{Decoder, ScratchBudget, MAX_SIZE};
 pub trait SourceStore: Send + Sync + std::fmt::Debug {
     fn get(&self, key: &SourceKey) -> Option<StoredSource>;
     fn put(&self, key: &SourceKey, source: &StoredSource);
+    /// Whether a record of `key` is kept, without reading it (a damaged
+    /// one is found, and derived again, when it is read).
+    fn holds(&self, key: &SourceKey) -> bool {
+        self.get(key).is_some()
+    }
 }
 
 /// The identity of a sample's object, the part of a [`SourceKey`] that
@@ -101,9 +110,159 @@ pub struct TierRequest {
     pub form: SourceForm,
     /// Where sources are kept; `None`: derived for every sample, not kept.
     pub cache: Option<Arc<dyn SourceStore>>,
+    /// The first epoch defined from the stored source; the epochs before it
+    /// are defined from the original (the same bytes as the tier off).
+    pub from_epoch: u64,
+    /// Where the epochs before `from_epoch` offer the samples the tier does
+    /// not hold yet (`None`: not filled ahead).
+    pub filler: Option<Arc<dyn FillQueue>>,
 }
 
+/// Where samples are offered to be stored ahead of their first stored
+/// epoch ([`super::fill`]). An offer never waits: a full queue drops it.
+pub trait FillQueue: Send + Sync + std::fmt::Debug {
+    /// Whether an offer of `bytes` would be taken now (a cheap check
+    /// before the sample's bytes are copied).
+    fn has_room(&self, bytes: u64) -> bool;
+    fn offer(&self, job: FillJob);
+}
+
+/// One sample to store ahead: what a miss in a stored epoch would store.
+pub struct FillJob {
+    tier: TierRequest,
+    source_key: SourceKey,
+    format: ImageFormat,
+    data: Vec<u8>,
+    spec: OutputSpec,
+    key: SampleKey,
+}
+
+impl FillJob {
+    /// The compressed bytes the job holds.
+    pub fn bytes(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// Derives and stores the sample's source (and its output where the
+    /// transform is the same every epoch) unless kept already.
+    pub fn run(&self, decoder: &dyn Decoder, budget: &ScratchBudget) -> Result<bool, DecodeError> {
+        self.tier.fill(
+            decoder,
+            budget,
+            self.format,
+            &self.data,
+            &self.spec,
+            &self.key,
+            &self.source_key,
+        )
+    }
+}
+
+/// The first stored epoch where a request does not say: the first epoch
+/// costs what the tier off does, and fills the tier in the slack.
+pub const DEFAULT_FROM_EPOCH: u64 = 1;
+
 impl TierRequest {
+    /// Whether `epoch`'s outputs are defined from the stored source.
+    pub fn defines(&self, epoch: u64) -> bool {
+        epoch >= self.from_epoch
+    }
+
+    /// A sample of an epoch before `from_epoch`, decoded from the original:
+    /// offers it to the background fill unless the tier holds it already.
+    #[allow(clippy::too_many_arguments)]
+    pub fn offer(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        key: &SampleKey,
+        sample: &SampleVersion<'_>,
+    ) {
+        let (Some(filler), Some(cache)) = (&self.filler, &self.cache) else {
+            return;
+        };
+        let source_key = SourceKey::new(sample, self.form);
+        let output_held = !is_deterministic(spec) || cache.holds(&source_key.output(spec));
+        if output_held && cache.holds(&source_key) {
+            return;
+        }
+        metrics::decoded_tier("fill_offered");
+        if !filler.has_room(data.len() as u64) {
+            metrics::decoded_tier("fill_dropped");
+            return;
+        }
+        filler.offer(FillJob {
+            // A job must not hold the queue that holds the job.
+            tier: Self {
+                filler: None,
+                ..self.clone()
+            },
+            source_key,
+            format,
+            // A copy: the sample's bytes are a slice of a shard part that
+            // would otherwise be kept whole.
+            data: data.to_vec(),
+            spec: *spec,
+            key: *key,
+        });
+    }
+
+    /// Stores `source_key`'s source, and its output where the transform is
+    /// the same every epoch, unless kept already: what a miss in a stored
+    /// epoch would store, made ahead. Whether anything was stored.
+    #[allow(clippy::too_many_arguments)]
+    fn fill(
+        &self,
+        decoder: &dyn Decoder,
+        budget: &ScratchBudget,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        key: &SampleKey,
+        source_key: &SourceKey,
+    ) -> Result<bool, DecodeError> {
+        let Some(cache) = &self.cache else {
+            return Ok(false);
+        };
+        let output_key = is_deterministic(spec).then(|| source_key.output(spec));
+        let output_missing = output_key.filter(|name| !cache.holds(name));
+        let source_held = cache.holds(source_key);
+        if source_held && output_missing.is_none() {
+            return Ok(false);
+        }
+        full_size_bounded(budget, format, data, |_, _| {
+            let kept = if source_held {
+                cache.get(source_key)
+            } else {
+                None
+            };
+            let source = match kept {
+                Some(source) => source,
+                None => {
+                    let source = derive_source_with(decoder, format, data, &self.form)?;
+                    cache.put(source_key, &source);
+                    source
+                }
+            };
+            if let Some(name) = output_missing {
+                let crop = spec.crop_box(source.original_width, source.original_height, key);
+                let mut out = vec![0u8; spec.bytes()];
+                output_from_source(&source, spec, &crop, &mut out)?;
+                let output = StoredSource {
+                    kind: self.form.kind,
+                    width: spec.width,
+                    height: spec.height,
+                    original_width: source.original_width,
+                    original_height: source.original_height,
+                    bytes: out,
+                };
+                cache.put(&name, &output);
+            }
+            Ok(true)
+        })
+    }
+
     /// One sample's output, defined from its stored source. `sample` names
     /// it for the store (`None`: not kept, e.g. a loose object without an
     /// ETag to tell a changed one by).

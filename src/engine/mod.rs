@@ -197,6 +197,9 @@ pub struct Engine {
     /// The host's decoded-source tier, when it keeps one: set once, when
     /// it is open (the server opens it after it listens, as the shard cache).
     decoded: Arc<std::sync::OnceLock<Arc<DecodedCache>>>,
+    /// Fills the tier in the epochs defined from the original: started with
+    /// the first stream that uses the tier.
+    filler: std::sync::OnceLock<Option<Arc<decode::fill::TierFiller>>>,
     /// What runs a started stream: the real pipeline, or a double a caller
     /// hands in (the dev transport benchmark's pattern batches).
     producer: StreamProducer,
@@ -243,6 +246,7 @@ impl Engine {
             pool: Arc::new(pool),
             decoder,
             decoded: Default::default(),
+            filler: Default::default(),
             producer: pipeline::spawn_stream,
             remote: None,
             alive: tokio::sync::watch::Sender::new(()),

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::budget::{self, StreamCost, StreamShape};
 use super::{
-    Engine, EngineError, OpenStream, Sources, StreamGeometry, StreamRequest, MAX_BUFFERED_SHARDS,
+    Engine, EngineError, OpenStream, OutputRequest, Sources, StreamGeometry, StreamRequest,
+    MAX_BUFFERED_SHARDS,
 };
 use crate::dataset::Dataset;
 use crate::decode;
@@ -64,7 +65,7 @@ impl Engine {
                 scratch: self.scratch.clone(),
                 spec: request.output.spec,
                 ring: ring.clone(),
-                tier: self.tier(request.output.decoded_source),
+                tier: self.tier(&request.output),
                 delivery: request.output.delivery,
                 metrics: metrics.clone(),
                 remote: self.remote.clone(),
@@ -172,14 +173,39 @@ impl Engine {
         }))
     }
 
-    /// The tier a stream of `form` uses: this host's store, if any.
-    fn tier(&self, form: Option<decode::source::SourceForm>) -> Option<decode::tier::TierRequest> {
-        form.map(|form| decode::tier::TierRequest {
+    /// The tier a stream of `form` uses: this host's store, if any, and
+    /// its background fill.
+    fn tier(&self, output: &OutputRequest) -> Option<decode::tier::TierRequest> {
+        let form = output.decoded_source?;
+        let cache = self
+            .decoded
+            .get()
+            .map(|tier| tier.clone() as Arc<dyn decode::tier::SourceStore>);
+        let filler = cache.as_ref().and_then(|_| {
+            self.filler
+                .get_or_init(|| {
+                    decode::fill::TierFiller::start(
+                        self.decoder.clone(),
+                        self.config.decode_threads,
+                    )
+                    .map_err(|error| {
+                        tracing::warn!(
+                            %error,
+                            "decoded-source tier: no background fill; sources are derived \
+                             in their first stored epoch"
+                        )
+                    })
+                    .ok()
+                    .map(Arc::new)
+                })
+                .clone()
+                .map(|filler| filler as Arc<dyn decode::tier::FillQueue>)
+        });
+        Some(decode::tier::TierRequest {
             form,
-            cache: self
-                .decoded
-                .get()
-                .map(|tier| tier.clone() as Arc<dyn decode::tier::SourceStore>),
+            cache,
+            from_epoch: output.decoded_from_epoch,
+            filler,
         })
     }
 

@@ -62,6 +62,9 @@ pub struct OutputRequest {
     pub shared_memory: Option<std::path::PathBuf>,
     /// Define outputs from decoded sources stored in this form (the tier).
     pub decoded_source: Option<SourceForm>,
+    /// With the tier: its first epoch defined from the stored source (the
+    /// ones before are defined from the original and fill the tier).
+    pub decoded_from_epoch: u64,
     /// Pixels, or baseline JPEGs for the client to decode.
     pub delivery: Delivery,
 }
@@ -73,6 +76,7 @@ impl OutputRequest {
             spec,
             shared_memory: None,
             decoded_source: None,
+            decoded_from_epoch: crate::decode::tier::DEFAULT_FROM_EPOCH,
             delivery: Delivery::Decoded,
         }
     }

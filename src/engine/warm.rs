@@ -85,6 +85,8 @@ pub async fn warm_decoded(
         shorter_side,
         kind: SourceKind::Raw,
     });
+    // Filling ahead is the point: this pass stores every source it derives.
+    request.output.decoded_from_epoch = 0;
     let mut batches = engine.open_stream(request).await?.batches;
     let mut report = DecodedWarmReport {
         samples: 0,

@@ -91,8 +91,8 @@ impl SampleDecoder {
                 .spec
                 .crop_box(placement.source_width, placement.source_height, &key));
         }
-        match &self.tier {
-            None => decode::decode_bounded(
+        let original = |out: &mut [u8]| {
+            decode::decode_bounded(
                 &*self.decoder,
                 &self.scratch,
                 format,
@@ -100,7 +100,24 @@ impl SampleDecoder {
                 &self.spec,
                 &key,
                 out,
-            ),
+            )
+        };
+        match &self.tier {
+            None => original(out),
+            Some(tier) if !tier.defines(key.epoch) => {
+                // Defined from the original (the same bytes as the tier off);
+                // the tier is filled off the critical path.
+                let decoded = original(out);
+                if decoded.is_ok() && tier.filler.is_some() {
+                    let dataset = &origin.dataset;
+                    let location = dataset.store.location(&dataset.shard_key(emitted.shard));
+                    match tier_sample(dataset, &location, emitted) {
+                        Some(sample) => tier.offer(format, data, &self.spec, &key, &sample),
+                        None => metrics::decoded_tier("unversioned"),
+                    }
+                }
+                decoded
+            }
             Some(tier) => {
                 // Named only where a tier directory keeps it.
                 let dataset = &origin.dataset;

@@ -94,10 +94,12 @@ pub fn stream_request(
         resume_from,
     };
     let layout = sample_layout(request.layout.as_ref())?;
+    let (decoded_source, decoded_from_epoch) = decoded_source(request.decoded_source.as_ref())?;
     let output = OutputRequest {
         spec: output,
         shared_memory: None,
-        decoded_source: decoded_source(request.decoded_source.as_ref())?,
+        decoded_source,
+        decoded_from_epoch,
         delivery: delivery(request)?,
     };
     let sources = if mixed {
@@ -165,13 +167,13 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
     }
 }
 
-/// The request's decoded-source form, checked.
+/// The request's decoded-source form, checked, and its first stored epoch.
 fn decoded_source(
     wire: Option<&pb::DecodedSource>,
-) -> Result<Option<decode::source::SourceForm>, ServiceError> {
-    use decode::tier::{MAX_SHORTER_SIDE, MIN_SHORTER_SIDE};
+) -> Result<(Option<decode::source::SourceForm>, u64), ServiceError> {
+    use decode::tier::{DEFAULT_FROM_EPOCH, MAX_SHORTER_SIDE, MIN_SHORTER_SIDE};
     let Some(wire) = wire else {
-        return Ok(None);
+        return Ok((None, DEFAULT_FROM_EPOCH));
     };
     if !(MIN_SHORTER_SIDE..=MAX_SHORTER_SIDE).contains(&wire.shorter_side) {
         return Err(ServiceError::invalid(
@@ -182,10 +184,14 @@ fn decoded_source(
             ),
         ));
     }
-    Ok(Some(decode::source::SourceForm {
-        shorter_side: wire.shorter_side,
-        kind: decode::source::SourceKind::Raw,
-    }))
+    let from_epoch = wire.stored_from_epoch.map_or(DEFAULT_FROM_EPOCH, u64::from);
+    Ok((
+        Some(decode::source::SourceForm {
+            shorter_side: wire.shorter_side,
+            kind: decode::source::SourceKind::Raw,
+        }),
+        from_epoch,
+    ))
 }
 
 /// The crop of a request: its augmentation's, else the legacy `resize`.

@@ -554,7 +554,12 @@ class Client:
         a shorter side of ``S`` (64 to 4096) and kept by the server's
         decoded-source tier, so later epochs skip the JPEG decode; the crop
         box is drawn as without it, and the batches are the same bytes
-        whether the tier held the source or not.
+        whether the tier held the source or not. The epochs before
+        ``decoded_source_from_epoch`` (default 1) are defined from the
+        original, the same bytes as without the tier, and cost what it does:
+        the server fills the tier meanwhile on otherwise idle cores. ``0``:
+        every epoch from the stored source (a tier filled ahead by
+        ``shardfeed warm --decoded``).
 
         ``delivery="encoded"``: baseline JPEGs arrive compressed, with the
         crop box and flip a decoded delivery would have applied
@@ -606,6 +611,8 @@ class Client:
             request.augmentation.CopyFrom(augmentation.to_message())
         if stream.decoded_source is not None:
             request.decoded_source.shorter_side = stream.decoded_source
+            if stream.decoded_source_from_epoch is not None:
+                request.decoded_source.stored_from_epoch = stream.decoded_source_from_epoch
         stream.delivery.apply(request)
         if sources is not None:
             request.sources.extend(_source_message(source) for source in sources)

@@ -139,7 +139,10 @@ class StreamOptions:
     ``transport``: ``"shared_memory"`` (over a ``unix:`` target), ``"inline"``
     or ``"auto"`` (shared memory on ``unix:`` targets). ``decoded_source=S``:
     outputs from each image brought once to a shorter side of ``S`` and kept
-    by the server's decoded-source tier. ``host_pinning``: registers each
+    by the server's decoded-source tier, from epoch
+    ``decoded_source_from_epoch`` on (``None``: the server's default, 1; the
+    epochs before it are the original's bytes while the tier fills in the
+    background). ``host_pinning``: registers each
     shared-memory ring with a device runtime once, when it is mapped.
     """
 
@@ -151,12 +154,17 @@ class StreamOptions:
     resize: Resize = "center_crop"
     transport: Transport = "auto"
     decoded_source: int | None = None
+    decoded_source_from_epoch: int | None = None
     host_pinning: HostPinning | None = None
 
     def __post_init__(self) -> None:
         _check_choice("partition", self.partition, Partition)
         _check_choice("resize", self.resize, Resize)
         _check_choice("transport", self.transport, Transport)
+        if self.decoded_source_from_epoch is not None and self.decoded_source_from_epoch < 0:
+            raise ValueError(
+                f"decoded_source_from_epoch must be >= 0, not {self.decoded_source_from_epoch}"
+            )
 
     @staticmethod
     def keywords() -> tuple[str, ...]:
@@ -212,6 +220,7 @@ _KEYWORDS: dict[str, tuple[str | None, str]] = {
     "resize": (None, "resize"),
     "transport": (None, "transport"),
     "decoded_source": (None, "decoded_source"),
+    "decoded_source_from_epoch": (None, "decoded_source_from_epoch"),
     "host_pinning": (None, "host_pinning"),
 }
 

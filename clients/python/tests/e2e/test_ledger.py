@@ -175,6 +175,7 @@ class Case:
     # client decodes), one through the decoded-source "tier", or one
     # decoded by the sidecar's decode "pool"; "tier_unlisted": the tier
     # over an S3 whose listings name no ETags (versions from HEAD);
+    # "tier_stored": the tier with every epoch from the stored source;
     # "encoded_auto": encoded, the sidecar's share sought as it streams
     # (it moves mid-stream, and a resumed stream starts where it settled);
     # "loose": one image object per sample, read with GETs in flight the
@@ -215,8 +216,12 @@ class Case:
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "encoded": dict(decode="client"),
     "encoded_auto": dict(decode="client", server_decode_fraction="auto"),
+    # Epoch 0 from the original while the tier fills in the background,
+    # epoch 1 from the stored source (the default first stored epoch).
     "tier": dict(decoded_source=64),
     "tier_unlisted": dict(decoded_source=64),
+    # Every epoch from the stored source (a tier filled ahead).
+    "tier_stored": dict(decoded_source=64, decoded_source_from_epoch=0),
 }
 
 
@@ -494,6 +499,8 @@ MATRIX = [
     Row("plain", "tier_unlisted", "kill"),
     Row("stateful_loader", "tier_unlisted", "break", full_only=True),
     Row("workers", "tier_unlisted", "none", full_only=True),
+    Row("plain", "tier_stored", "kill"),
+    Row("stateful", "tier_stored", "break", full_only=True),
     # The tuned share: probes move it within a batch stream; neither a
     # kill nor a resume may lose or repeat a sample for it.
     Row("plain", "encoded_auto", "kill"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +14,10 @@ from shardfeed import Client
 from ..conftest import S3, Server, noise_jpeg, start_server, stop, upload, write_tar
 
 
-def _batches(server: Server, uri: str) -> list[tuple[np.ndarray, list[int]]]:
+def _batches(
+    server: Server, uri: str, epoch: int = 1, **options: Any
+) -> list[tuple[np.ndarray, list[int]]]:
+    options.setdefault("decoded_source", 64)
     client = Client(server.target)
     return [
         (b.images.copy(), b.labels.tolist())
@@ -23,10 +27,10 @@ def _batches(server: Server, uri: str) -> list[tuple[np.ndarray, list[int]]]:
             image_size=32,
             augment="train",
             seed=4,
-            epoch=1,
-            decoded_source=64,
+            epoch=epoch,
             rank=0,
             world_size=1,
+            **options,
         )
     ]
 
@@ -68,6 +72,33 @@ def test_the_tier_gives_the_same_batches_cold_warm_damaged_and_absent(
         assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, expected)), "damaged"
     finally:
         stop(tiered.process)
+
+
+def test_epochs_before_the_first_stored_one_are_the_originals_bytes(
+    s3: S3, unix_server: Server
+) -> None:
+    shards = [
+        write_tar(
+            [
+                (f"f{i:02d}", {"jpg": noise_jpeg(700 + i, 90, 120), "cls": b"%d" % i})
+                for i in range(8)
+            ]
+        )
+    ]
+    uri = upload(s3, "tierfirst", "", shards)
+
+    def same(a: list[tuple[np.ndarray, list[int]]], b: list[tuple[np.ndarray, list[int]]]) -> bool:
+        return len(a) == len(b) and all(np.array_equal(x, y) for (x, _), (y, _) in zip(a, b))
+
+    original = _batches(unix_server, uri, epoch=0, decoded_source=None)
+    stored = _batches(unix_server, uri, epoch=0, decoded_source_from_epoch=0)
+    assert not same(original, stored), "the stored source defines other bytes"
+    # Epoch 0 with the tier, by default: the original's bytes.
+    assert same(_batches(unix_server, uri, epoch=0), original)
+    assert same(
+        _batches(unix_server, uri, epoch=2, decoded_source_from_epoch=3),
+        _batches(unix_server, uri, epoch=2, decoded_source=None),
+    )
 
 
 def test_a_server_waiting_for_a_tier_slot_answers_not_serving(s3: S3) -> None:

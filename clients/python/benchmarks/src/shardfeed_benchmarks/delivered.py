@@ -171,10 +171,12 @@ def _stat_cpu(path: Path) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_pass(ds: Any, server_pid: int) -> dict[str, float]:
+def timed_pass(ds: Any, server_pid: int, step_seconds: float = 0.0) -> dict[str, float]:
     """One pass over a ``ShardfeedDataset`` of ``(images, labels)``,
     touching every batch as a trainer would: samples, wall seconds, and the
-    CPU-seconds this process and the server (``server_pid``) spent."""
+    CPU-seconds this process and the server (``server_pid``) spent.
+    ``step_seconds``: a training step's time per batch, slept (a GPU-bound
+    trainer leaves the host's cores idle while it waits)."""
     before = resource.getrusage(resource.RUSAGE_SELF)
     server_before = _process_cpu(server_pid)
     started = time.perf_counter()
@@ -182,6 +184,8 @@ def timed_pass(ds: Any, server_pid: int) -> dict[str, float]:
     for images, labels in ds:
         checksum += int(images[0, 0, 0, 0])
         samples += len(labels)
+        if step_seconds:
+            time.sleep(step_seconds)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {

@@ -90,10 +90,12 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ...) -> None: ...
 
 class DecodedSource(_message.Message):
-    __slots__ = ("shorter_side",)
+    __slots__ = ("shorter_side", "stored_from_epoch")
     SHORTER_SIDE_FIELD_NUMBER: _ClassVar[int]
+    STORED_FROM_EPOCH_FIELD_NUMBER: _ClassVar[int]
     shorter_side: int
-    def __init__(self, shorter_side: _Optional[int] = ...) -> None: ...
+    stored_from_epoch: int
+    def __init__(self, shorter_side: _Optional[int] = ..., stored_from_epoch: _Optional[int] = ...) -> None: ...
 
 class MixSource(_message.Message):
     __slots__ = ("dataset", "weight", "layout")
