@@ -521,3 +521,59 @@ async fn the_first_epoch_is_the_originals_bytes_and_fills_the_tier_for_the_next(
     assert_eq!(digest(&tail), digest(&whole[2..]));
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_a_tier_uses_it_for_requests_that_name_none_unless_they_opt_out() {
+    let bare = Harness::start(Options::default()).await;
+    let uri = upload(&bare.s3, "tierdefault", "photos/", &photos()).await;
+    let plain = |epoch: u64| pb::StreamBatchesRequest {
+        epoch,
+        decoded_source: None,
+        ..tiered(&uri, train())
+    };
+    let opted_out = |epoch: u64| pb::StreamBatchesRequest {
+        decoded_source: Some(pb::DecodedSource {
+            shorter_side: 0,
+            stored_from_epoch: None,
+        }),
+        ..plain(epoch)
+    };
+    let original1 = digest(&all_ranks(&bare, &plain(1), 1).await);
+    let stored1 = digest(&all_ranks(&bare, &from_epoch_one(&uri, train(), 1), 1).await);
+    let s3 = bare.restart_s3().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tier = Arc::new(DecodedCache::open(dir.path(), 1 << 30).unwrap());
+    let harness = Harness::with_s3(
+        s3,
+        Options {
+            decoded: Some(tier.clone()),
+            decoded_default: Some(shardfeed::decode::source::SourceForm {
+                shorter_side: 64,
+                kind: shardfeed::decode::source::SourceKind::Raw,
+            }),
+            ..Options::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        digest(&all_ranks(&harness, &opted_out(1), 1).await),
+        original1
+    );
+    assert_eq!(tier.records(), 0, "an opted-out stream keeps nothing");
+    all_ranks(&harness, &plain(0), 1).await;
+    filled_to(&tier, 36).await;
+    assert_eq!(
+        digest(&all_ranks(&harness, &plain(1), 1).await),
+        stored1,
+        "with no decoded_source, the server's default form"
+    );
+    // An encoded delivery decodes on the trainer: no tier for it, and no
+    // conflict with the server's default.
+    let mut client = harness.client().await;
+    let encoded = pb::StreamBatchesRequest {
+        delivery: pb::Delivery::Encoded as i32,
+        ..plain(1)
+    };
+    assert!(collect(&mut client, encoded).await.is_ok());
+    harness.shutdown().await;
+}

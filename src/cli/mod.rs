@@ -255,11 +255,20 @@ pub struct CacheArgs {
     /// another on the node waits for the old one to exit); then exit.
     #[arg(long, env = "SHARDFEED_CACHE_LOCK_WAIT", default_value_t = 0)]
     pub cache_lock_wait: u64,
-    /// Directory of the host's decoded-source tier (streams that ask for
-    /// `decoded_source` crop from sources kept here). Unset: such streams
-    /// derive every sample's source and keep none (the same bytes, slower).
+    /// Directory of the host's decoded-source tier: decoded streams crop
+    /// their later epochs from sources kept here (see
+    /// --decoded-default-side). Unset: streams that ask for
+    /// `decoded_source` derive every sample's source and keep none (the
+    /// same bytes, slower); others do not use the tier.
     #[arg(long, env = "SHARDFEED_DECODED_CACHE_DIR")]
     pub decoded_cache_dir: Option<PathBuf>,
+    /// With --decoded-cache-dir: the stored shorter side a decoded stream
+    /// uses when its request names no `decoded_source` (its first epoch is
+    /// the original's bytes and fills the tier on idle cores; later epochs
+    /// read it). 0: only streams that ask use the tier. Not with --pool
+    /// (the pool decodes what the tier would serve).
+    #[arg(long, env = "SHARDFEED_DECODED_DEFAULT_SIDE", default_value_t = 320)]
+    pub decoded_default_side: u32,
     /// Most bytes the decoded-source tier may hold on disk, e.g. 200G.
     #[arg(long, env = "SHARDFEED_DECODED_CACHE_SIZE", value_parser = parse_size, default_value = "100G")]
     pub decoded_cache_size: u64,
@@ -281,6 +290,16 @@ impl CacheArgs {
             problems.push(format!(
                 "--cache-slots must be in [1, {}]",
                 cache::MAX_SLOTS
+            ));
+        }
+        if self.decoded_default_side != 0
+            && !(crate::decode::tier::MIN_SHORTER_SIDE..=crate::decode::tier::MAX_SHORTER_SIDE)
+                .contains(&self.decoded_default_side)
+        {
+            problems.push(format!(
+                "--decoded-default-side must be 0 or in [{}, {}]",
+                crate::decode::tier::MIN_SHORTER_SIDE,
+                crate::decode::tier::MAX_SHORTER_SIDE
             ));
         }
         if self.decoded_cache_dir.is_some() && self.decoded_cache_dir == self.cache_dir {
@@ -487,6 +506,12 @@ impl ServeArgs {
                     on_bad_shard: self.read.on_bad_shard.into(),
                     ..engine.pipeline
                 },
+                decoded_default: (self.cache.decoded_default_side > 0).then_some(
+                    crate::decode::source::SourceForm {
+                        shorter_side: self.cache.decoded_default_side,
+                        kind: crate::decode::source::SourceKind::Raw,
+                    },
+                ),
                 ..engine
             },
             service: ServiceConfig {
@@ -521,6 +546,7 @@ impl StreamArgs {
                 None => MemoryConfig::detect(),
             },
             decode_threads: self.decode_threads_sized().value,
+            decoded_default: None,
             default_shuffle: ShuffleConfig {
                 enabled: true,
                 interleave: self.interleave,

@@ -220,7 +220,9 @@ mod tests {
     }
 
     fn jpeg(seed: u8) -> Vec<u8> {
-        let pixels: Vec<u8> = (0..48 * 40 * 3).map(|i| (i as u8).wrapping_mul(seed)).collect();
+        let pixels: Vec<u8> = (0..48 * 40 * 3)
+            .map(|i| (i as u8).wrapping_mul(seed))
+            .collect();
         let mut out = Vec::new();
         image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
             .encode(&pixels, 48, 40, image::ExtendedColorType::Rgb8)
@@ -255,7 +257,13 @@ mod tests {
                 epoch: 0,
                 sample: i as u64,
             };
-            tier.offer(ImageFormat::Jpeg, &jpeg(i as u8 + 1), &spec, &augment, &sample);
+            tier.offer(
+                ImageFormat::Jpeg,
+                &jpeg(i as u8 + 1),
+                &spec,
+                &augment,
+                &sample,
+            );
         }
         // A center crop keeps its output too: a source and an output each.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);

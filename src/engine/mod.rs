@@ -51,6 +51,9 @@ pub struct EngineConfig {
     pub default_shuffle: ShuffleConfig,
     /// How `--memory-limit` is shared between streams and decode scratch.
     pub memory: MemoryConfig,
+    /// The tier form a decoded stream uses when its request names none,
+    /// where this server keeps a tier directory and has no decode pool.
+    pub decoded_default: Option<decode::source::SourceForm>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +63,7 @@ impl Default for EngineConfig {
             decode_threads: default_decode_threads(),
             default_shuffle: ShuffleConfig::default(),
             memory: MemoryConfig::detect(),
+            decoded_default: None,
         }
     }
 }

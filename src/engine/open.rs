@@ -30,6 +30,7 @@ impl Engine {
     /// allocated, and planning (whose cost follows the dataset) runs off the
     /// async runtime.
     pub async fn open_stream(&self, request: StreamRequest) -> Result<OpenStream, EngineError> {
+        let request = self.with_default_tier(request);
         let datasets = self.check(&request).await?;
         let reservation = Arc::new(
             self.memory
@@ -171,6 +172,23 @@ impl Engine {
             ring,
             fd_socket: socket.clone(),
         }))
+    }
+
+    /// A decoded stream whose request names no tier uses this server's
+    /// default form, where it keeps a tier directory: its first epoch costs
+    /// what the tier off does, later epochs read the tier. Not with a
+    /// decode pool, which decodes what the tier would serve.
+    fn with_default_tier(&self, mut request: StreamRequest) -> StreamRequest {
+        let output = &mut request.output;
+        if output.decoded_by_default
+            && output.decoded_source.is_none()
+            && output.delivery == crate::pipeline::encoded::Delivery::Decoded
+            && self.remote.is_none()
+            && self.decoded.get().is_some()
+        {
+            output.decoded_source = self.config.decoded_default;
+        }
+        request
     }
 
     /// The tier a stream of `form` uses: this host's store, if any, and

@@ -65,6 +65,9 @@ pub struct OutputRequest {
     /// With the tier: its first epoch defined from the stored source (the
     /// ones before are defined from the original and fill the tier).
     pub decoded_from_epoch: u64,
+    /// The request named no tier: the server's default applies
+    /// ([`super::EngineConfig::decoded_default`]).
+    pub decoded_by_default: bool,
     /// Pixels, or baseline JPEGs for the client to decode.
     pub delivery: Delivery,
 }
@@ -77,6 +80,7 @@ impl OutputRequest {
             shared_memory: None,
             decoded_source: None,
             decoded_from_epoch: crate::decode::tier::DEFAULT_FROM_EPOCH,
+            decoded_by_default: false,
             delivery: Delivery::Decoded,
         }
     }

@@ -100,6 +100,7 @@ pub fn stream_request(
         shared_memory: None,
         decoded_source,
         decoded_from_epoch,
+        decoded_by_default: request.decoded_source.is_none(),
         delivery: delivery(request)?,
     };
     let sources = if mixed {
@@ -150,7 +151,11 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
                     format!("server_decode_fraction {fraction} is outside 0..=1"),
                 );
             }
-            if request.decoded_source.is_some() {
+            if request
+                .decoded_source
+                .as_ref()
+                .is_some_and(|tier| tier.shorter_side != 0)
+            {
                 return invalid(
                     "decoded_source",
                     "decoded_source and delivery = DELIVERY_ENCODED conflict: the client decodes \
@@ -175,11 +180,16 @@ fn decoded_source(
     let Some(wire) = wire else {
         return Ok((None, DEFAULT_FROM_EPOCH));
     };
+    if wire.shorter_side == 0 {
+        // Asked for no tier (the server's default would otherwise apply).
+        return Ok((None, DEFAULT_FROM_EPOCH));
+    }
     if !(MIN_SHORTER_SIDE..=MAX_SHORTER_SIDE).contains(&wire.shorter_side) {
         return Err(ServiceError::invalid(
             "decoded_source.shorter_side",
             format!(
-                "decoded_source.shorter_side {} is outside {MIN_SHORTER_SIDE}..={MAX_SHORTER_SIDE}",
+                "decoded_source.shorter_side {} is outside {MIN_SHORTER_SIDE}..={MAX_SHORTER_SIDE} \
+                 (0: no tier)",
                 wire.shorter_side
             ),
         ));

@@ -147,6 +147,8 @@ pub struct Options {
     pub decoder: Option<Arc<dyn shardfeed::decode::Decoder>>,
     /// The host's decoded-source tier.
     pub decoded: Option<Arc<shardfeed::store::decoded::DecodedCache>>,
+    /// The tier form requests that name none use (`--decoded-default-side`).
+    pub decoded_default: Option<shardfeed::decode::source::SourceForm>,
     /// The decode pool streams send to.
     pub pool: Option<shardfeed::pool::PoolClient>,
 }
@@ -168,6 +170,7 @@ impl Default for Options {
             memory: MemoryConfig::from_limit(8 << 30),
             decoder: None,
             decoded: None,
+            decoded_default: None,
             pool: None,
         }
     }
@@ -212,6 +215,7 @@ impl Harness {
                 pipeline: options.pipeline,
                 decode_threads: options.decode_threads,
                 memory: options.memory,
+                decoded_default: options.decoded_default,
                 ..EngineConfig::default()
             },
             options

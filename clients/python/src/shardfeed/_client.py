@@ -559,7 +559,9 @@ class Client:
         original, the same bytes as without the tier, and cost what it does:
         the server fills the tier meanwhile on otherwise idle cores. ``0``:
         every epoch from the stored source (a tier filled ahead by
-        ``shardfeed warm --decoded``).
+        ``shardfeed warm --decoded``). A server with a tier directory uses
+        it for decoded streams that do not say (``--decoded-default-side``,
+        320); ``decoded_source=0`` opts out.
 
         ``delivery="encoded"``: baseline JPEGs arrive compressed, with the
         crop box and flip a decoded delivery would have applied
@@ -610,6 +612,8 @@ class Client:
         if augmentation is not None:
             request.augmentation.CopyFrom(augmentation.to_message())
         if stream.decoded_source is not None:
+            # Present even at 0 (no tier, whatever the server's default).
+            request.decoded_source.SetInParent()
             request.decoded_source.shorter_side = stream.decoded_source
             if stream.decoded_source_from_epoch is not None:
                 request.decoded_source.stored_from_epoch = stream.decoded_source_from_epoch

@@ -142,7 +142,9 @@ class StreamOptions:
     by the server's decoded-source tier, from epoch
     ``decoded_source_from_epoch`` on (``None``: the server's default, 1; the
     epochs before it are the original's bytes while the tier fills in the
-    background). ``host_pinning``: registers each
+    background). ``decoded_source=None`` takes the server's default (a
+    server with a tier directory uses it); ``0`` asks for no tier.
+    ``host_pinning``: registers each
     shared-memory ring with a device runtime once, when it is mapped.
     """
 

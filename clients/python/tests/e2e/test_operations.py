@@ -59,6 +59,10 @@ def throttled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3, Se
         "0",
         "--decoded-cache-dir",
         str(tmp_path_factory.mktemp("decoded")),
+        # Only the stream that asks uses the tier: the counts below are of
+        # its records alone (a default tier fills in the background).
+        "--decoded-default-side",
+        "0",
     )
     yield s3, server
     stop(server.process)
@@ -97,7 +101,11 @@ def test_documented_metrics_exist_and_move(throttled: tuple[S3, Server]) -> None
     # The decoded-source tier: a first pass stores each source and (no
     # randomness in a center crop) each output; the second copies outputs.
     for _ in range(2):
-        tiered = list(client.batches(mix_a, batch_size=5, image_size=32, decoded_source=64))
+        tiered = list(
+            client.batches(
+                mix_a, batch_size=5, image_size=32, decoded_source=64, decoded_source_from_epoch=0
+            )
+        )
         assert len(tiered) == 2
     # Encoded delivery: the server decodes its share, the client the rest
     # (and reports what it decoded).

@@ -70,6 +70,14 @@ def test_the_tier_gives_the_same_batches_cold_warm_damaged_and_absent(
             record.write_bytes(record.read_bytes()[:-7])
         got = _batches(tiered, uri)
         assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, expected)), "damaged"
+        # A server with a tier uses it unless the request opts out (0).
+        original = _batches(unix_server, uri, decoded_source=None)
+        opted_out = _batches(tiered, uri, decoded_source=0)
+        assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(opted_out, original))
+        # Without decoded_source: the server's default form (shorter side
+        # 320, the photos' whole size here): 20 more records.
+        _batches(tiered, uri, decoded_source=None)
+        assert len(sorted((directory / "decoded").glob("*/*.src"))) == 40
     finally:
         stop(tiered.process)
 
