@@ -232,32 +232,17 @@ impl TierRequest {
             return Ok(false);
         }
         full_size_bounded(budget, format, data, |_, _| {
-            let kept = if source_held {
-                cache.get(source_key)
-            } else {
-                None
-            };
+            let kept = source_held.then(|| cache.get(source_key)).flatten();
             let source = match kept {
                 Some(source) => source,
-                None => {
-                    let source = derive_source_with(decoder, format, data, &self.form)?;
-                    cache.put(source_key, &source);
-                    source
-                }
+                None => self.derive(decoder, format, data, Some((cache, source_key)))?,
             };
             if let Some(name) = output_missing {
                 let crop = spec.crop_box(source.original_width, source.original_height, key);
                 let mut out = vec![0u8; spec.bytes()];
                 output_from_source(&source, spec, &crop, &mut out)?;
-                let output = StoredSource {
-                    kind: self.form.kind,
-                    width: spec.width,
-                    height: spec.height,
-                    original_width: source.original_width,
-                    original_height: source.original_height,
-                    bytes: out,
-                };
-                cache.put(&name, &output);
+                let original = (source.original_width, source.original_height);
+                cache.put(&name, &self.output_record(spec, original, out));
             }
             Ok(true)
         })
@@ -300,13 +285,7 @@ impl TierRequest {
         let crop = full_size_bounded(budget, format, data, |_, _| {
             let source = match cache.and_then(|(cache, source_key)| cache.get(source_key)) {
                 Some(source) => source,
-                None => {
-                    let source = derive_source_with(decoder, format, data, &self.form)?;
-                    if let Some((cache, source_key)) = cache {
-                        cache.put(source_key, &source);
-                    }
-                    source
-                }
+                None => self.derive(decoder, format, data, cache)?,
             };
             let crop = spec.crop_box(source.original_width, source.original_height, key);
             output_from_source(&source, spec, &crop, out)?;
@@ -314,17 +293,44 @@ impl TierRequest {
         })?;
         let (crop, original_width, original_height) = crop;
         if let Some((cache, name)) = &output_record {
-            let kept = StoredSource {
-                kind: self.form.kind,
-                width: spec.width,
-                height: spec.height,
-                original_width,
-                original_height,
-                bytes: out.to_vec(),
-            };
-            cache.put(name, &kept);
+            let original = (original_width, original_height);
+            cache.put(name, &self.output_record(spec, original, out.to_vec()));
         }
         Ok(crop)
+    }
+
+    /// The sample's source derived from the original, and stored where
+    /// `cache` names a store.
+    fn derive(
+        &self,
+        decoder: &dyn Decoder,
+        format: ImageFormat,
+        data: &[u8],
+        cache: Option<(&Arc<dyn SourceStore>, &SourceKey)>,
+    ) -> Result<StoredSource, DecodeError> {
+        let source = derive_source_with(decoder, format, data, &self.form)?;
+        if let Some((cache, source_key)) = cache {
+            cache.put(source_key, &source);
+        }
+        Ok(source)
+    }
+
+    /// A final output as the tier keeps it (for a transform that is the
+    /// same every epoch).
+    fn output_record(
+        &self,
+        spec: &OutputSpec,
+        (original_width, original_height): (u32, u32),
+        bytes: Vec<u8>,
+    ) -> StoredSource {
+        StoredSource {
+            kind: self.form.kind,
+            width: spec.width,
+            height: spec.height,
+            original_width,
+            original_height,
+            bytes,
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 """shardfeed: decoded, batched images from S3 tar shards, streamed over gRPC."""
 
-from ._client import Augment, Client, Source, distributed_rank_and_world
+from ._augment import Augment
+from ._client import Client, Source, distributed_rank_and_world
 from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
 from ._server import PackReport, Server, SkippedFile, pack, serve
 from ._stats import InputStats

@@ -8,11 +8,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 import grpc
 
 from . import _shm
+from ._augment import AugmentSpec, ImageSize, _augment, _image_size
 from ._options import Partition, StreamOptions, stream_options
 from ._proto import shardfeed_pb2 as pb
 from ._proto import shardfeed_pb2_grpc as pb_grpc
@@ -25,8 +26,6 @@ from ._wire import (
     _error,
     _message_from_wire,
 )
-
-ImageSize = Union[int, tuple[int, int]]
 
 # Batches are tens of MB: lift gRPC's 4 MB default and let HTTP/2 flow control
 # grow its windows for large messages.
@@ -82,83 +81,6 @@ def _refuse_after_unsafe_fork() -> None:
     )
 
 
-Crop = Literal["center", "random_resized"]
-
-# torchvision's evaluation convention: Resize(256) + CenterCrop(224).
-_EVAL_RESIZE_RATIO = 256 / 224
-
-
-@dataclass(frozen=True)
-class Augment:
-    """How each source image becomes a sample, decided by the server per
-    sample from (seed, epoch, shard, key) before decoding: the same sample
-    gets the same crop and flip at any world size, worker count or resume
-    point, and a fresh one each epoch.
-
-    ``crop="random_resized"`` is torchvision's ``RandomResizedCrop(scale,
-    ratio)``; ``crop="center"`` is ``Resize(resize) + CenterCrop`` (``resize``
-    0: the smallest scale that covers the output). ``horizontal_flip`` is the
-    probability of mirroring a sample. Use :meth:`train` and :meth:`eval` for
-    the standard recipes.
-    """
-
-    crop: Crop = "center"
-    resize: int = 0
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    horizontal_flip: float = 0.0
-
-    @classmethod
-    def train(
-        cls,
-        *,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        horizontal_flip: float = 0.5,
-    ) -> Augment:
-        """RandomResizedCrop + RandomHorizontalFlip, torchvision's defaults."""
-        return cls("random_resized", 0, scale, ratio, horizontal_flip)
-
-    @classmethod
-    def eval(cls, image_size: ImageSize = 224, *, resize: int | None = None) -> Augment:
-        """Resize(resize) + CenterCrop(image_size); ``resize`` defaults to
-        the longer output side x 256/224 (256 for 224)."""
-        if resize is None:
-            resize = round(max(_image_size(image_size)) * _EVAL_RESIZE_RATIO)
-        return cls("center", resize)
-
-    def to_message(self) -> Any:
-        if self.crop == "center":
-            return pb.Augmentation(
-                center_crop=pb.CenterCrop(resize=self.resize),
-                horizontal_flip=self.horizontal_flip,
-            )
-        if self.crop == "random_resized":
-            return pb.Augmentation(
-                random_resized_crop=pb.RandomResizedCrop(
-                    scale_min=self.scale[0],
-                    scale_max=self.scale[1],
-                    ratio_min=self.ratio[0],
-                    ratio_max=self.ratio[1],
-                ),
-                horizontal_flip=self.horizontal_flip,
-            )
-        raise ValueError(f"crop must be 'center' or 'random_resized', not {self.crop!r}")
-
-
-AugmentSpec = Union[Literal["train", "eval"], Augment, None]
-
-
-def _augment(augment: AugmentSpec, image_size: ImageSize) -> Augment | None:
-    if augment is None or isinstance(augment, Augment):
-        return augment
-    if augment == "train":
-        return Augment.train()
-    if augment == "eval":
-        return Augment.eval(image_size)
-    raise ValueError(f"augment must be 'train', 'eval', an Augment or None, not {augment!r}")
-
-
 def distributed_rank_and_world() -> tuple[int, int]:
     """torch.distributed if initialized, else RANK / WORLD_SIZE, else (0, 1)."""
     try:
@@ -173,13 +95,6 @@ def distributed_rank_and_world() -> tuple[int, int]:
     if rank is not None and world is not None:
         return int(rank), int(world)
     return 0, 1
-
-
-def _image_size(size: ImageSize) -> tuple[int, int]:
-    if isinstance(size, int):
-        return size, size
-    height, width = size
-    return int(height), int(width)
 
 
 DEFAULT_CALL_TIMEOUT = 60.0

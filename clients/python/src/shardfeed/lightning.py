@@ -15,7 +15,8 @@ try:
 except ImportError:  # the package's older name
     import pytorch_lightning as pl
 
-from ._client import AugmentSpec, Client, ImageSize
+from ._augment import AugmentSpec, ImageSize
+from ._client import Client
 from ._stats import InputStats
 from .torch import ShardfeedDataset
 from .torch._dataset import Output

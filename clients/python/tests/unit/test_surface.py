@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from shardfeed import Client, EpochPosition, ShardfeedError, distributed_rank_and_world
-from shardfeed._client import _image_size, _partition
+from shardfeed._augment import _image_size
+from shardfeed._client import _partition
 
 
 def test_rank_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

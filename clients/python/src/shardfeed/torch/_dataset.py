@@ -12,14 +12,8 @@ from typing import Any, Literal, TypedDict, Union
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .._client import (
-    AugmentSpec,
-    Client,
-    ImageSize,
-    Source,
-    SourceSpec,
-    distributed_rank_and_world,
-)
+from .._augment import AugmentSpec, ImageSize
+from .._client import Client, Source, SourceSpec, distributed_rank_and_world
 from .._epochs import EpochPage, choose_epoch, pass_token
 from .._options import Partition, StreamOptions, unknown_keywords
 from .._stats import InputStats, WaitMeter

@@ -1,0 +1,95 @@
+"""How each source image becomes a sample: the augmentation a request
+names (the server decides each sample's crop and flip before decoding)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+from ._proto import shardfeed_pb2 as pb
+
+ImageSize = Union[int, tuple[int, int]]
+_EVAL_RESIZE_RATIO = 256 / 224
+
+Crop = Literal["center", "random_resized"]
+
+# torchvision's evaluation convention: Resize(256) + CenterCrop(224).
+_EVAL_RESIZE_RATIO = 256 / 224
+
+
+@dataclass(frozen=True)
+class Augment:
+    """How each source image becomes a sample, decided by the server per
+    sample from (seed, epoch, shard, key) before decoding: the same sample
+    gets the same crop and flip at any world size, worker count or resume
+    point, and a fresh one each epoch.
+
+    ``crop="random_resized"`` is torchvision's ``RandomResizedCrop(scale,
+    ratio)``; ``crop="center"`` is ``Resize(resize) + CenterCrop`` (``resize``
+    0: the smallest scale that covers the output). ``horizontal_flip`` is the
+    probability of mirroring a sample. Use :meth:`train` and :meth:`eval` for
+    the standard recipes.
+    """
+
+    crop: Crop = "center"
+    resize: int = 0
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    horizontal_flip: float = 0.0
+
+    @classmethod
+    def train(
+        cls,
+        *,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        horizontal_flip: float = 0.5,
+    ) -> Augment:
+        """RandomResizedCrop + RandomHorizontalFlip, torchvision's defaults."""
+        return cls("random_resized", 0, scale, ratio, horizontal_flip)
+
+    @classmethod
+    def eval(cls, image_size: ImageSize = 224, *, resize: int | None = None) -> Augment:
+        """Resize(resize) + CenterCrop(image_size); ``resize`` defaults to
+        the longer output side x 256/224 (256 for 224)."""
+        if resize is None:
+            resize = round(max(_image_size(image_size)) * _EVAL_RESIZE_RATIO)
+        return cls("center", resize)
+
+    def to_message(self) -> Any:
+        if self.crop == "center":
+            return pb.Augmentation(
+                center_crop=pb.CenterCrop(resize=self.resize),
+                horizontal_flip=self.horizontal_flip,
+            )
+        if self.crop == "random_resized":
+            return pb.Augmentation(
+                random_resized_crop=pb.RandomResizedCrop(
+                    scale_min=self.scale[0],
+                    scale_max=self.scale[1],
+                    ratio_min=self.ratio[0],
+                    ratio_max=self.ratio[1],
+                ),
+                horizontal_flip=self.horizontal_flip,
+            )
+        raise ValueError(f"crop must be 'center' or 'random_resized', not {self.crop!r}")
+
+
+AugmentSpec = Union[Literal["train", "eval"], Augment, None]
+
+
+def _augment(augment: AugmentSpec, image_size: ImageSize) -> Augment | None:
+    if augment is None or isinstance(augment, Augment):
+        return augment
+    if augment == "train":
+        return Augment.train()
+    if augment == "eval":
+        return Augment.eval(image_size)
+    raise ValueError(f"augment must be 'train', 'eval', an Augment or None, not {augment!r}")
+
+
+def _image_size(size: ImageSize) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    height, width = size
+    return int(height), int(width)
