@@ -143,18 +143,36 @@ impl FillJob {
         self.data.len() as u64
     }
 
-    /// Derives and stores the sample's source (and its output where the
-    /// transform is the same every epoch) unless kept already.
+    /// Derives and stores the sample's source, and its output where the
+    /// transform is the same every epoch, unless kept already: what a miss
+    /// in a stored epoch would store, made ahead. Whether anything was
+    /// stored.
     pub fn run(&self, decoder: &dyn Decoder, budget: &ScratchBudget) -> Result<bool, DecodeError> {
-        self.tier.fill(
-            decoder,
-            budget,
-            self.format,
-            &self.data,
-            &self.spec,
-            &self.key,
-            &self.source_key,
-        )
+        let (tier, spec, source_key) = (&self.tier, &self.spec, &self.source_key);
+        let Some(cache) = &tier.cache else {
+            return Ok(false);
+        };
+        let output_key = is_deterministic(spec).then(|| source_key.output(spec));
+        let output_missing = output_key.filter(|name| !cache.holds(name));
+        let source_held = cache.holds(source_key);
+        if source_held && output_missing.is_none() {
+            return Ok(false);
+        }
+        full_size_bounded(budget, self.format, &self.data, |_, _| {
+            let kept = source_held.then(|| cache.get(source_key)).flatten();
+            let source = match kept {
+                Some(source) => source,
+                None => tier.derive(decoder, self.format, &self.data, Some((cache, source_key)))?,
+            };
+            if let Some(name) = output_missing {
+                let crop = spec.crop_box(source.original_width, source.original_height, &self.key);
+                let mut out = vec![0u8; spec.bytes()];
+                output_from_source(&source, spec, &crop, &mut out)?;
+                let original = (source.original_width, source.original_height);
+                cache.put(&name, &tier.output_record(spec, original, out));
+            }
+            Ok(true)
+        })
     }
 }
 
@@ -170,7 +188,6 @@ impl TierRequest {
 
     /// A sample of an epoch before `from_epoch`, decoded from the original:
     /// offers it to the background fill unless the tier holds it already.
-    #[allow(clippy::too_many_arguments)]
     pub fn offer(
         &self,
         format: ImageFormat,
@@ -206,46 +223,6 @@ impl TierRequest {
             spec: *spec,
             key: *key,
         });
-    }
-
-    /// Stores `source_key`'s source, and its output where the transform is
-    /// the same every epoch, unless kept already: what a miss in a stored
-    /// epoch would store, made ahead. Whether anything was stored.
-    #[allow(clippy::too_many_arguments)]
-    fn fill(
-        &self,
-        decoder: &dyn Decoder,
-        budget: &ScratchBudget,
-        format: ImageFormat,
-        data: &[u8],
-        spec: &OutputSpec,
-        key: &SampleKey,
-        source_key: &SourceKey,
-    ) -> Result<bool, DecodeError> {
-        let Some(cache) = &self.cache else {
-            return Ok(false);
-        };
-        let output_key = is_deterministic(spec).then(|| source_key.output(spec));
-        let output_missing = output_key.filter(|name| !cache.holds(name));
-        let source_held = cache.holds(source_key);
-        if source_held && output_missing.is_none() {
-            return Ok(false);
-        }
-        full_size_bounded(budget, format, data, |_, _| {
-            let kept = source_held.then(|| cache.get(source_key)).flatten();
-            let source = match kept {
-                Some(source) => source,
-                None => self.derive(decoder, format, data, Some((cache, source_key)))?,
-            };
-            if let Some(name) = output_missing {
-                let crop = spec.crop_box(source.original_width, source.original_height, key);
-                let mut out = vec![0u8; spec.bytes()];
-                output_from_source(&source, spec, &crop, &mut out)?;
-                let original = (source.original_width, source.original_height);
-                cache.put(&name, &self.output_record(spec, original, out));
-            }
-            Ok(true)
-        })
     }
 
     /// One sample's output, defined from its stored source. `sample` names
