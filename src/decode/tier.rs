@@ -119,12 +119,12 @@ pub struct TierRequest {
 }
 
 /// Where samples are offered to be stored ahead of their first stored
-/// epoch ([`super::fill`]). An offer never waits: a full queue drops it.
+/// epoch ([`super::fill`]). An offer never waits on the fill: a full queue
+/// drops it.
 pub trait FillQueue: Send + Sync + std::fmt::Debug {
-    /// Whether an offer of `bytes` would be taken now (a cheap check
-    /// before the sample's bytes are copied).
-    fn has_room(&self, bytes: u64) -> bool;
-    fn offer(&self, job: FillJob);
+    /// Queues `job` with `data`, the sample's compressed bytes (copied: they
+    /// are a slice of a shard part that would otherwise be kept whole).
+    fn offer(&self, job: FillJob, data: &[u8]);
 }
 
 /// One sample to store ahead: what a miss in a stored epoch would store.
@@ -132,22 +132,21 @@ pub struct FillJob {
     tier: TierRequest,
     source_key: SourceKey,
     format: ImageFormat,
-    data: Vec<u8>,
     spec: OutputSpec,
     key: SampleKey,
 }
 
 impl FillJob {
-    /// The compressed bytes the job holds.
-    pub fn bytes(&self) -> u64 {
-        self.data.len() as u64
-    }
-
     /// Derives and stores the sample's source, and its output where the
     /// transform is the same every epoch, unless kept already: what a miss
     /// in a stored epoch would store, made ahead. Whether anything was
-    /// stored.
-    pub fn run(&self, decoder: &dyn Decoder, budget: &ScratchBudget) -> Result<bool, DecodeError> {
+    /// stored. `data` is the sample's compressed bytes, as offered.
+    pub fn run(
+        &self,
+        decoder: &dyn Decoder,
+        budget: &ScratchBudget,
+        data: &[u8],
+    ) -> Result<bool, DecodeError> {
         let (tier, spec, source_key) = (&self.tier, &self.spec, &self.source_key);
         let Some(cache) = &tier.cache else {
             return Ok(false);
@@ -158,11 +157,11 @@ impl FillJob {
         if source_held && output_missing.is_none() {
             return Ok(false);
         }
-        full_size_bounded(budget, self.format, &self.data, |_, _| {
+        full_size_bounded(budget, self.format, data, |_, _| {
             let kept = source_held.then(|| cache.get(source_key)).flatten();
             let source = match kept {
                 Some(source) => source,
-                None => tier.derive(decoder, self.format, &self.data, Some((cache, source_key)))?,
+                None => tier.derive(decoder, self.format, data, Some((cache, source_key)))?,
             };
             if let Some(name) = output_missing {
                 let crop = spec.crop_box(source.original_width, source.original_height, &self.key);
@@ -205,11 +204,7 @@ impl TierRequest {
             return;
         }
         metrics::decoded_tier("fill_offered");
-        if !filler.has_room(data.len() as u64) {
-            metrics::decoded_tier("fill_dropped");
-            return;
-        }
-        filler.offer(FillJob {
+        let job = FillJob {
             // A job must not hold the queue that holds the job.
             tier: Self {
                 filler: None,
@@ -217,12 +212,10 @@ impl TierRequest {
             },
             source_key,
             format,
-            // A copy: the sample's bytes are a slice of a shard part that
-            // would otherwise be kept whole.
-            data: data.to_vec(),
             spec: *spec,
             key: *key,
-        });
+        };
+        filler.offer(job, data);
     }
 
     /// One sample's output, defined from its stored source. `sample` names

@@ -195,16 +195,16 @@ impl Engine {
     /// its background fill.
     fn tier(&self, output: &OutputRequest) -> Option<decode::tier::TierRequest> {
         let form = output.decoded_source?;
-        let cache = self
-            .decoded
-            .get()
-            .map(|tier| tier.clone() as Arc<dyn decode::tier::SourceStore>);
-        let filler = cache.as_ref().and_then(|_| {
+        let decoded = self.decoded.get();
+        let cache = decoded.map(|tier| tier.clone() as Arc<dyn decode::tier::SourceStore>);
+        let filler = decoded.and_then(|decoded| {
             self.filler
                 .get_or_init(|| {
                     decode::fill::TierFiller::start(
                         self.decoder.clone(),
                         self.config.decode_threads,
+                        decode::fill::FillBounds::default(),
+                        Some(&decoded.fill_spill_dir()),
                     )
                     .map_err(|error| {
                         tracing::warn!(

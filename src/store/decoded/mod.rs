@@ -253,6 +253,14 @@ impl DecodedCache {
         self.lock().len()
     }
 
+    /// Where the background fill keeps the images its memory bound leaves
+    /// out ([`crate::decode::fill`]): in this server's slot, so no other
+    /// server's fill empties it, and not a bucket, so never taken for
+    /// records.
+    pub fn fill_spill_dir(&self) -> PathBuf {
+        self.dir.join("fill-spill")
+    }
+
     /// Records stored since this process opened the tier.
     pub fn fills(&self) -> u64 {
         self.fills.load(Ordering::Relaxed)

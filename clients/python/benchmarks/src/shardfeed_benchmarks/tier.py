@@ -78,6 +78,9 @@ def _tier_events(metrics_port: int) -> dict[str, float]:
     return events
 
 
+TIER_OFF: dict[str, Any] = {"decoded_source": 0}
+
+
 def _epoch(
     target: str,
     server_pid: int,
@@ -139,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
                         try:
                             target = f"unix://{socket}"
                             # Fills the shard cache: every phase reads local disk.
-                            _epoch(target, server.pid, args, augment, 100)
+                            # Today's path opts out of the tier, which is on by
+                            # default where the server keeps one.
+                            _epoch(target, server.pid, args, augment, 100, **TIER_OFF)
                             # Epoch 0 is today's path; 0, 1, 2 with the tier.
                             for n, phase in enumerate(phases):
                                 epoch = max(n - 1, 0) if phases is PHASES else n
                                 paced = step if phase == "first, paced" else 0.0
-                                options = {} if phase == "today" else tier
+                                options = TIER_OFF if phase == "today" else tier
                                 run = _epoch(
                                     target, server.pid, args, augment, epoch, paced, **options
                                 )
@@ -155,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                 run["stored"] = events.get("fill", 0.0)
                                 run["fill_offered"] = events.get("fill_offered", 0.0)
                                 run["fill_dropped"] = events.get("fill_dropped", 0.0)
+                                run["fill_spilled"] = events.get("fill_spilled", 0.0)
                                 runs.setdefault((augment, phase), []).append(run)
                                 line = {"round": round_, "recipe": augment, "phase": phase, **run}
                                 print(json.dumps({"benchmark": "tier", **line}))
@@ -177,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
             rate = statistics.median(r["samples_per_second"] for r in rs)
             cpu = statistics.median(r["server_cpu_ms"] for r in rs)
             stored = statistics.median(r["stored"] for r in rs)
+            spilled = statistics.median(r["fill_spilled"] for r in rs)
+            dropped = statistics.median(r["fill_dropped"] for r in rs)
             print(
                 f"  {augment:<5} {phase:<20} {rate:7.0f} samples/s ({rate / today:.2f}x today)"
-                f"  server {cpu:.2f} CPU-ms/sample, {stored:.0f} records stored by its end",
+                f"  server {cpu:.2f} CPU-ms/sample, {stored:.0f} records stored by its end"
+                f" (fill offers so far: {spilled:.0f} kept on disk, {dropped:.0f} dropped)",
                 file=sys.stderr,
             )
     return 0
