@@ -7,10 +7,16 @@ const MAGIC: &[u8; 8] = b"SFDSRC01";
 /// Most bytes a record's key may have.
 const MAX_KEY_BYTES: usize = 4096;
 
+/// Which derivation made a record: bumped whenever a release derives other
+/// bytes from the same original, so a tier kept across an upgrade never
+/// mixes the two in one epoch (the old records are not found, and age
+/// out). 2: DCT-scaled boxes mapped by the exact factor.
+const DERIVATION: u32 = 2;
+
 /// A record's full key: the sample (its shard's location and ETag, its
-/// key) and the form.
+/// key), the form and the derivation.
 pub(super) fn full_key(record: &str, form: &SourceForm) -> String {
-    format!("{record}\n{form}")
+    format!("{record}\n{form}\nderivation {DERIVATION}")
 }
 
 pub(super) fn record_name(key: &str) -> u64 {
