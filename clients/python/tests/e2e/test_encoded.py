@@ -259,12 +259,11 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
     assert [b["keys"] for b in tail] == [b["keys"] for b in client_side[1:]]
     assert all(torch.equal(a["images"], b["images"]) for a, b in zip(tail, client_side[1:]))
 
-    # Tuned: each epoch's stream starts from the share the last one ended at.
+    # Tuned: the first stream starts from the server decoding everything (the
+    # trainer decodes on its CPU), each later one from the share the last one
+    # ended at.
     tuned = ShardfeedDataset(dataset, decode="client", server_decode_fraction="auto", **common)
     assert tuned._server_share is None
-    list(tuned)
-    share = tuned._server_share
-    assert share is not None and 0.0 <= share <= 1.0
     starts: list[float | None] = []
     original = tuned.client.batches
 
@@ -273,8 +272,11 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
         return original(*args, **kwargs)
 
     tuned.client.batches = recording  # type: ignore[method-assign]
+    list(tuned)
+    share = tuned._server_share
+    assert share is not None and 0.0 <= share <= 1.0
     assert len(list(tuned)) == 3
-    assert starts == [share]
+    assert starts == [1.0, share]
 
     with pytest.raises(ValueError, match="decode must be one of"):
         ShardfeedDataset(dataset, decode="nvjpeg", **common)
