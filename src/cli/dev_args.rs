@@ -253,6 +253,10 @@ pub struct DevS3Args {
     /// Fail every Nth GET with 503 SlowDown, as a throttled bucket does (0: never).
     #[arg(long, default_value_t = 0)]
     pub slow_down_every: u64,
+    /// Send each GET's body at this many MiB/s at most, as one connection
+    /// to S3 does (tens of MB/s); 0: as fast as loopback goes.
+    #[arg(long, default_value_t = 0)]
+    pub get_mib_per_second: u64,
     /// Fail this percentage of all requests (500 or 503 SlowDown), for soak tests.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100))]
     pub fail_percent: u64,

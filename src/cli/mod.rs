@@ -175,10 +175,11 @@ pub struct ReadArgs {
     #[arg(long, env = "SHARDFEED_PART_SIZE", default_value_t = read::DEFAULT_PART_SIZE,
           value_parser = RangedU64ValueParser::<u64>::new().range(64 << 10..=1 << 30))]
     pub part_size: u64,
-    /// Ranged GETs in flight per shard reader.
-    #[arg(long, env = "SHARDFEED_PARTS_IN_FLIGHT", default_value_t = read::DEFAULT_PARTS_IN_FLIGHT,
+    /// Ranged GETs in flight per shard reader. Default: sized by the
+    /// server, as many parts as 32 MiB holds (4 of 8 MiB), at least 2.
+    #[arg(long, env = "SHARDFEED_PARTS_IN_FLIGHT",
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
-    pub parts_in_flight: usize,
+    pub parts_in_flight: Option<usize>,
     /// GETs in flight per reader of a loose-object dataset (one image each).
     /// Default: sized by the server, from 16 up to as many as 32 MiB of
     /// objects (at most 128), growing while the stream drains the reader
@@ -210,7 +211,10 @@ impl ReadArgs {
     pub fn read_config(&self) -> ReadConfig {
         ReadConfig {
             part_size: self.part_size,
-            parts_in_flight: self.parts_in_flight,
+            parts_in_flight: self
+                .parts_in_flight
+                .unwrap_or(read::DEFAULT_PARTS_IN_FLIGHT),
+            parts_sized: self.parts_in_flight.is_none(),
             object_requests_in_flight: self
                 .object_requests_in_flight
                 .unwrap_or(read::DEFAULT_OBJECT_REQUESTS_IN_FLIGHT),

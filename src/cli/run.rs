@@ -534,6 +534,9 @@ async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
         .slow_down_every
         .store(args.slow_down_every, Ordering::Relaxed);
     faults
+        .get_bytes_per_second
+        .store(args.get_mib_per_second << 20, Ordering::Relaxed);
+    faults
         .fail_percent
         .store(args.fail_percent, Ordering::Relaxed);
     faults

@@ -33,14 +33,16 @@ impl ServeArgs {
             read.object_requests_in_flight as f64,
             objects,
         );
+        // Sized from the part size where no flag sets it.
+        let parts = if read.parts_sized {
+            Source::Default
+        } else {
+            Source::Flag
+        };
+        record("parts_in_flight", read.parts_per_reader() as f64, parts);
         // A flag that names its default reads as the default.
         let fixed = [
             ("part_size_bytes", read.part_size, read::DEFAULT_PART_SIZE),
-            (
-                "parts_in_flight",
-                read.parts_in_flight as u64,
-                read::DEFAULT_PARTS_IN_FLIGHT as u64,
-            ),
             (
                 "prefetch_shards",
                 streams.prefetch_shards as u64,

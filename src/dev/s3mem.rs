@@ -94,6 +94,9 @@ pub struct Faults {
     /// Percent of all requests (0-100) that fail, alternating 500
     /// InternalError and 503 SlowDown, at pseudo-random (a fixed sequence).
     pub fail_percent: AtomicU64,
+    /// Bytes a second each GET's body is sent at (0: as fast as it goes),
+    /// as one connection to S3 carries tens of MB/s, not a loopback's GB/s.
+    pub get_bytes_per_second: AtomicU64,
     requests_seen: AtomicU64,
 }
 
@@ -571,7 +574,8 @@ impl S3 for Backend {
         } else {
             BodyEnd::Whole
         };
-        let stream = body_stream(body, end);
+        let pace = server.faults.get_bytes_per_second.load(Ordering::Relaxed);
+        let stream = body_stream(body, end, pace);
         Ok(S3Response::new(dto::GetObjectOutput {
             body: Some(StreamingBlob::wrap(stream)),
             content_length: Some(content_length),
@@ -691,6 +695,7 @@ enum BodyEnd {
 fn body_stream(
     body: Bytes,
     end: BodyEnd,
+    bytes_per_second: u64,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
     const FRAME: usize = 64 << 10;
     let (limit, pause) = match end {
@@ -709,7 +714,29 @@ fn body_stream(
         );
         (pause, error)
     });
-    futures::stream::iter(frames).chain(futures::stream::unfold(failure, |failure| async move {
+    // Each frame leaves no sooner than the bytes before it allow at the
+    // pace (from the first frame: the first-byte delay is the GET's own).
+    let started = tokio::time::Instant::now();
+    let mut sent = 0u64;
+    let due: Vec<Duration> = frames
+        .iter()
+        .map(|frame| {
+            let at = sent;
+            sent += frame.as_ref().map_or(0, |bytes| bytes.len() as u64);
+            match bytes_per_second {
+                0 => Duration::ZERO,
+                pace => Duration::from_secs_f64(at as f64 / pace as f64),
+            }
+        })
+        .collect();
+    let paced =
+        futures::stream::iter(frames.into_iter().zip(due)).then(move |(frame, due)| async move {
+            if !due.is_zero() {
+                tokio::time::sleep_until(started + due).await;
+            }
+            frame
+        });
+    paced.chain(futures::stream::unfold(failure, |failure| async move {
         let (pause, error) = failure?;
         // Let the server flush what was sent before the connection breaks.
         tokio::time::sleep(pause).await;

@@ -113,7 +113,9 @@ impl Default for MemoryConfig {
 pub struct StreamCost {
     /// `(interleave + prefetch_shards) * (parts_in_flight + 2) * part_size`:
     /// parts in flight, the part being handed to the parser, and the
-    /// parser's own buffer (up to a part plus the member it straddles).
+    /// parser's own buffer (up to a part plus the member it straddles),
+    /// where `parts_in_flight` is the flag's count, or sized,
+    /// `max(2, 32 MiB / part_size)`.
     /// For loose objects, `(interleave + prefetch_shards) *
     /// (object_requests + 1) * S`: whole objects in flight and the one
     /// being handed on, where `object_requests` is the flag's count, or
@@ -146,7 +148,7 @@ impl StreamCost {
         let per_reader = if shape.loose_objects {
             (config.read.object_requests_ceiling(s) as u64 + 1).saturating_mul(s)
         } else {
-            (config.read.parts_in_flight as u64 + 2).saturating_mul(config.read.part_size)
+            (config.read.parts_per_reader() as u64 + 2).saturating_mul(config.read.part_size)
         };
         let batches = (config.decode_ahead + config.ready_batches + 3) as u64;
         Self {
@@ -368,12 +370,17 @@ mod tests {
             &PipelineConfig::default(),
             shape(2_000, 128 * 224 * 224 * 3),
         );
-        // README: 192 MiB + 42 MB + 220 MB + 7 batches of 19.3 MB.
-        assert_eq!(cost.readers, 6 * 4 * (8 << 20));
+        // docs/reference/memory.md: 288 MiB + 42 MB + 220 MB + 7 batches
+        // of 19.3 MB; sized, a reader keeps 32 MiB of parts in flight.
+        assert_eq!(cost.readers, 6 * (4 + 2) * (8 << 20));
         assert_eq!(cost.reader_queues, 6 * 64 * 110_000);
         assert_eq!(cost.shuffle_buffer, 2_000 * 110_000);
         assert_eq!(cost.batches, 7 * 128 * 224 * 224 * 3);
-        assert!(cost.total() > 500 << 20 && cost.total() < 700 << 20);
+        assert!(cost.total() > 600 << 20 && cost.total() < 700 << 20);
+        let mut fixed = PipelineConfig::default();
+        fixed.read.parts_sized = false;
+        let cost = StreamCost::new(&fixed, shape(2_000, 128 * 224 * 224 * 3));
+        assert_eq!(cost.readers, 6 * (2 + 2) * (8 << 20), "the flag's count");
     }
 
     #[test]

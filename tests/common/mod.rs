@@ -181,6 +181,7 @@ pub fn small_parts() -> ReadConfig {
     ReadConfig {
         part_size: 64 << 10,
         parts_in_flight: 3,
+        parts_sized: false,
         ..ReadConfig::default()
     }
 }

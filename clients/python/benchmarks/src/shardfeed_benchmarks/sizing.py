@@ -4,8 +4,10 @@
 
 ``shardfeed dev-s3 --get-delay-ms 20`` holds the demo's ~110 KB photos as
 tar shards and as loose objects (every GET answers after 20 ms, as S3's
-first byte does). For each recipe (``train``: RandomResizedCrop + flip;
-``eval``: Resize + CenterCrop) and layout, ``shardfeed bench`` (fetch,
+first byte does; ``--get-mib-per-second`` also caps each GET's body, as
+one connection to S3 carries tens of MB/s, not loopback's GB/s). For each
+recipe (``train``: RandomResizedCrop + flip; ``eval``: Resize +
+CenterCrop) and layout, ``shardfeed bench`` (fetch,
 parse, decode, batch; no gRPC, no Python) runs once with no flags (what a
 user who passes none gets) and once per point of a grid: decode threads x
 GETs in flight (ranged parts per shard reader for tar, objects per reader
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-shard", type=int, default=192)
     parser.add_argument("--batches", type=int, default=20, help="batches a run (0: an epoch)")
     parser.add_argument("--get-delay-ms", type=int, default=20)
+    parser.add_argument(
+        "--get-mib-per-second", type=int, default=0, help="each GET's body rate (0: uncapped)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--recipes", default="train,eval")
     parser.add_argument("--layouts", default="tar,loose")
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         args.per_shard,
         "--get-delay-ms",
         str(args.get_delay_ms),
+        "--get-mib-per-second",
+        str(args.get_mib_per_second),
         "--synthetic-loose",
     )
     lines = []
@@ -128,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         s3.terminate()
         s3.wait()
     print(
-        f"{cores} cores, {args.get_delay_ms} ms to first byte, {args.batches} batches a run, "
+        f"{cores} cores, {args.get_delay_ms} ms to first byte, "
+        f"{args.get_mib_per_second or 'uncapped'} MiB/s a GET, {args.batches} batches a run, "
         f"medians of {args.repeats}:",
         file=sys.stderr,
     )
