@@ -176,7 +176,7 @@ pub struct ReadArgs {
           value_parser = RangedU64ValueParser::<u64>::new().range(64 << 10..=1 << 30))]
     pub part_size: u64,
     /// Ranged GETs in flight per shard reader. Default: sized by the
-    /// server, as many parts as 32 MiB holds (4 of 8 MiB), at least 2.
+    /// server, as many parts as 32 MiB holds (4 of 8 MiB), from 2 to 16.
     #[arg(long, env = "SHARDFEED_PARTS_IN_FLIGHT",
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub parts_in_flight: Option<usize>,

@@ -115,7 +115,7 @@ pub struct StreamCost {
     /// parts in flight, the part being handed to the parser, and the
     /// parser's own buffer (up to a part plus the member it straddles),
     /// where `parts_in_flight` is the flag's count, or sized,
-    /// `max(2, 32 MiB / part_size)`.
+    /// `clamp(32 MiB / part_size, 2, 16)`.
     /// For loose objects, `(interleave + prefetch_shards) *
     /// (object_requests + 1) * S`: whole objects in flight and the one
     /// being handed on, where `object_requests` is the flag's count, or

@@ -21,6 +21,9 @@ pub const DEFAULT_PARTS_IN_FLIGHT: usize = 2;
 /// them either way, so a reader uses them from its first part: a stream's
 /// start (filling its shuffle buffer) is when it waits on S3 most.
 pub const SIZED_PART_BYTES_IN_FLIGHT: u64 = 32 << 20;
+/// Sized tar reads: the most parts a reader keeps in flight however small
+/// they are (each is a request S3 counts against the prefix's rate).
+pub const MAX_SIZED_PARTS_IN_FLIGHT: usize = 16;
 /// GETs in flight per reader of a loose-object dataset: one sample each, so
 /// it takes dozens to hide S3's first-byte latency (at 20 ms, 16 in flight
 /// carry 800 samples/s per reader). Where no flag sets the count, a reader
@@ -63,15 +66,15 @@ impl Default for ReadConfig {
 
 impl ReadConfig {
     /// The ranged GETs a shard reader keeps in flight: the flag's count, or
-    /// sized: as many parts as `SIZED_PART_BYTES_IN_FLIGHT` holds, at least
-    /// [`DEFAULT_PARTS_IN_FLIGHT`]. The stream's memory formula counts this
-    /// many (`engine::budget`).
+    /// sized: as many parts as `SIZED_PART_BYTES_IN_FLIGHT` holds, from
+    /// [`DEFAULT_PARTS_IN_FLIGHT`] to [`MAX_SIZED_PARTS_IN_FLIGHT`]. The
+    /// stream's memory formula counts this many (`engine::budget`).
     pub fn parts_per_reader(&self) -> usize {
-        let start = self.parts_in_flight.max(1);
         if !self.parts_sized {
-            return start;
+            return self.parts_in_flight.max(1);
         }
-        ((SIZED_PART_BYTES_IN_FLIGHT / self.part_size.max(1)) as usize).max(start)
+        ((SIZED_PART_BYTES_IN_FLIGHT / self.part_size.max(1)) as usize)
+            .clamp(DEFAULT_PARTS_IN_FLIGHT, MAX_SIZED_PARTS_IN_FLIGHT)
     }
 
     /// The most GETs a loose reader may have in flight, for objects of
@@ -292,5 +295,6 @@ mod tests {
         };
         assert_eq!(sized(4 << 20).parts_per_reader(), 8);
         assert_eq!(sized(64 << 20).parts_per_reader(), 2, "never below 2");
+        assert_eq!(sized(64 << 10).parts_per_reader(), 16, "nor above 16");
     }
 }

@@ -93,7 +93,23 @@ def unlisted_data(unlisted_s3: S3) -> Data:
     return _publish(unlisted_s3)
 
 
-def _publish(s3: S3) -> Data:
+@pytest.fixture(scope="module")
+def paced_s3() -> Iterator[S3]:
+    """An S3-compatible server sending each GET's body at 2 MiB/s, so a
+    reader's ranged GETs are in flight, each as a task, when a kill or a
+    break lands."""
+    server, process = start_s3("--get-mib-per-second", "2")
+    yield server
+    stop(process)
+
+
+@pytest.fixture(scope="module")
+def paced_data(paced_s3: S3) -> Data:
+    # ~40 KB photos: a shard is several 64 KiB parts.
+    return _publish(paced_s3, side=(160, 200))
+
+
+def _publish(s3: S3, side: tuple[int, int] = (30, 36)) -> Data:
     uris, labels = [], []
     for source, (shards, per_shard) in enumerate(SHAPES):
         tars = []
@@ -102,7 +118,7 @@ def _publish(s3: S3) -> Data:
             for i in range(per_shard):
                 label = source * SOURCE_LABELS + s * per_shard + i
                 members.append(
-                    (f"k{label:05d}", {"jpg": noise_jpeg(label, 30, 36), "cls": b"%d" % label})
+                    (f"k{label:05d}", {"jpg": noise_jpeg(label, *side), "cls": b"%d" % label})
                 )
             tars.append(write_tar(members))
         uris.append(upload(s3, f"ledger{source}", "", tars))
@@ -114,12 +130,12 @@ class Sidecar:
     """A sidecar on a Unix socket that comes back after a SIGKILL, as a
     pod's container restart would."""
 
-    def __init__(self, s3: S3, pool: bool = False) -> None:
+    def __init__(self, s3: S3, pool: bool = False, extra: tuple[str, ...] = ()) -> None:
         self.directory = tempfile.mkdtemp(prefix="sf-")
         self.listen = f"unix:{self.directory}/sf.sock"
         self.s3 = s3
         # A decoded-source tier that outlives a restart, as a pod's volume does.
-        self.extra: tuple[str, ...] = ("--decoded-cache-dir", f"{self.directory}/tier")
+        self.extra: tuple[str, ...] = ("--decoded-cache-dir", f"{self.directory}/tier", *extra)
         # A decode pool of three worker processes, sent every decode.
         self.workers: list[PoolWorker] = []
         if pool:
@@ -179,7 +195,8 @@ class Case:
     # "encoded_auto": encoded, the sidecar's share sought as it streams
     # (it moves mid-stream, and a resumed stream starts where it settled);
     # "loose": one image object per sample, read with GETs in flight the
-    # stream sizes as it runs.
+    # stream sizes as it runs; "paced_reads": shards read from an S3 that
+    # sends slowly, each ranged GET a task in flight.
     feature: str
     ledger_dir: str
     run: str
@@ -510,6 +527,12 @@ MATRIX = [
     Row("plain", "loose", "kill"),
     Row("stateful", "loose", "break", full_only=True),
     Row("loader", "loose", "none", full_only=True),
+    # Shard reads: each ranged GET a task of its own, 16 of 64 KiB in
+    # flight a reader, over an S3 that sends slowly: a kill or a break
+    # lands while parts arrive, and aborted tasks must lose nothing.
+    Row("plain", "paced_reads", "kill"),
+    Row("stateful", "paced_reads", "break"),
+    Row("workers", "paced_reads", "none", full_only=True),
 ]
 
 
@@ -521,9 +544,13 @@ def _row_id(row: Row) -> str:
 @pytest.fixture
 def sidecar(s3: S3, request: pytest.FixtureRequest) -> Iterator[Sidecar]:
     row = request.node.callspec.params.get("row")
+    extra: tuple[str, ...] = ()
     if row is not None and row.feature == "tier_unlisted":
         s3 = request.getfixturevalue("unlisted_s3")
-    running = Sidecar(s3, pool=row is not None and row.feature == "pool")
+    if row is not None and row.feature == "paced_reads":
+        s3 = request.getfixturevalue("paced_s3")
+        extra = ("--part-size", "65536")
+    running = Sidecar(s3, pool=row is not None and row.feature == "pool", extra=extra)
     yield running
     running.close()
 
@@ -561,6 +588,8 @@ def test_every_sample_exactly_once(
         data = request.getfixturevalue("unlisted_data")
     if row.feature == "loose":
         data = request.getfixturevalue("loose_data")
+    if row.feature == "paced_reads":
+        data = request.getfixturevalue("paced_data")
     options = dict(row.trainer)
     base = Case(sidecar.target, data, row.feature, str(tmp_path), "reference")
     if options.get("max_epochs", 0) > 0:

@@ -213,9 +213,13 @@ def test_stall_metrics_attribute_the_bottleneck(s3: S3, monkeypatch: pytest.Monk
     assert ready_wait > 0.6, (data_wait, ready_wait)
     assert data_wait < ready_wait, (data_wait, ready_wait)
 
-    # Data-bound: S3 answers slowly, the trainer waits for batches.
+    # Data-bound: S3 answers slowly, the trainer waits for batches (two
+    # parts in flight a reader: the sized count, 16 of these small parts,
+    # would hide most of the delay).
     slow_s3, slow_process = start_s3("--get-delay-ms", "400")
-    slow_server = start_server(slow_s3, f"127.0.0.1:{_port()}", "--part-size", "65536")
+    slow_server = start_server(
+        slow_s3, f"127.0.0.1:{_port()}", "--part-size", "65536", "--parts-in-flight", "2"
+    )
     try:
         slow_uri = upload(slow_s3, "stall", "", shards)
         thread = threading.Thread(
