@@ -436,11 +436,7 @@ mod tests {
     #[test]
     fn region_decodes_match_a_full_decode_of_the_same_box() {
         use crate::dev::kernel::psnr;
-        let pixels = crate::dev::synthetic::synthetic_image(3, 3, 3, 640, 480);
-        let mut jpeg = Vec::new();
-        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
-            .encode_image(&pixels)
-            .unwrap();
+        let (_, jpeg) = synthetic_photo(3, 3, 640, 480);
         let train = OutputSpec {
             crop: Crop::RandomResized(RandomResizedCrop::default()),
             ..OutputSpec::center(224, 224)
@@ -521,11 +517,7 @@ mod tests {
         // Fine grain, where a box off by a fraction of a pixel shows. The
         // reference is the pixels before JPEG, resized alike: a decoder's
         // own reference would carry its own sub-pixel conventions.
-        let pixels = crate::dev::synthetic::synthetic_image(3, 5, 2, 500, 375);
-        let mut jpeg = Vec::new();
-        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
-            .encode_image(&pixels)
-            .unwrap();
+        let (pixels, jpeg) = synthetic_photo(5, 2, 500, 375);
         // Mapped by the rounded-up size instead, these were 32.1 and 36.0.
         for (output, expected, floor) in [(100, Scale(4), 33.2), (50, Scale(2), 36.6)] {
             let spec = OutputSpec {
@@ -559,6 +551,22 @@ mod tests {
             let quality = psnr(&scaled, &reference);
             assert!(quality > floor, "{expected:?}: {quality:.1} dB");
         }
+    }
+
+    /// One of the demo's photos (fine grain) and its JPEG at quality 90.
+    #[cfg(feature = "dev")]
+    fn synthetic_photo(
+        index: u64,
+        class: u32,
+        width: u32,
+        height: u32,
+    ) -> (image::RgbImage, Vec<u8>) {
+        let pixels = crate::dev::synthetic::synthetic_image(3, index, class, width, height);
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&pixels)
+            .unwrap();
+        (pixels, jpeg)
     }
 
     fn photo(width: u32, height: u32, shade: u8) -> Vec<u8> {
