@@ -222,6 +222,32 @@ impl TurboJpegDecoder {
         crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
+        self.with_region(data, spec, crop, |region, width, height, inner| {
+            resize_rgb(region, width, height, inner, spec, out)
+        })
+    }
+
+    /// Decodes the region [`Decoder::decode_into`] would and drops it: the
+    /// kernel benchmark's ceiling for any resize (`examples/decode_kernels`).
+    pub fn decode_region_only(
+        &self,
+        data: &[u8],
+        spec: &OutputSpec,
+        crop: &CropBox,
+    ) -> Result<(), DecodeError> {
+        self.with_region(data, spec, crop, |_, _, _, _| Ok(()))
+    }
+
+    /// Decodes `crop`'s region of the JPEG `data` (plus the resize filter's
+    /// margin) at the smallest scale that covers `spec`, into this thread's
+    /// scratch, and hands `then` its RGB rows, size and the box within it.
+    fn with_region<T>(
+        &self,
+        data: &[u8],
+        spec: &OutputSpec,
+        crop: &CropBox,
+        then: impl FnOnce(&[u8], u32, u32, &CropBox) -> Result<T, DecodeError>,
+    ) -> Result<T, DecodeError> {
         STATE.with(|state| {
             let mut state = state.borrow_mut();
             if state.is_none() {
@@ -305,7 +331,7 @@ impl TurboJpegDecoder {
                     tj::TJPF_TJPF_RGB,
                 )
             })?;
-            resize_rgb(scratch, region_w as u32, region_h as u32, &inner, spec, out)
+            then(scratch, region_w as u32, region_h as u32, &inner)
         })
     }
 }
