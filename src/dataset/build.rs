@@ -16,8 +16,32 @@ use crate::shard::{
 use crate::store::read::{get_all, read_parts, ReadConfig};
 use crate::store::{ObjectStore, StoreError};
 
-/// Shards scanned at once when building an index.
+/// Bytes an index build may hold in shard parts at once: it runs beside
+/// streams, in the quarter of the memory limit the budget leaves to the
+/// runtime and indexes (`engine::budget`), so its window is fixed here
+/// rather than following the streams' sized part counts.
+const INDEX_SCAN_BYTES: u64 = 256 << 20;
+/// Shards scanned at once when building an index, at most.
 const INDEX_CONCURRENCY: usize = 8;
+/// Ranged GETs in flight per shard scan: eight scans already keep sixteen
+/// GETs going.
+const INDEX_PARTS_IN_FLIGHT: usize = 2;
+
+/// How an index build reads: `(shards at once, read config of each scan)`.
+/// A scan holds at most `INDEX_PARTS_IN_FLIGHT + 2` parts (those in flight,
+/// the one being parsed, the one being handed over, as a stream's readers),
+/// so the build holds at most `max(INDEX_SCAN_BYTES, 4 × part_size)`.
+fn index_scan_window(read: &ReadConfig) -> (usize, ReadConfig) {
+    let parts = read.parts_per_reader().min(INDEX_PARTS_IN_FLIGHT);
+    let per_scan = (parts as u64 + 2).saturating_mul(read.part_size.max(1));
+    let scans = ((INDEX_SCAN_BYTES / per_scan) as usize).clamp(1, INDEX_CONCURRENCY);
+    let scan = ReadConfig {
+        parts_in_flight: parts,
+        parts_sized: false,
+        ..read.clone()
+    };
+    (scans, scan)
+}
 /// HEADs in flight for a listing without ETags (small requests: latency-bound).
 const HEAD_CONCURRENCY: usize = 32;
 
@@ -102,9 +126,10 @@ pub async fn build_index_reporting(
         ..IndexProgress::default()
     };
     progress(done);
+    let (concurrent_scans, scan_read) = index_scan_window(read);
     let scans = futures::stream::iter(shards.into_iter().map(|object| {
         let store = store.clone();
-        let read = read.clone();
+        let read = scan_read.clone();
         async move {
             let index = scan_shard(
                 store,
@@ -118,7 +143,7 @@ pub async fn build_index_reporting(
             Ok::<_, DatasetError>((object, index))
         }
     }))
-    .buffered(INDEX_CONCURRENCY)
+    .buffered(concurrent_scans)
     .inspect_ok(|(object, _)| {
         done.shards_done += 1;
         done.bytes_done += object.size;
@@ -353,4 +378,53 @@ pub async fn write_index(
     }
     store.put(&summary_key(&root), to_json(index)).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(part_size: u64, flag: Option<usize>) -> ReadConfig {
+        ReadConfig {
+            part_size,
+            parts_in_flight: flag.unwrap_or(2),
+            parts_sized: flag.is_none(),
+            ..ReadConfig::default()
+        }
+    }
+
+    #[test]
+    fn an_index_build_holds_its_stated_bytes_whatever_the_streams_read_with() {
+        // Streams keep 4 sized parts of 8 MiB; a scan keeps 2, eight at once.
+        let (scans, scan) = index_scan_window(&ReadConfig::default());
+        assert_eq!((scans, scan.parts_per_reader()), (8, 2));
+        // Large parts: fewer scans, never none.
+        assert_eq!(index_scan_window(&read(32 << 20, None)).0, 2);
+        assert_eq!(index_scan_window(&read(64 << 20, Some(16))).0, 1);
+        // A flag below the scan's window lowers it.
+        assert_eq!(
+            index_scan_window(&read(8 << 20, Some(1)))
+                .1
+                .parts_per_reader(),
+            1
+        );
+        for part_size in [
+            64 << 10,
+            1 << 20,
+            5 << 20,
+            8 << 20,
+            48 << 20,
+            64 << 20,
+            1 << 30,
+        ] {
+            for flag in [None, Some(1), Some(2), Some(16), Some(64)] {
+                let (scans, scan) = index_scan_window(&read(part_size, flag));
+                let held = scans as u64 * (scan.parts_per_reader() as u64 + 2) * part_size;
+                assert!(
+                    held <= INDEX_SCAN_BYTES.max(4 * part_size),
+                    "{part_size} B parts, flag {flag:?}: {held} B"
+                );
+            }
+        }
+    }
 }

@@ -16,6 +16,8 @@
 //! decode scratch = min(limit / 8, 1 GiB)     (full-size decodes, all threads)
 //! the rest       = limit / 4                 (runtime, indexes, gRPC, allocator slack),
 //!                                            of which idle datasets' indexes ≤ limit / 8
+//!                                            and an index build's scans
+//!                                            ≤ max(256 MiB, 4 × part size)
 //! ```
 
 use std::path::Path;
