@@ -192,7 +192,8 @@ impl TierFiller {
     }
 
     /// Bytes of images kept on disk.
-    pub fn spilled_bytes(&self) -> u64 {
+    #[cfg(test)]
+    fn spilled_bytes(&self) -> u64 {
         self.shared.spill.as_ref().map_or(0, Spill::bytes)
     }
 }

@@ -164,4 +164,22 @@ pub(super) mod tests {
             Err("another sample's record")
         );
     }
+
+    #[test]
+    fn a_record_of_another_derivation_is_neither_found_nor_accepted() {
+        let key = full_key("s3://b/shard-0.tar\netag\nk1", &form());
+        let current = format!("derivation {DERIVATION}");
+        for derivation in [1, DERIVATION + 1] {
+            let older = key.replace(&current, &format!("derivation {derivation}"));
+            assert_ne!(older, key);
+            // Another file name: a lookup never opens it...
+            assert_ne!(record_name(&older), record_name(&key));
+            // ...and were the names to collide, its key would refuse it.
+            let record = encode_record(&older, &form(), &source(7));
+            assert_eq!(
+                parse_record(&record, &key, &form()),
+                Err("another sample's record")
+            );
+        }
+    }
 }
