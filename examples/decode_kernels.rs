@@ -152,18 +152,30 @@ fn main() {
             for (name, decoder) in variants {
                 kernels.push(kernel(transform, name, Box::new(decoder), spec));
             }
-            kernels.push(Kernel {
-                psnr: None,
-                ..kernel(
-                    transform,
-                    "bound: shipped region decode only",
-                    Box::new(RegionOnly {
-                        decoder: turbo,
-                        one_column: false,
-                    }),
-                    spec,
-                )
-            });
+            let bounds = [
+                ("bound: shipped region decode only", turbo),
+                (
+                    "bound: region decode only, DCT n/8",
+                    TurboJpegDecoder {
+                        factors: ScaleFactors::AnyEighth,
+                        ..turbo
+                    },
+                ),
+            ];
+            for (name, decoder) in bounds {
+                kernels.push(Kernel {
+                    psnr: None,
+                    ..kernel(
+                        transform,
+                        name,
+                        Box::new(RegionOnly {
+                            decoder,
+                            one_column: false,
+                        }),
+                        spec,
+                    )
+                });
+            }
         }
     }
     #[cfg(feature = "turbojpeg")]

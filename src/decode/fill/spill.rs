@@ -89,6 +89,7 @@ impl Spill {
     }
 
     /// Bytes of live segments.
+    #[cfg(test)]
     pub(super) fn bytes(&self) -> u64 {
         self.live.load(Ordering::Relaxed)
     }
