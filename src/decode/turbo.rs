@@ -229,6 +229,7 @@ impl TurboJpegDecoder {
 
     /// Decodes the region [`Decoder::decode_into`] would and drops it: the
     /// kernel benchmark's ceiling for any resize (`examples/decode_kernels`).
+    #[cfg(feature = "dev")]
     pub fn decode_region_only(
         &self,
         data: &[u8],
