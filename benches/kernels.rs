@@ -1,13 +1,14 @@
 //! Kernel benchmarks: `cargo bench --bench kernels` (add `--features
 //! turbojpeg` for the libjpeg-turbo path). Decode + resize of photo-like
-//! JPEGs, tar parsing and epoch planning, each with throughput units.
+//! JPEGs, encoded delivery's per-sample checks, tar parsing and epoch
+//! planning, each with throughput units.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use shardfeed::decode::{
-    decode_bounded, default_decoder, default_decoder_name, Crop, OutputSpec, RandomResizedCrop,
-    SampleKey, ScratchBudget,
+    check_jpeg_complete, decode_bounded, default_decoder, default_decoder_name, jpeg_frame, Crop,
+    OutputSpec, RandomResizedCrop, SampleKey, ScratchBudget,
 };
 use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
 use shardfeed::plan::mix::{plan_mix, MixRequest, MixSource, MixWeights, WeightChange};
@@ -81,6 +82,24 @@ fn decode_resize(c: &mut Criterion) {
             })
         });
     }
+    group.finish();
+}
+
+/// What encoded delivery pays a sample to send it compressed: its headers
+/// read and its scans walked for stray markers (a corrupt scan is left to
+/// the server's decode), against decoding it here.
+fn encoded_checks(c: &mut Criterion) {
+    let jpegs = jpegs_of(&photo_shard(32));
+    let mut group = c.benchmark_group("encoded_checks");
+    group.throughput(Throughput::Elements(jpegs.len() as u64));
+    group.bench_function("frame_and_scan", |b| {
+        b.iter(|| {
+            for jpeg in &jpegs {
+                black_box(jpeg_frame(jpeg));
+                black_box(check_jpeg_complete(jpeg).is_ok());
+            }
+        })
+    });
     group.finish();
 }
 
@@ -217,5 +236,12 @@ fn mix_planning(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(kernels, decode_resize, tar_parse, planning, mix_planning);
+criterion_group!(
+    kernels,
+    decode_resize,
+    encoded_checks,
+    tar_parse,
+    planning,
+    mix_planning
+);
 criterion_main!(kernels);

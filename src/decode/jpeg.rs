@@ -57,30 +57,78 @@ pub fn jpeg_frame(data: &[u8]) -> Option<JpegFrame> {
     })
 }
 
-/// A JPEG whose scan data is not followed by an end-of-image marker was cut
-/// short (a truncated upload or copy): libjpeg-turbo warns "premature end
-/// of data" and other decoders fill the missing rows in. Either way it is
-/// not the image, so it counts as corrupt.
+/// Checks that a JPEG is whole and its scans well-formed, by walking the
+/// entropy-coded data after the first start-of-scan to the end-of-image
+/// marker (data some writers append after it is allowed).
 ///
-/// The marker is looked for after the first start-of-scan, from the end
-/// (it is almost always the last two bytes; data some writers append
-/// after it is allowed). Entropy-coded data never holds `FF D9`: a `FF`
-/// there is followed by a stuffed `00` or a restart marker.
+/// Whole: a JPEG cut short (a truncated upload or copy) is not the image;
+/// libjpeg-turbo warns "premature end of data", other decoders fill the
+/// missing rows in. Well-formed: inside a scan a `FF` byte may only be
+/// followed by a stuffed `00`, a fill `FF` or a restart marker in sequence
+/// (`D0`, `D1`, ... `D7`, `D0` ...); between scans come only the segments a
+/// multi-scan image carries (tables, restart interval, comments,
+/// application data, the next scan's header). Anything else is corrupt
+/// entropy-coded data, which libjpeg refuses ("Unsupported marker type",
+/// "Corrupt JPEG data") but a GPU decoder such as nvJPEG decodes into
+/// garbage pixels without an error: encoded delivery sends compressed only
+/// images this check passes, so no decoder sees what the server's refuses
+/// for it. (Damage that keeps the marker syntax, such as a bad Huffman
+/// code, is not seen here: telling it needs the full entropy decode.)
 pub fn check_jpeg_complete(data: &[u8]) -> Result<(), DecodeError> {
     let premature =
         || DecodeError::Corrupt("premature end of JPEG data (no end-of-image marker)".into());
     let (_, scan) = jpeg_segments(data)
         .find(|&(marker, _)| marker == 0xDA)
         .ok_or_else(premature)?;
-    let ends = data[scan..]
-        .windows(2)
-        .rev()
-        .any(|pair| pair == [0xFF, 0xD9]);
-    if ends {
-        Ok(())
-    } else {
-        Err(premature())
+    let mut at = segment_end(data, scan).ok_or_else(premature)?;
+    let mut next_restart = 0xD0u8;
+    loop {
+        let here =
+            at + memchr::memchr(0xFF, data.get(at..).unwrap_or_default()).ok_or_else(premature)?;
+        let marker = *data.get(here + 1).ok_or_else(premature)?;
+        at = match marker {
+            0x00 => here + 2,
+            0xFF => here + 1,
+            0xD0..=0xD7 if marker == next_restart => {
+                next_restart = if marker == 0xD7 { 0xD0 } else { marker + 1 };
+                here + 2
+            }
+            0xD9 => return end_of_image(data, here),
+            0xC4 | 0xDA | 0xDB | 0xDD | 0xE0..=0xEF | 0xFE => {
+                if marker == 0xDA {
+                    next_restart = 0xD0;
+                }
+                segment_end(data, here).ok_or_else(premature)?
+            }
+            _ => {
+                return Err(DecodeError::Corrupt(format!(
+                    "corrupt JPEG data: marker 0xFF{marker:02X} inside the entropy-coded data at byte {here}"
+                )))
+            }
+        };
     }
+}
+
+/// The scan's end-of-image marker at `at`: the image's end, unless what
+/// follows it is more scan data ending in the real one (corrupt bytes that
+/// happen to read `FF D9`). Data appended after the end (padding, a
+/// trailer, a second image from `FF D8` on) is allowed.
+fn end_of_image(data: &[u8], at: usize) -> Result<(), DecodeError> {
+    let rest = &data[at + 2..];
+    if rest.len() > 2 && rest.ends_with(&[0xFF, 0xD9]) && !rest.starts_with(&[0xFF, 0xD8]) {
+        return Err(DecodeError::Corrupt(format!(
+            "corrupt JPEG data: an end-of-image marker inside the entropy-coded data at byte {at}"
+        )));
+    }
+    Ok(())
+}
+
+/// Where the marker segment whose `FF` is at `at` ends; None when its
+/// length is malformed or runs past the data.
+fn segment_end(data: &[u8], at: usize) -> Option<usize> {
+    let length = usize::from(u16::from_be_bytes([*data.get(at + 2)?, *data.get(at + 3)?]));
+    let end = at + 2 + length;
+    (length >= 2 && end <= data.len()).then_some(end)
 }
 
 /// Whether the headers define the Huffman tables the first scan uses.
@@ -276,6 +324,119 @@ pub(crate) mod tests {
         let jpeg = photo();
         for cut in 0..jpeg.len().min(700) {
             let _ = check_jpeg_tables(&jpeg[..cut]);
+        }
+    }
+
+    /// A noisy photo (its scan is most of its bytes).
+    fn noisy_photo() -> Vec<u8> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let image = image::RgbImage::from_fn(160, 120, |_, _| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            image::Rgb([state as u8, (state >> 8) as u8, (state >> 16) as u8])
+        });
+        let mut out = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
+            .encode_image(&image)
+            .unwrap();
+        out
+    }
+
+    /// `jpeg` with `count` pseudo-random bytes written over the middle of
+    /// its entropy-coded data: headers and end marker intact, as a flipped
+    /// disk block or a bad copy leaves it.
+    pub(crate) fn scan_corrupted(jpeg: &[u8], count: usize, seed: u64) -> Vec<u8> {
+        let (_, scan) = jpeg_segments(jpeg).find(|&(m, _)| m == 0xDA).unwrap();
+        let data_start = segment_end(jpeg, scan).unwrap();
+        let data_len = jpeg.len() - 2 - data_start;
+        let count = count.min(data_len / 2);
+        let from = data_start + (data_len - count) / 2;
+        let mut state = seed | 1;
+        let mut out = jpeg.to_vec();
+        for byte in &mut out[from..from + count] {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = (state >> 24) as u8;
+        }
+        out
+    }
+
+    #[test]
+    fn a_scan_with_stray_markers_is_corrupt_and_a_whole_one_is_not() {
+        let jpeg = noisy_photo();
+        assert_eq!(check_jpeg_complete(&jpeg), Ok(()));
+        for seed in 1..20 {
+            let broken = scan_corrupted(&jpeg, 4000, seed);
+            let error = check_jpeg_complete(&broken).unwrap_err();
+            assert!(
+                matches!(&error, DecodeError::Corrupt(m) if m.contains("inside the entropy-coded data")),
+                "seed {seed}: {error:?}"
+            );
+        }
+        // An end marker read from corrupt bytes, the real one after it.
+        let early_end = spliced(&jpeg, &[0xFF, 0xD9, 0x12, 0x34]);
+        assert!(check_jpeg_complete(&early_end).is_err());
+        // A second image appended after the first's end is not scan data.
+        let appended = [&jpeg[..], &photo()[..]].concat();
+        assert_eq!(check_jpeg_complete(&appended), Ok(()));
+    }
+
+    /// `jpeg` with `inserted` spliced into its entropy-coded data (the
+    /// pixels are no longer the image's; the syntax is what is checked).
+    fn spliced(jpeg: &[u8], inserted: &[u8]) -> Vec<u8> {
+        let (_, scan) = jpeg_segments(jpeg).find(|&(m, _)| m == 0xDA).unwrap();
+        let data_start = segment_end(jpeg, scan).unwrap();
+        // After a byte that is not FF, so the splice starts a marker.
+        let at = (data_start + 10..jpeg.len() - 2)
+            .find(|&i| jpeg[i - 1] != 0xFF)
+            .unwrap();
+        [&jpeg[..at], inserted, &jpeg[at..]].concat()
+    }
+
+    #[test]
+    fn restart_markers_must_come_in_sequence() {
+        let jpeg = photo();
+        let in_order = spliced(
+            &jpeg,
+            &[0xFF, 0xD0, 0x12, 0xFF, 0xD1, 0x34, 0xFF, 0xFF, 0xD2],
+        );
+        assert_eq!(check_jpeg_complete(&in_order), Ok(()));
+        let wrapped: Vec<u8> = (0..10u8).flat_map(|n| [0xFF, 0xD0 + n % 8, 0x55]).collect();
+        assert_eq!(check_jpeg_complete(&spliced(&jpeg, &wrapped)), Ok(()));
+        let skipped = spliced(&jpeg, &[0xFF, 0xD0, 0x12, 0xFF, 0xD2]);
+        assert!(check_jpeg_complete(&skipped).is_err());
+    }
+
+    #[test]
+    fn segments_between_scans_are_walked_over() {
+        let jpeg = photo();
+        // A comment, then a table whose bytes hold FF D9: not an end marker.
+        let between = spliced(
+            &jpeg,
+            &[
+                0xFF, 0xFE, 0x00, 0x04, 0xAB, 0xCD, 0xFF, 0xDD, 0x00, 0x04, 0xFF, 0xD9,
+            ],
+        );
+        assert_eq!(check_jpeg_complete(&between), Ok(()));
+        // A segment whose length runs past the data.
+        let long = spliced(&jpeg, &[0xFF, 0xE1, 0xFF, 0xF0]);
+        assert!(check_jpeg_complete(&long).is_err());
+        for stray in [0x01, 0x02, 0xC0, 0xC2, 0xD8, 0x8E] {
+            let error = check_jpeg_complete(&spliced(&jpeg, &[0xFF, stray])).unwrap_err();
+            assert!(
+                matches!(&error, DecodeError::Corrupt(m) if m.contains(&format!("0xFF{stray:02X}"))),
+                "{stray:#x}: {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn scans_cut_anywhere_are_not_a_panic() {
+        let jpeg = photo();
+        for cut in 0..jpeg.len() {
+            let _ = check_jpeg_complete(&jpeg[..cut]);
         }
     }
 }
