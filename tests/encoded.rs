@@ -187,16 +187,33 @@ async fn encoded_batches_carry_the_decoded_batches_boxes_and_the_originals_bytes
         .unwrap();
     assert!(png.pixels.is_some(), "a PNG arrives as pixels");
 
-    // Half of every batch decoded by the server, spread over its slots.
+    // About half of the samples the client could decode decoded by the
+    // server, drawn per sample; a larger share keeps a smaller one's.
+    let server_side = |batches: &[pb::Batch]| -> Vec<String> {
+        batches
+            .iter()
+            .flat_map(|batch| {
+                // A substituted slot was the server's, whatever it points at now.
+                (0..batch.keys.len() as u32)
+                    .filter(|&s| {
+                        batch.encoded[s as usize].decoded || batch.substituted.contains(&s)
+                    })
+                    .map(|s| batch.keys[s as usize].clone())
+            })
+            .collect()
+    };
+    let quarter = collect(&mut client, encoded(train(&uri), Some(0.25)))
+        .await
+        .unwrap();
     let half = collect(&mut client, encoded(train(&uri), Some(0.5)))
         .await
         .unwrap();
+    let (quarter, half_keys) = (server_side(&quarter), server_side(&half));
+    // 34 samples the client could take (of 36: a PNG, one undecodable).
+    assert!((10..=26).contains(&half_keys.len()), "{half_keys:?}");
+    assert!(quarter.len() < half_keys.len());
+    assert!(quarter.iter().all(|key| half_keys.contains(key)));
     for (reference, batch) in decoded.iter().zip(&half) {
-        // A substituted slot was the server's, whatever it points at now.
-        let server = (0..batch.keys.len() as u32)
-            .filter(|&s| batch.encoded[s as usize].decoded || batch.substituted.contains(&s))
-            .count();
-        assert_eq!(server, 3, "{:?}", batch.keys);
         for (want, got) in slots(reference).into_iter().zip(slots(batch)) {
             assert_eq!(got.crop, want.crop);
             if got.pixels.is_some() {
@@ -226,46 +243,89 @@ async fn every_sample_keeps_its_box_and_bytes_at_any_world_size_and_after_a_resu
             .map(|slot| (slot.key.clone(), slot))
             .collect()
     };
-    let one = collect(&mut client, encoded(train(&uri), None))
+    // At a fixed share the side that decodes a sample is the sample's own:
+    // the same bytes (compressed, or the server's pixels) at any world size.
+    for share in [None, Some(0.5)] {
+        let one = collect(&mut client, encoded(train(&uri), share))
+            .await
+            .unwrap();
+        let mut four = Vec::new();
+        for rank in 0..4 {
+            let request = pb::StreamBatchesRequest {
+                rank,
+                world_size: 4,
+                batch_size: Some(3),
+                ..encoded(train(&uri), share)
+            };
+            four.extend(collect(&mut client, request).await.unwrap());
+        }
+        let (one, four) = (by_key(&one), by_key(&four));
+        assert_eq!(one.len(), four.len());
+        for (key, slot) in &one {
+            // A substitute depends on its batch; every other sample on itself.
+            if slot.key != "s0/k007" {
+                assert_eq!(slot.crop, four[key].crop, "{key} at {share:?}");
+                assert_eq!(slot.compressed, four[key].compressed, "{key} at {share:?}");
+                assert_eq!(slot.pixels, four[key].pixels, "{key} at {share:?}");
+            }
+        }
+
+        let all = collect(&mut client, encoded(train(&uri), share))
+            .await
+            .unwrap();
+        let tail = collect(
+            &mut client,
+            pb::StreamBatchesRequest {
+                start_batch: 2,
+                ..encoded(train(&uri), share)
+            },
+        )
         .await
         .unwrap();
-    let mut four = Vec::new();
-    for rank in 0..4 {
-        let request = pb::StreamBatchesRequest {
-            rank,
-            world_size: 4,
-            batch_size: Some(3),
-            ..encoded(train(&uri), None)
+        assert_eq!(digest(&all[2..]), digest(&tail));
+        let tables = |batches: &[pb::Batch]| -> Vec<Vec<pb::EncodedSample>> {
+            batches.iter().map(|b| b.encoded.clone()).collect()
         };
-        four.extend(collect(&mut client, request).await.unwrap());
+        assert_eq!(tables(&all[2..]), tables(&tail));
     }
-    let (one, four) = (by_key(&one), by_key(&four));
-    assert_eq!(one.len(), four.len());
-    for (key, slot) in &one {
-        // A substitute depends on its batch; every other sample on itself.
-        if slot.key != "s0/k007" {
-            assert_eq!(slot.crop, four[key].crop, "{key}");
-            assert_eq!(slot.compressed, four[key].compressed, "{key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jpeg_with_a_corrupt_scan_is_substituted_as_in_a_decoded_delivery() {
+    let harness = Harness::start(Options::default()).await;
+    let mut shards = photos();
+    // Headers and end marker intact, stray markers in the scan: a decoder
+    // that does not check (nvJPEG) would decode garbage without an error.
+    for n in [13, 26] {
+        let sample = &mut shards[n / 12][n % 12];
+        let (_, bytes) = sample.image.as_mut().unwrap();
+        *bytes = scan_corrupted(bytes, 4000, n as u64);
+        assert!(
+            shardfeed::decode::jpeg_frame(bytes).unwrap().is_baseline(),
+            "its headers still pass"
+        );
+    }
+    let uri = upload(&harness.s3, "encoded", "photos/", &shards).await;
+    let mut client = harness.client().await;
+    let substituted = |batches: &[pb::Batch]| -> Vec<String> {
+        batches
+            .iter()
+            .flat_map(|b| b.substituted.iter().map(|&s| b.keys[s as usize].clone()))
+            .collect()
+    };
+    let decoded = collect(&mut client, train(&uri)).await.unwrap();
+    let expected = substituted(&decoded);
+    assert_eq!(expected.len(), 3, "the two corrupt scans and the bad image");
+    for share in [None, Some(0.5)] {
+        let batches = collect(&mut client, encoded(train(&uri), share))
+            .await
+            .unwrap();
+        assert_eq!(substituted(&batches), expected, "share {share:?}");
+        for (reference, batch) in decoded.iter().zip(&batches) {
+            assert_eq!(batch.substituted, reference.substituted);
+            assert_eq!(batch.substitute_sources, reference.substitute_sources);
         }
     }
-
-    let all = collect(&mut client, encoded(train(&uri), None))
-        .await
-        .unwrap();
-    let tail = collect(
-        &mut client,
-        pb::StreamBatchesRequest {
-            start_batch: 2,
-            ..encoded(train(&uri), None)
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(digest(&all[2..]), digest(&tail));
-    let tables = |batches: &[pb::Batch]| -> Vec<Vec<pb::EncodedSample>> {
-        batches.iter().map(|b| b.encoded.clone()).collect()
-    };
-    assert_eq!(tables(&all[2..]), tables(&tail));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -451,7 +511,20 @@ async fn a_tuned_share_seeks_the_rate_the_trainer_takes_batches_at() {
         fast.push(batch);
     }
     let counts = server_counts(&fast);
-    assert_eq!(counts[0], 4, "starts in the middle: {counts:?}");
+    // Starts in the middle: its first batch is split as at a fixed 0.5
+    // (which samples, drawn per sample, not half of every batch).
+    let mut half = client
+        .stream_batches(sized(encoded(train(&uri), Some(0.5))))
+        .await
+        .unwrap()
+        .into_inner();
+    let first_at_half = half.message().await.unwrap().unwrap();
+    drop(half);
+    assert_eq!(
+        counts[0],
+        server_counts(&[first_at_half])[0],
+        "starts in the middle: {counts:?}"
+    );
     let last = &counts[counts.len() - 10..];
     assert!(
         last.iter().sum::<usize>() >= 70,

@@ -80,10 +80,7 @@ impl SampleDecoder {
         let key = SampleKey {
             seed: origin.seed,
             epoch: origin.epoch,
-            sample: decode::augment::sample_identity(
-                &origin.dataset.index.shards[emitted.shard as usize].name,
-                &emitted.sample.key,
-            ),
+            sample: emitted.identity(),
         };
         if !placement.decoded {
             out.copy_from_slice(data);

@@ -3,17 +3,22 @@
 //! the batch's bytes.
 //!
 //! A sample goes compressed only when its headers say any JPEG decoder
-//! takes it (baseline, 8-bit, grey or YCbCr: [`JpegFrame::is_baseline`])
-//! and it is within the pixel limit. Of the rest of the batch, the server
-//! decodes `server_fraction` (spread evenly over the slots, counting the
-//! images it had to decode anyway), then every image that would take the
-//! batch past its decoded size. So an encoded batch is never larger than
-//! a decoded one: it fits the same ring slot and the same memory formula.
+//! takes it (baseline, 8-bit, grey or YCbCr: [`JpegFrame::is_baseline`]),
+//! its scans are well-formed ([`decode::check_jpeg_complete`]: a decoder
+//! that would take corrupt entropy-coded data the server's refuses must
+//! not see it), it is within the pixel limit and it is no longer than its
+//! decoded pixels. Of those, the server decodes `server_fraction`, chosen
+//! by a hash of each sample's identity. Every rule reads the sample alone,
+//! so at a fixed share which side decodes a sample does not depend on its
+//! batch, the world size or the resume point; and since no compressed
+//! image is longer than a decoded slot, an encoded batch is never larger
+//! than a decoded one: it fits the same ring slot and memory formula.
 
 use std::time::Duration;
 
 use super::sample::EmittedSample;
 use super::seek::RateSeeker;
+use crate::decode::augment::fmix64;
 use crate::decode::{self, JpegFrame};
 use crate::shard::ImageFormat;
 
@@ -123,86 +128,77 @@ pub(super) fn place(
         }
         Some(fraction) => fraction,
     };
-    let mut frames: Vec<Option<JpegFrame>> = samples
-        .iter()
-        .map(|emitted| client_decodable(emitted, scratch_limit))
-        .collect();
-    server_share(&mut frames, server_fraction);
-    // Compressed while the bytes so far stay within as many decoded slots.
-    let (mut compressed, mut compressed_bytes) = (0usize, 0usize);
-    let mut placements = Vec::with_capacity(samples.len());
     let mut offset = 0;
-    for (emitted, frame) in samples.iter().zip(frames) {
-        let data = frame.and_then(|_| emitted.sample.image.as_ref().map(|(_, data)| data.len()));
-        let placement = match (frame, data) {
-            (Some(frame), Some(length))
-                if compressed_bytes + length <= (compressed + 1) * slot_bytes =>
-            {
-                compressed += 1;
-                compressed_bytes += length;
-                Placement {
+    let placements = samples
+        .iter()
+        .map(|emitted| {
+            let compressed = client_decodable(emitted, scratch_limit, slot_bytes)
+                .filter(|_| !server_decodes(emitted.identity(), server_fraction));
+            let placement = match compressed {
+                Some((frame, length)) => Placement {
                     offset,
                     length,
                     decoded: false,
                     source_width: frame.width,
                     source_height: frame.height,
-                }
-            }
-            _ => Placement {
-                offset,
-                length: slot_bytes,
-                decoded: true,
-                source_width: 0,
-                source_height: 0,
-            },
-        };
-        offset += placement.length;
-        placements.push(placement);
-    }
+                },
+                None => Placement {
+                    offset,
+                    length: slot_bytes,
+                    decoded: true,
+                    source_width: 0,
+                    source_height: 0,
+                },
+            };
+            offset += placement.length;
+            placement
+        })
+        .collect();
     (placements, offset)
 }
 
-/// The frame of an image the client can decode, else None. An image the
-/// server's own decode would refuse (too many pixels, more decode memory
-/// than the server's scratch budget, cut short) is left to the server,
-/// whose decode refuses it and substitutes it exactly as a decoded delivery
-/// does: both deliveries substitute the same samples, and the client never
-/// decodes more than the server would.
-fn client_decodable(emitted: &EmittedSample, scratch_limit: u64) -> Option<JpegFrame> {
+/// The frame and length of an image the client can decode, else None. An
+/// image the server's own decode would refuse (too many pixels, more decode
+/// memory than the server's scratch budget, cut short, a malformed scan) is
+/// left to the server, whose decode refuses it and substitutes it exactly
+/// as a decoded delivery does: both deliveries substitute the same samples,
+/// and the client never decodes more than the server would. One longer
+/// than its decoded pixels (`slot_bytes`) is decoded here too, which keeps
+/// every batch within a decoded one's size sample by sample.
+fn client_decodable(
+    emitted: &EmittedSample,
+    scratch_limit: u64,
+    slot_bytes: usize,
+) -> Option<(JpegFrame, usize)> {
     if emitted.sample.unreadable.is_some() {
         return None;
     }
     let (ImageFormat::Jpeg, data) = emitted.sample.image.as_ref()? else {
         return None;
     };
+    if data.len() > slot_bytes {
+        return None;
+    }
     let frame = decode::jpeg_frame(data)?;
     let pixels = u64::from(frame.width) * u64::from(frame.height);
     let within = pixels <= decode::MAX_SOURCE_PIXELS
         && pixels * decode::SCRATCH_BYTES_PER_PIXEL <= scratch_limit;
-    (frame.is_baseline() && within && decode::check_jpeg_complete(data).is_ok()).then_some(frame)
+    (frame.is_baseline() && within && decode::check_jpeg_complete(data).is_ok())
+        .then_some((frame, data.len()))
 }
 
-/// Takes slots from the client (sets them None) until the server decodes
-/// `round(fraction * n)` of them, counting those it must; the slots taken
-/// are spread evenly over the client's.
-fn server_share(frames: &mut [Option<JpegFrame>], fraction: f64) {
-    let wanted = (fraction.clamp(0.0, 1.0) * frames.len() as f64).round() as usize;
-    let client: Vec<usize> = (0..frames.len())
-        .filter(|&slot| frames[slot].is_some())
-        .collect();
-    let forced = frames.len() - client.len();
-    let extra = wanted.saturating_sub(forced);
-    if extra == 0 {
-        return;
-    }
-    let candidates = client.len();
-    for (rank, &slot) in client.iter().enumerate() {
-        // The rank-th candidate is taken when it crosses a multiple of
-        // candidates / extra: exactly `extra` of them, evenly apart.
-        if (rank + 1) * extra / candidates > rank * extra / candidates {
-            frames[slot] = None;
-        }
-    }
+/// Salts a sample's identity for the share, so that which side decodes a
+/// sample is uncorrelated with its augmentation (keyed by the same
+/// identity). Frozen: changing it moves which samples the server decodes.
+const SHARE_SALT: u64 = 0x5f0e_d1de_c0de_5a1e;
+
+/// Whether the server decodes a sample the client could, at `fraction`: a
+/// uniform draw from the sample's identity against the share, so the
+/// choice is the sample's own (the same at any world size and resume
+/// point) and a batch's server share is `fraction` on average.
+fn server_decodes(identity: u64, fraction: f64) -> bool {
+    let draw = (fmix64(identity ^ SHARE_SALT) >> 11) as f64 / (1u64 << 53) as f64;
+    draw < fraction
 }
 
 #[cfg(test)]
@@ -229,44 +225,27 @@ mod tests {
         assert_eq!(ServerShare::of(Delivery::Decoded), None);
     }
 
-    fn frame() -> Option<JpegFrame> {
-        Some(JpegFrame {
-            width: 8,
-            height: 8,
-            process: 0,
-            precision: 8,
-            components: 3,
-        })
-    }
-
     #[test]
-    fn the_server_share_counts_forced_slots_and_spreads_the_rest() {
-        let mut frames = vec![frame(); 8];
-        server_share(&mut frames, 0.5);
-        let taken: Vec<usize> = (0..8).filter(|&s| frames[s].is_none()).collect();
-        assert_eq!(taken, [1, 3, 5, 7]);
-
-        let mut frames = vec![frame(); 8];
-        frames[0] = None;
-        frames[1] = None;
-        frames[2] = None;
-        server_share(&mut frames, 0.25);
-        assert_eq!(
-            frames.iter().filter(|f| f.is_none()).count(),
-            3,
-            "forced slots already exceed the share"
-        );
-
-        for fraction in [0.0, 0.1, 0.3, 0.77, 1.0] {
-            let mut frames = vec![frame(); 128];
-            frames[5] = None;
-            server_share(&mut frames, fraction);
-            let server = frames.iter().filter(|f| f.is_none()).count();
-            assert_eq!(
-                server,
-                ((fraction * 128.0).round() as usize).max(1),
-                "fraction {fraction}"
-            );
+    fn the_share_is_drawn_per_sample_and_grows_with_the_fraction() {
+        let identities: Vec<u64> = (0..20_000u64)
+            .map(|n| decode::augment::sample_identity("shard-000", &format!("k{n}")))
+            .collect();
+        let decoded_at = |fraction: f64| -> Vec<bool> {
+            identities
+                .iter()
+                .map(|&identity| server_decodes(identity, fraction))
+                .collect()
+        };
+        assert!(decoded_at(0.0).iter().all(|&d| !d), "share 0: none");
+        assert!(decoded_at(1.0).iter().all(|&d| d), "share 1: all");
+        let mut previous = decoded_at(0.0);
+        for fraction in [0.1, 0.25, 0.5, 0.77, 0.9] {
+            let now = decoded_at(fraction);
+            let share = now.iter().filter(|&&d| d).count() as f64 / now.len() as f64;
+            assert!((share - fraction).abs() < 0.015, "{fraction}: {share}");
+            // A larger share keeps every sample a smaller one gave the server.
+            assert!(previous.iter().zip(&now).all(|(&was, &is)| !was || is));
+            previous = now;
         }
     }
 }

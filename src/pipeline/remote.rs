@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::encoded::Delivery;
 use super::sample::EmittedSample;
 use super::StreamCommon;
-use crate::decode::{augment::sample_identity, OutputSpec, SampleKey};
+use crate::decode::{OutputSpec, SampleKey};
 use crate::metrics::pool as pool_metrics;
 use crate::pool::client::UnitAnswer;
 use crate::pool::wire::UnitSample;
@@ -118,10 +118,7 @@ fn unit_sample(emitted: &EmittedSample) -> Option<UnitSample> {
         key: SampleKey {
             seed: origin.seed,
             epoch: origin.epoch,
-            sample: sample_identity(
-                &origin.dataset.index.shards[emitted.shard as usize].name,
-                &emitted.sample.key,
-            ),
+            sample: emitted.identity(),
         },
         format: *format,
         data: data.clone(),

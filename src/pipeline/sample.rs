@@ -43,3 +43,15 @@ impl SampleOrigin {
         }
     }
 }
+
+impl EmittedSample {
+    /// The sample's stable identity (its shard's name and its key): what
+    /// keys its augmentation and which side decodes it when delivered
+    /// encoded.
+    pub fn identity(&self) -> u64 {
+        crate::decode::augment::sample_identity(
+            &self.origin.dataset.index.shards[self.shard as usize].name,
+            &self.sample.key,
+        )
+    }
+}

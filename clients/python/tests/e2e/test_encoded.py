@@ -147,10 +147,16 @@ def test_a_server_share_puts_every_sample_in_its_slot(unix_server: Server, datas
     reference = _stream(unix_server, dataset, "train")
     half = _stream(unix_server, dataset, "train", delivery="encoded", server_decode_fraction=0.5)
     decoder = BatchDecoder("cpu")
+    # Drawn per sample: about half of the stream, not half of every batch.
+    server = [
+        len(set(np.flatnonzero(got.encoded.decoded).tolist()) | set(got.substituted))
+        for got in half
+        if got.encoded is not None
+    ]
+    samples = sum(len(got.keys) for got in half)
+    assert 0.3 * samples <= sum(server) <= 0.8 * samples, server
     for want, got in zip(reference, half):
         assert got.encoded is not None
-        server = set(np.flatnonzero(got.encoded.decoded).tolist()) | set(got.substituted)
-        assert len(server) >= 4, got.keys
         decoded = decoder.decode(got)
         for slot in range(len(want.keys)):
             if got.encoded.decoded[slot] and slot not in got.substituted:
