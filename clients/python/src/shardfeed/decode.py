@@ -10,8 +10,10 @@ with the server's filter and the flip applied, on the same device.
 The resize is the server's to the arithmetic: a separable triangle
 (bilinear) filter whose support widens with the downscale factor, so it
 antialiases, with pixels just outside the box feeding its edges (Pillow's
-``resize(box=...)``, fast_image_resize's convolution). It runs as two small
-matrix products per image over the window the filter reads, in float32
+``resize(box=...)``, fast_image_resize's convolution). It runs per batch:
+the weights of every image built on the device in one go, the windows the
+filter reads padded into one tensor, one pair of batched matrix products
+(float16 on CUDA, float32 on CPU; see ``_resize.py`` for the memory bound),
 where the server rounds between passes: outputs differ by at most a level
 or two. What differs more is the IDCT: a server built with libjpeg-turbo
 decodes large images at a reduced DCT scale, and nvJPEG's IDCT is its own.
@@ -36,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ._resize import crop_resize, crop_resize_batch
 from ._wire import Batch
 
 __all__ = ["BatchDecoder", "ClientDecoded", "crop_resize", "substitute_source"]
@@ -65,41 +68,6 @@ def substitute_source(key: str, good: Sequence[int]) -> int | None:
     for byte in key.encode():
         value = ((value ^ byte) * _FNV_PRIME) & _MASK
     return good[_fmix64(value) % len(good)]
-
-
-def _weights(start: float, length: float, out_size: int, full: int) -> tuple[int, npt.NDArray[Any]]:
-    """Resampling weights along one axis: the first source index the filter
-    reads and an ``(out_size, window)`` matrix over the window it reads."""
-    scale = length / out_size
-    filter_scale = max(scale, 1.0)
-    centers = start + (np.arange(out_size) + 0.5) * scale
-    low = max(int(np.floor(centers[0] - filter_scale)), 0)
-    high = min(int(np.ceil(centers[-1] + filter_scale)), full)
-    positions = np.arange(low, high) + 0.5
-    weights = np.clip(1.0 - np.abs(positions[None, :] - centers[:, None]) / filter_scale, 0, None)
-    totals = weights.sum(axis=1, keepdims=True)
-    np.divide(weights, totals, out=weights, where=totals > 0)
-    return low, weights.astype(np.float32)
-
-
-def crop_resize(
-    image: torch.Tensor, box: Sequence[float], flipped: bool, height: int, width: int
-) -> torch.Tensor:
-    """``image`` (uint8 ``(3, h, w)``) cropped to ``box`` (left, top,
-    width, height in its pixels), resized to ``height`` x ``width`` with the
-    server's filter and mirrored when ``flipped``: uint8 ``(height, width,
-    3)`` on the image's device."""
-    left, top, box_width, box_height = (float(v) for v in box)
-    _, rows, cols = image.shape
-    y0, wy = _weights(top, box_height, height, rows)
-    x0, wx = _weights(left, box_width, width, cols)
-    device = image.device
-    window = image[:, y0 : y0 + wy.shape[1], x0 : x0 + wx.shape[1]].float()
-    vertical = torch.from_numpy(wy).to(device)
-    horizontal = torch.from_numpy(wx).to(device)
-    out = torch.matmul(torch.matmul(vertical, window), horizontal.T)
-    pixels = out.round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0)
-    return pixels.flip(1) if flipped else pixels
 
 
 @dataclass
@@ -169,6 +137,8 @@ class BatchDecoder:
                     out[slot] = pixels.view(height, width, 3).to(self.device, non_blocking=True)
             images, errors = self._decode_all([encoded.bytes_of(s) for s in compressed])
         failed: list[tuple[int, str]] = []
+        decoded_slots: list[int] = []
+        decoded_images: list[torch.Tensor] = []
         for slot, image, error in zip(compressed, images, errors):
             expected = (int(encoded.source_sizes[slot][1]), int(encoded.source_sizes[slot][0]))
             if image is not None and tuple(image.shape[1:]) != expected:
@@ -176,8 +146,18 @@ class BatchDecoder:
             if error is not None or image is None:
                 failed.append((slot, error or "no image"))
                 continue
-            box = batch.crop_boxes[slot]
-            out[slot] = crop_resize(image, box, bool(batch.flipped[slot]), height, width)
+            decoded_slots.append(slot)
+            decoded_images.append(image)
+        if decoded_images:
+            crop_resize_batch(
+                decoded_images,
+                batch.crop_boxes[decoded_slots],
+                batch.flipped[decoded_slots],
+                height,
+                width,
+                out=out,
+                slots=decoded_slots,
+            )
         self._substitute(batch, out, labels, (boxes, flipped), server_failed, failed)
         self._count(batch, len(compressed) - len(failed), failed)
         substituted = sorted(server_failed | {slot for slot, _ in failed})
