@@ -173,6 +173,13 @@ class Server:
                 ) from None
 
     @property
+    def pid(self) -> int:
+        """The server's process id (to pin it to cores, or read its CPU time)."""
+        if self._process is None:
+            raise RuntimeError("this Server is not started")
+        return self._process.pid
+
+    @property
     def metrics_url(self) -> str:
         """The server's Prometheus endpoint, ``http://host:port/metrics``
         (``metrics_listen`` port 0, the default, is a free port it chose)."""

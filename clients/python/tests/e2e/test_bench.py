@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +47,31 @@ def test_benchmark_compares_both_loaders(capsys: pytest.CaptureFixture[str]) -> 
     assert result["kernel_samples_per_second_per_thread"] > 0
     assert 0 < result["fraction_of_kernel_times_cores"]
     assert 0 <= result["cpu_share_beyond_kernel"] < 1
+
+
+def test_the_gpu_host_script_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """The device script's one command, in CI's small mode (decode="client"
+    on CPU where no CUDA is): every section runs, its checks pass."""
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu_host.sh"
+    out = tmp_path / "gpu-host.json"
+    done = subprocess.run(
+        ["bash", str(script), "--small", "--binary", str(binary()), "--out", str(out)],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["check_ok"] is True
+    (cores,) = report["sidecar_cores"].values()
+    check = cores["check"]
+    assert check["decoded_device_equals_cpu"] and check["world_sizes_1_2_differing_samples"] == 0
+    for recipe in ("train", "eval"):
+        assert len(check[recipe]["substituted_decoded"]) == 4
+        assert check[recipe]["substituted_encoded"] == check[recipe]["substituted_decoded"]
+        assert check[recipe]["psnr_min_db"] >= 35
+    assert check["trainer_decoder_failures"] == 0
+    assert set(cores["sweep"]) >= {"decoded", "share 0", "share 1", "default (auto)", "summary"}
+    assert cores["resnet"]["decoded"]["images_per_second"] > 0
+    assert report["resize"]["images_per_second"]["batched_matmul"] > 0
