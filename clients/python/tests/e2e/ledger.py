@@ -11,6 +11,9 @@ run after any resume or restart.
 A sample's identity is its label: the ledger's datasets give every sample a
 label of its own (a source's labels in a range of their own), so tuple
 output, which is all accelerate's dispatch can concatenate, still names it.
+A substituted slot carries its stand-in's label: there the identity is read
+from its key (the ledger's datasets name each sample ``k<label>``), and the
+checks count it as delivered (substituted) once, never as its stand-in.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +43,17 @@ class Delivery:
     labels: tuple[int, ...]
     source_epochs: tuple[int, ...]
     digest: str
+    # The samples the slots stand for (the labels, but for substituted
+    # slots) and those of the substituted slots.
+    samples: tuple[int, ...] = ()
+    substituted: tuple[int, ...] = ()
+
+
+def label_of_key(key: str) -> int:
+    """The label a ledger dataset's sample key names (``...k<label>``)."""
+    found = re.search(r"k(\d+)(\.\w+)?$", key)
+    assert found, f"not a ledger sample key: {key!r}"
+    return int(found.group(1))
 
 
 class Ledger:
@@ -58,15 +73,21 @@ class Ledger:
     def record(self, batch: Any, *, rank: int, epoch: int | None = None) -> None:
         """Records a batch: a ShardfeedDataset dict, or ``(images, labels)``
         with ``epoch`` given by the loop."""
+        substituted: list[int] = []
         if isinstance(batch, Mapping):
             images, labels = batch["images"], batch["labels"]
             epoch = int(batch["epoch"]) if epoch is None else epoch
             source_epochs = tuple(int(e) for e in batch["source_epochs"].tolist())
+            mask = batch["substituted"].tolist()
+            substituted = [slot for slot, taken in enumerate(mask) if taken]
         else:
             images, labels = batch
             source_epochs = ()
         assert epoch is not None, "a tuple batch's epoch comes from the loop"
         labels_list = [int(v) for v in labels.tolist()]
+        samples = list(labels_list)
+        for slot in substituted:
+            samples[slot] = label_of_key(batch["keys"][slot])
         digest = hashlib.blake2b(
             images.cpu().contiguous().numpy().tobytes() + bytes(json.dumps(labels_list), "ascii"),
             digest_size=12,
@@ -78,6 +99,8 @@ class Ledger:
             "labels": labels_list,
             "source_epochs": list(source_epochs) or [epoch] * len(labels_list),
             "digest": digest,
+            "samples": samples,
+            "substituted": [samples[slot] for slot in substituted],
         }
         with self._file.open("a") as out:
             out.write(json.dumps(line) + "\n")
@@ -100,6 +123,8 @@ def read(directory: str | Path, run: str) -> list[Delivery]:
                     tuple(value["labels"]),
                     tuple(value["source_epochs"]),
                     value["digest"],
+                    tuple(value["samples"]),
+                    tuple(value["substituted"]),
                 )
             )
     return out
@@ -132,6 +157,9 @@ class Expected:
     epochs: int
     whole_epochs: bool = True
     batches_per_epoch: int | None = None
+    # Samples whose images are corrupt: each substituted wherever it is
+    # delivered, and no other sample substituted.
+    corrupt: frozenset[int] = frozenset()
 
 
 def check(deliveries: Sequence[Delivery], expected: Expected) -> Verdict:
@@ -160,9 +188,21 @@ def check(deliveries: Sequence[Delivery], expected: Expected) -> Verdict:
         previous_order = order
     # Exactly once, per source and source-epoch (one dataset: the epoch).
     seen: dict[tuple[int, int], Counter[int]] = defaultdict(Counter)
+    substituted: dict[int, set[int]] = defaultdict(set)
     for delivery in deliveries:
-        for label, source_epoch in zip(delivery.labels, delivery.source_epochs):
+        for label, source_epoch in zip(delivery.samples, delivery.source_epochs):
             seen[(label // SOURCE_LABELS, source_epoch)][label] += 1
+        substituted[delivery.epoch].update(delivery.substituted)
+    for epoch in sorted(by_epoch):
+        wrongly = substituted[epoch] - expected.corrupt
+        if wrongly:
+            verdict.problems.append(f"epoch {epoch}: sound samples substituted {sorted(wrongly)}")
+        delivered = {label for d in by_epoch[epoch] for label in d.samples}
+        unsubstituted = (expected.corrupt & delivered) - substituted[epoch]
+        if unsubstituted:
+            verdict.problems.append(
+                f"epoch {epoch}: corrupt samples reached the model {sorted(unsubstituted)}"
+            )
     for (source, source_epoch), counts in sorted(seen.items()):
         repeats = sum(count - 1 for count in counts.values())
         if repeats:
@@ -182,14 +222,18 @@ def check(deliveries: Sequence[Delivery], expected: Expected) -> Verdict:
     return verdict
 
 
-def same_batches(got: Iterable[Delivery], want: Iterable[Delivery]) -> list[str]:
-    """Where a run's batches differ from the uninterrupted run's, per rank."""
+def same_batches(
+    got: Iterable[Delivery], want: Iterable[Delivery], *, pixels: bool = True
+) -> list[str]:
+    """Where a run's batches differ from the uninterrupted run's, per rank:
+    byte for byte, or (``pixels=False``, where which decoder a sample gets
+    may move with timing, as under a tuned share) by the samples in them."""
     problems = []
 
-    def per_rank(deliveries: Iterable[Delivery]) -> dict[int, list[tuple[int, str]]]:
-        out: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    def per_rank(deliveries: Iterable[Delivery]) -> dict[int, list[tuple[int, Any]]]:
+        out: dict[int, list[tuple[int, Any]]] = defaultdict(list)
         for d in deliveries:
-            out[d.rank].append((d.epoch, d.digest))
+            out[d.rank].append((d.epoch, d.digest if pixels else d.samples))
         return out
 
     got_ranks, want_ranks = per_rank(got), per_rank(want)
