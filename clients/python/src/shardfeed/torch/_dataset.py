@@ -103,6 +103,15 @@ class ShardfeedDataset(IterableDataset[Sample]):
     (``shuffle``, ``partition``, ``shuffle_buffer``, ``interleave``,
     ``transport`` ...) go to :meth:`shardfeed.Client.batches`.
 
+    ``decode="gpu"`` (``device="cuda"``) has the sidecar send baseline JPEGs
+    compressed and decodes, crops and resizes them in this process on the
+    GPU, a batch at a time (:class:`shardfeed.decode.BatchDecoder`); the
+    sidecar decodes a share of the samples, sought for the rate this loop
+    takes batches at (``server_decode_fraction="auto"`` unless one is
+    given: a fixed share repeats pixels byte for byte, a sought one within
+    the stated tolerance). ``decode="client"`` does the same on this
+    process's CPU, the sidecar decoding none unless a share is given.
+
     Epochs advance by themselves: each new iteration streams the next
     epoch (a fresh order and fresh augmentation), whether the last pass
     reached the epoch's end or stopped early (``break``, Lightning's
