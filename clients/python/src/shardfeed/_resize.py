@@ -231,7 +231,10 @@ def crop_resize_batch(
     boxes64 = np.asarray(boxes, dtype=np.float64).reshape(count, 4)
     along_y = _windows(boxes64[:, 1], boxes64[:, 3], height, rows)
     along_x = _windows(boxes64[:, 0], boxes64[:, 2], width, cols)
-    # One host-to-device copy of every image's numbers.
+    groups = _chunks(along_y.size, along_x.size, max_window_pixels)
+    order = np.array([index for group in groups for index in group], dtype=np.int64)
+    # Every image's numbers in chunk order, and their slots: two
+    # host-to-device copies a batch, neither waiting for the device.
     table = np.stack(
         [
             along_y.offset,
@@ -245,9 +248,13 @@ def crop_resize_batch(
             np.asarray(flipped, dtype=np.float64).reshape(count),
         ],
         axis=1,
-    ).astype(np.float32)
+    )[order].astype(np.float32)
     params = torch.from_numpy(table).to(device, non_blocking=True)
-    for group in _chunks(along_y.size, along_x.size, max_window_pixels):
+    destinations = np.asarray(slots, dtype=np.int64)[order]
+    slot_of = torch.from_numpy(destinations).to(device, non_blocking=True)
+    start = 0
+    for group in groups:
+        end = start + len(group)
         window_rows = int(along_y.size[group].max())
         window_cols = int(along_x.size[group].max())
         windows = torch.zeros((len(group), 3, window_rows, window_cols), dtype=dtype, device=device)
@@ -255,9 +262,7 @@ def crop_resize_batch(
             y0, x0 = int(along_y.low[index]), int(along_x.low[index])
             ky, kx = int(along_y.size[index]), int(along_x.size[index])
             windows[at, :, :ky, :kx].copy_(images[index][:, y0 : y0 + ky, x0 : x0 + kx])
-        # Two small copies a chunk: its images' rows of the table, and
-        # their slots.
-        chosen = params.index_select(0, torch.tensor(group, device=device))
+        chosen = params[start:end]
         vertical = _axis_weights(chosen[:, 0:4], height, window_rows, None).to(dtype)
         horizontal = _axis_weights(chosen[:, 4:8], width, window_cols, chosen[:, 8] > 0.5).to(dtype)
         vertical, horizontal = vertical[:, None], horizontal.transpose(1, 2)[:, None]
@@ -269,8 +274,8 @@ def crop_resize_batch(
         else:
             resized = torch.matmul(vertical, torch.matmul(windows, horizontal))
         pixels = resized.float().round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-        destination = torch.tensor([slots[i] for i in group], device=device)
-        out.index_copy_(0, destination, pixels)
+        out.index_copy_(0, slot_of[start:end], pixels)
+        start = end
     return out
 
 
