@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use shardfeed::decode::{self, CropBox, Decoder, OutputSpec};
@@ -349,6 +349,35 @@ async fn a_worker_added_mid_epoch_takes_units_and_loses_nothing() {
 }
 
 /// The status a worker refuses `request` with (it must refuse it).
+/// A unit call with the token and build given.
+fn call(
+    unit: shardfeed::pool::wire::pb::DecodeUnit,
+    token: &str,
+    build: &str,
+) -> tonic::Request<shardfeed::pool::wire::pb::DecodeUnit> {
+    let mut request = tonic::Request::new(unit);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+        .metadata_mut()
+        .insert(shardfeed::pool::wire::BUILD_HEADER, build.parse().unwrap());
+    request
+}
+
+/// One small photo to decode, as a unit carries it.
+fn one_sample() -> shardfeed::pool::wire::UnitSample {
+    shardfeed::pool::wire::UnitSample {
+        key: decode::SampleKey {
+            seed: 1,
+            epoch: 0,
+            sample: 7,
+        },
+        format: ImageFormat::Jpeg,
+        data: jpeg(64, 48, 1).into(),
+    }
+}
+
 async fn refusal(
     client: &mut shardfeed::pool::wire::pb::decode_pool_client::DecodePoolClient<
         tonic::transport::Channel,
@@ -366,26 +395,8 @@ async fn hostile_units_are_refused_with_the_field_named() {
         wire_pb::decode_pool_client::DecodePoolClient::connect(format!("http://{}", worker.addr))
             .await
             .unwrap();
-    let call = |unit: wire_pb::DecodeUnit, token: &str, build: &str| {
-        let mut request = tonic::Request::new(unit);
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        request
-            .metadata_mut()
-            .insert(wire::BUILD_HEADER, build.parse().unwrap());
-        request
-    };
     let build = wire::build_identity(decode::default_decoder_name());
-    let sample = wire::UnitSample {
-        key: decode::SampleKey {
-            seed: 1,
-            epoch: 0,
-            sample: 7,
-        },
-        format: ImageFormat::Jpeg,
-        data: jpeg(64, 48, 1).into(),
-    };
+    let sample = one_sample();
     let good = wire::unit_to_wire(
         9,
         &OutputSpec::center(32, 32),
@@ -454,4 +465,140 @@ async fn hostile_units_are_refused_with_the_field_named() {
         .into_inner();
     let answers = wire::answers_from_wire(&answer, 1, 32 * 32 * 3).unwrap();
     assert!(matches!(answers[0], wire::SampleAnswer::Failed { .. }));
+}
+
+/// A raw HTTP/2 call to a worker's Decode: its headers (with `token` and
+/// the worker's build), then a gRPC message header declaring `declared`
+/// bytes and the first `sent` of them, the body left open. The response
+/// resolves only when the worker answers.
+async fn open_unit_call(
+    h2: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: SocketAddr,
+    token: &str,
+    declared: u32,
+    sent: usize,
+) -> (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>) {
+    use shardfeed::pool::wire;
+    let request = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/shardfeed.pool.v1.DecodePool/Decode"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .header(
+            wire::BUILD_HEADER,
+            wire::build_identity(decode::default_decoder_name()),
+        )
+        .body(())
+        .unwrap();
+    let mut ready = h2.clone().ready().await.unwrap();
+    let (response, mut body) = ready.send_request(request, false).unwrap();
+    let mut data = vec![0u8; 5 + sent];
+    data[1..5].copy_from_slice(&declared.to_be_bytes());
+    // A worker that has answered already may have closed the stream.
+    let _ = body.send_data(data.into(), false);
+    *h2 = ready;
+    (response, body)
+}
+
+/// The gRPC status a worker answered with on the headers alone
+/// (trailers-only), within `wait` of asking.
+async fn status_within(response: h2::client::ResponseFuture, wait: Duration) -> String {
+    let response = tokio::time::timeout(wait, response)
+        .await
+        .expect("answered while its body was still open")
+        .unwrap();
+    response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_refused_on_their_headers_before_any_body_is_buffered() {
+    use shardfeed::pool::wire::{self, pb as wire_pb};
+    let worker = Worker::start([127, 0, 0, 1], TOKEN, None).await;
+    let connect = || async {
+        let tcp = tokio::net::TcpStream::connect(worker.addr).await.unwrap();
+        let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(connection);
+        // The worker's SETTINGS arrive before the first call (a call sent
+        // ahead of them was seen to give its admission place back at
+        // once, which would put the count of refusals below off by one).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        h2
+    };
+    // Without the token: every call refused at once, its 30 MiB never read
+    // (before, the worker buffered each body whole, then refused it).
+    let mut h2 = connect().await;
+    let mut calls = Vec::new();
+    for _ in 0..50 {
+        calls.push(open_unit_call(&mut h2, worker.addr, "wrong", 30 << 20, 64 << 10).await);
+    }
+    for (response, _body) in calls {
+        let status = status_within(response, Duration::from_secs(5)).await;
+        assert_eq!(status, (tonic::Code::Unauthenticated as i32).to_string());
+    }
+    // With it: 2 x max_units (16) calls are admitted while their bodies
+    // are still coming; the 8 past them are refused as busy on their
+    // headers (before, all 24 waited for their bodies).
+    let mut h2 = connect().await;
+    let mut calls = Vec::new();
+    for _ in 0..24 {
+        calls.push(open_unit_call(&mut h2, worker.addr, TOKEN, 1 << 20, 1024).await);
+    }
+    let (responses, mut held): (Vec<_>, Vec<_>) = calls.into_iter().unzip();
+    let answered = futures::future::join_all(
+        responses
+            .into_iter()
+            .map(|response| tokio::time::timeout(Duration::from_secs(3), response)),
+    )
+    .await;
+    let busy = (tonic::Code::ResourceExhausted as i32).to_string();
+    let refused = answered
+        .iter()
+        .filter_map(|answer| answer.as_ref().ok())
+        .map(|response| {
+            let response = response.as_ref().unwrap();
+            response
+                .headers()
+                .get("grpc-status")
+                .unwrap()
+                .to_str()
+                .unwrap()
+        })
+        .inspect(|status| assert_eq!(status, &busy))
+        .count();
+    assert_eq!(
+        refused, 8,
+        "16 admitted with their bodies open, the rest refused"
+    );
+    // The held calls go away: their places come back, and an honest unit is
+    // decoded.
+    for body in &mut held {
+        body.send_reset(h2::Reason::CANCEL);
+    }
+    let mut client =
+        wire_pb::decode_pool_client::DecodePoolClient::connect(format!("http://{}", worker.addr))
+            .await
+            .unwrap();
+    let build = wire::build_identity(decode::default_decoder_name());
+    let unit = wire::unit_to_wire(3, &OutputSpec::center(32, 32), &[one_sample()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        match client.decode(call(unit.clone(), TOKEN, &build)).await {
+            Ok(answer) => break answer.into_inner(),
+            // The resets may still be on their way.
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                assert!(
+                    Instant::now() < deadline,
+                    "admission places never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    };
+    assert_eq!(answer.pixels.len(), 32 * 32 * 3);
 }

@@ -132,8 +132,10 @@ pub(super) fn place(
     let placements = samples
         .iter()
         .map(|emitted| {
-            let compressed = client_decodable(emitted, scratch_limit, slot_bytes)
-                .filter(|_| !server_decodes(emitted.identity(), server_fraction));
+            // The share's draw first: it is cheaper than the scan check.
+            let compressed = (!server_decodes(emitted.identity(), server_fraction))
+                .then(|| client_decodable(emitted, scratch_limit, slot_bytes))
+                .flatten();
             let placement = match compressed {
                 Some((frame, length)) => Placement {
                     offset,

@@ -11,8 +11,12 @@
 //! ```
 //!
 //! and a unit past any bound is refused with a status that names the bound
-//! (a sidecar then decodes it elsewhere). Authenticated: every call must
-//! carry the pool's token, and the sender's build must be the worker's own.
+//! (a sidecar then decodes it elsewhere). Authenticated before anything
+//! is read: every call must carry the pool's token, and the sender's build
+//! must be the worker's own; the [`Gate`] checks both, and takes the call's
+//! admission place, on the headers alone, so a call without the token, or
+//! one past the admitted units, costs the worker its headers and never its
+//! body (tonic reads a unary call's whole message before the handler runs).
 //! On SIGTERM it reports NOT_SERVING, refuses new units (UNAVAILABLE: the
 //! sidecar re-issues them at once) and finishes the ones it holds.
 
@@ -23,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rayon::prelude::*;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
 use tonic::{Request, Response, Status};
 
 use super::wire::{self, pb, SampleAnswer};
@@ -70,23 +76,55 @@ pub struct WorkerStats {
 
 struct WorkerService {
     stats: Arc<WorkerStats>,
-    token: String,
-    identity: String,
     decoder: Arc<dyn Decoder>,
     scratch: Arc<ScratchBudget>,
     pool: Arc<rayon::ThreadPool>,
     slots: Arc<Semaphore>,
-    /// Units decoding or waiting for a slot: twice the slots.
-    admitted: Arc<Semaphore>,
     max_units: usize,
     max_unit_samples: usize,
     max_unit_output_bytes: usize,
+}
+
+/// What a call must show on its headers before its body is read: the
+/// pool's token, the worker's build, a worker not draining, and a free
+/// admission place (units decoding or waiting for a slot: twice the slots),
+/// which it holds until its unit is answered.
+#[derive(Clone)]
+struct Gate {
+    token: Arc<str>,
+    identity: Arc<str>,
+    admitted: Arc<Semaphore>,
+    max_units: usize,
     draining: Arc<AtomicBool>,
 }
 
-impl WorkerService {
-    /// The caller's token and build, checked before anything else is read.
-    fn admit(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+/// A call's admission place, taken by the [`Gate`] and handed to the
+/// handler in the request's extensions (which must be `Clone`).
+#[derive(Clone)]
+struct Admitted {
+    _permit: Arc<OwnedSemaphorePermit>,
+}
+
+impl Interceptor for Gate {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        self.check(request.metadata())?;
+        let Ok(permit) = self.admitted.clone().try_acquire_owned() else {
+            pool_metrics::worker_unit("busy");
+            return Err(Status::resource_exhausted(format!(
+                "worker busy: {} units decoding and as many waiting (--max-units)",
+                self.max_units
+            )));
+        };
+        request.extensions_mut().insert(Admitted {
+            _permit: Arc::new(permit),
+        });
+        Ok(request)
+    }
+}
+
+impl Gate {
+    /// The caller's token and build, and whether the worker still takes units.
+    fn check(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
         let presented = metadata
             .get("authorization")
             .and_then(|value| value.to_str().ok())
@@ -103,7 +141,7 @@ impl WorkerService {
             .get(wire::BUILD_HEADER)
             .and_then(|value| value.to_str().ok())
             .unwrap_or("");
-        if build != self.identity {
+        if build != &*self.identity {
             pool_metrics::worker_unit("wrong_build");
             return Err(Status::failed_precondition(format!(
                 "this worker runs {:?} but the sidecar runs {build:?}: pixels from another \
@@ -118,7 +156,9 @@ impl WorkerService {
         }
         Ok(())
     }
+}
 
+impl WorkerService {
     fn check_unit(&self, unit: &pb::DecodeUnit) -> Result<decode::OutputSpec, Status> {
         let invalid = |error: wire::UnitError| {
             pool_metrics::worker_unit("invalid");
@@ -157,15 +197,11 @@ impl WorkerService {
 impl pb::decode_pool_server::DecodePool for WorkerService {
     async fn decode(
         &self,
-        request: Request<pb::DecodeUnit>,
+        mut request: Request<pb::DecodeUnit>,
     ) -> Result<Response<pb::DecodedUnit>, Status> {
-        self.admit(request.metadata())?;
-        let Ok(_admitted) = self.admitted.clone().try_acquire_owned() else {
-            pool_metrics::worker_unit("busy");
-            return Err(Status::resource_exhausted(format!(
-                "worker busy: {} units decoding and as many waiting (--max-units)",
-                self.max_units
-            )));
+        // Taken by the gate on the headers; held until the unit is answered.
+        let Some(_admitted) = request.extensions_mut().remove::<Admitted>() else {
+            return Err(Status::internal("a unit reached the worker past its gate"));
         };
         // A unit waits briefly for a slot (the sidecar's units in flight
         // are about what the worker has slots for), then goes elsewhere.
@@ -331,23 +367,26 @@ impl BoundWorker {
             .map_err(|e| WorkerError::Threads(e.to_string()))?;
         let draining = Arc::new(AtomicBool::new(false));
         let slots = Arc::new(Semaphore::new(config.max_units.max(1)));
+        let gate = Gate {
+            token: config.token.as_str().into(),
+            identity: wire::build_identity(self.decoder.name()).into(),
+            admitted: Arc::new(Semaphore::new(2 * config.max_units.max(1))),
+            max_units: config.max_units.max(1),
+            draining: draining.clone(),
+        };
         let service = WorkerService {
             stats: self.stats,
-            token: config.token.clone(),
-            identity: wire::build_identity(self.decoder.name()),
             decoder: self.decoder,
             scratch: Arc::new(ScratchBudget::new(config.decode_scratch)),
             pool: Arc::new(pool),
             slots: slots.clone(),
-            admitted: Arc::new(Semaphore::new(2 * config.max_units.max(1))),
             max_units: config.max_units.max(1),
             max_unit_samples: config.max_unit_samples,
             max_unit_output_bytes: config.max_unit_output_bytes,
-            draining: draining.clone(),
         };
         tracing::info!(
             listen = %self.listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
-            build = %service.identity,
+            build = %gate.identity,
             decode_threads = config.decode_threads,
             max_units = config.max_units,
             memory_bound_mib = config.memory_bound() >> 20,
@@ -366,11 +405,12 @@ impl BoundWorker {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(health_service)
-            .add_service(
+            .add_service(InterceptedService::new(
                 pb::decode_pool_server::DecodePoolServer::new(service)
                     .max_decoding_message_size(config.max_unit_bytes)
                     .max_encoding_message_size(config.max_unit_output_bytes + (1 << 20)),
-            )
+                gate,
+            ))
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true)),
                 async move {
