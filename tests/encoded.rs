@@ -299,7 +299,7 @@ async fn a_jpeg_with_a_corrupt_scan_is_substituted_as_in_a_decoded_delivery() {
     for n in [13, 26] {
         let sample = &mut shards[n / 12][n % 12];
         let (_, bytes) = sample.image.as_mut().unwrap();
-        *bytes = scan_corrupted(bytes, 4000, n as u64);
+        *bytes = shardfeed::dev::synthetic::scan_corrupted(bytes, 4000, n as u64);
         assert!(
             shardfeed::decode::jpeg_frame(bytes).unwrap().is_baseline(),
             "its headers still pass"

@@ -328,6 +328,7 @@ pub(crate) mod tests {
     }
 
     /// A noisy photo (its scan is most of its bytes).
+    #[cfg(feature = "dev")]
     fn noisy_photo() -> Vec<u8> {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let image = image::RgbImage::from_fn(160, 120, |_, _| {
@@ -343,38 +344,24 @@ pub(crate) mod tests {
         out
     }
 
-    /// `jpeg` with `count` pseudo-random bytes written over the middle of
-    /// its entropy-coded data: headers and end marker intact, as a flipped
-    /// disk block or a bad copy leaves it.
-    pub(crate) fn scan_corrupted(jpeg: &[u8], count: usize, seed: u64) -> Vec<u8> {
-        let (_, scan) = jpeg_segments(jpeg).find(|&(m, _)| m == 0xDA).unwrap();
-        let data_start = segment_end(jpeg, scan).unwrap();
-        let data_len = jpeg.len() - 2 - data_start;
-        let count = count.min(data_len / 2);
-        let from = data_start + (data_len - count) / 2;
-        let mut state = seed | 1;
-        let mut out = jpeg.to_vec();
-        for byte in &mut out[from..from + count] {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            *byte = (state >> 24) as u8;
-        }
-        out
-    }
-
     #[test]
+    #[cfg(feature = "dev")]
     fn a_scan_with_stray_markers_is_corrupt_and_a_whole_one_is_not() {
         let jpeg = noisy_photo();
         assert_eq!(check_jpeg_complete(&jpeg), Ok(()));
         for seed in 1..20 {
-            let broken = scan_corrupted(&jpeg, 4000, seed);
+            let broken = crate::dev::synthetic::scan_corrupted(&jpeg, 4000, seed);
             let error = check_jpeg_complete(&broken).unwrap_err();
             assert!(
                 matches!(&error, DecodeError::Corrupt(m) if m.contains("inside the entropy-coded data")),
                 "seed {seed}: {error:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_end_marker_inside_the_scan_is_corrupt_and_an_appended_image_is_not() {
+        let jpeg = photo();
         // An end marker read from corrupt bytes, the real one after it.
         let early_end = spliced(&jpeg, &[0xFF, 0xD9, 0x12, 0x34]);
         assert!(check_jpeg_complete(&early_end).is_err());

@@ -131,6 +131,28 @@ fn hsv(h: f32, s: f32, v: f32) -> [f32; 3] {
     }
 }
 
+/// `jpeg` with `count` pseudo-random bytes (from `seed`) written over the
+/// middle of its entropy-coded data, headers and end marker intact: a
+/// flipped disk block or a bad copy, which libjpeg refuses and a GPU
+/// decoder such as nvJPEG decodes into garbage without an error.
+pub fn scan_corrupted(jpeg: &[u8], count: usize, seed: u64) -> Vec<u8> {
+    let scan = jpeg
+        .windows(2)
+        .position(|pair| pair == [0xFF, 0xDA])
+        .expect("a start of scan");
+    let header = usize::from(u16::from_be_bytes([jpeg[scan + 2], jpeg[scan + 3]]));
+    let data_start = scan + 2 + header;
+    let data_len = jpeg.len() - 2 - data_start;
+    let count = count.min(data_len / 2);
+    let from = data_start + (data_len - count) / 2;
+    let mut rng = Rng::derive(&[seed]);
+    let mut out = jpeg.to_vec();
+    for byte in &mut out[from..from + count] {
+        *byte = rng.next_u64() as u8;
+    }
+    out
+}
+
 /// The class of sample `index` under `spec`.
 pub fn synthetic_class(spec: &SyntheticSpec, shard: usize, index: u64) -> u32 {
     if spec.class_sorted {

@@ -37,30 +37,6 @@ pub fn jpeg(width: u32, height: u32, seed: u64) -> Vec<u8> {
     out
 }
 
-/// `jpeg` with `count` pseudo-random bytes written over the middle of its
-/// entropy-coded data, headers and end marker intact (a flipped disk block,
-/// a bad copy): a GPU decoder takes it without an error, libjpeg does not.
-pub fn scan_corrupted(jpeg: &[u8], count: usize, seed: u64) -> Vec<u8> {
-    let scan = jpeg
-        .windows(2)
-        .position(|pair| pair == [0xFF, 0xDA])
-        .expect("a start of scan");
-    let header = usize::from(u16::from_be_bytes([jpeg[scan + 2], jpeg[scan + 3]]));
-    let data_start = scan + 2 + header;
-    let data_len = jpeg.len() - 2 - data_start;
-    let count = count.min(data_len / 2);
-    let from = data_start + (data_len - count) / 2;
-    let mut state = seed | 1;
-    let mut out = jpeg.to_vec();
-    for byte in &mut out[from..from + count] {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        *byte = (state >> 24) as u8;
-    }
-    out
-}
-
 /// `shards` shards of `per_shard` small JPEG samples; sample `i` has label `i % 7`.
 pub fn simple_dataset(shards: usize, per_shard: usize) -> Vec<Vec<Sample>> {
     (0..shards)
