@@ -560,3 +560,22 @@ async fn a_shard_replaced_by_a_shorter_one_ends_the_stream_naming_it() {
     assert!(!batches[1].substituted.is_empty());
     skipping.shutdown().await;
 }
+
+#[test]
+fn a_scan_with_random_bytes_is_corrupt_and_a_whole_one_is_not() {
+    // A noisy photo: its scan is most of its bytes.
+    let pixels = shardfeed::dev::synthetic::synthetic_image(3, 3, 3, 160, 120);
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 95)
+        .encode_image(&pixels)
+        .unwrap();
+    assert_eq!(decode::check_jpeg_complete(&jpeg), Ok(()));
+    for seed in 1..20 {
+        let broken = shardfeed::dev::synthetic::scan_corrupted(&jpeg, 4000, seed);
+        let error = decode::check_jpeg_complete(&broken).unwrap_err();
+        assert!(
+            matches!(&error, DecodeError::Corrupt(m) if m.contains("inside the entropy-coded data")),
+            "seed {seed}: {error:?}"
+        );
+    }
+}

@@ -327,38 +327,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// A noisy photo (its scan is most of its bytes).
-    #[cfg(feature = "dev")]
-    fn noisy_photo() -> Vec<u8> {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let image = image::RgbImage::from_fn(160, 120, |_, _| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            image::Rgb([state as u8, (state >> 8) as u8, (state >> 16) as u8])
-        });
-        let mut out = Vec::new();
-        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
-            .encode_image(&image)
-            .unwrap();
-        out
-    }
-
-    #[test]
-    #[cfg(feature = "dev")]
-    fn a_scan_with_stray_markers_is_corrupt_and_a_whole_one_is_not() {
-        let jpeg = noisy_photo();
-        assert_eq!(check_jpeg_complete(&jpeg), Ok(()));
-        for seed in 1..20 {
-            let broken = crate::dev::synthetic::scan_corrupted(&jpeg, 4000, seed);
-            let error = check_jpeg_complete(&broken).unwrap_err();
-            assert!(
-                matches!(&error, DecodeError::Corrupt(m) if m.contains("inside the entropy-coded data")),
-                "seed {seed}: {error:?}"
-            );
-        }
-    }
-
     #[test]
     fn an_end_marker_inside_the_scan_is_corrupt_and_an_appended_image_is_not() {
         let jpeg = photo();
