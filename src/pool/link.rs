@@ -51,8 +51,7 @@ impl Connector for GrpcConnector {
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10));
         Some(Arc::new(GrpcLink {
-            client: pb::decode_pool_client::DecodePoolClient::new(endpoint.connect_lazy())
-                .max_decoding_message_size(usize::MAX),
+            client: pb::decode_pool_client::DecodePoolClient::new(endpoint.connect_lazy()),
         }))
     }
 }
@@ -64,6 +63,10 @@ impl WorkerLink for GrpcLink {
         identity: &str,
         token: &str,
     ) -> BoxFuture<'static, Result<pb::DecodedUnit, tonic::Status>> {
+        // No answer longer than this unit's can be is read at all.
+        let bound = wire::spec_from_wire(unit.spec.as_ref())
+            .map(|spec| wire::answer_bound(unit.samples.len(), spec.bytes()))
+            .map_err(|error| tonic::Status::internal(error.to_string()));
         let mut request = tonic::Request::new(unit);
         let metadata = request.metadata_mut();
         let headers = format!("Bearer {token}")
@@ -78,9 +81,10 @@ impl WorkerLink for GrpcLink {
             .map(|build| {
                 metadata.insert(wire::BUILD_HEADER, build);
             });
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         Box::pin(async move {
             headers?;
+            let mut client = client.max_decoding_message_size(bound?);
             Ok(client.decode(request).await?.into_inner())
         })
     }

@@ -145,6 +145,29 @@ pub fn unit_to_wire(unit_id: u64, spec: &OutputSpec, samples: &[UnitSample]) -> 
     }
 }
 
+/// The longest reason or message a failure carries on the wire: a worker
+/// cuts longer ones, a sidecar refuses answers that carry them.
+pub const MAX_FAILURE_TEXT_BYTES: usize = 512;
+
+/// The most bytes an answer for `samples` outputs of `sample_bytes` each
+/// may take on the wire: the pixels, and per sample a result of at most a
+/// crop box or two failure texts with their framing. A sidecar reads no
+/// answer past it (tonic's per-call message limit), so a worker, honest or
+/// not, cannot make it buffer more than the unit it asked for.
+pub fn answer_bound(samples: usize, sample_bytes: usize) -> usize {
+    const RESULT_FRAMING: usize = 64;
+    samples.saturating_mul(sample_bytes + 2 * MAX_FAILURE_TEXT_BYTES + RESULT_FRAMING) + 64
+}
+
+/// `text` cut to at most `MAX_FAILURE_TEXT_BYTES`, at a character boundary.
+fn failure_text(text: &str) -> String {
+    let mut end = text.len().min(MAX_FAILURE_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
 pub fn answer_to_wire(answer: &SampleAnswer) -> pb::SampleResult {
     use pb::sample_result::Outcome;
     pb::SampleResult {
@@ -157,16 +180,18 @@ pub fn answer_to_wire(answer: &SampleAnswer) -> pb::SampleResult {
                 flipped: crop.flipped,
             }),
             SampleAnswer::Failed { reason, message } => Outcome::Failure(pb::Failure {
-                reason: reason.clone(),
-                message: message.clone(),
+                reason: failure_text(reason),
+                message: failure_text(message),
             }),
         }),
     }
 }
 
 /// A worker's answer, checked against the unit it answers: one result per
-/// sample and exactly the pixels they take. `None`: the answer is malformed
-/// (the unit is then decoded elsewhere).
+/// sample, exactly the pixels they take, crop boxes of finite, non-negative
+/// numbers with a positive size, failure texts within their bound. `None`:
+/// the answer is malformed (the unit is then decoded elsewhere, and the
+/// worker backs off as a failing one does).
 pub fn answers_from_wire(
     answer: &pb::DecodedUnit,
     samples: usize,
@@ -180,17 +205,25 @@ pub fn answers_from_wire(
         .results
         .iter()
         .map(|result| match result.outcome.as_ref()? {
-            Outcome::Crop(crop) => Some(SampleAnswer::Decoded(CropBox {
-                left: crop.left,
-                top: crop.top,
-                width: crop.width,
-                height: crop.height,
-                flipped: crop.flipped,
-            })),
-            Outcome::Failure(failure) => Some(SampleAnswer::Failed {
-                reason: failure.reason.clone(),
-                message: failure.message.clone(),
-            }),
+            Outcome::Crop(crop) => {
+                let numbers = [crop.left, crop.top, crop.width, crop.height];
+                let sound = numbers.iter().all(|v| v.is_finite() && *v >= 0.0)
+                    && crop.width > 0.0
+                    && crop.height > 0.0;
+                sound.then_some(SampleAnswer::Decoded(CropBox {
+                    left: crop.left,
+                    top: crop.top,
+                    width: crop.width,
+                    height: crop.height,
+                    flipped: crop.flipped,
+                }))
+            }
+            Outcome::Failure(failure) => (failure.reason.len() <= MAX_FAILURE_TEXT_BYTES
+                && failure.message.len() <= MAX_FAILURE_TEXT_BYTES)
+                .then(|| SampleAnswer::Failed {
+                    reason: failure.reason.clone(),
+                    message: failure.message.clone(),
+                }),
         })
         .collect()
 }
@@ -242,5 +275,74 @@ mod tests {
         assert!(answers_from_wire(&answer, 1, 10).is_some());
         assert!(answers_from_wire(&answer, 1, 12).is_none());
         assert!(answers_from_wire(&answer, 2, 5).is_none());
+    }
+
+    #[test]
+    fn answers_with_unsound_boxes_or_long_texts_are_malformed() {
+        let crop = |left: f64, width: f64| {
+            answer_to_wire(&SampleAnswer::Decoded(CropBox {
+                left,
+                top: 0.0,
+                width,
+                height: 10.0,
+                flipped: false,
+            }))
+        };
+        let unit = |result: pb::SampleResult| pb::DecodedUnit {
+            results: vec![result],
+            pixels: vec![0; 12].into(),
+            ..Default::default()
+        };
+        assert!(answers_from_wire(&unit(crop(1.0, 5.0)), 1, 12).is_some());
+        for (left, width) in [
+            (f64::NAN, 5.0),
+            (1.0, f64::INFINITY),
+            (-1.0, 5.0),
+            (1.0, 0.0),
+        ] {
+            assert!(
+                answers_from_wire(&unit(crop(left, width)), 1, 12).is_none(),
+                "{left} {width}"
+            );
+        }
+        let long = "é".repeat(MAX_FAILURE_TEXT_BYTES);
+        let failed = answer_to_wire(&SampleAnswer::Failed {
+            reason: "corrupt".into(),
+            message: long.clone(),
+        });
+        // A worker cuts its texts (at a character boundary) ...
+        let Some(pb::sample_result::Outcome::Failure(sent)) = &failed.outcome else {
+            unreachable!()
+        };
+        assert!(sent.message.len() <= MAX_FAILURE_TEXT_BYTES && sent.message.starts_with('é'));
+        assert!(answers_from_wire(&unit(failed), 1, 12).is_some());
+        // ... and a sidecar refuses longer ones.
+        let raw = pb::SampleResult {
+            outcome: Some(pb::sample_result::Outcome::Failure(pb::Failure {
+                reason: "corrupt".into(),
+                message: long,
+            })),
+        };
+        assert!(answers_from_wire(&unit(raw), 1, 12).is_none());
+    }
+
+    #[test]
+    fn the_answer_bound_holds_the_largest_honest_answer() {
+        use prost::Message;
+        let text = "x".repeat(4 * MAX_FAILURE_TEXT_BYTES);
+        let samples = 64;
+        let answer = pb::DecodedUnit {
+            unit_id: u64::MAX,
+            results: (0..samples)
+                .map(|_| {
+                    answer_to_wire(&SampleAnswer::Failed {
+                        reason: text.clone(),
+                        message: text.clone(),
+                    })
+                })
+                .collect(),
+            pixels: vec![0; samples * 224 * 224 * 3].into(),
+        };
+        assert!(answer.encoded_len() <= answer_bound(samples, 224 * 224 * 3));
     }
 }
