@@ -322,6 +322,30 @@ fn image_format(format: ImageFormat) -> image::ImageFormat {
     }
 }
 
+/// A pool of `threads` decode threads named `name-N`. A panic in a task
+/// (outside a sample's decode, whose panics substitute the sample) is
+/// logged and ends that task, not the process: whoever waits for the task
+/// sees its channel dropped and fails that one stream (or unit) with
+/// INTERNAL, and the threads go on serving every other. Without a handler,
+/// rayon aborts the process, taking every rank's stream with it.
+pub fn decode_thread_pool(
+    threads: usize,
+    name: &'static str,
+) -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .thread_name(move |i| format!("{name}-{i}"))
+        .panic_handler(move |payload| {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-text panic".into());
+            tracing::error!(pool = name, %message, "a decode task panicked; its stream fails");
+        })
+        .build()
+}
+
 /// The fastest decoder this build has: libjpeg-turbo with DCT scaling for
 /// JPEG when built with the `turbojpeg` feature, else the `image` crate.
 pub fn default_decoder() -> std::sync::Arc<dyn Decoder> {
@@ -605,5 +629,24 @@ mod tests {
             ),
             Err(DecodeError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_panicking_task_leaves_the_decode_threads_serving() {
+        let pool = decode_thread_pool(2, "test-decode").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let dropped = tx.clone();
+        pool.spawn(move || {
+            let _kept_until_the_panic = dropped;
+            panic!("a bug in a decode task");
+        });
+        for n in 0..4 {
+            let tx = tx.clone();
+            pool.spawn(move || tx.send(n).unwrap());
+        }
+        drop(tx);
+        let mut got: Vec<u32> = rx.iter().collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2, 3], "the threads went on after the panic");
     }
 }

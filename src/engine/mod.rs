@@ -236,10 +236,7 @@ impl Engine {
         config: EngineConfig,
         decoder: Arc<dyn Decoder>,
     ) -> std::io::Result<Self> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.decode_threads.max(1))
-            .thread_name(|i| format!("shardfeed-decode-{i}"))
-            .build()
+        let pool = decode::decode_thread_pool(config.decode_threads, "shardfeed-decode")
             .map_err(std::io::Error::other)?;
         Ok(Self {
             memory: MemoryBudget::new(config.memory.streams)

@@ -360,10 +360,7 @@ impl BoundWorker {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), WorkerError> {
         let config = self.config;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.decode_threads.max(1))
-            .thread_name(|i| format!("shardfeed-pool-decode-{i}"))
-            .build()
+        let pool = decode::decode_thread_pool(config.decode_threads, "shardfeed-pool-decode")
             .map_err(|e| WorkerError::Threads(e.to_string()))?;
         let draining = Arc::new(AtomicBool::new(false));
         let slots = Arc::new(Semaphore::new(config.max_units.max(1)));
