@@ -11,7 +11,7 @@ use common::*;
 use shardfeed::decode::{self, CropBox, DecodeError, Decoder, ImageCrateDecoder, OutputSpec};
 use shardfeed::engine::budget::MemoryConfig;
 use shardfeed::pipeline::PipelineConfig;
-use shardfeed::server::pb;
+use shardfeed::server::{pb, ListenAddr};
 use shardfeed::shard::{BadShardPolicy, ImageFormat};
 use tonic::Code;
 
@@ -578,4 +578,24 @@ fn a_scan_with_random_bytes_is_corrupt_and_a_whole_one_is_not() {
             "seed {seed}: {error:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_holds_a_bounded_number_of_streams() {
+    let harness = Harness::start(Options::default()).await;
+    let ListenAddr::Tcp(addr) = harness.addr else {
+        unreachable!("the harness listens on TCP")
+    };
+    // The server's SETTINGS name the limit (before, none: tonic passed the
+    // unset limit through), which h2 enforces by refusing streams past it.
+    let h2 = raw_h2(addr).await;
+    let limit = shardfeed::server::listen::MAX_STREAMS_PER_CONNECTION as usize;
+    assert_eq!(h2.current_max_send_streams(), limit);
+    // The server still serves a client on another connection.
+    let mut client = harness.client().await;
+    let uri = upload(&harness.s3, "bounded", "p/", &simple_dataset(2, 8)).await;
+    assert!(!collect(&mut client, request(&uri))
+        .await
+        .unwrap()
+        .is_empty());
 }

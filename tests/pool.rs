@@ -602,3 +602,13 @@ async fn calls_are_refused_on_their_headers_before_any_body_is_buffered() {
     };
     assert_eq!(answer.pixels.len(), 32 * 32 * 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_holds_no_more_streams_than_the_worker_admits() {
+    let worker = Worker::start([127, 0, 0, 1], TOKEN, None).await;
+    // max_units 8: 16 admitted units and 8 more for health checks, named in
+    // the worker's SETTINGS (before, none), which h2 enforces by refusing
+    // streams past it.
+    let h2 = raw_h2(worker.addr).await;
+    assert_eq!(h2.current_max_send_streams(), 24);
+}

@@ -39,6 +39,15 @@ const STREAM_WINDOW_BYTES: u32 = 8 << 20;
 const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
 /// HTTP/2's largest frame: a sample's pixels in 10 frames, not 10 per 16 KiB.
 const MAX_FRAME_BYTES: u32 = (1 << 24) - 1;
+/// A worker's HTTP/2 bounds per connection: streams beyond its admitted
+/// units (2 x `--max-units`) plus health checks only queue in the client;
+/// headers are a token, a build name and gRPC's own; a connection whose
+/// peer makes the worker reset this many streams (malformed frames), or
+/// resets this many itself before they are accepted, is closed.
+const WORKER_EXTRA_STREAMS: u32 = 8;
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+const MAX_LOCAL_ERROR_RESETS: usize = 256;
+const MAX_PENDING_ACCEPT_RESETS: usize = 64;
 
 /// The token file's contents, trimmed: a Kubernetes Secret mounted as a
 /// file, or any file the operator writes.

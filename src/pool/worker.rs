@@ -59,6 +59,14 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// HTTP/2 streams a connection may hold open at once: the admitted
+    /// units and a few health checks.
+    pub fn max_concurrent_streams(&self) -> u32 {
+        u32::try_from(2 * self.max_units.max(1))
+            .unwrap_or(u32::MAX)
+            .saturating_add(super::WORKER_EXTRA_STREAMS)
+    }
+
     /// The worker's peak memory by the formula above, scratch included.
     pub fn memory_bound(&self) -> u64 {
         (self.max_units as u64) * (2 * self.max_unit_bytes + self.max_unit_output_bytes) as u64
@@ -399,6 +407,10 @@ impl BoundWorker {
             .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
             .initial_connection_window_size(super::CONNECTION_WINDOW_BYTES)
             .max_frame_size(super::MAX_FRAME_BYTES)
+            .max_concurrent_streams(config.max_concurrent_streams())
+            .http2_max_header_list_size(super::MAX_HEADER_LIST_BYTES)
+            .http2_max_local_error_reset_streams(Some(super::MAX_LOCAL_ERROR_RESETS))
+            .http2_max_pending_accept_reset_streams(Some(super::MAX_PENDING_ACCEPT_RESETS))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(health_service)

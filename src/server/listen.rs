@@ -149,6 +149,19 @@ fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
 /// Owner and group may connect to the Unix socket.
 pub const SOCKET_MODE: u32 = 0o660;
 
+/// HTTP/2 bounds per connection. A trainer process opens one stream per
+/// rank it serves (accelerate's dispatch: every rank of the host, in
+/// turn) plus short calls (Describe, health, reports): 64 is several
+/// hosts' worth, and `--max-streams` still bounds the server's streams in
+/// all. Without a bound tonic advertises none, and 10,000 header-only
+/// streams on one connection were all accepted. Headers are gRPC's and a
+/// few of ours; a peer that makes the server reset this many streams, or
+/// resets this many itself before they are accepted, loses its connection.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+pub const MAX_LOCAL_ERROR_RESETS: usize = 256;
+pub const MAX_PENDING_ACCEPT_RESETS: usize = 64;
+
 /// How long open streams may run on after shutdown starts.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
@@ -194,6 +207,10 @@ pub async fn serve(
     let router = tonic::transport::Server::builder()
         .initial_stream_window_size(window)
         .initial_connection_window_size(window.saturating_mul(CONNECTION_WINDOWS_PER_STREAM))
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_nodelay(true)

@@ -497,3 +497,14 @@ pub fn photo_shards(corrupt: &[u64]) -> Vec<Vec<Sample>> {
         })
         .collect()
 }
+
+/// A raw HTTP/2 connection to `addr` (for hostile-listener tests), once
+/// the server's SETTINGS have arrived.
+pub async fn raw_h2(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let h2 = h2.ready().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    h2
+}

@@ -8,8 +8,9 @@ on CPU) in ``--small`` mode, which CI runs so that the script cannot rot.
 
 It synthesizes photo-like JPEGs (~100 KB, ~500x375; ``--photos DIR`` takes
 an ImageFolder of real ones instead), packs them with ``shardfeed.pack()``
-as ``file://`` shards, starts the sidecar pinned to N cores with ``taskset``
-(the trainer, this process, on the others) and writes one JSON file:
+as ``file://`` shards, starts the sidecar pinned to its first N cores with
+``taskset`` for each N of ``--cores`` (the trainer, this process, on the
+cores past the largest N, the same for every N) and writes one JSON file:
 
 - ``check``: decoded delivery to the device equals CPU delivery byte for
   byte; the trainer's decode (share 0) against the sidecar's pixels (PSNR
