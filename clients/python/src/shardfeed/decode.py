@@ -10,12 +10,13 @@ with the server's filter and the flip applied, on the same device.
 The resize is the server's to the arithmetic: a separable triangle
 (bilinear) filter whose support widens with the downscale factor, so it
 antialiases, with pixels just outside the box feeding its edges (Pillow's
-``resize(box=...)``, fast_image_resize's convolution). It runs per batch:
-the weights of every image built on the device in one go, the windows the
-filter reads padded into one tensor, one pair of batched matrix products
-(float16 on CUDA, float32 on CPU; see ``_resize.py`` for the memory bound),
-where the server rounds between passes: outputs differ by at most a level
-or two. What differs more is the IDCT: a server built with libjpeg-turbo
+``resize(box=...)``, fast_image_resize's convolution). On a GPU it runs
+per batch: the weights of every image built on the device in one go, the
+windows the filter reads padded into one tensor, one pair of batched
+matrix products in float16 (``_resize.py`` states the memory bound). On
+CPU, where a dense product costs far more than the filter's taps, Pillow
+applies the same filter image by image. The server rounds between passes
+and these do not always: outputs differ by at most a level or two. What differs more is the IDCT: a server built with libjpeg-turbo
 decodes large images at a reduced DCT scale, and nvJPEG's IDCT is its own.
 The stated tolerance is PSNR >= 35 dB per sample against the server's
 decode of the same request (tests/e2e/test_encoded.py checks it).
