@@ -16,8 +16,9 @@ windows the filter reads padded into one tensor, one pair of batched
 matrix products in float16 (``_resize.py`` states the memory bound). On
 CPU, where a dense product costs far more than the filter's taps, Pillow
 applies the same filter image by image. The server rounds between passes
-and these do not always: outputs differ by at most a level or two. What differs more is the IDCT: a server built with libjpeg-turbo
-decodes large images at a reduced DCT scale, and nvJPEG's IDCT is its own.
+and these do not always: outputs differ by at most a level or two. What
+differs more is the IDCT: a server built with libjpeg-turbo decodes large
+images at a reduced DCT scale, and nvJPEG's IDCT is its own.
 The stated tolerance is PSNR >= 35 dB per sample against the server's
 decode of the same request (tests/e2e/test_encoded.py checks it).
 
