@@ -164,6 +164,9 @@ pub enum PipelineError {
     ObjectGone { location: String },
     #[error("{0}")]
     SharedMemory(String),
+    /// The shared-memory socket is at its client limit.
+    #[error("{0}")]
+    SharedMemoryBusy(String),
     #[error("internal pipeline error: {0}")]
     Internal(String),
 }
@@ -309,7 +312,10 @@ impl SharedTarget {
         self.ring
             .acquire(&self.fd_socket)
             .await
-            .map_err(|e| PipelineError::SharedMemory(e.to_string()))
+            .map_err(|e| match e {
+                shm::ShmError::Refused { .. } => PipelineError::SharedMemoryBusy(e.to_string()),
+                _ => PipelineError::SharedMemory(e.to_string()),
+            })
     }
 }
 

@@ -14,7 +14,7 @@
 //! `/dev/shm` (64 MiB in a container) is never used.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +49,11 @@ pub enum ShmError {
     NotCollected { socket: String, seconds: u64 },
     #[error("the client closed its shared-memory connection")]
     ClientGone,
+    #[error(
+        "the shared-memory socket refused this stream's client: {limit} shared-memory clients \
+         are connected already; close other streams or ask for inline transport"
+    )]
+    Refused { limit: usize },
 }
 
 /// Why [`Ring::try_take`] found no free slot.
@@ -56,6 +61,7 @@ enum Waiting {
     /// Every slot is busy; whether the client has collected the ring.
     Collected(bool),
     ClientGone,
+    Refused(usize),
 }
 
 fn os_error(what: &'static str) -> ShmError {
@@ -81,6 +87,9 @@ struct RingState {
     collected: bool,
     /// The client's credit connection closed: no credit will come again.
     client_gone: bool,
+    /// The fd socket turned the client away (its connection limit): the
+    /// limit, for the stream's error.
+    refused: Option<usize>,
 }
 
 /// One stream's slots in one memfd.
@@ -172,6 +181,7 @@ impl Ring {
                 slots: vec![SlotState::Free; slot_count.max(1)],
                 collected: false,
                 client_gone: false,
+                refused: None,
             }),
             freed: Notify::new(),
             collected: Notify::new(),
@@ -217,6 +227,7 @@ impl Ring {
             let collected_now = match self.try_take() {
                 Ok(lease) => return Ok(lease),
                 Err(Waiting::ClientGone) => return Err(ShmError::ClientGone),
+                Err(Waiting::Refused(limit)) => return Err(ShmError::Refused { limit }),
                 Err(Waiting::Collected(collected_now)) => collected_now,
             };
             if collected_now {
@@ -241,6 +252,9 @@ impl Ring {
     /// A free slot, or why there is none to take yet.
     fn try_take(self: &Arc<Self>) -> Result<SlotLease, Waiting> {
         let mut state = self.lock();
+        if let Some(limit) = state.refused {
+            return Err(Waiting::Refused(limit));
+        }
         match state.slots.iter().position(|s| *s == SlotState::Free) {
             Some(slot) => {
                 state.slots[slot] = SlotState::Filling;
@@ -272,21 +286,39 @@ impl Ring {
     }
 
     /// Waits until the client has collected the memfd (or has come and
-    /// gone); `false` if it has not within [`CONNECT_TIMEOUT`].
-    pub async fn wait_collected(self: Arc<Self>) -> bool {
+    /// gone); fails if it has not within [`CONNECT_TIMEOUT`] or was turned
+    /// away.
+    pub async fn wait_collected(self: Arc<Self>, fd_socket: PathBuf) -> Result<(), ShmError> {
         let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
         loop {
             let collected = self.collected.notified();
             {
                 let state = self.lock();
+                if let Some(limit) = state.refused {
+                    return Err(ShmError::Refused { limit });
+                }
                 if state.collected || state.client_gone {
-                    return true;
+                    return Ok(());
                 }
             }
             if tokio::time::timeout_at(deadline, collected).await.is_err() {
-                return false;
+                return Err(ShmError::NotCollected {
+                    socket: fd_socket.display().to_string(),
+                    seconds: CONNECT_TIMEOUT.as_secs(),
+                });
             }
         }
+    }
+
+    /// The fd socket turned the client away (`limit` clients connected):
+    /// no credit can come, so the stream fails at its next wait instead of
+    /// holding its memory for a client that cannot return slots.
+    pub fn refuse(&self, limit: usize) {
+        let mut state = self.lock();
+        state.refused = Some(limit);
+        drop(state);
+        self.freed.notify_waiters();
+        self.collected.notify_waiters();
     }
 
     /// The client has the memfd: credits can come.

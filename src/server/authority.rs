@@ -50,6 +50,10 @@ const MAX_HEADER_LIST: usize = 64 << 10;
 /// SETTINGS_HEADER_TABLE_SIZE the server's h2 advertises (the protocol's
 /// default), so a larger size update is an error there too.
 const MAX_TABLE_SIZE: usize = 4096;
+/// CONTINUATION frames one header block may take. A block within
+/// [`MAX_HEADER_BLOCK`] needs 4 of full size; empty ones cost the proxy
+/// work and grow nothing, so they are bounded by count.
+const MAX_CONTINUATIONS: usize = 64;
 /// Where an authority that is not one goes.
 const LOCAL_AUTHORITY: &[u8] = b"localhost";
 
@@ -72,6 +76,7 @@ struct PendingBlock {
     end_stream: bool,
     priority: Option<[u8; 5]>,
     fragment: BytesMut,
+    continuations: usize,
 }
 
 impl<S> AnyAuthority<S> {
@@ -105,13 +110,14 @@ impl<S> AnyAuthority<S> {
             let header = &self.input[..FRAME_HEADER];
             let length =
                 usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
-            if self.input.len() < FRAME_HEADER + length {
-                return Ok(());
-            }
+            // Checked on the header, before any of the payload is kept.
             if length > MAX_FRAME {
                 return Err(invalid(
                     "a frame larger than SETTINGS_MAX_FRAME_SIZE (16384)",
                 ));
+            }
+            if self.input.len() < FRAME_HEADER + length {
+                return Ok(());
             }
             let (kind, flags) = (header[3], header[4]);
             let stream =
@@ -132,6 +138,10 @@ impl<S> AnyAuthority<S> {
                     };
                     if block.stream != stream {
                         return Err(invalid("CONTINUATION of another stream"));
+                    }
+                    block.continuations += 1;
+                    if block.continuations > MAX_CONTINUATIONS {
+                        return Err(invalid("a header block of over 64 CONTINUATION frames"));
                     }
                     block.fragment.extend_from_slice(&frame[FRAME_HEADER..]);
                     self.continue_block(block, flags)?;
@@ -215,6 +225,7 @@ fn headers_fragment(mut payload: BytesMut, flags: u8, stream: u32) -> io::Result
         end_stream: flags & END_STREAM != 0,
         priority,
         fragment: payload,
+        continuations: 0,
     })
 }
 
@@ -513,5 +524,29 @@ mod tests {
         client.extend(frame(0x0, 0, 1, &vec![0; MAX_FRAME + 1]));
         let error = through(client).await.unwrap_err();
         assert!(error.to_string().contains("MAX_FRAME_SIZE"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_is_refused_on_its_header_before_its_payload_comes() {
+        // A header declaring 8 MiB and only the start of its payload: the
+        // connection ends on the header, not after 8 MiB are buffered.
+        let mut client = PREFACE.to_vec();
+        let mut header = BytesMut::new();
+        frame_header(&mut header, 8 << 20, 0x0, 0, 1);
+        client.extend_from_slice(&header);
+        client.extend_from_slice(&[0; 100]);
+        let error = through(client).await.unwrap_err();
+        assert!(error.to_string().contains("MAX_FRAME_SIZE"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn endless_empty_continuations_end_the_connection() {
+        let mut client = PREFACE.to_vec();
+        client.extend(frame(HEADERS, 0, 1, &[0x82]));
+        for _ in 0..1_000 {
+            client.extend(frame(CONTINUATION, 0, 1, &[]));
+        }
+        let error = through(client).await.unwrap_err();
+        assert!(error.to_string().contains("CONTINUATION frames"), "{error}");
     }
 }

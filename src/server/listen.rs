@@ -186,7 +186,11 @@ pub async fn serve(
             let fd_path = super::shm::fd_socket_path(path);
             let fd_listener = bind_unix(&fd_path)?;
             let rings = std::sync::Arc::new(super::shm::RingRegistry::new(fd_path));
-            let task = tokio::spawn(super::shm::serve_fd_socket(fd_listener, rings.clone()));
+            let task = tokio::spawn(super::shm::serve_fd_socket(
+                fd_listener,
+                rings.clone(),
+                super::shm::MAX_FD_CONNECTIONS,
+            ));
             (service.with_shared_memory(rings), Some(AbortOnDrop(task)))
         }
         Listener::Tcp(_) => (service, None),

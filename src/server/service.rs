@@ -26,6 +26,7 @@ use crate::decode::{self, OutputSpec};
 pub use crate::engine::EngineDropped;
 use crate::engine::{Engine, StreamGeometry};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
+use crate::pipeline::shm::ShmError;
 use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
 use crate::plan::{EpochPosition, Phase};
 
@@ -326,7 +327,7 @@ enum StreamState {
     Draining { sent: bool },
     /// Every batch was sent; the stream ends once its client has collected
     /// the ring (false: it never did).
-    Collecting(Pin<Box<dyn Future<Output = bool> + Send>>),
+    Collecting(Pin<Box<dyn Future<Output = Result<(), ShmError>> + Send>>),
     /// Ended; `completed`: every batch was sent (and its ring collected),
     /// so the ring is kept for a client still to come for it.
     Ended { completed: bool },
@@ -494,8 +495,10 @@ impl BatchStream {
     fn poll_end(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<pb::Batch, Status>>> {
         if !matches!(self.state, StreamState::Collecting(_)) {
             match self.ring.as_ref().filter(|_| self.sent_shared) {
-                Some((_, ring)) => {
-                    self.state = StreamState::Collecting(Box::pin(ring.clone().wait_collected()))
+                Some((rings, ring)) => {
+                    self.state = StreamState::Collecting(Box::pin(
+                        ring.clone().wait_collected(rings.fd_socket.clone()),
+                    ))
                 }
                 None => return self.completed(),
             }
@@ -503,20 +506,17 @@ impl BatchStream {
         let StreamState::Collecting(waiting) = &mut self.state else {
             unreachable!("set above")
         };
-        if ready!(waiting.as_mut().poll(cx)) {
-            return self.completed();
-        }
-        self.state = StreamState::Ended { completed: false };
-        let error = crate::pipeline::shm::ShmError::NotCollected {
-            socket: self
-                .ring
-                .as_ref()
-                .map(|(rings, _)| rings.fd_socket.display().to_string())
-                .unwrap_or_default(),
-            seconds: crate::pipeline::shm::CONNECT_TIMEOUT.as_secs(),
+        let error = match ready!(waiting.as_mut().poll(cx)) {
+            Ok(()) => return self.completed(),
+            Err(error) => error,
         };
-        metrics::request("StreamBatches", tonic::Code::FailedPrecondition);
-        Poll::Ready(Some(Err(Status::failed_precondition(error.to_string()))))
+        self.state = StreamState::Ended { completed: false };
+        let code = match error {
+            ShmError::Refused { .. } => tonic::Code::ResourceExhausted,
+            _ => tonic::Code::FailedPrecondition,
+        };
+        metrics::request("StreamBatches", code);
+        Poll::Ready(Some(Err(Status::new(code, error.to_string()))))
     }
 
     fn completed(&mut self) -> Poll<Option<Result<pb::Batch, Status>>> {

@@ -153,8 +153,12 @@ impl Handshakes {
 
 /// Serves the fd socket: hands each client its ring's memfd and takes its
 /// credits until it disconnects.
-pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<RingRegistry>) {
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_FD_CONNECTIONS));
+pub async fn serve_fd_socket(
+    listener: tokio::net::UnixListener,
+    registry: Arc<RingRegistry>,
+    max_connections: usize,
+) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let handshakes = Arc::new(std::sync::Mutex::new(Handshakes::default()));
     let mut sweep = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -172,7 +176,7 @@ pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<R
                 let (id, pushed_out) = lock(&handshakes).begin();
                 tokio::spawn(async move {
                     // Only the wait for the token can be cut short: once a
-                    // token is taken, its ring is handed over.
+                    // token is taken, its ring is handed over or refused.
                     let token = tokio::select! {
                         token = read_token(&stream) => token,
                         () = pushed_out.cancelled() => {
@@ -180,25 +184,11 @@ pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<R
                         }
                     };
                     lock(&handshakes).end(id);
-                    let ring = match token {
-                        Ok(token) => hand_over(&stream, &registry, &token).await,
-                        Err(error) => Err(error),
-                    };
-                    let result = match ring {
-                        Ok(ring) => match connections.try_acquire_owned() {
-                            Ok(permit) => {
-                                let served = serve_client(stream, ring).await;
-                                drop(permit);
-                                served
-                            }
-                            Err(_) => {
-                                tracing::warn!(
-                                    limit = MAX_FD_CONNECTIONS,
-                                    "refused a shared-memory connection: too many open"
-                                );
-                                Ok(())
-                            }
-                        },
+                    let result = match token {
+                        Ok(token) => {
+                            serve_token(stream, &registry, (&connections, max_connections), &token)
+                                .await
+                        }
                         Err(error) => Err(error),
                     };
                     if let Err(error) = result {
@@ -212,6 +202,32 @@ pub async fn serve_fd_socket(listener: tokio::net::UnixListener, registry: Arc<R
             }
         }
     }
+}
+
+/// Hands the ring `token` names to its client and takes its credits, or,
+/// with every connection place taken, turns the client away and fails the
+/// ring's stream: the place is taken before the memfd is sent, so a ring is
+/// never marked collected by a client that cannot return its slots.
+async fn serve_token(
+    stream: tokio::net::UnixStream,
+    registry: &RingRegistry,
+    (connections, limit): (&Arc<tokio::sync::Semaphore>, usize),
+    token: &[u8; TOKEN_BYTES],
+) -> std::io::Result<()> {
+    let Ok(permit) = connections.clone().try_acquire_owned() else {
+        if let Some(ring) = registry.collect(token) {
+            ring.refuse(limit);
+        }
+        tracing::warn!(
+            limit,
+            "refused a shared-memory client: too many connected; its stream fails"
+        );
+        return Ok(());
+    };
+    let ring = hand_over(&stream, registry, token).await?;
+    let served = serve_client(stream, ring).await;
+    drop(permit);
+    served
 }
 
 fn lock(handshakes: &std::sync::Mutex<Handshakes>) -> std::sync::MutexGuard<'_, Handshakes> {
@@ -319,6 +335,7 @@ fn send_fd(socket: RawFd, fd: RawFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::shm::ShmError;
 
     #[tokio::test(start_paused = true)]
     async fn the_registry_keeps_a_ring_until_collected_or_too_late() {
@@ -351,7 +368,11 @@ mod tests {
         let path = dir.path().join("sf.sock.fds");
         let registry = Arc::new(RingRegistry::new(path.clone()));
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
-        tokio::spawn(serve_fd_socket(listener, registry.clone()));
+        tokio::spawn(serve_fd_socket(
+            listener,
+            registry.clone(),
+            MAX_FD_CONNECTIONS,
+        ));
         // Many more silent connections than the handshakes waiting at once.
         let mut silent = Vec::new();
         for _ in 0..MAX_FD_CONNECTIONS + MAX_HANDSHAKES {
@@ -381,5 +402,62 @@ mod tests {
             }
         }
         assert_eq!(pushed_out, MAX_HANDSHAKES);
+    }
+
+    #[tokio::test]
+    async fn a_client_past_the_connection_limit_fails_its_stream_instead_of_hanging_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sf.sock.fds");
+        let registry = Arc::new(RingRegistry::new(path.clone()));
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let limit = 2;
+        tokio::spawn(serve_fd_socket(listener, registry.clone(), limit));
+        let connect = |ring: Arc<Ring>| {
+            let path = path.clone();
+            async move {
+                let mut client = tokio::net::UnixStream::connect(&path).await.unwrap();
+                tokio::io::AsyncWriteExt::write_all(&mut client, &ring.token())
+                    .await
+                    .unwrap();
+                let mut byte = [0u8; 1];
+                let read = tokio::time::timeout(Duration::from_secs(5), client.read(&mut byte))
+                    .await
+                    .expect("answered at once")
+                    .unwrap();
+                (client, read)
+            }
+        };
+        let mut served = Vec::new();
+        for _ in 0..limit {
+            let ring = Ring::new(1, 64).unwrap();
+            registry.register(&ring);
+            let (client, read) = connect(ring.clone()).await;
+            assert_eq!(read, 1, "within the limit the memfd is handed over");
+            served.push((client, ring));
+        }
+        // One more: its stream has lent its only slot and waits for a credit.
+        let ring = Ring::new(1, 64).unwrap();
+        registry.register(&ring);
+        let _lent = ring.acquire(&path).await.unwrap().lend();
+        let (_client, read) = connect(ring.clone()).await;
+        assert_eq!(read, 0, "turned away without the memfd");
+        let error = tokio::time::timeout(Duration::from_secs(5), ring.acquire(&path))
+            .await
+            .expect("the stream's wait ends instead of hanging")
+            .unwrap_err();
+        assert!(matches!(error, ShmError::Refused { limit: 2 }), "{error}");
+        let ended = tokio::time::timeout(
+            Duration::from_secs(5),
+            ring.clone().wait_collected(path.clone()),
+        )
+        .await
+        .expect("the end of the stream does not wait either");
+        assert!(matches!(ended, Err(ShmError::Refused { .. })));
+        // A place freed is a place taken again.
+        drop(served.pop());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let ring = Ring::new(1, 64).unwrap();
+        registry.register(&ring);
+        assert_eq!(connect(ring).await.1, 1);
     }
 }

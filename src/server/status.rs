@@ -292,6 +292,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
                 Some(Code::FailedPrecondition)
             }
             PipelineError::SharedMemory(_) => Some(Code::FailedPrecondition),
+            PipelineError::SharedMemoryBusy(_) => Some(Code::ResourceExhausted),
             PipelineError::Internal(_) => Some(Code::Internal),
             PipelineError::Dataset(_) | PipelineError::Store(_) => None,
         };

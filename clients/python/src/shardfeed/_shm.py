@@ -53,7 +53,10 @@ class SharedRing:
             sock.sendall(token)
             _, fds, _, _ = socket.recv_fds(sock, 1, 1)
             if len(fds) != 1:
-                raise ConnectionError("the server sent no shared-memory descriptor")
+                raise ConnectionError(
+                    "the server sent no shared-memory descriptor (it turns clients away past "
+                    "its connection limit; the stream then ends with RESOURCE_EXHAUSTED)"
+                )
             try:
                 self._map = mmap.mmap(fds[0], size, prot=mmap.PROT_READ)
             finally:
