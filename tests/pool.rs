@@ -291,6 +291,30 @@ async fn refused_and_absent_workers_leave_the_epoch_to_local_decode() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_past_the_workers_bounds_is_decoded_here_without_benching_the_pool() {
+    let worker = Worker::start([127, 0, 0, 1], TOKEN, None).await;
+    let client = PoolClient::start(pool_config(&[&worker], 1.0), decode::default_decoder_name());
+    assert_eq!(client.wait_for_workers(1, Duration::from_secs(10)).await, 1);
+    let sample = one_sample();
+    // 1536² outputs: 7 MiB each, 8 of them past the worker's 16 MiB cap.
+    let oversized = vec![sample.clone(); 8];
+    let answer = client
+        .decode(&OutputSpec::center(1536, 1536), &oversized)
+        .await;
+    assert!(answer.is_none(), "decoded here");
+    let counts = client.counts();
+    assert_eq!((counts.rejected, counts.refused), (1, 0), "{counts:?}");
+    assert_eq!(client.live_workers(), 1, "the worker keeps its place");
+    // The next unit within bounds goes to the pool at once.
+    let answer = client
+        .decode(&OutputSpec::center(32, 32), std::slice::from_ref(&sample))
+        .await
+        .expect("answered by the worker, not benched");
+    assert_eq!(answer.pixels.len(), 32 * 32 * 3);
+    assert_eq!(client.counts().answered, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_worker_is_hedged_and_a_drained_one_loses_nothing() {
     let shards = photos();
     let local = Harness::start(Options::default()).await;

@@ -19,8 +19,8 @@ pub const WORKER_UNIT_SECONDS: &str = "shardfeed_pool_worker_unit_seconds";
 pub const WORKER_BUSY: &str = "shardfeed_pool_worker_busy_ratio";
 
 /// Every outcome a sidecar's unit attempt is counted under.
-pub const UNIT_OUTCOMES: [&str; 8] = [
-    "sent", "answered", "hedged", "reissued", "failed", "refused", "outpaced", "local",
+pub const UNIT_OUTCOMES: [&str; 9] = [
+    "sent", "answered", "hedged", "reissued", "failed", "refused", "rejected", "outpaced", "local",
 ];
 
 pub fn describe() {
@@ -29,7 +29,8 @@ pub fn describe() {
         "Decode-pool work units, by outcome: sent (attempts), answered (first answers used), \
          hedged (another attempt for a slow unit), reissued (after a failed attempt), failed \
          (attempts that errored, busy workers included), refused (by a worker's token or build \
-         check), outpaced (attempts still pending when a later one answered: their worker \
+         check: the worker is benched for a minute), rejected (a unit past a worker's bounds: \
+         decoded here, the worker keeps its place), outpaced (attempts still pending when a later one answered: their worker \
          backs off), local (units no worker answered in time, decoded here)."
     );
     describe_histogram!(

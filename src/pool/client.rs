@@ -212,6 +212,8 @@ pub struct UnitCounts {
     pub reissued: u64,
     pub failed: u64,
     pub refused: u64,
+    /// Units a worker would not take (past its bounds), decoded here.
+    pub rejected: u64,
     pub outpaced: u64,
     pub local: u64,
     /// Samples in the units answered.
@@ -233,6 +235,8 @@ struct Inner {
     hedge_nanos: AtomicU64,
     /// Answers recorded so far.
     answers: AtomicU64,
+    /// When a rejected unit was last logged (clock nanos, 0: never).
+    rejection_logged_at: AtomicU64,
     /// The share `auto` streams last settled at (f64 bits): a new stream
     /// starts there rather than ramping from nothing.
     settled_share: AtomicU64,
@@ -263,6 +267,10 @@ pub struct UnitAnswer {
 enum AttemptError {
     /// The worker will not take this sidecar's units (token, build).
     Refused(tonic::Status),
+    /// The worker will not take this unit (past its size or count bounds):
+    /// the worker is healthy and every worker of the pool would say the
+    /// same, so the unit is decoded here and nobody is benched.
+    Rejected(tonic::Status),
     /// The worker holds all the units it takes: the next may have room.
     Busy,
     /// Anything else: the next worker may answer.
@@ -298,6 +306,7 @@ impl PoolClient {
             settled_share: AtomicU64::new(0f64.to_bits()),
             hedge_nanos: AtomicU64::new(0),
             answers: AtomicU64::new(0),
+            rejection_logged_at: AtomicU64::new(0),
         });
         Self { inner }
     }
@@ -361,6 +370,7 @@ impl PoolClient {
             "reissued" => &mut counts.reissued,
             "failed" => &mut counts.failed,
             "refused" => &mut counts.refused,
+            "rejected" => &mut counts.rejected,
             "outpaced" => &mut counts.outpaced,
             _ => &mut counts.local,
         };
@@ -461,6 +471,17 @@ impl PoolClient {
                                 self.count("refused");
                                 worker.refused(self.now_nanos(), &status);
                             }
+                            AttemptError::Rejected(status) => {
+                                self.count("rejected");
+                                self.log_rejection(&worker, &status);
+                                // Others may still be decoding it (a hedge
+                                // sent first): only without one is it ours.
+                                if attempts.is_empty() {
+                                    self.count("local");
+                                    return None;
+                                }
+                                continue;
+                            }
                             AttemptError::Busy => {
                                 self.count("failed");
                                 worker.busy(self.now_nanos());
@@ -498,6 +519,31 @@ impl PoolClient {
                     return None;
                 }
             }
+        }
+    }
+
+    /// Logs a rejected unit at most once a minute per process: a sidecar
+    /// whose units are past the pool's bounds would otherwise log every one.
+    fn log_rejection(&self, worker: &Worker, status: &tonic::Status) {
+        let now = self.now_nanos();
+        let last = self.inner.rejection_logged_at.load(Ordering::Relaxed);
+        let minute = 60_000_000_000u64;
+        if last != 0 && now.saturating_sub(last) < minute {
+            return;
+        }
+        if self
+            .inner
+            .rejection_logged_at
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::warn!(
+                worker = %worker.addr,
+                code = ?status.code(),
+                message = status.message(),
+                "a pool worker would not take a unit (past its bounds); decoded here. \
+                 Raise the workers' bounds or lower --pool-unit-samples"
+            );
         }
     }
 
@@ -593,11 +639,15 @@ async fn attempt(
             return Err(match status.code() {
                 tonic::Code::Unauthenticated
                 | tonic::Code::PermissionDenied
-                | tonic::Code::FailedPrecondition
-                | tonic::Code::InvalidArgument => AttemptError::Refused(status),
+                | tonic::Code::FailedPrecondition => AttemptError::Refused(status),
+                // INVALID_ARGUMENT names the unit's field; OUT_OF_RANGE is
+                // a message past the worker's --max-unit-bytes.
+                tonic::Code::InvalidArgument | tonic::Code::OutOfRange => {
+                    AttemptError::Rejected(status)
+                }
                 tonic::Code::ResourceExhausted => AttemptError::Busy,
                 _ => AttemptError::Failed(format!("{:?}: {}", status.code(), status.message())),
-            })
+            });
         }
     };
     if answer.unit_id != unit_id {
