@@ -11,6 +11,7 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
 };
 
+pub mod log_gate;
 pub mod pool;
 
 pub const BUILD_INFO: &str = "shardfeed_build_info";

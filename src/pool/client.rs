@@ -40,6 +40,7 @@ use tokio::time::Instant;
 use super::link::{Connector, GrpcConnector, WorkerLink};
 use super::wire::{self, pb, SampleAnswer, UnitSample};
 use crate::decode::{augment::fmix64, OutputSpec};
+use crate::metrics::log_gate::LogGate;
 use crate::metrics::pool as pool_metrics;
 
 pub const DEFAULT_UNIT_SAMPLES: usize = 8;
@@ -235,8 +236,7 @@ struct Inner {
     hedge_nanos: AtomicU64,
     /// Answers recorded so far.
     answers: AtomicU64,
-    /// When a rejected unit was last logged (clock nanos, 0: never).
-    rejection_logged_at: AtomicU64,
+    rejections: LogGate,
     /// The share `auto` streams last settled at (f64 bits): a new stream
     /// starts there rather than ramping from nothing.
     settled_share: AtomicU64,
@@ -306,7 +306,7 @@ impl PoolClient {
             settled_share: AtomicU64::new(0f64.to_bits()),
             hedge_nanos: AtomicU64::new(0),
             answers: AtomicU64::new(0),
-            rejection_logged_at: AtomicU64::new(0),
+            rejections: LogGate::new(Duration::from_secs(60)),
         });
         Self { inner }
     }
@@ -525,22 +525,12 @@ impl PoolClient {
     /// Logs a rejected unit at most once a minute per process: a sidecar
     /// whose units are past the pool's bounds would otherwise log every one.
     fn log_rejection(&self, worker: &Worker, status: &tonic::Status) {
-        let now = self.now_nanos();
-        let last = self.inner.rejection_logged_at.load(Ordering::Relaxed);
-        let minute = 60_000_000_000u64;
-        if last != 0 && now.saturating_sub(last) < minute {
-            return;
-        }
-        if self
-            .inner
-            .rejection_logged_at
-            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
+        if let Some(left_out) = self.inner.rejections.open() {
             tracing::warn!(
                 worker = %worker.addr,
                 code = ?status.code(),
                 message = status.message(),
+                left_out,
                 "a pool worker would not take a unit (past its bounds); decoded here. \
                  Raise the workers' bounds or lower --pool-unit-samples"
             );

@@ -10,6 +10,7 @@
 //! Beside the shard cache, [`decoded`] keeps decoded sources on local disk
 //! (the decoded-source tier), not an object store itself.
 
+pub mod beneath;
 pub mod cache;
 pub mod decoded;
 pub mod local;

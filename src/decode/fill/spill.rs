@@ -61,12 +61,22 @@ pub(super) struct Spilled {
     segment: Arc<Segment>,
     offset: u64,
     len: u64,
+    /// CRC-32 of what was written: the fill derives a stored source from
+    /// these bytes, served in every later epoch, so bytes changed on disk
+    /// (a bad sector, another writer) must not get that far.
+    crc: u32,
 }
 
 impl Spilled {
     pub(super) fn read(&self) -> std::io::Result<Vec<u8>> {
         let mut bytes = vec![0u8; self.len as usize];
         self.segment.file.read_exact_at(&mut bytes, self.offset)?;
+        if crc32fast::hash(&bytes) != self.crc {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "a spilled image changed on disk (checksum mismatch)",
+            ));
+        }
         Ok(bytes)
     }
 }
@@ -141,6 +151,7 @@ impl Spill {
             segment,
             offset,
             len,
+            crc: crc32fast::hash(data),
         }))
     }
 }
@@ -177,5 +188,13 @@ mod tests {
         let again = spill.write(&images[4]).unwrap().expect("room again");
         assert_eq!(spill.bytes(), 3 << 20);
         assert_eq!(again.read().unwrap(), images[4]);
+        // A byte changed under it is caught, not decoded into the tier.
+        again
+            .segment
+            .file
+            .write_all_at(&[9], again.offset + 7)
+            .unwrap();
+        let error = again.read().unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData, "{error}");
     }
 }

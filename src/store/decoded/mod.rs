@@ -20,6 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::decode::source::{SourceForm, StoredSource};
 use crate::metrics;
+use crate::metrics::log_gate::LogGate;
+use crate::store::beneath::{is_link_refused, read_regular, Beneath, Links};
 use index::{Index, Record, INDEX_BYTES_PER_RECORD};
 use record::{encode_record, full_key, parse_record, record_name};
 
@@ -50,6 +52,8 @@ use crate::store::cache::PlanFollower;
 #[derive(Debug)]
 pub struct DecodedCache {
     dir: PathBuf,
+    /// `dir`, held open: records are read beneath it.
+    beneath: Beneath,
     /// Held while the tier is open: a second server in the directory would
     /// evict records this one's index holds, and count the bytes twice.
     _lock: std::fs::File,
@@ -66,6 +70,7 @@ pub struct DecodedCache {
     next_temp: AtomicU64,
     /// Records this process has stored.
     fills: AtomicU64,
+    write_failures: LogGate,
 }
 
 impl crate::decode::tier::SourceStore for DecodedCache {
@@ -162,8 +167,13 @@ impl DecodedCache {
                 slots: slots.max(1),
             });
         };
+        let beneath = Beneath::open(&dir).map_err(|source| TierError::Io {
+            dir: dir.clone(),
+            source,
+        })?;
         Ok(Self {
             _lock: lock,
+            beneath,
             dir,
             max_bytes,
             max_records: AtomicU64::new(u64::MAX),
@@ -177,6 +187,7 @@ impl DecodedCache {
             ),
             next_temp: AtomicU64::new(0),
             fills: AtomicU64::new(0),
+            write_failures: LogGate::new(std::time::Duration::from_secs(60)),
         })
     }
 
@@ -267,26 +278,34 @@ impl DecodedCache {
     }
 
     fn path(&self, shard: u64, name: u64) -> PathBuf {
-        self.dir
-            .join(format!("{:02x}", shard >> 56))
-            .join(format!("{shard:016x}-{name:016x}.src"))
+        self.dir.join(record_path(shard, name))
     }
 
     /// The stored source of `record` in `form`, if the tier holds a sound one.
     pub fn get(&self, record: &str, form: &SourceForm) -> Option<StoredSource> {
         let key = full_key(record, form);
         let (shard, name) = (shard_of(record), record_name(&key));
-        let adopting = {
+        let (adopting, indexed) = {
             let state = self.lock();
-            if state.get(name).is_none() && !state.adopting {
+            let indexed = state.get(name);
+            if indexed.is_none() && !state.adopting {
                 drop(state);
                 metrics::decoded_tier("miss");
                 return None;
             }
-            state.adopting
+            (state.adopting, indexed)
         };
-        let path = self.path(shard, name);
-        let read = std::fs::read(&path);
+        // A record is read only as the regular file of the length the index
+        // holds (or the tier's bound, for one not taken in yet), through no
+        // symlink: whoever can write into the directory cannot make a decode
+        // thread read /dev/zero or wait on a FIFO.
+        let limit = indexed.map_or(self.max_bytes, |record| record.bytes);
+        let relative = record_path(shard, name);
+        let path = self.dir.join(&relative);
+        let read = self
+            .beneath
+            .open_read(&relative, Links::None)
+            .and_then(|mut file| read_regular(&mut file, limit));
         if adopting && matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
             // Not on disk, whether or not the scan got to it: a plain miss.
             if self.lock().get(name).is_none() {
@@ -295,7 +314,17 @@ impl DecodedCache {
             }
         }
         let length = read.as_ref().map_or(0, |data| data.len() as u64);
-        match read.map(|data| parse_record(&data, &key, form)) {
+        let parsed = match read {
+            Ok(data) => Ok(parse_record(&data, &key, form).map_err(str::to_string)),
+            // Not a record the tier wrote: damaged, as a bad checksum is.
+            Err(error)
+                if is_link_refused(&error) || error.kind() == std::io::ErrorKind::InvalidData =>
+            {
+                Ok(Err(error.to_string()))
+            }
+            Err(error) => Err(error),
+        };
+        match parsed {
             Ok(Ok(source)) => {
                 let mut state = self.lock();
                 if state.get(name).is_some() {
@@ -350,7 +379,17 @@ impl DecodedCache {
             return;
         }
         if let Err(error) = self.write(&self.path(shard, name), &data) {
-            tracing::warn!(dir = %self.dir.display(), %error, "could not store a decoded source");
+            // A full disk fails every write: one line a minute, the count
+            // in the metric.
+            if let Some(left_out) = self.write_failures.open() {
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    %error,
+                    left_out,
+                    "could not store a decoded source (the sample is served all the same; \
+                     failures counted in shardfeed_decoded_tier_total, event write_failed)"
+                );
+            }
             metrics::decoded_tier("write_failed");
             return;
         }
@@ -413,6 +452,11 @@ impl PlanFollower for DecodedCache {
 /// `tier_record` in the pipeline), as the plan hints name it.
 fn shard_of(record: &str) -> u64 {
     location_id(record.split('\n').next().unwrap_or(record))
+}
+
+/// A record's file, relative to the tier's directory.
+fn record_path(shard: u64, name: u64) -> PathBuf {
+    PathBuf::from(format!("{:02x}", shard >> 56)).join(format!("{shard:016x}-{name:016x}.src"))
 }
 
 /// `<shard 16 hex>-<record 16 hex>`.
@@ -501,6 +545,47 @@ mod tests {
         assert_eq!(cache.records(), 0);
         cache.put("a", &form(), &source(1));
         assert_eq!(cache.get("a", &form()), Some(source(1)));
+    }
+
+    #[test]
+    fn links_fifos_and_grown_files_in_place_of_records_are_refused_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DecodedCache::open(dir.path(), 1 << 30).unwrap();
+        for record in ["zero", "fifo", "grown", "bucket"] {
+            cache.put(record, &form(), &source(1));
+        }
+        let path = |record: &str| record_path(&cache, record);
+        std::fs::remove_file(path("zero")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", path("zero")).unwrap();
+        std::fs::remove_file(path("fifo")).unwrap();
+        let fifo =
+            std::ffi::CString::new(path("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let mut grown = std::fs::read(path("grown")).unwrap();
+        grown.extend_from_slice(&[0; 4096]);
+        std::fs::write(path("grown"), grown).unwrap();
+        // A bucket swapped for a link to a copy elsewhere.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let bucket = path("bucket").parent().unwrap().to_path_buf();
+        let copy = elsewhere.path().join("copy");
+        std::fs::create_dir(&copy).unwrap();
+        for entry in std::fs::read_dir(&bucket).unwrap() {
+            let entry = entry.unwrap().path();
+            if entry.is_file() {
+                std::fs::copy(&entry, copy.join(entry.file_name().unwrap())).unwrap();
+            }
+        }
+        for record in ["zero", "fifo", "grown"] {
+            assert_eq!(cache.get(record, &form()), None, "{record}");
+            assert!(
+                std::fs::symlink_metadata(path(record)).is_err(),
+                "{record} removed"
+            );
+        }
+        std::fs::remove_dir_all(&bucket).unwrap();
+        std::os::unix::fs::symlink(&copy, &bucket).unwrap();
+        assert_eq!(cache.get("bucket", &form()), None, "not through a link");
     }
 
     #[test]
