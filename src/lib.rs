@@ -10,6 +10,7 @@ pub mod dataset;
 pub mod decode;
 pub mod engine;
 pub mod metrics;
+pub mod net;
 pub mod pack;
 pub mod pipeline;
 pub mod plan;

@@ -50,6 +50,7 @@ pub const MEMORY_BUDGET: &str = "shardfeed_stream_memory_budget_bytes";
 pub const MEMORY_RESERVED: &str = "shardfeed_stream_memory_reserved_bytes";
 pub const BAD_SHARDS: &str = "shardfeed_bad_shards_total";
 pub const CACHE_WRITE_FAILURES: &str = "shardfeed_cache_write_failures_total";
+pub const CONNECTIONS_CLOSED: &str = "shardfeed_connections_closed_total";
 
 /// Histogram buckets for every `_seconds` metric.
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -75,6 +76,11 @@ pub fn describe() {
          cgroup_cpu_quota, cores, cgroup_memory_limit, machine_memory, default)."
     );
     describe_counter!(REQUESTS, "RPCs handled, by rpc and gRPC code.");
+    describe_counter!(
+        CONNECTIONS_CLOSED,
+        "Connections a listener closed on its own bounds, by reason: limit (past its connections \
+         held at once, closed as they came), idle (no call open for the idle bound)."
+    );
     pool::describe();
     describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");
     describe_counter!(BATCHES, "Batches sent to clients.");
@@ -222,6 +228,9 @@ pub fn describe() {
     }
     for event in TIER_EVENTS {
         counter!(DECODED_TIER, "event" => event).absolute(0);
+    }
+    for reason in ["limit", "idle"] {
+        counter!(CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
     }
     for decoded_by in ["server", "client"] {
         counter!(DELIVERED, "decoded_by" => decoded_by).absolute(0);

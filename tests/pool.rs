@@ -81,6 +81,15 @@ struct Worker {
 
 impl Worker {
     async fn start(ip: [u8; 4], token: &str, decoder: Option<Arc<dyn Decoder>>) -> Self {
+        Self::start_with(ip, token, decoder, shardfeed::pool::CONNECTION_LIMITS).await
+    }
+
+    async fn start_with(
+        ip: [u8; 4],
+        token: &str,
+        decoder: Option<Arc<dyn Decoder>>,
+        connections: shardfeed::net::connections::ConnectionLimits,
+    ) -> Self {
         let config = WorkerConfig {
             listen: (ip, 0).into(),
             token: token.into(),
@@ -91,6 +100,7 @@ impl Worker {
             max_unit_samples: 64,
             decode_scratch: 256 << 20,
             drain_grace: Duration::from_secs(5),
+            connections,
         };
         let decoder = decoder.unwrap_or_else(decode::default_decoder);
         let bound = BoundWorker::bind_with_decoder(config, decoder)
@@ -635,4 +645,45 @@ async fn a_connection_holds_no_more_streams_than_the_worker_admits() {
     // streams past it.
     let h2 = raw_h2(worker.addr).await;
     assert_eq!(h2.current_max_send_streams(), 24);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_holds_its_connection_limit_and_closes_idle_connections() {
+    use tokio::io::AsyncReadExt;
+    let limits = shardfeed::net::connections::ConnectionLimits {
+        max_connections: 2,
+        idle: Duration::from_secs(1),
+    };
+    let worker = Worker::start_with([127, 0, 0, 1], TOKEN, None, limits).await;
+    // Two connections: one with a call open (its body still coming), one
+    // with none.
+    let mut busy = raw_h2(worker.addr).await;
+    let (response, _body) = open_unit_call(&mut busy, worker.addr, TOKEN, 1 << 20, 1024).await;
+    let idle = raw_h2(worker.addr).await;
+    // A third is closed as it comes, before a byte is read.
+    let mut third = tokio::net::TcpStream::connect(worker.addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(2), third.read(&mut byte))
+        .await
+        .expect("closed at once");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // Past the idle bound the connection without a call is gone and the
+    // one with a call is still served.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        idle.clone().ready().await.is_err(),
+        "the idle connection was closed"
+    );
+    assert!(busy.clone().ready().await.is_ok(), "the busy one is open");
+    drop(response);
+    // Its place is free: an honest client is served.
+    let mut client = shardfeed::pool::wire::pb::decode_pool_client::DecodePoolClient::connect(
+        format!("http://{}", worker.addr),
+    )
+    .await
+    .unwrap();
+    let build = shardfeed::pool::wire::build_identity(decode::default_decoder_name());
+    let unit = shardfeed::pool::wire::unit_to_wire(3, &OutputSpec::center(32, 32), &[one_sample()]);
+    let answer = client.decode(call(unit, TOKEN, &build)).await.unwrap();
+    assert_eq!(answer.get_ref().pixels.len(), 32 * 32 * 3);
 }

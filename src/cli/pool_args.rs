@@ -154,6 +154,7 @@ impl PoolWorkerArgs {
             max_unit_samples: self.max_unit_samples,
             decode_scratch: memory.decode_scratch,
             drain_grace: Duration::from_secs(self.shutdown_grace),
+            connections: crate::pool::CONNECTION_LIMITS,
         })
     }
 }

@@ -45,6 +45,15 @@ const MAX_FRAME_BYTES: u32 = (1 << 24) - 1;
 /// peer makes the worker reset this many streams (malformed frames), or
 /// resets this many itself before they are accepted, is closed.
 const WORKER_EXTRA_STREAMS: u32 = 8;
+/// Connections a worker holds, and how long one may stay open with no
+/// call: each sidecar keeps one per worker, so this is the hosts a worker
+/// serves (hundreds of GPU hosts, with room); a sidecar whose connection
+/// closed for idleness reconnects on its next unit.
+pub const CONNECTION_LIMITS: crate::net::connections::ConnectionLimits =
+    crate::net::connections::ConnectionLimits {
+        max_connections: 4096,
+        idle: std::time::Duration::from_secs(300),
+    };
 const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 const MAX_LOCAL_ERROR_RESETS: usize = 256;
 const MAX_PENDING_ACCEPT_RESETS: usize = 64;

@@ -35,6 +35,7 @@ use tonic::{Request, Response, Status};
 use super::wire::{self, pb, SampleAnswer};
 use crate::decode::{self, Decoder, SampleKey, ScratchBudget};
 use crate::metrics::pool as pool_metrics;
+use crate::net::connections::{limit, ConnectionLimits, CountCallsLayer};
 
 pub const DEFAULT_MAX_UNIT_BYTES: usize = 32 << 20;
 pub const DEFAULT_MAX_UNIT_OUTPUT_BYTES: usize = 32 << 20;
@@ -56,6 +57,8 @@ pub struct WorkerConfig {
     pub max_unit_samples: usize,
     pub decode_scratch: u64,
     pub drain_grace: Duration,
+    /// Connections held at once and the idle bound.
+    pub connections: ConnectionLimits,
 }
 
 impl WorkerConfig {
@@ -67,10 +70,12 @@ impl WorkerConfig {
             .saturating_add(super::WORKER_EXTRA_STREAMS)
     }
 
-    /// The worker's peak memory by the formula above, scratch included.
+    /// The worker's peak memory by the formula above, scratch and the
+    /// connections' HTTP/2 state included.
     pub fn memory_bound(&self) -> u64 {
         (self.max_units as u64) * (2 * self.max_unit_bytes + self.max_unit_output_bytes) as u64
             + self.decode_scratch
+            + self.connections.memory_bound()
     }
 }
 
@@ -403,6 +408,7 @@ impl BoundWorker {
             .await;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tonic::transport::Server::builder()
+            .layer(CountCallsLayer)
             .tcp_nodelay(true)
             .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
             .initial_connection_window_size(super::CONNECTION_WINDOW_BYTES)
@@ -421,7 +427,12 @@ impl BoundWorker {
                 gate,
             ))
             .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true)),
+                limit(
+                    tonic::transport::server::TcpIncoming::from(self.listener)
+                        .with_nodelay(Some(true)),
+                    config.connections,
+                    "pool-worker",
+                ),
                 async move {
                     let _ = stop_rx.await;
                 },

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::pb::shardfeed_server::ShardfeedServer;
 use super::service::ShardfeedService;
 use super::{CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
+use crate::net::connections::{limit, CountCallsLayer};
 
 /// Where the gRPC server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +159,17 @@ pub const SOCKET_MODE: u32 = 0o660;
 /// few of ours; a peer that makes the server reset this many streams, or
 /// resets this many itself before they are accepted, loses its connection.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// Connections the sidecar holds per listener, and how long one may stay
+/// open with no call: a host's trainer processes and their data-loader
+/// workers each hold one (8 ranks x 16 workers is 128), and a connection
+/// closed for idleness is reopened by the client's channel on its next
+/// call. Each idle connection costs the server its HTTP/2 state (see
+/// docs/operating.md for the measured figure).
+pub const CONNECTION_LIMITS: crate::net::connections::ConnectionLimits =
+    crate::net::connections::ConnectionLimits {
+        max_connections: 1024,
+        idle: Duration::from_secs(600),
+    };
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 pub const MAX_LOCAL_ERROR_RESETS: usize = 256;
 pub const MAX_PENDING_ACCEPT_RESETS: usize = 64;
@@ -209,6 +221,7 @@ pub async fn serve(
         let _ = drain_rx.await;
     };
     let router = tonic::transport::Server::builder()
+        .layer(CountCallsLayer)
         .initial_stream_window_size(window)
         .initial_connection_window_size(window.saturating_mul(CONNECTION_WINDOWS_PER_STREAM))
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
@@ -223,17 +236,24 @@ pub async fn serve(
     let server = async move {
         match listener {
             Listener::Tcp(listener) => {
-                let incoming =
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                let incoming = limit(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    CONNECTION_LIMITS,
+                    "tcp",
+                );
                 router
                     .serve_with_incoming_shutdown(incoming, drain_started)
                     .await
             }
             Listener::Unix(listener, _) => {
                 // Clients send the socket path as :authority: see authority.rs.
-                let incoming = futures::TryStreamExt::map_ok(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    super::authority::AnyAuthority::new,
+                let incoming = limit(
+                    futures::TryStreamExt::map_ok(
+                        tokio_stream::wrappers::UnixListenerStream::new(listener),
+                        super::authority::AnyAuthority::new,
+                    ),
+                    CONNECTION_LIMITS,
+                    "unix",
                 );
                 router
                     .serve_with_incoming_shutdown(incoming, drain_started)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 # Lower index: lower layer. A module may import its own layer or lower ones.
 LAYERS: list[set[str]] = [
-    {"metrics", "plan", "shard"},
+    {"metrics", "net", "plan", "shard"},
     {"decode", "store", "dataset", "pool"},
     {"pipeline"},
     {"engine"},

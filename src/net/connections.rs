@@ -1,0 +1,387 @@
+//! Bounds on a listener's connections, beside the per-connection HTTP/2
+//! bounds each server sets: how many connections it holds at once, and how
+//! long one may stay open with no call on it.
+//!
+//! [`limit`] wraps a listener's accepted connections: past
+//! `max_connections` a new one is closed at once (counted, logged once a
+//! minute), so a client that opens thousands of sockets costs file
+//! descriptors for an instant, not the server's memory. Each admitted
+//! connection is a [`Tracked`], whose [`Activity`] counts its open calls
+//! (the [`CountCalls`] layer, via the request's connect info); one with no
+//! call for `idle` is closed, which frees its place for the next client.
+//! A trainer's connection always has its stream open, and a client's
+//! channel reconnects on its next call, so only abandoned or hostile
+//! connections meet the idle bound.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+use crate::metrics::log_gate::LogGate;
+
+/// A listener's connection bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections held at once; more are closed as they come.
+    pub max_connections: usize,
+    /// A connection with no call open for this long is closed.
+    pub idle: Duration,
+}
+
+/// What one open connection with no call costs the server: hyper's and
+/// h2's state and buffers, and the socket's, as measured by the hostile
+/// suite (`tests/hostile`: RSS over many idle connections, per connection,
+/// rounded up). Calls are counted in their own terms (streams, units).
+pub const BYTES_PER_IDLE_CONNECTION: u64 = 64 << 10;
+
+impl ConnectionLimits {
+    /// The most the listener's connections hold between calls.
+    pub fn memory_bound(&self) -> u64 {
+        self.max_connections as u64 * BYTES_PER_IDLE_CONNECTION
+    }
+}
+
+/// What one connection is doing: its open calls, and since when it has had
+/// none.
+#[derive(Debug)]
+pub struct Activity {
+    open_calls: AtomicUsize,
+    /// Millis since `epoch` when the last call ended (or the connection
+    /// opened).
+    idle_since_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            open_calls: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A call opened; it is open until the returned guard is dropped.
+    pub fn begin_call(self: &Arc<Self>) -> CallGuard {
+        self.open_calls.fetch_add(1, Ordering::AcqRel);
+        CallGuard(self.clone())
+    }
+
+    /// When the connection went idle, if it is.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.open_calls.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let ms = self.idle_since_ms.load(Ordering::Acquire);
+        Some(self.epoch + Duration::from_millis(ms))
+    }
+}
+
+/// An open call on a connection.
+#[derive(Debug)]
+pub struct CallGuard(Arc<Activity>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        // The stamp first: a check between the two sees a call still open.
+        self.0
+            .idle_since_ms
+            .store(self.0.now_ms(), Ordering::Release);
+        self.0.open_calls.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What the server's layers learn of a connection (tonic puts it in each
+/// request's extensions).
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    pub activity: Arc<Activity>,
+}
+
+/// An admitted connection: holds its place until closed, and closes itself
+/// when idle too long.
+pub struct Tracked<IO> {
+    inner: IO,
+    activity: Arc<Activity>,
+    idle: Duration,
+    check: Pin<Box<Sleep>>,
+    _place: OwnedSemaphorePermit,
+}
+
+impl<IO> Tracked<IO> {
+    fn new(inner: IO, place: OwnedSemaphorePermit, idle: Duration) -> Self {
+        Self {
+            inner,
+            activity: Arc::new(Activity::new()),
+            idle,
+            check: Box::pin(tokio::time::sleep(idle)),
+            _place: place,
+        }
+    }
+
+    /// Whether the idle bound is past; re-arms the check otherwise.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            ready!(self.check.as_mut().poll(cx));
+            let next = match self.activity.idle_since() {
+                Some(since) if since + self.idle <= Instant::now() => return Poll::Ready(()),
+                Some(since) => since + self.idle,
+                None => Instant::now() + self.idle,
+            };
+            self.check.as_mut().reset(next);
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Poll::Ready(read) = Pin::new(&mut this.inner).poll_read(cx, buf) {
+            return Poll::Ready(read);
+        }
+        ready!(this.poll_idle(cx));
+        metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "idle").increment(1);
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no call on the connection within the idle bound",
+        )))
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Tracked<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl<IO> tonic::transport::server::Connected for Tracked<IO> {
+    type ConnectInfo = ConnectionInfo;
+
+    fn connect_info(&self) -> ConnectionInfo {
+        ConnectionInfo {
+            activity: self.activity.clone(),
+        }
+    }
+}
+
+/// `incoming`'s connections within `limits`; `listener` names it in logs
+/// and metrics.
+pub fn limit<IO, S>(
+    incoming: S,
+    limits: ConnectionLimits,
+    listener: &'static str,
+) -> impl Stream<Item = io::Result<Tracked<IO>>>
+where
+    S: Stream<Item = io::Result<IO>>,
+{
+    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let refusals = Arc::new(LogGate::new(Duration::from_secs(60)));
+    incoming.filter_map(move |accepted| {
+        let place = places.clone().try_acquire_owned();
+        let refusals = refusals.clone();
+        async move {
+            let connection = match accepted {
+                Ok(connection) => connection,
+                Err(error) => return Some(Err(error)),
+            };
+            match place {
+                Ok(place) => Some(Ok(Tracked::new(connection, place, limits.idle))),
+                Err(_) => {
+                    // Dropped here: closed before a byte is read.
+                    drop(connection);
+                    metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "limit")
+                        .increment(1);
+                    if let Some(left_out) = refusals.open() {
+                        tracing::warn!(
+                            listener,
+                            limit = limits.max_connections,
+                            left_out,
+                            "closed a new connection: the listener holds its limit"
+                        );
+                    }
+                    None
+                }
+            }
+        }
+    })
+}
+
+/// Counts each call on its connection's [`Activity`] for as long as its
+/// response body is open (a stream's whole life).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountCallsLayer;
+
+impl<S> tower::Layer<S> for CountCallsLayer {
+    type Service = CountCalls<S>;
+
+    fn layer(&self, inner: S) -> CountCalls<S> {
+        CountCalls { inner }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CountCalls<S> {
+    inner: S,
+}
+
+type HttpRequest = tonic::codegen::http::Request<tonic::body::Body>;
+type HttpResponse = tonic::codegen::http::Response<tonic::body::Body>;
+
+impl<S> tower::Service<HttpRequest> for CountCalls<S>
+where
+    S: tower::Service<HttpRequest, Response = HttpResponse>,
+    S::Future: Send + 'static,
+{
+    type Response = HttpResponse;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<HttpResponse, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: HttpRequest) -> Self::Future {
+        let guard = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(|info| info.activity.begin_call());
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(match guard {
+                Some(guard) => response.map(|body| {
+                    tonic::body::Body::new(GuardedBody {
+                        body,
+                        _guard: guard,
+                    })
+                }),
+                None => response,
+            })
+        })
+    }
+}
+
+/// A response body that keeps its call counted until it is dropped.
+struct GuardedBody {
+    body: tonic::body::Body,
+    _guard: CallGuard,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_calls_closes_after_the_idle_bound_and_one_with_a_call_does_not() {
+        let places = Arc::new(Semaphore::new(1));
+        let (server, mut client) = tokio::io::duplex(64);
+        let idle = Duration::from_secs(60);
+        let mut tracked = Tracked::new(server, places.clone().try_acquire_owned().unwrap(), idle);
+        let activity = tracked.activity.clone();
+        let call = activity.begin_call();
+        let mut buf = [0u8; 8];
+        // A call open: a read waits past the bound for the client's bytes.
+        let read = tokio::time::timeout(idle * 3, tracked.read(&mut buf)).await;
+        assert!(read.is_err(), "no close while a call is open");
+        client.write_all(b"x").await.unwrap();
+        assert_eq!(tracked.read(&mut buf).await.unwrap(), 1);
+        drop(call);
+        let started = Instant::now();
+        let error = tracked.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= idle, "{:?}", started.elapsed());
+        assert_eq!(places.available_permits(), 0);
+        drop(tracked);
+        assert_eq!(places.available_permits(), 1, "its place is free again");
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_limit_are_closed_as_they_come() {
+        let (sender, receiver) = futures::channel::mpsc::unbounded::<io::Result<_>>();
+        let limits = ConnectionLimits {
+            max_connections: 2,
+            idle: Duration::from_secs(60),
+        };
+        let mut admitted = Box::pin(limit(receiver, limits, "test"));
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            let (server, client) = tokio::io::duplex(64);
+            sender.unbounded_send(Ok(server)).unwrap();
+            clients.push(client);
+        }
+        let first = admitted.next().await.unwrap().unwrap();
+        let _second = admitted.next().await.unwrap().unwrap();
+        // The third was closed: its client reads the end.
+        let mut byte = [0u8; 1];
+        let third = tokio::time::timeout(Duration::from_secs(1), admitted.next()).await;
+        assert!(third.is_err(), "not handed to the server");
+        assert_eq!(clients[2].read(&mut byte).await.unwrap(), 0);
+        // A place freed is taken by the next.
+        drop(first);
+        let (server, _client) = tokio::io::duplex(64);
+        sender.unbounded_send(Ok(server)).unwrap();
+        assert!(admitted.next().await.unwrap().is_ok());
+    }
+}
