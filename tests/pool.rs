@@ -90,6 +90,16 @@ impl Worker {
         decoder: Option<Arc<dyn Decoder>>,
         connections: shardfeed::net::connections::ConnectionLimits,
     ) -> Self {
+        Self::start_tls(ip, token, decoder, connections, None).await
+    }
+
+    async fn start_tls(
+        ip: [u8; 4],
+        token: &str,
+        decoder: Option<Arc<dyn Decoder>>,
+        connections: shardfeed::net::connections::ConnectionLimits,
+        tls: Option<shardfeed::net::tls::PoolTls>,
+    ) -> Self {
         let config = WorkerConfig {
             listen: (ip, 0).into(),
             token: token.into(),
@@ -101,6 +111,8 @@ impl Worker {
             decode_scratch: 256 << 20,
             drain_grace: Duration::from_secs(5),
             connections,
+            tls,
+            health_listen: None,
         };
         let decoder = decoder.unwrap_or_else(decode::default_decoder);
         let bound = BoundWorker::bind_with_decoder(config, decoder)
@@ -686,4 +698,59 @@ async fn a_worker_holds_its_connection_limit_and_closes_idle_connections() {
     let unit = shardfeed::pool::wire::unit_to_wire(3, &OutputSpec::center(32, 32), &[one_sample()]);
     let answer = client.decode(call(unit, TOKEN, &build)).await.unwrap();
     assert_eq!(answer.get_ref().pixels.len(), 32 * 32 * 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_traffic_is_tls_and_both_ends_must_hold_the_pools_certificates() {
+    let certs = pool_certs("shardfeed-pool");
+    let worker = Worker::start_tls(
+        [127, 0, 0, 1],
+        TOKEN,
+        None,
+        shardfeed::pool::CONNECTION_LIMITS,
+        Some(certs.good.clone()),
+    )
+    .await;
+    let sample = one_sample();
+    let spec = OutputSpec::center(32, 32);
+    let decode_with = |tls: Option<shardfeed::net::tls::PoolTls>| {
+        let (worker_addr, sample) = (worker.addr, sample.clone());
+        async move {
+            let mut config = pool_config(&[], 1.0);
+            config.targets = vec![worker_addr.to_string()];
+            config.tls = tls;
+            let client = PoolClient::start(config, decode::default_decoder_name());
+            client.wait_for_workers(1, Duration::from_secs(10)).await;
+            let answer = client.decode(&spec, std::slice::from_ref(&sample)).await;
+            (answer, client.counts())
+        }
+    };
+    // The pool's sidecar: answered over TLS, pixels as a local decode's.
+    let (answer, counts) = decode_with(Some(certs.good.clone())).await;
+    let answer = answer.expect("answered over TLS");
+    let mut local = vec![0u8; spec.bytes()];
+    decode::decode_bounded(
+        &*decode::default_decoder(),
+        &decode::ScratchBudget::new(256 << 20),
+        sample.format,
+        &sample.data,
+        &spec,
+        &sample.key,
+        &mut local,
+    )
+    .unwrap();
+    assert_eq!(&answer.pixels[..], &local[..]);
+    assert_eq!(counts.answered, 1);
+    // Plain text to a TLS worker, a certificate of another CA, or a worker
+    // named otherwise: no answer, decoded here, the worker never reached.
+    let decoded_before = worker.samples();
+    let (answer, _) = decode_with(None).await;
+    assert!(answer.is_none(), "plain text is not answered");
+    let (answer, _) = decode_with(Some(certs.other.clone())).await;
+    assert!(answer.is_none(), "a stranger's certificate is refused");
+    let mut misnamed = certs.good.clone();
+    misnamed.server_name = "someone-else".into();
+    let (answer, _) = decode_with(Some(misnamed)).await;
+    assert!(answer.is_none(), "a worker must carry the pool's name");
+    assert_eq!(worker.samples(), decoded_before);
 }

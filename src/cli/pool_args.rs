@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 
+use crate::net::tls::{check_plaintext, PoolTlsFiles};
 use crate::pool::client::{DEFAULT_UNITS_PER_WORKER, DEFAULT_UNIT_SAMPLES};
 use crate::pool::worker::{
     DEFAULT_DRAIN_GRACE, DEFAULT_MAX_UNIT_BYTES, DEFAULT_MAX_UNIT_OUTPUT_BYTES,
@@ -42,6 +43,24 @@ pub struct PoolArgs {
     #[arg(long, env = "SHARDFEED_POOL_DEADLINE_MS", default_value_t = crate::pool::client::DEFAULT_DEADLINE.as_millis() as u64,
           value_parser = RangedU64ValueParser::<u64>::new().range(50..=600_000))]
     pub pool_deadline_ms: u64,
+    /// The pool's CA (PEM): workers must present a certificate it signed.
+    #[arg(long, env = "SHARDFEED_POOL_TLS_CA", requires_all = ["pool_tls_cert", "pool_tls_key"])]
+    pub pool_tls_ca: Option<PathBuf>,
+    /// This sidecar's certificate (PEM), signed by the pool's CA.
+    #[arg(long, env = "SHARDFEED_POOL_TLS_CERT", requires = "pool_tls_ca")]
+    pub pool_tls_cert: Option<PathBuf>,
+    /// This sidecar's private key (PEM).
+    #[arg(long, env = "SHARDFEED_POOL_TLS_KEY", requires = "pool_tls_ca")]
+    pub pool_tls_key: Option<PathBuf>,
+    /// The name workers' certificates carry (default: the host of the
+    /// first --pool target, the pool Service's name).
+    #[arg(long, env = "SHARDFEED_POOL_TLS_SERVER_NAME")]
+    pub pool_tls_server_name: Option<String>,
+    /// Send units in plain text to workers off this host (the token, the
+    /// images and the pixels unencrypted). Without TLS files, only loopback
+    /// workers are used otherwise.
+    #[arg(long, env = "SHARDFEED_POOL_INSECURE_PLAINTEXT")]
+    pub pool_insecure_plaintext: bool,
 }
 
 impl PoolArgs {
@@ -67,11 +86,48 @@ impl PoolArgs {
                 }
             },
         };
+        let tls = match (&self.pool_tls_ca, &self.pool_tls_cert, &self.pool_tls_key) {
+            (Some(ca), Some(cert), Some(key)) => {
+                let server_name = self.pool_tls_server_name.clone().unwrap_or_else(|| {
+                    let first = &self.pool[0];
+                    first
+                        .rsplit_once(':')
+                        .map_or(first.as_str(), |(host, _)| host)
+                        .to_string()
+                });
+                let files = PoolTlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    server_name,
+                };
+                match files.load(["--pool-tls-ca", "--pool-tls-cert", "--pool-tls-key"]) {
+                    Ok(tls) => Some(tls),
+                    Err(error) => {
+                        problems.push(error.to_string());
+                        return None;
+                    }
+                }
+            }
+            _ => {
+                if let Err(error) = check_plaintext(
+                    "pool workers",
+                    &self.pool,
+                    self.pool_insecure_plaintext,
+                    "--pool-tls-ca, --pool-tls-cert, --pool-tls-key",
+                ) {
+                    problems.push(error.to_string());
+                    return None;
+                }
+                None
+            }
+        };
         Some(PoolConfig {
             share: self.pool_share,
             unit_samples: self.pool_unit_samples,
             units_per_worker: self.pool_units_per_worker,
             deadline: Duration::from_millis(self.pool_deadline_ms),
+            tls,
             ..PoolConfig::new(self.pool.clone(), token)
         })
     }
@@ -98,6 +154,39 @@ pub struct PoolWorkerArgs {
     /// File holding the pool's shared token (a mounted Secret).
     #[arg(long, env = "SHARDFEED_POOL_TOKEN_FILE", help_heading = "Listening")]
     pub token_file: PathBuf,
+    /// The pool's CA (PEM): sidecars must present a certificate it signed.
+    #[arg(long, env = "SHARDFEED_POOL_TLS_CA", help_heading = "Listening",
+          requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// This worker's certificate (PEM), signed by the pool's CA and naming
+    /// the pool's Service.
+    #[arg(
+        long,
+        env = "SHARDFEED_POOL_TLS_CERT",
+        help_heading = "Listening",
+        requires = "tls_ca"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// This worker's private key (PEM).
+    #[arg(
+        long,
+        env = "SHARDFEED_POOL_TLS_KEY",
+        help_heading = "Listening",
+        requires = "tls_ca"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Take units in plain text on an address off this host. Without TLS
+    /// files, the worker listens only on loopback otherwise.
+    #[arg(
+        long,
+        env = "SHARDFEED_POOL_INSECURE_PLAINTEXT",
+        help_heading = "Listening"
+    )]
+    pub insecure_plaintext: bool,
+    /// A plain-text address serving gRPC health alone, for probes that
+    /// speak no TLS (the kubelet's).
+    #[arg(long, env = "SHARDFEED_POOL_HEALTH_LISTEN", help_heading = "Listening")]
+    pub health_listen: Option<SocketAddr>,
     /// Decode threads (default: the CPUs the container may use).
     #[arg(long, env = "SHARDFEED_DECODE_THREADS",
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
@@ -137,6 +226,31 @@ impl PoolWorkerArgs {
                 self.token_file.display()
             )])
         })?;
+        let tls = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (Some(ca), Some(cert), Some(key)) => {
+                let files = PoolTlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    server_name: String::new(),
+                };
+                Some(
+                    files
+                        .load(["--tls-ca", "--tls-cert", "--tls-key"])
+                        .map_err(|error| super::ConfigError(vec![error.to_string()]))?,
+                )
+            }
+            _ => {
+                check_plaintext(
+                    "the pool worker listening",
+                    &[self.listen.to_string()],
+                    self.insecure_plaintext,
+                    "--tls-ca, --tls-cert, --tls-key",
+                )
+                .map_err(|error| super::ConfigError(vec![error.to_string()]))?;
+                None
+            }
+        };
         let memory = match self.memory_limit {
             Some(limit) => crate::engine::budget::MemoryConfig::from_limit(limit),
             None => crate::engine::budget::MemoryConfig::detect(),
@@ -155,6 +269,8 @@ impl PoolWorkerArgs {
             decode_scratch: memory.decode_scratch,
             drain_grace: Duration::from_secs(self.shutdown_grace),
             connections: crate::pool::CONNECTION_LIMITS,
+            tls,
+            health_listen: self.health_listen,
         })
     }
 }

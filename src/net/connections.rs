@@ -282,9 +282,15 @@ where
     }
 
     fn call(&mut self, request: HttpRequest) -> Self::Future {
-        let guard = request
-            .extensions()
+        // Under TLS, tonic wraps the connection's info in its own.
+        let extensions = request.extensions();
+        let guard = extensions
             .get::<ConnectionInfo>()
+            .or_else(|| {
+                extensions
+                    .get::<tonic::transport::server::TlsConnectInfo<ConnectionInfo>>()
+                    .map(|tls| tls.get_ref())
+            })
             .map(|info| info.activity.begin_call());
         let response = self.inner.call(request);
         Box::pin(async move {

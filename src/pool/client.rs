@@ -42,6 +42,7 @@ use super::wire::{self, pb, SampleAnswer, UnitSample};
 use crate::decode::{augment::fmix64, OutputSpec};
 use crate::metrics::log_gate::LogGate;
 use crate::metrics::pool as pool_metrics;
+use crate::net::tls::PoolTls;
 
 pub const DEFAULT_UNIT_SAMPLES: usize = 8;
 pub const DEFAULT_UNITS_PER_WORKER: usize = 4;
@@ -108,6 +109,8 @@ pub struct PoolConfig {
     pub deadline: Duration,
     pub min_hedge: Duration,
     pub refresh: Duration,
+    /// TLS to the workers (None: plain text, loopback or by choice).
+    pub tls: Option<PoolTls>,
 }
 
 impl PoolConfig {
@@ -121,6 +124,7 @@ impl PoolConfig {
             deadline: DEFAULT_DEADLINE,
             min_hedge: DEFAULT_MIN_HEDGE,
             refresh: DEFAULT_REFRESH,
+            tls: None,
         }
     }
 }
@@ -281,7 +285,8 @@ impl PoolClient {
     /// Starts following `config.targets` on the current runtime. `decoder`
     /// names the local decoder: workers must run the same.
     pub fn start(config: PoolConfig, decoder: &str) -> Self {
-        let client = Self::with_connector(config, decoder, Box::new(GrpcConnector));
+        let connector = GrpcConnector::new(config.tls.as_ref());
+        let client = Self::with_connector(config, decoder, Box::new(connector));
         tokio::spawn(follow_members(Arc::downgrade(&client.inner)));
         client
     }

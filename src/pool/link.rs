@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::wire::{self, pb};
+use crate::net::tls::PoolTls;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -29,9 +30,20 @@ pub trait Connector: Send + Sync {
     fn connect(&self, addr: SocketAddr) -> Option<Arc<dyn WorkerLink>>;
 }
 
-/// gRPC over a lazily connected HTTP/2 channel per worker.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct GrpcConnector;
+/// gRPC over a lazily connected HTTP/2 channel per worker, in TLS where
+/// the pool has it.
+#[derive(Debug, Default, Clone)]
+pub struct GrpcConnector {
+    tls: Option<ClientTlsConfig>,
+}
+
+impl GrpcConnector {
+    pub fn new(tls: Option<&PoolTls>) -> Self {
+        Self {
+            tls: tls.map(PoolTls::client_config),
+        }
+    }
+}
 
 struct GrpcLink {
     client: pb::decode_pool_client::DecodePoolClient<Channel>,
@@ -39,8 +51,18 @@ struct GrpcLink {
 
 impl Connector for GrpcConnector {
     fn connect(&self, addr: SocketAddr) -> Option<Arc<dyn WorkerLink>> {
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .ok()?
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}")).ok()?;
+        if let Some(tls) = &self.tls {
+            endpoint = match endpoint.tls_config(tls.clone()) {
+                Ok(endpoint) => endpoint,
+                Err(error) => {
+                    tracing::error!(worker = %addr, %error, "pool TLS settings refused");
+                    return None;
+                }
+            };
+        }
+        let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             // An answer is megabytes: HTTP/2's default 64 KiB window would

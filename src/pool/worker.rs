@@ -36,6 +36,7 @@ use super::wire::{self, pb, SampleAnswer};
 use crate::decode::{self, Decoder, SampleKey, ScratchBudget};
 use crate::metrics::pool as pool_metrics;
 use crate::net::connections::{limit, ConnectionLimits, CountCallsLayer};
+use crate::net::tls::PoolTls;
 
 pub const DEFAULT_MAX_UNIT_BYTES: usize = 32 << 20;
 pub const DEFAULT_MAX_UNIT_OUTPUT_BYTES: usize = 32 << 20;
@@ -59,6 +60,12 @@ pub struct WorkerConfig {
     pub drain_grace: Duration,
     /// Connections held at once and the idle bound.
     pub connections: ConnectionLimits,
+    /// TLS with client certificates (None: plain text, loopback or by
+    /// choice).
+    pub tls: Option<PoolTls>,
+    /// A plain-text listener serving gRPC health alone, for the kubelet's
+    /// probes (which speak no TLS): nothing else is served on it.
+    pub health_listen: Option<SocketAddr>,
 }
 
 impl WorkerConfig {
@@ -331,6 +338,7 @@ pub enum WorkerError {
 pub struct BoundWorker {
     stats: Arc<WorkerStats>,
     listener: tokio::net::TcpListener,
+    health_listener: Option<tokio::net::TcpListener>,
     config: WorkerConfig,
     decoder: Arc<dyn Decoder>,
 }
@@ -350,9 +358,18 @@ impl BoundWorker {
                 addr: config.listen,
                 source,
             })?;
+        let health_listener = match config.health_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| WorkerError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         Ok(Self {
             stats: Arc::default(),
             listener,
+            health_listener,
             config,
             decoder,
         })
@@ -365,6 +382,13 @@ impl BoundWorker {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().unwrap_or(self.config.listen)
+    }
+
+    /// Where the plain-text health listener took its port, if there is one.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     /// Serves until `shutdown` resolves, then drains (see the module doc).
@@ -407,7 +431,30 @@ impl BoundWorker {
             .set_serving::<pb::decode_pool_server::DecodePoolServer<WorkerService>>()
             .await;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tonic::transport::Server::builder()
+        let _health_server = self.health_listener.map(|listener| {
+            let health_service = health_service.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                let served = tonic::transport::Server::builder()
+                    .max_concurrent_streams(8)
+                    .http2_max_header_list_size(super::MAX_HEADER_LIST_BYTES)
+                    .layer(CountCallsLayer)
+                    .add_service(health_service)
+                    .serve_with_incoming(limit(
+                        tonic::transport::server::TcpIncoming::from(listener),
+                        HEALTH_CONNECTION_LIMITS,
+                        "pool-worker-health",
+                    ))
+                    .await;
+                if let Err(error) = served {
+                    tracing::error!(%error, "the pool worker's health listener failed");
+                }
+            }))
+        });
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &config.tls {
+            builder = builder.tls_config(tls.server_config())?;
+        }
+        let server = builder
             .layer(CountCallsLayer)
             .tcp_nodelay(true)
             .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
@@ -462,6 +509,21 @@ impl BoundWorker {
         let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
         tracing::info!("pool worker stopped");
         Ok(())
+    }
+}
+
+/// The health listener's bounds: the kubelet probes every few seconds.
+const HEALTH_CONNECTION_LIMITS: ConnectionLimits = ConnectionLimits {
+    max_connections: 64,
+    idle: Duration::from_secs(60),
+};
+
+/// Stops the health listener with the worker.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

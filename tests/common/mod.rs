@@ -508,3 +508,46 @@ pub async fn raw_h2(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     h2
 }
+
+/// A throwaway pool CA and two certificates it signed (server and client
+/// use, naming `name`), and one from another CA, as `PoolTls` values.
+pub struct PoolCerts {
+    pub good: shardfeed::net::tls::PoolTls,
+    pub other: shardfeed::net::tls::PoolTls,
+}
+
+pub fn pool_certs(name: &str) -> PoolCerts {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
+        KeyPair,
+    };
+    let authority = || {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+    };
+    let leaf = |issuer: &CertifiedIssuer<'_, KeyPair>| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, issuer).unwrap();
+        shardfeed::net::tls::PoolTls {
+            ca: issuer.pem().into_bytes(),
+            cert: cert.pem().into_bytes(),
+            key: key.serialize_pem().into_bytes(),
+            server_name: name.to_string(),
+        }
+    };
+    let pool = authority();
+    let stranger = authority();
+    let mut other = leaf(&stranger);
+    // A stranger who trusts the pool's CA but holds its own certificate.
+    other.ca = pool.pem().into_bytes();
+    PoolCerts {
+        good: leaf(&pool),
+        other,
+    }
+}
