@@ -537,7 +537,21 @@ def check_pool(docs: list[Doc], name: str) -> str:
     )
     (port,) = service["spec"]["ports"]
     worker = pool["spec"]["template"]["spec"]
-    (secret,) = [v["secret"]["secretName"] for v in worker["volumes"] if "secret" in v]
+    secrets = sorted(v["secret"]["secretName"] for v in worker["volumes"] if "secret" in v)
+    (container,) = worker["containers"]
+    tls = "SHARDFEED_POOL_TLS_CA" in env_of(container)
+    check(
+        tls or env_of(container).get("SHARDFEED_POOL_INSECURE_PLAINTEXT") == "true",
+        f"{name}: the workers have neither TLS nor an explicit plain-text flag",
+    )
+    health = env_of(container).get("SHARDFEED_POOL_HEALTH_LISTEN", "")
+    for probe in ("readinessProbe", "livenessProbe"):
+        probed = container[probe]["grpc"]["port"]
+        check(
+            health.endswith(f":{probed}"),
+            f"{name}: the workers' {probe} dials {probed}, not the health port ({health})",
+        )
+    check_network_policy(docs, pool, port, name)
     for doc in docs:
         for where, template in pod_templates(doc):
             labels = template["metadata"].get("labels", {})
@@ -551,10 +565,14 @@ def check_pool(docs: list[Doc], name: str) -> str:
             env = env_of(sidecar)
             address = f"{service['metadata']['name']}:{port['port']}"
             check(env.get("SHARDFEED_POOL") == address, f"{name}: {where} dials no {address}")
-            tokens = [
+            mounted = sorted(
                 v["secret"]["secretName"] for v in template["spec"]["volumes"] if "secret" in v
-            ]
-            check(tokens == [secret], f"{name}: {where} mounts {tokens}, the workers {secret}")
+            )
+            check(mounted == secrets, f"{name}: {where} mounts {mounted}, the workers {secrets}")
+            check(
+                ("SHARDFEED_POOL_TLS_CA" in env) == tls,
+                f"{name}: {where} and the workers disagree on TLS",
+            )
     scaled = [d for d in docs if d["kind"] == "ScaledObject"]
     for doc in scaled:
         check(
@@ -569,6 +587,35 @@ def check_pool(docs: list[Doc], name: str) -> str:
             # The release's name is the user's, not a value shardfeed exports.
             check_query(query.replace(release, 'release=~"$release"'), f"{name} ScaledObject")
     return f", a decode pool{' scaled by KEDA' if scaled else ''}"
+
+
+def check_network_policy(docs: list[Doc], pool: Doc, port: Doc, name: str) -> None:
+    """Where there is one, the pool's NetworkPolicy selects its workers and
+    admits to the gRPC port the training pods, whose labels it names."""
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    if not policies:
+        return
+    (policy,) = policies
+    worker_labels = pool["spec"]["template"]["metadata"]["labels"]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    check(
+        all(worker_labels.get(k) == v for k, v in selected.items()),
+        f"{name}: the NetworkPolicy does not select the workers",
+    )
+    grpc_rules = [
+        rule
+        for rule in policy["spec"]["ingress"]
+        if any(p["port"] == port["targetPort"] for p in rule.get("ports", []))
+    ]
+    check(len(grpc_rules) == 1, f"{name}: the gRPC port is in {len(grpc_rules)} rules")
+    peers = [peer["podSelector"]["matchLabels"] for peer in grpc_rules[0]["from"]]
+    for doc in docs:
+        for where, template in pod_templates(doc):
+            labels = template["metadata"].get("labels", {})
+            check(
+                any(all(labels.get(k) == v for k, v in peer.items()) for peer in peers),
+                f"{name}: the NetworkPolicy keeps {where}'s training pods from the workers",
+            )
 
 
 def check_scenario(values: Path | None) -> str:
@@ -623,6 +670,10 @@ def check_refusals() -> None:
         ),
         (("shardfeed.cache.decoded.enabled=true",), "needs shardfeed.cache.enabled"),
         (("shardfeed.pool.address=pool:50061",), "pool.tokenSecret is not set"),
+        (
+            ("shardfeed.pool.address=pool:50061", "shardfeed.pool.tokenSecret=t"),
+            "pool.tlsSecret is not set",
+        ),
     ):
         refused = render(None, IMAGE, *sets)
         check(

@@ -34,6 +34,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{- define "shardfeed.poolTlsSecret" -}}
+{{- default (printf "%s-pool-tls" (include "shardfeed.fullname" .)) .Values.pool.tls.existingSecret -}}
+{{- end -}}
+
 {{- define "shardfeed.poolTokenSecret" -}}
 {{- default (printf "%s-pool-token" (include "shardfeed.fullname" .)) .Values.pool.token.existingSecret -}}
 {{- end -}}
@@ -88,6 +92,11 @@ Trainer): then the chart sets no rendezvous env or port of its own. */}}
 {{- $pool := $sidecar.pool -}}
 {{- $_ := set $pool "address" (default (printf "%s:%d" (include "shardfeed.poolName" .root) (int $values.pool.port)) $pool.address) -}}
 {{- $_ := set $pool "tokenSecret" (default (include "shardfeed.poolTokenSecret" .root) $pool.tokenSecret) -}}
+{{- if $values.pool.tls.enabled -}}
+{{- $_ := set $pool "tlsSecret" (default (include "shardfeed.poolTlsSecret" .root) $pool.tlsSecret) -}}
+{{- else -}}
+{{- $_ := set $pool "insecurePlaintext" true -}}
+{{- end -}}
 {{- end -}}
 metadata:
   labels:

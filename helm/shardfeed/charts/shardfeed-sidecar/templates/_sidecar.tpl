@@ -14,6 +14,16 @@ the alias `shardfeed` (README.md shows the pod template).
 /var/cache/shardfeed
 {{- end -}}
 
+{{/* The pool token's Secret, which a pool requires. */}}
+{{- define "shardfeed-sidecar.poolTokenSecret" -}}
+{{- required "shardfeed.pool.tokenSecret is not set: name the Secret holding the decode pool's token (the shardfeed chart's pool.enabled sets it)" .pool.tokenSecret -}}
+{{- end -}}
+
+{{/* Where the pool's TLS files are mounted (sidecar and workers alike). */}}
+{{- define "shardfeed-sidecar.poolTlsDir" -}}
+/var/run/shardfeed-pool-tls
+{{- end -}}
+
 {{/* Where the pool's token is mounted (sidecar and workers alike). */}}
 {{- define "shardfeed-sidecar.poolTokenDir" -}}
 /var/run/shardfeed-pool
@@ -180,12 +190,31 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
       value: "true"
     {{- end }}
     {{- if .pool.address }}
+    {{- /* The token is checked first: a pool without it is refused. */}}
+    {{- $_ := include "shardfeed-sidecar.poolTokenSecret" . }}
     - name: SHARDFEED_POOL
       value: {{ .pool.address | quote }}
     - name: SHARDFEED_POOL_TOKEN_FILE
       value: {{ include "shardfeed-sidecar.poolTokenDir" . }}/token
     - name: SHARDFEED_POOL_SHARE
       value: {{ .pool.share | quote }}
+    {{- if .pool.tlsSecret }}
+    - name: SHARDFEED_POOL_TLS_CA
+      value: {{ include "shardfeed-sidecar.poolTlsDir" . }}/ca.crt
+    - name: SHARDFEED_POOL_TLS_CERT
+      value: {{ include "shardfeed-sidecar.poolTlsDir" . }}/tls.crt
+    - name: SHARDFEED_POOL_TLS_KEY
+      value: {{ include "shardfeed-sidecar.poolTlsDir" . }}/tls.key
+    {{- with .pool.tlsServerName }}
+    - name: SHARDFEED_POOL_TLS_SERVER_NAME
+      value: {{ . | quote }}
+    {{- end }}
+    {{- else if .pool.insecurePlaintext }}
+    - name: SHARDFEED_POOL_INSECURE_PLAINTEXT
+      value: "true"
+    {{- else }}
+    {{- fail "shardfeed.pool.tlsSecret is not set: name the Secret holding the pool's ca.crt, tls.crt and tls.key (the shardfeed chart's pool.tls sets it), or set shardfeed.pool.insecurePlaintext to send units unencrypted" }}
+    {{- end }}
     {{- end }}
     {{- with .extraEnv }}
     {{- toYaml . | nindent 4 }}
@@ -224,6 +253,11 @@ running, Kubernetes >= 1.29), after the one that prepares a hostPath cache.
     - name: shardfeed-pool-token
       mountPath: {{ include "shardfeed-sidecar.poolTokenDir" . }}
       readOnly: true
+    {{- if .pool.tlsSecret }}
+    - name: shardfeed-pool-tls
+      mountPath: {{ include "shardfeed-sidecar.poolTlsDir" . }}
+      readOnly: true
+    {{- end }}
     {{- end }}
 {{- end -}}
 
@@ -251,10 +285,22 @@ fsGroup (any) unless the trainer runs as root.
 {{- if .pool.address }}
 - name: shardfeed-pool-token
   secret:
-    secretName: {{ required "shardfeed.pool.tokenSecret is not set: name the Secret holding the decode pool's token (the shardfeed chart's pool.enabled sets it)" .pool.tokenSecret | quote }}
+    secretName: {{ include "shardfeed-sidecar.poolTokenSecret" . | quote }}
     items:
       - key: {{ .pool.tokenKey | quote }}
         path: token
+{{- if .pool.tlsSecret }}
+- name: shardfeed-pool-tls
+  secret:
+    secretName: {{ .pool.tlsSecret | quote }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
 {{- end }}
 {{- if .cache.enabled }}
 {{- if eq .cache.volume "emptyDir" }}
