@@ -38,9 +38,11 @@ pub struct ConnectionLimits {
 }
 
 /// What one open connection with no call costs the server: hyper's and
-/// h2's state and buffers, and the socket's, as measured by the hostile
-/// suite (`tests/hostile`: RSS over many idle connections, per connection,
-/// rounded up). Calls are counted in their own terms (streams, units).
+/// h2's state and buffers, and the socket's. `tests/hostile_listeners.rs`
+/// measures it (RSS over a listener's whole limit of connections that sent
+/// their preface and SETTINGS): 16-17 KiB on the sidecar and the worker;
+/// this leaves room for a connection's first buffers. Calls are counted in
+/// their own terms (streams, units).
 pub const BYTES_PER_IDLE_CONNECTION: u64 = 64 << 10;
 
 impl ConnectionLimits {

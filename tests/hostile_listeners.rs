@@ -1,0 +1,583 @@
+//! Hostile clients against the real binary's listeners: the pool worker
+//! (TCP), the sidecar's TCP listener and its Unix socket. Each attack runs
+//! against a fresh process and checks three things: the server's peak RSS
+//! (`VmHWM`) stays within a stated bound, the attacker gets a clear answer
+//! (a status, a refused stream, a closed connection) at once rather than a
+//! hang, and an honest client is served afterwards. Each prints one JSON
+//! line of figures (docs/operating.md, Threat model, quotes them). Hostile
+//! requests and data (plans, shards, decoders) are `tests/hostile.rs`.
+//!
+//! The attacks are sized to what the review reproduced: 100 streams each
+//! declaring 32 MiB without the token, 10,000 streams on one connection,
+//! more connections than a listener holds, and frames past the Unix
+//! socket proxy's bounds.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+const TOKEN: &str = "hostile-suite-token";
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A shardfeed process, killed when dropped.
+struct Server {
+    child: Child,
+    _dir: tempfile::TempDir,
+    what: &'static str,
+}
+
+impl Server {
+    fn spawn(what: &'static str, args: &[String], dir: tempfile::TempDir) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_shardfeed"))
+            .args(args)
+            .env("SHARDFEED_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the shardfeed binary starts");
+        Self {
+            child,
+            _dir: dir,
+            what,
+        }
+    }
+
+    /// A pool worker on loopback, plain text (the token is the check under
+    /// attack; TLS is tested in tests/pool.rs).
+    fn worker(addr: SocketAddr) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, TOKEN).unwrap();
+        let args = [
+            "pool-worker",
+            "--listen",
+            &addr.to_string(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--token-file",
+            token.to_str().unwrap(),
+            "--decode-threads",
+            "1",
+            "--max-units",
+            "8",
+        ];
+        Self::spawn("pool worker", &strings(&args), dir)
+    }
+
+    fn sidecar(listen: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let args = [
+            "serve",
+            "--listen",
+            listen,
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--decode-threads",
+            "1",
+        ];
+        Self::spawn("sidecar", &strings(&args), dir)
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("{field} in /proc/{}/status", self.child.id()))
+    }
+
+    fn peak_rss_mb(&self) -> f64 {
+        self.status_kib("VmHWM:") as f64 / 1024.0
+    }
+
+    fn rss_mb(&self) -> f64 {
+        self.status_kib("VmRSS:") as f64 / 1024.0
+    }
+
+    fn assert_alive(&mut self) {
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the {} exited under attack",
+            self.what
+        );
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// A loopback port nothing listens on now.
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Where a listener is, to connect raw sockets to it.
+#[derive(Clone)]
+enum Target {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+impl Target {
+    async fn connect(&self) -> std::io::Result<Box<dyn Io>> {
+        Ok(match self {
+            Target::Tcp(addr) => Box::new(tokio::net::TcpStream::connect(addr).await?),
+            Target::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
+        })
+    }
+
+    /// gRPC health over a fresh connection: what an honest client sees.
+    async fn health(&self) -> Result<i32, String> {
+        let target = self.clone();
+        let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
+            let target = target.clone();
+            async move { target.connect().await.map(hyper_util::rt::TokioIo::new) }
+        });
+        let channel = tonic::transport::Endpoint::from_static("http://localhost")
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+        client
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .map(|response| response.into_inner().status)
+            .map_err(|status| status.to_string())
+    }
+
+    /// Waits until the server answers health SERVING.
+    async fn wait_serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.health().await == Ok(1) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the server never served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// One HTTP/2 frame.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + payload.len());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A gRPC call's header block to `path`: HPACK literals without indexing.
+fn call_headers(path: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    let mut literal = |name: &str, value: &str| {
+        block.push(0x00);
+        for string in [name, value] {
+            loona_hpack::encoder::encode_integer_into(string.len(), 7, 0x00, &mut block).unwrap();
+            block.extend_from_slice(string.as_bytes());
+        }
+    };
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":authority", "localhost"),
+        (":path", path),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    .iter()
+    .chain(extra)
+    {
+        literal(name, value);
+    }
+    block
+}
+
+/// Reads frames until `deadline`, returning (RST_STREAMs, GOAWAYs, PING
+/// ACKs, whether the server closed the connection).
+async fn read_frames(io: &mut Box<dyn Io>, wait: Duration) -> (usize, usize, usize, bool) {
+    let (mut resets, mut goaways, mut pongs) = (0, 0, 0);
+    let mut buffer = Vec::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let read = match tokio::time::timeout_at(deadline, io.read(&mut chunk)).await {
+            Err(_) => return (resets, goaways, pongs, false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (resets, goaways, pongs, true),
+            Ok(Ok(n)) => n,
+        };
+        buffer.extend_from_slice(&chunk[..read]);
+        while buffer.len() >= 9 {
+            let length = u32::from_be_bytes([0, buffer[0], buffer[1], buffer[2]]) as usize;
+            if buffer.len() < 9 + length {
+                break;
+            }
+            match (buffer[3], buffer[4]) {
+                (0x3, _) => resets += 1,
+                (0x7, _) => goaways += 1,
+                (0x6, flags) if flags & 0x1 != 0 => pongs += 1,
+                _ => {}
+            }
+            buffer.drain(..9 + length);
+        }
+    }
+}
+
+/// Figures of one attack, printed as a JSON line.
+fn report(attack: &str, server: &Server, baseline_mb: f64, started: Instant, outcome: &str) {
+    println!(
+        "{{\"hostile\":\"{attack}\",\"listener\":\"{}\",\"baseline_rss_mb\":{baseline_mb:.1},\
+         \"peak_rss_mb\":{:.1},\"rss_after_mb\":{:.1},\"seconds\":{:.2},\"outcome\":\"{outcome}\"}}",
+        server.what,
+        server.peak_rss_mb(),
+        server.rss_mb(),
+        started.elapsed().as_secs_f64()
+    );
+    std::io::stdout().flush().unwrap();
+}
+
+/// 100 calls without the token, each declaring a 32 MiB unit and sending
+/// as much of 30 MiB as HTTP/2 flow control lets it: every one refused
+/// UNAUTHENTICATED at once, the bodies never buffered (the review's run
+/// peaked at 3.12 GB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_refuses_unauthenticated_bodies_without_buffering_them() {
+    let addr = free_addr();
+    let mut server = Server::worker(addr);
+    let target = Target::Tcp(addr);
+    target.wait_serving().await;
+    let baseline = server.peak_rss_mb();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, connection) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // The worker's SETTINGS first: streams sent ahead of its stream limit
+    // are refused (REFUSED_STREAM), not the check under test.
+    let h2 = h2.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for _ in 0..100 {
+        let request = tonic::codegen::http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}/shardfeed.pool.v1.DecodePool/Decode"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", "Bearer wrong")
+            .body(())
+            .unwrap();
+        let mut ready = h2.clone().ready().await.unwrap();
+        let (response, mut body) = ready.send_request(request, false).unwrap();
+        calls.push(tokio::spawn(async move {
+            // The message header, then data as the worker's window allows.
+            let mut header = vec![0u8; 5];
+            header[1..5].copy_from_slice(&(32u32 << 20).to_be_bytes());
+            let _ = body.send_data(header.into(), false);
+            let mut sent = 0usize;
+            while sent < 30 << 20 {
+                body.reserve_capacity(1 << 20);
+                let capacity = tokio::time::timeout(
+                    Duration::from_millis(500),
+                    std::future::poll_fn(|cx| body.poll_capacity(cx)),
+                )
+                .await;
+                match capacity {
+                    Ok(Some(Ok(n))) if n > 0 => {
+                        if body.send_data(Bytes::from(vec![0u8; n]), false).is_err() {
+                            break;
+                        }
+                        sent += n;
+                    }
+                    _ => break,
+                }
+            }
+            let response = tokio::time::timeout(Duration::from_secs(10), response)
+                .await
+                .expect("answered, not left hanging")
+                .expect("a response");
+            let status = response
+                .headers()
+                .get("grpc-status")
+                .map(|v| v.to_str().unwrap().to_string());
+            (status, sent)
+        }));
+    }
+    let mut sent_total = 0usize;
+    for call in calls {
+        let (status, sent) = call.await.unwrap();
+        assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED");
+        sent_total += sent;
+    }
+    let answered_in = started.elapsed();
+    server.assert_alive();
+    report(
+        "100 unauthenticated 32 MiB units",
+        &server,
+        baseline,
+        started,
+        &format!(
+            "all UNAUTHENTICATED in {:.2} s; {} MiB of body sent",
+            answered_in.as_secs_f64(),
+            sent_total >> 20
+        ),
+    );
+    assert!(
+        server.peak_rss_mb() < 100.0,
+        "peak {:.0} MB",
+        server.peak_rss_mb()
+    );
+    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+}
+
+/// 10,000 streams opened on one connection past the advertised
+/// SETTINGS_MAX_CONCURRENT_STREAMS (health Watch calls whose bodies never
+/// come), then a PING: the excess is refused, the PING answered, memory
+/// flat, and the next client served.
+async fn stream_flood(mut server: Server, target: Target, bound_mb: f64) {
+    target.wait_serving().await;
+    let baseline = server.peak_rss_mb();
+    let started = Instant::now();
+    let mut io = target.connect().await.unwrap();
+    io.write_all(PREFACE).await.unwrap();
+    io.write_all(&frame(0x4, 0, 0, &[])).await.unwrap();
+    let block = call_headers("/grpc.health.v1.Health/Watch", &[]);
+    let mut burst = Vec::new();
+    for i in 0..10_000u32 {
+        burst.extend(frame(0x1, 0x4, 2 * i + 1, &block));
+        if burst.len() > 256 << 10 {
+            if io.write_all(&burst).await.is_err() {
+                break;
+            }
+            burst.clear();
+        }
+    }
+    let _ = io.write_all(&burst).await;
+    let _ = io.write_all(&frame(0x6, 0, 0, &[7; 8])).await;
+    let (resets, goaways, pongs, closed) = read_frames(&mut io, Duration::from_secs(5)).await;
+    server.assert_alive();
+    report(
+        "10,000 streams on one connection",
+        &server,
+        baseline,
+        started,
+        &format!(
+            "{resets} streams reset, {goaways} GOAWAY, {pongs} PING answered, closed: {closed}"
+        ),
+    );
+    assert!(
+        resets >= 9_000 || goaways > 0 || closed,
+        "the excess streams were taken"
+    );
+    assert!(
+        server.peak_rss_mb() < baseline + bound_mb,
+        "peak {:.0} MB from {baseline:.0}",
+        server.peak_rss_mb()
+    );
+    drop(io);
+    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flood_on_the_worker_is_refused() {
+    let addr = free_addr();
+    stream_flood(Server::worker(addr), Target::Tcp(addr), 30.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flood_on_the_sidecar_tcp_listener_is_refused() {
+    let addr = free_addr();
+    stream_flood(Server::sidecar(&addr.to_string()), Target::Tcp(addr), 30.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flood_on_the_sidecar_unix_socket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sf.sock");
+    let server = Server::sidecar(&format!("unix:{}", path.display()));
+    stream_flood(server, Target::Unix(path), 30.0).await;
+}
+
+/// More connections than the listener holds, each sending the preface and
+/// its SETTINGS and then nothing: those past the limit are closed at once;
+/// memory per held connection is the idle figure the formula uses; once
+/// the attacker leaves, the next client is served.
+async fn connection_flood(mut server: Server, target: Target, limit: usize) {
+    target.wait_serving().await;
+    let baseline_rss = server.rss_mb();
+    let baseline = server.peak_rss_mb();
+    let started = Instant::now();
+    let mut held = Vec::new();
+    for _ in 0..limit + 100 {
+        let mut io = target.connect().await.unwrap();
+        let _ = io.write_all(PREFACE).await;
+        let _ = io.write_all(&frame(0x4, 0, 0, &[])).await;
+        held.push(io);
+    }
+    // Each of the last 100 reads its end at once (a place freed by a
+    // closed one is not left for them: the first ones hold theirs).
+    let mut closed = 0;
+    for io in held.iter_mut().rev().take(100) {
+        let (_, _, _, ended) = read_frames(io, Duration::from_millis(500)).await;
+        closed += usize::from(ended);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let per_connection_kib = (server.rss_mb() - baseline_rss) * 1024.0 / limit as f64;
+    server.assert_alive();
+    report(
+        &format!("{} connections held", limit + 100),
+        &server,
+        baseline,
+        started,
+        &format!("{closed} of the 100 past the limit closed at once; {per_connection_kib:.0} KiB per held connection"),
+    );
+    assert_eq!(closed, 100, "the connections past the limit were closed");
+    assert!(
+        per_connection_kib < shardfeed::net::connections::BYTES_PER_IDLE_CONNECTION as f64 / 1024.0,
+        "{per_connection_kib:.0} KiB per idle connection, over the formula's"
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_on_the_sidecar_is_held_to_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sf.sock");
+    let server = Server::sidecar(&format!("unix:{}", path.display()));
+    let limit = shardfeed::server::listen::CONNECTION_LIMITS.max_connections;
+    connection_flood(server, Target::Unix(path), limit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_on_the_worker_is_held_to_its_limit() {
+    let limit = shardfeed::pool::CONNECTION_LIMITS.max_connections;
+    // Both ends of every connection are this host's: the test and the
+    // worker each need a descriptor per connection.
+    if !raise_open_files(2 * limit as u64 + 512) {
+        panic!("the hostile suite needs {} open files", 2 * limit + 512);
+    }
+    let addr = free_addr();
+    connection_flood(Server::worker(addr), Target::Tcp(addr), limit).await;
+}
+
+/// Raises this process's open-file limit (children inherit it) to `want`
+/// where the hard limit allows.
+fn raise_open_files(want: u64) -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads into a valid struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return false;
+    }
+    if limit.rlim_cur >= want {
+        return true;
+    }
+    if limit.rlim_max < want {
+        return false;
+    }
+    limit.rlim_cur = want;
+    // SAFETY: sets the limit from a valid struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 }
+}
+
+/// On the Unix socket, a frame declaring 8 MiB and a header block of
+/// endless empty CONTINUATIONs each end their connection at once, before
+/// the proxy buffers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frames_on_the_unix_socket_end_their_connection_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path: &Path = &dir.path().join("sf.sock");
+    let mut server = Server::sidecar(&format!("unix:{}", path.display()));
+    let target = Target::Unix(path.to_path_buf());
+    target.wait_serving().await;
+    let baseline = server.peak_rss_mb();
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    for attack in ["oversized", "continuations", "header list"] {
+        let mut io = target.connect().await.unwrap();
+        io.write_all(PREFACE).await.unwrap();
+        io.write_all(&frame(0x4, 0, 0, &[])).await.unwrap();
+        match attack {
+            "oversized" => {
+                // The header and the first 64 KiB of an 8 MiB DATA frame.
+                let mut header = frame(0x0, 0, 1, &[]);
+                header[..3].copy_from_slice(&(8u32 << 20).to_be_bytes()[1..]);
+                io.write_all(&header).await.unwrap();
+                let _ = io.write_all(&vec![0u8; 64 << 10]).await;
+            }
+            "continuations" => {
+                let block = call_headers("/grpc.health.v1.Health/Check", &[]);
+                let _ = io.write_all(&frame(0x1, 0, 1, &block)).await;
+                for _ in 0..10_000 {
+                    if io.write_all(&frame(0x9, 0, 1, &[])).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            _ => {
+                let big = "v".repeat(20 << 10);
+                let block = call_headers("/grpc.health.v1.Health/Check", &[("x-big", &big)]);
+                for (i, part) in block.chunks(16 << 10).enumerate() {
+                    let last = (i + 1) * (16 << 10) >= block.len();
+                    let (kind, flags) = if i == 0 { (0x1, 0) } else { (0x9, 0) };
+                    let flags = if last { flags | 0x4 } else { flags };
+                    let _ = io.write_all(&frame(kind, flags, 1, part)).await;
+                }
+            }
+        }
+        let (resets, goaways, _, closed) = read_frames(&mut io, Duration::from_secs(3)).await;
+        outcomes.push(format!(
+            "{attack}: {}",
+            if closed || goaways > 0 {
+                "connection ended"
+            } else if resets > 0 {
+                "stream reset"
+            } else {
+                "no answer"
+            }
+        ));
+        assert!(
+            closed || goaways > 0 || resets > 0,
+            "{attack}: neither refused nor closed"
+        );
+    }
+    server.assert_alive();
+    report(
+        "frames past the Unix socket's bounds",
+        &server,
+        baseline,
+        started,
+        &outcomes.join("; "),
+    );
+    assert!(server.peak_rss_mb() < baseline + 20.0);
+    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+}
