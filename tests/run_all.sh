@@ -86,6 +86,12 @@ HELM=.tools/helm/helm KUBECTL=.tools/kubectl/kubectl .venv/bin/python helm/check
 chart_dir="$(mktemp -d)" && .tools/helm/helm package helm/shardfeed --destination "$chart_dir" && rm -rf "$chart_dir"
 
 step "python: client tests against the real binary"
+# The ledger's decode pool runs over TLS with certificates the openssl
+# command line issues (tests/conftest.py, make_pool_tls).
+if ! command -v openssl >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    openssl >/dev/null
+fi
 # `cargo test` built target/debug/shardfeed for the integration tests; a plain
 # `cargo build` would resolve dependency features without the dev-dependencies
 # and rebuild much of the tree.

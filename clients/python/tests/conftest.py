@@ -186,6 +186,53 @@ class PoolWorker:
     process: subprocess.Popen[bytes]
 
 
+@dataclass
+class PoolTls:
+    """A throwaway pool CA and one certificate it signed (server and client
+    use, naming `name`), as the chart issues them."""
+
+    directory: Path
+    name: str
+
+    @property
+    def worker_flags(self) -> tuple[str, ...]:
+        d = self.directory
+        return (
+            *("--tls-ca", f"{d}/ca.crt", "--tls-cert", f"{d}/tls.crt"),
+            *("--tls-key", f"{d}/tls.key"),
+        )
+
+    @property
+    def sidecar_flags(self) -> tuple[str, ...]:
+        d = self.directory
+        return (
+            *("--pool-tls-ca", f"{d}/ca.crt", "--pool-tls-cert", f"{d}/tls.crt"),
+            *("--pool-tls-key", f"{d}/tls.key", "--pool-tls-server-name", self.name),
+        )
+
+
+def make_pool_tls(directory: Path, name: str = "shardfeed-pool") -> PoolTls:
+    """Issues the files with the openssl command line (tests/run_all.sh
+    installs it where missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=pool-ca")
+    openssl("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={name}")
+    (directory / "leaf.cnf").write_text(
+        f"subjectAltName=DNS:{name}\nextendedKeyUsage=serverAuth,clientAuth\n"
+        "basicConstraints=CA:FALSE\n"
+    )
+    openssl(
+        *("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key"),
+        *("-CAcreateserial", "-out", "tls.crt", "-days", "2", "-extfile", "leaf.cnf"),
+    )
+    return PoolTls(directory, name)
+
+
 def start_pool_worker(host: str, token_file: Path, *extra: str) -> PoolWorker:
     """`shardfeed pool-worker` on `host` (a loopback address), one decode
     thread; returns once it accepts connections."""

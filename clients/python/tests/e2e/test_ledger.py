@@ -32,6 +32,7 @@ from ..conftest import (
     PoolWorker,
     Server,
     free_port,
+    make_pool_tls,
     noise_jpeg,
     run_ranks,
     scrape,
@@ -155,15 +156,18 @@ class Sidecar:
         self.s3 = s3
         # A decoded-source tier that outlives a restart, as a pod's volume does.
         self.extra: tuple[str, ...] = ("--decoded-cache-dir", f"{self.directory}/tier", *extra)
-        # A decode pool of three worker processes, sent every decode.
+        # A decode pool of three worker processes, sent every decode, over
+        # TLS as the chart deploys it.
         self.workers: list[PoolWorker] = []
         if pool:
             token = Path(self.directory, "pool-token")
             token.write_text("ledger-pool-token")
+            tls = make_pool_tls(Path(self.directory, "pool-tls"))
             hosts = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
-            self.workers = [start_pool_worker(host, token) for host in hosts]
+            self.workers = [start_pool_worker(h, token, *tls.worker_flags) for h in hosts]
             addresses = ",".join(w.address for w in self.workers)
             self.extra += ("--pool", addresses, "--pool-token-file", str(token))
+            self.extra += tls.sidecar_flags
             self.extra += ("--pool-share", "1", "--pool-unit-samples", "2")
         self.servers: list[Server] = [start_server(s3, self.listen, *self.extra)]
         self.restarts = 0
