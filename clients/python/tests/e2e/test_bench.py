@@ -75,3 +75,26 @@ def test_the_gpu_host_script_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert set(cores["sweep"]) >= {"decoded", "share 0", "share 1", "default (auto)", "summary"}
     assert cores["resnet"]["decoded"]["images_per_second"] > 0
     assert report["resize"]["images_per_second"]["batched_matmul"] > 0
+
+
+def test_the_pool_tls_benchmark_runs_end_to_end() -> None:
+    """TLS against plain text for the decode pool, tiny sizes: both arms
+    connect and decode, the summary names the handshake's cost."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardfeed_benchmarks.pool_tls",
+            *("--binary", str(binary()), "--connections", "5", "--rounds", "1"),
+            *("--shards", "2", "--samples-per-shard", "64"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["benchmark"] == "pool_tls_summary"
+    assert summary["connect_ms_tls"] > 0 and summary["connect_ms_plain"] > 0
+    assert summary["pooled_samples_per_second_tls"] > 0
+    assert summary["pooled_samples_per_second_plain"] > 0
