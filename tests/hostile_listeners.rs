@@ -12,6 +12,8 @@
 //! more connections than a listener holds, and frames past the Unix
 //! socket proxy's bounds.
 
+mod common;
+
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -128,6 +130,20 @@ fn free_addr() -> SocketAddr {
         .unwrap()
 }
 
+/// The honest work a listener serves after an attack.
+enum Honest {
+    /// A stream of this dataset (the sidecar).
+    Stream(String),
+    /// A unit with the token (the worker).
+    Unit,
+}
+
+/// A small indexed dataset on local disk, for the sidecar's honest stream.
+fn honest_dataset() -> (tempfile::TempDir, Honest) {
+    let (dir, uri) = common::indexed_local_dataset(&common::simple_dataset(2, 8));
+    (dir, Honest::Stream(uri))
+}
+
 /// Where a listener is, to connect raw sockets to it.
 #[derive(Clone)]
 enum Target {
@@ -146,25 +162,75 @@ impl Target {
         })
     }
 
-    /// gRPC health over a fresh connection: what an honest client sees.
-    async fn health(&self) -> Result<i32, String> {
+    /// A fresh gRPC channel, as an honest client makes one.
+    async fn channel(&self) -> Result<tonic::transport::Channel, String> {
         let target = self.clone();
         let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
             let target = target.clone();
             async move { target.connect().await.map(hyper_util::rt::TokioIo::new) }
         });
-        let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        tonic::transport::Endpoint::from_static("http://localhost")
             .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(10))
             .connect_with_connector(connector)
             .await
-            .map_err(|e| e.to_string())?;
-        let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+            .map_err(|e| e.to_string())
+    }
+
+    /// gRPC health's status over a fresh connection.
+    async fn health(&self) -> Result<i32, String> {
+        let mut client = tonic_health::pb::health_client::HealthClient::new(self.channel().await?);
         client
             .check(tonic_health::pb::HealthCheckRequest::default())
             .await
             .map(|response| response.into_inner().status)
             .map_err(|status| status.to_string())
+    }
+
+    /// What an honest client gets after the attack: the sidecar streams a
+    /// batch of `dataset`, the worker decodes a unit sent with the token.
+    async fn serves_honest_work(&self, work: &Honest) {
+        let channel = self.channel().await.expect("an honest client connects");
+        match work {
+            Honest::Stream(dataset) => {
+                let mut client =
+                    shardfeed::server::pb::shardfeed_client::ShardfeedClient::new(channel);
+                let mut stream = client
+                    .stream_batches(common::unshuffled(dataset))
+                    .await
+                    .expect("the stream opens")
+                    .into_inner();
+                let batch = stream
+                    .message()
+                    .await
+                    .expect("a batch, not an error")
+                    .expect("a batch, not the end");
+                assert_eq!(batch.keys.len(), 8);
+            }
+            Honest::Unit => {
+                use shardfeed::pool::wire::{self, pb as wire_pb};
+                let sample = wire::UnitSample {
+                    key: shardfeed::decode::SampleKey {
+                        seed: 1,
+                        epoch: 0,
+                        sample: 7,
+                    },
+                    format: shardfeed::shard::ImageFormat::Jpeg,
+                    data: common::jpeg(64, 48, 1).into(),
+                };
+                let spec = shardfeed::decode::OutputSpec::center(32, 32);
+                let mut request = tonic::Request::new(wire::unit_to_wire(1, &spec, &[sample]));
+                let build = wire::build_identity(shardfeed::decode::default_decoder_name());
+                let metadata = request.metadata_mut();
+                metadata.insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+                metadata.insert(wire::BUILD_HEADER, build.parse().unwrap());
+                let answer = wire_pb::decode_pool_client::DecodePoolClient::new(channel)
+                    .decode(request)
+                    .await
+                    .expect("the unit is decoded");
+                assert_eq!(answer.get_ref().pixels.len(), 32 * 32 * 3);
+            }
+        }
     }
 
     /// Waits until the server answers health SERVING.
@@ -352,14 +418,14 @@ async fn the_worker_refuses_unauthenticated_bodies_without_buffering_them() {
         "peak {:.0} MB",
         server.peak_rss_mb()
     );
-    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+    target.serves_honest_work(&Honest::Unit).await;
 }
 
 /// 10,000 streams opened on one connection past the advertised
 /// SETTINGS_MAX_CONCURRENT_STREAMS (health Watch calls whose bodies never
 /// come), then a PING: the excess is refused, the PING answered, memory
 /// flat, and the next client served.
-async fn stream_flood(mut server: Server, target: Target, bound_mb: f64) {
+async fn stream_flood(mut server: Server, target: Target, honest: Honest, bound_mb: f64) {
     target.wait_serving().await;
     let baseline = server.peak_rss_mb();
     let started = Instant::now();
@@ -400,19 +466,21 @@ async fn stream_flood(mut server: Server, target: Target, bound_mb: f64) {
         server.peak_rss_mb()
     );
     drop(io);
-    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+    target.serves_honest_work(&honest).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_flood_on_the_worker_is_refused() {
     let addr = free_addr();
-    stream_flood(Server::worker(addr), Target::Tcp(addr), 30.0).await;
+    stream_flood(Server::worker(addr), Target::Tcp(addr), Honest::Unit, 30.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_flood_on_the_sidecar_tcp_listener_is_refused() {
     let addr = free_addr();
-    stream_flood(Server::sidecar(&addr.to_string()), Target::Tcp(addr), 30.0).await;
+    let (_data, honest) = honest_dataset();
+    let server = Server::sidecar(&addr.to_string());
+    stream_flood(server, Target::Tcp(addr), honest, 30.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,14 +488,15 @@ async fn a_stream_flood_on_the_sidecar_unix_socket_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sf.sock");
     let server = Server::sidecar(&format!("unix:{}", path.display()));
-    stream_flood(server, Target::Unix(path), 30.0).await;
+    let (_data, honest) = honest_dataset();
+    stream_flood(server, Target::Unix(path), honest, 30.0).await;
 }
 
 /// More connections than the listener holds, each sending the preface and
 /// its SETTINGS and then nothing: those past the limit are closed at once;
 /// memory per held connection is the idle figure the formula uses; once
 /// the attacker leaves, the next client is served.
-async fn connection_flood(mut server: Server, target: Target, limit: usize) {
+async fn connection_flood(mut server: Server, target: Target, honest: Honest, limit: usize) {
     target.wait_serving().await;
     let baseline_rss = server.rss_mb();
     let baseline = server.peak_rss_mb();
@@ -463,7 +532,7 @@ async fn connection_flood(mut server: Server, target: Target, limit: usize) {
     );
     drop(held);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+    target.serves_honest_work(&honest).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -472,7 +541,8 @@ async fn a_connection_flood_on_the_sidecar_is_held_to_its_limit() {
     let path = dir.path().join("sf.sock");
     let server = Server::sidecar(&format!("unix:{}", path.display()));
     let limit = shardfeed::server::listen::CONNECTION_LIMITS.max_connections;
-    connection_flood(server, Target::Unix(path), limit).await;
+    let (_data, honest) = honest_dataset();
+    connection_flood(server, Target::Unix(path), honest, limit).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -484,7 +554,7 @@ async fn a_connection_flood_on_the_worker_is_held_to_its_limit() {
         panic!("the hostile suite needs {} open files", 2 * limit + 512);
     }
     let addr = free_addr();
-    connection_flood(Server::worker(addr), Target::Tcp(addr), limit).await;
+    connection_flood(Server::worker(addr), Target::Tcp(addr), Honest::Unit, limit).await;
 }
 
 /// Raises this process's open-file limit (children inherit it) to `want`
@@ -579,5 +649,6 @@ async fn oversized_frames_on_the_unix_socket_end_their_connection_at_once() {
         &outcomes.join("; "),
     );
     assert!(server.peak_rss_mb() < baseline + 20.0);
-    assert_eq!(target.health().await, Ok(1), "an honest client is served");
+    let (_data, honest) = honest_dataset();
+    target.serves_honest_work(&honest).await;
 }

@@ -378,7 +378,18 @@ async fn a_worker_added_mid_epoch_takes_units_and_loses_nothing() {
     let local_uri = upload(&local.s3, "data", "train/", &shards).await;
     let expected = every_rank(&local, &local_uri, train(""), 1).await;
 
-    let first = Worker::start([127, 0, 0, 1], TOKEN, None).await;
+    // The first worker a little slow: the stream cannot have sent every
+    // unit of the epoch by the time its first batch arrives, which under
+    // a loaded test run it did, leaving the added worker nothing to take.
+    let first = Worker::start(
+        [127, 0, 0, 1],
+        TOKEN,
+        Some(Arc::new(Slow(
+            decode::default_decoder(),
+            Duration::from_millis(5),
+        ))),
+    )
+    .await;
     let added = Worker::start([127, 0, 0, 2], TOKEN, None).await;
     let mut config = pool_config(&[&first], 1.0);
     // The Service's records change only when this test says so.

@@ -53,14 +53,47 @@ impl Default for ServiceConfig {
 /// as the directories they resolve to (symlinks and `..` followed), so a
 /// link inside an allowed folder does not lead out of it.
 pub fn rule_allows(rule: &str, dataset: &str) -> bool {
-    let (rule, dataset) = (resolved(rule), resolved(dataset));
+    rule_admits(&resolved(rule), &resolved(dataset))
+}
+
+/// [`rule_allows`] on a rule and a dataset already resolved.
+fn rule_admits(rule: &str, dataset: &str) -> bool {
     let dataset = dataset.trim_end_matches('/');
     let rule_dir = rule.trim_end_matches('/');
     dataset == rule_dir
         || dataset
             .strip_prefix(rule_dir)
             .is_some_and(|rest| rest.starts_with('/'))
-        || (rule.ends_with("://") && dataset.starts_with(&*rule))
+        || (rule.ends_with("://") && dataset.starts_with(rule))
+}
+
+/// A dataset URI as `--allow` compares it, and the local folder it names,
+/// held open: the store the request opens is made on that same folder
+/// (`store::local::hold_root`), so the folder checked is the folder read,
+/// whatever a link in its path points at by the time the store opens.
+fn resolved_once(
+    dataset: &str,
+) -> (
+    std::borrow::Cow<'_, str>,
+    Option<Arc<crate::store::beneath::Beneath>>,
+) {
+    use crate::dataset::DatasetUri;
+    let Ok(DatasetUri::Local { root, manifest }) = DatasetUri::parse(dataset) else {
+        return (resolved(dataset), None);
+    };
+    let Ok(held) = crate::store::local::hold_root(&root) else {
+        // Not a folder (yet): the open fails on its own; compare the path.
+        return (resolved(dataset), None);
+    };
+    let Ok(real) = held.resolved() else {
+        return (resolved(dataset), None);
+    };
+    let real = real.to_string_lossy().trim_end_matches('/').to_string();
+    let uri = match manifest {
+        Some(manifest) => format!("file://{real}/{manifest}"),
+        None => format!("file://{real}/"),
+    };
+    (uri.into(), Some(held))
 }
 
 /// A `file://` URI as the path it resolves to; other URIs as they are. Of a
@@ -208,15 +241,23 @@ impl ShardfeedService {
             .max_decoding_message_size(4 << 20)
     }
 
-    fn check_allowed(&self, dataset: &str) -> Result<(), ServiceError> {
-        if self.config.allow.is_empty()
-            || self
-                .config
-                .allow
-                .iter()
-                .any(|rule| rule_allows(rule, dataset))
+    /// Whether `--allow` admits `dataset`; a local folder comes back held
+    /// open, to be kept until the request has opened its store.
+    fn check_allowed(
+        &self,
+        dataset: &str,
+    ) -> Result<Option<Arc<crate::store::beneath::Beneath>>, ServiceError> {
+        if self.config.allow.is_empty() {
+            return Ok(None);
+        }
+        let (real, held) = resolved_once(dataset);
+        if self
+            .config
+            .allow
+            .iter()
+            .any(|rule| rule_admits(&resolved(rule), &real))
         {
-            Ok(())
+            Ok(held)
         } else {
             Err(ServiceError::NotAllowed {
                 dataset: dataset.to_string(),
@@ -233,8 +274,10 @@ impl ShardfeedService {
         let wants_shared = request.transport == pb::Transport::SharedMemory as i32;
         let engine = self.engine.get()?;
         let mut request = stream_request(&request, engine.config().default_shuffle)?;
+        // Held until the stream has opened its stores (below).
+        let mut _checked_folders = Vec::new();
         for (dataset, _) in request.each_source() {
-            self.check_allowed(dataset)?;
+            _checked_folders.push(self.check_allowed(dataset)?);
         }
         // Over TCP there is no socket to hand a memfd through: inline.
         request.output.shared_memory = wants_shared
@@ -632,7 +675,7 @@ impl Shardfeed for ShardfeedService {
             let world_size = request.world_size.max(1);
             let partition = partition(request.partition)?;
             self.check_serving()?;
-            self.check_allowed(&request.dataset)?;
+            let _checked_folder = self.check_allowed(&request.dataset)?;
             let engine = self.engine.get()?;
             let summary = engine
                 .describe(&request.dataset, world_size, batch_size, partition)

@@ -6,9 +6,11 @@
 //!
 //! The directory is resolved once, when [`Beneath::open`] takes its
 //! descriptor; every later open resolves relative to that descriptor
-//! (`openat2` with `RESOLVE_BENEATH`, Linux 5.6+). On older kernels (or a
-//! seccomp profile that refuses `openat2`) each component is opened with
-//! `O_NOFOLLOW`, which refuses symlinks altogether.
+//! (`openat2` with `RESOLVE_BENEATH`, Linux 5.6+). Where links inside are
+//! allowed, an absolute link (which `RESOLVE_BENEATH` refuses) or a kernel
+//! without `openat2` gets an open that follows links and a check of where
+//! the opened descriptor really is. Where no links are allowed and the
+//! kernel lacks `openat2`, each component is opened with `O_NOFOLLOW`.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -58,6 +60,13 @@ impl Beneath {
         &self.path
     }
 
+    /// A path that reaches the directory through its descriptor, for the
+    /// calls that take a path (listing, writing): whatever its original
+    /// path points at now, this is the directory that was opened.
+    pub fn fd_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.dir.as_raw_fd()))
+    }
+
     /// Where the directory resolves now, as the kernel sees the descriptor
     /// (not the path it was opened by, which may have been repointed since).
     pub fn resolved(&self) -> io::Result<PathBuf> {
@@ -81,11 +90,32 @@ impl Beneath {
         let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
         let fd = match openat2(self.dir.as_raw_fd(), relative, flags, links) {
             Err(error) if matches!(error.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
-                open_without_links(self.dir.as_raw_fd(), relative, flags)?
+                match links {
+                    Links::None => open_without_links(self.dir.as_raw_fd(), relative, flags)?,
+                    Links::Inside => self.open_checked(relative, flags)?,
+                }
+            }
+            // RESOLVE_BENEATH refuses every absolute link, even one to a
+            // file inside (a class folder linked by its full path).
+            Err(error) if links == Links::Inside && error.raw_os_error() == Some(libc::EXDEV) => {
+                self.open_checked(relative, flags)?
             }
             opened => opened?,
         };
         Ok(File::from(fd))
+    }
+
+    /// Opens `relative` following its links, then checks where the file
+    /// opened really is: inside the directory, or refused (`EXDEV`). The
+    /// check is of the descriptor, so a link swapped during the open
+    /// cannot pass it.
+    fn open_checked(&self, relative: &Path, flags: i32) -> io::Result<OwnedFd> {
+        let fd = openat(self.dir.as_raw_fd(), relative, flags)?;
+        let opened = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        if !opened.starts_with(self.resolved()?) {
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        }
+        Ok(fd)
     }
 }
 
@@ -217,6 +247,14 @@ mod tests {
 
         assert_eq!(read("ab/record", Links::None).unwrap(), b"inside");
         assert_eq!(read("ab/alias", Links::Inside).unwrap(), b"inside");
+        // A link inside by its full path is inside too.
+        std::os::unix::fs::symlink(dir.path().join("ab/record"), dir.path().join("full")).unwrap();
+        assert_eq!(read("full", Links::Inside).unwrap(), b"inside");
+        assert!(read("full", Links::None).is_err());
+        // One by its full path to a file outside is not.
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("out")).unwrap();
+        let error = read("out", Links::Inside).unwrap_err();
+        assert!(is_link_refused(&error), "{error}");
         let error = read("ab/alias", Links::None).unwrap_err();
         assert!(is_link_refused(&error), "{error}");
         for links in [Links::Inside, Links::None] {

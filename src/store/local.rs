@@ -10,18 +10,57 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::beneath::{is_link_refused, Beneath, Links};
 use super::{ListPage, ObjectMeta, ObjectStore, PartStream, StoreError};
 
 const READ_CHUNK: usize = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct LocalStore {
+    /// The folder as the dataset URI names it (for messages).
     root: PathBuf,
+    /// The folder itself, resolved once when the store was made: a link
+    /// in its path repointed later changes nothing here.
+    held: Option<Arc<Beneath>>,
+}
+
+/// Dataset folders held open, by the path their URI names, while anything
+/// holds them: the `--allow` check and the store a request opens resolve
+/// the folder once, through one descriptor, so a link repointed between
+/// the check and the open cannot lead the store elsewhere.
+static HELD_ROOTS: Mutex<Option<HashMap<PathBuf, Weak<Beneath>>>> = Mutex::new(None);
+
+/// The folder at `path`, opened now or shared with whoever holds it.
+pub fn hold_root(path: &Path) -> std::io::Result<Arc<Beneath>> {
+    let mut held = HELD_ROOTS.lock().unwrap_or_else(|e| e.into_inner());
+    let held = held.get_or_insert_with(HashMap::new);
+    if let Some(root) = held.get(path).and_then(Weak::upgrade) {
+        return Ok(root);
+    }
+    held.retain(|_, root| root.strong_count() > 0);
+    let root = Arc::new(Beneath::open(path)?);
+    held.insert(path.to_path_buf(), Arc::downgrade(&root));
+    Ok(root)
 }
 
 impl LocalStore {
+    /// A store over `root`, resolved now (or, for a folder that does not
+    /// exist yet, by its path on every call).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        let root = root.into();
+        let held = hold_root(&root).ok();
+        Self { root, held }
+    }
+
+    /// Where paths start: the held folder (through its descriptor), else the
+    /// named path.
+    fn base(&self) -> PathBuf {
+        self.held
+            .as_ref()
+            .map_or_else(|| self.root.clone(), |held| held.fd_path())
     }
 
     /// The file of `key`, which must stay inside the root: no absolute
@@ -40,7 +79,8 @@ impl LocalStore {
         {
             return Err(escapes("the key leaves the dataset directory"));
         }
-        let path = self.root.join(relative);
+        let base = self.base();
+        let path = base.join(relative);
         // Resolve the deepest existing ancestor: a file being created has none yet.
         let mut existing = path.as_path();
         let resolved = loop {
@@ -52,7 +92,7 @@ impl LocalStore {
                 },
             }
         };
-        if let (Some(resolved), Ok(root)) = (resolved, tokio::fs::canonicalize(&self.root).await) {
+        if let (Some(resolved), Ok(root)) = (resolved, tokio::fs::canonicalize(&base).await) {
             if !resolved.starts_with(&root) {
                 return Err(escapes(
                     "the key resolves outside the dataset directory (a symlink)",
@@ -60,6 +100,30 @@ impl LocalStore {
             }
         }
         Ok(path)
+    }
+
+    /// Opens `key` for reading: beneath the held folder (no link out of it
+    /// followed, even one made after the key was checked), else by path.
+    async fn open(&self, key: &str) -> Result<tokio::fs::File, StoreError> {
+        let path = self.path(key).await?;
+        let Some(held) = self.held.clone() else {
+            return tokio::fs::File::open(&path)
+                .await
+                .map_err(|e| self.io_error(key, e));
+        };
+        let relative = PathBuf::from(key);
+        let opened = tokio::task::spawn_blocking(move || held.open_read(&relative, Links::Inside))
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|opened| opened);
+        match opened {
+            Ok(file) => Ok(tokio::fs::File::from_std(file)),
+            Err(error) if is_link_refused(&error) => Err(StoreError::PermissionDenied {
+                location: self.location(key),
+                message: "the key resolves outside the dataset directory (a symlink)".into(),
+            }),
+            Err(error) => Err(self.io_error(key, error)),
+        }
     }
 
     fn io_error(&self, key: &str, error: std::io::Error) -> StoreError {
@@ -168,7 +232,7 @@ fn walk(
 #[async_trait]
 impl ObjectStore for LocalStore {
     async fn list_page(&self, prefix: &str, _token: Option<&str>) -> Result<ListPage, StoreError> {
-        let root = self.root.clone();
+        let root = self.base();
         if !root.is_dir() {
             return Err(StoreError::NotFound {
                 location: self.location(""),
@@ -197,9 +261,8 @@ impl ObjectStore for LocalStore {
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
-        let meta = tokio::fs::metadata(self.path(key).await?)
-            .await
-            .map_err(|e| self.io_error(key, e))?;
+        let file = self.open(key).await?;
+        let meta = file.metadata().await.map_err(|e| self.io_error(key, e))?;
         Ok(ObjectMeta {
             key: key.to_string(),
             size: meta.len(),
@@ -213,10 +276,7 @@ impl ObjectStore for LocalStore {
         range: Range<u64>,
         if_match: Option<&str>,
     ) -> Result<PartStream, StoreError> {
-        let path = self.path(key).await?;
-        let mut file = tokio::fs::File::open(&path)
-            .await
-            .map_err(|e| self.io_error(key, e))?;
+        let mut file = self.open(key).await?;
         if let Some(expected) = if_match {
             let meta = file.metadata().await.map_err(|e| self.io_error(key, e))?;
             if file_etag(&meta).as_deref() != Some(expected) {
@@ -282,5 +342,60 @@ impl ObjectStore for LocalStore {
 
     fn location(&self, key: &str) -> String {
         format!("file://{}", self.root.join(key).display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn read_all(store: &LocalStore, key: &str) -> Result<Vec<u8>, StoreError> {
+        let size = store.head(key).await?.size;
+        let mut parts = store.get_range(key, 0..size, None).await?;
+        let mut out = Vec::new();
+        while let Some(part) = parts.next().await {
+            out.extend_from_slice(&part?.1);
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn a_link_repointed_after_the_check_or_the_open_leads_nowhere_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let (real, outside) = (dir.path().join("allowed/real"), dir.path().join("outside"));
+        for (folder, text) in [(&real, "allowed"), (&outside, "outside")] {
+            std::fs::create_dir_all(folder).unwrap();
+            std::fs::write(folder.join("shard.tar"), text).unwrap();
+        }
+        let link = dir.path().join("allowed/current");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+
+        // The check holds the folder; the link is repointed before the
+        // request's store is made: the store reads the folder checked.
+        let checked = hold_root(&link).unwrap();
+        assert_eq!(checked.resolved().unwrap(), real.canonicalize().unwrap());
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        let store = LocalStore::new(&link);
+        drop(checked);
+        assert_eq!(read_all(&store, "shard.tar").await.unwrap(), b"allowed");
+        // Repointed again while the store is open: still the same folder.
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+        assert_eq!(read_all(&store, "shard.tar").await.unwrap(), b"allowed");
+        let listed = store.list_page("", None).await.unwrap();
+        let keys: Vec<&str> = listed.objects.iter().map(|o| o.key.as_str()).collect();
+        assert_eq!(keys, ["shard.tar"]);
+        // A link inside the folder to a file outside it is refused.
+        std::os::unix::fs::symlink(outside.join("shard.tar"), real.join("leak.tar")).unwrap();
+        let error = read_all(&store, "leak.tar").await.unwrap_err();
+        assert!(
+            matches!(error, StoreError::PermissionDenied { .. }),
+            "{error}"
+        );
+        // Once nothing holds it, a new store resolves the link anew.
+        drop(store);
+        let fresh = LocalStore::new(&link);
+        assert!(read_all(&fresh, "allowed/real/shard.tar").await.is_ok());
     }
 }
