@@ -9,6 +9,7 @@ pub mod cli;
 pub mod dataset;
 pub mod decode;
 pub mod engine;
+pub mod hash;
 pub mod metrics;
 pub mod net;
 pub mod pack;

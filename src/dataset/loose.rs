@@ -173,12 +173,8 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
             size: offset,
             etag: None,
             samples: members.len() as u64,
-            digest: versioned.then(|| {
-                format!(
-                    "{:016x}",
-                    crate::decode::augment::fmix64(crate::decode::augment::fnv1a(digest))
-                )
-            }),
+            digest: versioned
+                .then(|| format!("{:016x}", crate::hash::fmix64(crate::hash::fnv1a(digest)))),
         });
         indexes.push(index);
     }

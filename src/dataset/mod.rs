@@ -144,7 +144,7 @@ impl DatasetIndex {
     /// summary (shards, sizes, ETags, group digests, classes).
     pub fn identity(&self) -> String {
         let summary = serde_json::to_vec(self).unwrap_or_default();
-        let digest = crate::decode::augment::fmix64(crate::decode::augment::fnv1a(summary));
+        let digest = crate::hash::fmix64(crate::hash::fnv1a(summary));
         format!(
             "samples={} shards={} digest={digest:016x}",
             self.samples(),

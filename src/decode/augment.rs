@@ -111,23 +111,8 @@ pub fn sample_identity(shard: &str, key: &str) -> u64 {
     fmix64(fnv1a(bytes))
 }
 
-/// FNV-1a, 64-bit: frozen (sample identities and substitutions use it).
-pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    bytes
-        .into_iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        })
-}
-
-/// MurmurHash3's 64-bit finalizer: every input bit reaches every output bit.
-pub fn fmix64(mut hash: u64) -> u64 {
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    hash ^ (hash >> 33)
-}
+/// The frozen hashes, where they were first defined (now `crate::hash`).
+pub use crate::hash::{fmix64, fnv1a};
 
 /// A request's augmentation could not be used; names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::decode::augment::fmix64;
+use crate::hash::fmix64;
 use crate::pool::link::{Connector, WorkerLink};
 use crate::pool::wire::pb;
 

@@ -78,7 +78,7 @@ impl Drop for AbandonOnDrop {
 
 /// A stable key for a source: its dataset's address.
 fn source_key(dataset: &str) -> u64 {
-    crate::decode::augment::fmix64(crate::decode::augment::fnv1a(dataset.bytes()))
+    crate::hash::fmix64(crate::hash::fnv1a(dataset.bytes()))
 }
 
 impl Engine {

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use super::sample::EmittedSample;
 use super::seek::RateSeeker;
-use crate::decode::augment::fmix64;
 use crate::decode::{self, JpegFrame};
+use crate::hash::fmix64;
 use crate::shard::ImageFormat;
 
 /// How a stream's images reach the client: plain data a request carries.

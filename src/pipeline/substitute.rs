@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 use super::encoded::Placement;
 use super::sample::EmittedSample;
-use crate::decode::{self, CropBox};
+use crate::decode::CropBox;
 use crate::metrics;
 
 /// A sample that could not be decoded, and what was sent in its place.
@@ -26,7 +26,7 @@ pub fn substitute_source(key: &str, good_slots: &[u32]) -> Option<u32> {
     if good_slots.is_empty() {
         return None;
     }
-    let hash = decode::augment::fmix64(decode::augment::fnv1a(key.bytes()));
+    let hash = crate::hash::fmix64(crate::hash::fnv1a(key.bytes()));
     Some(good_slots[(hash % good_slots.len() as u64) as usize])
 }
 

@@ -39,7 +39,8 @@ use tokio::time::Instant;
 
 use super::link::{Connector, GrpcConnector, WorkerLink};
 use super::wire::{self, pb, SampleAnswer, UnitSample};
-use crate::decode::{augment::fmix64, OutputSpec};
+use crate::decode::OutputSpec;
+use crate::hash::fmix64;
 use crate::metrics::log_gate::LogGate;
 use crate::metrics::pool as pool_metrics;
 use crate::net::tls::PoolTls;
@@ -149,7 +150,7 @@ impl Worker {
     fn new(addr: SocketAddr, link: Arc<dyn WorkerLink>, units: usize) -> Self {
         Self {
             addr,
-            key: crate::decode::augment::fnv1a(addr.to_string().into_bytes()),
+            key: crate::hash::fnv1a(addr.to_string().into_bytes()),
             link,
             in_flight: Arc::new(Semaphore::new(units.max(1))),
             cooling_until: AtomicU64::new(0),
@@ -764,7 +765,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::decode::augment::fnv1a;
+    use crate::hash::fnv1a;
 
     fn addrs(n: usize) -> Vec<SocketAddr> {
         (0..n)

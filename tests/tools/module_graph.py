@@ -23,8 +23,13 @@ from pathlib import Path
 
 # Lower index: lower layer. A module may import its own layer or lower ones.
 LAYERS: list[set[str]] = [
+    {"hash"},
     {"metrics", "net", "plan", "shard"},
-    {"decode", "store", "dataset", "pool"},
+    # One layer each: the direction among them is checked too.
+    {"decode"},
+    {"store"},
+    {"dataset"},
+    {"pool"},
     {"pipeline"},
     {"engine"},
     {"server"},
@@ -95,6 +100,9 @@ def resolve(path: str, here: tuple[str, ...], modules: set) -> tuple | None:
     if parts[0] == "crate":
         base: list[str] = []
         parts = parts[1:]
+    elif parts[0] == "self":
+        base = list(here)
+        parts = parts[1:]
     else:
         # `super` is the parent module, from a `mod.rs` as from a leaf file.
         base = list(here)
@@ -116,6 +124,13 @@ def graph(src: Path) -> dict[tuple, set[tuple]]:
         text = strip_comments(strip_tests(file.read_text()))
         paths = [m.group(0) for m in PATH.finditer(text) if not m.group(0).endswith("{")]
         paths += expand_groups(text)
+        # `use super::*` names no item: the whole parent is used.
+        paths += ["super" for _ in re.finditer(r"\buse\s+super::\*", text)]
+        # A parent names its children by their bare names (`readers::spawn`,
+        # `pub use readers::Reader`): each counts as an import of the child.
+        for child in re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text, re.M):
+            if re.search(rf"(?<![:\w]){child}::", text):
+                paths.append("self::" + child)
         for path in paths:
             target = resolve(path, module, modules)
             if target is not None and target != module and target != ():
@@ -207,6 +222,12 @@ def main() -> int:
     up = upward(edges)
     print(f"{len(edges)} files, {sum(len(t) for t in edges.values())} imports between them")
     print(f"cycles between files: {len(loops)}")
+    # Counted with a mod.rs as a file of its own, parent-child pairs
+    # included: not yet held to 0 (issue 50 takes them there), printed so
+    # the count is watched.
+    strict = cycles(edges)
+    largest = max((len(loop) for loop in strict), default=0)
+    print(f"cycles counting each mod.rs as a file: {len(strict)} (largest {largest} files)")
     for loop in loops:
         print("  " + " <-> ".join(name(m) for m in loop))
     print(f"imports up the layers: {len(up)}")

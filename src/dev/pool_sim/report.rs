@@ -88,7 +88,7 @@ fn units_moved(workers: &[SocketAddr]) -> (f64, f64) {
     let units = 100_000u64;
     let (mut on_join, mut on_leave) = (0u64, 0u64);
     for unit in 0..units {
-        let affinity = crate::decode::augment::fmix64(unit);
+        let affinity = crate::hash::fmix64(unit);
         let owner = base.first_choice(affinity);
         on_join += u64::from(joined.first_choice(affinity) != owner);
         on_leave += u64::from(left.first_choice(affinity) != owner);

@@ -29,7 +29,7 @@ pub trait PlanFollower: Send + Sync {
 
 /// A location's id in the hints.
 pub fn location_id(location: &str) -> u64 {
-    crate::decode::augment::fmix64(crate::decode::augment::fnv1a(location.bytes()))
+    crate::hash::fmix64(crate::hash::fnv1a(location.bytes()))
 }
 
 #[derive(Debug)]

@@ -20,7 +20,7 @@ pub(super) fn full_key(record: &str, form: &SourceForm) -> String {
 }
 
 pub(super) fn record_name(key: &str) -> u64 {
-    crate::decode::augment::fmix64(crate::decode::augment::fnv1a(key.bytes()))
+    crate::hash::fmix64(crate::hash::fnv1a(key.bytes()))
 }
 
 fn kind_code(kind: SourceKind) -> (u8, u8) {
