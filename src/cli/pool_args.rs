@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 
-use crate::net::tls::{check_plaintext, PoolTlsFiles};
+use crate::net::tls::{check_plaintext, PoolTls, PoolTlsFiles};
 use crate::pool::client::{DEFAULT_UNITS_PER_WORKER, DEFAULT_UNIT_SAMPLES};
 use crate::pool::worker::{
     DEFAULT_DRAIN_GRACE, DEFAULT_MAX_UNIT_BYTES, DEFAULT_MAX_UNIT_OUTPUT_BYTES,
@@ -86,34 +86,26 @@ impl PoolArgs {
                 }
             },
         };
-        let tls = match (&self.pool_tls_ca, &self.pool_tls_cert, &self.pool_tls_key) {
-            (Some(ca), Some(cert), Some(key)) => {
-                let server_name = self.pool_tls_server_name.clone().unwrap_or_else(|| {
-                    let first = &self.pool[0];
-                    first
-                        .rsplit_once(':')
-                        .map_or(first.as_str(), |(host, _)| host)
-                        .to_string()
-                });
-                let files = PoolTlsFiles {
-                    ca: ca.clone(),
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    server_name,
-                };
-                match files.load(["--pool-tls-ca", "--pool-tls-cert", "--pool-tls-key"]) {
-                    Ok(tls) => Some(tls),
-                    Err(error) => {
-                        problems.push(error.to_string());
-                        return None;
-                    }
-                }
+        let server_name = self.pool_tls_server_name.clone().unwrap_or_else(|| {
+            let first = &self.pool[0];
+            first
+                .rsplit_once(':')
+                .map_or(first.as_str(), |(host, _)| host)
+                .to_string()
+        });
+        let files = [&self.pool_tls_ca, &self.pool_tls_cert, &self.pool_tls_key];
+        let flags = ["--pool-tls-ca", "--pool-tls-cert", "--pool-tls-key"];
+        let tls = match load_tls(files, flags, server_name) {
+            Some(Ok(tls)) => Some(tls),
+            Some(Err(error)) => {
+                problems.push(error);
+                return None;
             }
-            _ => {
+            None => {
                 if let Err(error) = check_plaintext(
                     "pool workers",
                     &self.pool,
-                    self.pool_insecure_plaintext,
+                    (self.pool_insecure_plaintext, "--pool-insecure-plaintext"),
                     "--pool-tls-ca, --pool-tls-cert, --pool-tls-key",
                 ) {
                     problems.push(error.to_string());
@@ -226,25 +218,15 @@ impl PoolWorkerArgs {
                 self.token_file.display()
             )])
         })?;
-        let tls = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
-            (Some(ca), Some(cert), Some(key)) => {
-                let files = PoolTlsFiles {
-                    ca: ca.clone(),
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    server_name: String::new(),
-                };
-                Some(
-                    files
-                        .load(["--tls-ca", "--tls-cert", "--tls-key"])
-                        .map_err(|error| super::ConfigError(vec![error.to_string()]))?,
-                )
-            }
-            _ => {
+        let files = [&self.tls_ca, &self.tls_cert, &self.tls_key];
+        let flags = ["--tls-ca", "--tls-cert", "--tls-key"];
+        let tls = match load_tls(files, flags, String::new()) {
+            Some(loaded) => Some(loaded.map_err(|error| super::ConfigError(vec![error]))?),
+            None => {
                 check_plaintext(
                     "the pool worker listening",
                     &[self.listen.to_string()],
-                    self.insecure_plaintext,
+                    (self.insecure_plaintext, "--insecure-plaintext"),
                     "--tls-ca, --tls-cert, --tls-key",
                 )
                 .map_err(|error| super::ConfigError(vec![error.to_string()]))?;
@@ -273,4 +255,23 @@ impl PoolWorkerArgs {
             health_listen: self.health_listen,
         })
     }
+}
+
+/// The pool's TLS files as `flags` give them (clap requires all three
+/// together), read; None when none is given.
+fn load_tls(
+    [ca, cert, key]: [&Option<PathBuf>; 3],
+    flags: [&'static str; 3],
+    server_name: String,
+) -> Option<Result<PoolTls, String>> {
+    let (Some(ca), Some(cert), Some(key)) = (ca, cert, key) else {
+        return None;
+    };
+    let files = PoolTlsFiles {
+        ca: ca.clone(),
+        cert: cert.clone(),
+        key: key.clone(),
+        server_name,
+    };
+    Some(files.load(flags).map_err(|error| error.to_string()))
 }

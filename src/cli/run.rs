@@ -72,7 +72,9 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             let mut problems = Vec::new();
             let pool = args.pool.config(&mut problems);
             let Some(pool) = pool else {
-                problems.push("pool-bench needs --pool".into());
+                if args.pool.pool.is_empty() {
+                    problems.push("pool-bench needs --pool".into());
+                }
                 return Err(super::ConfigError(problems).into());
             };
             crate::dev::pool_bench::run(&crate::dev::pool_bench::PoolBenchSpec {

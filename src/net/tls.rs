@@ -44,12 +44,13 @@ pub enum TlsError {
     #[error(
         "{what} on {addr} without TLS: pool traffic (the token, the images, the pixels) would \
          cross the network in plain text. Give the pool's TLS files ({flags}), or \
-         --insecure-plaintext to accept that"
+         {plaintext_flag} to accept that"
     )]
     PlaintextOffLoopback {
         what: &'static str,
         addr: String,
         flags: &'static str,
+        plaintext_flag: &'static str,
     },
 }
 
@@ -135,7 +136,7 @@ impl PoolTls {
 pub fn check_plaintext(
     what: &'static str,
     addrs: &[String],
-    insecure_plaintext: bool,
+    (insecure_plaintext, plaintext_flag): (bool, &'static str),
     flags: &'static str,
 ) -> Result<(), TlsError> {
     let off_loopback = addrs.iter().find(|addr| !is_loopback(addr));
@@ -145,8 +146,9 @@ pub fn check_plaintext(
             tracing::warn!(
                 what,
                 addr = addr.as_str(),
-                "--insecure-plaintext: pool traffic crosses the network unencrypted and \
-                 unauthenticated but for its token"
+                flag = plaintext_flag,
+                "pool traffic crosses the network unencrypted and unauthenticated but for its \
+                 token"
             );
             Ok(())
         }
@@ -154,6 +156,7 @@ pub fn check_plaintext(
             what,
             addr: addr.clone(),
             flags,
+            plaintext_flag,
         }),
     }
 }
@@ -174,17 +177,15 @@ mod tests {
     #[test]
     fn plain_text_only_on_loopback_or_when_asked() {
         let flags = "--tls-ca, --tls-cert, --tls-key";
+        let (no, yes) = ((false, "--x-plaintext"), (true, "--x-plaintext"));
         let local = ["127.0.0.1:50061".to_string(), "localhost:1".into()];
-        assert!(check_plaintext("pool worker", &local, false, flags).is_ok());
-        assert!(check_plaintext("pool worker", &["[::1]:5".into()], false, flags).is_ok());
+        assert!(check_plaintext("pool worker", &local, no, flags).is_ok());
+        assert!(check_plaintext("pool worker", &["[::1]:5".into()], no, flags).is_ok());
         let remote = ["pool.ns.svc:50061".to_string()];
-        let error = check_plaintext("pool worker", &remote, false, flags).unwrap_err();
-        assert!(
-            error.to_string().contains("--insecure-plaintext"),
-            "{error}"
-        );
-        assert!(check_plaintext("pool worker", &remote, true, flags).is_ok());
-        assert!(check_plaintext("x", &["0.0.0.0:50061".into()], false, flags).is_err());
+        let error = check_plaintext("pool worker", &remote, no, flags).unwrap_err();
+        assert!(error.to_string().contains("or --x-plaintext"), "{error}");
+        assert!(check_plaintext("pool worker", &remote, yes, flags).is_ok());
+        assert!(check_plaintext("x", &["0.0.0.0:50061".into()], no, flags).is_err());
     }
 
     #[test]

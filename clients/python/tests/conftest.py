@@ -213,23 +213,11 @@ class PoolTls:
 
 def make_pool_tls(directory: Path, name: str = "shardfeed-pool") -> PoolTls:
     """Issues the files with the openssl command line (tests/run_all.sh
-    installs it where missing)."""
+    installs it where missing), as the TLS benchmark does."""
+    from shardfeed_benchmarks.pool_tls import issue_certificates
+
     directory.mkdir(parents=True, exist_ok=True)
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=pool-ca")
-    openssl("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={name}")
-    (directory / "leaf.cnf").write_text(
-        f"subjectAltName=DNS:{name}\nextendedKeyUsage=serverAuth,clientAuth\n"
-        "basicConstraints=CA:FALSE\n"
-    )
-    openssl(
-        *("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key"),
-        *("-CAcreateserial", "-out", "tls.crt", "-days", "2", "-extfile", "leaf.cnf"),
-    )
+    issue_certificates(directory, name)
     return PoolTls(directory, name)
 
 

@@ -34,17 +34,18 @@ NAME = "shardfeed-pool"
 TOKEN = "pool-tls-benchmark"
 
 
-def issue_certificates(directory: Path) -> dict[str, Path]:
-    """A CA and one certificate it signed (server and client use)."""
+def issue_certificates(directory: Path, name: str = NAME) -> dict[str, Path]:
+    """A CA and one certificate it signed (server and client use, naming
+    ``name``), with the openssl command line; the tests use it too."""
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
 
     openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=pool-ca")
-    openssl("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={NAME}")
+    openssl("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={name}")
     (directory / "leaf.cnf").write_text(
-        f"subjectAltName=DNS:{NAME}\nextendedKeyUsage=serverAuth,clientAuth\n"
+        f"subjectAltName=DNS:{name}\nextendedKeyUsage=serverAuth,clientAuth\n"
         "basicConstraints=CA:FALSE\n"
     )
     openssl(
