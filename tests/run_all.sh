@@ -26,6 +26,8 @@ cargo clippy --locked --all-targets -- -D warnings
 cargo check --locked --no-default-features --all-targets
 # No cycles between files, no module importing one above it (docs/ARCHITECTURE.md).
 python3 tests/tools/module_graph.py
+# Every file and folder the map names exists; every module has its row.
+python3 tests/tools/architecture_map.py
 
 step "licenses: the allow-list (cargo-deny) and the third-party notices"
 # Every crate the binaries link carries a license deny.toml allows; the
