@@ -26,7 +26,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,6 +44,8 @@ use crate::hash::fmix64;
 use crate::metrics::log_gate::LogGate;
 use crate::metrics::pool as pool_metrics;
 use crate::net::tls::PoolTls;
+
+mod members;
 
 pub const DEFAULT_UNIT_SAMPLES: usize = 8;
 pub const DEFAULT_UNITS_PER_WORKER: usize = 4;
@@ -69,9 +71,6 @@ const LOCAL_HEDGE_DELAYS: u32 = 2;
 const BUSY_COOLDOWN: Duration = Duration::from_millis(20);
 const REFUSED_COOLDOWN: Duration = Duration::from_secs(60);
 const MAX_FAILURE_COOLDOWN: Duration = Duration::from_secs(5);
-const MIN_RERESOLVE: Duration = Duration::from_secs(1);
-const MAX_RESOLVE_BACKOFF: Duration = Duration::from_secs(30);
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How much of each batch a stream sends to the pool.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -288,7 +287,7 @@ impl PoolClient {
     pub fn start(config: PoolConfig, decoder: &str) -> Self {
         let connector = GrpcConnector::new(config.tls.as_ref());
         let client = Self::with_connector(config, decoder, Box::new(connector));
-        tokio::spawn(follow_members(Arc::downgrade(&client.inner)));
+        tokio::spawn(members::follow(Arc::downgrade(&client.inner)));
         client
     }
 
@@ -320,7 +319,7 @@ impl PoolClient {
     /// Makes `addrs` the live workers (what a resolution of the targets
     /// does): newcomers are connected, the departed dropped.
     pub fn set_members(&self, addrs: Vec<SocketAddr>) {
-        update_members(&self.inner, addrs);
+        members::update(&self.inner, addrs);
     }
 
     /// The worker a unit whose first sample is `affinity` goes to first,
@@ -663,101 +662,6 @@ async fn attempt(
 /// Highest score first: the unit's rendezvous order over workers.
 fn rendezvous_score(affinity: u64, worker_key: u64) -> u64 {
     fmix64(affinity ^ fmix64(worker_key))
-}
-
-/// Keeps `inner.members` equal to what the targets resolve to, until the
-/// client is dropped.
-async fn follow_members(inner: Weak<Inner>) {
-    let mut backoff = MIN_RERESOLVE;
-    loop {
-        let Some(strong) = inner.upgrade() else {
-            return;
-        };
-        let resolved = resolve_all(&strong.config.targets).await;
-        let wait = match resolved {
-            Ok(addrs) => {
-                update_members(&strong, addrs);
-                backoff = MIN_RERESOLVE;
-                strong.config.refresh
-            }
-            Err(message) => {
-                tracing::warn!(
-                    targets = ?strong.config.targets,
-                    %message,
-                    retry_in_s = backoff.as_secs_f64(),
-                    "cannot resolve the decode pool; decoding locally meanwhile"
-                );
-                let wait = backoff;
-                backoff = (backoff * 2).min(MAX_RESOLVE_BACKOFF);
-                wait
-            }
-        };
-        let reresolve = async {
-            strong.reresolve.notified().await;
-            // At most once a second, however many attempts fail.
-            tokio::time::sleep(MIN_RERESOLVE).await;
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = reresolve => {}
-        }
-        drop(strong);
-    }
-}
-
-/// Every target's addresses; an error only when none resolves.
-async fn resolve_all(targets: &[String]) -> Result<Vec<SocketAddr>, String> {
-    let mut addrs = Vec::new();
-    let mut errors = Vec::new();
-    for target in targets {
-        match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(target.as_str())).await
-        {
-            Ok(Ok(found)) => addrs.extend(found),
-            Ok(Err(error)) => errors.push(format!("{target}: {error}")),
-            Err(_) => errors.push(format!("{target}: timed out")),
-        }
-    }
-    if addrs.is_empty() && !errors.is_empty() {
-        return Err(errors.join("; "));
-    }
-    addrs.sort();
-    addrs.dedup();
-    Ok(addrs)
-}
-
-fn update_members(inner: &Inner, mut addrs: Vec<SocketAddr>) {
-    addrs.sort();
-    addrs.dedup();
-    let mut members = inner.members.lock().unwrap_or_else(|e| e.into_inner());
-    if members.len() == addrs.len() && members.iter().zip(&addrs).all(|(w, a)| w.addr == *a) {
-        return;
-    }
-    let next: Vec<Arc<Worker>> = addrs
-        .iter()
-        .filter_map(
-            |&addr| match members.binary_search_by_key(&addr, |w| w.addr) {
-                Ok(at) => Some(members[at].clone()),
-                Err(_) => {
-                    let link = inner.connector.connect(addr)?;
-                    Some(Arc::new(Worker::new(
-                        addr,
-                        link,
-                        inner.config.units_per_worker,
-                    )))
-                }
-            },
-        )
-        .collect();
-    *members = Arc::new(next);
-    drop(members);
-    // Thousands of workers would make this line a page: a count, and the
-    // addresses only where they fit on a line.
-    if addrs.len() <= 16 {
-        tracing::info!(workers = ?addrs, "decode pool membership changed");
-    } else {
-        tracing::info!(workers = addrs.len(), "decode pool membership changed");
-    }
-    pool_metrics::workers(addrs.len());
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! - [`client`]: a channel to a server, and the health check.
 //! - [`codec`]: the prost codec that sizes each batch's buffer once.
 
+mod allow;
 mod authority;
 pub mod client;
 pub mod codec;
@@ -30,10 +31,11 @@ pub mod pb {
     tonic::include_proto!("shardfeed.v1");
 }
 
+pub use allow::rule_allows;
 pub use client::{check_health, connect};
 pub use listen::{serve, ListenAddr, Listener, ServeError, DEFAULT_SHUTDOWN_GRACE};
 pub use local::LocalServer;
-pub use service::{rule_allows, Lifecycle, ServiceConfig, ShardfeedService};
+pub use service::{Lifecycle, ServiceConfig, ShardfeedService};
 pub use status::{status_code, ServiceError};
 
 // The server's limits, in one place.
