@@ -74,6 +74,8 @@ impl Decoder for Slow {
 
 struct Worker {
     addr: SocketAddr,
+    /// The plain-text health listener, which a TLS worker has.
+    health: Option<SocketAddr>,
     stats: Arc<WorkerStats>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -111,14 +113,14 @@ impl Worker {
             decode_scratch: 256 << 20,
             drain_grace: Duration::from_secs(5),
             connections,
+            health_listen: tls.as_ref().map(|_| SocketAddr::from((ip, 0))),
             tls,
-            health_listen: None,
         };
         let decoder = decoder.unwrap_or_else(decode::default_decoder);
         let bound = BoundWorker::bind_with_decoder(config, decoder)
             .await
             .unwrap();
-        let (addr, stats) = (bound.local_addr(), bound.stats());
+        let (addr, stats, health) = (bound.local_addr(), bound.stats(), bound.health_addr());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             bound
@@ -130,6 +132,7 @@ impl Worker {
         });
         Self {
             addr,
+            health,
             stats,
             stop: Some(stop),
             task,
@@ -764,4 +767,29 @@ async fn pool_traffic_is_tls_and_both_ends_must_hold_the_pools_certificates() {
     let (answer, _) = decode_with(Some(misnamed)).await;
     assert!(answer.is_none(), "a worker must carry the pool's name");
     assert_eq!(worker.samples(), decoded_before);
+    // The kubelet's probes speak no TLS: health alone, in plain text, on a
+    // port of its own; the units' service is not there.
+    let health = worker.health.expect("a TLS worker has its health listener");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{health}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let unit = shardfeed::pool::wire::unit_to_wire(1, &spec, std::slice::from_ref(&sample));
+    let build = shardfeed::pool::wire::build_identity(decode::default_decoder_name());
+    let refused = shardfeed::pool::wire::pb::decode_pool_client::DecodePoolClient::new(channel)
+        .decode(call(unit, TOKEN, &build))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented);
 }

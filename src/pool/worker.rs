@@ -437,6 +437,8 @@ impl BoundWorker {
                 let served = tonic::transport::Server::builder()
                     .max_concurrent_streams(8)
                     .http2_max_header_list_size(super::MAX_HEADER_LIST_BYTES)
+                    .http2_max_local_error_reset_streams(Some(super::MAX_LOCAL_ERROR_RESETS))
+                    .http2_max_pending_accept_reset_streams(Some(super::MAX_PENDING_ACCEPT_RESETS))
                     .layer(CountCallsLayer)
                     .add_service(health_service)
                     .serve_with_incoming(limit(
