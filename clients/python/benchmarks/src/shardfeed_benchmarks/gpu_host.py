@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -286,7 +287,13 @@ def check(run: Run, target: str, metrics_url: str, corrupt_keys: list[str]) -> d
         problems.append("a corrupt sample reached the trainer's decoder")
     # At a fixed share the side that decodes a sample is its own: the same
     # pixels at world size 1 and 2.
-    fixed = dict(output="dict", decode=run.decode, server_decode_fraction=0.5)
+    # A quarter batch: world size 2 needs two batches of the check's set.
+    fixed = dict(
+        output="dict",
+        decode=run.decode,
+        server_decode_fraction=0.5,
+        batch_size=run.args.batch_size // 4,
+    )
     one = _by_key(run.dataset(target, "check", **fixed))
     two: dict[str, dict[str, Any]] = {}
     for rank in range(2):
@@ -299,6 +306,9 @@ def check(run: Run, target: str, metrics_url: str, corrupt_keys: list[str]) -> d
         and not np.array_equal(one[k]["pixels"], two[k]["pixels"])
     ]
     result["world_sizes_1_2_differing_samples"] = len(differing)
+    result["world_sizes_1_2_differing_psnr_db"] = {
+        k: _psnr(one[k]["pixels"], two[k]["pixels"]) for k in differing[:8]
+    }
     result["world_sizes_1_2_compared"] = len([k for k in one if k in two])
     if differing:
         problems.append(f"{len(differing)} samples differ between world sizes 1 and 2")
@@ -463,16 +473,19 @@ def resnet(run: Run, server: Any | None, steps: int, warmup: int) -> dict[str, A
         if options and run.decode == "client":
             options = dict(options, server_decode_fraction="auto")
         ds = run.dataset(server.target, "photos", **options)
+        # Timed once "auto" settled: after the first epoch (its figure is
+        # the sweep's), as in a run of thousands of steps an epoch.
+        untimed = warmup + len(ds)
         done, started, epoch = 0, 0.0, 0
-        while done < warmup + steps:
+        while done < untimed + steps:
             ds.set_epoch(epoch)
             for images, labels in ds:
                 step(images, labels)
                 done += 1
-                if done == warmup:
+                if done == untimed:
                     run.synchronize()
                     started = time.perf_counter()
-                if done == warmup + steps:
+                if done == untimed + steps:
                     break
             epoch += 1
         run.synchronize()
@@ -480,6 +493,7 @@ def resnet(run: Run, server: Any | None, steps: int, warmup: int) -> dict[str, A
         out[name] = {
             "images_per_second": steps * batch / (time.perf_counter() - started),
             "waiting_fraction": stats.waiting_fraction,
+            "share_at_end": getattr(ds, "_server_share", None),
         }
         print(f"  resnet {name:<20} {out[name]}", file=sys.stderr)
     return out
@@ -524,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, help="photos synthesized")
     parser.add_argument("--cores", help="sidecar core counts, e.g. 2,8")
     parser.add_argument("--fractions", default="0,0.25,0.5,0.75,1")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--sections", default="check,resize,sweep,resnet")
     args = parser.parse_args(argv)
     import torch
@@ -543,6 +557,23 @@ def main(argv: list[str] | None = None) -> int:
     sections = set(args.sections.split(","))
     report: dict[str, Any] = {"small": small, "batch_size": args.batch_size}
     report["image_size"] = args.image_size
+    out = Path(args.out)
+    failed: list[str] = []
+
+    @contextmanager
+    def section(name: str) -> Iterator[None]:
+        """One section's figures land in the JSON as soon as it ends, and a
+        section that raises is recorded there and the run goes on: a lent
+        device's minutes are too few to lose a whole run to one error."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 -- recorded and reported below
+            failed.append(name)
+            report.setdefault("errors", {})[name] = traceback.format_exc()
+            print(f"{name} failed: {error!r}", file=sys.stderr)
+        finally:
+            out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="shardfeed-gpu-host-") as tmp:
         work = Path(tmp)
         binary = unpack_binary(args.binary, work)
@@ -553,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
         photos = Path(args.photos) if args.photos else work / "photos"
         if not args.photos:
             synthesize(photos, samples, 0, side)
-        corrupt_keys = synthesize(work / "check", 96 if small else 192, 4, side)
+        # Whole batches: a sample past the last one is not delivered.
+        corrupt_keys = synthesize(work / "check", 3 * args.batch_size, 4, side)
         datasets = {
             "photos": pack(photos, work / "packed", binary=binary).dataset,
             "check": pack(work / "check", work / "packed-check", binary=binary).dataset,
@@ -563,33 +595,40 @@ def main(argv: list[str] | None = None) -> int:
         trainer_cores = available[max(counts) :] or available[-1:]
         os.sched_setaffinity(0, trainer_cores)
         torch.set_num_threads(len(trainer_cores))
+        steps, warmup = (4, 1) if small else (60, 10)
         if "resize" in sections:
-            jpegs = [p.read_bytes() for p in sorted(photos.rglob("*.jpg"))[: args.batch_size]]
-            report["resize"] = resize(run, jpegs, repeats=3)
-            print(f"resize: {report['resize']}", file=sys.stderr)
+            with section("resize"):
+                jpegs = [p.read_bytes() for p in sorted(photos.rglob("*.jpg"))[: args.batch_size]]
+                report["resize"] = resize(run, jpegs, repeats=3)
+                print(f"resize: {report['resize']}", file=sys.stderr)
         if "resnet" in sections:
-            steps, warmup = (4, 1) if small else (60, 10)
-            report["resnet_synthetic"] = resnet(run, None, steps, warmup)
+            with section("resnet_synthetic"):
+                report["resnet_synthetic"] = resnet(run, None, steps, warmup)
         for count in counts:
             cores = available[:count]
             print(f"sidecar on cores {cores}, trainer on {trainer_cores}", file=sys.stderr)
             with pinned_sidecar(binary, cores, work) as server:
                 at = report.setdefault("sidecar_cores", {}).setdefault(str(count), {})
                 if "check" in sections and count == counts[0]:
-                    at["check"] = check(run, server.target, server.metrics_url, corrupt_keys)
-                    report["check_ok"] = at["check"]["ok"]
-                    print(f"check: {at['check']}", file=sys.stderr)
+                    report["check_ok"] = False
+                    with section("check"):
+                        at["check"] = check(run, server.target, server.metrics_url, corrupt_keys)
+                        report["check_ok"] = at["check"]["ok"]
+                        print(f"check: {at['check']}", file=sys.stderr)
                 if "sweep" in sections:
-                    fractions = [float(f) for f in args.fractions.split(",")]
-                    at["sweep"] = sweep(run, server, fractions, args.epochs)
+                    with section(f"sweep {count}"):
+                        fractions = [float(f) for f in args.fractions.split(",")]
+                        at["sweep"] = sweep(run, server, fractions, args.epochs)
                 if "resnet" in sections:
-                    steps, warmup = (4, 1) if small else (60, 10)
-                    at["resnet"] = resnet(run, server, steps, warmup)
-                    synthetic = report["resnet_synthetic"]["images_per_second"]
-                    for fed in at["resnet"].values():
-                        fed["over_synthetic"] = fed["images_per_second"] / synthetic
-    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+                    with section(f"resnet {count}"):
+                        at["resnet"] = resnet(run, server, steps, warmup)
+                        synthetic = report["resnet_synthetic"]["images_per_second"]
+                        for fed in at["resnet"].values():
+                            fed["over_synthetic"] = fed["images_per_second"] / synthetic
     print(f"wrote {args.out}", file=sys.stderr)
+    if failed:
+        print(f"sections that raised: {failed}", file=sys.stderr)
+        return 1
     return 0 if report.get("check_ok", True) else 1
 
 
