@@ -487,14 +487,17 @@ class ShardfeedDataset(IterableDataset[Sample]):
         tuned = options.delivery.tuned
         if tuned and options.delivery.server_start is None:
             # The next stream's tuning starts where this one's settled. The
-            # first one, where the trainer decodes on its own CPU, starts
-            # from the server decoding everything: the trainer's full-size
-            # decode costs several times the server's region decode a
-            # sample, so the tuning gives it a share only where its cores
-            # are idle (from the middle, the first epoch ran at 0.54x).
+            # first one starts at the side that decodes faster: where the
+            # trainer decodes on its own CPU, the server (the trainer's
+            # full-size decode costs several times the server's region
+            # decode, so the tuning gives it a share only where its cores
+            # are idle; from the middle, the first epoch ran at 0.54x);
+            # on a GPU, the GPU (nvJPEG decodes ~7x what 2 sidecar cores
+            # do; from the middle, an H200's first epoch ran at 0.26x the
+            # best share with 2 sidecar cores).
             start = self._server_share
-            if start is None and self.decode == "client":
-                start = 1.0
+            if start is None:
+                start = 1.0 if self.decode == "client" else 0.0
             if start is not None:
                 options = dataclasses.replace(
                     options,

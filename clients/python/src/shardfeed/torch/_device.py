@@ -1,20 +1,23 @@
 """Device delivery: a batch's tensors where training wants them.
 
 Views of the received pixels (shared memory or inline), decoded here for
-encoded deliveries, and on CUDA copied on a side stream one batch ahead of
-the training loop out of the shared-memory ring, which is registered once
-as pinned memory.
+encoded deliveries; on CUDA made ahead of the training loop on a thread of
+its own and a side stream, copied out of the shared-memory ring, which is
+registered once as pinned memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
+from .._ahead import run_ahead
 from .._client import Client
 from .._wire import Batch
 
@@ -62,19 +65,25 @@ def materialize(batch: Batch, decoder: Any) -> Delivered:
 
 
 def ready_on(device: torch.device, delivered: Delivered, done: Any) -> Delivered:
-    """A batch made on the side stream, handed to the training stream."""
-    # Its copies read the server's ring asynchronously (pinned): the slot
-    # goes back to the server when the host views are dropped, which may be
-    # as soon as the trainer moves on, so they must be done by then. They
-    # were queued a batch ago, so this rarely waits.
-    done.synchronize()
+    """A batch made on a side stream, handed to the training stream: its
+    work is ordered before the training stream's next, and the caching
+    allocator must not reuse its memory before that stream is done."""
     current = torch.cuda.current_stream(device)
     current.wait_event(done)
-    # The caching allocator must not reuse their memory before the
-    # training stream is done with them.
     delivered.images.record_stream(current)
     delivered.labels.record_stream(current)
     return delivered
+
+
+def without_host_views(batch: Batch) -> Batch:
+    """``batch`` without its views of the received bytes: a shared-memory
+    slot goes back to the server when its last view is dropped, and the
+    device holds the pixels now."""
+    images = np.empty((0, *batch.images.shape[1:]), dtype=np.uint8)
+    encoded = batch.encoded
+    if encoded is not None:
+        encoded = dataclasses.replace(encoded, data=np.empty(0, dtype=np.uint8))
+    return dataclasses.replace(batch, images=images, encoded=encoded)
 
 
 class CudaHostPinning:
@@ -118,6 +127,12 @@ def mask(size: int, slots: list[int]) -> torch.Tensor:
     return mask
 
 
+# Batches made ahead of the training loop on CUDA: the one it trains on
+# while the next is made and this many wait (device memory: that many
+# batches of pixels and labels more than the loop's own).
+CUDA_BATCHES_AHEAD = 2
+
+
 def on_device(
     batches: Iterator[Batch],
     *,
@@ -127,28 +142,52 @@ def on_device(
     rank: int,
 ) -> Iterator[Delivered]:
     """Each batch with its images and labels on ``device``, decoded here
-    for ``decode="client"``/``"gpu"``. On CUDA, copies (and GPU decodes)
-    run on a side stream one batch ahead of the training loop, out of
-    the shared-memory ring registered once as pinned memory."""
+    for ``decode="client"``/``"gpu"``. On CUDA, a thread of its own makes
+    the batches ahead of the training loop (receive, decode, copy) on a
+    side stream, out of the shared-memory ring registered once as pinned
+    memory."""
+    if device is not None and device.type == "cuda" and device.index is None:
+        # The producer's thread starts on CUDA's default device, not the one
+        # this thread chose (torch.cuda.set_device is per thread).
+        device = torch.device("cuda", torch.cuda.current_device())
     decoder = None
     if decode != "server":
         from ..decode import BatchDecoder
 
         decoder = BatchDecoder(device or "cpu", client=client, rank=rank)
+    if device is not None and device.type == "cuda":
+        made = made_on_cuda(batches, decoder, device)
+        ahead = run_ahead(made, CUDA_BATCHES_AHEAD, name=f"shardfeed-cuda-rank{rank}")
+        try:
+            for delivered, done in ahead:
+                yield ready_on(device, delivered, done)
+        finally:
+            ahead.close()
+        return
     try:
-        if device is None or device.type != "cuda":
-            for batch in batches:
-                delivered = materialize(batch, decoder)
-                if device is not None:
-                    delivered = delivered._replace(
-                        images=delivered.images.to(device), labels=delivered.labels.to(device)
-                    )
-                yield delivered
-            return
-        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        pending: tuple[Delivered, Any] | None = None
         for batch in batches:
-            with torch.cuda.stream(side):
+            delivered = materialize(batch, decoder)
+            if device is not None:
+                delivered = delivered._replace(
+                    images=delivered.images.to(device), labels=delivered.labels.to(device)
+                )
+            yield delivered
+    finally:
+        if decoder is not None:
+            decoder.flush()
+
+
+def made_on_cuda(
+    batches: Iterator[Batch], decoder: Any, device: torch.device
+) -> Iterator[tuple[Delivered, Any]]:
+    """Each batch decoded (``decoder``) and copied on a side stream, with
+    the event its work ends at. Runs on the producer's thread: it waits for
+    that work itself, since the copies read the server's ring and the slot
+    goes back when the host views are dropped, here."""
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    try:
+        for batch in batches:
+            with torch.cuda.device(device), torch.cuda.stream(side):
                 delivered = materialize(batch, decoder)
                 delivered = delivered._replace(
                     images=delivered.images.to(device, non_blocking=True),
@@ -156,11 +195,8 @@ def on_device(
                 )
                 done = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 done.record(side)
-            if pending is not None:
-                yield ready_on(device, *pending)
-            pending = (delivered, done)
-        if pending is not None:
-            yield ready_on(device, *pending)
+            done.synchronize()
+            yield delivered._replace(batch=without_host_views(batch)), done
     finally:
         if decoder is not None:
             decoder.flush()
