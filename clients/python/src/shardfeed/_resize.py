@@ -11,18 +11,28 @@ host-to-device copy, one window copy per image and one pair of batched
 products per chunk, with no per-image host arrays and nothing that waits for
 the device.
 
-Memory: the padded windows are ``count x 3 x rows x cols`` elements, where
-rows and cols are the largest window's in the chunk. Images are taken
-largest window first and a chunk closes before its padded windows would
-pass ``max_window_pixels`` (per channel), so a batch holding one 48-Mpx
-photo pads only that photo's chunk to its size. The peak is
-``3 x max(max_window_pixels, the largest single window) x element size``
-for the windows (float16 on CUDA, float32 elsewhere), plus the products'
-intermediate of ``count x 3 x out_height x window cols`` (or rows) and the
-decoded images themselves.
+The arithmetic is Pillow's fixed point: weights worked out in float64 as
+Pillow works them out, rounded to integers of 2**22 a unit, the horizontal
+pass first, rounded to 8 bits before the vertical one. Every product and
+sum is then an integer below 2**31, which float64 holds exactly, so the
+result cannot depend on the order a matrix product adds in: not on the
+other images of the batch, the chunking, the padding, the GPU's kernels,
+nor global precision settings (TF32, reduced-precision reductions), none of
+which touch float64. So an image's pixels depend on the image alone, the
+same at any world size. (Pillow itself picks the order of its passes by
+version and shape, so ``method="pillow"`` may differ from these by a level.)
 
-:func:`crop_resize` is the per-image reference the batched path is tested
-against (within one level).
+Memory: the padded windows are ``count x 3 x rows x cols`` float64
+elements, where rows and cols are the largest window's in the chunk.
+Images are taken largest window first and a chunk closes before its padded
+windows would pass ``max_window_pixels`` (per channel), so a batch holding
+one 48-Mpx photo pads only that photo's chunk to its size. The peak is
+``3 x 8 bytes x max(max_window_pixels, the largest single window)`` for the
+windows, plus the first pass's ``count x 3 x rows x out_width`` and the
+weights' ``count x out x window`` (float64 each), and the decoded images.
+
+:func:`crop_resize` is the per-image float32 reference the batched path is
+tested against (within one level).
 """
 
 from __future__ import annotations
@@ -41,10 +51,16 @@ __all__ = ["crop_resize", "crop_resize_batch", "MAX_WINDOW_PIXELS", "Method"]
 # image by image (CPU); "auto": the faster one for the images' device.
 Method = Literal["auto", "matmul", "pillow"]
 
-# Padded window pixels (per channel) in one chunk: 32 Mpx, 192 MiB of
-# float16 windows (384 MiB in float32). 128 windows of a ~500x375 photo's
-# crop fit in one chunk; a multi-megapixel photo gets a chunk of its own.
-MAX_WINDOW_PIXELS = 1 << 25
+# Padded window pixels (per channel) in one chunk: 8 Mpx, 192 MiB of
+# float64 windows. ~45 windows of a ~500x375 photo fit in one chunk; a
+# multi-megapixel photo gets a chunk of its own.
+MAX_WINDOW_PIXELS = 1 << 23
+
+# Pillow's fixed point for 8-bit images: weights of 2**22 a unit; a sum is
+# rounded by adding half a unit and dropping the fraction.
+_PRECISION_BITS = 22
+_UNIT = float(1 << _PRECISION_BITS)
+_HALF_UNIT = float(1 << (_PRECISION_BITS - 1))
 
 
 def _weights(start: float, length: float, out_size: int, full: int) -> tuple[int, npt.NDArray[Any]]:
@@ -107,36 +123,47 @@ def _crop_resize_pillow(
 
 
 @dataclass(frozen=True)
-class _Windows:
-    """Per image, along one axis: the first source index the filter reads,
-    how many it reads, and the output pixels' centers as ``offset + (i +
-    0.5) * scale`` in window coordinates, with the filter's half-width."""
+class _Axis:
+    """Per image, along one axis (host numbers): where the box begins and
+    how long it is as Pillow reads them (float32 edges, their difference
+    taken in float32), the image's extent, the window the filter reads (its
+    first index and length) and the most taps one output reads (Pillow's
+    ``ksize``)."""
 
+    begin: npt.NDArray[np.float64]
+    span: npt.NDArray[np.float64]
+    full: npt.NDArray[np.int64]
     low: npt.NDArray[np.int64]
     size: npt.NDArray[np.int64]
-    offset: npt.NDArray[np.float64]
-    scale: npt.NDArray[np.float64]
-    support: npt.NDArray[np.float64]
+    taps: npt.NDArray[np.int64]
 
 
-def _windows(
-    start: npt.NDArray[np.float64],
+def _axis(
+    begin: npt.NDArray[np.float64],
     length: npt.NDArray[np.float64],
     out_size: int,
     full: npt.NDArray[np.int64],
-) -> _Windows:
-    """:func:`_weights`' window arithmetic for every image at once (float64,
-    on the host: a few numbers per image)."""
-    scale = length / out_size
+) -> _Axis:
+    """Every image's window along one axis (on the host, a few numbers per
+    image); the box clamped as :func:`_crop_resize_pillow` clamps it and
+    rounded to float32 as Pillow takes it, so both read the same edges."""
+    begin = np.minimum(np.maximum(begin, 0.0), full)
+    end = np.minimum(begin + length, full)
+    begin32, end32 = begin.astype(np.float32), end.astype(np.float32)
+    span = (end32 - begin32).astype(np.float64)
+    begin = begin32.astype(np.float64)
+    scale = span / out_size
     support = np.maximum(scale, 1.0)
-    first = start + 0.5 * scale
-    last = start + (out_size - 0.5) * scale
-    low = np.maximum(np.floor(first - support), 0).astype(np.int64)
-    high = np.minimum(np.ceil(last + support), full).astype(np.int64)
-    # A degenerate box still reads one pixel rather than none.
+    first = begin + 0.5 * scale
+    last = begin + (out_size - 0.5) * scale
+    # Pillow's bounds for the first and last outputs, a pixel wider each
+    # way: the window holds every tap any output reads.
+    low = np.maximum(np.trunc(first - support + 0.5) - 1, 0).astype(np.int64)
+    high = np.minimum(np.trunc(last + support + 0.5) + 1, full).astype(np.int64)
     size = np.maximum(high - low, 1)
     low = np.minimum(low, np.maximum(full - size, 0))
-    return _Windows(low, size, start - low, scale, support)
+    taps = np.ceil(support).astype(np.int64) * 2 + 1
+    return _Axis(begin, span, full, low, size, taps)
 
 
 def _chunks(
@@ -164,23 +191,48 @@ def _chunks(
 
 
 def _axis_weights(
-    params: torch.Tensor, out_size: int, window: int, mirror: torch.Tensor | None
+    params: torch.Tensor, out_size: int, window: int, taps: int, mirror: torch.Tensor | None
 ) -> torch.Tensor:
-    """``(count, out_size, window)`` float32 weights built on the device from
-    ``params`` columns (offset, scale, support, size) per image; ``mirror``
-    (bool per image) reverses the outputs, which flips the image."""
-    offset, scale, support, size = (params[:, i : i + 1] for i in range(4))
+    """``(count, out_size, window)`` float64 weights, integers of 2**22 a
+    unit, built on the device from ``params`` columns (begin, span, full,
+    low) per image as Pillow builds them (``precompute_coeffs`` and
+    ``normalize_coeffs_8bpc``), operation for operation, each output's taps
+    summed in order so that its total is Pillow's whatever the padding.
+    ``taps``: at least the most taps an output reads. ``mirror`` (bool per
+    image) reverses the outputs, which flips the image."""
+    begin, span, full, low = (params[:, i : i + 1] for i in range(4))
     device = params.device
-    outputs = torch.arange(out_size, device=device, dtype=torch.float32) + 0.5
+    scale = span / out_size
+    support = torch.clamp(scale, min=1.0)
+    inverse = 1.0 / support
+    outputs = torch.arange(out_size, device=device, dtype=torch.float64) + 0.5
+    centers = begin + outputs * scale
+    first = torch.clamp(torch.trunc((centers - support) + 0.5), min=0.0)
+    last = torch.minimum(torch.trunc((centers + support) + 0.5), full)
+    tap = torch.arange(taps, device=device, dtype=torch.float64)
+    distance = ((first[..., None] + tap) - centers[..., None]) + 0.5
+    x = (distance * inverse[..., None]).abs()
+    reads = (x < 1.0) & (tap < (last - first)[..., None])
+    weights = torch.where(reads, 1.0 - x, torch.zeros_like(x))
+    total = weights[..., 0]
+    for k in range(1, taps):
+        total = total + weights[..., k]
+    total = total[..., None]
+    weights = torch.where(total != 0, weights / torch.where(total != 0, total, 1.0), weights)
+    fixed = torch.floor(weights * _UNIT + 0.5)
+    # Taps past an output's last read none (weight 0): clamped into the
+    # window, they add nothing.
+    index = (first[..., None] + tap - low[..., None]).clamp_(0, window - 1).long()
+    dense = torch.zeros((params.shape[0], out_size, window), dtype=torch.float64, device=device)
+    dense.scatter_add_(2, index, fixed)
     if mirror is not None:
-        outputs = torch.where(mirror[:, None], out_size - outputs, outputs)
-    centers = offset + outputs * scale
-    taps = torch.arange(window, device=device, dtype=torch.float32)
-    distance = (taps + 0.5)[None, None, :] - centers[:, :, None]
-    weights = (1.0 - distance.abs() / support[:, :, None]).clamp_(min=0.0)
-    weights *= taps[None, None, :] < size[:, :, None]
-    totals = weights.sum(dim=2, keepdim=True)
-    return weights / torch.where(totals > 0, totals, torch.ones_like(totals))
+        dense = torch.where(mirror[:, None, None], dense.flip(1), dense)
+    return dense
+
+
+def _round_pass(sums: torch.Tensor) -> torch.Tensor:
+    """Pillow's ``clip8``: a fixed-point sum rounded to 8 bits (float64)."""
+    return torch.floor((sums + _HALF_UNIT) / _UNIT).clamp_(0.0, 255.0)
 
 
 def crop_resize_batch(
@@ -190,7 +242,6 @@ def crop_resize_batch(
     height: int,
     width: int,
     *,
-    dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
     slots: Sequence[int] | None = None,
     max_window_pixels: int = MAX_WINDOW_PIXELS,
@@ -200,13 +251,11 @@ def crop_resize_batch(
     to ``boxes[i]`` (left, top, width, height), resized to ``height`` x
     ``width`` and mirrored where ``flipped[i]``: uint8 ``(N, height, width,
     3)`` on their device, within one level of :func:`crop_resize` per image.
-    With ``out`` (uint8 ``(M, height, width, 3)``), image ``i`` is written to
-    ``out[slots[i]]`` instead and ``out`` returned. ``dtype``: the products'
-    precision (default float16 on CUDA, where it stays within that level and
-    runs on the tensor cores; float32 elsewhere, where half precision is
-    slower). ``method``: ``"auto"`` takes Pillow's resize image by image on
+    With ``out`` (uint8 ``(M, height, width,
+    3)``), image ``i`` is written to ``out[slots[i]]`` instead and ``out``
+    returned. ``method``: ``"auto"`` takes Pillow's resize image by image on
     CPU (a dense product there costs far more than the filter's taps) and
-    the batched products on a GPU."""
+    the batched products on a GPU (the two agree within a level)."""
     count = len(images)
     if count == 0:
         raise ValueError("crop_resize_batch needs at least one image")
@@ -224,31 +273,29 @@ def crop_resize_batch(
                 image, boxes[index], bool(flipped[index]), height, width
             )
         return out
-    if dtype is None:
-        dtype = torch.float16 if device.type == "cuda" else torch.float32
     rows = np.array([image.shape[1] for image in images], dtype=np.int64)
     cols = np.array([image.shape[2] for image in images], dtype=np.int64)
-    boxes64 = np.asarray(boxes, dtype=np.float64).reshape(count, 4)
-    along_y = _windows(boxes64[:, 1], boxes64[:, 3], height, rows)
-    along_x = _windows(boxes64[:, 0], boxes64[:, 2], width, cols)
+    boxes64 = np.asarray(boxes, dtype=np.float32).astype(np.float64).reshape(count, 4)
+    along_y = _axis(boxes64[:, 1], boxes64[:, 3], height, rows)
+    along_x = _axis(boxes64[:, 0], boxes64[:, 2], width, cols)
     groups = _chunks(along_y.size, along_x.size, max_window_pixels)
     order = np.array([index for group in groups for index in group], dtype=np.int64)
     # Every image's numbers in chunk order, and their slots: two
     # host-to-device copies a batch, neither waiting for the device.
     table = np.stack(
         [
-            along_y.offset,
-            along_y.scale,
-            along_y.support,
-            along_y.size,
-            along_x.offset,
-            along_x.scale,
-            along_x.support,
-            along_x.size,
+            along_y.begin,
+            along_y.span,
+            along_y.full,
+            along_y.low,
+            along_x.begin,
+            along_x.span,
+            along_x.full,
+            along_x.low,
             np.asarray(flipped, dtype=np.float64).reshape(count),
         ],
         axis=1,
-    )[order].astype(np.float32)
+    )[order]
     params = torch.from_numpy(table).to(device, non_blocking=True)
     destinations = np.asarray(slots, dtype=np.int64)[order]
     slot_of = torch.from_numpy(destinations).to(device, non_blocking=True)
@@ -257,23 +304,25 @@ def crop_resize_batch(
         end = start + len(group)
         window_rows = int(along_y.size[group].max())
         window_cols = int(along_x.size[group].max())
-        windows = torch.zeros((len(group), 3, window_rows, window_cols), dtype=dtype, device=device)
+        windows = torch.zeros(
+            (len(group), 3, window_rows, window_cols), dtype=torch.float64, device=device
+        )
         for at, index in enumerate(group):
             y0, x0 = int(along_y.low[index]), int(along_x.low[index])
             ky, kx = int(along_y.size[index]), int(along_x.size[index])
             windows[at, :, :ky, :kx].copy_(images[index][:, y0 : y0 + ky, x0 : x0 + kx])
         chosen = params[start:end]
-        vertical = _axis_weights(chosen[:, 0:4], height, window_rows, None).to(dtype)
-        horizontal = _axis_weights(chosen[:, 4:8], width, window_cols, chosen[:, 8] > 0.5).to(dtype)
-        vertical, horizontal = vertical[:, None], horizontal.transpose(1, 2)[:, None]
-        # The cheaper order of the two products (both read the same window).
-        rows_first = height * window_cols * (window_rows + width)
-        cols_first = window_rows * width * (window_cols + height)
-        if rows_first <= cols_first:
-            resized = torch.matmul(torch.matmul(vertical, windows), horizontal)
-        else:
-            resized = torch.matmul(vertical, torch.matmul(windows, horizontal))
-        pixels = resized.float().round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        vertical = _axis_weights(
+            chosen[:, 0:4], height, window_rows, int(along_y.taps[group].max()), None
+        )
+        horizontal = _axis_weights(
+            chosen[:, 4:8], width, window_cols, int(along_x.taps[group].max()), chosen[:, 8] > 0.5
+        )
+        # Pillow's order, rounding to 8 bits between the passes.
+        across = _round_pass(torch.matmul(windows, horizontal.transpose(1, 2)[:, None]))
+        del windows
+        resized = _round_pass(torch.matmul(vertical[:, None], across))
+        pixels = resized.to(torch.uint8).permute(0, 2, 3, 1)
         out.index_copy_(0, slot_of[start:end], pixels)
         start = end
     return out

@@ -13,10 +13,11 @@ antialiases, with pixels just outside the box feeding its edges (Pillow's
 ``resize(box=...)``, fast_image_resize's convolution). On a GPU it runs
 per batch: the weights of every image built on the device in one go, the
 windows the filter reads padded into one tensor, one pair of batched
-matrix products in float16 (``_resize.py`` states the memory bound). On
-CPU, where a dense product costs far more than the filter's taps, Pillow
-applies the same filter image by image. The server rounds between passes
-and these do not always: outputs differ by at most a level or two. What
+matrix products in Pillow's fixed point, exact in float64, so an image's
+pixels do not depend on its batch (``_resize.py`` states why, and the
+memory bound). On CPU, where a dense product costs far more than the
+filter's taps, Pillow applies the same filter image by image. Outputs
+differ from the server's by a level or two where rounding does. What
 differs more is the IDCT: a server built with libjpeg-turbo decodes large
 images at a reduced DCT scale, and nvJPEG's IDCT is its own.
 The stated tolerance is PSNR >= 35 dB per sample against the server's

@@ -69,18 +69,22 @@ def _assert_within_a_level(got: torch.Tensor, want: torch.Tensor) -> None:
     assert int(difference.max()) <= 1, f"max difference {int(difference.max())}"
 
 
+@pytest.mark.parametrize("method", ["matmul", "pillow"])
 @pytest.mark.parametrize("size", [(224, 224), (17, 31), (1, 1), (96, 64)])
-def test_every_box_shape_within_a_level_of_the_reference(size: tuple[int, int]) -> None:
+def test_every_box_shape_within_a_level_of_the_reference(
+    size: tuple[int, int], method: str
+) -> None:
     height, width = size
     images = [_image(rows, cols, seed) for seed, (rows, cols, _) in enumerate(CASES)]
     boxes = np.array([box for _, _, box in CASES], dtype=np.float32)
     flipped = np.array([i % 2 == 1 for i in range(len(CASES))])
-    got = crop_resize_batch(images, boxes, flipped, height, width)
+    got = crop_resize_batch(images, boxes, flipped, height, width, method=method)  # type: ignore[arg-type]
     _assert_within_a_level(got, _reference(images, boxes, flipped, height, width))
 
 
+@pytest.mark.parametrize("method", ["matmul", "pillow"])
 @pytest.mark.parametrize("recipe", ["train", "eval"])
-def test_both_recipes_on_photo_sized_images(recipe: str) -> None:
+def test_both_recipes_on_photo_sized_images(recipe: str, method: str) -> None:
     rng = np.random.default_rng(5)
     shapes = [(int(rng.integers(200, 700)), int(rng.integers(200, 700))) for _ in range(24)]
     images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
@@ -90,18 +94,40 @@ def test_both_recipes_on_photo_sized_images(recipe: str) -> None:
     else:
         boxes = np.array([_center(r, c) for r, c in shapes], dtype=np.float32)
         flipped = np.zeros(len(shapes), dtype=bool)
-    got = crop_resize_batch(images, boxes, flipped, 224, 224)
+    got = crop_resize_batch(images, boxes, flipped, 224, 224, method=method)  # type: ignore[arg-type]
     _assert_within_a_level(got, _reference(images, boxes, flipped, 224, 224))
 
 
-def test_half_precision_stays_within_a_level() -> None:
-    rng = np.random.default_rng(9)
-    shapes = [(375, 500), (500, 375), (300, 300), (64, 48)]
+def test_an_images_pixels_do_not_depend_on_its_batch() -> None:
+    """What decides world-size independence: the same image and box give
+    the same bytes whatever else is in the batch, however it is chunked."""
+    rng = np.random.default_rng(13)
+    shapes = [(int(rng.integers(100, 900)), int(rng.integers(100, 900))) for _ in range(16)]
     images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
     boxes = np.array([_random_resized(r, c, rng) for r, c in shapes], dtype=np.float32)
-    flipped = np.array([True, False, True, False])
-    got = crop_resize_batch(images, boxes, flipped, 64, 64, dtype=torch.float16)
-    _assert_within_a_level(got, _reference(images, boxes, flipped, 64, 64))
+    flipped = rng.random(len(shapes)) < 0.5
+    whole = crop_resize_batch(images, boxes, flipped, 64, 64, method="matmul")
+    for start, stop, budget in ((0, 8, 1 << 23), (5, 16, 1 << 23), (0, 16, 60_000)):
+        part = crop_resize_batch(
+            images[start:stop],
+            boxes[start:stop],
+            flipped[start:stop],
+            64,
+            64,
+            method="matmul",
+            max_window_pixels=budget,
+        )
+        assert torch.equal(part, whole[start:stop]), (start, stop, budget)
+    for index in (0, 7, 15):
+        alone = crop_resize_batch(
+            images[index : index + 1],
+            boxes[index : index + 1],
+            flipped[index : index + 1],
+            64,
+            64,
+            method="matmul",
+        )
+        assert torch.equal(alone[0], whole[index])
 
 
 def test_chunks_bound_the_padded_windows_and_change_nothing() -> None:
@@ -110,11 +136,13 @@ def test_chunks_bound_the_padded_windows_and_change_nothing() -> None:
     images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
     boxes = np.array([_random_resized(r, c, rng) for r, c in shapes], dtype=np.float32)
     flipped = rng.random(len(shapes)) < 0.5
-    whole = crop_resize_batch(images, boxes, flipped, 48, 48)
+    whole = crop_resize_batch(images, boxes, flipped, 48, 48, method="matmul")
     # A budget below the large photo's window: it alone in its chunk, the
     # rest in chunks within the budget.
     budget = 200_000
-    chunked = crop_resize_batch(images, boxes, flipped, 48, 48, max_window_pixels=budget)
+    chunked = crop_resize_batch(
+        images, boxes, flipped, 48, 48, max_window_pixels=budget, method="matmul"
+    )
     assert torch.equal(whole, chunked)
     rows = np.array([480, 1200, 30, 480, 40], dtype=np.int64)
     cols = np.array([640, 1600, 30, 640, 50], dtype=np.int64)
@@ -138,3 +166,30 @@ def test_results_land_in_the_slots_given() -> None:
     assert int(out[0].max()) == 0 and int(out[2].max()) == 0
     with pytest.raises(ValueError):
         crop_resize_batch(images, boxes, flipped, 16, 16, out=out, slots=[3])
+
+
+def test_the_pixels_do_not_depend_on_how_a_product_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's kernels add in an order of their own, which changes with the
+    shapes (so with the batch): here a product that adds in blocks, the
+    last block first, must give the very bytes of the plain one."""
+    import shardfeed._resize as resize
+
+    rng = np.random.default_rng(17)
+    shapes = [(int(rng.integers(100, 900)), int(rng.integers(100, 900))) for _ in range(12)]
+    images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
+    boxes = np.array([_random_resized(r, c, rng) for r, c in shapes], dtype=np.float32)
+    flipped = rng.random(len(shapes)) < 0.5
+    plain = crop_resize_batch(images, boxes, flipped, 224, 224, method="matmul")
+    matmul = torch.matmul
+
+    def blocked(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        inner = a.shape[-1]
+        bounds = list(range(0, inner, 7)) + [inner]
+        parts = [matmul(a[..., lo:hi], b[..., lo:hi, :]) for lo, hi in zip(bounds, bounds[1:])]
+        total = parts[-1]
+        for part in reversed(parts[:-1]):
+            total = total + part
+        return total
+
+    monkeypatch.setattr(resize.torch, "matmul", blocked)
+    assert torch.equal(crop_resize_batch(images, boxes, flipped, 224, 224, method="matmul"), plain)
