@@ -345,6 +345,16 @@ async fn an_encoded_batch_never_outgrows_a_decoded_one() {
     }
 }
 
+/// A search state at `center` with `hold` batches left, fine steps.
+fn search(center: f64, hold: u32) -> pb::ShareSearch {
+    pb::ShareSearch {
+        center,
+        step: 1.0 / 16.0,
+        hold,
+        next_hold: 64,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_delivery_requests_and_reports_name_their_field() {
     let harness = Harness::start(Options::default()).await;
@@ -383,12 +393,38 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
             },
             "unknown delivery 7",
         ),
+        (
+            pb::StreamBatchesRequest {
+                server_decode_search: Some(search(0.5, 0)),
+                ..encoded(train(&uri), None)
+            },
+            "server_decode_search goes on with a tuned share's search",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                tune_server_decode: true,
+                server_decode_search: Some(pb::ShareSearch {
+                    step: 0.9,
+                    ..search(0.5, 0)
+                }),
+                ..encoded(train(&uri), None)
+            },
+            "server_decode_search: step 0.9 is outside",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                tune_server_decode: true,
+                server_decode_search: Some(search(f64::NAN, 0)),
+                ..encoded(train(&uri), None)
+            },
+            "server_decode_search: center NaN is outside",
+        ),
     ];
     for (request, message) in cases {
         let status = collect(&mut client, request).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(message), "{status:?}");
-        let field = message.split([' ', '.']).next().unwrap();
+        let field = message.split([' ', '.', ':']).next().unwrap();
         let field = match field {
             "unknown" => "delivery",
             field => field,
@@ -538,6 +574,21 @@ async fn a_tuned_share_seeks_the_rate_the_trainer_takes_batches_at() {
         settled.iter().all(|s| (0.0..=1.0).contains(s)) && settled[settled.len() - 1] >= 0.875,
         "{settled:?}"
     );
+    // Every batch carries the search's state; a stream given it goes on
+    // from there (a hold it had left holds that share) instead of from its
+    // start, which it would hold otherwise.
+    let state = fast.last().unwrap().server_decode_search.unwrap();
+    assert_eq!(state.center, *settled.last().unwrap());
+    let going_on = pb::StreamBatchesRequest {
+        tune_server_decode: true,
+        server_decode_search: Some(search(0.25, 20)),
+        ..sized(encoded(train(&uri), Some(0.75)))
+    };
+    let mut stream = client.stream_batches(going_on).await.unwrap().into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    drop(stream);
+    let carried = first.server_decode_search.unwrap();
+    assert_eq!((carried.center, carried.hold), (0.25, 20), "{carried:?}");
     // Tuning decides who decodes, never which box.
     let fixed = collect(&mut client, sized(encoded(train(&uri), None)))
         .await

@@ -111,7 +111,7 @@ async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), Pipeli
             substituted: Vec::new(),
             fields: Vec::new(),
             ready_at: Instant::now(),
-            settled_share: None,
+            search: None,
         };
         if tx.send(Ok(batch)).await.is_err() {
             return Ok(()); // the client went away

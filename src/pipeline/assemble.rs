@@ -328,7 +328,7 @@ impl BatchWork {
             substituted,
             fields,
             ready_at: Instant::now(),
-            settled_share: None,
+            search: None,
         }
     }
 }

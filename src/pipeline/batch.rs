@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use super::encoded::Placement;
 use super::error::PipelineError;
+use super::seek::SearchState;
 use super::shm;
 use super::substitute::Substitution;
 use crate::decode::CropBox;
@@ -53,8 +54,9 @@ pub struct DecodedBatch {
     pub fields: Vec<Vec<Option<Bytes>>>,
     /// When the batch became ready (for stall accounting).
     pub ready_at: Instant,
-    /// A tuned encoded delivery: the server's best share so far.
-    pub settled_share: Option<f64>,
+    /// A tuned encoded delivery: where the server's search for its share
+    /// stands (its center is the best share so far).
+    pub search: Option<SearchState>,
 }
 
 pub type BatchReceiver = mpsc::Receiver<Result<DecodedBatch, PipelineError>>;

@@ -14,6 +14,7 @@ use super::buffers::BufferPool;
 use super::encoded::ServerShare;
 use super::remote::{ClientPace, RemoteShare};
 use super::sample::EmittedSample;
+use super::seek::SearchState;
 use super::{shm, DecodedBatch, PipelineError, SharedTarget, StreamCommon};
 use crate::metrics;
 
@@ -47,9 +48,9 @@ struct ReadySink<'a> {
     /// Batches handed on so far: until the buffer between the two sides
     /// could have filled once, an empty one says nothing about the client.
     handed: AtomicU64,
-    /// A tuned share's best so far (f64 bits; NaN: not tuned), told to the
-    /// client with each batch so that its next stream starts there.
-    settled_share: AtomicU64,
+    /// A tuned share's search (None: not tuned), told to the client with
+    /// each batch so that its next stream goes on from it.
+    search: std::sync::Mutex<Option<SearchState>>,
     /// The bytes of the last batch handed on.
     last_bytes: AtomicU64,
 }
@@ -109,7 +110,7 @@ impl<'a> BatchDispatch<'a> {
         rank: u32,
     ) -> Self {
         let share = ServerShare::of(common.delivery);
-        let settled = share.as_ref().and_then(ServerShare::settled);
+        let search = share.as_ref().and_then(ServerShare::search);
         Self {
             common,
             ready: ReadySink {
@@ -119,7 +120,7 @@ impl<'a> BatchDispatch<'a> {
                 client_wait_ns: AtomicU64::new(0),
                 ring: common.ring.as_ref().map(|target| target.ring.clone()),
                 handed: AtomicU64::new(0),
-                settled_share: AtomicU64::new(settled.unwrap_or(f64::NAN).to_bits()),
+                search: std::sync::Mutex::new(search),
                 last_bytes: AtomicU64::new(0),
             },
             decoding: FuturesOrdered::new(),
@@ -175,10 +176,12 @@ impl<'a> BatchDispatch<'a> {
             // it holds.
             let in_flight = self.decoding.len() + pace.ahead + self.ready.in_transport() + 1;
             share.handed(batch_samples, interval, in_flight);
-            if let Some(settled) = share.settled() {
-                self.ready
-                    .settled_share
-                    .store(settled.to_bits(), Ordering::Relaxed);
+            if let Some(search) = share.search() {
+                *self
+                    .ready
+                    .search
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(search);
             }
         }
         if let Some(remote) = &mut self.remote {
@@ -248,8 +251,10 @@ async fn send_decoded(
         .ok_or_else(|| PipelineError::Internal("no batch decoding".into()))?
         .map_err(|_| PipelineError::Internal("decode task dropped its batch".into()))?;
     let mut batch = batch;
-    let settled = f64::from_bits(ready.settled_share.load(Ordering::Relaxed));
-    batch.settled_share = (!settled.is_nan()).then_some(settled);
+    batch.search = *ready
+        .search
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     ready
         .last_bytes
         .store(batch.image_bytes as u64, Ordering::Relaxed);

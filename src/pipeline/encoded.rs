@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use super::sample::EmittedSample;
-use super::seek::RateSeeker;
+use super::seek::{RateSeeker, SearchState};
 use crate::decode::{self, JpegFrame};
 use crate::hash::fmix64;
 use crate::shard::ImageFormat;
@@ -36,6 +36,9 @@ pub enum Delivery {
     Encoded {
         server_fraction: Option<f64>,
         tuned: bool,
+        /// Tuned: a search another stream of the client left, to go on
+        /// from in place of starting at `server_fraction`.
+        search: Option<SearchState>,
     },
 }
 
@@ -45,6 +48,7 @@ impl Delivery {
         Self::Encoded {
             server_fraction: Some(server_fraction),
             tuned: false,
+            search: None,
         }
     }
 }
@@ -67,9 +71,12 @@ impl ServerShare {
             Delivery::Encoded {
                 server_fraction,
                 tuned,
+                search,
             } => Some(Self {
                 fixed: server_fraction.unwrap_or(0.0).clamp(0.0, 1.0),
-                seeker: tuned.then(|| RateSeeker::new(server_fraction)),
+                seeker: tuned.then(|| {
+                    search.map_or_else(|| RateSeeker::new(server_fraction), RateSeeker::resume)
+                }),
             }),
         }
     }
@@ -82,6 +89,11 @@ impl ServerShare {
     /// A tuned share's best so far (None: fixed).
     pub fn settled(&self) -> Option<f64> {
         self.seeker.as_ref().map(RateSeeker::settled)
+    }
+
+    /// Where a tuned share's search stands (None: fixed).
+    pub fn search(&self) -> Option<SearchState> {
+        self.seeker.as_ref().map(RateSeeker::state)
     }
 
     /// After each batch handed on (see [`RateSeeker::handed`]).
@@ -219,11 +231,27 @@ mod tests {
             ServerShare::of(Delivery::Encoded {
                 server_fraction,
                 tuned: true,
+                search: None,
             })
             .unwrap()
         };
         assert_eq!(tuned(Some(0.7)).get(), 0.7);
         assert_eq!(tuned(None).get(), 0.5, "no start: the middle");
+        // A search carried from another stream wins over the start.
+        let carried = SearchState {
+            center: 0.25,
+            step: 0.125,
+            hold: 10,
+            next_hold: 64,
+        };
+        let going_on = ServerShare::of(Delivery::Encoded {
+            server_fraction: Some(0.9),
+            tuned: true,
+            search: Some(carried),
+        })
+        .unwrap();
+        assert_eq!(going_on.get(), 0.25);
+        assert_eq!(going_on.search(), Some(carried));
         assert_eq!(ServerShare::of(Delivery::Decoded), None);
     }
 

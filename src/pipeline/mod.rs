@@ -97,6 +97,7 @@ use dispatch::BatchDispatch;
 pub use encoded::{Delivery, Placement};
 pub use error::PipelineError;
 use sample::EmittedSample;
+pub use seek::SearchState;
 pub use substitute::{substitute_source, Substitution};
 use walk::SampleWalker;
 

@@ -83,6 +83,44 @@ impl Window {
     }
 }
 
+/// Where a search stands, for a next stream of the same client to go on
+/// from: its center, step and holds. A measurement under way is not
+/// carried (a new stream's buffers fill anew); the next stream measures
+/// the center again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SearchState {
+    pub center: f64,
+    pub step: f64,
+    /// Batches still to hold the center; 0: it was measuring.
+    pub hold: u32,
+    pub next_hold: u32,
+}
+
+impl SearchState {
+    /// Why a state a client sent cannot be a search's, if it cannot.
+    pub fn invalid(&self) -> Option<String> {
+        if !(0.0..=1.0).contains(&self.center) {
+            return Some(format!("center {} is outside 0..=1", self.center));
+        }
+        if !(MIN_STEP..=FIRST_STEP).contains(&self.step) {
+            return Some(format!(
+                "step {} is outside {MIN_STEP}..={FIRST_STEP}",
+                self.step
+            ));
+        }
+        if self.hold > MAX_HOLD {
+            return Some(format!("hold {} is over {MAX_HOLD}", self.hold));
+        }
+        if !(FIRST_HOLD..=MAX_HOLD).contains(&self.next_hold) {
+            return Some(format!(
+                "next_hold {} is outside {FIRST_HOLD}..={MAX_HOLD}",
+                self.next_hold
+            ));
+        }
+        None
+    }
+}
+
 /// A compass search of the share for the client's rate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateSeeker {
@@ -126,6 +164,39 @@ impl RateSeeker {
             leaning: None,
             next_hold: FIRST_HOLD,
             started: false,
+        }
+    }
+
+    /// Goes on with a search another stream left at `state` (checked
+    /// with [`SearchState::invalid`]).
+    pub fn resume(state: SearchState) -> Self {
+        let phase = match state.hold {
+            0 => Phase::Center,
+            batches => Phase::Hold { batches },
+        };
+        Self {
+            center: state.center,
+            center_rate: None,
+            step: state.step,
+            phase,
+            window: Window::at(state.center, 0),
+            failed: 0,
+            leaning: None,
+            next_hold: state.next_hold,
+            started: false,
+        }
+    }
+
+    /// Where the search stands (see [`SearchState`]).
+    pub fn state(&self) -> SearchState {
+        SearchState {
+            center: self.center,
+            step: self.step,
+            hold: match self.phase {
+                Phase::Hold { batches } => batches,
+                _ => 0,
+            },
+            next_hold: self.next_hold,
         }
     }
 
@@ -290,8 +361,17 @@ mod tests {
         batches: usize,
         noise: f64,
     ) -> (RateSeeker, Vec<f64>, f64) {
+        run_from(RateSeeker::new(start), curve, batches, noise)
+    }
+
+    /// [`run`] from a given seeker.
+    fn run_from(
+        mut seeker: RateSeeker,
+        curve: impl Fn(f64) -> f64,
+        batches: usize,
+        noise: f64,
+    ) -> (RateSeeker, Vec<f64>, f64) {
         let lag = 7;
-        let mut seeker = RateSeeker::new(start);
         let mut placed = std::collections::VecDeque::new();
         let mut shares = Vec::new();
         let (mut late_samples, mut late_seconds) = (0.0, 0.0);
@@ -345,6 +425,77 @@ mod tests {
         let (seeker, _, late) = run(shared_gpu, Some(0.0), 600, 0.02);
         assert!(seeker.settled() >= 0.75, "{}", seeker.settled());
         assert!(late > 0.95 * best, "{late} vs {best}");
+    }
+
+    #[test]
+    fn short_streams_chained_through_their_state_search_as_one_long_one() {
+        // Epochs of 60 batches: restarting from the settled share alone,
+        // each stream holds 32 batches before probing and the search
+        // never leaves its start; going on from the last state, it climbs.
+        let best = shared_gpu(0.9);
+        let mut state: Option<SearchState> = None;
+        let mut start = Some(0.0);
+        let mut late = 0.0;
+        for epoch in 0..12 {
+            let seeker = match state {
+                Some(state) => RateSeeker::resume(state),
+                None => RateSeeker::new(start),
+            };
+            let (seeker, _, rate) = run_from(seeker, shared_gpu, 60, 0.02);
+            assert!(seeker.state().invalid().is_none(), "{:?}", seeker.state());
+            state = Some(seeker.state());
+            start = Some(seeker.settled());
+            if epoch == 11 {
+                late = rate;
+            }
+        }
+        let state = state.unwrap();
+        assert!(state.center >= 0.75, "{state:?}");
+        assert!(late > 0.93 * best, "{late} vs {best}");
+        // From the settled share alone, the same epochs stay near 0.
+        let mut start = Some(0.0);
+        for _ in 0..12 {
+            let (seeker, _, _) = run_from(RateSeeker::new(start), shared_gpu, 60, 0.02);
+            start = Some(seeker.settled());
+        }
+        assert!(start.unwrap() < 0.5, "{start:?}");
+    }
+
+    #[test]
+    fn a_state_out_of_range_is_named() {
+        let good = SearchState {
+            center: 0.5,
+            step: MIN_STEP,
+            hold: 0,
+            next_hold: FIRST_HOLD,
+        };
+        assert_eq!(good.invalid(), None);
+        for (bad, what) in [
+            (
+                SearchState {
+                    center: 1.5,
+                    ..good
+                },
+                "center",
+            ),
+            (SearchState { step: 0.0, ..good }, "step"),
+            (
+                SearchState {
+                    hold: 10_000,
+                    ..good
+                },
+                "hold",
+            ),
+            (
+                SearchState {
+                    next_hold: 0,
+                    ..good
+                },
+                "next_hold",
+            ),
+        ] {
+            assert!(bad.invalid().unwrap().starts_with(what), "{bad:?}");
+        }
     }
 
     #[test]

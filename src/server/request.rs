@@ -9,7 +9,7 @@ use super::status::ServiceError;
 use super::{DEFAULT_BATCH_SIZE, MAX_BATCH_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::{OutputRequest, Sources, StreamRequest};
-use crate::pipeline::Delivery;
+use crate::pipeline::{Delivery, SearchState};
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 
 /// The engine's request for a `StreamBatches` call, of one dataset or a
@@ -129,11 +129,16 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
     let server_fraction = request.server_decode_fraction;
     match pb::Delivery::try_from(request.delivery) {
         Ok(pb::Delivery::Decoded) => {
-            if server_fraction.is_some() || request.tune_server_decode {
+            if server_fraction.is_some()
+                || request.tune_server_decode
+                || request.server_decode_search.is_some()
+            {
                 let field = if server_fraction.is_some() {
                     "server_decode_fraction"
-                } else {
+                } else if request.tune_server_decode {
                     "tune_server_decode"
+                } else {
+                    "server_decode_search"
                 };
                 return invalid(
                     field,
@@ -163,9 +168,35 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
                         .into(),
                 );
             }
+            let search = request
+                .server_decode_search
+                .as_ref()
+                .map(|search| SearchState {
+                    center: search.center,
+                    step: search.step,
+                    hold: search.hold,
+                    next_hold: search.next_hold,
+                });
+            if let Some(search) = search {
+                if !request.tune_server_decode {
+                    return invalid(
+                        "server_decode_search",
+                        "server_decode_search goes on with a tuned share's search: set \
+                         tune_server_decode, or leave it unset"
+                            .into(),
+                    );
+                }
+                if let Some(why) = search.invalid() {
+                    return invalid(
+                        "server_decode_search",
+                        format!("server_decode_search: {why}"),
+                    );
+                }
+            }
             Ok(Delivery::Encoded {
                 server_fraction,
                 tuned: request.tune_server_decode,
+                search,
             })
         }
         Err(_) => invalid("delivery", format!("unknown delivery {}", request.delivery)),

@@ -366,7 +366,13 @@ impl BatchStream {
                     source_height: placement.source_height,
                 })
                 .collect(),
-            server_decode_settled: batch.settled_share,
+            server_decode_settled: batch.search.map(|search| search.center),
+            server_decode_search: batch.search.map(|search| pb::ShareSearch {
+                center: search.center,
+                step: search.step,
+                hold: search.hold,
+                next_hold: search.next_hold,
+            }),
         }
     }
 }

@@ -488,7 +488,9 @@ class Client:
         few batches at its share and a step to either side, moves where the
         rate is higher, then probes ever more rarely), starting from
         ``server_decode_start`` (default: 0.5, coarse steps first); each
-        batch's ``encoded.server_settled`` is its best share so far.
+        batch's ``encoded.server_settled`` is its best share so far, and
+        ``encoded.server_search`` where the search stands
+        (``server_decode_search=`` goes on from it in a next stream).
 
         ``host_pinning``: registers each shared-memory ring with a device
         runtime once, when it is mapped (``ShardfeedDataset(device="cuda")``

@@ -14,6 +14,7 @@ from typing import Any, Literal, Union, get_args
 
 from ._proto import shardfeed_pb2 as pb
 from ._shm import HostPinning
+from ._wire import ShareSearch
 
 Partition = Literal["drop_last", "pad"]
 Resize = Literal["center_crop", "stretch"]
@@ -84,11 +85,13 @@ class Delivery:
     """How images arrive: decoded pixels, or (``"encoded"``) baseline JPEGs
     for the trainer to decode, ``server_fraction`` (0 to 1) of each batch
     decoded by the server; ``"auto"`` seeks the share at which the client
-    takes batches fastest, from ``server_start`` (None: the middle)."""
+    takes batches fastest, from ``server_start`` (None: the middle), or
+    going on with ``server_search`` (a search an earlier stream left)."""
 
     mode: DeliveryMode = "decoded"
     server_fraction: ServerFraction = None
     server_start: float | None = None
+    server_search: ShareSearch | None = None
 
     def __post_init__(self) -> None:
         _check_choice("delivery", self.mode, DeliveryMode)
@@ -98,6 +101,8 @@ class Delivery:
             )
         if self.server_start is not None and self.server_fraction != "auto":
             raise ValueError('server_decode_start is for server_decode_fraction="auto"')
+        if self.server_search is not None and self.server_fraction != "auto":
+            raise ValueError('server_decode_search is for server_decode_fraction="auto"')
 
     @property
     def tuned(self) -> bool:
@@ -111,6 +116,12 @@ class Delivery:
             request.tune_server_decode = True
             if self.server_start is not None:
                 request.server_decode_fraction = self.server_start
+            if self.server_search is not None:
+                search = request.server_decode_search
+                search.center = self.server_search.center
+                search.step = self.server_search.step
+                search.hold = self.server_search.hold
+                search.next_hold = self.server_search.next_hold
         elif self.server_fraction is not None:
             request.server_decode_fraction = float(self.server_fraction)
 
@@ -215,6 +226,7 @@ _KEYWORDS: dict[str, tuple[str | None, str]] = {
     "delivery": (None, "delivery"),
     "server_decode_fraction": ("delivery", "server_fraction"),
     "server_decode_start": ("delivery", "server_start"),
+    "server_decode_search": ("delivery", "server_search"),
     "weight_changes": ("mix", "weight_changes"),
     "weights_from": ("mix", "weights_from"),
     "mix": (None, "mix"),

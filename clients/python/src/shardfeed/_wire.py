@@ -262,6 +262,19 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class ShareSearch:
+    """Where the server's search for its decode share stands (its center is
+    the best share so far): a next stream of the same trainer, given it
+    (``server_decode_search``), goes on from there instead of holding its
+    start afresh."""
+
+    center: float
+    step: float
+    hold: int
+    next_hold: int
+
+
+@dataclass(frozen=True)
 class EncodedImages:
     """An encoded delivery's images: per sample, either its final pixels
     (``decoded``) or a baseline JPEG of ``source_sizes`` (width, height) to
@@ -280,6 +293,8 @@ class EncodedImages:
     # best so far, where a next stream starts (``decoded`` may show a probe
     # of a neighbouring share). None for a fixed share, or an older server.
     server_settled: float | None = None
+    # The same search's whole state, for the next stream to go on from.
+    server_search: ShareSearch | None = None
 
     def bytes_of(self, slot: int) -> npt.NDArray[np.uint8]:
         """The bytes of one sample (pixels or a JPEG), a view."""
@@ -380,6 +395,16 @@ def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
         channels=shape.channels,
         server_settled=(
             message.server_decode_settled if message.HasField("server_decode_settled") else None
+        ),
+        server_search=(
+            ShareSearch(
+                center=message.server_decode_search.center,
+                step=message.server_decode_search.step,
+                hold=message.server_decode_search.hold,
+                next_hold=message.server_decode_search.next_hold,
+            )
+            if message.HasField("server_decode_search")
+            else None
         ),
     )
 

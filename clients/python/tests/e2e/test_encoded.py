@@ -271,18 +271,24 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
     tuned = ShardfeedDataset(dataset, decode="client", server_decode_fraction="auto", **common)
     assert tuned._server_share is None
     starts: list[float | None] = []
+    searches: list[Any] = []
     original = tuned.client.batches
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         starts.append(kwargs["options"].delivery.server_start)
+        searches.append(kwargs["options"].delivery.server_search)
         return original(*args, **kwargs)
 
     tuned.client.batches = recording  # type: ignore[method-assign]
     list(tuned)
-    share = tuned._server_share
+    share, search = tuned._server_share, tuned._server_search
     assert share is not None and 0.0 <= share <= 1.0
+    # The search's whole state comes with each batch, and the next stream
+    # goes on with it rather than holding its start afresh.
+    assert search is not None and search.center == share and 32 <= search.next_hold <= 512
     assert len(list(tuned)) == 3
     assert starts == [1.0, share]
+    assert searches == [None, search]
 
     with pytest.raises(ValueError, match="decode must be one of"):
         ShardfeedDataset(dataset, decode="nvjpeg", **common)

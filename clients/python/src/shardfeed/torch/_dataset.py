@@ -17,7 +17,7 @@ from .._client import Client, Source, SourceSpec, distributed_rank_and_world
 from .._epochs import EpochPage, choose_epoch, pass_token
 from .._options import Partition, StreamOptions, unknown_keywords
 from .._stats import InputStats, WaitMeter
-from .._wire import EpochPosition
+from .._wire import EpochPosition, ShareSearch
 from ._device import CudaHostPinning, mask, on_device
 from ._frameworks import accelerate_dispatch, in_step
 from ._loader import loader_class
@@ -264,6 +264,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # With server_decode_fraction="auto": the share of the server's
         # decodes in the last batch, where the next stream's tuning starts.
         self._server_share: float | None = None
+        # ... and where its search stood, for the next stream to go on from
+        # (a sidecar before the field sends none: the share alone carries).
+        self._server_search: ShareSearch | None = None
         self._repeat_logged = False
         self._shared = EpochPage()
         # The last pass this copy completed: (epoch, choice count).
@@ -498,11 +501,16 @@ class ShardfeedDataset(IterableDataset[Sample]):
             start = self._server_share
             if start is None:
                 start = 1.0 if self.decode == "client" else 0.0
-            if start is not None:
-                options = dataclasses.replace(
-                    options,
-                    delivery=dataclasses.replace(options.delivery, server_start=start),
-                )
+            # Going on with the last stream's search, not only its share: a
+            # stream that starts from a share holds it 32 batches before it
+            # probes, so epochs of a few dozen batches never moved it.
+            search = options.delivery.server_search or self._server_search
+            options = dataclasses.replace(
+                options,
+                delivery=dataclasses.replace(
+                    options.delivery, server_start=start, server_search=search
+                ),
+            )
         streams = [
             on_device(
                 self.client.batches(
@@ -536,6 +544,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
                     self._server_share = (
                         settled if settled is not None else float(batch.encoded.decoded.mean())
                     )
+                    self._server_search = batch.encoded.server_search
                 if self.layout == "NCHW":
                     images = images.permute(0, 3, 1, 2)
                 self._position = batch.position
