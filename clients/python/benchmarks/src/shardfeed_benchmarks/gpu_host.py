@@ -366,6 +366,41 @@ def resize(run: Run, photos: list[bytes], repeats: int) -> dict[str, Any]:
         "batched_over_per_image": {
             name: rate / rates["per_image"] for name, rate in rates.items() if name != "per_image"
         },
+        "batched_matmul_kernels": _kernel_breakdown(run, methods["batched_matmul"]),
+    }
+
+
+def _kernel_breakdown(run: Run, timed: Any, top: int = 8) -> dict[str, Any]:
+    """Where one call's time goes: its busiest kernels (device time on
+    CUDA, CPU time elsewhere) against the call's wall time, so a run shows
+    whether launches or arithmetic bound the batched resize."""
+    try:
+        return _profiled(run, timed, top)
+    except Exception as error:  # noqa: BLE001 -- the rates above stand without it
+        return {"error": repr(error)}
+
+
+def _profiled(run: Run, timed: Any, top: int) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.cuda else [])
+    run.synchronize()
+    started = time.perf_counter()
+    with profile(activities=activities) as prof:
+        timed()
+        run.synchronize()
+    wall_ms = 1e3 * (time.perf_counter() - started)
+    events = prof.key_averages()
+    attribute = "self_device_time_total" if run.cuda else "self_cpu_time_total"
+    ranked = sorted(events, key=lambda e: getattr(e, attribute, 0.0), reverse=True)
+    busy_ms = sum(getattr(e, attribute, 0.0) for e in events) / 1e3
+    return {
+        "wall_ms": wall_ms,
+        "busy_ms": busy_ms,
+        "kernels": [
+            {"name": e.key[:80], "calls": e.count, "ms": getattr(e, attribute, 0.0) / 1e3}
+            for e in ranked[:top]
+        ],
     }
 
 
