@@ -6,9 +6,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::encoded::Placement;
+use super::encoded::{Placement, SearchState};
 use super::error::PipelineError;
-use super::seek::SearchState;
 use super::shm;
 use super::substitute::Substitution;
 use crate::decode::CropBox;

@@ -11,10 +11,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::assemble::decode_batch;
 use super::buffers::BufferPool;
-use super::encoded::ServerShare;
+use super::encoded::{SearchState, ServerShare};
 use super::remote::{ClientPace, RemoteShare};
 use super::sample::EmittedSample;
-use super::seek::SearchState;
 use super::{shm, DecodedBatch, PipelineError, SharedTarget, StreamCommon};
 use crate::metrics;
 

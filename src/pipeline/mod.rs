@@ -74,7 +74,6 @@ mod mix;
 mod readers;
 mod remote;
 mod sample;
-mod seek;
 pub mod shm;
 mod substitute;
 mod walk;
@@ -94,10 +93,9 @@ pub use config::{
 pub(crate) use context::SourcePart;
 pub use context::{CacheHints, Planned, SharedTarget, Source, StreamCommon, StreamContext};
 use dispatch::BatchDispatch;
-pub use encoded::{Delivery, Placement};
+pub use encoded::{Delivery, Placement, SearchState};
 pub use error::PipelineError;
 use sample::EmittedSample;
-pub use seek::SearchState;
 pub use substitute::{substitute_source, Substitution};
 use walk::SampleWalker;
 

@@ -1,0 +1,34 @@
+//! What a request asks of a stream's delivery.
+
+use super::seek::SearchState;
+
+/// How a stream's images reach the client: plain data a request carries.
+/// The share a running stream decodes lives in its [`ServerShare`](super::ServerShare).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum Delivery {
+    /// Every image decoded, cropped, resized and flipped here.
+    #[default]
+    Decoded,
+    /// Baseline JPEGs compressed, with their box and flip, for the client
+    /// to decode; `server_fraction` of each batch decoded here (unset: 0),
+    /// or when `tuned`, sought as the stream runs from there (unset: from
+    /// the middle, in coarse steps).
+    Encoded {
+        server_fraction: Option<f64>,
+        tuned: bool,
+        /// Tuned: a search another stream of the client left, to go on
+        /// from in place of starting at `server_fraction`.
+        search: Option<SearchState>,
+    },
+}
+
+impl Delivery {
+    /// A fixed share decoded by the server.
+    pub fn encoded(server_fraction: f64) -> Self {
+        Self::Encoded {
+            server_fraction: Some(server_fraction),
+            tuned: false,
+            search: None,
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The share of each batch a stream's server decodes, fixed or tuned.
+
+use std::time::Duration;
+
+use super::delivery::Delivery;
+use super::seek::{RateSeeker, SearchState};
+
+/// The share of each batch a stream's server decodes: fixed by the request,
+/// or (tuned) sought for the client's rate by a [`RateSeeker`]. One per
+/// stream, owned by its dispatch: each batch is placed with the share at
+/// its submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerShare {
+    fixed: f64,
+    seeker: Option<RateSeeker>,
+}
+
+impl ServerShare {
+    /// The share a stream of `delivery` starts with (None: decoded delivery).
+    pub fn of(delivery: Delivery) -> Option<Self> {
+        match delivery {
+            Delivery::Decoded => None,
+            Delivery::Encoded {
+                server_fraction,
+                tuned,
+                search,
+            } => Some(Self {
+                fixed: server_fraction.unwrap_or(0.0).clamp(0.0, 1.0),
+                seeker: tuned.then(|| {
+                    search.map_or_else(|| RateSeeker::new(server_fraction), RateSeeker::resume)
+                }),
+            }),
+        }
+    }
+
+    /// The share to place the next batch with.
+    pub fn get(&self) -> f64 {
+        self.seeker.as_ref().map_or(self.fixed, RateSeeker::share)
+    }
+
+    /// A tuned share's best so far (None: fixed).
+    pub fn settled(&self) -> Option<f64> {
+        self.seeker.as_ref().map(RateSeeker::settled)
+    }
+
+    /// Where a tuned share's search stands (None: fixed).
+    pub fn search(&self) -> Option<SearchState> {
+        self.seeker.as_ref().map(RateSeeker::state)
+    }
+
+    /// After each batch handed on (see [`RateSeeker::handed`]).
+    pub(crate) fn handed(
+        &mut self,
+        samples: usize,
+        interval: Duration,
+        in_flight: usize,
+    ) {
+        if let Some(seeker) = &mut self.seeker {
+            seeker.handed(samples, interval, in_flight);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fixed_share_stays_and_a_tuned_one_starts_where_asked() {
+        let mut fixed = ServerShare::of(Delivery::encoded(0.3)).unwrap();
+        for _ in 0..100 {
+            fixed.handed(128, Duration::from_millis(100), 7);
+        }
+        assert_eq!(fixed.get(), 0.3);
+        assert_eq!(fixed.settled(), None);
+        let tuned = |server_fraction| {
+            ServerShare::of(Delivery::Encoded {
+                server_fraction,
+                tuned: true,
+                search: None,
+            })
+            .unwrap()
+        };
+        assert_eq!(tuned(Some(0.7)).get(), 0.7);
+        assert_eq!(tuned(None).get(), 0.5, "no start: the middle");
+        // A search carried from another stream wins over the start.
+        let carried = SearchState {
+            center: 0.25,
+            step: 0.125,
+            hold: 10,
+            next_hold: 64,
+        };
+        let going_on = ServerShare::of(Delivery::Encoded {
+            server_fraction: Some(0.9),
+            tuned: true,
+            search: Some(carried),
+        })
+        .unwrap();
+        assert_eq!(going_on.get(), 0.25);
+        assert_eq!(going_on.search(), Some(carried));
+        assert_eq!(ServerShare::of(Delivery::Decoded), None);
+    }
+}
