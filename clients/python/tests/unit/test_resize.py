@@ -98,14 +98,19 @@ def test_both_recipes_on_photo_sized_images(recipe: str, method: str) -> None:
     _assert_within_a_level(got, _reference(images, boxes, flipped, 224, 224))
 
 
+def _random_batch(count: int, seed: int) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray]:
+    """``count`` images of 100-900 px a side with training boxes and flips."""
+    rng = np.random.default_rng(seed)
+    shapes = [(int(rng.integers(100, 900)), int(rng.integers(100, 900))) for _ in range(count)]
+    images = [_image(rows, cols, n) for n, (rows, cols) in enumerate(shapes)]
+    boxes = np.array([_random_resized(r, c, rng) for r, c in shapes], dtype=np.float32)
+    return images, boxes, rng.random(count) < 0.5
+
+
 def test_an_images_pixels_do_not_depend_on_its_batch() -> None:
     """What decides world-size independence: the same image and box give
     the same bytes whatever else is in the batch, however it is chunked."""
-    rng = np.random.default_rng(13)
-    shapes = [(int(rng.integers(100, 900)), int(rng.integers(100, 900))) for _ in range(16)]
-    images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
-    boxes = np.array([_random_resized(r, c, rng) for r, c in shapes], dtype=np.float32)
-    flipped = rng.random(len(shapes)) < 0.5
+    images, boxes, flipped = _random_batch(16, seed=13)
     whole = crop_resize_batch(images, boxes, flipped, 64, 64, method="matmul")
     for start, stop, budget in ((0, 8, 1 << 23), (5, 16, 1 << 23), (0, 16, 60_000)):
         part = crop_resize_batch(
@@ -174,11 +179,7 @@ def test_the_pixels_do_not_depend_on_how_a_product_adds(monkeypatch: pytest.Monk
     last block first, must give the very bytes of the plain one."""
     import shardfeed._resize as resize
 
-    rng = np.random.default_rng(17)
-    shapes = [(int(rng.integers(100, 900)), int(rng.integers(100, 900))) for _ in range(12)]
-    images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
-    boxes = np.array([_random_resized(r, c, rng) for r, c in shapes], dtype=np.float32)
-    flipped = rng.random(len(shapes)) < 0.5
+    images, boxes, flipped = _random_batch(12, seed=17)
     plain = crop_resize_batch(images, boxes, flipped, 224, 224, method="matmul")
     matmul = torch.matmul
 
