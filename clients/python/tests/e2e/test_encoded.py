@@ -269,7 +269,7 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
     # trainer decodes on its CPU), each later one from the share the last one
     # ended at.
     tuned = ShardfeedDataset(dataset, decode="client", server_decode_fraction="auto", **common)
-    assert tuned._server_share is None
+    assert tuned._share.share is None
     starts: list[float | None] = []
     searches: list[Any] = []
     original = tuned.client.batches
@@ -281,7 +281,7 @@ def test_the_dataset_decodes_on_the_client_and_resumes(unix_server: Server, data
 
     tuned.client.batches = recording  # type: ignore[method-assign]
     list(tuned)
-    share, search = tuned._server_share, tuned._server_search
+    share, search = tuned._share.share, tuned._share.search
     assert share is not None and 0.0 <= share <= 1.0
     # The search's whole state comes with each batch, and the next stream
     # goes on with it rather than holding its start afresh.

@@ -60,7 +60,7 @@ def _epochs(
     runs = []
     for _ in range(args.epochs):
         run: dict[str, Any] = timed_pass(ds, server_pid)
-        run["server_share"] = getattr(ds, "_server_share", None)
+        run["server_share"] = ds._share.share
         runs.append(run)
     return runs
 

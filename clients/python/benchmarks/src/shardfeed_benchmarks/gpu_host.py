@@ -415,7 +415,7 @@ def _pass(run: Run, ds: Any, server_pid: int) -> dict[str, Any]:
     return {
         "samples_per_second": samples / seconds,
         "server_cpu_ms_per_sample": 1e3 * (_process_cpu(server_pid) - server_before) / samples,
-        "share": getattr(ds, "_server_share", None),
+        "share": ds._share.share,
     }
 
 
@@ -528,7 +528,7 @@ def resnet(run: Run, server: Any | None, steps: int, warmup: int) -> dict[str, A
         out[name] = {
             "images_per_second": steps * batch / (time.perf_counter() - started),
             "waiting_fraction": stats.waiting_fraction,
-            "share_at_end": getattr(ds, "_server_share", None),
+            "share_at_end": ds._share.share,
         }
         print(f"  resnet {name:<20} {out[name]}", file=sys.stderr)
     return out

@@ -17,8 +17,9 @@ from .._client import Client, Source, SourceSpec, distributed_rank_and_world
 from .._epochs import EpochPage, choose_epoch, pass_token
 from .._options import Partition, StreamOptions, unknown_keywords
 from .._stats import InputStats, WaitMeter
-from .._wire import EpochPosition, ShareSearch
-from ._device import CudaHostPinning, mask, on_device
+from .._wire import EpochPosition
+from ._delivery import ShareCarry, stream_options
+from ._device import mask, on_device
 from ._frameworks import accelerate_dispatch, in_step
 from ._loader import loader_class
 
@@ -261,12 +262,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
         # must follow whatever passes the record shows.
         self._passes = 0
         self._worker_loaded = False
-        # With server_decode_fraction="auto": the share of the server's
-        # decodes in the last batch, where the next stream's tuning starts.
-        self._server_share: float | None = None
-        # ... and where its search stood, for the next stream to go on from
-        # (a sidecar before the field sends none: the share alone carries).
-        self._server_search: ShareSearch | None = None
+        # With server_decode_fraction="auto": where the last stream's share
+        # search stood, where the next one goes on.
+        self._share = ShareCarry()
         self._repeat_logged = False
         self._shared = EpochPage()
         # The last pass this copy completed: (epoch, choice count).
@@ -474,43 +472,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._position = resume or EpochPosition()
         self._pass_start, self._consumed = self._position, None
         self._pending.clear()
-        options = self.options
-        if self.decode != "server":
-            delivery = dataclasses.replace(options.delivery, mode="encoded")
-            if self.decode == "gpu" and delivery.server_fraction is None:
-                # A GPU decodes several times faster than the sidecar's
-                # cores, but how much of the batch it should take depends
-                # on both sides' speed and the model's step: the share is
-                # sought, not fixed (share 0, every decode on the GPU, was
-                # the slowest setting on 2 and on 8 sidecar cores).
-                delivery = dataclasses.replace(delivery, server_fraction="auto")
-            options = dataclasses.replace(options, delivery=delivery)
-        if self.device is not None and self.device.type == "cuda":
-            options = dataclasses.replace(options, host_pinning=CudaHostPinning(self.device))
+        options = stream_options(self.options, self.decode, self.device, self._share)
         tuned = options.delivery.tuned
-        if tuned and options.delivery.server_start is None:
-            # The next stream's tuning starts where this one's settled. The
-            # first one starts at the side that decodes faster: where the
-            # trainer decodes on its own CPU, the server (the trainer's
-            # full-size decode costs several times the server's region
-            # decode, so the tuning gives it a share only where its cores
-            # are idle; from the middle, the first epoch ran at 0.54x);
-            # on a GPU, the GPU (nvJPEG decodes ~7x what 2 sidecar cores
-            # do; from the middle, an H200's first epoch ran at 0.26x the
-            # best share with 2 sidecar cores).
-            start = self._server_share
-            if start is None:
-                start = 1.0 if self.decode == "client" else 0.0
-            # Going on with the last stream's search, not only its share: a
-            # stream that starts from a share holds it 32 batches before it
-            # probes, so epochs of a few dozen batches never moved it.
-            search = options.delivery.server_search or self._server_search
-            options = dataclasses.replace(
-                options,
-                delivery=dataclasses.replace(
-                    options.delivery, server_start=start, server_search=search
-                ),
-            )
         streams = [
             on_device(
                 self.client.batches(
@@ -539,12 +502,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
                 if steps is None:
                     self._shared.set_started(self._epoch, self._choice, token)
                 self._resume = None
-                if tuned and batch.encoded is not None and len(batch.keys):
-                    settled = batch.encoded.server_settled
-                    self._server_share = (
-                        settled if settled is not None else float(batch.encoded.decoded.mean())
-                    )
-                    self._server_search = batch.encoded.server_search
+                if tuned:
+                    self._share.observe(batch)
                 if self.layout == "NCHW":
                     images = images.permute(0, 3, 1, 2)
                 self._position = batch.position
