@@ -49,12 +49,7 @@ impl ServerShare {
     }
 
     /// After each batch handed on (see [`RateSeeker::handed`]).
-    pub(crate) fn handed(
-        &mut self,
-        samples: usize,
-        interval: Duration,
-        in_flight: usize,
-    ) {
+    pub(crate) fn handed(&mut self, samples: usize, interval: Duration, in_flight: usize) {
         if let Some(seeker) = &mut self.seeker {
             seeker.handed(samples, interval, in_flight);
         }
