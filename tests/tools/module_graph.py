@@ -51,7 +51,9 @@ def module_of(file: Path, src: Path) -> tuple[str, ...]:
 
 
 def strip_tests(text: str) -> str:
-    cut = re.search(r"#\[cfg\(test\)\]\s*mod \w+ \{", text)
+    # A test module may be visible to its siblings (`pub(super) mod tests`)
+    # and still be test code.
+    cut = re.search(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod \w+ \{", text)
     return text[: cut.start()] if cut else text
 
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 
-use super::{RankLog, SimSpec, WARM_UP, WIRE_BACK_PER_SAMPLE, WIRE_OUT_PER_SAMPLE};
+use super::spec::{RankLog, SimSpec, WARM_UP, WIRE_BACK_PER_SAMPLE, WIRE_OUT_PER_SAMPLE};
 use crate::dev::pool_model::{Hpa, SimPool};
 use crate::pool::link::{Connector, WorkerLink};
 use crate::pool::wire::pb;
