@@ -208,11 +208,6 @@ impl RateSeeker {
         }
     }
 
-    /// The best share found so far: where a next stream should start.
-    pub fn settled(&self) -> f64 {
-        self.center
-    }
-
     /// One batch of `samples` handed on, `interval` after the one before;
     /// `in_flight`: batches placed and not yet taken by the client.
     pub fn handed(&mut self, samples: usize, interval: Duration, in_flight: usize) {
@@ -423,7 +418,7 @@ mod tests {
     fn it_climbs_a_gentle_slope_from_a_fine_start() {
         let best = shared_gpu(0.9);
         let (seeker, _, late) = run(shared_gpu, Some(0.0), 600, 0.02);
-        assert!(seeker.settled() >= 0.75, "{}", seeker.settled());
+        assert!(seeker.state().center >= 0.75, "{}", seeker.state().center);
         assert!(late > 0.95 * best, "{late} vs {best}");
     }
 
@@ -444,7 +439,7 @@ mod tests {
             let (seeker, _, rate) = run_from(seeker, shared_gpu, 60, 0.02);
             assert!(seeker.state().invalid().is_none(), "{:?}", seeker.state());
             state = Some(seeker.state());
-            start = Some(seeker.settled());
+            start = Some(seeker.state().center);
             if epoch == 11 {
                 late = rate;
             }
@@ -456,7 +451,7 @@ mod tests {
         let mut start = Some(0.0);
         for _ in 0..12 {
             let (seeker, _, _) = run_from(RateSeeker::new(start), shared_gpu, 60, 0.02);
-            start = Some(seeker.settled());
+            start = Some(seeker.state().center);
         }
         assert!(start.unwrap() < 0.5, "{start:?}");
     }
@@ -501,7 +496,7 @@ mod tests {
     #[test]
     fn it_climbs_to_the_end_the_rate_rises_towards() {
         let (seeker, _, late) = run(shared_cpu, None, 400, 0.05);
-        assert_eq!(seeker.settled(), 1.0);
+        assert_eq!(seeker.state().center, 1.0);
         assert!(late > 0.95 * shared_cpu(1.0), "{late}");
     }
 
@@ -510,9 +505,9 @@ mod tests {
         let (seeker, _, late) = run(separate_cores, None, 600, 0.05);
         let best = separate_cores(0.8);
         assert!(
-            (seeker.settled() - 0.8).abs() <= MIN_STEP + 1e-9,
+            (seeker.state().center - 0.8).abs() <= MIN_STEP + 1e-9,
             "{}",
-            seeker.settled()
+            seeker.state().center
         );
         assert!(late > 0.9 * best, "{late} vs {best}");
     }
@@ -520,7 +515,7 @@ mod tests {
     #[test]
     fn a_settled_start_probes_rarely() {
         let (seeker, shares, late) = run(shared_cpu, Some(1.0), 1000, 0.05);
-        assert_eq!(seeker.settled(), 1.0);
+        assert_eq!(seeker.state().center, 1.0);
         // Five probes (after 32, 64, ... 512 batches held), each 13
         // batches placed at 15/16: the window and the batches in flight.
         let away = shares.iter().filter(|&&s| s != 1.0).count();
@@ -531,16 +526,16 @@ mod tests {
     #[test]
     fn a_flat_curve_under_noise_stays_near_the_start() {
         let (seeker, _, _) = run(|_| 1000.0, Some(0.5), 1000, 0.02);
-        assert!((seeker.settled() - 0.5).abs() <= 2.0 * MIN_STEP);
+        assert!((seeker.state().center - 0.5).abs() <= 2.0 * MIN_STEP);
     }
 
     #[test]
     fn a_far_start_closes_in_within_a_few_hundred_batches() {
         let (seeker, _, late) = run(shared_cpu, Some(0.0), 400, 0.05);
-        assert_eq!(seeker.settled(), 1.0);
+        assert_eq!(seeker.state().center, 1.0);
         assert!(late > 0.95 * shared_cpu(1.0), "{late}");
         let (seeker, _, _) = run(separate_cores, Some(0.0), 400, 0.05);
-        assert!((seeker.settled() - 0.8).abs() <= MIN_STEP + 1e-9);
+        assert!((seeker.state().center - 0.8).abs() <= MIN_STEP + 1e-9);
     }
 
     #[test]

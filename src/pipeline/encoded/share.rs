@@ -38,11 +38,6 @@ impl ServerShare {
         self.seeker.as_ref().map_or(self.fixed, RateSeeker::share)
     }
 
-    /// A tuned share's best so far (None: fixed).
-    pub fn settled(&self) -> Option<f64> {
-        self.seeker.as_ref().map(RateSeeker::settled)
-    }
-
     /// Where a tuned share's search stands (None: fixed).
     pub fn search(&self) -> Option<SearchState> {
         self.seeker.as_ref().map(RateSeeker::state)
@@ -67,7 +62,7 @@ mod tests {
             fixed.handed(128, Duration::from_millis(100), 7);
         }
         assert_eq!(fixed.get(), 0.3);
-        assert_eq!(fixed.settled(), None);
+        assert_eq!(fixed.search(), None, "a fixed share settles nowhere");
         let tuned = |server_fraction| {
             ServerShare::of(Delivery::Encoded {
                 server_fraction,
