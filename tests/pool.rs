@@ -6,8 +6,8 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -69,6 +69,67 @@ impl Decoder for Slow {
 
     fn name(&self) -> &'static str {
         self.0.name()
+    }
+}
+
+/// The build's decoder that runs a change once, before its first decode
+/// goes on: the change lands while the stream's first units are at this
+/// worker and none has been answered, however loaded the machine is.
+struct Tripwire {
+    decoder: Arc<dyn Decoder>,
+    change: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Blocks every decode until the change has run (`get_or_init` waits
+    /// for a running initializer), so no answer can precede it.
+    ran: OnceLock<()>,
+    armed: AtomicBool,
+}
+
+impl Tripwire {
+    fn new(decoder: Arc<dyn Decoder>) -> Self {
+        Self {
+            decoder,
+            change: OnceLock::new(),
+            ran: OnceLock::new(),
+            armed: AtomicBool::new(false),
+        }
+    }
+
+    fn arm(&self, change: impl Fn() + Send + Sync + 'static) {
+        assert!(self.change.set(Box::new(change)).is_ok(), "armed twice");
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn ran(&self) -> bool {
+        self.ran.get().is_some()
+    }
+}
+
+impl std::fmt::Debug for Tripwire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tripwire")
+            .field("ran", &self.ran())
+            .finish()
+    }
+}
+
+impl Decoder for Tripwire {
+    fn decode_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        crop: &CropBox,
+        out: &mut [u8],
+    ) -> Result<(), decode::DecodeError> {
+        if self.armed.load(Ordering::SeqCst) {
+            self.ran
+                .get_or_init(|| (self.change.get().expect("armed with a change"))());
+        }
+        self.decoder.decode_into(format, data, spec, crop, out)
+    }
+
+    fn name(&self) -> &'static str {
+        self.decoder.name()
     }
 }
 
@@ -381,31 +442,38 @@ async fn a_worker_added_mid_epoch_takes_units_and_loses_nothing() {
     let local_uri = upload(&local.s3, "data", "train/", &shards).await;
     let expected = every_rank(&local, &local_uri, train(""), 1).await;
 
-    // The first worker a little slow: the stream cannot have sent every
-    // unit of the epoch by the time its first batch arrives, which under
-    // a loaded test run it did, leaving the added worker nothing to take.
-    let first = Worker::start(
-        [127, 0, 0, 1],
-        TOKEN,
-        Some(Arc::new(Slow(
-            decode::default_decoder(),
-            Duration::from_millis(5),
-        ))),
-    )
-    .await;
+    // The scale-up lands when the first unit reaches the first worker.
+    // With a pool a stream decodes four batches at once, so the first four
+    // batches' units are the first worker's alone, and the other four are
+    // sent once one of those is answered, which the tripwire holds until
+    // the membership has changed: no machine's load can send the whole
+    // epoch before the added worker is known (a timed change could).
+    let tripwire = Arc::new(Tripwire::new(decode::default_decoder()));
+    let first = Worker::start([127, 0, 0, 1], TOKEN, Some(tripwire.clone())).await;
     let added = Worker::start([127, 0, 0, 2], TOKEN, None).await;
     let mut config = pool_config(&[&first], 1.0);
     // The Service's records change only when this test says so.
     config.refresh = Duration::from_secs(3600);
     let (harness, client) = pooled(config, 1).await;
     let uri = upload(&harness.s3, "data", "train/", &shards).await;
-    // What a DNS refresh does when the Deployment scales up.
-    let scale_up = async { client.set_members(vec![first.addr, added.addr]) };
-    let batches = epoch_changing_midway(&harness, &uri, scale_up).await;
+    let (members, runtime) = (
+        vec![first.addr, added.addr],
+        tokio::runtime::Handle::current(),
+    );
+    let scaling = client.clone();
+    // What a DNS refresh does when the Deployment scales up; the worker's
+    // decode thread is no runtime thread, and connecting needs one.
+    tripwire.arm(move || {
+        let _runtime = runtime.enter();
+        scaling.set_members(members.clone());
+    });
+    let batches = epoch_changing_midway(&harness, &uri, async {}).await;
+    assert!(tripwire.ran());
     no_repeats(&batches);
     assert_eq!(digest(&batches), digest(&expected));
     assert!(added.samples() > 0, "the added worker got no units");
     assert!(first.samples() > 0);
+    assert_eq!(client.live_workers(), 2);
 }
 
 /// The status a worker refuses `request` with (it must refuse it).
