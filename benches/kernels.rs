@@ -15,7 +15,8 @@ use shardfeed::plan::mix::{plan_mix, MixRequest, MixSource, MixWeights, WeightCh
 use shardfeed::plan::{
     emitted_samples, plan_stream, EpochPosition, Partition, PlanRequest, ShuffleConfig,
 };
-use shardfeed::shard::{ImageFormat, SampleSplitter, DEFAULT_MAX_MEMBER_BYTES};
+use shardfeed::shard::splitter::SampleSplitter;
+use shardfeed::shard::{ImageFormat, DEFAULT_MAX_MEMBER_BYTES};
 
 /// One shard of the demo's ~110 KB photos (500x375 on average, JPEG q90).
 fn photo_shard(samples: usize) -> Vec<u8> {

@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::{
-    loose, manifest, shard_index_key, summary_key, to_json, DatasetError, DatasetIndex,
-    DatasetLayout, DatasetLocation, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
+use super::index::{
+    shard_index_key, summary_key, to_json, DatasetError, DatasetIndex, DatasetLayout,
+    DatasetLocation, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
 };
+use super::{loose, manifest};
+use crate::shard::splitter::SampleSplitter;
 use crate::shard::{
-    BadShardPolicy, SampleLayout, SampleSplitter, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
+    BadShardPolicy, SampleLayout, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
 };
 use crate::store::read::{get_all, read_parts, ReadConfig};
 use crate::store::{ObjectStore, StoreError};

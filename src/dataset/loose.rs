@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::index::{check_shard_name, ShardEntry, ShardIndex, INDEX_DIR, INDEX_VERSION};
 use super::manifest::ManifestEntry;
-use super::{check_shard_name, ShardEntry, ShardIndex, INDEX_DIR, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::ImageFormat;
 use crate::store::ObjectMeta;

@@ -162,7 +162,7 @@ fn resolve(rows: Vec<(usize, String, Cell)>) -> Result<Manifest, String> {
     let mut kind: Option<(usize, &Cell)> = None;
     for (line, path, label) in &rows {
         let at = |message: String| format!("line {line}: {message}");
-        super::check_shard_name(path).map_err(|e| at(format!("path {e}")))?;
+        super::index::check_shard_name(path).map_err(|e| at(format!("path {e}")))?;
         if let Some(first) = seen.insert(path.as_str(), *line) {
             return Err(at(format!(
                 "{path:?} is listed twice (first on line {first})"

@@ -8,7 +8,9 @@ use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use tokio::sync::OnceCell;
 
-use super::{Dataset, DatasetError, DatasetLocation, DatasetUri};
+use super::index::{DatasetError, DatasetLocation};
+use super::opened::Dataset;
+use super::uri::DatasetUri;
 use crate::shard::BadShardPolicy;
 use crate::store::cache::{CacheStore, DiskCache};
 use crate::store::local::LocalStore;

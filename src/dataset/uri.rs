@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
+use super::index::DatasetError;
 use super::manifest::is_manifest_name;
-use super::DatasetError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatasetUri {

@@ -27,6 +27,13 @@
 
 use crate::plan::rng::Rng;
 
+/// Bytes per output pixel: RGB.
+pub const CHANNELS: usize = 3;
+/// The output side when a request names none.
+pub const DEFAULT_SIZE: u32 = 224;
+/// Largest accepted output side; bounds batch buffers.
+pub const MAX_SIZE: u32 = 4096;
+
 /// Keeps the augmentation stream independent of the plan's streams.
 const PURPOSE_AUGMENT: u64 = 3;
 /// torchvision's number of box attempts before the fallback.
@@ -148,7 +155,7 @@ impl OutputSpec {
     }
 
     pub fn bytes(&self) -> usize {
-        self.height as usize * self.width as usize * super::CHANNELS
+        self.height as usize * self.width as usize * CHANNELS
     }
 
     /// Whether samples need their [`SampleKey`] (anything random).
@@ -169,14 +176,14 @@ impl OutputSpec {
                 resize: Some(resize),
             } => {
                 let longer = self.height.max(self.width);
-                if resize < longer || resize > 8 * super::MAX_SIZE {
+                if resize < longer || resize > 8 * MAX_SIZE {
                     return Err(invalid(
                         "augmentation.center_crop.resize",
                         format!(
                             "{resize} must be between the output's longer side ({longer}) and {} \
                              (the shorter source side is scaled to it, then the output is cut \
                              from its center)",
-                            8 * super::MAX_SIZE
+                            8 * MAX_SIZE
                         ),
                     ));
                 }
@@ -298,18 +305,15 @@ pub fn apply_flip(crop: &CropBox, spec: &OutputSpec, out: &mut [u8]) {
 
 /// Mirrors packed RGB rows left to right, in place.
 pub fn flip_rows(pixels: &mut [u8], width: u32) {
-    let row = width as usize * super::CHANNELS;
+    let row = width as usize * CHANNELS;
     if row == 0 {
         return;
     }
     for line in pixels.chunks_exact_mut(row) {
         let (mut left, mut right) = (0, width as usize - 1);
         while left < right {
-            for channel in 0..super::CHANNELS {
-                line.swap(
-                    left * super::CHANNELS + channel,
-                    right * super::CHANNELS + channel,
-                );
+            for channel in 0..CHANNELS {
+                line.swap(left * CHANNELS + channel, right * CHANNELS + channel);
             }
             left += 1;
             right -= 1;

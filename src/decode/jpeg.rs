@@ -3,7 +3,7 @@
 //! whether it defines the tables its first scan uses. No decoder state, no
 //! copy: every sample's headers are read before its crop box is chosen.
 
-use super::DecodeError;
+use super::error::DecodeError;
 
 /// A JPEG's size from its frame header, found by walking the marker
 /// segments: no copy and no decoder state, where the `image` crate's reader

@@ -7,6 +7,8 @@
 //! faster JPEG path can replace the default without touching the pipeline.
 
 pub mod augment;
+mod decoder;
+mod error;
 pub mod fill;
 mod jpeg;
 pub mod source;
@@ -14,107 +16,23 @@ pub mod tier;
 #[cfg(feature = "turbojpeg")]
 pub mod turbo;
 
-pub use augment::{Crop, CropBox, OutputSpec, RandomResizedCrop, SampleKey};
+pub use augment::{
+    Crop, CropBox, OutputSpec, RandomResizedCrop, SampleKey, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
+};
+pub use decoder::{
+    decode_rgb, resize_rgb, resize_with, Decoder, ImageCrateDecoder, IMAGE_CRATE_DECODER,
+};
+pub use error::{DecodeError, MAX_SOURCE_PIXELS};
+
+use decoder::image_format;
 pub use jpeg::{
     check_jpeg_complete, check_jpeg_tables, jpeg_dimensions, jpeg_frame, JpegFrame, JpegTables,
 };
 
-use std::cell::RefCell;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use fast_image_resize as fir;
-
 use crate::shard::ImageFormat;
-
-pub const CHANNELS: usize = 3;
-pub const DEFAULT_SIZE: u32 = 224;
-/// Largest accepted output side; bounds batch buffers.
-pub const MAX_SIZE: u32 = 4096;
-/// Images with more pixels than this are rejected rather than decoded
-/// (decompression bombs).
-pub const MAX_SOURCE_PIXELS: u64 = 100_000_000;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    #[error("corrupt or unsupported image: {0}")]
-    Corrupt(String),
-    #[error("image of {width}x{height} exceeds the {MAX_SOURCE_PIXELS}-pixel limit")]
-    TooLarge { width: u32, height: u32 },
-    #[error("resize failed: {0}")]
-    Resize(String),
-    #[error(
-        "image of {width}x{height} needs {bytes} bytes to decode, more than the decode \
-         memory budget of {budget} bytes"
-    )]
-    OverBudget {
-        width: u32,
-        height: u32,
-        bytes: u64,
-        budget: u64,
-    },
-    #[error("the decoder panicked: {0}")]
-    Panicked(String),
-}
-
-impl DecodeError {
-    /// A short, bounded reason for metrics labels.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            DecodeError::Corrupt(_) => "corrupt",
-            DecodeError::TooLarge { .. } => "too_large",
-            DecodeError::Resize(_) => "resize",
-            DecodeError::OverBudget { .. } => "over_budget",
-            DecodeError::Panicked(_) => "panic",
-        }
-    }
-}
-
-pub trait Decoder: Send + Sync + std::fmt::Debug {
-    /// Decodes `data` and writes the `crop` region of it, resized to
-    /// `spec.width x spec.height` RGB, to `out` (`spec.bytes()` long).
-    /// `crop.flipped` is the caller's to apply ([`decode_bounded`] does).
-    fn decode_into(
-        &self,
-        format: ImageFormat,
-        data: &[u8],
-        spec: &OutputSpec,
-        crop: &CropBox,
-        out: &mut [u8],
-    ) -> Result<(), DecodeError>;
-
-    /// What decodes JPEGs, for logs, benchmarks and `Describe` (pixels from
-    /// different decoders differ within the stated tolerances).
-    fn name(&self) -> &'static str {
-        "custom decoder"
-    }
-}
-
-pub const IMAGE_CRATE_DECODER: &str = "image (zune-jpeg) + fast_image_resize";
-
-/// The `image` crate's decoders (zune-jpeg, png, image-webp) with
-/// fast_image_resize's SIMD convolution.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ImageCrateDecoder;
-
-impl Decoder for ImageCrateDecoder {
-    fn name(&self) -> &'static str {
-        IMAGE_CRATE_DECODER
-    }
-
-    fn decode_into(
-        &self,
-        format: ImageFormat,
-        data: &[u8],
-        spec: &OutputSpec,
-        crop: &CropBox,
-        out: &mut [u8],
-    ) -> Result<(), DecodeError> {
-        let rgb = decode_rgb(format, data)?;
-        let (width, height) = rgb.dimensions();
-        resize_rgb(rgb.as_raw(), width, height, crop, spec, out)
-    }
-}
 
 /// Peak signal-to-noise ratio of `a` against `b`, in dB (how the stated
 /// fidelity of decoders and stored source forms is measured).
@@ -130,32 +48,6 @@ pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
     } else {
         10.0 * (255.0f64 * 255.0 / mse).log10()
     }
-}
-
-/// Full-size RGB8 decode with the `image` crate (grayscale, CMYK-converted,
-/// 16-bit and alpha images all become RGB8), refusing decompression bombs
-/// and JPEGs cut short (which zune-jpeg would fill in silently).
-pub fn decode_rgb(format: ImageFormat, data: &[u8]) -> Result<image::RgbImage, DecodeError> {
-    if format == ImageFormat::Jpeg {
-        check_jpeg_complete(data)?;
-        check_jpeg_tables(data)?;
-    }
-    let mut reader =
-        image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format));
-    let mut limits = image::Limits::default();
-    limits.max_alloc = Some(MAX_SOURCE_PIXELS * 4);
-    reader.limits(limits);
-    let decoded = reader
-        .decode()
-        .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-    let (width, height) = (decoded.width(), decoded.height());
-    if u64::from(width) * u64::from(height) > MAX_SOURCE_PIXELS {
-        return Err(DecodeError::TooLarge { width, height });
-    }
-    Ok(match decoded {
-        image::DynamicImage::ImageRgb8(rgb) => rgb,
-        other => other.to_rgb8(),
-    })
 }
 
 /// Working memory a full-size decode holds per source pixel: the RGB
@@ -314,14 +206,6 @@ fn panicked(panic: Box<dyn std::any::Any + Send>) -> DecodeError {
     DecodeError::Panicked(message)
 }
 
-fn image_format(format: ImageFormat) -> image::ImageFormat {
-    match format {
-        ImageFormat::Jpeg => image::ImageFormat::Jpeg,
-        ImageFormat::Png => image::ImageFormat::Png,
-        ImageFormat::Webp => image::ImageFormat::WebP,
-    }
-}
-
 /// A pool of `threads` decode threads named `name-N`. A panic in a task
 /// (outside a sample's decode, whose panics substitute the sample) is
 /// logged and ends that task, not the process: whoever waits for the task
@@ -358,68 +242,6 @@ pub fn default_decoder() -> std::sync::Arc<dyn Decoder> {
 /// Name of [`default_decoder`]'s JPEG path, for logs and benchmarks.
 pub fn default_decoder_name() -> &'static str {
     default_decoder().name()
-}
-
-thread_local! {
-    // Resizers keep scratch buffers: one per decode thread, reused per image.
-    static RESIZER: RefCell<fir::Resizer> = RefCell::new(fir::Resizer::new());
-}
-
-/// Resizes the `crop` region of packed RGB8 `src` into `out` per `spec`
-/// (bilinear convolution, which widens its support when downscaling, so it
-/// antialiases; pixels just outside the box within the image feed the
-/// filter at its edges, as in Pillow's `resize(box=...)`).
-pub fn resize_rgb(
-    src: &[u8],
-    width: u32,
-    height: u32,
-    crop: &CropBox,
-    spec: &OutputSpec,
-    out: &mut [u8],
-) -> Result<(), DecodeError> {
-    RESIZER.with(|resizer| {
-        resize_with(
-            &mut resizer.borrow_mut(),
-            fir::FilterType::Bilinear,
-            src,
-            width,
-            height,
-            crop,
-            spec,
-            out,
-        )
-    })
-}
-
-/// Resizes with an explicit filter and resizer (the pipeline's path uses
-/// [`resize_rgb`]; quality references use Lanczos3).
-#[allow(clippy::too_many_arguments)]
-pub fn resize_with(
-    resizer: &mut fir::Resizer,
-    filter: fir::FilterType,
-    src: &[u8],
-    width: u32,
-    height: u32,
-    crop: &CropBox,
-    spec: &OutputSpec,
-    out: &mut [u8],
-) -> Result<(), DecodeError> {
-    let resize_error = |e: &dyn std::fmt::Display| DecodeError::Resize(e.to_string());
-    let source = fir::images::ImageRef::new(width, height, src, fir::PixelType::U8x3)
-        .map_err(|e| resize_error(&e))?;
-    let mut target = fir::images::Image::from_slice_u8(
-        spec.width,
-        spec.height,
-        &mut out[..spec.bytes()],
-        fir::PixelType::U8x3,
-    )
-    .map_err(|e| resize_error(&e))?;
-    let options = fir::ResizeOptions::new()
-        .resize_alg(fir::ResizeAlg::Convolution(filter))
-        .crop(crop.left, crop.top, crop.width, crop.height);
-    resizer
-        .resize(&source, &mut target, &options)
-        .map_err(|e| resize_error(&e))
 }
 
 #[cfg(test)]

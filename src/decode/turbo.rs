@@ -20,10 +20,10 @@ use std::ffi::CStr;
 
 use turbojpeg_sys as tj;
 
-use super::{
-    resize_rgb, CropBox, DecodeError, Decoder, ImageCrateDecoder, JpegTables, OutputSpec,
-    MAX_SOURCE_PIXELS,
-};
+use super::augment::{CropBox, OutputSpec};
+use super::decoder::{resize_rgb, Decoder, ImageCrateDecoder};
+use super::error::{DecodeError, MAX_SOURCE_PIXELS};
+use super::jpeg::JpegTables;
 use crate::shard::ImageFormat;
 
 /// Progressive JPEGs with more scans than this are refused: each scan is a

@@ -265,7 +265,8 @@ async fn first_jpegs(
     dataset: &crate::dataset::Dataset,
     count: usize,
 ) -> Result<Vec<Vec<u8>>, BenchError> {
-    use crate::shard::{ImageFormat, SampleSplitter};
+    use crate::shard::splitter::SampleSplitter;
+    use crate::shard::ImageFormat;
     if dataset.is_loose() {
         let index = dataset.shard_index(0).await?;
         let objects = (0..index.keys.len().min(count)).map(|i| dataset.object(&index, i));

@@ -8,7 +8,8 @@ use crate::engine::budget::{StreamCost, StreamShape};
 use crate::pipeline::PipelineConfig;
 use crate::plan::{self, ShuffleConfig};
 use crate::server::pb;
-use crate::shard::{SampleSplitter, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::splitter::SampleSplitter;
+use crate::shard::DEFAULT_MAX_MEMBER_BYTES;
 
 /// Tar bytes of a shard, pushed in chunks whose sizes come from the input's
 /// first byte, through the sample splitter; then the whole shard at once

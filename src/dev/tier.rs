@@ -12,7 +12,8 @@ use crate::decode::{
 };
 use crate::dev::kernel::{decode_kernel, kernel_key, reference_decode};
 use crate::dev::synthetic::{synthesize_shards, SyntheticSpec};
-use crate::shard::{ImageFormat, SampleSplitter, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::splitter::SampleSplitter;
+use crate::shard::{ImageFormat, DEFAULT_MAX_MEMBER_BYTES};
 
 pub struct TierSpec {
     pub samples: usize,

@@ -21,7 +21,6 @@ pub mod warm;
 use std::sync::Arc;
 
 use budget::{BudgetError, MemoryBudget, MemoryConfig};
-pub use open::StreamProducer;
 pub use request::{MixSources, MixedSource, OutputRequest, Sources, StreamRequest};
 
 use crate::dataset::{DatasetError, DatasetRegistry};
@@ -179,6 +178,12 @@ impl StreamGeometry {
         (self.base_position.steps() + index + 1) * self.global_batch
     }
 }
+
+/// What runs a started stream: the real pipeline, or a double a caller
+/// hands in (the dev transport benchmark's pattern batches). It holds
+/// `held` (the stream's memory reservation) until the stream ends.
+pub type StreamProducer =
+    fn(pipeline::StreamContext, tracing::Span, Arc<budget::Reservation>) -> BatchReceiver;
 
 /// What `describe` tells about a dataset at a world size and batch size.
 #[derive(Debug, Clone)]

@@ -12,17 +12,9 @@ use super::{
 use crate::dataset::Dataset;
 use crate::decode;
 use crate::metrics::StreamMetrics;
-use crate::pipeline::{
-    BatchReceiver, CacheHints, Planned, SharedTarget, Source, StreamCommon, StreamContext,
-};
+use crate::pipeline::{CacheHints, Planned, SharedTarget, Source, StreamCommon, StreamContext};
 use crate::plan::{self, PlanError};
 use crate::store::cache::PlanFollower;
-
-/// What runs a started stream: the real pipeline, or a double a caller
-/// hands in (the dev transport benchmark's pattern batches). It holds
-/// `held` (the stream's memory reservation) until the stream ends.
-pub type StreamProducer =
-    fn(StreamContext, tracing::Span, Arc<budget::Reservation>) -> BatchReceiver;
 
 impl Engine {
     /// Admits, plans and starts the stream; batches arrive on the returned

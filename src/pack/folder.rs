@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use super::{sample_key, unique_key, Input, Listing, PackError, Skipped};
+use super::error::PackError;
+use super::input::{sample_key, unique_key, Input, Listing, Skipped};
 use crate::dataset::manifest::parse_manifest;
 use crate::shard::tfrecord::{self, FeatureNames, RecordParser};
 use crate::shard::{ShardFormat, DEFAULT_MAX_MEMBER_BYTES};

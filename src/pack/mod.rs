@@ -30,18 +30,22 @@ use bytes::Bytes;
 use futures::StreamExt;
 use rayon::prelude::*;
 
-use crate::dataset::{
-    index_shard_bytes, write_index, Dataset, DatasetError, DatasetIndex, ShardEntry,
-};
+use crate::dataset::{index_shard_bytes, write_index, Dataset, DatasetIndex, ShardEntry};
 use crate::dataset::{DatasetLayout, DatasetLocation, ShardIndex, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
-use crate::shard::{ImageFormat, ShardError, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{ImageFormat, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::read::read_object;
-use crate::store::{ObjectMeta, ObjectStore, StoreError};
+use crate::store::{ObjectStore, StoreError};
 use folder::{list_inputs, read_record_image};
+use input::{sample_key, unique_key, Input, Listing};
 
+mod error;
 mod folder;
+mod input;
+
+pub use error::PackError;
+pub use input::Skipped;
 
 /// S3 reads fastest in objects of 100 MB to 1 GB.
 pub const DEFAULT_SHARD_BYTES: u64 = 256_000_000;
@@ -82,33 +86,6 @@ pub struct PackConfig {
     pub object_requests_in_flight: usize,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum PackError {
-    #[error("reading {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("manifest {path}: {message}")]
-    Manifest { path: PathBuf, message: String },
-    #[error("{0}")]
-    Layout(String),
-    #[error("{0}")]
-    Store(#[from] StoreError),
-    #[error("{0}")]
-    Dataset(#[from] DatasetError),
-    #[error("indexing a packed shard: {0}")]
-    Shard(#[from] ShardError),
-}
-
-/// Why a file was left out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Skipped {
-    pub path: PathBuf,
-    pub reason: String,
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct PackReport {
     pub shards: usize,
@@ -129,19 +106,6 @@ pub struct PackProgress {
     pub bytes_done: u64,
     pub bytes: u64,
     pub shards_done: usize,
-}
-
-/// A file to pack, or one record of a TFRecord file.
-#[derive(Debug, Clone)]
-struct Input {
-    path: PathBuf,
-    key: String,
-    label: i64,
-    size: u64,
-    /// The record's byte range in `path` (a TFRecord source).
-    record: Option<std::ops::Range<u64>>,
-    /// The object to fetch (a loose-object source; `path` is its key).
-    object: Option<ObjectMeta>,
 }
 
 /// Packs `config.source` into shards under `prefix` of `store`.
@@ -369,36 +333,6 @@ async fn fetch_objects(
 fn shard_name(number: usize, total: usize) -> String {
     let width = total.saturating_sub(1).to_string().len().max(6);
     format!("shard-{number:0width$}.tar")
-}
-
-type Listing = (Vec<Input>, Vec<String>, Vec<Skipped>);
-
-/// The sample key: the path below `source` without its extension, dots in
-/// the file name replaced (a WebDataset key ends at the file name's first dot).
-fn sample_key(source: &Path, path: &Path) -> String {
-    let relative = path.strip_prefix(source).unwrap_or(path);
-    let relative = relative.to_string_lossy().replace('\\', "/");
-    let (dir, file) = match relative.rfind('/') {
-        Some(slash) => (&relative[..=slash], &relative[slash + 1..]),
-        None => ("", relative.as_str()),
-    };
-    let stem = file.rsplit_once('.').map_or(file, |(stem, _)| stem);
-    format!("{dir}{}", stem.replace('.', "_"))
-}
-
-/// `key`, or `key_2`, `key_3`, … when taken (e.g. `a.jpg` beside `a.png`).
-fn unique_key(key: String, taken: &mut HashSet<String>) -> String {
-    if taken.insert(key.clone()) {
-        return key;
-    }
-    let mut n = 2;
-    loop {
-        let candidate = format!("{key}_{n}");
-        if taken.insert(candidate.clone()) {
-            return candidate;
-        }
-        n += 1;
-    }
 }
 
 fn shuffled(mut inputs: Vec<Input>, seed: u64) -> Vec<Input> {

@@ -14,7 +14,8 @@ use tokio::task::JoinSet;
 use super::*;
 use crate::dataset::ShardIndex;
 use crate::plan::{RankPlan, SampleRef};
-use crate::shard::{RawSample, SampleSplitter, ShardFormat};
+use crate::shard::splitter::SampleSplitter;
+use crate::shard::{RawSample, ShardFormat};
 use crate::store::read::{read_object, read_parts};
 
 type SampleResult = Result<(u64, RawSample), PipelineError>;

@@ -28,23 +28,17 @@
 //! Cost: O(shards) per epoch to plan, O(samples emitted) integer work to
 //! resume, O(interleave + shuffle_buffer) memory per schedule.
 
+mod layout;
 pub mod mix;
 pub mod rng;
 mod schedule;
 
-pub use schedule::{SampleRef, Schedule, Step};
+pub use layout::{EpochLayout, Segment};
+pub use schedule::{
+    RankPlan, SampleRef, Schedule, ShuffleConfig, Step, DEFAULT_INTERLEAVE, DEFAULT_SHUFFLE_BUFFER,
+    SHUFFLE_RAMP_START,
+};
 
-use rng::Rng;
-
-/// Default number of segments (shards) a rank reads at once.
-pub const DEFAULT_INTERLEAVE: u32 = 4;
-/// Default shuffle buffer, in samples (holds compressed bytes).
-pub const DEFAULT_SHUFFLE_BUFFER: u32 = 2_000;
-/// Samples the shuffle buffer holds before it starts emitting. Below its
-/// capacity it then emits one sample for every two it pulls, so the first
-/// batch waits for a few hundred samples, not for a full buffer (2,000
-/// photos are ~220 MB: seconds of S3 reads before the first decode).
-pub const SHUFFLE_RAMP_START: usize = 256;
 /// Largest accepted shuffle buffer; bounds a stream's memory.
 pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 20;
 /// Largest accepted interleave; each open segment holds a reader.
@@ -54,8 +48,8 @@ pub const MAX_WORLD_SIZE: u32 = 1 << 16;
 /// Most world-size changes within one epoch a resume position may hold.
 pub const MAX_RESUME_PHASES: usize = 64;
 
-// Stream purposes keyed into the generator so the streams are independent.
-const PURPOSE_SHARD_ORDER: u64 = 1;
+/// Keyed into the generator for a rank's order, so it is independent of the
+/// shard order ([`layout::PURPOSE_SHARD_ORDER`]).
 const PURPOSE_RANK_ORDER: u64 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,44 +57,6 @@ pub enum Partition {
     #[default]
     DropLast,
     Pad,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShuffleConfig {
-    pub enabled: bool,
-    /// Segments read at once (>= 1).
-    pub interleave: u32,
-    /// Shuffle buffer size in samples (0 = no buffer).
-    pub buffer: u32,
-}
-
-impl Default for ShuffleConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            interleave: DEFAULT_INTERLEAVE,
-            buffer: DEFAULT_SHUFFLE_BUFFER,
-        }
-    }
-}
-
-impl ShuffleConfig {
-    /// `shuffle = false` means the stored order: one segment at a time, no buffer.
-    /// The settings in force: no interleave or buffer when shuffle is off.
-    pub fn effective(self) -> Self {
-        if self.enabled {
-            Self {
-                interleave: self.interleave.max(1),
-                ..self
-            }
-        } else {
-            Self {
-                enabled: false,
-                interleave: 1,
-                buffer: 0,
-            }
-        }
-    }
 }
 
 /// A phase of an epoch: a stretch trained at one world size. (On the wire a
@@ -264,108 +220,6 @@ pub fn epoch_counts(
         dropped,
         padded,
     })
-}
-
-/// A contiguous run of samples `[start, end)` of one shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    pub shard: u32,
-    pub start: u64,
-    pub end: u64,
-    /// Past the epoch's end, wrapped to its start (pad mode): these samples
-    /// repeat ones the epoch already has, and batches mark them.
-    pub padding: bool,
-}
-
-impl Segment {
-    pub fn len(&self) -> u64 {
-        self.end - self.start
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.start == self.end
-    }
-}
-
-/// The epoch's sample sequence: shards in (possibly permuted) order.
-#[derive(Debug, Clone)]
-pub struct EpochLayout {
-    order: Vec<u32>,
-    /// `starts[i]` is the sequence position of the first sample of `order[i]`.
-    starts: Vec<u64>,
-    total: u64,
-    shard_samples: Vec<u64>,
-}
-
-impl EpochLayout {
-    pub fn new(shard_samples: &[u64], seed: u64, epoch: u64, shuffle: bool) -> Self {
-        let mut order: Vec<u32> = (0..shard_samples.len() as u32).collect();
-        if shuffle {
-            Rng::derive(&[seed, epoch, PURPOSE_SHARD_ORDER]).shuffle(&mut order);
-        }
-        let mut starts = Vec::with_capacity(order.len());
-        let mut total = 0u64;
-        for &shard in &order {
-            starts.push(total);
-            total += shard_samples[shard as usize];
-        }
-        Self {
-            order,
-            starts,
-            total,
-            shard_samples: shard_samples.to_vec(),
-        }
-    }
-
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    /// The shard order of this epoch.
-    pub fn shard_order(&self) -> &[u32] {
-        &self.order
-    }
-
-    /// Segments covering positions `[from, to)`; positions past the end wrap
-    /// around to the start (pad mode).
-    pub fn segments(&self, from: u64, to: u64) -> Vec<Segment> {
-        let mut segments = Vec::new();
-        let mut position = from;
-        while position < to && self.total > 0 {
-            let wrapped = position % self.total;
-            // Last shard whose first position is <= wrapped (skips empty shards).
-            let slot = self.starts.partition_point(|&s| s <= wrapped) - 1;
-            let shard = self.order[slot];
-            let start = wrapped - self.starts[slot];
-            let available = self.shard_samples[shard as usize] - start;
-            let take = available.min(to - position);
-            segments.push(Segment {
-                shard,
-                start,
-                end: start + take,
-                padding: position >= self.total,
-            });
-            position += take;
-        }
-        segments
-    }
-}
-
-/// One rank's samples for an epoch at one world size, and how they are shuffled.
-#[derive(Debug, Clone)]
-pub struct RankPlan {
-    pub world_size: u32,
-    pub rank: u32,
-    pub segments: Vec<Segment>,
-    pub len: u64,
-    shuffle: ShuffleConfig,
-    rng_key: [u64; 5],
-}
-
-impl RankPlan {
-    pub fn schedule(&self) -> Schedule<'_> {
-        Schedule::new(self)
-    }
 }
 
 /// A slice `[from, to)` of one rank plan's emitted sequence.

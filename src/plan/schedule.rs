@@ -2,8 +2,18 @@
 //! segments into the shuffle buffer and emits them (rule 3 of the module
 //! above). Pure integer work on sample ids; the pipeline follows it on bytes.
 
+use super::layout::Segment;
 use super::rng::Rng;
-use super::{RankPlan, SHUFFLE_RAMP_START};
+
+/// Default number of segments (shards) a rank reads at once.
+pub const DEFAULT_INTERLEAVE: u32 = 4;
+/// Default shuffle buffer, in samples (holds compressed bytes).
+pub const DEFAULT_SHUFFLE_BUFFER: u32 = 2_000;
+/// Samples the shuffle buffer holds before it starts emitting. Below its
+/// capacity it then emits one sample for every two it pulls, so the first
+/// batch waits for a few hundred samples, not for a full buffer (2,000
+/// photos are ~220 MB: seconds of S3 reads before the first decode).
+pub const SHUFFLE_RAMP_START: usize = 256;
 
 /// A sample of a rank plan: the segment it belongs to (index into
 /// `RankPlan::segments`) and its index within its shard.
@@ -162,5 +172,60 @@ impl Iterator for Schedule<'_> {
         let slot = self.rng.below(self.buffer.len() as u64) as usize;
         self.emitted += 1;
         Some(Step::Emit(self.buffer.swap_remove(slot)))
+    }
+}
+
+/// One rank's samples for an epoch at one world size, and how they are shuffled.
+#[derive(Debug, Clone)]
+pub struct RankPlan {
+    pub world_size: u32,
+    pub rank: u32,
+    pub segments: Vec<Segment>,
+    pub len: u64,
+    pub(super) shuffle: ShuffleConfig,
+    pub(super) rng_key: [u64; 5],
+}
+
+impl RankPlan {
+    pub fn schedule(&self) -> Schedule<'_> {
+        Schedule::new(self)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShuffleConfig {
+    pub enabled: bool,
+    /// Segments read at once (>= 1).
+    pub interleave: u32,
+    /// Shuffle buffer size in samples (0 = no buffer).
+    pub buffer: u32,
+}
+
+impl Default for ShuffleConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interleave: DEFAULT_INTERLEAVE,
+            buffer: DEFAULT_SHUFFLE_BUFFER,
+        }
+    }
+}
+
+impl ShuffleConfig {
+    /// `shuffle = false` means the stored order: one segment at a time, no buffer.
+    /// The settings in force: no interleave or buffer when shuffle is off.
+    pub fn effective(self) -> Self {
+        if self.enabled {
+            Self {
+                interleave: self.interleave.max(1),
+                ..self
+            }
+        } else {
+            Self {
+                enabled: false,
+                interleave: 1,
+                buffer: 0,
+            }
+        }
     }
 }

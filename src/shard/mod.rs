@@ -8,12 +8,10 @@
 //! object is a shard of one sample: its bytes are the image
 //! ([`object_sample`]).
 
-mod splitter;
+pub mod splitter;
 pub mod tar;
 pub mod tf_example;
 pub mod tfrecord;
-
-pub use splitter::SampleSplitter;
 
 use bytes::Bytes;
 use tar::TarError;

@@ -8,7 +8,7 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use super::tar::{Parsed, TarError, TarParser};
 use super::tfrecord::{self, RecordParser, TfRecordError};
-use super::*;
+use super::{split_key, ImageFormat, Label, RawSample, SampleLayout, ShardError, ShardFormat};
 
 /// Streams samples out of shard bytes pushed in arbitrary chunks.
 #[derive(Debug)]
@@ -338,7 +338,8 @@ fn example_sample(
 
 #[cfg(test)]
 mod tests {
-    use super::tar::TarWriter;
+    use super::super::tar::TarWriter;
+    use super::super::DEFAULT_MAX_MEMBER_BYTES;
     use super::*;
 
     fn collect(bytes: &[u8], chunk: usize) -> Vec<RawSample> {

@@ -6,12 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{io_error, CacheConfig, CacheError, DiskCache};
-
-/// Held (flock) by the process using a cache directory: two servers writing
-/// one directory would overwrite each other's blocks and metadata. The
-/// kernel drops the lock when the process exits, however it exits.
-pub const LOCK_FILE: &str = ".lock";
+use super::disk::{io_error, CacheConfig, CacheError, DiskCache, LOCK_FILE};
 
 fn lock_dir(dir: &Path) -> Result<std::fs::File, CacheError> {
     use std::os::fd::AsRawFd;

@@ -2,8 +2,9 @@
 //! them from the origin (one download per missing block, however many
 //! readers wait for it), and keeps listings and object metadata in memory.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -11,7 +12,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 
-use super::*;
+use super::disk::{block_len, entry_id, remove_evicted, DiskCache, EntryMeta, MAX_CACHED_LISTING};
+use crate::metrics;
 use crate::store::read::read_range;
 use crate::store::{list_pages, ListPage, ObjectMeta, ObjectStore, PartStream, StoreError};
 

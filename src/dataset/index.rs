@@ -1,0 +1,215 @@
+//! The index's vocabulary: where a dataset's index lives, its summary and
+//! per-shard files, their JSON, and why a dataset cannot be opened.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::shard::ShardError;
+use crate::store::StoreError;
+
+pub const INDEX_DIR: &str = "_shardfeed/";
+pub const INDEX_VERSION: u32 = 1;
+/// Class names beside a dataset's shards, one per line, line `i` naming
+/// label `i` (pack writes it; the index takes it in).
+pub const CLASSES_FILE: &str = "classes.txt";
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DatasetError {
+    #[error("invalid dataset URI {uri:?}: {reason}")]
+    InvalidUri { uri: String, reason: &'static str },
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error(
+        "no shards (*.tar, *.tfrecord, *.tfrecords) and no images (*.jpg, *.jpeg, *.png, \
+         *.webp) under {location}"
+    )]
+    NoShards { location: String },
+    #[error(
+        "{location} holds both shards ({shard}) and images ({image}); shardfeed reads one \
+         layout per prefix: move the stray file, or point at a prefix holding only one"
+    )]
+    MixedLayout {
+        location: String,
+        shard: String,
+        image: String,
+    },
+    #[error("manifest {location}: {message}")]
+    Manifest { location: String, message: String },
+    #[error("corrupt index {location}: {message}")]
+    CorruptIndex { location: String, message: String },
+    #[error("shard {location}: {source}")]
+    Shard {
+        location: String,
+        #[source]
+        source: ShardError,
+    },
+    #[error("opening the dataset failed inside the server: {0}")]
+    Internal(String),
+}
+
+/// Where a dataset's objects and its index lie in its store.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DatasetLocation {
+    /// Key prefix of the shards or objects (empty or ending in `/`).
+    pub prefix: String,
+    /// A manifest object in the prefix that lists the samples.
+    pub manifest: Option<String>,
+}
+
+impl DatasetLocation {
+    pub fn prefix(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            manifest: None,
+        }
+    }
+
+    /// Where the index files live: `_shardfeed/` beside the shards, or
+    /// `_shardfeed/<manifest>/` so that several manifests share a folder.
+    pub fn index_root(&self) -> String {
+        match &self.manifest {
+            Some(manifest) => format!("{}{INDEX_DIR}{manifest}/", self.prefix),
+            None => format!("{}{INDEX_DIR}", self.prefix),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// Object key relative to the dataset prefix.
+    pub name: String,
+    pub size: u64,
+    pub etag: Option<String>,
+    pub samples: u64,
+    /// A virtual group of loose objects: a digest of its members' keys,
+    /// ETags and labels, so the summary changes when its membership does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// What a dataset's "shards" are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetLayout {
+    /// Tar or TFRecord shards, read in large sequential ranges.
+    #[default]
+    Shards,
+    /// Loose objects in virtual shards: one GET per sample.
+    Objects,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetIndex {
+    pub version: u32,
+    #[serde(default)]
+    pub layout: DatasetLayout,
+    pub shards: Vec<ShardEntry>,
+    /// Class names, label `i` is `classes[i]`: a loose dataset's class
+    /// folders, or the `classes.txt` beside a shard dataset (pack writes it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<String>,
+}
+
+impl DatasetIndex {
+    /// Names this index's content: a position taken on one index means
+    /// nothing on another (a loose listing that gained an object regroups
+    /// and renumbers), so resume positions carry it. Frozen hash of the
+    /// summary (shards, sizes, ETags, group digests, classes).
+    pub fn identity(&self) -> String {
+        let summary = serde_json::to_vec(self).unwrap_or_default();
+        let digest = crate::hash::fmix64(crate::hash::fnv1a(summary));
+        format!(
+            "samples={} shards={} digest={digest:016x}",
+            self.samples(),
+            self.shards.len()
+        )
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.shards.iter().map(|s| s.samples).sum()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.size).sum()
+    }
+}
+
+/// Each sample's key and byte range `[starts[i], ends[i])` in one shard.
+/// For a group of loose objects, keys are object keys (relative to the
+/// prefix), ranges their places in the group, and each has a label and ETag.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ShardIndex {
+    pub version: u32,
+    pub etag: Option<String>,
+    pub keys: Vec<String>,
+    pub starts: Vec<u64>,
+    pub ends: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub etags: Vec<Option<String>>,
+}
+
+pub(super) fn shard_index_key(root: &str, name: &str) -> String {
+    format!("{root}shards/{name}.json")
+}
+
+pub(super) fn summary_key(root: &str) -> String {
+    format!("{root}index.json")
+}
+
+/// A shard name from an index must name an object under the dataset's root:
+/// relative, without `.` or `..` segments (so neither a local path nor an
+/// HTTP client's dot-segment normalisation leaves the prefix `--allow`
+/// admitted).
+pub(super) fn check_shard_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.starts_with('/')
+        || name.contains('\\')
+        || name
+            .split('/')
+            .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        return Err(format!(
+            "shard name {name:?} does not stay inside the dataset (relative, no `.`/`..` segments)"
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    location: &str,
+) -> Result<T, DatasetError> {
+    serde_json::from_slice(bytes).map_err(|e| DatasetError::CorruptIndex {
+        location: location.to_string(),
+        message: e.to_string(),
+    })
+}
+
+pub(super) fn to_json<T: Serialize>(value: &T) -> Bytes {
+    // Plain structs of strings and integers: serialization cannot fail.
+    Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_shard_names_stay_inside_the_dataset() {
+        assert!(check_shard_name("shard-000001.tar").is_ok());
+        assert!(check_shard_name("train/part-1.tar").is_ok());
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../other/x.tar",
+            "a/../../x.tar",
+            "a//b.tar",
+            "./a.tar",
+            "a\\b.tar",
+        ] {
+            assert!(check_shard_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

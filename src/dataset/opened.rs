@@ -1,0 +1,201 @@
+//! An opened dataset: its store, its summary, and per-shard indexes loaded
+//! on demand into a bounded cache.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::build::build_index;
+use super::index::{
+    check_shard_name, parse_json, shard_index_key, summary_key, DatasetError, DatasetIndex,
+    DatasetLayout, DatasetLocation, ShardIndex,
+};
+use crate::shard::BadShardPolicy;
+use crate::store::read::{get_all, ReadConfig};
+use crate::store::{ObjectMeta, ObjectStore, StoreError};
+
+/// Per-shard indexes kept in memory when loaded lazily.
+const SHARD_INDEX_CACHE: usize = 4096;
+
+/// An opened dataset: its store, its summary, and per-shard indexes on demand.
+#[derive(Debug)]
+pub struct Dataset {
+    pub uri: String,
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: String,
+    /// Where the index files are (see [`DatasetLocation::index_root`]).
+    index_root: String,
+    pub index: DatasetIndex,
+    shard_indexes: Mutex<ShardIndexCache>,
+    /// True when the index was built in memory (no per-shard files to load).
+    resident: bool,
+}
+
+#[derive(Debug, Default)]
+struct ShardIndexCache {
+    map: HashMap<u32, Arc<ShardIndex>>,
+    order: VecDeque<u32>,
+}
+
+impl Dataset {
+    /// Opens the dataset, building the index by a scan when none is stored.
+    pub async fn open(
+        uri: &str,
+        store: Arc<dyn ObjectStore>,
+        location: DatasetLocation,
+        read: &ReadConfig,
+        on_bad_shard: BadShardPolicy,
+    ) -> Result<Self, DatasetError> {
+        let index_root = location.index_root();
+        let summary_key = summary_key(&index_root);
+        // `resident`: built here and held whole, so no per-shard file to load.
+        let (index, cache, resident) = match get_all(store.as_ref(), &summary_key).await {
+            Ok(bytes) => {
+                let summary = store.location(&summary_key);
+                let index: DatasetIndex = parse_json(&bytes, &summary)?;
+                for entry in &index.shards {
+                    check_shard_name(&entry.name).map_err(|message| {
+                        DatasetError::CorruptIndex {
+                            location: summary.clone(),
+                            message,
+                        }
+                    })?;
+                }
+                (index, ShardIndexCache::default(), false)
+            }
+            Err(StoreError::NotFound { .. }) => {
+                let started = Instant::now();
+                let (index, shard_indexes) =
+                    build_index(store.clone(), &location, read, on_bad_shard).await?;
+                crate::metrics::index_built();
+                tracing::warn!(
+                    dataset = uri,
+                    shards = index.shards.len(),
+                    seconds = started.elapsed().as_secs_f64(),
+                    "no index found; built one by scanning every shard and kept it in memory. \
+                     Run `shardfeed index {uri}` once to save this scan"
+                );
+                let cache = ShardIndexCache {
+                    map: shard_indexes
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, s)| (i as u32, Arc::new(s)))
+                        .collect(),
+                    order: VecDeque::new(),
+                };
+                (index, cache, true)
+            }
+            Err(error) => return Err(error.into()),
+        };
+        Ok(Self {
+            uri: uri.to_string(),
+            store,
+            prefix: location.prefix,
+            index_root,
+            index,
+            shard_indexes: Mutex::new(cache),
+            resident,
+        })
+    }
+
+    /// Memory this dataset's index holds, roughly: the summary and the
+    /// per-shard indexes in memory (keys, ranges, labels, ETags).
+    pub fn index_bytes(&self) -> u64 {
+        let summary: u64 = self
+            .index
+            .shards
+            .iter()
+            .map(|s| 64 + s.name.len() as u64 + s.etag.as_ref().map_or(0, |e| e.len() as u64))
+            .sum();
+        let shards: u64 = self
+            .lock_cache()
+            .map
+            .values()
+            .map(|index| {
+                let keys: u64 = index.keys.iter().map(|k| 24 + k.len() as u64).sum();
+                let etags: u64 = index
+                    .etags
+                    .iter()
+                    .map(|e| 24 + e.as_ref().map_or(0, |e| e.len() as u64))
+                    .sum();
+                keys + etags
+                    + 8 * (index.starts.len() + index.ends.len() + index.labels.len()) as u64
+            })
+            .sum();
+        summary + shards
+    }
+
+    pub fn shard_samples(&self) -> Vec<u64> {
+        self.index.shards.iter().map(|s| s.samples).collect()
+    }
+
+    /// The shard's object key (for a loose dataset, the virtual group's name
+    /// under the prefix: a label for logs, not an object).
+    pub fn shard_key(&self, shard: u32) -> String {
+        format!("{}{}", self.prefix, self.index.shards[shard as usize].name)
+    }
+
+    pub fn is_loose(&self) -> bool {
+        self.index.layout == DatasetLayout::Objects
+    }
+
+    /// Sample `i` of a loose group, as the object to GET.
+    pub fn object(&self, index: &ShardIndex, i: usize) -> ObjectMeta {
+        ObjectMeta {
+            key: format!("{}{}", self.prefix, index.keys[i]),
+            size: index.ends[i] - index.starts[i],
+            etag: index.etags.get(i).cloned().flatten(),
+        }
+    }
+
+    pub async fn shard_index(&self, shard: u32) -> Result<Arc<ShardIndex>, DatasetError> {
+        if let Some(found) = self.lock_cache().map.get(&shard) {
+            return Ok(found.clone());
+        }
+        let entry = &self.index.shards[shard as usize];
+        let key = shard_index_key(&self.index_root, &entry.name);
+        let location = self.store.location(&key);
+        let bytes = get_all(self.store.as_ref(), &key).await?;
+        let loaded: ShardIndex = parse_json(&bytes, &location)?;
+        let samples = loaded.keys.len();
+        let loose = self.is_loose();
+        if samples as u64 != entry.samples
+            || loaded.starts.len() != samples
+            || loaded.ends.len() != samples
+            || (loose && (loaded.labels.len() != samples || loaded.etags.len() != samples))
+        {
+            return Err(DatasetError::CorruptIndex {
+                location,
+                message: format!(
+                    "expected {} samples{}",
+                    entry.samples,
+                    if loose { " with labels and ETags" } else { "" }
+                ),
+            });
+        }
+        if loose {
+            // Object keys come from the file: they must stay under the prefix.
+            if let Some(message) = loaded.keys.iter().find_map(|k| check_shard_name(k).err()) {
+                return Err(DatasetError::CorruptIndex { location, message });
+            }
+        }
+        let loaded = Arc::new(loaded);
+        let mut cache = self.lock_cache();
+        if !self.resident {
+            cache.order.push_back(shard);
+            while cache.order.len() > SHARD_INDEX_CACHE {
+                if let Some(old) = cache.order.pop_front() {
+                    cache.map.remove(&old);
+                }
+            }
+        }
+        cache.map.insert(shard, loaded.clone());
+        Ok(loaded)
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, ShardIndexCache> {
+        self.shard_indexes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
