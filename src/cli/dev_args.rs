@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 
-use super::{ConfigError, ReadArgs, S3Args};
+use super::pool_args::PoolArgs;
+use super::store_args::{ReadArgs, S3Args};
+use super::values::ConfigError;
 use crate::engine;
 use crate::pipeline::PipelineConfig;
 
@@ -215,7 +217,7 @@ pub struct PoolBenchArgs {
     #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub rounds: usize,
     #[command(flatten)]
-    pub pool: super::PoolArgs,
+    pub pool: PoolArgs,
 }
 
 #[derive(Args, Debug)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::builder::RangedU64ValueParser;
 use clap::Args;
 
+use super::values::ConfigError;
 use crate::net::tls::{check_plaintext, PoolTls, PoolTlsFiles};
 use crate::pool::client::{DEFAULT_UNITS_PER_WORKER, DEFAULT_UNIT_SAMPLES};
 use crate::pool::worker::{
@@ -203,7 +204,7 @@ pub struct PoolWorkerArgs {
     pub max_unit_samples: usize,
     /// Memory the worker plans for, e.g. 4Gi (default: the container's
     /// cgroup limit): its decode scratch is min(limit/8, 1 GiB).
-    #[arg(long, env = "SHARDFEED_MEMORY_LIMIT", value_parser = super::parse_size)]
+    #[arg(long, env = "SHARDFEED_MEMORY_LIMIT", value_parser = super::values::parse_size)]
     pub memory_limit: Option<u64>,
     /// Seconds the units held at SIGTERM may take to finish.
     #[arg(long, env = "SHARDFEED_SHUTDOWN_GRACE", default_value_t = DEFAULT_DRAIN_GRACE.as_secs())]
@@ -211,9 +212,9 @@ pub struct PoolWorkerArgs {
 }
 
 impl PoolWorkerArgs {
-    pub fn config(&self) -> Result<WorkerConfig, super::ConfigError> {
+    pub fn config(&self) -> Result<WorkerConfig, ConfigError> {
         let token = read_token(&self.token_file).map_err(|error| {
-            super::ConfigError(vec![format!(
+            ConfigError(vec![format!(
                 "--token-file {}: {error}",
                 self.token_file.display()
             )])
@@ -221,7 +222,7 @@ impl PoolWorkerArgs {
         let files = [&self.tls_ca, &self.tls_cert, &self.tls_key];
         let flags = ["--tls-ca", "--tls-cert", "--tls-key"];
         let tls = match load_tls(files, flags, String::new()) {
-            Some(loaded) => Some(loaded.map_err(|error| super::ConfigError(vec![error]))?),
+            Some(loaded) => Some(loaded.map_err(|error| ConfigError(vec![error]))?),
             None => {
                 check_plaintext(
                     "the pool worker listening",
@@ -229,7 +230,7 @@ impl PoolWorkerArgs {
                     (self.insecure_plaintext, "--insecure-plaintext"),
                     "--tls-ca, --tls-cert, --tls-key",
                 )
-                .map_err(|error| super::ConfigError(vec![error.to_string()]))?;
+                .map_err(|error| ConfigError(vec![error.to_string()]))?;
                 None
             }
         };

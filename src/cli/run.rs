@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
+use super::args::{Command, IndexArgs, PackArgs, ServeArgs, WarmArgs};
+use super::pool_args::PoolWorkerArgs;
 use super::progress;
-use super::{CliError, Command, IndexArgs, PackArgs, PoolWorkerArgs, ServeArgs, WarmArgs};
+use super::values::CliError;
 use crate::dataset::{
     build_index_reporting, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
 };
@@ -75,7 +77,7 @@ pub async fn run(command: Command) -> Result<(), CliError> {
                 if args.pool.pool.is_empty() {
                     problems.push("pool-bench needs --pool".into());
                 }
-                return Err(super::ConfigError(problems).into());
+                return Err(super::values::ConfigError(problems).into());
             };
             crate::dev::pool_bench::run(&crate::dev::pool_bench::PoolBenchSpec {
                 data: args.stream.data(),
@@ -510,7 +512,7 @@ fn write_pack_report(
 }
 
 #[cfg(feature = "dev")]
-async fn dev_s3(args: super::DevS3Args) -> Result<(), CliError> {
+async fn dev_s3(args: super::dev_args::DevS3Args) -> Result<(), CliError> {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
     let server = crate::dev::s3mem::start_on(args.listen)
@@ -578,7 +580,7 @@ fn exit_with_parent(parent: u32) -> Result<(), CliError> {
 /// `background`: earlier records are taken in while it serves.
 async fn open_tier(
     dir: &std::path::Path,
-    cache: &super::CacheArgs,
+    cache: &super::store_args::CacheArgs,
     background: bool,
 ) -> Result<Arc<DecodedCache>, CliError> {
     use crate::store::cache::{wait_for_slot, SlotWaitError};

@@ -1,7 +1,7 @@
 //! The record of what `serve` runs with: each setting, and where it came
 //! from, logged once at start and exported as `shardfeed_setting`.
 
-use super::{ServeArgs, ServeConfig};
+use super::args::{ServeArgs, ServeConfig};
 use crate::engine;
 use crate::engine::sizing::{record, Source};
 use crate::pipeline;

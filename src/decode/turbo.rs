@@ -355,8 +355,8 @@ impl Decoder for TurboJpegDecoder {
         }
         // A file cut short is corrupt for either decoder: the other one would
         // fill the missing rows in.
-        crate::decode::check_jpeg_complete(data)?;
-        if crate::decode::check_jpeg_tables(data)? == JpegTables::DefaultHuffman {
+        super::jpeg::check_jpeg_complete(data)?;
+        if super::jpeg::check_jpeg_tables(data)? == JpegTables::DefaultHuffman {
             // A reused handle would apply the last image's Huffman tables,
             // not the standard ones: the image crate decodes it afresh.
             return ImageCrateDecoder.decode_into(format, data, spec, crop, out);

@@ -25,7 +25,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,10 +34,9 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 // Tokio's clock, not std's: the pool simulation runs this code in paused,
 // virtual time.
-use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use super::link::{Connector, GrpcConnector, WorkerLink};
+use super::link::{Connector, GrpcConnector};
 use super::wire::{self, pb, SampleAnswer, UnitSample};
 use crate::decode::OutputSpec;
 use crate::hash::fmix64;
@@ -46,6 +45,8 @@ use crate::metrics::pool as pool_metrics;
 use crate::net::tls::PoolTls;
 
 mod members;
+
+use members::{Members, Membership, Worker};
 
 pub const DEFAULT_UNIT_SAMPLES: usize = 8;
 pub const DEFAULT_UNITS_PER_WORKER: usize = 4;
@@ -68,9 +69,6 @@ const HEDGE_MEDIANS: u32 = 3;
 /// A unit with no worker left to hedge to is decoded locally this many
 /// hedge delays after it was sent.
 const LOCAL_HEDGE_DELAYS: u32 = 2;
-const BUSY_COOLDOWN: Duration = Duration::from_millis(20);
-const REFUSED_COOLDOWN: Duration = Duration::from_secs(60);
-const MAX_FAILURE_COOLDOWN: Duration = Duration::from_secs(5);
 
 /// How much of each batch a stream sends to the pool.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -129,84 +127,6 @@ impl PoolConfig {
     }
 }
 
-/// One resolved worker.
-struct Worker {
-    addr: SocketAddr,
-    /// The address's hash, taken once: placement scores every live worker
-    /// for every unit.
-    key: u64,
-    link: Arc<dyn WorkerLink>,
-    in_flight: Arc<Semaphore>,
-    /// Until when (nanoseconds past the client's start; 0: not cooling) the
-    /// worker gets no units. Atomics, not a lock: placement reads every
-    /// worker's for every unit.
-    cooling_until: AtomicU64,
-    failures: AtomicU32,
-    refusal_logged: AtomicBool,
-}
-
-impl Worker {
-    fn new(addr: SocketAddr, link: Arc<dyn WorkerLink>, units: usize) -> Self {
-        Self {
-            addr,
-            key: crate::hash::fnv1a(addr.to_string().into_bytes()),
-            link,
-            in_flight: Arc::new(Semaphore::new(units.max(1))),
-            cooling_until: AtomicU64::new(0),
-            failures: AtomicU32::new(0),
-            refusal_logged: AtomicBool::new(false),
-        }
-    }
-
-    fn available(&self, now_nanos: u64) -> bool {
-        self.cooling_until.load(Ordering::Relaxed) <= now_nanos
-    }
-
-    fn succeeded(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-        self.cooling_until.store(0, Ordering::Relaxed);
-    }
-
-    fn failed(&self, now_nanos: u64) {
-        let failures = self
-            .failures
-            .fetch_add(1, Ordering::Relaxed)
-            .saturating_add(1);
-        let backoff = Duration::from_millis(100)
-            .saturating_mul(1 << failures.min(6))
-            .min(MAX_FAILURE_COOLDOWN);
-        self.cool_for(now_nanos, backoff);
-    }
-
-    /// A busy worker is healthy: it sits out a moment, not a backoff, or
-    /// a pool near its capacity would shed the workers it needs most.
-    fn busy(&self, now_nanos: u64) {
-        self.cool_for(now_nanos, BUSY_COOLDOWN);
-    }
-
-    fn refused(&self, now_nanos: u64, status: &tonic::Status) {
-        self.cool_for(now_nanos, REFUSED_COOLDOWN);
-        if !self.refusal_logged.swap(true, Ordering::Relaxed) {
-            tracing::error!(
-                worker = %self.addr,
-                code = ?status.code(),
-                message = status.message(),
-                "pool worker refused this sidecar; it gets no units for a minute"
-            );
-        }
-    }
-
-    fn cool_for(&self, now_nanos: u64, span: Duration) {
-        let span = u64::try_from(span.as_nanos()).unwrap_or(u64::MAX);
-        self.cooling_until
-            .store(now_nanos.saturating_add(span).max(1), Ordering::Relaxed);
-    }
-}
-
-/// The live workers, ordered by address (logs and tests see a stable set);
-/// replaced whole on a change, so placement reads it without a lock held.
-type Members = Arc<Vec<Arc<Worker>>>;
-
 /// A client's unit outcomes so far (as `shardfeed_pool_units_total`
 /// counts them for the whole process).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -229,13 +149,11 @@ struct Inner {
     counts: Mutex<UnitCounts>,
     config: PoolConfig,
     identity: String,
-    connector: Box<dyn Connector>,
     /// The clock's zero for the workers' cool-downs.
     started: Instant,
-    members: Mutex<Members>,
+    membership: Arc<Membership>,
     latencies: Mutex<VecDeque<Duration>>,
     next_unit: AtomicU64,
-    reresolve: Notify,
     /// The hedge delay in nanoseconds (0: too few answers yet).
     hedge_nanos: AtomicU64,
     /// Answers recorded so far.
@@ -287,7 +205,7 @@ impl PoolClient {
     pub fn start(config: PoolConfig, decoder: &str) -> Self {
         let connector = GrpcConnector::new(config.tls.as_ref());
         let client = Self::with_connector(config, decoder, Box::new(connector));
-        tokio::spawn(members::follow(Arc::downgrade(&client.inner)));
+        tokio::spawn(members::follow(Arc::downgrade(&client.inner.membership)));
         client
     }
 
@@ -298,16 +216,20 @@ impl PoolClient {
         decoder: &str,
         connector: Box<dyn Connector>,
     ) -> Self {
+        let membership = Arc::new(Membership::new(
+            config.targets.clone(),
+            config.refresh,
+            config.units_per_worker,
+            connector,
+        ));
         let inner = Arc::new(Inner {
+            membership,
             counts: Mutex::default(),
             identity: wire::build_identity(decoder),
-            connector,
             started: Instant::now(),
             config,
-            members: Mutex::default(),
             latencies: Mutex::new(VecDeque::with_capacity(LATENCY_WINDOW)),
             next_unit: AtomicU64::new(1),
-            reresolve: Notify::new(),
             settled_share: AtomicU64::new(0f64.to_bits()),
             hedge_nanos: AtomicU64::new(0),
             answers: AtomicU64::new(0),
@@ -319,7 +241,7 @@ impl PoolClient {
     /// Makes `addrs` the live workers (what a resolution of the targets
     /// does): newcomers are connected, the departed dropped.
     pub fn set_members(&self, addrs: Vec<SocketAddr>) {
-        members::update(&self.inner, addrs);
+        self.inner.membership.update(addrs);
     }
 
     /// The worker a unit whose first sample is `affinity` goes to first,
@@ -334,11 +256,7 @@ impl PoolClient {
     }
 
     fn members(&self) -> Members {
-        self.inner
-            .members
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.membership.current()
     }
 
     fn now_nanos(&self) -> u64 {
@@ -400,7 +318,7 @@ impl PoolClient {
             if known >= at_least || tokio::time::Instant::now() >= deadline {
                 return known;
             }
-            self.inner.reresolve.notify_one();
+            self.inner.membership.reresolve();
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -495,7 +413,7 @@ impl PoolClient {
                                 self.count("failed");
                                 tracing::debug!(worker = %worker.addr, %message, "pool attempt failed");
                                 worker.failed(self.now_nanos());
-                                self.inner.reresolve.notify_one();
+                                self.inner.membership.reresolve();
                             }
                         }
                         if next < ranked.len().min(MAX_ATTEMPTS) {

@@ -67,9 +67,9 @@ impl Connector for GrpcConnector {
             .tcp_nodelay(true)
             // An answer is megabytes: HTTP/2's default 64 KiB window would
             // cost a round trip (and a wake-up on each side) per 64 KiB.
-            .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(super::CONNECTION_WINDOW_BYTES)
-            .max_frame_size(super::MAX_FRAME_BYTES)
+            .initial_stream_window_size(super::transport::STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(super::transport::CONNECTION_WINDOW_BYTES)
+            .max_frame_size(super::transport::MAX_FRAME_BYTES)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10));
         Some(Arc::new(GrpcLink {

@@ -23,40 +23,17 @@
 
 pub mod client;
 pub mod link;
+mod transport;
 pub mod wire;
 pub mod worker;
 
 pub use client::{PoolClient, PoolConfig, PoolShareSetting};
+pub use transport::CONNECTION_LIMITS;
 pub use worker::{serve_worker, WorkerConfig};
 
 /// Batches a stream with a pool decodes at once (at least): the memory
 /// formula's `decode_ahead` (docs/reference/memory.md) is this with a pool.
 pub const POOL_DECODE_AHEAD: usize = 4;
-
-/// HTTP/2 windows of pool connections, both ways: a unit's bytes and its
-/// answer (about a megabyte each at 8 samples) in flight without waiting.
-const STREAM_WINDOW_BYTES: u32 = 8 << 20;
-const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
-/// HTTP/2's largest frame: a sample's pixels in 10 frames, not 10 per 16 KiB.
-const MAX_FRAME_BYTES: u32 = (1 << 24) - 1;
-/// A worker's HTTP/2 bounds per connection: streams beyond its admitted
-/// units (2 x `--max-units`) plus health checks only queue in the client;
-/// headers are a token, a build name and gRPC's own; a connection whose
-/// peer makes the worker reset this many streams (malformed frames), or
-/// resets this many itself before they are accepted, is closed.
-const WORKER_EXTRA_STREAMS: u32 = 8;
-/// Connections a worker holds, and how long one may stay open with no
-/// call: each sidecar keeps one per worker, so this is the hosts a worker
-/// serves (hundreds of GPU hosts, with room); a sidecar whose connection
-/// closed for idleness reconnects on its next unit.
-pub const CONNECTION_LIMITS: crate::net::connections::ConnectionLimits =
-    crate::net::connections::ConnectionLimits {
-        max_connections: 4096,
-        idle: std::time::Duration::from_secs(300),
-    };
-const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
-const MAX_LOCAL_ERROR_RESETS: usize = 256;
-const MAX_PENDING_ACCEPT_RESETS: usize = 64;
 
 /// The token file's contents, trimmed: a Kubernetes Secret mounted as a
 /// file, or any file the operator writes.

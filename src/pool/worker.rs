@@ -74,7 +74,7 @@ impl WorkerConfig {
     pub fn max_concurrent_streams(&self) -> u32 {
         u32::try_from(2 * self.max_units.max(1))
             .unwrap_or(u32::MAX)
-            .saturating_add(super::WORKER_EXTRA_STREAMS)
+            .saturating_add(super::transport::WORKER_EXTRA_STREAMS)
     }
 
     /// The worker's peak memory by the formula above, scratch and the
@@ -436,9 +436,13 @@ impl BoundWorker {
             AbortOnDrop(tokio::spawn(async move {
                 let served = tonic::transport::Server::builder()
                     .max_concurrent_streams(8)
-                    .http2_max_header_list_size(super::MAX_HEADER_LIST_BYTES)
-                    .http2_max_local_error_reset_streams(Some(super::MAX_LOCAL_ERROR_RESETS))
-                    .http2_max_pending_accept_reset_streams(Some(super::MAX_PENDING_ACCEPT_RESETS))
+                    .http2_max_header_list_size(super::transport::MAX_HEADER_LIST_BYTES)
+                    .http2_max_local_error_reset_streams(Some(
+                        super::transport::MAX_LOCAL_ERROR_RESETS,
+                    ))
+                    .http2_max_pending_accept_reset_streams(Some(
+                        super::transport::MAX_PENDING_ACCEPT_RESETS,
+                    ))
                     .layer(CountCallsLayer)
                     .add_service(health_service)
                     .serve_with_incoming(limit(
@@ -459,13 +463,15 @@ impl BoundWorker {
         let server = builder
             .layer(CountCallsLayer)
             .tcp_nodelay(true)
-            .initial_stream_window_size(super::STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(super::CONNECTION_WINDOW_BYTES)
-            .max_frame_size(super::MAX_FRAME_BYTES)
+            .initial_stream_window_size(super::transport::STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(super::transport::CONNECTION_WINDOW_BYTES)
+            .max_frame_size(super::transport::MAX_FRAME_BYTES)
             .max_concurrent_streams(config.max_concurrent_streams())
-            .http2_max_header_list_size(super::MAX_HEADER_LIST_BYTES)
-            .http2_max_local_error_reset_streams(Some(super::MAX_LOCAL_ERROR_RESETS))
-            .http2_max_pending_accept_reset_streams(Some(super::MAX_PENDING_ACCEPT_RESETS))
+            .http2_max_header_list_size(super::transport::MAX_HEADER_LIST_BYTES)
+            .http2_max_local_error_reset_streams(Some(super::transport::MAX_LOCAL_ERROR_RESETS))
+            .http2_max_pending_accept_reset_streams(Some(
+                super::transport::MAX_PENDING_ACCEPT_RESETS,
+            ))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(health_service)
