@@ -9,11 +9,13 @@ use bytes::Bytes;
 use rayon::prelude::*;
 use tokio::sync::oneshot;
 
+use super::batch::{BatchImages, DecodedBatch};
 use super::buffers::BufferPool;
+use super::context::StreamCommon;
 use super::encoded::{self, Placement};
 use super::sample::EmittedSample;
 use super::substitute::{batch_fields, copy_placed_image, substitute_failures};
-use super::{remote, shm, BatchImages, DecodedBatch, StreamCommon};
+use super::{remote, shm};
 use crate::dataset::Dataset;
 use crate::decode::{self, CropBox, SampleKey};
 use crate::metrics;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::config::PipelineConfig;
 use super::encoded::Delivery;
 use super::error::PipelineError;
+use super::sample::SampleOrigin;
 use super::shm;
 use crate::dataset::Dataset;
 use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
@@ -130,4 +131,17 @@ pub(crate) struct SourcePart<'a> {
     pub epoch: u64,
     /// The source's index in a mixed stream (0 otherwise).
     pub index: u32,
+}
+
+impl SourcePart<'_> {
+    /// Where the samples this part emits come from.
+    pub fn origin(&self) -> SampleOrigin {
+        SampleOrigin {
+            dataset: self.source.dataset.clone(),
+            seed: self.seed,
+            epoch: self.epoch,
+            label_offset: self.source.layout.label_offset,
+            source: self.index,
+        }
+    }
 }

@@ -10,11 +10,14 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::assemble::decode_batch;
+use super::batch::DecodedBatch;
 use super::buffers::BufferPool;
+use super::context::{SharedTarget, StreamCommon};
 use super::encoded::{SearchState, ServerShare};
+use super::error::PipelineError;
 use super::remote::{ClientPace, RemoteShare};
 use super::sample::EmittedSample;
-use super::{shm, DecodedBatch, PipelineError, SharedTarget, StreamCommon};
+use super::shm;
 use crate::metrics;
 
 /// Batches of one stream on their way out: decoding (at most
@@ -68,7 +71,7 @@ impl ReadySink<'_> {
             return 0;
         }
         let bytes = self.last_bytes.load(Ordering::Relaxed).max(1);
-        u64::from(super::DEFAULT_STREAM_WINDOW_BYTES)
+        u64::from(super::config::DEFAULT_STREAM_WINDOW_BYTES)
             .div_ceil(bytes)
             .min(MAX_TRANSPORT_BATCHES) as usize
     }

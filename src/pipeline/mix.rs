@@ -11,10 +11,12 @@
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::batch::BatchSender;
+use super::context::{Source, SourcePart, StreamCommon};
 use super::dispatch::BatchDispatch;
+use super::error::PipelineError;
 use super::sample::EmittedSample;
 use super::walk::SampleWalker;
-use super::{BatchSender, PipelineError, Source, SourcePart, StreamCommon};
 use crate::plan::mix::MixPlan;
 
 /// A mixed stream's sources and plan.
@@ -71,7 +73,7 @@ pub(super) async fn produce_mixed(
 
 /// Queues the `need` samples of source `k` this stream takes, part by part.
 async fn feed_source(
-    config: super::PipelineConfig,
+    config: super::config::PipelineConfig,
     source: Source,
     plan: std::sync::Arc<MixPlan>,
     k: usize,

@@ -80,11 +80,6 @@ mod walk;
 
 use tokio::sync::mpsc;
 
-use crate::dataset::Dataset;
-use crate::metrics;
-use crate::shard::{BadShardPolicy, SampleLayout, ShardError};
-use crate::store::read::ReadConfig;
-use crate::store::StoreError;
 pub use batch::{BatchImages, BatchReceiver, BatchSender, DecodedBatch};
 pub use config::{
     PipelineConfig, DEFAULT_DECODE_AHEAD, DEFAULT_PREFETCH_SHARDS, DEFAULT_READER_QUEUE,

@@ -11,12 +11,16 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::*;
-use crate::dataset::ShardIndex;
+use super::config::PipelineConfig;
+use super::context::Source;
+use super::error::PipelineError;
+use crate::dataset::{Dataset, ShardIndex};
+use crate::metrics;
 use crate::plan::{RankPlan, SampleRef};
 use crate::shard::splitter::SampleSplitter;
-use crate::shard::{RawSample, ShardFormat};
-use crate::store::read::{read_object, read_parts};
+use crate::shard::{BadShardPolicy, RawSample, SampleLayout, ShardError, ShardFormat};
+use crate::store::read::{read_object, read_parts, ReadConfig};
+use crate::store::StoreError;
 
 type SampleResult = Result<(u64, RawSample), PipelineError>;
 

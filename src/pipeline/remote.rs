@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::context::StreamCommon;
 use super::encoded::Delivery;
 use super::sample::EmittedSample;
-use super::StreamCommon;
 use crate::decode::{OutputSpec, SampleKey};
 use crate::metrics::pool as pool_metrics;
 use crate::pool::client::UnitAnswer;

@@ -6,8 +6,6 @@ use std::sync::Arc;
 use crate::dataset::Dataset;
 use crate::shard::RawSample;
 
-use super::SourcePart;
-
 /// Where emitted samples come from, and what keys their augmentation: one
 /// per stream, or per part of a source of a mixed stream.
 #[derive(Debug)]
@@ -29,19 +27,6 @@ pub(crate) struct EmittedSample {
     pub padding: bool,
     pub origin: Arc<SampleOrigin>,
     pub sample: RawSample,
-}
-
-impl SampleOrigin {
-    /// The origin of the samples `part` emits.
-    pub fn of(part: &SourcePart<'_>) -> Self {
-        Self {
-            dataset: part.source.dataset.clone(),
-            seed: part.seed,
-            epoch: part.epoch,
-            label_offset: part.source.layout.label_offset,
-            source: part.index,
-        }
-    }
 }
 
 impl EmittedSample {

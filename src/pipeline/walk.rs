@@ -4,9 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::config::PipelineConfig;
+use super::context::{Source, SourcePart};
+use super::error::PipelineError;
 use super::readers::ShardReaders;
 use super::sample::{EmittedSample, SampleOrigin};
-use super::{PipelineConfig, PipelineError, Source, SourcePart};
 use crate::plan::{RankPlan, ResumedSlice, SampleRef, Schedule, Step};
 use crate::shard::RawSample;
 
@@ -34,7 +36,7 @@ impl<'a> SampleWalker<'a> {
         Self {
             config,
             source: part.source,
-            origin: Arc::new(SampleOrigin::of(&part)),
+            origin: Arc::new(part.origin()),
             slices: Box::new(part.plan.resumed_slices()),
             current: None,
         }

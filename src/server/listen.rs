@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::limits::{CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
 use super::pb::shardfeed_server::ShardfeedServer;
 use super::service::ShardfeedService;
-use super::{CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
 use crate::net::connections::{limit, CountCallsLayer};
 
 /// Where the gRPC server listens.

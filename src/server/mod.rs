@@ -19,34 +19,23 @@ mod authority;
 pub mod client;
 pub mod codec;
 mod layout;
+mod limits;
 pub mod listen;
 mod local;
 mod mix;
+pub mod pb;
 mod request;
 pub mod service;
 pub mod shm;
 pub mod status;
 
-pub mod pb {
-    tonic::include_proto!("shardfeed.v1");
-}
-
 pub use allow::rule_allows;
 pub use client::{check_health, connect};
+pub use limits::{
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, DEFAULT_STREAM_WINDOW_BYTES, MAX_BATCH_BYTES,
+    MAX_MESSAGE_BYTES,
+};
 pub use listen::{serve, ListenAddr, Listener, ServeError, DEFAULT_SHUTDOWN_GRACE};
 pub use local::LocalServer;
 pub use service::{Lifecycle, ServiceConfig, ShardfeedService};
 pub use status::{status_code, ServiceError};
-
-// The server's limits, in one place.
-
-pub const DEFAULT_BATCH_SIZE: u32 = 128;
-pub const DEFAULT_MAX_STREAMS: usize = 64;
-/// Largest batch accepted, in bytes; keeps one request from asking for
-/// gigabytes of buffers.
-pub const MAX_BATCH_BYTES: u64 = 1 << 30;
-/// Outgoing messages: one batch plus metadata.
-pub const MAX_MESSAGE_BYTES: usize = (MAX_BATCH_BYTES as usize) + (16 << 20);
-pub use crate::pipeline::DEFAULT_STREAM_WINDOW_BYTES;
-/// Connections carry several streams: their window is this many stream windows.
-const CONNECTION_WINDOWS_PER_STREAM: u32 = 4;

@@ -4,9 +4,9 @@
 //! `mix.rs`); fields left unset take the server's defaults.
 
 use super::layout::sample_layout;
+use super::limits::{DEFAULT_BATCH_SIZE, MAX_BATCH_BYTES};
 use super::pb;
 use super::status::ServiceError;
-use super::{DEFAULT_BATCH_SIZE, MAX_BATCH_BYTES};
 use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
 use crate::engine::{OutputRequest, Sources, StreamRequest};
 use crate::pipeline::{Delivery, SearchState};

@@ -16,12 +16,13 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 
+use super::limits::{DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES};
+use super::pb;
 use super::pb::shardfeed_server::{Shardfeed, ShardfeedServer};
 use super::request::partition;
 pub use super::request::stream_request;
 use super::shm::RingRegistry;
 use super::status::{self, ServiceError};
-use super::{pb, DEFAULT_BATCH_SIZE, DEFAULT_MAX_STREAMS, MAX_MESSAGE_BYTES};
 use crate::decode::{self, OutputSpec};
 pub use crate::engine::EngineDropped;
 use crate::engine::{Engine, StreamGeometry};

@@ -10,9 +10,13 @@ docs/ARCHITECTURE.md.
 
     python3 tests/tools/module_graph.py [--edges] [SRC]
 
-A `mod.rs` and its own children are one unit here: a parent that declares
-a child and the child that uses its parent's types are how Rust splits one
-module into files, not two modules leaning on each other.
+Every file is a node, a `mod.rs` too: a parent that re-exports or calls a
+child and a child that uses its parent's items are a loop like any other.
+So a `mod.rs` either holds the vocabulary its children import (and names
+none of them), or only declares and re-exports its children (and its
+children import their siblings, never the parent). A glob import
+(`use super::*`, `use crate::a::*`) counts as an import of the whole module
+it names.
 """
 
 from __future__ import annotations
@@ -178,14 +182,6 @@ def cycles(edges: dict[tuple, set[tuple]]) -> list[list[tuple]]:
     return found
 
 
-def between_files(edges: dict[tuple, set[tuple]]) -> dict[tuple, set[tuple]]:
-    """The edges with each module's parent↔child pairs left out (see above)."""
-    kept: dict[tuple, set[tuple]] = {}
-    for a, targets in edges.items():
-        kept[a] = {b for b in targets if not (b == a[:-1] or a == b[:-1])}
-    return kept
-
-
 def layer(module: tuple) -> int | None:
     for rank, names in enumerate(LAYERS):
         if module and module[0] in names:
@@ -220,16 +216,11 @@ def main() -> int:
         for a in sorted(edges):
             for b in sorted(edges[a]):
                 print(f"{name(a)} -> {name(b)}")
-    loops = cycles(between_files(edges))
+    loops = cycles(edges)
     up = upward(edges)
     print(f"{len(edges)} files, {sum(len(t) for t in edges.values())} imports between them")
-    print(f"cycles between files: {len(loops)}")
-    # Counted with a mod.rs as a file of its own, parent-child pairs
-    # included: not yet held to 0 (issue 50 takes them there), printed so
-    # the count is watched.
-    strict = cycles(edges)
-    largest = max((len(loop) for loop in strict), default=0)
-    print(f"cycles counting each mod.rs as a file: {len(strict)} (largest {largest} files)")
+    largest = max((len(loop) for loop in loops), default=0)
+    print(f"cycles between files (each mod.rs a file): {len(loops)} (largest {largest} files)")
     for loop in loops:
         print("  " + " <-> ".join(name(m) for m in loop))
     print(f"imports up the layers: {len(up)}")
