@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 ACCESS_KEY = "shardfeed-demo"
 SECRET_KEY = "shardfeed-demo-secret"
 # DataLoader workers start this way: the test process has gRPC running, and a
-# forked worker refuses to open a channel (see _client._refuse_after_unsafe_fork).
+# forked worker refuses to open a channel (see _channel._refuse_after_unsafe_fork).
 SAFE_START = "forkserver"
 
 

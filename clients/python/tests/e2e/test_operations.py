@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardfeed import Client, ShardfeedError, _client
+from shardfeed import Client, ShardfeedError, _channel
 
 from ..conftest import (
     REPO,
@@ -194,9 +194,9 @@ def test_stall_metrics_attribute_the_bottleneck(s3: S3, monkeypatch: pytest.Monk
     # never sees a slow consumer. Fixed 64 KiB windows make back-pressure certain.
     fixed_windows = [
         (name, 0 if name == "grpc.http2.bdp_probe" else value)
-        for name, value in _client._CHANNEL_OPTIONS
+        for name, value in _channel._CHANNEL_OPTIONS
     ]
-    monkeypatch.setattr(_client, "_CHANNEL_OPTIONS", fixed_windows)
+    monkeypatch.setattr(_channel, "_CHANNEL_OPTIONS", fixed_windows)
     samples = [(f"st{i:04d}", {"jpg": jpeg(COLORS[i % 5], (48, 48))}) for i in range(1024)]
     shards = [write_tar(samples[:512]), write_tar(samples[512:])]
     uri = upload(s3, "stall", "", shards)

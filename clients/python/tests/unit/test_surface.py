@@ -9,7 +9,7 @@ import pytest
 
 from shardfeed import Client, EpochPosition, ShardfeedError, distributed_rank_and_world
 from shardfeed._augment import _image_size
-from shardfeed._client import _partition
+from shardfeed._request import _partition
 
 
 def test_rank_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

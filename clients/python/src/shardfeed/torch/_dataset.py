@@ -1,66 +1,33 @@
-"""The ``IterableDataset`` surface of a shardfeed stream (see the package)."""
+"""The ``IterableDataset`` surface of a shardfeed stream (see the package).
+
+Its parts: the arguments checked when it is made (``_arguments``), where it
+stands and its checkpoints (``_progress``), what it yields (``_output``),
+the streams' delivery options (``_delivery``), and the tensors where
+training wants them (``_device``)."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import os
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal, TypedDict, Union
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .._augment import AugmentSpec, ImageSize
-from .._client import Client, Source, SourceSpec, distributed_rank_and_world
-from .._epochs import EpochPage, choose_epoch, pass_token
-from .._options import Partition, StreamOptions, unknown_keywords
+from .._client import Client, SourceSpec
+from .._options import Partition
 from .._stats import InputStats, WaitMeter
 from .._wire import EpochPosition
+from ._arguments import Decode, Layout, Output, as_source, check_arguments
 from ._delivery import ShareCarry, stream_options
-from ._device import mask, on_device
+from ._device import on_device
 from ._frameworks import accelerate_dispatch, in_step
 from ._loader import loader_class
+from ._output import BatchDict, Sample, as_dict
+from ._progress import MAX_FETCH_AHEAD, STATE_VERSION, MixWeights, Progress, check_state
+from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
-__all__ = ["BatchDict", "ShardfeedDataset"]
-
-_log = logging.getLogger("shardfeed")
-
-Layout = Literal["NHWC", "NCHW"]
-Decode = Literal["server", "client", "gpu"]
-Output = Literal["tuple", "dict"]
-_LAYOUTS = ("NHWC", "NCHW")
-_DECODES = ("server", "client", "gpu")
-_OUTPUTS = ("tuple", "dict")
-_STATE_VERSION = 1
-
-
-class BatchDict(TypedDict):
-    """One batch with ``output="dict"`` (see :class:`ShardfeedDataset`)."""
-
-    images: torch.Tensor
-    labels: torch.Tensor
-    keys: list[str]
-    shards: list[str]
-    crop_boxes: torch.Tensor
-    flipped: torch.Tensor
-    substituted: torch.Tensor
-    padded: torch.Tensor
-    fields: dict[str, list[bytes | None]]
-    sources: torch.Tensor
-    source_epochs: torch.Tensor
-    epoch: int
-    index: int
-
-
-Sample = Union[tuple[torch.Tensor, torch.Tensor], BatchDict]
-
-
-# Batches handed out but not yet consumed that a DataModule-driven dataset
-# keeps positions for: Lightning fetches one ahead; far more means the
-# consumption hook is not being called.
-MAX_FETCH_AHEAD = 64
+__all__ = ["MAX_FETCH_AHEAD", "BatchDict", "Output", "ShardfeedDataset"]
 
 
 class ShardfeedDataset(IterableDataset[Sample]):
@@ -176,205 +143,86 @@ class ShardfeedDataset(IterableDataset[Sample]):
         device: str | torch.device | None = None,
         **options: Any,
     ) -> None:
-        if decode not in _DECODES:
-            raise ValueError(f"decode must be one of {_DECODES}, not {decode!r}")
-        if decode != "server" and "delivery" in options:
-            raise ValueError(f"decode={decode!r} sets delivery itself")
-        # Checked now: a misspelt or ill-valued option fails here, not at
-        # the first iteration (in a DataLoader worker).
-        try:
-            stream_options = StreamOptions().with_keywords(**options)
-        except TypeError as error:
-            unknown = [name for name in options if name not in StreamOptions.keywords()]
-            if not unknown:
-                raise
-            known = set(StreamOptions.keywords()) | set(_OWN_KEYWORDS)
-            raise unknown_keywords(unknown, known, what="option") from error
-        if decode == "gpu":
-            device = torch.device("cuda" if device is None else device)
-            if device.type != "cuda":
-                raise ValueError(f'decode="gpu" decodes on a CUDA device, not {device}')
-        if layout not in _LAYOUTS:
-            raise ValueError(f"layout must be one of {_LAYOUTS}, not {layout!r}")
-        if output not in _OUTPUTS:
-            raise ValueError(f"output must be one of {_OUTPUTS}, not {output!r}")
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, not {batch_size}")
-        if (dataset is None) == (sources is None):
-            raise ValueError("pass dataset or sources, one of them")
-        if client is not None and target is not None:
-            raise ValueError("pass target or client, not both")
-        given = [
-            name
-            for name, values in (
-                ("rank/world_size", (rank, world_size)),
-                ("dp_rank/dp_size", (dp_rank, dp_size)),
-                ("device_mesh", (device_mesh,)),
-            )
-            if any(value is not None for value in values)
-        ]
-        if len(given) > 1:
-            raise ValueError(f"pass one of {' or '.join(given)}, not several")
-        if dp_rank is not None or dp_size is not None:
-            rank, world_size = dp_rank, dp_size
-        if device_mesh is not None and getattr(device_mesh, "ndim", 1) != 1:
-            raise ValueError(
-                f"device_mesh has {device_mesh.ndim} dimensions: pass its data-parallel "
-                'sub-mesh (e.g. mesh["dp"]), whose ranks split the data'
-            )
-        if client is None:
-            client = Client(target)
+        checked = check_arguments(
+            dataset=dataset,
+            sources=sources,
+            target=target,
+            client=client,
+            batch_size=batch_size,
+            layout=layout,
+            output=output,
+            rank=rank,
+            world_size=world_size,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            device_mesh=device_mesh,
+            decode=decode,
+            device=device,
+            options=options,
+        )
         # The client opens its channel lazily, once per process: a dataset
         # made before DataLoader forks its workers is usable in each of them.
-        self.client = client
+        self.client = client if client is not None else Client(target)
         self.dataset = dataset
-        self.sources = None if sources is None else [_as_source(s) for s in sources]
-        # A mixed stream's weights: those in force and the step they began
-        # at (None: at the next iteration's first step), and the earlier ones.
-        self._weights_from: int | None = 0
-        self._weight_changes: list[tuple[int, list[float]]] = []
+        self._mix = None if sources is None else MixWeights([as_source(s) for s in sources])
         self.batch_size = batch_size
         self.image_size = image_size
         self.seed = seed
         self.augment = augment
         self.layout = layout
         self.output = output
-        self.rank = rank
-        self.world_size = world_size
+        self.rank, self.world_size = checked.rank, checked.world_size
         self.device_mesh = device_mesh
         self.partition = partition
         self.decode = decode
-        self.device = None if device is None else torch.device(device)
-        self.options = stream_options
-        self._epoch = 0
-        # Where the current epoch stands in this process: the position of the
-        # last batch handed out (or the one loaded, before any).
-        self._position = EpochPosition()
-        # Set by load_state_dict, used by the next iteration of its epoch.
-        self._resume: EpochPosition | None = None
-        self._lengths: dict[tuple[int, int, str], int] = {}
-        # Counts explicit epoch choices (set_epoch, load_state_dict): a pass
-        # completed under the current count advances the epoch by itself.
-        self._choice = 0
-        # Passes this copy began (with the DataLoader's seed, the identity of
-        # a pass that sibling workers share), and whether a worker's copy was
-        # given a state to resume (StatefulDataLoader) that its next pass
-        # must follow whatever passes the record shows.
-        self._passes = 0
-        self._worker_loaded = False
+        self.device = checked.device
+        self.options = checked.options
+        self._progress = Progress()
+        self._lengths = EpochSteps()
         # With server_decode_fraction="auto": where the last stream's share
         # search stood, where the next one goes on.
         self._share = ShareCarry()
-        self._repeat_logged = False
-        self._shared = EpochPage()
-        # The last pass this copy completed: (epoch, choice count).
-        self._completed_here: tuple[int, int] | None = None
-        # For a trainer that fetches ahead (Lightning): positions of batches
-        # handed out but not yet consumed, and of the last one consumed.
-        self._tracking = False
-        self._pending: deque[EpochPosition] = deque()
-        self._pass_start = EpochPosition()
-        self._consumed: EpochPosition | None = None
         # The training loop's waits for batches, in the process it runs in.
         self._meter = WaitMeter()
+
+    @property
+    def sources(self) -> list[Any] | None:
+        """A mixed stream's sources, with the weights in force."""
+        return None if self._mix is None else self._mix.sources
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration streams (while one is under way in
         this process: the one after it)."""
-        # As a new pass would choose: no pass shares the token -1.
-        started = self._shared.started()
-        return choose_epoch(self._epoch, self._choice, started, -1, self._worker_loaded)
+        return self._progress.next_epoch()
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch the next iteration streams. Setting the epoch a
         loaded state is in keeps its resume position."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, not {epoch}")
-        self._choice += 1
-        self._worker_loaded = False
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._position = EpochPosition()
-            self._resume = None
-
-    def _completed_epoch(self) -> int:
-        """The epoch a checkpoint taken now resumes: after a complete pass
-        under the current choice (here or in a worker), the next one. A
-        worker's copy counts only its own pass: its siblings stream other
-        sub-ranks, and one that finished first says nothing of this one's
-        batches still to come (StatefulDataLoader snapshots each worker)."""
-        if get_worker_info() is not None:
-            completed = self._completed_here
-        else:
-            completed = self._shared.completed()
-        if completed is not None and completed[1] == self._choice and completed[0] >= self._epoch:
-            return completed[0] + 1
-        return self._epoch
-
-    def _begin_pass(self, world: int) -> int:
-        """Chooses the epoch this pass streams (``shardfeed._epochs``) and
-        returns the pass's token."""
-        self._passes += 1
-        worker = get_worker_info()
-        # The DataLoader's base seed is drawn anew for each of its iterators
-        # and shared by that iterator's workers.
-        token = pass_token(
-            None if worker is None else worker.seed - worker.id,
-            self._passes,
-            int.from_bytes(os.urandom(7), "little"),
-        )
-        started = self._shared.started()
-        epoch = choose_epoch(self._epoch, self._choice, started, token, self._worker_loaded)
-        self._worker_loaded = False
-        if (
-            started is not None
-            and started.choice != self._choice
-            and started.epoch == epoch
-            and not self._repeat_logged
-        ):
-            self._repeat_logged = True
-            _log.info(
-                "streaming epoch %d again, as set_epoch chose (the same order and "
-                "augmentation as its previous pass)",
-                epoch,
-            )
-        if epoch != self._epoch:
-            self._position = self._next_epoch_start(epoch, world)
-            self._epoch = epoch
-            self._resume = None
-        return token
+        self._progress.set_epoch(epoch)
 
     def _stream_rank_and_world(self) -> tuple[int, int]:
         """This process's stream: in a DataLoader worker, its sub-rank."""
-        rank, world = self._rank_and_world()
-        worker = get_worker_info()
-        if worker is None:
-            return rank, world
-        return rank * worker.num_workers + worker.id, world * worker.num_workers
+        return worker_sub_rank(*self._rank_and_world())
 
     def _next_epoch_start(self, epoch: int, world: int) -> EpochPosition:
         """Epoch ``epoch``'s start, after this copy's epoch. A mixed stream's
         keeps its history: the rest of this copy's epoch and any epochs
         between count as run at ``world`` (the stream's global steps go on,
         so what a shortened epoch left out is not streamed later)."""
-        if self.sources is None:
+        if self._mix is None:
             return EpochPosition()
+        progress = self._progress
         steps = self._epoch_steps(world)
-        done = sum(batches for _, batches in self._position.segments)
-        rest = steps - done + steps * max(epoch - self._epoch - 1, 0)
+        done = sum(batches for _, batches in progress.position.segments)
+        rest = steps - done + steps * max(epoch - progress.epoch - 1, 0)
         return EpochPosition(
-            self._position.segments + ((world, rest),),
-            before_epoch=self._position.before_epoch,
+            progress.position.segments + ((world, rest),),
+            before_epoch=progress.position.before_epoch,
         ).next_epoch()
 
     def _rank_and_world(self) -> tuple[int, int]:
-        if self.device_mesh is not None:
-            return int(self.device_mesh.get_local_rank()), int(self.device_mesh.size())
-        default_rank, default_world = distributed_rank_and_world()
-        rank = default_rank if self.rank is None else self.rank
-        world = default_world if self.world_size is None else self.world_size
-        return rank, world
+        return rank_and_world(self.rank, self.world_size, self.device_mesh)
 
     def __len__(self) -> int:
         return self._epoch_steps(self._rank_and_world()[1])
@@ -382,24 +230,10 @@ class ShardfeedDataset(IterableDataset[Sample]):
     def _epoch_steps(self, world: int) -> int:
         """Batches per rank of an epoch at ``world`` ranks: also the epoch's
         global steps, the same at any world size with the same global batch."""
-        key = (world, self.batch_size, self.partition)
-        if key not in self._lengths and self.sources is not None:
-            # A mixed epoch has as many global batches as its sources hold.
-            samples = sum(
-                self.client.describe(s.dataset, world_size=1, batch_size=1).samples
-                for s in self.sources
-            )
-            self._lengths[key] = samples // (world * self.batch_size)
-        if key not in self._lengths:
-            assert self.dataset is not None
-            info = self.client.describe(
-                self.dataset,
-                world_size=world,
-                batch_size=self.batch_size,
-                partition=self.partition,
-            )
-            self._lengths[key] = info.batches_per_rank
-        return self._lengths[key]
+        names = None if self._mix is None else self._mix.names()
+        return self._lengths.steps(
+            self.client, self.dataset, names, world, self.batch_size, self.partition
+        )
 
     def stats(self, last: int | None = None) -> InputStats:
         """Whether the training loop waits for data: over its last ``last``
@@ -442,36 +276,34 @@ class ShardfeedDataset(IterableDataset[Sample]):
         meter = self._meter if get_worker_info() is None else None
         if meter is not None:
             meter.begin_pass()
+        progress = self._progress
         if get_worker_info() is not None:
-            self._shared.set_worker_used()
+            progress.shared.set_worker_used()
         rank, world = self._stream_rank_and_world()
-        token = self._begin_pass(world)
+        token = progress.begin_pass(world, self._next_epoch_start)
         # Under accelerate's dispatch, process 0 streams every rank's batches.
         ranks = list(range(world)) if accelerate_dispatch(self) else [rank]
         # A loaded position stays loaded until the resumed stream delivers:
         # an attempt that fails before its first batch, retried, must not
         # restart the epoch at batch 0.
-        resume = self._resume
+        resume = progress.resume
         mix: dict[str, Any] = {}
-        if self.sources is not None:
+        if self._mix is not None:
             # A mixed stream always says where it stands: its history (the
             # world sizes before this epoch) keys every source's progress.
-            resume = resume or EpochPosition(before_epoch=self._position.before_epoch)
-            if self._weights_from is None:
-                done = sum(batches for _, batches in resume.segments)
-                self._weights_from = self._epoch * self._epoch_steps(world) + done
-            mix = {
-                "sources": self.sources,
-                "weight_changes": self._weight_changes,
-                "weights_from": self._weights_from,
-            }
+            resume = resume or EpochPosition(before_epoch=progress.position.before_epoch)
+            begun = resume
+            mix = self._mix.stream_keywords(
+                lambda: (
+                    progress.epoch * self._epoch_steps(world)
+                    + sum(batches for _, batches in begun.segments)
+                )
+            )
         # Trainers that know len() stop after that many batches without
         # asking for another (Lightning): the pass completes with its last
         # batch, not when the stream ends. Each batch says the epoch's steps.
         steps: int | None = None
-        self._position = resume or EpochPosition()
-        self._pass_start, self._consumed = self._position, None
-        self._pending.clear()
+        progress.start(resume or EpochPosition())
         options = stream_options(self.options, self.decode, self.device, self._share)
         tuned = options.delivery.tuned
         streams = [
@@ -479,7 +311,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
                 self.client.batches(
                     self.dataset,
                     seed=self.seed,
-                    epoch=self._epoch,
+                    epoch=progress.epoch,
                     rank=stream_rank,
                     world_size=world,
                     batch_size=self.batch_size,
@@ -500,223 +332,95 @@ class ShardfeedDataset(IterableDataset[Sample]):
         for group in in_step(streams):
             for batch, images, labels, crop_boxes, flipped, substituted in group:
                 if steps is None:
-                    self._shared.set_started(self._epoch, self._choice, token)
-                self._resume = None
+                    progress.shared.set_started(progress.epoch, progress.choice, token)
+                    # Servers before `epoch_steps` are asked with Describe.
+                    steps = batch.epoch_steps or self._epoch_steps(world)
                 if tuned:
                     self._share.observe(batch)
                 if self.layout == "NCHW":
                     images = images.permute(0, 3, 1, 2)
-                self._position = batch.position
-                if steps is None:
-                    # Servers before `epoch_steps` are asked with Describe.
-                    steps = batch.epoch_steps or self._epoch_steps(world)
+                progress.handed_out(batch.position)
                 if sum(batches for _, batches in batch.position.segments) >= steps:
-                    self._set_completed()
-                if self._tracking:
-                    if len(self._pending) >= MAX_FETCH_AHEAD:
-                        raise RuntimeError(
-                            f"{MAX_FETCH_AHEAD} batches were handed out that no training step "
-                            "consumed: ShardfeedDataModule marks a batch consumed as a step "
-                            "takes it (on_before_batch_transfer), so a loop fetching this far "
-                            "ahead, or one that skips that hook, cannot be checkpointed exactly"
-                        )
-                    self._pending.append(batch.position)
+                    progress.set_completed()
                 if meter is not None:
                     meter.received()
                 if self.output == "tuple":
                     yield images, labels
                 else:
-                    yield self._as_dict(batch, images, labels, crop_boxes, flipped, substituted)
+                    yield as_dict(batch, images, labels, crop_boxes, flipped, substituted)
                 if meter is not None:
                     meter.asking()
         # Resumed at the epoch's end: nothing was left, the position is spent.
-        self._resume = None
+        progress.resume = None
         # Seen by this process and, after a fork, by the one that made the
         # dataset (a DataLoader worker's pass counts).
-        self._shared.set_started(self._epoch, self._choice, token)
-        self._set_completed()
-
-    @staticmethod
-    def _as_dict(
-        batch: Any,
-        images: torch.Tensor,
-        labels: torch.Tensor,
-        crop_boxes: Any,
-        flipped: Any,
-        substituted: Any,
-    ) -> BatchDict:
-        return {
-            "images": images,
-            "labels": labels,
-            "keys": batch.keys,
-            "shards": batch.shards,
-            "crop_boxes": torch.from_numpy(crop_boxes),
-            "flipped": torch.from_numpy(flipped),
-            "substituted": mask(len(batch.keys), substituted),
-            "padded": mask(len(batch.keys), batch.padded),
-            "fields": batch.fields,
-            "sources": torch.tensor(batch.sources, dtype=torch.int64),
-            "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
-            "epoch": batch.epoch,
-            "index": batch.index,
-        }
-
-    def _set_completed(self) -> None:
-        """This copy's pass is complete: here, and on the page the process
-        that made the dataset reads."""
-        self._completed_here = (self._epoch, self._choice)
-        self._shared.set_completed(self._epoch, self._choice)
+        progress.shared.set_started(progress.epoch, progress.choice, token)
+        progress.set_completed()
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain
         values for a checkpoint."""
-        if get_worker_info() is None and self._shared.worker_used():
-            raise RuntimeError(
-                "ShardfeedDataset was iterated in a DataLoader worker, whose progress this "
-                "process cannot see: use num_workers=0, or torchdata's StatefulDataLoader "
-                "(which asks each worker for its state), to checkpoint mid-epoch"
-            )
-        epoch = self._completed_epoch()
-        if epoch != self._epoch:
-            # The pass is complete: the next epoch, from its start.
-            position = self._next_epoch_start(epoch, self._stream_rank_and_world()[1])
-        else:
-            position = self._resume if self._resume is not None else self._position
-        return self._state(epoch, position)
+        world = self._stream_rank_and_world()[1]
+        return self._state(*self._progress.checkpoint(self._next_epoch_start, world))
 
     def track_consumption(self) -> None:
         """For a trainer that fetches batches ahead of its steps (Lightning):
         from now on the positions of batches handed out are kept until
         :meth:`mark_consumed` says a step took them, so that
         :meth:`consumed_state_dict` can checkpoint at the last one consumed."""
-        self._tracking = True
+        self._progress.track_consumption()
 
     def mark_consumed(self) -> None:
         """The oldest batch handed out has been consumed (a trainer's step)."""
-        if self._pending:
-            self._consumed = self._pending.popleft()
+        self._progress.mark_consumed()
 
     def consumed_state_dict(self) -> dict[str, Any]:
         """Like :meth:`state_dict`, at the last batch consumed rather than the
         last handed out (the DataModule's checkpoints, with batches fetched
         ahead; see :meth:`track_consumption`)."""
-        if not self._pending:
-            return self.state_dict()
-        position = self._consumed if self._consumed is not None else self._pass_start
-        return self._state(self._epoch, position)
+        consumed = self._progress.consumed_checkpoint()
+        return self.state_dict() if consumed is None else self._state(*consumed)
 
     def _state(self, epoch: int, position: EpochPosition) -> dict[str, Any]:
         state: dict[str, Any] = {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "dataset": self.dataset,
             "seed": self.seed,
             "epoch": epoch,
             "global_batch": self._global_batch(),
             "position": position.to_dict(),
         }
-        if self.sources is not None:
-            state["sources"] = [s.dataset for s in self.sources]
-            state["weights"] = [s.weight for s in self.sources]
-            state["weights_from"] = self._weights_from
-            state["weight_changes"] = [[step, list(w)] for step, w in self._weight_changes]
+        if self._mix is not None:
+            state.update(self._mix.to_state())
         return state
 
     def set_weights(self, weights: Sequence[float]) -> None:
         """New weights for a mixed stream's sources, from the next
         iteration's first batch on (exactly, from there; nothing of a
         source's epoch is repeated or skipped). Recorded in the state."""
-        if self.sources is None:
+        if self._mix is None:
             raise ValueError("set_weights is for a dataset made with sources=")
-        if len(weights) != len(self.sources):
-            raise ValueError(f"{len(weights)} weights for {len(self.sources)} sources")
-        if self._weights_from is not None:
-            self._weight_changes.append((self._weights_from, [s.weight for s in self.sources]))
-        self._weights_from = None
-        self.sources = [
-            dataclasses.replace(source, weight=float(weight))
-            for source, weight in zip(self.sources, weights)
-        ]
+        self._mix.set(weights)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a :meth:`state_dict`: the next iteration of its epoch
         continues after the last batch it recorded, at this job's world size
         (which may differ, if ``world_size * batch_size`` does not)."""
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported ShardfeedDataset state version {state.get('version')!r}")
-        for name in ("dataset", "seed"):
-            if state[name] != getattr(self, name):
-                raise ValueError(
-                    f"the state is of {name}={state[name]!r}, this dataset has "
-                    f"{name}={getattr(self, name)!r}: its position means nothing here"
-                )
-        position = EpochPosition.from_dict(state["position"])
-        if (self.sources is not None) != ("sources" in state) or (
-            self.sources is not None and state["sources"] != [s.dataset for s in self.sources]
-        ):
-            raise ValueError(
-                f"the state is of sources={state.get('sources')!r}, this dataset mixes "
-                f"{None if self.sources is None else [s.dataset for s in self.sources]!r}"
-            )
-        global_batch = self._global_batch()
-        if position.segments and state["global_batch"] != global_batch:
-            raise ValueError(
-                f"the state was saved mid-epoch with a global batch (world_size x batch_size) "
-                f"of {state['global_batch']}; this job's is {global_batch}. Resume mid-epoch "
-                "with the same global batch, or start the next epoch."
-            )
-        if get_worker_info() is None:
-            self._choice += 1
-        else:
-            # StatefulDataLoader restoring a worker's copy: its next pass
-            # resumes this state. Its passes must still count for the
-            # process that made the dataset (whose choice count this keeps).
-            self._worker_loaded = True
-        self._epoch = int(state["epoch"])
-        self._position = position
-        self._resume = position if position.segments else None
-        self._completed_here = None
-        if self.sources is not None:
-            self._load_weights(state)
-
-    def _load_weights(self, state: Mapping[str, Any]) -> None:
-        self._weight_changes = [(int(step), list(w)) for step, w in state["weight_changes"]]
-        saved = [float(w) for w in state["weights"]]
-        self._weights_from = state["weights_from"]
-        assert self.sources is not None
-        if saved != [s.weight for s in self.sources]:
-            # Reweighted at the resume: the saved weights become history.
-            if self._weights_from is not None:
-                self._weight_changes.append((int(self._weights_from), saved))
-            self._weights_from = None
+        names = None if self._mix is None else self._mix.names()
+        position = check_state(state, self.dataset, self.seed, names, self._global_batch())
+        self._progress.load(int(state["epoch"]), position)
+        if self._mix is not None:
+            self._mix.load(state)
 
     def _global_batch(self) -> int:
         return self._stream_rank_and_world()[1] * self.batch_size
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        # A mapping does not pickle: a spawned worker maps the owner's page
-        # again (see _SharedState).
-        state["_shared"] = self._shared.to_pickle()
         # A copy (a worker's) measures nothing of the loop: a fresh meter.
         del state["_meter"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        source = state.pop("_shared")
         self.__dict__.update(state)
-        self._shared = EpochPage(source)
         self._meter = WaitMeter()
-
-
-def _as_source(source: SourceSpec) -> Source:
-    if isinstance(source, Source):
-        return source
-    dataset, weight = source
-    return Source(dataset, float(weight))
-
-
-# ShardfeedDataset's own keywords, for the list a misspelt one gets.
-_OWN_KEYWORDS = (
-    "dataset sources target client batch_size image_size seed augment layout output rank "
-    "world_size dp_rank dp_size device_mesh partition decode device"
-).split()
