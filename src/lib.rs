@@ -19,6 +19,7 @@ pub mod pool;
 pub mod server;
 pub mod shard;
 pub mod store;
+pub mod tier;
 
 #[cfg(feature = "dev")]
 pub mod dev;

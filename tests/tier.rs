@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use shardfeed::server::pb;
-use shardfeed::store::decoded::DecodedCache;
+use shardfeed::tier::records::DecodedCache;
 
 /// Every epoch defined from the stored source (these tests stream epoch 0).
 fn tiered(dataset: &str, augmentation: pb::Augmentation) -> pb::StreamBatchesRequest {

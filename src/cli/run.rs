@@ -12,7 +12,7 @@ use crate::dataset::{
 use crate::engine::{warm, Engine};
 use crate::server::{self, Listener, ShardfeedService};
 use crate::store::cache::DiskCache;
-use crate::store::decoded::DecodedCache;
+use crate::tier::records::DecodedCache;
 
 /// Runs `command` to completion.
 pub async fn run(command: Command) -> Result<(), CliError> {
@@ -584,7 +584,7 @@ async fn open_tier(
     background: bool,
 ) -> Result<Arc<DecodedCache>, CliError> {
     use crate::store::cache::{wait_for_slot, SlotWaitError};
-    use crate::store::decoded::TierError;
+    use crate::tier::records::TierError;
     let (owned, size, slots) = (
         dir.to_path_buf(),
         cache.decoded_cache_size,

@@ -167,13 +167,13 @@ impl CacheArgs {
             ));
         }
         if self.decoded_default_side != 0
-            && !(crate::decode::tier::MIN_SHORTER_SIDE..=crate::decode::tier::MAX_SHORTER_SIDE)
+            && !(crate::tier::output::MIN_SHORTER_SIDE..=crate::tier::output::MAX_SHORTER_SIDE)
                 .contains(&self.decoded_default_side)
         {
             problems.push(format!(
                 "--decoded-default-side must be 0 or in [{}, {}]",
-                crate::decode::tier::MIN_SHORTER_SIDE,
-                crate::decode::tier::MAX_SHORTER_SIDE
+                crate::tier::output::MIN_SHORTER_SIDE,
+                crate::tier::output::MAX_SHORTER_SIDE
             ));
         }
         if self.decoded_cache_dir.is_some() && self.decoded_cache_dir == self.cache_dir {

@@ -9,10 +9,8 @@
 pub mod augment;
 mod decoder;
 mod error;
-pub mod fill;
 mod jpeg;
 pub mod source;
-pub mod tier;
 #[cfg(feature = "turbojpeg")]
 pub mod turbo;
 

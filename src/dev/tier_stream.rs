@@ -17,7 +17,7 @@ use crate::decode::source::{stored_size, SourceForm, SourceKind};
 use crate::decode::{self, Crop, CropBox, OutputSpec};
 use crate::engine::Engine;
 use crate::shard::ImageFormat;
-use crate::store::decoded::DecodedCache;
+use crate::tier::records::DecodedCache;
 
 #[derive(Debug, Clone)]
 pub struct TierStreamSpec {

@@ -28,7 +28,7 @@ use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
 use crate::metrics::StreamMetrics;
 use crate::pipeline::{self, BatchReceiver, PipelineConfig};
 use crate::plan::{self, EpochCounts, Partition, PlanError, ShuffleConfig, StreamPlan};
-use crate::store::decoded::DecodedCache;
+use crate::tier::records::DecodedCache;
 
 /// Decode threads when none are configured: the CPUs this process may use
 /// (its cgroup's quota, within its cores; see [`sizing`]).
@@ -208,7 +208,7 @@ pub struct Engine {
     decoded: Arc<std::sync::OnceLock<Arc<DecodedCache>>>,
     /// Fills the tier in the epochs defined from the original: started with
     /// the first stream that uses the tier.
-    filler: std::sync::OnceLock<Option<Arc<decode::fill::TierFiller>>>,
+    filler: std::sync::OnceLock<Option<Arc<crate::tier::fill::TierFiller>>>,
     /// What runs a started stream: the real pipeline, or a double a caller
     /// hands in (the dev transport benchmark's pattern batches).
     producer: StreamProducer,

@@ -10,7 +10,6 @@ use super::{
     MAX_BUFFERED_SHARDS,
 };
 use crate::dataset::Dataset;
-use crate::decode;
 use crate::metrics::StreamMetrics;
 use crate::pipeline::{CacheHints, Planned, SharedTarget, Source, StreamCommon, StreamContext};
 use crate::plan::{self, PlanError};
@@ -185,17 +184,17 @@ impl Engine {
 
     /// The tier a stream of `form` uses: this host's store, if any, and
     /// its background fill.
-    fn tier(&self, output: &OutputRequest) -> Option<decode::tier::TierRequest> {
+    fn tier(&self, output: &OutputRequest) -> Option<crate::tier::output::TierRequest> {
         let form = output.decoded_source?;
         let decoded = self.decoded.get();
-        let cache = decoded.map(|tier| tier.clone() as Arc<dyn decode::tier::SourceStore>);
+        let cache = decoded.map(|tier| tier.clone() as Arc<dyn crate::tier::output::SourceStore>);
         let filler = decoded.and_then(|decoded| {
             self.filler
                 .get_or_init(|| {
-                    decode::fill::TierFiller::start(
+                    crate::tier::fill::TierFiller::start(
                         self.decoder.clone(),
                         self.config.decode_threads,
-                        decode::fill::FillBounds::default(),
+                        crate::tier::fill::FillBounds::default(),
                         Some(&decoded.fill_spill_dir()),
                     )
                     .map_err(|error| {
@@ -209,9 +208,9 @@ impl Engine {
                     .map(Arc::new)
                 })
                 .clone()
-                .map(|filler| filler as Arc<dyn decode::tier::FillQueue>)
+                .map(|filler| filler as Arc<dyn crate::tier::output::FillQueue>)
         });
-        Some(decode::tier::TierRequest {
+        Some(crate::tier::output::TierRequest {
             form,
             cache,
             from_epoch: output.decoded_from_epoch,

@@ -79,7 +79,7 @@ impl OutputRequest {
             spec,
             shared_memory: None,
             decoded_source: None,
-            decoded_from_epoch: crate::decode::tier::DEFAULT_FROM_EPOCH,
+            decoded_from_epoch: crate::tier::output::DEFAULT_FROM_EPOCH,
             decoded_by_default: false,
             delivery: Delivery::Decoded,
         }

@@ -30,10 +30,10 @@ fn tier_sample<'a>(
     dataset: &'a Dataset,
     location: &'a str,
     emitted: &'a EmittedSample,
-) -> Option<decode::tier::SampleVersion<'a>> {
+) -> Option<crate::tier::output::SampleVersion<'a>> {
     let shard = &dataset.index.shards[emitted.shard as usize];
     let version = shard.etag.as_ref().or(shard.digest.as_ref())?;
-    Some(decode::tier::SampleVersion {
+    Some(crate::tier::output::SampleVersion {
         location,
         version,
         size: shard.size,
@@ -59,7 +59,7 @@ struct SampleDecoder {
     decoder: Arc<dyn decode::Decoder>,
     scratch: Arc<decode::ScratchBudget>,
     spec: decode::OutputSpec,
-    tier: Option<decode::tier::TierRequest>,
+    tier: Option<crate::tier::output::TierRequest>,
 }
 
 pub(super) type SampleOutcome = Result<CropBox, (&'static str, String)>;

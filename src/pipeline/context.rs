@@ -10,7 +10,7 @@ use super::error::PipelineError;
 use super::sample::SampleOrigin;
 use super::shm;
 use crate::dataset::Dataset;
-use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
+use crate::decode::{Decoder, OutputSpec, ScratchBudget};
 use crate::metrics;
 use crate::plan::mix::MixPlan;
 use crate::plan::StreamPlan;
@@ -38,7 +38,7 @@ pub struct StreamCommon {
     /// Decode into this shared-memory ring instead of process memory.
     pub ring: Option<SharedTarget>,
     /// Outputs defined from stored decoded sources (the decoded tier).
-    pub tier: Option<decode::tier::TierRequest>,
+    pub tier: Option<crate::tier::output::TierRequest>,
     /// Pixels, or baseline JPEGs for the client to decode.
     pub delivery: Delivery,
     /// The stream's metric handles, resolved once.

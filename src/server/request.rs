@@ -207,7 +207,7 @@ fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError
 fn decoded_source(
     wire: Option<&pb::DecodedSource>,
 ) -> Result<(Option<decode::source::SourceForm>, u64), ServiceError> {
-    use decode::tier::{DEFAULT_FROM_EPOCH, MAX_SHORTER_SIDE, MIN_SHORTER_SIDE};
+    use crate::tier::output::{DEFAULT_FROM_EPOCH, MAX_SHORTER_SIDE, MIN_SHORTER_SIDE};
     let Some(wire) = wire else {
         return Ok((None, DEFAULT_FROM_EPOCH));
     };

@@ -7,12 +7,11 @@
 //! attempt in time and resumes broken bodies: retries live there and nowhere
 //! else. [`read`] splits large ranges into ranged GETs in flight. These
 //! know nothing about tar, images or plans beyond the plans' eviction hints.
-//! Beside the shard cache, [`decoded`] keeps decoded sources on local disk
-//! (the decoded-source tier), not an object store itself.
+//! The decoded-source tier keeps its records beside the shard cache on the
+//! same disk, but is a module of its own ([`crate::tier`]): it stores images.
 
 pub mod beneath;
 pub mod cache;
-pub mod decoded;
 pub mod local;
 pub mod read;
 pub mod retry;

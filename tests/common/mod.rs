@@ -146,7 +146,7 @@ pub struct Options {
     /// The decoder (default: the build's fastest).
     pub decoder: Option<Arc<dyn shardfeed::decode::Decoder>>,
     /// The host's decoded-source tier.
-    pub decoded: Option<Arc<shardfeed::store::decoded::DecodedCache>>,
+    pub decoded: Option<Arc<shardfeed::tier::records::DecodedCache>>,
     /// The tier form requests that name none use (`--decoded-default-side`).
     pub decoded_default: Option<shardfeed::decode::source::SourceForm>,
     /// The decode pool streams send to.

@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
     # One layer each: the direction among them is checked too.
     {"decode"},
     {"store"},
+    {"tier"},
     {"dataset"},
     {"pool"},
     {"pipeline"},

@@ -1,6 +1,6 @@
 //! The decoded-source tier's store: the host's decoded sources on local
 //! disk, shared by every stream (what a source is and how an output is
-//! made from it is [`crate::decode::tier`]).
+//! made from it is [`crate::tier::output`]).
 //!
 //! One record per sample, in a bucket of its shard: `<dir>/<2 hex>/<shard
 //! 16 hex>-<record 16 hex>.src`, written to a private temporary name and
@@ -73,12 +73,12 @@ pub struct DecodedCache {
     write_failures: LogGate,
 }
 
-impl crate::decode::tier::SourceStore for DecodedCache {
-    fn get(&self, key: &crate::decode::tier::SourceKey) -> Option<StoredSource> {
+impl crate::tier::output::SourceStore for DecodedCache {
+    fn get(&self, key: &crate::tier::output::SourceKey) -> Option<StoredSource> {
         DecodedCache::get(self, key.record(), key.form())
     }
 
-    fn put(&self, key: &crate::decode::tier::SourceKey, source: &StoredSource) {
+    fn put(&self, key: &crate::tier::output::SourceKey, source: &StoredSource) {
         DecodedCache::put(self, key.record(), key.form(), source)
     }
 }
@@ -265,7 +265,7 @@ impl DecodedCache {
     }
 
     /// Where the background fill keeps the images its memory bound leaves
-    /// out ([`crate::decode::fill`]): in this server's slot, so no other
+    /// out ([`crate::tier::fill`]): in this server's slot, so no other
     /// server's fill empties it, and not a bucket, so never taken for
     /// records.
     pub fn fill_spill_dir(&self) -> PathBuf {

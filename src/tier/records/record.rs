@@ -126,14 +126,14 @@ impl<'a> Reader<'a> {
 pub(super) mod tests {
     use super::*;
 
-    pub(in crate::store::decoded) fn form() -> SourceForm {
+    pub(in crate::tier::records) fn form() -> SourceForm {
         SourceForm {
             shorter_side: 64,
             kind: SourceKind::Raw,
         }
     }
 
-    pub(in crate::store::decoded) fn source(seed: u8) -> StoredSource {
+    pub(in crate::tier::records) fn source(seed: u8) -> StoredSource {
         StoredSource {
             kind: SourceKind::Raw,
             width: 8,

@@ -1,5 +1,5 @@
 //! The decoded-source tier: each image brought once to a stored source form
-//! ([`super::source`]) and kept on the host's local disk, so later epochs
+//! ([`crate::decode::source`]) and kept on the host's local disk, so later epochs
 //! crop and resize from it instead of decoding the JPEG again.
 //!
 //! A stream that asks for the tier has the outputs of its epochs from
@@ -14,15 +14,16 @@
 //! This module defines a sample's output from its source, and what it
 //! needs of a store of sources ([`SourceStore`]: get and put by a
 //! [`SourceKey`]); where sources are kept (records on disk, their index,
-//! eviction by the plans) is the store's business, `store::decoded` beside
+//! eviction by the plans) is the store's business, `tier::records` beside
 //! the shard cache, which decode does not import.
 
 use std::sync::Arc;
 
-use super::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
-use super::{full_size_bounded, Crop, CropBox, DecodeError, ImageFormat, OutputSpec, SampleKey};
-use super::{Decoder, ScratchBudget, MAX_SIZE};
+use crate::decode::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
+use crate::decode::{full_size_bounded, Crop, CropBox, DecodeError, OutputSpec, SampleKey};
+use crate::decode::{Decoder, ScratchBudget, MAX_SIZE};
 use crate::metrics;
+use crate::shard::ImageFormat;
 
 /// A store of decoded sources, as decode needs it. Its calls read and write
 /// the host's local disk: they run on the decode threads, each within the

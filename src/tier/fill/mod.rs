@@ -27,8 +27,8 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::tier::{FillJob, FillQueue};
-use super::{DecodeError, Decoder, ScratchBudget};
+use super::output::{FillJob, FillQueue};
+use crate::decode::{DecodeError, Decoder, ScratchBudget};
 use crate::metrics;
 
 mod spill;
@@ -330,8 +330,9 @@ mod tests {
 
     use super::*;
     use crate::decode::source::{SourceForm, SourceKind, StoredSource};
-    use crate::decode::tier::{SampleVersion, SourceKey, SourceStore, TierRequest};
-    use crate::decode::{ImageCrateDecoder, ImageFormat, OutputSpec, SampleKey};
+    use crate::decode::{ImageCrateDecoder, OutputSpec, SampleKey};
+    use crate::shard::ImageFormat;
+    use crate::tier::output::{SampleVersion, SourceKey, SourceStore, TierRequest};
 
     #[derive(Debug, Default)]
     struct Memory(Mutex<HashMap<String, StoredSource>>);
