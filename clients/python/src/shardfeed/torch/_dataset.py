@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .._augment import AugmentSpec, ImageSize
-from .._client import Client, SourceSpec
+from .._client import Client, Source, SourceSpec
 from .._options import Partition
 from .._stats import InputStats, WaitMeter
 from .._wire import EpochPosition
@@ -186,7 +186,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self._meter = WaitMeter()
 
     @property
-    def sources(self) -> list[Any] | None:
+    def sources(self) -> list[Source] | None:
         """A mixed stream's sources, with the weights in force."""
         return None if self._mix is None else self._mix.sources
 
