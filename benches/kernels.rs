@@ -8,7 +8,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use shardfeed::decode::{
     check_jpeg_complete, decode_bounded, default_decoder, default_decoder_name, jpeg_frame, Crop,
-    OutputSpec, RandomResizedCrop, SampleKey, ScratchBudget,
+    HorizontalFlip, Ops, OutputSpec, RandomResizedCrop, SampleKey, ScratchBudget,
 };
 use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
 use shardfeed::plan::mix::{plan_mix, MixRequest, MixSource, MixWeights, WeightChange};
@@ -48,7 +48,7 @@ fn decode_resize(c: &mut Criterion) {
     let budget = ScratchBudget::new(1 << 30);
     let train = OutputSpec {
         crop: Crop::RandomResized(RandomResizedCrop::default()),
-        flip: 0.5,
+        ops: Ops::default().with(HorizontalFlip(0.5)),
         ..OutputSpec::center(224, 224)
     };
     let stretch = OutputSpec {

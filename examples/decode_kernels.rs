@@ -18,7 +18,9 @@
 //! size, so the entropy decoder keeps each block's coefficients (at DCT
 //! 1/8 it only skips past the AC ones) while the inverse DCT and colour
 //! work is negligible: the floor of any kernel that decodes at full size.
-use shardfeed::decode::{Crop, Decoder, ImageCrateDecoder, OutputSpec, RandomResizedCrop};
+use shardfeed::decode::{
+    Crop, Decoder, HorizontalFlip, ImageCrateDecoder, Ops, OutputSpec, RandomResizedCrop,
+};
 use shardfeed::dev::kernel::decode_kernel;
 
 struct Kernel {
@@ -87,7 +89,7 @@ fn main() {
     let center = OutputSpec::center(224, 224);
     let train = OutputSpec {
         crop: Crop::RandomResized(RandomResizedCrop::default()),
-        flip: 0.5,
+        ops: Ops::default().with(HorizontalFlip(0.5)),
         ..center
     };
     let kernel = |transform, name, decoder: Box<dyn Decoder>, spec| Kernel {

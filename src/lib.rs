@@ -16,6 +16,7 @@ pub mod pack;
 pub mod pipeline;
 pub mod plan;
 pub mod pool;
+pub mod proto;
 pub mod server;
 pub mod shard;
 pub mod store;

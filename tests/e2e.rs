@@ -139,6 +139,24 @@ async fn pixels_match_a_reference_resize() {
         mean <= 1.0 && far <= 0.01,
         "stretch differs: mean {mean}, share over 8 {far}"
     );
+    // The augmentation's stretch is the legacy mode's, pixel for pixel.
+    let named = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            batch_size: Some(1),
+            height: 16,
+            width: 40,
+            augmentation: Some(pb::Augmentation {
+                crop: Some(pb::augmentation::Crop::Stretch(pb::Stretch {})),
+                horizontal_flip: 0.0,
+            }),
+            ..request(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(named[0].images, stretched[0].images);
+    assert_eq!(named[0].crops, stretched[0].crops);
     harness.shutdown().await;
 }
 

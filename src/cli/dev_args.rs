@@ -78,12 +78,12 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     fn output(&self) -> crate::decode::OutputSpec {
-        use crate::decode::{Crop, OutputSpec, RandomResizedCrop};
+        use crate::decode::{Crop, HorizontalFlip, Ops, OutputSpec, RandomResizedCrop};
         let center = OutputSpec::center(self.image_size, self.image_size);
         match self.augment.as_str() {
             "train" => OutputSpec {
                 crop: Crop::RandomResized(RandomResizedCrop::default()),
-                flip: 0.5,
+                ops: Ops::default().with(HorizontalFlip(0.5)),
                 ..center
             },
             "eval" => OutputSpec {

@@ -15,7 +15,8 @@ pub mod source;
 pub mod turbo;
 
 pub use augment::{
-    Crop, CropBox, OutputSpec, RandomResizedCrop, SampleKey, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
+    Crop, CropBox, Drawn, HorizontalFlip, Ops, OutputSpec, RandomResizedCrop, SampleKey, CHANNELS,
+    DEFAULT_SIZE, MAX_SIZE,
 };
 pub use decoder::{
     decode_rgb, resize_rgb, resize_with, Decoder, ImageCrateDecoder, IMAGE_CRATE_DECODER,
@@ -160,7 +161,7 @@ pub fn decode_bounded(
     full_size_bounded(budget, format, data, |width, height| {
         let crop = spec.crop_box(width, height, key);
         decoder.decode_into(format, data, spec, &crop, out)?;
-        augment::apply_flip(&crop, spec, out);
+        spec.finish(&crop, out);
         Ok(crop)
     })
 }

@@ -9,7 +9,6 @@
 //! a miss derives the source and crops from it exactly as a hit does, so a
 //! batch is the same bytes whatever the cache holds.
 
-use super::augment::apply_flip;
 use super::{decode_rgb, resize_rgb, CropBox, DecodeError, OutputSpec, CHANNELS};
 use crate::shard::ImageFormat;
 
@@ -129,7 +128,7 @@ pub fn scaled_box(source: &StoredSource, crop: &CropBox) -> CropBox {
         top: crop.top * sy,
         width: (crop.width * sx).min(f64::from(source.width) - crop.left * sx),
         height: (crop.height * sy).min(f64::from(source.height) - crop.top * sy),
-        flipped: crop.flipped,
+        drawn: crop.drawn,
     }
 }
 
@@ -172,7 +171,7 @@ pub fn output_from_source(
         spec,
         out,
     )?;
-    apply_flip(crop, spec, out);
+    spec.finish(crop, out);
     Ok(())
 }
 
@@ -245,7 +244,7 @@ fn yuv420_to_rgb(planes: &[u8], width: u32, height: u32) -> Result<Vec<u8>, Deco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{Crop, Decoder, RandomResizedCrop, SampleKey};
+    use crate::decode::{Crop, Decoder, HorizontalFlip, Ops, RandomResizedCrop, SampleKey};
 
     fn photo(width: u32, height: u32) -> Vec<u8> {
         let pixels: Vec<u8> = (0..width * height)
@@ -299,7 +298,7 @@ mod tests {
         let jpeg = photo(500, 375);
         let spec = OutputSpec {
             crop: Crop::RandomResized(RandomResizedCrop::default()),
-            flip: 0.5,
+            ops: Ops::default().with(HorizontalFlip(0.5)),
             ..OutputSpec::center(224, 224)
         };
         let key = SampleKey {
@@ -312,7 +311,7 @@ mod tests {
         crate::decode::ImageCrateDecoder
             .decode_into(ImageFormat::Jpeg, &jpeg, &spec, &crop, &mut today)
             .unwrap();
-        apply_flip(&crop, &spec, &mut today);
+        spec.finish(&crop, &mut today);
         for kind in [
             SourceKind::Raw,
             SourceKind::Yuv420,

@@ -209,7 +209,7 @@ fn decode_region(
         top: inner_top,
         width: width.min(f64::from(x1 - x0) - inner_left),
         height: height.min(f64::from(y1 - y0) - inner_top),
-        flipped: crop.flipped,
+        drawn: crop.drawn,
     };
     (region, inner)
 }
@@ -296,7 +296,7 @@ impl TurboJpegDecoder {
                         top,
                         width: scale.map(crop.width).min(f64::from(scaled.0) - left),
                         height: scale.map(crop.height).min(f64::from(scaled.1) - top),
-                        flipped: crop.flipped,
+                        drawn: crop.drawn,
                     };
                     (whole, inner)
                 }
@@ -396,7 +396,7 @@ const DATA_ERRORS: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{Crop, RandomResizedCrop, SampleKey};
+    use crate::decode::{Crop, Drawn, RandomResizedCrop, SampleKey};
 
     fn center_box(width: u32, height: u32, spec: &OutputSpec) -> CropBox {
         spec.crop_box(
@@ -438,7 +438,7 @@ mod tests {
             top: 50.5,
             width: 300.0,
             height: 200.0,
-            flipped: false,
+            drawn: Drawn::default(),
         };
         let (region, inner) = decode_region(&crop, &spec, Scale(8), (1000, 800), 16);
         assert_eq!(region.x % 16, 0);
@@ -453,7 +453,7 @@ mod tests {
             top: 0.0,
             width: 1000.0,
             height: 800.0,
-            flipped: false,
+            drawn: Drawn::default(),
         };
         let (region, _) = decode_region(&edge, &spec, Scale(4), (500, 400), 8);
         assert_eq!((region.x, region.y, region.w, region.h), (0, 0, 500, 400));
@@ -529,7 +529,7 @@ mod tests {
             top: 360.0,
             width: 240.0,
             height: 15.0,
-            flipped: false,
+            drawn: Drawn::default(),
         };
         let (region, inner) = decode_region(&crop, &spec, Scale(4), (250, 188), 8);
         assert_eq!(inner.top + f64::from(region.y), 180.0);
@@ -556,7 +556,7 @@ mod tests {
                 top: 170.0,
                 width: 200.0,
                 height: 200.0,
-                flipped: false,
+                drawn: Drawn::default(),
             };
             assert_eq!(dct_scale(&crop, &spec, ScaleFactors::default()), expected);
             let mut scaled = vec![0u8; spec.bytes()];

@@ -44,6 +44,8 @@ pub(crate) fn engine_over(
 }
 
 /// torchvision's training recipe at 224x224: RandomResizedCrop + flip.
+// `..Ops::NONE` keeps this true when the table gains an op.
+#[allow(clippy::needless_update)]
 pub(crate) const TRAIN: crate::decode::OutputSpec = crate::decode::OutputSpec {
     height: 224,
     width: 224,
@@ -51,7 +53,10 @@ pub(crate) const TRAIN: crate::decode::OutputSpec = crate::decode::OutputSpec {
         scale: (0.08, 1.0),
         ratio: (3.0 / 4.0, 4.0 / 3.0),
     }),
-    flip: 0.5,
+    ops: crate::decode::Ops {
+        horizontal_flip: crate::decode::HorizontalFlip(0.5),
+        ..crate::decode::Ops::NONE
+    },
 };
 
 /// The median of `values` (reordered).
@@ -394,7 +399,7 @@ pub async fn entitlement(
         "batch_size": spec.batch_size,
         "image_size": spec.output.width,
         "transform": format!("{:?}", spec.output.crop),
-        "flip": spec.output.flip,
+        "flip": spec.output.ops.horizontal_flip.0,
         "decode_threads": spec.decode_threads,
         "samples": samples,
         "wall_seconds": wall,

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use fast_image_resize as fir;
 
-use crate::decode::augment::apply_flip;
 use crate::decode::{
     decode_bounded, decode_rgb, resize_with, CropBox, DecodeError, Decoder, OutputSpec, SampleKey,
     ScratchBudget,
@@ -37,7 +36,7 @@ pub fn reference_decode(
         spec,
         out,
     )?;
-    apply_flip(crop, spec, out);
+    spec.finish(crop, out);
     Ok(())
 }
 

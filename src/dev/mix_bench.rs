@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::bench::{engine_over, BenchError};
 use super::s3mem;
 use super::synthetic::{self, SyntheticSpec, DEMO_BUCKET};
-use crate::decode::{Crop, OutputSpec};
+use crate::decode::{Crop, Ops, OutputSpec};
 use crate::engine::{MixSources, MixedSource, OutputRequest, Sources, StreamRequest};
 use crate::pipeline::BatchReceiver;
 use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
@@ -27,7 +27,7 @@ const OUTPUT: OutputSpec = OutputSpec {
     height: 224,
     width: 224,
     crop: Crop::Center { resize: None },
-    flip: 0.0,
+    ops: Ops::NONE,
 };
 
 async fn drain(mut batches: BatchReceiver) -> Result<(u64, f64), BenchError> {

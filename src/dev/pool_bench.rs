@@ -56,7 +56,9 @@ fn wire_bytes(jpegs: &[bytes::Bytes], unit_samples: usize) -> (f64, f64) {
                         top: 2.5,
                         width: 100.25,
                         height: 90.75,
-                        flipped: true,
+                        drawn: decode::Drawn {
+                            horizontal_flip: true,
+                        },
                     }))
                 })
                 .collect(),

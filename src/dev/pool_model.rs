@@ -405,7 +405,7 @@ fn answer(unit: &pb::DecodeUnit) -> pb::DecodedUnit {
                         top: 0.0,
                         width: 1.0,
                         height: 1.0,
-                        flipped: false,
+                        drawn: crate::decode::Drawn::default(),
                     },
                 ))
             })

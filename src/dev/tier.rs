@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use crate::decode::source::{derive_source_with, output_from_source, SourceForm, SourceKind};
 use crate::decode::{
-    decode_bounded, default_decoder, default_decoder_name, psnr, Crop, OutputSpec,
-    RandomResizedCrop, ScratchBudget,
+    decode_bounded, default_decoder, default_decoder_name, psnr, Crop, HorizontalFlip, Ops,
+    OutputSpec, RandomResizedCrop, ScratchBudget,
 };
 use crate::dev::kernel::{decode_kernel, kernel_key, reference_decode};
 use crate::dev::synthetic::{synthesize_shards, SyntheticSpec};
@@ -46,7 +46,7 @@ pub(crate) fn recipes() -> [(&'static str, OutputSpec); 2] {
             "train_rrc_flip",
             OutputSpec {
                 crop: Crop::RandomResized(RandomResizedCrop::default()),
-                flip: 0.5,
+                ops: Ops::default().with(HorizontalFlip(0.5)),
                 ..OutputSpec::center(224, 224)
             },
         ),

@@ -47,7 +47,7 @@ pub async fn warm_decoded(
     mut progress: impl FnMut(u64),
 ) -> Result<DecodedWarmReport, WarmError> {
     use crate::decode::source::{SourceForm, SourceKind};
-    use crate::decode::{Crop, OutputSpec, RandomResizedCrop};
+    use crate::decode::{Crop, HorizontalFlip, Ops, OutputSpec, RandomResizedCrop};
     use crate::plan::{EpochPosition, Partition, PlanRequest, ShuffleConfig};
     if engine.decoded_cache_slot().get().is_none() {
         return Err(WarmError::NoTier);
@@ -61,7 +61,7 @@ pub async fn warm_decoded(
         },
         None => OutputSpec {
             crop: Crop::RandomResized(RandomResizedCrop::default()),
-            flip: 0.5,
+            ops: Ops::default().with(HorizontalFlip(0.5)),
             ..OutputSpec::center(16, 16)
         },
     };

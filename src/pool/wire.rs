@@ -3,12 +3,10 @@
 
 use bytes::Bytes;
 
-use crate::decode::{self, Crop, CropBox, OutputSpec, RandomResizedCrop, SampleKey};
+use crate::decode::{self, Crop, CropBox, OutputSpec, SampleKey};
 use crate::shard::ImageFormat;
 
-pub mod pb {
-    tonic::include_proto!("shardfeed.pool.v1");
-}
+pub use crate::proto::pool::v1 as pb;
 
 /// The metadata entry that names the sender's build and decoder.
 pub const BUILD_HEADER: &str = "shardfeed-pool-build";
@@ -50,31 +48,15 @@ fn unit_error(field: &'static str, message: impl Into<String>) -> UnitError {
 }
 
 pub fn spec_to_wire(spec: &OutputSpec) -> pb::OutputSpec {
-    use pb::output_spec::Crop as Wire;
     pb::OutputSpec {
         height: spec.height,
         width: spec.width,
-        crop: Some(match spec.crop {
-            Crop::Center { resize } => Wire::Center(pb::CenterCrop {
-                resize: resize.unwrap_or(0),
-            }),
-            Crop::Stretch => Wire::Stretch(pb::Stretch {}),
-            Crop::RandomResized(RandomResizedCrop { scale, ratio }) => {
-                Wire::RandomResized(pb::RandomResizedCrop {
-                    scale_min: scale.0,
-                    scale_max: scale.1,
-                    ratio_min: ratio.0,
-                    ratio_max: ratio.1,
-                })
-            }
-        }),
-        flip: spec.flip,
+        augmentation: Some(spec.augmentation_to_wire()),
     }
 }
 
 /// The unit's spec, checked as a stream's request is.
 pub fn spec_from_wire(wire: Option<&pb::OutputSpec>) -> Result<OutputSpec, UnitError> {
-    use pb::output_spec::Crop as Wire;
     let wire = wire.ok_or_else(|| unit_error("spec", "missing"))?;
     for (field, side) in [("spec.height", wire.height), ("spec.width", wire.width)] {
         if side == 0 || side > decode::MAX_SIZE {
@@ -84,23 +66,13 @@ pub fn spec_from_wire(wire: Option<&pb::OutputSpec>) -> Result<OutputSpec, UnitE
             ));
         }
     }
-    let crop = match &wire.crop {
-        None => return Err(unit_error("spec.crop", "missing")),
-        Some(Wire::Center(center)) => Crop::Center {
-            resize: (center.resize != 0).then_some(center.resize),
-        },
-        Some(Wire::Stretch(_)) => Crop::Stretch,
-        Some(Wire::RandomResized(random)) => Crop::RandomResized(RandomResizedCrop {
-            scale: (random.scale_min, random.scale_max),
-            ratio: (random.ratio_min, random.ratio_max),
-        }),
-    };
-    let spec = OutputSpec {
-        height: wire.height,
-        width: wire.width,
-        crop,
-        flip: wire.flip,
-    };
+    let augmentation = wire
+        .augmentation
+        .as_ref()
+        .ok_or_else(|| unit_error("spec.augmentation", "missing"))?;
+    let crop = Crop::from_wire(augmentation)
+        .ok_or_else(|| unit_error("spec.augmentation.crop", "missing"))?;
+    let spec = OutputSpec::from_wire(wire.height, wire.width, crop, augmentation);
     spec.validate().map_err(|e| UnitError {
         field: "spec",
         message: e.to_string(),
@@ -172,13 +144,7 @@ pub fn answer_to_wire(answer: &SampleAnswer) -> pb::SampleResult {
     use pb::sample_result::Outcome;
     pb::SampleResult {
         outcome: Some(match answer {
-            SampleAnswer::Decoded(crop) => Outcome::Crop(pb::CropBox {
-                left: crop.left,
-                top: crop.top,
-                width: crop.width,
-                height: crop.height,
-                flipped: crop.flipped,
-            }),
+            SampleAnswer::Decoded(crop) => Outcome::Crop(crop.to_wire()),
             SampleAnswer::Failed { reason, message } => Outcome::Failure(pb::Failure {
                 reason: failure_text(reason),
                 message: failure_text(message),
@@ -210,13 +176,7 @@ pub fn answers_from_wire(
                 let sound = numbers.iter().all(|v| v.is_finite() && *v >= 0.0)
                     && crop.width > 0.0
                     && crop.height > 0.0;
-                sound.then_some(SampleAnswer::Decoded(CropBox {
-                    left: crop.left,
-                    top: crop.top,
-                    width: crop.width,
-                    height: crop.height,
-                    flipped: crop.flipped,
-                }))
+                sound.then(|| SampleAnswer::Decoded(CropBox::from_wire(crop)))
             }
             Outcome::Failure(failure) => (failure.reason.len() <= MAX_FAILURE_TEXT_BYTES
                 && failure.message.len() <= MAX_FAILURE_TEXT_BYTES)
@@ -231,6 +191,7 @@ pub fn answers_from_wire(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::{Drawn, HorizontalFlip, Ops, RandomResizedCrop};
 
     #[test]
     fn every_spec_survives_the_wire() {
@@ -244,7 +205,7 @@ mod tests {
                 height: 224,
                 width: 200,
                 crop,
-                flip: 0.5,
+                ops: Ops::default().with(HorizontalFlip(0.5)),
             };
             assert_eq!(spec_from_wire(Some(&spec_to_wire(&spec))).unwrap(), spec);
         }
@@ -259,7 +220,7 @@ mod tests {
             "spec.height"
         );
         let mut wire = spec_to_wire(&OutputSpec::center(224, 224));
-        wire.flip = 2.0;
+        wire.augmentation.as_mut().unwrap().horizontal_flip = 2.0;
         assert_eq!(spec_from_wire(Some(&wire)).unwrap_err().field, "spec");
         assert_eq!(spec_from_wire(None).unwrap_err().field, "spec");
         assert_eq!(format_from_wire(0).unwrap_err().field, "samples.format");
@@ -285,7 +246,7 @@ mod tests {
                 top: 0.0,
                 width,
                 height: 10.0,
-                flipped: false,
+                drawn: Drawn::default(),
             }))
         };
         let unit = |result: pb::SampleResult| pb::DecodedUnit {

@@ -12,12 +12,10 @@
 //! - [`authority`]: lets any gRPC client call over the Unix socket, whatever
 //!   `:authority` it sends.
 //! - [`client`]: a channel to a server, and the health check.
-//! - [`codec`]: the prost codec that sizes each batch's buffer once.
 
 mod allow;
 mod authority;
 pub mod client;
-pub mod codec;
 mod layout;
 mod limits;
 pub mod listen;

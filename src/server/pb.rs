@@ -1,4 +1,4 @@
-//! The `shardfeed.v1` messages and service, generated from `proto/` at build
-//! time.
+//! The `shardfeed.v1` messages and service (generated in `crate::proto`),
+//! by the name the edge has always used for them.
 
-tonic::include_proto!("shardfeed.v1");
+pub use crate::proto::v1::*;

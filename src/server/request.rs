@@ -7,7 +7,7 @@ use super::layout::sample_layout;
 use super::limits::{DEFAULT_BATCH_SIZE, MAX_BATCH_BYTES};
 use super::pb;
 use super::status::ServiceError;
-use crate::decode::{self, Crop, OutputSpec, RandomResizedCrop};
+use crate::decode::{self, Crop, OutputSpec};
 use crate::engine::{OutputRequest, Sources, StreamRequest};
 use crate::pipeline::{Delivery, SearchState};
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
@@ -41,15 +41,8 @@ pub fn stream_request(
             ),
         ));
     }
-    let output = OutputSpec {
-        height,
-        width,
-        crop: crop(request)?,
-        flip: request
-            .augmentation
-            .as_ref()
-            .map_or(0.0, |augmentation| augmentation.horizontal_flip),
-    };
+    let augmentation = request.augmentation.unwrap_or_default();
+    let output = OutputSpec::from_wire(height, width, crop(request)?, &augmentation);
     output
         .validate()
         .map_err(|e| ServiceError::invalid(e.field, e.to_string()))?;
@@ -237,34 +230,18 @@ fn decoded_source(
 
 /// The crop of a request: its augmentation's, else the legacy `resize`.
 fn crop(request: &pb::StreamBatchesRequest) -> Result<Crop, ServiceError> {
-    use pb::augmentation::Crop as Wire;
     let legacy = pb::ResizeMode::try_from(request.resize).map_err(|_| {
         ServiceError::invalid("resize", format!("unknown resize mode {}", request.resize))
     })?;
-    let wire = request.augmentation.as_ref().and_then(|a| a.crop.as_ref());
-    match (wire, legacy) {
+    let named = request.augmentation.as_ref().and_then(Crop::from_wire);
+    match (named, legacy) {
         (None, pb::ResizeMode::CenterCrop) => Ok(Crop::Center { resize: None }),
         (None, pb::ResizeMode::Stretch) => Ok(Crop::Stretch),
         (Some(_), pb::ResizeMode::Stretch) => Err(ServiceError::invalid(
             "resize",
             "resize = STRETCH conflicts with augmentation.crop: set one of them",
         )),
-        (Some(Wire::CenterCrop(center)), _) => Ok(Crop::Center {
-            resize: (center.resize != 0).then_some(center.resize),
-        }),
-        (Some(Wire::RandomResizedCrop(random)), _) => {
-            let defaults = RandomResizedCrop::default();
-            Ok(Crop::RandomResized(RandomResizedCrop {
-                scale: (
-                    random.scale_min.unwrap_or(defaults.scale.0),
-                    random.scale_max.unwrap_or(defaults.scale.1),
-                ),
-                ratio: (
-                    random.ratio_min.unwrap_or(defaults.ratio.0),
-                    random.ratio_max.unwrap_or(defaults.ratio.1),
-                ),
-            }))
-        }
+        (Some(crop), pb::ResizeMode::CenterCrop) => Ok(crop),
     }
 }
 

@@ -333,17 +333,7 @@ impl BatchStream {
             sample_source_epochs,
             shards: batch.shards,
             padded: batch.padded,
-            crops: batch
-                .crops
-                .iter()
-                .map(|crop| pb::CropBox {
-                    left: crop.left as f32,
-                    top: crop.top as f32,
-                    width: crop.width as f32,
-                    height: crop.height as f32,
-                    flipped: crop.flipped,
-                })
-                .collect(),
+            crops: batch.crops.iter().map(|crop| crop.to_wire()).collect(),
             fields: self
                 .field_names
                 .iter()

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use crate::decode::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
-use crate::decode::{full_size_bounded, Crop, CropBox, DecodeError, OutputSpec, SampleKey};
+use crate::decode::{full_size_bounded, CropBox, DecodeError, OutputSpec, SampleKey};
 use crate::decode::{Decoder, ScratchBudget, MAX_SIZE};
 use crate::metrics;
 use crate::shard::ImageFormat;
@@ -307,5 +307,5 @@ impl TierRequest {
 
 /// Whether `spec` gives a sample the same output every epoch.
 fn is_deterministic(spec: &OutputSpec) -> bool {
-    spec.flip == 0.0 && matches!(spec.crop, Crop::Center { .. } | Crop::Stretch)
+    !spec.is_random()
 }

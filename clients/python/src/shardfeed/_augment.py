@@ -9,9 +9,8 @@ from typing import Any, Literal, Union
 from ._proto import shardfeed_pb2 as pb
 
 ImageSize = Union[int, tuple[int, int]]
-_EVAL_RESIZE_RATIO = 256 / 224
 
-Crop = Literal["center", "random_resized"]
+Crop = Literal["center", "random_resized", "stretch"]
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
 _EVAL_RESIZE_RATIO = 256 / 224
@@ -26,9 +25,11 @@ class Augment:
 
     ``crop="random_resized"`` is torchvision's ``RandomResizedCrop(scale,
     ratio)``; ``crop="center"`` is ``Resize(resize) + CenterCrop`` (``resize``
-    0: the smallest scale that covers the output). ``horizontal_flip`` is the
-    probability of mirroring a sample. Use :meth:`train` and :meth:`eval` for
-    the standard recipes.
+    0: the smallest scale that covers the output); ``crop="stretch"`` scales
+    each side to the output. The ops after the crop follow, each applied to
+    the resized output in the server's table order: ``horizontal_flip`` is
+    the probability of mirroring a sample. Use :meth:`train` and :meth:`eval`
+    for the standard recipes.
     """
 
     crop: Crop = "center"
@@ -57,22 +58,27 @@ class Augment:
         return cls("center", resize)
 
     def to_message(self) -> Any:
+        """The request's ``Augmentation``: the crop, then the ops after it
+        (the Python mirror of the server's op table, one field per op)."""
+        message = pb.Augmentation(horizontal_flip=self.horizontal_flip)
         if self.crop == "center":
-            return pb.Augmentation(
-                center_crop=pb.CenterCrop(resize=self.resize),
-                horizontal_flip=self.horizontal_flip,
-            )
-        if self.crop == "random_resized":
-            return pb.Augmentation(
-                random_resized_crop=pb.RandomResizedCrop(
+            message.center_crop.CopyFrom(pb.CenterCrop(resize=self.resize))
+        elif self.crop == "random_resized":
+            message.random_resized_crop.CopyFrom(
+                pb.RandomResizedCrop(
                     scale_min=self.scale[0],
                     scale_max=self.scale[1],
                     ratio_min=self.ratio[0],
                     ratio_max=self.ratio[1],
-                ),
-                horizontal_flip=self.horizontal_flip,
+                )
             )
-        raise ValueError(f"crop must be 'center' or 'random_resized', not {self.crop!r}")
+        elif self.crop == "stretch":
+            message.stretch.SetInParent()
+        else:
+            raise ValueError(
+                f"crop must be 'center', 'random_resized' or 'stretch', not {self.crop!r}"
+            )
+        return message
 
 
 AugmentSpec = Union[Literal["train", "eval"], Augment, None]

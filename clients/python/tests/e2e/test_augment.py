@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from shardfeed import Augment, Client, ShardfeedError
+from shardfeed import Augment, Client, ShardfeedError, StreamOptions
 
 from ..conftest import S3, Server, upload, write_tar
 
@@ -95,6 +95,26 @@ def test_pixels_match_pillow_on_the_reported_box(
         assert flips == 0
     else:
         assert 2 <= flips <= 14
+
+
+def test_a_named_stretch_is_the_resize_mode_and_the_flip_follows_it(
+    server: Server, photos: tuple[str, dict[str, bytes]]
+) -> None:
+    uri, _ = photos
+    client = Client(server.target)
+
+    def first(**keywords: object) -> tuple[np.ndarray, np.ndarray]:
+        batch = next(iter(client.batches(uri, batch_size=4, image_size=(16, 40), **keywords)))
+        return batch.images.copy(), batch.crop_boxes.copy()
+
+    legacy, legacy_boxes = first(options=StreamOptions(resize="stretch"))
+    named, named_boxes = first(augment=Augment(crop="stretch"))
+    assert np.array_equal(named, legacy) and np.array_equal(named_boxes, legacy_boxes)
+    mirrored, _ = first(augment=Augment(crop="stretch", horizontal_flip=1.0))
+    assert np.array_equal(mirrored, legacy[:, :, ::-1, :])
+    with pytest.raises(ShardfeedError) as error:
+        first(augment=Augment(crop="stretch"), options=StreamOptions(resize="stretch"))
+    assert error.value.code == "INVALID_ARGUMENT" and error.value.field == "resize"
 
 
 def test_the_same_seed_and_epoch_give_the_same_crops(

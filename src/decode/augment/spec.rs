@@ -1,0 +1,358 @@
+//! A stream's output: its size, its crop and the ops after it, and what
+//! one sample's output came from.
+//!
+//! A sample's region (its [`CropBox`]) is a pure function of the stream's
+//! [`OutputSpec`], the source image's size and a [`SampleKey`]: the seed, the
+//! epoch and a hash of the sample's identity (its shard and key). Nothing
+//! about the stream that carries it (rank, world size, decode thread, resume
+//! point, cache state, retries) enters, so a sample gets the same crop and
+//! ops wherever it is decoded, and new ones every epoch.
+//!
+//! The generator is the plan's SplitMix64 ([`crate::plan::rng::Rng`]),
+//! keyed by `[seed, epoch, PURPOSE_AUGMENT, sample]` where `sample` is
+//! [`super::key::sample_identity`] of the shard name and key. The crop draws
+//! first, then each op of the table in its order. Uniform reals are the top
+//! 53 bits of a draw; integers use Lemire's method. Both are frozen: a test
+//! pins boxes, so a change cannot alter users' augmentations silently.
+
+use super::crop::Crop;
+use super::key::SampleKey;
+use super::op::{AugmentError, CHANNELS};
+use super::table::{Drawn, Ops};
+use crate::proto::v1 as pb;
+
+/// The output side when a request names none.
+pub const DEFAULT_SIZE: u32 = 224;
+/// Largest accepted output side; bounds batch buffers.
+pub const MAX_SIZE: u32 = 4096;
+
+/// The source rectangle one output came from, in source pixels, and what
+/// each op after the crop decided for it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CropBox {
+    pub left: f64,
+    pub top: f64,
+    pub width: f64,
+    pub height: f64,
+    pub drawn: Drawn,
+}
+
+impl CropBox {
+    /// The whole of a `width x height` image, no op applied.
+    pub fn whole(width: u32, height: u32) -> Self {
+        Self {
+            left: 0.0,
+            top: 0.0,
+            width: f64::from(width),
+            height: f64::from(height),
+            drawn: Drawn::default(),
+        }
+    }
+
+    /// As a batch reports it (single precision, the wire's).
+    pub fn to_wire(&self) -> pb::CropBox {
+        let mut wire = pb::CropBox {
+            left: self.left as f32,
+            top: self.top as f32,
+            width: self.width as f32,
+            height: self.height as f32,
+            ..Default::default()
+        };
+        self.drawn.to_wire(&mut wire);
+        wire
+    }
+
+    pub fn from_wire(wire: &pb::CropBox) -> Self {
+        Self {
+            left: f64::from(wire.left),
+            top: f64::from(wire.top),
+            width: f64::from(wire.width),
+            height: f64::from(wire.height),
+            drawn: Drawn::from_wire(wire),
+        }
+    }
+}
+
+/// Output size, crop and the ops after it, of a stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OutputSpec {
+    pub height: u32,
+    pub width: u32,
+    pub crop: Crop,
+    pub ops: Ops,
+}
+
+impl OutputSpec {
+    /// Today's evaluation transform: shorter side scaled to cover, center crop.
+    pub fn center(height: u32, width: u32) -> Self {
+        Self {
+            height,
+            width,
+            crop: Crop::default(),
+            ops: Ops::default(),
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.height as usize * self.width as usize * CHANNELS
+    }
+
+    /// Whether samples need their [`SampleKey`] (anything random).
+    pub fn is_random(&self) -> bool {
+        self.crop.is_random() || self.ops.is_random()
+    }
+
+    /// Checks every range, naming the request field that is wrong.
+    pub fn validate(&self) -> Result<(), AugmentError> {
+        self.ops.validate()?;
+        self.crop.validate(self.height, self.width, MAX_SIZE)
+    }
+
+    /// The source box and each op's decision for one sample of a
+    /// `width x height` image. `key` is only read when [`Self::is_random`].
+    pub fn crop_box(&self, width: u32, height: u32, key: &SampleKey) -> CropBox {
+        let mut rng = key.generator();
+        let (left, top, box_width, box_height) =
+            self.crop
+                .source_box((width, height), (self.width, self.height), &mut rng);
+        CropBox {
+            left,
+            top,
+            width: box_width,
+            height: box_height,
+            drawn: self.ops.draw(&mut rng),
+        }
+    }
+
+    /// The last step of every path that makes an output from a box: each
+    /// op's decision applied to `out` (one `self`-sized output).
+    pub fn finish(&self, crop: &CropBox, out: &mut [u8]) {
+        crop.drawn.apply(self.width, &mut out[..self.bytes()]);
+    }
+
+    /// The augmentation a request or a pool unit carries for this spec:
+    /// its crop set and every bound resolved.
+    pub fn augmentation_to_wire(&self) -> pb::Augmentation {
+        let mut wire = pb::Augmentation::default();
+        self.crop.to_wire(&mut wire);
+        self.ops.to_wire(&mut wire);
+        wire
+    }
+
+    /// The spec a request or a unit names, not yet checked
+    /// ([`Self::validate`]); the caller has resolved the crop (a request
+    /// may name it by its legacy `resize` mode).
+    pub fn from_wire(height: u32, width: u32, crop: Crop, wire: &pb::Augmentation) -> Self {
+        Self {
+            height,
+            width,
+            crop,
+            ops: Ops::from_wire(wire),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::augment::{sample_identity, Drawn, HorizontalFlip, RandomResizedCrop};
+
+    fn train(height: u32, width: u32) -> OutputSpec {
+        OutputSpec {
+            height,
+            width,
+            crop: Crop::RandomResized(RandomResizedCrop::default()),
+            ops: Ops::default().with(HorizontalFlip(0.5)),
+        }
+    }
+
+    fn key(sample: u64) -> SampleKey {
+        SampleKey {
+            seed: 7,
+            epoch: 0,
+            sample,
+        }
+    }
+
+    #[test]
+    fn sample_identity_is_frozen() {
+        // Changing these changes every user's augmentation of every sample.
+        assert_eq!(
+            sample_identity("train-000000.tar", "n01440764_10026"),
+            0x2d03_b2cf_00a7_566e
+        );
+        assert_ne!(
+            sample_identity("a", "bc"),
+            sample_identity("ab", "c"),
+            "the separator keeps shard and key apart"
+        );
+    }
+
+    #[test]
+    fn random_boxes_are_frozen() {
+        // Changing these changes every user's training crops: never do it
+        // silently.
+        let spec = train(224, 224);
+        let boxes: Vec<CropBox> = (0..3)
+            .map(|i| spec.crop_box(500, 375, &key(sample_identity("s.tar", &i.to_string()))))
+            .collect();
+        let pinned = [
+            (269.0, 165.0, 189.0, 196.0, true),
+            (197.0, 41.0, 301.0, 297.0, false),
+            (49.0, 25.0, 255.0, 301.0, false),
+        ];
+        let got: Vec<_> = boxes
+            .iter()
+            .map(|b| (b.left, b.top, b.width, b.height, b.drawn.horizontal_flip))
+            .collect();
+        assert_eq!(got, pinned);
+    }
+
+    #[test]
+    fn random_boxes_fit_the_image_and_the_ranges() {
+        let spec = train(224, 224);
+        let mut flips = 0;
+        for sample in 0..2000u64 {
+            let (width, height) = (
+                200 + (sample % 7) as u32 * 150,
+                150 + (sample % 5) as u32 * 200,
+            );
+            let b = spec.crop_box(width, height, &key(sample));
+            assert!(b.left >= 0.0 && b.top >= 0.0 && b.width >= 1.0 && b.height >= 1.0);
+            assert!(
+                b.left + b.width <= f64::from(width),
+                "{b:?} in {width}x{height}"
+            );
+            assert!(
+                b.top + b.height <= f64::from(height),
+                "{b:?} in {width}x{height}"
+            );
+            let area = b.width * b.height / (f64::from(width) * f64::from(height));
+            assert!(area <= 1.0 + 1e-9);
+            flips += usize::from(b.drawn.horizontal_flip);
+        }
+        assert!(
+            (850..1150).contains(&flips),
+            "{flips} of 2000 flipped at p = 0.5"
+        );
+    }
+
+    #[test]
+    fn the_same_key_gives_the_same_box_and_the_next_epoch_another() {
+        let spec = train(224, 224);
+        let first = spec.crop_box(640, 480, &key(42));
+        assert_eq!(first, spec.crop_box(640, 480, &key(42)));
+        let changed: usize = (1..20u64)
+            .filter(|&epoch| spec.crop_box(640, 480, &SampleKey { epoch, ..key(42) }) != first)
+            .count();
+        assert_eq!(changed, 19);
+    }
+
+    #[test]
+    fn impossible_ratios_fall_back_to_a_centered_clamped_box() {
+        // A 10:1 strip with ratios up to 4:3: no attempt can fit its area,
+        // so the fallback keeps the full height and a 4:3 width.
+        let spec = OutputSpec {
+            crop: Crop::RandomResized(RandomResizedCrop {
+                scale: (1.0, 1.0),
+                ratio: (0.75, 4.0 / 3.0),
+            }),
+            ops: Ops::default(),
+            ..train(224, 224)
+        };
+        let b = spec.crop_box(1000, 100, &key(1));
+        assert_eq!(
+            (b.left, b.top, b.width, b.height),
+            (433.0, 0.0, 133.0, 100.0)
+        );
+    }
+
+    #[test]
+    fn center_crop_follows_torchvision_resize_then_center_crop() {
+        let eval = OutputSpec {
+            crop: Crop::Center { resize: Some(256) },
+            ..OutputSpec::center(224, 224)
+        };
+        // 500x375 -> shorter side 256 (scale 256/375); 224 px of it is 328.1 source px.
+        let b = eval.crop_box(500, 375, &key(0));
+        let side = 224.0 * 375.0 / 256.0;
+        assert!((b.width - side).abs() < 1e-9 && (b.height - side).abs() < 1e-9);
+        assert!((b.left - (500.0 - side) / 2.0).abs() < 1e-9);
+        // Without a resize the box covers the output: the whole shorter side.
+        let cover = OutputSpec::center(224, 224).crop_box(500, 375, &key(0));
+        assert_eq!(
+            (cover.left, cover.top, cover.width, cover.height),
+            (62.5, 0.0, 375.0, 375.0)
+        );
+        assert!(!cover.drawn.horizontal_flip);
+    }
+
+    #[test]
+    fn invalid_ranges_name_their_field() {
+        let bad = |crop, flip| {
+            OutputSpec {
+                crop,
+                ops: Ops::default().with(HorizontalFlip(flip)),
+                ..OutputSpec::center(224, 224)
+            }
+            .validate()
+            .unwrap_err()
+            .field
+        };
+        let rrc = |scale, ratio| Crop::RandomResized(RandomResizedCrop { scale, ratio });
+        assert_eq!(bad(Crop::default(), 1.5), "augmentation.horizontal_flip");
+        assert_eq!(
+            bad(Crop::default(), f64::NAN),
+            "augmentation.horizontal_flip"
+        );
+        assert_eq!(
+            bad(rrc((0.0, 1.0), (0.75, 1.33)), 0.0),
+            "augmentation.random_resized_crop.scale"
+        );
+        assert_eq!(
+            bad(rrc((0.5, 0.2), (0.75, 1.33)), 0.0),
+            "augmentation.random_resized_crop.scale"
+        );
+        assert_eq!(
+            bad(rrc((0.08, 1.0), (2.0, 1.0)), 0.0),
+            "augmentation.random_resized_crop.ratio"
+        );
+        assert_eq!(
+            bad(rrc((0.08, f64::NAN), (0.75, 1.33)), 0.0),
+            "augmentation.random_resized_crop.scale"
+        );
+        assert_eq!(
+            bad(Crop::Center { resize: Some(100) }, 0.0),
+            "augmentation.center_crop.resize"
+        );
+        assert!(train(224, 224).validate().is_ok());
+    }
+
+    #[test]
+    fn every_spec_survives_the_wire() {
+        for crop in [
+            Crop::Center { resize: None },
+            Crop::Center { resize: Some(256) },
+            Crop::Stretch,
+            Crop::RandomResized(RandomResizedCrop::default()),
+        ] {
+            let spec = OutputSpec {
+                crop,
+                ..train(224, 200)
+            };
+            let wire = spec.augmentation_to_wire();
+            let crop = Crop::from_wire(&wire).unwrap();
+            assert_eq!(OutputSpec::from_wire(224, 200, crop, &wire), spec);
+        }
+        let crop = CropBox {
+            left: 1.5,
+            top: 2.0,
+            width: 30.0,
+            height: 40.0,
+            drawn: Drawn {
+                horizontal_flip: true,
+            },
+        };
+        assert_eq!(CropBox::from_wire(&crop.to_wire()), crop);
+    }
+}
