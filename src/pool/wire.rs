@@ -11,10 +11,19 @@ pub use crate::proto::pool::v1 as pb;
 /// The metadata entry that names the sender's build and decoder.
 pub const BUILD_HEADER: &str = "shardfeed-pool-build";
 
+/// The unit's wire revision: 2 carries the service's `Augmentation` and
+/// `CropBox`. Builds of one crate version on either side of a change meet
+/// in a rolling update, and must refuse each other rather than misread.
+const WIRE_REVISION: u32 = 2;
+
 /// What a unit's pixels depend on besides the unit: the crate's version
-/// (crop boxes, resize kernels) and the JPEG decoder. Both sides must agree.
+/// (crop boxes, resize kernels), the unit's wire and the JPEG decoder. Both
+/// sides must agree.
 pub fn build_identity(decoder: &str) -> String {
-    format!("shardfeed {} / {decoder}", env!("CARGO_PKG_VERSION"))
+    format!(
+        "shardfeed {} / wire {WIRE_REVISION} / {decoder}",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 /// One sample of a unit, as the sidecar holds it.
