@@ -85,6 +85,14 @@ impl Planned {
         }
     }
 
+    /// The rank whose batches the stream sends.
+    pub fn rank(&self) -> u32 {
+        match self {
+            Self::One { plan, .. } => plan.rank,
+            Self::Mix { plan, .. } => plan.rank,
+        }
+    }
+
     pub fn batch_size(&self) -> u32 {
         match self {
             Self::One { plan, .. } => plan.batch_size,

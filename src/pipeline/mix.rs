@@ -1,81 +1,92 @@
-//! A mixed stream's producer. One feeder task per source walks that
+//! A mixed stream's supply of samples. One feeder task per source walks that
 //! source's slices of parts ([`crate::plan::mix`]) with the same bounded
 //! readers and shuffle buffer as a single stream, and queues its samples
-//! (at most a batch's worth); the producer takes each batch's count of every
-//! source, in source order, and decodes the batch as any other.
+//! (at most a batch's worth); the supply takes each batch's count of every
+//! source, in source order, and the producer (`produce.rs`) decodes the
+//! batch as any other.
 //!
 //! A source reads one part at a time, so a mixed stream holds, per source,
 //! one stream's readers and shuffle buffer plus its queue, and one stream's
 //! batches in all (see `StreamCost::mixed`).
 
+use std::sync::Arc;
+
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::batch::BatchSender;
-use super::context::{Source, SourcePart, StreamCommon};
-use super::dispatch::BatchDispatch;
+use super::config::PipelineConfig;
+use super::context::{Source, SourcePart};
 use super::error::PipelineError;
 use super::sample::EmittedSample;
 use super::walk::SampleWalker;
 use crate::plan::mix::MixPlan;
 
-/// A mixed stream's sources and plan.
-pub(super) struct Mixing<'a> {
-    pub sources: &'a [Source],
-    pub plan: &'a std::sync::Arc<MixPlan>,
-    /// The index of the stream's first batch in its epoch.
-    pub first_index: u64,
-}
-
 type SampleSender = mpsc::Sender<Result<EmittedSample, PipelineError>>;
 
-pub(super) async fn produce_mixed(
-    common: &StreamCommon,
-    mix: Mixing<'_>,
-    tx: &BatchSender,
-    span: tracing::Span,
-) -> Result<(), PipelineError> {
-    let plan = mix.plan;
-    let batch_size = plan.batch_size as usize;
-    // Dropped with the producer: aborts every feeder and its readers.
-    let mut feeders = JoinSet::new();
-    let mut queues = Vec::with_capacity(plan.sources());
-    for (k, need) in plan.source_needs().into_iter().enumerate() {
-        let (sender, receiver) = mpsc::channel(batch_size.max(1));
-        let feed = feed_source(
-            common.config.clone(),
-            mix.sources[k].clone(),
-            plan.clone(),
-            k,
-            need,
-            sender,
-        );
-        feeders.spawn(tracing::Instrument::instrument(feed, span.clone()));
-        queues.push(receiver);
+/// A mixed stream's samples, batch by batch, from its feeders' queues.
+pub(super) struct MixSupply<'a> {
+    /// Dropped with the supply: aborts every feeder and its readers.
+    _feeders: JoinSet<()>,
+    queues: Vec<mpsc::Receiver<Result<EmittedSample, PipelineError>>>,
+    counts: Box<dyn Iterator<Item = Vec<u64>> + Send + 'a>,
+    batch_size: usize,
+}
+
+impl<'a> MixSupply<'a> {
+    /// Starts one feeder per source, each queueing at most a batch.
+    pub fn start(
+        config: &PipelineConfig,
+        sources: &[Source],
+        plan: &'a Arc<MixPlan>,
+        span: tracing::Span,
+    ) -> Self {
+        let batch_size = plan.batch_size as usize;
+        let mut feeders = JoinSet::new();
+        let mut queues = Vec::with_capacity(plan.sources());
+        for (k, need) in plan.source_needs().into_iter().enumerate() {
+            let (sender, receiver) = mpsc::channel(batch_size.max(1));
+            let feed = feed_source(
+                config.clone(),
+                sources[k].clone(),
+                plan.clone(),
+                k,
+                need,
+                sender,
+            );
+            feeders.spawn(tracing::Instrument::instrument(feed, span.clone()));
+            queues.push(receiver);
+        }
+        Self {
+            _feeders: feeders,
+            queues,
+            counts: Box::new(plan.batch_counts()),
+            batch_size,
+        }
     }
-    let mut dispatch = BatchDispatch::new(common, tx, mix.first_index, plan.rank);
-    for counts in plan.batch_counts() {
-        let mut samples = Vec::with_capacity(batch_size);
+
+    /// The next batch: its count of every source, in source order.
+    pub async fn next_batch(&mut self) -> Result<Option<Vec<EmittedSample>>, PipelineError> {
+        let Some(counts) = self.counts.next() else {
+            return Ok(None);
+        };
+        let mut samples = Vec::with_capacity(self.batch_size);
         for (k, &count) in counts.iter().enumerate() {
             for _ in 0..count {
-                let sample = queues[k].recv().await.ok_or_else(|| {
+                let sample = self.queues[k].recv().await.ok_or_else(|| {
                     PipelineError::Internal(format!("source {k}'s reader stopped early"))
                 })??;
                 samples.push(sample);
             }
         }
-        if !dispatch.submit(samples).await? {
-            return Ok(());
-        }
+        Ok(Some(samples))
     }
-    dispatch.finish().await
 }
 
 /// Queues the `need` samples of source `k` this stream takes, part by part.
 async fn feed_source(
-    config: super::config::PipelineConfig,
+    config: PipelineConfig,
     source: Source,
-    plan: std::sync::Arc<MixPlan>,
+    plan: Arc<MixPlan>,
     k: usize,
     mut need: u64,
     queue: SampleSender,

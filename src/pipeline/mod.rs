@@ -71,6 +71,7 @@ mod dispatch;
 pub mod encoded;
 mod error;
 mod mix;
+mod produce;
 mod readers;
 mod remote;
 mod sample;
@@ -85,14 +86,10 @@ pub use config::{
     PipelineConfig, DEFAULT_DECODE_AHEAD, DEFAULT_PREFETCH_SHARDS, DEFAULT_READER_QUEUE,
     DEFAULT_READY_BATCHES, DEFAULT_STREAM_WINDOW_BYTES,
 };
-pub(crate) use context::SourcePart;
 pub use context::{CacheHints, Planned, SharedTarget, Source, StreamCommon, StreamContext};
-use dispatch::BatchDispatch;
 pub use encoded::{Delivery, Placement, SearchState};
 pub use error::PipelineError;
-use sample::EmittedSample;
 pub use substitute::{substitute_source, Substitution};
-use walk::SampleWalker;
 
 /// Starts the stream's producer task and returns its ready queue. Dropping
 /// the receiver stops the stream and frees its resources.
@@ -107,35 +104,7 @@ pub fn spawn_stream<H: Send + 'static>(
     let capacity = context.common.config.ready_batches;
     let feeders_span = span.clone();
     spawn_producer(capacity, span, held, move |tx| async move {
-        match &context.planned {
-            Planned::One {
-                source,
-                plan,
-                seed,
-                epoch,
-            } => {
-                let part = SourcePart {
-                    source,
-                    plan,
-                    seed: *seed,
-                    epoch: *epoch,
-                    index: 0,
-                };
-                produce(&context.common, part, &tx).await
-            }
-            Planned::Mix {
-                sources,
-                plan,
-                first_index,
-            } => {
-                let mix = mix::Mixing {
-                    sources,
-                    plan,
-                    first_index: *first_index,
-                };
-                mix::produce_mixed(&context.common, mix, &tx, feeders_span).await
-            }
-        }
+        produce::produce(&context.common, &context.planned, &tx, feeders_span).await
     })
 }
 
@@ -170,32 +139,4 @@ where
     };
     tokio::spawn(tracing::Instrument::instrument(task, span));
     rx
-}
-
-async fn produce(
-    common: &StreamCommon,
-    part: SourcePart<'_>,
-    tx: &BatchSender,
-) -> Result<(), PipelineError> {
-    let plan = part.plan;
-    let batch_size = plan.batch_size as usize;
-    let mut walker = SampleWalker::new(&common.config, part);
-    let mut dispatch = BatchDispatch::new(common, tx, plan.first_batch, plan.rank);
-    let mut pending: Vec<EmittedSample> = Vec::with_capacity(batch_size);
-    while let Some(sample) = walker.next().await? {
-        pending.push(sample);
-        if pending.len() == batch_size {
-            let samples = std::mem::replace(&mut pending, Vec::with_capacity(batch_size));
-            if !dispatch.submit(samples).await? {
-                return Ok(());
-            }
-        }
-    }
-    if !pending.is_empty() {
-        return Err(PipelineError::Internal(format!(
-            "{} samples left over: the plan is not a whole number of batches",
-            pending.len()
-        )));
-    }
-    dispatch.finish().await
 }
