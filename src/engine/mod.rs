@@ -28,6 +28,7 @@ use crate::decode::{self, Decoder, OutputSpec, ScratchBudget};
 use crate::metrics::StreamMetrics;
 use crate::pipeline::{self, BatchReceiver, PipelineConfig};
 use crate::plan::{self, EpochCounts, Partition, PlanError, ShuffleConfig, StreamPlan};
+use crate::tier::host::HostTier;
 use crate::tier::records::DecodedCache;
 
 /// Decode threads when none are configured: the CPUs this process may use
@@ -203,12 +204,9 @@ pub struct Engine {
     decoder: Arc<dyn Decoder>,
     memory: MemoryBudget,
     scratch: Arc<ScratchBudget>,
-    /// The host's decoded-source tier, when it keeps one: set once, when
-    /// it is open (the server opens it after it listens, as the shard cache).
-    decoded: Arc<std::sync::OnceLock<Arc<DecodedCache>>>,
-    /// Fills the tier in the epochs defined from the original: started with
-    /// the first stream that uses the tier.
-    filler: std::sync::OnceLock<Option<Arc<crate::tier::fill::TierFiller>>>,
+    /// The host's decoded-source tier: its store once open, its fill, the
+    /// form a decoded stream gets by default.
+    tier: HostTier,
     /// What runs a started stream: the real pipeline, or a double a caller
     /// hands in (the dev transport benchmark's pattern batches).
     producer: StreamProducer,
@@ -243,6 +241,7 @@ impl Engine {
     ) -> std::io::Result<Self> {
         let pool = decode::decode_thread_pool(config.decode_threads, "shardfeed-decode")
             .map_err(std::io::Error::other)?;
+        let tier = HostTier::new(config.decoded_default);
         Ok(Self {
             memory: MemoryBudget::new(config.memory.streams)
                 .with_admission_wait(config.memory.admission_wait),
@@ -251,8 +250,7 @@ impl Engine {
             config,
             pool: Arc::new(pool),
             decoder,
-            decoded: Default::default(),
-            filler: Default::default(),
+            tier,
             producer: pipeline::spawn_stream,
             remote: None,
             alive: tokio::sync::watch::Sender::new(()),
@@ -280,14 +278,14 @@ impl Engine {
 
     /// Keeps decoded sources in `cache` for streams that ask for the tier.
     pub fn with_decoded_cache(self, cache: Arc<DecodedCache>) -> Self {
-        let _ = self.decoded.set(cache);
+        self.tier.open(cache);
         self
     }
 
     /// Where the tier goes once it is open (see [`Engine::with_decoded_cache`]),
     /// for a server that opens it while already listening.
     pub fn decoded_cache_slot(&self) -> Arc<std::sync::OnceLock<Arc<DecodedCache>>> {
-        self.decoded.clone()
+        self.tier.slot()
     }
 
     /// A future-maker that resolves once this engine has been dropped.

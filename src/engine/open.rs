@@ -30,7 +30,7 @@ impl Engine {
         );
         let ring = self.shared_target(&request, &reservation)?;
         let dataset_identity = identity(&datasets);
-        if request.output.decoded_source.is_some() && self.decoded.get().is_some() {
+        if request.output.decoded_source.is_some() && self.tier.is_open() {
             for dataset in &datasets {
                 warn_unversioned_once(dataset);
             }
@@ -171,51 +171,23 @@ impl Engine {
     /// decode pool, which decodes what the tier would serve.
     fn with_default_tier(&self, mut request: StreamRequest) -> StreamRequest {
         let output = &mut request.output;
-        if output.decoded_by_default
-            && output.decoded_source.is_none()
+        let defaultable = output.decoded_by_default
             && output.delivery == crate::pipeline::encoded::Delivery::Decoded
-            && self.remote.is_none()
-            && self.decoded.get().is_some()
-        {
-            output.decoded_source = self.config.decoded_default;
-        }
+            && self.remote.is_none();
+        output.decoded_source = self.tier.form(output.decoded_source, defaultable);
         request
     }
 
-    /// The tier a stream of `form` uses: this host's store, if any, and
-    /// its background fill.
+    /// What a stream of the request's form runs with (fills on the decode
+    /// threads' count, at idle priority).
     fn tier(&self, output: &OutputRequest) -> Option<crate::tier::output::TierRequest> {
         let form = output.decoded_source?;
-        let decoded = self.decoded.get();
-        let cache = decoded.map(|tier| tier.clone() as Arc<dyn crate::tier::output::SourceStore>);
-        let filler = decoded.and_then(|decoded| {
-            self.filler
-                .get_or_init(|| {
-                    crate::tier::fill::TierFiller::start(
-                        self.decoder.clone(),
-                        self.config.decode_threads,
-                        crate::tier::fill::FillBounds::default(),
-                        Some(&decoded.fill_spill_dir()),
-                    )
-                    .map_err(|error| {
-                        tracing::warn!(
-                            %error,
-                            "decoded-source tier: no background fill; sources are derived \
-                             in their first stored epoch"
-                        )
-                    })
-                    .ok()
-                    .map(Arc::new)
-                })
-                .clone()
-                .map(|filler| filler as Arc<dyn crate::tier::output::FillQueue>)
-        });
-        Some(crate::tier::output::TierRequest {
+        Some(self.tier.stream(
             form,
-            cache,
-            from_epoch: output.decoded_from_epoch,
-            filler,
-        })
+            output.decoded_from_epoch,
+            &self.decoder,
+            self.config.decode_threads,
+        ))
     }
 
     /// Plans a one-dataset stream, and tells its caches the shards it reads
@@ -283,12 +255,8 @@ impl Engine {
         if let Some(cache) = self.registry.cache() {
             followers.push(cache.clone());
         }
-        if let Some(tier) = self
-            .decoded
-            .get()
-            .filter(|_| request.output.decoded_source.is_some())
-        {
-            followers.push(tier.clone());
+        if request.output.decoded_source.is_some() {
+            followers.extend(self.tier.follower());
         }
         followers
     }

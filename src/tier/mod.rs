@@ -10,12 +10,15 @@
 //!   local disk, their index in memory, eviction by the streams' plans.
 //! - [`fill`]: filling it off the critical path, on idle-priority threads,
 //!   its queue bounded in memory and spilled to unlinked files.
+//! - [`host`]: the one handle the engine holds (`HostTier`): the store once
+//!   open, the fill started with the first stream, the default form.
 //!
 //! What stands outside: the source forms themselves (`decode::source`,
-//! which the pool and benchmarks use too), the engine that opens the tier
-//! and hands streams their `TierRequest` (`engine/open.rs`, `engine/warm.rs`),
+//! which the pool and benchmarks use too), the engine's calls on its
+//! `HostTier` (`engine/open.rs`; `engine/warm.rs` asks whether it is open),
 //! and the one call a batch's assembly makes (`pipeline/assemble.rs`).
 
 pub mod fill;
+pub mod host;
 pub mod output;
 pub mod records;
