@@ -9,7 +9,6 @@ use super::pb;
 use super::status::ServiceError;
 use crate::decode::{self, Crop, OutputSpec};
 use crate::engine::{OutputRequest, Sources, StreamRequest};
-use crate::pipeline::{Delivery, SearchState};
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 
 /// The engine's request for a `StreamBatches` call, of one dataset or a
@@ -94,7 +93,7 @@ pub fn stream_request(
         decoded_source,
         decoded_from_epoch,
         decoded_by_default: request.decoded_source.is_none(),
-        delivery: delivery(request)?,
+        delivery: super::encoded::delivery_from_wire(request)?,
     };
     let sources = if mixed {
         Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)
@@ -114,86 +113,6 @@ pub fn stream_request(
             .map(|position| position.dataset.clone())
             .filter(|identity| !identity.is_empty()),
     })
-}
-
-/// The request's delivery, checked.
-fn delivery(request: &pb::StreamBatchesRequest) -> Result<Delivery, ServiceError> {
-    let invalid = |field: &str, message: String| Err(ServiceError::invalid(field, message));
-    let server_fraction = request.server_decode_fraction;
-    match pb::Delivery::try_from(request.delivery) {
-        Ok(pb::Delivery::Decoded) => {
-            if server_fraction.is_some()
-                || request.tune_server_decode
-                || request.server_decode_search.is_some()
-            {
-                let field = if server_fraction.is_some() {
-                    "server_decode_fraction"
-                } else if request.tune_server_decode {
-                    "tune_server_decode"
-                } else {
-                    "server_decode_search"
-                };
-                return invalid(
-                    field,
-                    "server_decode_fraction and tune_server_decode are for delivery = \
-                     DELIVERY_ENCODED; leave them unset"
-                        .into(),
-                );
-            }
-            Ok(Delivery::Decoded)
-        }
-        Ok(pb::Delivery::Encoded) => {
-            if let Some(fraction) = server_fraction.filter(|f| !(0.0..=1.0).contains(f)) {
-                return invalid(
-                    "server_decode_fraction",
-                    format!("server_decode_fraction {fraction} is outside 0..=1"),
-                );
-            }
-            if request
-                .decoded_source
-                .as_ref()
-                .is_some_and(|tier| tier.shorter_side != 0)
-            {
-                return invalid(
-                    "decoded_source",
-                    "decoded_source and delivery = DELIVERY_ENCODED conflict: the client decodes \
-                     from the original images; set one of them"
-                        .into(),
-                );
-            }
-            let search = request
-                .server_decode_search
-                .as_ref()
-                .map(|search| SearchState {
-                    center: search.center,
-                    step: search.step,
-                    hold: search.hold,
-                    next_hold: search.next_hold,
-                });
-            if let Some(search) = search {
-                if !request.tune_server_decode {
-                    return invalid(
-                        "server_decode_search",
-                        "server_decode_search goes on with a tuned share's search: set \
-                         tune_server_decode, or leave it unset"
-                            .into(),
-                    );
-                }
-                if let Some(why) = search.invalid() {
-                    return invalid(
-                        "server_decode_search",
-                        format!("server_decode_search: {why}"),
-                    );
-                }
-            }
-            Ok(Delivery::Encoded {
-                server_fraction,
-                tuned: request.tune_server_decode,
-                search,
-            })
-        }
-        Err(_) => invalid("delivery", format!("unknown delivery {}", request.delivery)),
-    }
 }
 
 /// The request's decoded-source form, checked, and its first stored epoch.

@@ -28,7 +28,7 @@ pub use crate::engine::EngineDropped;
 use crate::engine::{Engine, StreamGeometry};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::shm::ShmError;
-use crate::pipeline::{BatchImages, BatchReceiver, DecodedBatch};
+use crate::pipeline::{BatchReceiver, DecodedBatch};
 use crate::plan::{EpochPosition, Phase};
 
 /// Settings of the service itself (the engine has its own).
@@ -286,22 +286,7 @@ impl BatchStream {
         } else {
             Default::default()
         };
-        let (images, shared) = match batch.images {
-            BatchImages::Inline(bytes) => (bytes, None),
-            BatchImages::Shared(lease) => {
-                let ring = lease.ring().clone();
-                let slot = lease.lend();
-                let shared = pb::SharedImages {
-                    ring_token: ring.token().to_vec(),
-                    ring_bytes: ring.total_bytes() as u64,
-                    slot,
-                    offset: slot as u64 * ring.slot_bytes() as u64,
-                    length: batch.image_bytes as u64,
-                    holdable: crate::pipeline::shm::HOLDABLE,
-                };
-                (bytes::Bytes::new(), Some(shared))
-            }
-        };
+        let (images, shared) = super::shm::images_to_wire(batch.images, batch.image_bytes);
         pb::Batch {
             epoch: self.epoch,
             index: batch.index,
@@ -346,24 +331,9 @@ impl BatchStream {
                     values: values.into_iter().map(Option::unwrap_or_default).collect(),
                 })
                 .collect(),
-            encoded: batch
-                .encoded
-                .iter()
-                .map(|placement| pb::EncodedSample {
-                    offset: placement.offset as u64,
-                    length: placement.length as u64,
-                    decoded: placement.decoded,
-                    source_width: placement.source_width,
-                    source_height: placement.source_height,
-                })
-                .collect(),
+            encoded: super::encoded::placements_to_wire(&batch.encoded),
             server_decode_settled: batch.search.map(|search| search.center),
-            server_decode_search: batch.search.map(|search| pb::ShareSearch {
-                center: search.center,
-                step: search.step,
-                hold: search.hold,
-                next_hold: search.next_hold,
-            }),
+            server_decode_search: batch.search.as_ref().map(super::encoded::search_to_wire),
         }
     }
 }

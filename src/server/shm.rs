@@ -18,7 +18,33 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
+use super::pb;
 use crate::pipeline::shm::{Ring, CONNECT_TIMEOUT, TOKEN_BYTES};
+use crate::pipeline::BatchImages;
+
+/// A batch's images on the wire: inline bytes, or where they lie in the
+/// stream's ring (the slot lent to the client until it returns it).
+pub(super) fn images_to_wire(
+    images: BatchImages,
+    image_bytes: usize,
+) -> (bytes::Bytes, Option<pb::SharedImages>) {
+    match images {
+        BatchImages::Inline(bytes) => (bytes, None),
+        BatchImages::Shared(lease) => {
+            let ring = lease.ring().clone();
+            let slot = lease.lend();
+            let shared = pb::SharedImages {
+                ring_token: ring.token().to_vec(),
+                ring_bytes: ring.total_bytes() as u64,
+                slot,
+                offset: slot as u64 * ring.slot_bytes() as u64,
+                length: image_bytes as u64,
+                holdable: crate::pipeline::shm::HOLDABLE,
+            };
+            (bytes::Bytes::new(), Some(shared))
+        }
+    }
+}
 
 /// The companion socket that hands out memfds for the gRPC socket `grpc`.
 pub fn fd_socket_path(grpc: &Path) -> PathBuf {

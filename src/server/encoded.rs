@@ -1,0 +1,118 @@
+//! Encoded delivery at the edge, both ways: a request's delivery, share
+//! and search checked into the pipeline's [`Delivery`], and a batch's
+//! placements and search state written into its message. The rest of the
+//! feature (which samples go compressed, the share and its tuner) is
+//! `pipeline/encoded/`.
+
+use super::pb;
+use super::status::ServiceError;
+use crate::pipeline::{Delivery, Placement, SearchState};
+
+/// The request's delivery, checked.
+pub(super) fn delivery_from_wire(
+    request: &pb::StreamBatchesRequest,
+) -> Result<Delivery, ServiceError> {
+    let invalid = |field: &str, message: String| Err(ServiceError::invalid(field, message));
+    let server_fraction = request.server_decode_fraction;
+    match pb::Delivery::try_from(request.delivery) {
+        Ok(pb::Delivery::Decoded) => {
+            if server_fraction.is_some()
+                || request.tune_server_decode
+                || request.server_decode_search.is_some()
+            {
+                let field = if server_fraction.is_some() {
+                    "server_decode_fraction"
+                } else if request.tune_server_decode {
+                    "tune_server_decode"
+                } else {
+                    "server_decode_search"
+                };
+                return invalid(
+                    field,
+                    "server_decode_fraction and tune_server_decode are for delivery = \
+                     DELIVERY_ENCODED; leave them unset"
+                        .into(),
+                );
+            }
+            Ok(Delivery::Decoded)
+        }
+        Ok(pb::Delivery::Encoded) => {
+            if let Some(fraction) = server_fraction.filter(|f| !(0.0..=1.0).contains(f)) {
+                return invalid(
+                    "server_decode_fraction",
+                    format!("server_decode_fraction {fraction} is outside 0..=1"),
+                );
+            }
+            if request
+                .decoded_source
+                .as_ref()
+                .is_some_and(|tier| tier.shorter_side != 0)
+            {
+                return invalid(
+                    "decoded_source",
+                    "decoded_source and delivery = DELIVERY_ENCODED conflict: the client decodes \
+                     from the original images; set one of them"
+                        .into(),
+                );
+            }
+            let search = request.server_decode_search.as_ref().map(search_from_wire);
+            if let Some(search) = search {
+                if !request.tune_server_decode {
+                    return invalid(
+                        "server_decode_search",
+                        "server_decode_search goes on with a tuned share's search: set \
+                         tune_server_decode, or leave it unset"
+                            .into(),
+                    );
+                }
+                if let Some(why) = search.invalid() {
+                    return invalid(
+                        "server_decode_search",
+                        format!("server_decode_search: {why}"),
+                    );
+                }
+            }
+            Ok(Delivery::Encoded {
+                server_fraction,
+                tuned: request.tune_server_decode,
+                search,
+            })
+        }
+        Err(_) => invalid("delivery", format!("unknown delivery {}", request.delivery)),
+    }
+}
+
+/// Where each sample lies in an encoded batch's bytes, on the wire.
+pub(super) fn placements_to_wire(placements: &[Placement]) -> Vec<pb::EncodedSample> {
+    placements
+        .iter()
+        .map(|placement| pb::EncodedSample {
+            offset: placement.offset as u64,
+            length: placement.length as u64,
+            decoded: placement.decoded,
+            source_width: placement.source_width,
+            source_height: placement.source_height,
+        })
+        .collect()
+}
+
+/// A tuned share's search, as the batch reports it for a next stream to
+/// go on from.
+pub(super) fn search_to_wire(search: &SearchState) -> pb::ShareSearch {
+    pb::ShareSearch {
+        center: search.center,
+        step: search.step,
+        hold: search.hold,
+        next_hold: search.next_hold,
+    }
+}
+
+/// A search a request hands back, not yet checked.
+fn search_from_wire(search: &pb::ShareSearch) -> SearchState {
+    SearchState {
+        center: search.center,
+        step: search.step,
+        hold: search.hold,
+        next_hold: search.next_hold,
+    }
+}
