@@ -1,6 +1,7 @@
 //! What a sample's draws are keyed by, and the uniform numbers every op
 //! draws. Frozen: a test pins identities and boxes.
 
+use crate::hash::{fmix64, fnv1a};
 use crate::plan::rng::Rng;
 
 /// Keeps the augmentation stream independent of the plan's streams.
@@ -28,9 +29,6 @@ pub fn sample_identity(shard: &str, key: &str) -> u64 {
     let bytes = shard.bytes().chain([0]).chain(key.bytes());
     fmix64(fnv1a(bytes))
 }
-
-/// The frozen hashes, where they were first defined (now `crate::hash`).
-pub use crate::hash::{fmix64, fnv1a};
 
 /// Uniform in `[0, 1)` from the top 53 bits of one draw.
 pub fn uniform(rng: &mut Rng) -> f64 {

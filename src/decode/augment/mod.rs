@@ -13,7 +13,7 @@ mod table;
 
 pub use crop::{Crop, RandomResizedCrop, Rect, MAX_ASPECT_RATIO};
 pub use flip::{flip_rows, HorizontalFlip};
-pub use key::{fmix64, fnv1a, sample_identity, SampleKey};
+pub use key::{sample_identity, SampleKey};
 pub use op::{AugmentError, Op, CHANNELS};
 pub use spec::{CropBox, OutputSpec, DEFAULT_SIZE, MAX_SIZE};
 pub use table::{Drawn, Ops, Slot};
