@@ -16,7 +16,6 @@
 mod allow;
 mod authority;
 pub mod client;
-mod encoded;
 mod layout;
 mod limits;
 pub mod listen;

@@ -9,6 +9,7 @@ use super::pb;
 use super::status::ServiceError;
 use crate::decode::{self, Crop, OutputSpec};
 use crate::engine::{OutputRequest, Sources, StreamRequest};
+use crate::pipeline::encoded;
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 
 /// The engine's request for a `StreamBatches` call, of one dataset or a
@@ -93,7 +94,8 @@ pub fn stream_request(
         decoded_source,
         decoded_from_epoch,
         decoded_by_default: request.decoded_source.is_none(),
-        delivery: super::encoded::delivery_from_wire(request)?,
+        delivery: encoded::wire::delivery_from_wire(request)
+            .map_err(|e| ServiceError::invalid(e.field, e.message))?,
     };
     let sources = if mixed {
         Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)

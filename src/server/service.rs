@@ -28,7 +28,7 @@ pub use crate::engine::EngineDropped;
 use crate::engine::{Engine, StreamGeometry};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::shm::ShmError;
-use crate::pipeline::{BatchReceiver, DecodedBatch};
+use crate::pipeline::{encoded, BatchReceiver, DecodedBatch};
 use crate::plan::{EpochPosition, Phase};
 
 /// Settings of the service itself (the engine has its own).
@@ -331,9 +331,9 @@ impl BatchStream {
                     values: values.into_iter().map(Option::unwrap_or_default).collect(),
                 })
                 .collect(),
-            encoded: super::encoded::placements_to_wire(&batch.encoded),
+            encoded: encoded::wire::placements_to_wire(&batch.encoded),
             server_decode_settled: batch.search.map(|search| search.center),
-            server_decode_search: batch.search.as_ref().map(super::encoded::search_to_wire),
+            server_decode_search: batch.search.as_ref().map(encoded::wire::search_to_wire),
         }
     }
 }

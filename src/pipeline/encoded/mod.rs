@@ -14,15 +14,18 @@
 //! image is longer than a decoded slot, an encoded batch is never larger
 //! than a decoded one: it fits the same ring slot and memory formula.
 //!
-//! Everything of the feature is here: the placement (this file), the
-//! share a stream decodes (`share.rs`) and its tuner (`seek.rs`); the
-//! pipeline calls [`place`] for each batch and hands [`ServerShare`] each
-//! batch's pace, the server converts [`Delivery`] and [`SearchState`] to
-//! and from the wire.
+//! Everything of the feature is here: the placement (this file, of the
+//! [`Placement`] in `placement.rs`), the share a stream decodes
+//! (`share.rs`) and its tuner (`seek.rs`), and its wire both ways
+//! (`wire.rs`: a request's delivery checked, a batch's placements and
+//! search written); the pipeline calls [`place`] for each batch and hands
+//! [`ServerShare`] each batch's pace, the server calls `wire`.
 
 mod delivery;
+mod placement;
 mod seek;
 mod share;
+pub mod wire;
 
 use super::sample::EmittedSample;
 use crate::decode::{self, JpegFrame};
@@ -30,20 +33,9 @@ use crate::hash::fmix64;
 use crate::shard::ImageFormat;
 
 pub use delivery::Delivery;
+pub use placement::Placement;
 pub use seek::SearchState;
 pub use share::ServerShare;
-
-/// Where one sample is in a batch's bytes, and in which form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Placement {
-    pub offset: usize,
-    pub length: usize,
-    /// Final pixels (`spec.bytes()` long); else the compressed JPEG.
-    pub decoded: bool,
-    /// The compressed image's size (0 for decoded slots).
-    pub source_width: u32,
-    pub source_height: u32,
-}
 
 /// Where every sample of a batch goes, and the batch's length in bytes.
 /// `server_fraction`: the share the server decodes of an encoded delivery

@@ -1,18 +1,23 @@
-//! Encoded delivery at the edge, both ways: a request's delivery, share
-//! and search checked into the pipeline's [`Delivery`], and a batch's
-//! placements and search state written into its message. The rest of the
-//! feature (which samples go compressed, the share and its tuner) is
-//! `pipeline/encoded/`.
+//! Encoded delivery on the wire, both ways: a request's delivery, share
+//! and search checked into a [`Delivery`], and a batch's placements and
+//! search state written into its message.
 
-use super::pb;
-use super::status::ServiceError;
-use crate::pipeline::{Delivery, Placement, SearchState};
+use super::delivery::Delivery;
+use super::placement::Placement;
+use super::seek::SearchState;
+use crate::proto::v1 as pb;
+
+/// A request's delivery could not be used; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct DeliveryError {
+    pub field: &'static str,
+    pub message: String,
+}
 
 /// The request's delivery, checked.
-pub(super) fn delivery_from_wire(
-    request: &pb::StreamBatchesRequest,
-) -> Result<Delivery, ServiceError> {
-    let invalid = |field: &str, message: String| Err(ServiceError::invalid(field, message));
+pub fn delivery_from_wire(request: &pb::StreamBatchesRequest) -> Result<Delivery, DeliveryError> {
+    let invalid = |field: &'static str, message: String| Err(DeliveryError { field, message });
     let server_fraction = request.server_decode_fraction;
     match pb::Delivery::try_from(request.delivery) {
         Ok(pb::Delivery::Decoded) => {
@@ -83,7 +88,7 @@ pub(super) fn delivery_from_wire(
 }
 
 /// Where each sample lies in an encoded batch's bytes, on the wire.
-pub(super) fn placements_to_wire(placements: &[Placement]) -> Vec<pb::EncodedSample> {
+pub fn placements_to_wire(placements: &[Placement]) -> Vec<pb::EncodedSample> {
     placements
         .iter()
         .map(|placement| pb::EncodedSample {
@@ -98,7 +103,7 @@ pub(super) fn placements_to_wire(placements: &[Placement]) -> Vec<pb::EncodedSam
 
 /// A tuned share's search, as the batch reports it for a next stream to
 /// go on from.
-pub(super) fn search_to_wire(search: &SearchState) -> pb::ShareSearch {
+pub fn search_to_wire(search: &SearchState) -> pb::ShareSearch {
     pb::ShareSearch {
         center: search.center,
         step: search.step,
