@@ -1,9 +1,10 @@
 """The ``IterableDataset`` surface of a shardfeed stream (see the package).
 
 Its parts: the arguments checked when it is made (``_arguments``), where it
-stands and its checkpoints (``_progress``), what it yields (``_output``),
-the streams' delivery options (``_delivery``), and the tensors where
-training wants them (``_device``)."""
+stands and its checkpoints (``_progress``), the streams a pass opens
+(``_pass``), what it yields (``_output``), the streams' delivery options
+(``_delivery``), the tensors where training wants them (``_device``), and
+its DataLoader (``_loader``)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from .._options import Partition
 from .._stats import InputStats, WaitMeter
 from .._wire import EpochPosition
 from ._arguments import Decode, Layout, Output, as_source, check_arguments
-from ._delivery import ShareCarry, stream_options
-from ._device import on_device
+from ._delivery import ShareCarry
 from ._frameworks import accelerate_dispatch, in_step
-from ._loader import loader_class
+from ._loader import make_dataloader
 from ._output import BatchDict, Sample, as_dict
+from ._pass import open_pass
 from ._progress import MAX_FETCH_AHEAD, STATE_VERSION, MixWeights, Progress, check_state
 from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
@@ -206,20 +207,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
         return worker_sub_rank(*self._rank_and_world())
 
     def _next_epoch_start(self, epoch: int, world: int) -> EpochPosition:
-        """Epoch ``epoch``'s start, after this copy's epoch. A mixed stream's
-        keeps its history: the rest of this copy's epoch and any epochs
-        between count as run at ``world`` (the stream's global steps go on,
-        so what a shortened epoch left out is not streamed later)."""
+        """Epoch ``epoch``'s start, after this copy's epoch (a mix's keeps
+        its history: :meth:`Progress.mixed_epoch_start`)."""
         if self._mix is None:
             return EpochPosition()
-        progress = self._progress
-        steps = self._epoch_steps(world)
-        done = sum(batches for _, batches in progress.position.segments)
-        rest = steps - done + steps * max(epoch - progress.epoch - 1, 0)
-        return EpochPosition(
-            progress.position.segments + ((world, rest),),
-            before_epoch=progress.position.before_epoch,
-        ).next_epoch()
+        return self._progress.mixed_epoch_start(epoch, world, self._epoch_steps(world))
 
     def _rank_and_world(self) -> tuple[int, int]:
         return rank_and_world(self.rank, self.world_size, self.device_mesh)
@@ -256,19 +248,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         also with workers (see the class's notes on workers). Other
         keywords go to the loader (``pin_memory``, ``prefetch_factor`` ...).
         """
-        if options.get("batch_size") is not None:
-            raise ValueError(
-                f"batch_size={options['batch_size']!r}: this dataset yields whole batches of "
-                f"its own batch_size ({self.batch_size}); the loader must not batch again"
-            )
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, not {num_workers}")
-        options["batch_size"] = None
-        if num_workers > 0:
-            options.setdefault("multiprocessing_context", "forkserver")
-        kind = loader_class(stateful, measured=num_workers > 0)
-        loader: DataLoader[Any] = kind(self, num_workers=num_workers, **options)
-        return loader
+        return make_dataloader(self, stateful, num_workers, options)
 
     def __iter__(self) -> Iterator[Sample]:
         # The loop's waits are measured here when it runs in this process;
@@ -283,52 +263,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
         token = progress.begin_pass(world, self._next_epoch_start)
         # Under accelerate's dispatch, process 0 streams every rank's batches.
         ranks = list(range(world)) if accelerate_dispatch(self) else [rank]
-        # A loaded position stays loaded until the resumed stream delivers:
-        # an attempt that fails before its first batch, retried, must not
-        # restart the epoch at batch 0.
-        resume = progress.resume
-        mix: dict[str, Any] = {}
-        if self._mix is not None:
-            # A mixed stream always says where it stands: its history (the
-            # world sizes before this epoch) keys every source's progress.
-            resume = resume or EpochPosition(before_epoch=progress.position.before_epoch)
-            begun = resume
-            mix = self._mix.stream_keywords(
-                lambda: (
-                    progress.epoch * self._epoch_steps(world)
-                    + sum(batches for _, batches in begun.segments)
-                )
-            )
+        streams, tuned = open_pass(self, progress, world, ranks)
         # Trainers that know len() stop after that many batches without
         # asking for another (Lightning): the pass completes with its last
         # batch, not when the stream ends. Each batch says the epoch's steps.
         steps: int | None = None
-        progress.start(resume or EpochPosition())
-        options = stream_options(self.options, self.decode, self.device, self._share)
-        tuned = options.delivery.tuned
-        streams = [
-            on_device(
-                self.client.batches(
-                    self.dataset,
-                    seed=self.seed,
-                    epoch=progress.epoch,
-                    rank=stream_rank,
-                    world_size=world,
-                    batch_size=self.batch_size,
-                    image_size=self.image_size,
-                    augment=self.augment,
-                    partition=self.partition,
-                    resume_from=resume,
-                    options=options,
-                    **mix,
-                ),
-                decode=self.decode,
-                device=self.device,
-                client=self.client,
-                rank=stream_rank,
-            )
-            for stream_rank in ranks
-        ]
         for group in in_step(streams):
             for batch, images, labels, crop_boxes, flipped, substituted in group:
                 if steps is None:

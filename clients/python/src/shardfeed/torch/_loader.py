@@ -5,11 +5,14 @@ the training loop's waits in the process running it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
 from .._stats import WaitMeter
+
+if TYPE_CHECKING:
+    from ._dataset import ShardfeedDataset
 
 _CLASSES: dict[tuple[bool, bool], type[Any]] = {}
 
@@ -52,3 +55,22 @@ def loader_class(stateful: bool, *, measured: bool) -> type[Any]:
     kind = type(f"Measured{base.__name__}", (base,), {"__iter__": measured_iter})
     _CLASSES[key] = kind
     return kind
+
+
+def make_dataloader(
+    dataset: ShardfeedDataset, stateful: bool, num_workers: int, options: dict[str, Any]
+) -> DataLoader[Any]:
+    """``ShardfeedDataset.dataloader``: the checks, then the loader."""
+    if options.get("batch_size") is not None:
+        raise ValueError(
+            f"batch_size={options['batch_size']!r}: this dataset yields whole batches of "
+            f"its own batch_size ({dataset.batch_size}); the loader must not batch again"
+        )
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, not {num_workers}")
+    options["batch_size"] = None
+    if num_workers > 0:
+        options.setdefault("multiprocessing_context", "forkserver")
+    kind = loader_class(stateful, measured=num_workers > 0)
+    loader: DataLoader[Any] = kind(dataset, num_workers=num_workers, **options)
+    return loader

@@ -94,6 +94,19 @@ class Progress:
             return completed[0] + 1
         return self.epoch
 
+    def mixed_epoch_start(self, epoch: int, world: int, steps: int) -> EpochPosition:
+        """A mixed stream's epoch ``epoch``, after this copy's epoch of
+        ``steps`` global steps: its history keeps the rest of this copy's
+        epoch and any epochs between as run at ``world`` (the stream's
+        global steps go on, so what a shortened epoch left out is not
+        streamed later)."""
+        done = sum(batches for _, batches in self.position.segments)
+        rest = steps - done + steps * max(epoch - self.epoch - 1, 0)
+        return EpochPosition(
+            self.position.segments + ((world, rest),),
+            before_epoch=self.position.before_epoch,
+        ).next_epoch()
+
     def begin_pass(self, world: int, next_epoch_start: NextEpochStart) -> int:
         """Chooses the epoch this pass streams and returns the pass's token."""
         self._passes += 1
