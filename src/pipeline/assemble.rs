@@ -90,8 +90,8 @@ impl SampleDecoder {
                 .spec
                 .crop_box(placement.source_width, placement.source_height, &key));
         }
-        let original = |out: &mut [u8]| {
-            decode::decode_bounded(
+        match &self.tier {
+            None => decode::decode_bounded(
                 &*self.decoder,
                 &self.scratch,
                 format,
@@ -99,45 +99,25 @@ impl SampleDecoder {
                 &self.spec,
                 &key,
                 out,
-            )
-        };
-        match &self.tier {
-            None => original(out),
-            Some(tier) if !tier.defines(key.epoch) => {
-                // Defined from the original (the same bytes as the tier off);
-                // the tier is filled off the critical path.
-                let decoded = original(out);
-                if decoded.is_ok() && tier.filler.is_some() {
-                    let dataset = &origin.dataset;
-                    let location = dataset.store.location(&dataset.shard_key(emitted.shard));
-                    match tier_sample(dataset, &location, emitted) {
-                        Some(sample) => tier.offer(format, data, &self.spec, &key, &sample),
-                        None => metrics::decoded_tier("unversioned"),
-                    }
-                }
-                decoded
-            }
+            ),
             Some(tier) => {
-                // Named only where a tier directory keeps it.
+                // Named only when the tier asks: the shard's location is
+                // made once, and only then.
                 let dataset = &origin.dataset;
-                let location = tier
-                    .cache
-                    .as_ref()
-                    .map(|_| dataset.store.location(&dataset.shard_key(emitted.shard)));
-                let sample = location
-                    .as_deref()
-                    .and_then(|location| tier_sample(dataset, location, emitted));
-                if location.is_some() && sample.is_none() {
-                    metrics::decoded_tier("unversioned");
-                }
-                tier.output(
+                let location = std::cell::OnceCell::new();
+                let name = || {
+                    let location = location
+                        .get_or_init(|| dataset.store.location(&dataset.shard_key(emitted.shard)));
+                    tier_sample(dataset, location, emitted)
+                };
+                tier.sample_output(
                     &*self.decoder,
                     &self.scratch,
                     format,
                     data,
                     &self.spec,
                     &key,
-                    sample.as_ref(),
+                    name,
                     out,
                 )
             }

@@ -16,7 +16,8 @@
 //! What stands outside: the source forms themselves (`decode::source`,
 //! which the pool and benchmarks use too), the engine's calls on its
 //! `HostTier` (`engine/open.rs`; `engine/warm.rs` asks whether it is open),
-//! and the one call a batch's assembly makes (`pipeline/assemble.rs`).
+//! and the one call a batch's assembly makes (`TierRequest::sample_output`,
+//! from `pipeline/assemble.rs`).
 
 pub mod fill;
 pub mod host;

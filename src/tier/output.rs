@@ -20,7 +20,9 @@
 use std::sync::Arc;
 
 use crate::decode::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
-use crate::decode::{full_size_bounded, CropBox, DecodeError, OutputSpec, SampleKey};
+use crate::decode::{
+    decode_bounded, full_size_bounded, CropBox, DecodeError, OutputSpec, SampleKey,
+};
 use crate::decode::{Decoder, ScratchBudget, MAX_SIZE};
 use crate::metrics;
 use crate::shard::ImageFormat;
@@ -184,6 +186,53 @@ impl TierRequest {
     /// Whether `epoch`'s outputs are defined from the stored source.
     pub fn defines(&self, epoch: u64) -> bool {
         epoch >= self.from_epoch
+    }
+
+    /// One sample's output with the tier on, the one call a batch's
+    /// assembly makes. In the epochs before `from_epoch` it is decoded from
+    /// the original (the same bytes as the tier off) and offered to the
+    /// background fill; from then on it is defined from the stored source.
+    /// `name` gives the sample's versioned identity, asked only where the
+    /// tier keeps something (`None`: not kept, counted as unversioned).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_output<'v>(
+        &self,
+        decoder: &dyn Decoder,
+        budget: &ScratchBudget,
+        format: ImageFormat,
+        data: &[u8],
+        spec: &OutputSpec,
+        key: &SampleKey,
+        name: impl Fn() -> Option<SampleVersion<'v>>,
+        out: &mut [u8],
+    ) -> Result<CropBox, DecodeError> {
+        let named = || {
+            let sample = name();
+            if sample.is_none() {
+                metrics::decoded_tier("unversioned");
+            }
+            sample
+        };
+        if !self.defines(key.epoch) {
+            let decoded = decode_bounded(decoder, budget, format, data, spec, key, out);
+            if decoded.is_ok() && self.filler.is_some() {
+                if let Some(sample) = named() {
+                    self.offer(format, data, spec, key, &sample);
+                }
+            }
+            return decoded;
+        }
+        let sample = self.cache.as_ref().and_then(|_| named());
+        self.output(
+            decoder,
+            budget,
+            format,
+            data,
+            spec,
+            key,
+            sample.as_ref(),
+            out,
+        )
     }
 
     /// A sample of an epoch before `from_epoch`, decoded from the original:
