@@ -184,7 +184,7 @@ pub const DEFAULT_FROM_EPOCH: u64 = 1;
 
 impl TierRequest {
     /// Whether `epoch`'s outputs are defined from the stored source.
-    pub fn defines(&self, epoch: u64) -> bool {
+    fn defines(&self, epoch: u64) -> bool {
         epoch >= self.from_epoch
     }
 
@@ -223,7 +223,7 @@ impl TierRequest {
             return decoded;
         }
         let sample = self.cache.as_ref().and_then(|_| named());
-        self.output(
+        self.stored_output(
             decoder,
             budget,
             format,
@@ -237,7 +237,7 @@ impl TierRequest {
 
     /// A sample of an epoch before `from_epoch`, decoded from the original:
     /// offers it to the background fill unless the tier holds it already.
-    pub fn offer(
+    pub(super) fn offer(
         &self,
         format: ImageFormat,
         data: &[u8],
@@ -272,7 +272,7 @@ impl TierRequest {
     /// it for the store (`None`: not kept, e.g. a loose object without an
     /// ETag to tell a changed one by).
     #[allow(clippy::too_many_arguments)]
-    pub fn output(
+    fn stored_output(
         &self,
         decoder: &dyn Decoder,
         budget: &ScratchBudget,

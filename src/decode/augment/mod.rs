@@ -11,7 +11,7 @@ mod op;
 mod spec;
 mod table;
 
-pub use crop::{Crop, RandomResizedCrop, Rect, MAX_ASPECT_RATIO};
+pub use crop::{Crop, RandomResizedCrop};
 pub use flip::{flip_rows, HorizontalFlip};
 pub use key::{sample_identity, SampleKey};
 pub use op::{AugmentError, Op, CHANNELS};
