@@ -1,6 +1,6 @@
 //! What an augmentation op is to the rest of the crate: its request
 //! parameters checked, its per-sample draw, its effect on an output, and
-//! its place on the wire. The table (`table.rs`) lists the ops; nothing
+//! its place on the wire. The table (`ops/mod.rs`) lists the ops; nothing
 //! else names one.
 
 use crate::plan::rng::Rng;

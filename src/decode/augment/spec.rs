@@ -18,7 +18,7 @@
 use super::crop::Crop;
 use super::key::SampleKey;
 use super::op::{AugmentError, CHANNELS};
-use super::table::{Drawn, Ops};
+use super::ops::{Drawn, Ops};
 use crate::proto::v1 as pb;
 
 /// The output side when a request names none.

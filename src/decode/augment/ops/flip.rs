@@ -1,7 +1,7 @@
 //! The horizontal flip: one coin per sample, mirrored after resizing.
 
-use super::key::uniform;
-use super::op::{invalid, AugmentError, Op, CHANNELS};
+use super::super::key::uniform;
+use super::super::op::{invalid, AugmentError, Op, CHANNELS};
 use crate::plan::rng::Rng;
 use crate::proto::v1 as pb;
 

@@ -4,12 +4,15 @@
 //! A row names the op's type and the field it takes in [`Ops`] (a stream's
 //! parameters) and [`Drawn`] (one sample's decisions). Everything that
 //! handles ops (checks, draws, the output's last step, both wires) goes
-//! through these two structs, so a new op is its own file, a row here, its
-//! proto fields and its Python mirror. Append rows: an op's place fixes
-//! what it draws, and a row inserted above another would move that op's
-//! draws for every sample.
+//! through these two structs, so a new op is its own file in this folder,
+//! its `mod` line and row here, its proto fields and its Python mirror.
+//! Append rows: an op's place fixes what it draws, and a row inserted above
+//! another would move that op's draws for every sample.
 
-use super::flip::HorizontalFlip;
+mod flip;
+
+pub use flip::{flip_rows, HorizontalFlip};
+
 use super::op::{AugmentError, Op};
 use crate::plan::rng::Rng;
 use crate::proto::v1 as pb;
@@ -95,7 +98,7 @@ macro_rules! ops_table {
 
 ops_table! {
     /// Mirrors left to right (`augmentation.horizontal_flip`).
-    horizontal_flip: HorizontalFlip,
+    horizontal_flip: flip::HorizontalFlip,
 }
 
 impl Ops {
