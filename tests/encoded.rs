@@ -92,6 +92,13 @@ fn slots(batch: &pb::Batch) -> Vec<Slot> {
                 Some(e) => {
                     let bytes =
                         batch.images[e.offset as usize..(e.offset + e.length) as usize].to_vec();
+                    // Every form is named; DELIVERY_ENCODED's client form is a JPEG.
+                    let form = if e.decoded {
+                        pb::SampleForm::Pixels
+                    } else {
+                        pb::SampleForm::Jpeg
+                    };
+                    assert_eq!(e.form(), form, "{}", batch.keys[i]);
                     if e.decoded {
                         (Some(bytes), None)
                     } else {

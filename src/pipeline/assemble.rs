@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::batch::{BatchImages, DecodedBatch};
 use super::buffers::BufferPool;
 use super::context::StreamCommon;
-use super::encoded::{self, Placement};
+use super::encoded::{self, BatchShare, Placement};
 use super::sample::EmittedSample;
 use super::substitute::{batch_fields, copy_placed_image, substitute_failures};
 use super::{remote, shm};
@@ -65,8 +65,8 @@ struct SampleDecoder {
 pub(super) type SampleOutcome = Result<CropBox, (&'static str, String)>;
 
 impl SampleDecoder {
-    /// Decodes `emitted` into `out`, or, for a compressed placement, copies
-    /// its bytes there and decides its box and flip as a decode would.
+    /// Decodes `emitted` into `out`, or, for a client slot, fills it in its
+    /// mode's form and decides its box and flip as a decode would.
     fn run(&self, emitted: &EmittedSample, placement: &Placement, out: &mut [u8]) -> SampleOutcome {
         let (format, data) = match (&emitted.sample.unreadable, &emitted.sample.image) {
             (Some(unreadable), _) => return Err((unreadable.reason, unreadable.message.clone())),
@@ -84,11 +84,12 @@ impl SampleDecoder {
             epoch: origin.epoch,
             sample: emitted.identity(),
         };
-        if !placement.decoded {
-            out.copy_from_slice(data);
+        if let Some(slot) = placement.client {
+            slot.mode.fill(data, out);
+            let sample = slot.sample;
             return Ok(self
                 .spec
-                .crop_box(placement.source_width, placement.source_height, &key));
+                .crop_box(sample.source_width, sample.source_height, &key));
         }
         match &self.tier {
             None => decode::decode_bounded(
@@ -143,15 +144,14 @@ pub(super) struct BatchWork {
 impl BatchWork {
     fn new(
         samples: Vec<EmittedSample>,
-        server_fraction: Option<f64>,
+        share: Option<BatchShare>,
         decoder: &SampleDecoder,
         buffers: &BufferPool,
         shared_slot: Option<shm::SlotLease>,
     ) -> Self {
         let slot = decoder.spec.bytes();
         // An encoded batch is at most as long as a decoded one.
-        let (placements, length) =
-            encoded::place(&samples, server_fraction, slot, decoder.scratch.limit());
+        let (placements, length) = encoded::place(&samples, share, slot, decoder.scratch.limit());
         let (heap, lease) = match shared_slot {
             Some(lease) => (Vec::new(), Some(lease)),
             None => (buffers.take(slot * samples.len()), None),
@@ -199,7 +199,7 @@ impl BatchWork {
                 let (emitted, placement) = (&samples[slot], &placements[slot]);
                 let started = Instant::now();
                 let outcome = decoder.run(emitted, placement, out);
-                if placement.decoded {
+                if placement.decoded() {
                     stream_metrics.decode_time(started.elapsed().as_secs_f64());
                 }
                 (slot, outcome)
@@ -234,7 +234,7 @@ impl BatchWork {
     /// The batch, with failures substituted and labels and fields gathered.
     fn finish(
         mut self,
-        server_fraction: Option<f64>,
+        share: Option<BatchShare>,
         buffers: &BufferPool,
         stream_metrics: &metrics::StreamMetrics,
         index: u64,
@@ -252,8 +252,8 @@ impl BatchWork {
         let failures: Vec<Option<(&'static str, String)>> =
             outcomes.into_iter().map(Result::err).collect();
         let samples = std::mem::take(&mut self.samples);
-        let server_decoded = self.placements.iter().filter(|p| p.decoded).count();
-        if server_fraction.is_none() {
+        let server_decoded = self.placements.iter().filter(|p| p.decoded()).count();
+        if share.is_none() {
             crate::metrics::pool::samples(
                 (server_decoded - self.remote) as u64,
                 self.remote as u64,
@@ -273,7 +273,7 @@ impl BatchWork {
         let sample_fields: Vec<&[Option<Bytes>]> =
             samples.iter().map(|e| e.sample.fields.as_slice()).collect();
         let fields = batch_fields(&sample_fields, &substituted);
-        let encoded = match server_fraction {
+        let encoded = match share {
             None => Vec::new(),
             Some(_) => {
                 let (server, client) = (server_decoded, placements.len() - server_decoded);
@@ -322,7 +322,7 @@ impl BatchWork {
 pub(super) fn decode_batch(
     common: &StreamCommon,
     buffers: &BufferPool,
-    server_fraction: Option<f64>,
+    share: Option<BatchShare>,
     remote: Option<remote::RemotePart>,
     samples: Vec<EmittedSample>,
     index: u64,
@@ -341,15 +341,9 @@ pub(super) fn decode_batch(
     let pool = common.pool.clone();
     let Some(remote) = remote else {
         pool.spawn(move || {
-            let mut work = BatchWork::new(
-                samples,
-                server_fraction,
-                &sample_decoder,
-                &buffers,
-                shared_slot,
-            );
+            let mut work = BatchWork::new(samples, share, &sample_decoder, &buffers, shared_slot);
             work.decode_rest(&sample_decoder, &stream_metrics, &[]);
-            let batch = work.finish(server_fraction, &buffers, &stream_metrics, index);
+            let batch = work.finish(share, &buffers, &stream_metrics, index);
             drop(queued);
             let _ = tx.send(batch);
         });
@@ -368,13 +362,7 @@ pub(super) fn decode_batch(
         reserved[slot] = true;
     }
     pool.spawn(move || {
-        let mut work = BatchWork::new(
-            samples,
-            server_fraction,
-            &local_decoder,
-            &local_buffers,
-            shared_slot,
-        );
+        let mut work = BatchWork::new(samples, share, &local_decoder, &local_buffers, shared_slot);
         work.decode_rest(&local_decoder, &local_metrics, &reserved);
         let _ = local_tx.send((work, Instant::now()));
     });
@@ -389,7 +377,7 @@ pub(super) fn decode_batch(
         pool.spawn(move || {
             work.place_answers(answers);
             work.decode_rest(&sample_decoder, &stream_metrics, &[]);
-            let batch = work.finish(server_fraction, &buffers, &stream_metrics, index);
+            let batch = work.finish(share, &buffers, &stream_metrics, index);
             drop(queued);
             let _ = tx.send(batch);
         });

@@ -156,7 +156,7 @@ impl<'a> BatchDispatch<'a> {
         self.decoding.push_back(decode_batch(
             self.common,
             &self.buffers,
-            self.share.as_ref().map(ServerShare::get),
+            self.share.as_ref().map(ServerShare::batch),
             remote,
             samples,
             self.next_index,

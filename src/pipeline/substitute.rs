@@ -116,7 +116,7 @@ pub(super) fn copy_placed_image(
     let own = placements[slot];
     let target = own.offset..own.offset + own.length;
     match from.map(|from| placements[from]) {
-        Some(source) if source.decoded => {
+        Some(source) if source.decoded() => {
             images.copy_within(source.offset..source.offset + source.length, target.start);
         }
         Some(source) => {

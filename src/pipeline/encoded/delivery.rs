@@ -1,5 +1,6 @@
 //! What a request asks of a stream's delivery.
 
+use super::modes::ClientMode;
 use super::seek::SearchState;
 
 /// How a stream's images reach the client: plain data a request carries.
@@ -9,11 +10,12 @@ pub enum Delivery {
     /// Every image decoded, cropped, resized and flipped here.
     #[default]
     Decoded,
-    /// Baseline JPEGs compressed, with their box and flip, for the client
-    /// to decode; `server_fraction` of each batch decoded here (unset: 0),
-    /// or when `tuned`, sought as the stream runs from there (unset: from
-    /// the middle, in coarse steps).
+    /// The samples `mode` takes sent in the client's form, with their box
+    /// and flip, for the client to decode; `server_fraction` of each batch
+    /// decoded here (unset: 0), or when `tuned`, sought as the stream runs
+    /// from there (unset: from the middle, in coarse steps).
     Encoded {
+        mode: ClientMode,
         server_fraction: Option<f64>,
         tuned: bool,
         /// Tuned: a search another stream of the client left, to go on
@@ -23,9 +25,10 @@ pub enum Delivery {
 }
 
 impl Delivery {
-    /// A fixed share decoded by the server.
+    /// Baseline JPEGs sent compressed, a fixed share decoded by the server.
     pub fn encoded(server_fraction: f64) -> Self {
         Self::Encoded {
+            mode: ClientMode::BaselineJpeg,
             server_fraction: Some(server_fraction),
             tuned: false,
             search: None,

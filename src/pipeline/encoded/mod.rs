@@ -1,89 +1,80 @@
 //! Encoded delivery: which samples of a batch the server decodes and which
-//! it sends compressed for the client to decode, and where each lies in
-//! the batch's bytes.
+//! it sends in a client form for the client to decode, and where each lies
+//! in the batch's bytes.
 //!
-//! A sample goes compressed only when its headers say any JPEG decoder
-//! takes it (baseline, 8-bit, grey or YCbCr: [`JpegFrame::is_baseline`]),
-//! its scans are well-formed ([`decode::check_jpeg_complete`]: a decoder
-//! that would take corrupt entropy-coded data the server's refuses must
-//! not see it), it is within the pixel limit and it is no longer than its
-//! decoded pixels. Of those, the server decodes `server_fraction`, chosen
-//! by a hash of each sample's identity. Every rule reads the sample alone,
-//! so at a fixed share which side decodes a sample does not depend on its
-//! batch, the world size or the resume point; and since no compressed
-//! image is longer than a decoded slot, an encoded batch is never larger
-//! than a decoded one: it fits the same ring slot and memory formula.
+//! Which samples can go in a client form, and in which, is the mode's
+//! (`modes/`, one file per mode, under the rules of `mode.rs`: baseline
+//! JPEGs today). Of those, the server decodes `server_fraction`, chosen by
+//! a hash of each sample's identity. Every rule reads the sample alone, so
+//! at a fixed share which side decodes a sample does not depend on its
+//! batch, the world size or the resume point; and since no client form is
+//! longer than a decoded slot, an encoded batch is never larger than a
+//! decoded one: it fits the same ring slot and memory formula.
 //!
-//! Everything of the feature is here: the placement (this file, of the
-//! [`Placement`] in `placement.rs`), the share a stream decodes
-//! (`share.rs`) and its tuner (`seek.rs`), and its wire both ways
-//! (`wire.rs`: a request's delivery checked, a batch's placements and
-//! search written); the pipeline calls [`place`] for each batch and hands
-//! [`ServerShare`] each batch's pace, the server calls `wire`.
+//! Everything of the feature is here: the modes (`mode.rs`, `modes/`), the
+//! placement (this file, of the [`Placement`] in `placement.rs`), the share
+//! a stream decodes (`share.rs`) and its tuner (`seek.rs`), and its wire
+//! both ways (`wire.rs`: a request's delivery checked, a batch's placements
+//! and search written); the pipeline calls [`place`] for each batch, fills
+//! each client slot by its [`ClientMode`], and hands [`ServerShare`] each
+//! batch's pace; the server calls `wire`.
 
 mod delivery;
+mod error;
+mod mode;
+mod modes;
 mod placement;
 mod seek;
 mod share;
 pub mod wire;
 
 use super::sample::EmittedSample;
-use crate::decode::{self, JpegFrame};
 use crate::hash::fmix64;
-use crate::shard::ImageFormat;
 
 pub use delivery::Delivery;
-pub use placement::Placement;
+pub use error::DeliveryError;
+pub use modes::ClientMode;
+pub use placement::{ClientSlot, Placement};
 pub use seek::SearchState;
-pub use share::ServerShare;
+pub use share::{BatchShare, ServerShare};
+
+use mode::FormLimits;
 
 /// Where every sample of a batch goes, and the batch's length in bytes.
-/// `server_fraction`: the share the server decodes of an encoded delivery
-/// (None: decoded delivery).
+/// `share`: the mode and server share of an encoded delivery (None:
+/// decoded delivery).
 pub(super) fn place(
     samples: &[EmittedSample],
-    server_fraction: Option<f64>,
+    share: Option<BatchShare>,
     slot_bytes: usize,
     scratch_limit: u64,
 ) -> (Vec<Placement>, usize) {
-    let server_fraction = match server_fraction {
-        None => {
-            let placements = (0..samples.len())
-                .map(|slot| Placement {
-                    offset: slot * slot_bytes,
-                    length: slot_bytes,
-                    decoded: true,
-                    source_width: 0,
-                    source_height: 0,
-                })
-                .collect();
-            return (placements, samples.len() * slot_bytes);
-        }
-        Some(fraction) => fraction,
+    let Some(share) = share else {
+        let placements = (0..samples.len())
+            .map(|slot| Placement {
+                offset: slot * slot_bytes,
+                length: slot_bytes,
+                client: None,
+            })
+            .collect();
+        return (placements, samples.len() * slot_bytes);
+    };
+    let limits = FormLimits {
+        slot_bytes,
+        scratch_limit,
     };
     let mut offset = 0;
     let placements = samples
         .iter()
         .map(|emitted| {
-            // The share's draw first: it is cheaper than the scan check.
-            let compressed = (!server_decodes(emitted.identity(), server_fraction))
-                .then(|| client_decodable(emitted, scratch_limit, slot_bytes))
+            // The share's draw first: it is cheaper than the mode's checks.
+            let client = (!server_decodes(emitted.identity(), share.server_fraction))
+                .then(|| client_slot(emitted, share.mode, limits))
                 .flatten();
-            let placement = match compressed {
-                Some((frame, length)) => Placement {
-                    offset,
-                    length,
-                    decoded: false,
-                    source_width: frame.width,
-                    source_height: frame.height,
-                },
-                None => Placement {
-                    offset,
-                    length: slot_bytes,
-                    decoded: true,
-                    source_width: 0,
-                    source_height: 0,
-                },
+            let placement = Placement {
+                offset,
+                length: client.map_or(slot_bytes, |slot| slot.sample.length),
+                client,
             };
             offset += placement.length;
             placement
@@ -92,34 +83,20 @@ pub(super) fn place(
     (placements, offset)
 }
 
-/// The frame and length of an image the client can decode, else None. An
-/// image the server's own decode would refuse (too many pixels, more decode
-/// memory than the server's scratch budget, cut short, a malformed scan) is
-/// left to the server, whose decode refuses it and substitutes it exactly
-/// as a decoded delivery does: both deliveries substitute the same samples,
-/// and the client never decodes more than the server would. One longer
-/// than its decoded pixels (`slot_bytes`) is decoded here too, which keeps
-/// every batch within a decoded one's size sample by sample.
-fn client_decodable(
+/// The sample in `mode`'s client form, else None: one that could not be
+/// read, or that the mode leaves to the server.
+fn client_slot(
     emitted: &EmittedSample,
-    scratch_limit: u64,
-    slot_bytes: usize,
-) -> Option<(JpegFrame, usize)> {
+    mode: ClientMode,
+    limits: FormLimits,
+) -> Option<ClientSlot> {
     if emitted.sample.unreadable.is_some() {
         return None;
     }
-    let (ImageFormat::Jpeg, data) = emitted.sample.image.as_ref()? else {
-        return None;
-    };
-    if data.len() > slot_bytes {
-        return None;
-    }
-    let frame = decode::jpeg_frame(data)?;
-    let pixels = u64::from(frame.width) * u64::from(frame.height);
-    let within = pixels <= decode::MAX_SOURCE_PIXELS
-        && pixels * decode::SCRATCH_BYTES_PER_PIXEL <= scratch_limit;
-    (frame.is_baseline() && within && decode::check_jpeg_complete(data).is_ok())
-        .then_some((frame, data.len()))
+    let (format, data) = emitted.sample.image.as_ref()?;
+    let sample = mode.client_form(*format, data, limits)?;
+    // A mode's promise, kept whatever a mode says: a batch within a decoded one.
+    (sample.length <= limits.slot_bytes).then_some(ClientSlot { mode, sample })
 }
 
 /// Salts a sample's identity for the share, so that which side decodes a
@@ -143,7 +120,7 @@ mod tests {
     #[test]
     fn the_share_is_drawn_per_sample_and_grows_with_the_fraction() {
         let identities: Vec<u64> = (0..20_000u64)
-            .map(|n| decode::augment::sample_identity("shard-000", &format!("k{n}")))
+            .map(|n| crate::decode::augment::sample_identity("shard-000", &format!("k{n}")))
             .collect();
         let decoded_at = |fraction: f64| -> Vec<bool> {
             identities

@@ -3,7 +3,16 @@
 use std::time::Duration;
 
 use super::delivery::Delivery;
+use super::modes::ClientMode;
 use super::seek::{RateSeeker, SearchState};
+
+/// What one batch is placed with: its stream's mode and the share the
+/// server decodes at the batch's submission.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchShare {
+    pub mode: ClientMode,
+    pub server_fraction: f64,
+}
 
 /// The share of each batch a stream's server decodes: fixed by the request,
 /// or (tuned) sought for the client's rate by a [`RateSeeker`]. One per
@@ -11,6 +20,7 @@ use super::seek::{RateSeeker, SearchState};
 /// its submission.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerShare {
+    mode: ClientMode,
     fixed: f64,
     seeker: Option<RateSeeker>,
 }
@@ -21,10 +31,12 @@ impl ServerShare {
         match delivery {
             Delivery::Decoded => None,
             Delivery::Encoded {
+                mode,
                 server_fraction,
                 tuned,
                 search,
             } => Some(Self {
+                mode,
                 fixed: server_fraction.unwrap_or(0.0).clamp(0.0, 1.0),
                 seeker: tuned.then(|| {
                     search.map_or_else(|| RateSeeker::new(server_fraction), RateSeeker::resume)
@@ -36,6 +48,14 @@ impl ServerShare {
     /// The share to place the next batch with.
     pub fn get(&self) -> f64 {
         self.seeker.as_ref().map_or(self.fixed, RateSeeker::share)
+    }
+
+    /// The next batch's mode and share.
+    pub fn batch(&self) -> BatchShare {
+        BatchShare {
+            mode: self.mode,
+            server_fraction: self.get(),
+        }
     }
 
     /// Where a tuned share's search stands (None: fixed).
@@ -65,6 +85,7 @@ mod tests {
         assert_eq!(fixed.search(), None, "a fixed share settles nowhere");
         let tuned = |server_fraction| {
             ServerShare::of(Delivery::Encoded {
+                mode: ClientMode::BaselineJpeg,
                 server_fraction,
                 tuned: true,
                 search: None,
@@ -81,6 +102,7 @@ mod tests {
             next_hold: 64,
         };
         let going_on = ServerShare::of(Delivery::Encoded {
+            mode: ClientMode::BaselineJpeg,
             server_fraction: Some(0.9),
             tuned: true,
             search: Some(carried),

@@ -3,100 +3,107 @@
 //! search state written into its message.
 
 use super::delivery::Delivery;
+use super::error::DeliveryError;
+use super::modes::ClientMode;
 use super::placement::Placement;
 use super::seek::SearchState;
 use crate::proto::v1 as pb;
-
-/// A request's delivery could not be used; names the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct DeliveryError {
-    pub field: &'static str,
-    pub message: String,
-}
 
 /// The request's delivery, checked.
 pub fn delivery_from_wire(request: &pb::StreamBatchesRequest) -> Result<Delivery, DeliveryError> {
     let invalid = |field: &'static str, message: String| Err(DeliveryError { field, message });
     let server_fraction = request.server_decode_fraction;
-    match pb::Delivery::try_from(request.delivery) {
-        Ok(pb::Delivery::Decoded) => {
-            if server_fraction.is_some()
-                || request.tune_server_decode
-                || request.server_decode_search.is_some()
-            {
-                let field = if server_fraction.is_some() {
-                    "server_decode_fraction"
-                } else if request.tune_server_decode {
-                    "tune_server_decode"
-                } else {
-                    "server_decode_search"
-                };
-                return invalid(
-                    field,
-                    "server_decode_fraction and tune_server_decode are for delivery = \
-                     DELIVERY_ENCODED; leave them unset"
-                        .into(),
-                );
-            }
-            Ok(Delivery::Decoded)
+    let Ok(delivery) = pb::Delivery::try_from(request.delivery) else {
+        return invalid("delivery", format!("unknown delivery {}", request.delivery));
+    };
+    let Some(mode) = ClientMode::from_wire(delivery) else {
+        if server_fraction.is_some()
+            || request.tune_server_decode
+            || request.server_decode_search.is_some()
+        {
+            let field = if server_fraction.is_some() {
+                "server_decode_fraction"
+            } else if request.tune_server_decode {
+                "tune_server_decode"
+            } else {
+                "server_decode_search"
+            };
+            return invalid(
+                field,
+                "server_decode_fraction and tune_server_decode are for a delivery the client \
+                 decodes (DELIVERY_ENCODED); leave them unset"
+                    .into(),
+            );
         }
-        Ok(pb::Delivery::Encoded) => {
-            if let Some(fraction) = server_fraction.filter(|f| !(0.0..=1.0).contains(f)) {
-                return invalid(
-                    "server_decode_fraction",
-                    format!("server_decode_fraction {fraction} is outside 0..=1"),
-                );
-            }
-            if request
-                .decoded_source
-                .as_ref()
-                .is_some_and(|tier| tier.shorter_side != 0)
-            {
-                return invalid(
-                    "decoded_source",
-                    "decoded_source and delivery = DELIVERY_ENCODED conflict: the client decodes \
-                     from the original images; set one of them"
-                        .into(),
-                );
-            }
-            let search = request.server_decode_search.as_ref().map(search_from_wire);
-            if let Some(search) = search {
-                if !request.tune_server_decode {
-                    return invalid(
-                        "server_decode_search",
-                        "server_decode_search goes on with a tuned share's search: set \
-                         tune_server_decode, or leave it unset"
-                            .into(),
-                    );
-                }
-                if let Some(why) = search.invalid() {
-                    return invalid(
-                        "server_decode_search",
-                        format!("server_decode_search: {why}"),
-                    );
-                }
-            }
-            Ok(Delivery::Encoded {
-                server_fraction,
-                tuned: request.tune_server_decode,
-                search,
-            })
-        }
-        Err(_) => invalid("delivery", format!("unknown delivery {}", request.delivery)),
+        return Ok(Delivery::Decoded);
+    };
+    if let Some(fraction) = server_fraction.filter(|f| !(0.0..=1.0).contains(f)) {
+        return invalid(
+            "server_decode_fraction",
+            format!("server_decode_fraction {fraction} is outside 0..=1"),
+        );
     }
+    if request
+        .decoded_source
+        .as_ref()
+        .is_some_and(|tier| tier.shorter_side != 0)
+    {
+        return invalid(
+            "decoded_source",
+            format!(
+                "decoded_source and delivery = {} conflict: the client decodes from the \
+                 original images; set one of them",
+                delivery.as_str_name()
+            ),
+        );
+    }
+    let search = request.server_decode_search.as_ref().map(search_from_wire);
+    if let Some(search) = search {
+        if !request.tune_server_decode {
+            return invalid(
+                "server_decode_search",
+                "server_decode_search goes on with a tuned share's search: set \
+                 tune_server_decode, or leave it unset"
+                    .into(),
+            );
+        }
+        if let Some(why) = search.invalid() {
+            return invalid(
+                "server_decode_search",
+                format!("server_decode_search: {why}"),
+            );
+        }
+    }
+    mode.check(request)?;
+    Ok(Delivery::Encoded {
+        mode,
+        server_fraction,
+        tuned: request.tune_server_decode,
+        search,
+    })
 }
 
 /// Where each sample lies in an encoded batch's bytes, on the wire.
 pub fn placements_to_wire(placements: &[Placement]) -> Vec<pb::EncodedSample> {
     placements
         .iter()
-        .map(|placement| pb::EncodedSample {
-            offset: placement.offset as u64,
-            length: placement.length as u64,
-            decoded: placement.decoded,
-            source_width: placement.source_width,
-            source_height: placement.source_height,
+        .map(|placement| {
+            let (form, source_width, source_height) = match placement.client {
+                Some(slot) => (
+                    slot.sample.form,
+                    slot.sample.source_width,
+                    slot.sample.source_height,
+                ),
+                None => (pb::SampleForm::Pixels, 0, 0),
+            };
+            pb::EncodedSample {
+                offset: placement.offset as u64,
+                length: placement.length as u64,
+                decoded: placement.decoded(),
+                source_width,
+                source_height,
+                form: form as i32,
+            }
         })
         .collect()
 }

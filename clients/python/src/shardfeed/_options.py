@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args
 
+from ._modes import DELIVERY_VALUES, DeliveryMode
 from ._proto import shardfeed_pb2 as pb
 from ._shm import HostPinning
 from ._wire import ShareSearch
@@ -19,7 +20,6 @@ from ._wire import ShareSearch
 Partition = Literal["drop_last", "pad"]
 Resize = Literal["center_crop", "stretch"]
 Transport = Literal["auto", "inline", "shared_memory"]
-DeliveryMode = Literal["decoded", "encoded"]
 ServerFraction = Union[float, Literal["auto"], None]
 
 
@@ -109,9 +109,7 @@ class Delivery:
         return self.server_fraction == "auto"
 
     def apply(self, request: Any) -> None:
-        request.delivery = {"decoded": pb.DELIVERY_DECODED, "encoded": pb.DELIVERY_ENCODED}[
-            self.mode
-        ]
+        request.delivery = DELIVERY_VALUES[self.mode]
         if self.tuned:
             request.tune_server_decode = True
             if self.server_start is not None:

@@ -277,14 +277,17 @@ class ShareSearch:
 @dataclass(frozen=True)
 class EncodedImages:
     """An encoded delivery's images: per sample, either its final pixels
-    (``decoded``) or a baseline JPEG of ``source_sizes`` (width, height) to
-    decode, crop to the batch's ``crop_boxes``, resize to ``height`` x
-    ``width`` and mirror where ``flipped``."""
+    (``decoded``) or its bytes in a client form (``forms``, a
+    ``SampleForm`` value: a baseline JPEG for ``delivery="encoded"``) of
+    ``source_sizes`` (width, height) to decode, crop to the batch's
+    ``crop_boxes``, resize to ``height`` x ``width`` and mirror where
+    ``flipped``."""
 
     data: npt.NDArray[np.uint8]
     offsets: npt.NDArray[np.int64]
     lengths: npt.NDArray[np.int64]
     decoded: npt.NDArray[np.bool_]
+    forms: npt.NDArray[np.int32]
     source_sizes: npt.NDArray[np.int32]
     height: int
     width: int
@@ -375,6 +378,12 @@ def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
     offsets = np.array([e.offset for e in table], dtype=np.int64)
     lengths = np.array([e.length for e in table], dtype=np.int64)
     decoded = np.array([e.decoded for e in table], dtype=np.bool_)
+    # A server older than the field leaves it unset: its samples are pixels
+    # or JPEGs, as `decoded` says.
+    forms = np.array(
+        [e.form or (pb.SAMPLE_FORM_PIXELS if e.decoded else pb.SAMPLE_FORM_JPEG) for e in table],
+        dtype=np.int32,
+    )
     pixels = shape.height * shape.width * shape.channels
     if len(table) != shape.n or np.any(offsets + lengths > flat.size):
         raise ValueError(
@@ -382,11 +391,14 @@ def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
         )
     if np.any(lengths[decoded] != pixels):
         raise ValueError(f"batch {message.index}: a decoded sample is not {pixels} bytes")
+    if np.any(decoded != (forms == pb.SAMPLE_FORM_PIXELS)):
+        raise ValueError(f"batch {message.index}: a sample's form disagrees with its decoded flag")
     return EncodedImages(
         data=flat,
         offsets=offsets,
         lengths=lengths,
         decoded=decoded,
+        forms=forms,
         source_sizes=np.array(
             [(e.source_width, e.source_height) for e in table], dtype=np.int32
         ).reshape(-1, 2),

@@ -3,7 +3,8 @@
 With ``delivery="encoded"`` the server still reads, shuffles, partitions,
 checks every image's headers and decides its crop box and flip; baseline
 JPEGs arrive compressed. :class:`BatchDecoder` finishes them as the server
-would have: torchvision's ``decode_jpeg`` (batched; nvJPEG with
+would have: each sample decoded by its form's decoder (``_modes.py``; a
+JPEG by torchvision's ``decode_jpeg``, batched: nvJPEG with
 ``device="cuda"``, libjpeg-turbo on CPU), then the box cropped and resized
 with the server's filter and the flip applied, on the same device.
 
@@ -41,8 +42,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ._modes import FORM_DECODERS, form_name
 from ._resize import crop_resize, crop_resize_batch
-from ._wire import Batch
+from ._wire import Batch, EncodedImages
 
 __all__ = ["BatchDecoder", "ClientDecoded", "crop_resize", "substitute_source"]
 
@@ -106,11 +108,8 @@ class BatchDecoder:
         rank: int = 0,
         report_every: int = 32,
     ) -> None:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        self._decode_jpeg = decode_jpeg
-        self._rgb = ImageReadMode.RGB
         self.device = torch.device(device)
+        self._decoders = {form: make(self.device) for form, make in FORM_DECODERS.items()}
         self.client = client
         self.rank = rank
         self.report_every = report_every
@@ -138,7 +137,7 @@ class BatchDecoder:
                 if encoded.decoded[slot] and slot not in server_failed:
                     pixels = torch.from_numpy(encoded.bytes_of(slot))
                     out[slot] = pixels.view(height, width, 3).to(self.device, non_blocking=True)
-            images, errors = self._decode_all([encoded.bytes_of(s) for s in compressed])
+            images, errors = self._decode_forms(encoded, compressed)
         failed: list[tuple[int, str]] = []
         decoded_slots: list[int] = []
         decoded_images: list[torch.Tensor] = []
@@ -166,29 +165,27 @@ class BatchDecoder:
         substituted = sorted(server_failed | {slot for slot, _ in failed})
         return ClientDecoded(out, labels, boxes, flipped, substituted, failed)
 
-    def _decode_all(
-        self, datas: list[npt.NDArray[np.uint8]]
+    def _decode_forms(
+        self, encoded: EncodedImages, slots: list[int]
     ) -> tuple[list[torch.Tensor | None], list[str | None]]:
-        """Decodes every JPEG (batched); when the batch call fails, one by
-        one to find which."""
-        if not datas:
-            return [], []
-        tensors = [torch.from_numpy(data) for data in datas]
-        try:
-            images = self._decode_jpeg(tensors, mode=self._rgb, device=self.device)
-            return list(images), [None] * len(tensors)
-        except RuntimeError:
-            pass
-        results: list[torch.Tensor | None] = []
-        errors: list[str | None] = []
-        for tensor in tensors:
-            try:
-                results.append(self._decode_jpeg(tensor, mode=self._rgb, device=self.device))
-                errors.append(None)
-            except RuntimeError as exc:
-                results.append(None)
-                errors.append(str(exc).splitlines()[0][:200] or type(exc).__name__)
-        return results, errors
+        """Decodes each slot with its form's decoder, one batched call per
+        form in the batch; a form this client has no decoder for fails its
+        samples (they are substituted and reported like any failure)."""
+        images: list[torch.Tensor | None] = [None] * len(slots)
+        errors: list[str | None] = [None] * len(slots)
+        by_form: dict[int, list[int]] = {}
+        for index, slot in enumerate(slots):
+            by_form.setdefault(int(encoded.forms[slot]), []).append(index)
+        for form, indices in by_form.items():
+            decoder = self._decoders.get(form)
+            if decoder is None:
+                for index in indices:
+                    errors[index] = f"{form_name(form)}: this client has no decoder for it"
+                continue
+            got, why = decoder([encoded.bytes_of(slots[index]) for index in indices])
+            for index, image, error in zip(indices, got, why):
+                images[index], errors[index] = image, error
+        return images, errors
 
     @staticmethod
     def _substitute(

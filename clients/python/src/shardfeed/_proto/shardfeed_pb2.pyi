@@ -26,6 +26,12 @@ class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRANSPORT_INLINE: _ClassVar[Transport]
     TRANSPORT_SHARED_MEMORY: _ClassVar[Transport]
+
+class SampleForm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SAMPLE_FORM_UNSPECIFIED: _ClassVar[SampleForm]
+    SAMPLE_FORM_PIXELS: _ClassVar[SampleForm]
+    SAMPLE_FORM_JPEG: _ClassVar[SampleForm]
 PARTITION_DROP_LAST: Partition
 PARTITION_PAD: Partition
 RESIZE_MODE_CENTER_CROP: ResizeMode
@@ -34,6 +40,9 @@ DELIVERY_DECODED: Delivery
 DELIVERY_ENCODED: Delivery
 TRANSPORT_INLINE: Transport
 TRANSPORT_SHARED_MEMORY: Transport
+SAMPLE_FORM_UNSPECIFIED: SampleForm
+SAMPLE_FORM_PIXELS: SampleForm
+SAMPLE_FORM_JPEG: SampleForm
 
 class StreamBatchesRequest(_message.Message):
     __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source", "delivery", "server_decode_fraction", "tune_server_decode", "weights_from_step", "server_decode_search")
@@ -290,18 +299,20 @@ class Batch(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ...) -> None: ...
 
 class EncodedSample(_message.Message):
-    __slots__ = ("offset", "length", "decoded", "source_width", "source_height")
+    __slots__ = ("offset", "length", "decoded", "source_width", "source_height", "form")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     DECODED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_WIDTH_FIELD_NUMBER: _ClassVar[int]
     SOURCE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FORM_FIELD_NUMBER: _ClassVar[int]
     offset: int
     length: int
     decoded: bool
     source_width: int
     source_height: int
-    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., decoded: _Optional[bool] = ..., source_width: _Optional[int] = ..., source_height: _Optional[int] = ...) -> None: ...
+    form: SampleForm
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., decoded: _Optional[bool] = ..., source_width: _Optional[int] = ..., source_height: _Optional[int] = ..., form: _Optional[_Union[SampleForm, str]] = ...) -> None: ...
 
 class ClientDecodeReport(_message.Message):
     __slots__ = ("rank", "decoded", "failures")

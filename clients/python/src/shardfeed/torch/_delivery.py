@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+from .._modes import CLIENT_DEFAULT
 from .._options import StreamOptions
 from .._wire import Batch, ShareSearch
 from ._device import CudaHostPinning
@@ -52,7 +53,9 @@ def stream_options(
     """``options`` for the next stream of a dataset that decodes with
     ``decode`` onto ``device``."""
     if decode != "server":
-        delivery = dataclasses.replace(options.delivery, mode="encoded")
+        delivery = options.delivery
+        if delivery.mode == "decoded":
+            delivery = dataclasses.replace(delivery, mode=CLIENT_DEFAULT)
         if decode == "gpu" and delivery.server_fraction is None:
             # How much of a batch the GPU should take depends on both sides'
             # speed and on the model's step (on an H200, share 0 was best
