@@ -30,6 +30,7 @@ pub mod wire;
 
 use super::sample::EmittedSample;
 use crate::hash::fmix64;
+use crate::proto::v1 as pb;
 
 pub use delivery::Delivery;
 pub use error::DeliveryError;
@@ -95,8 +96,13 @@ fn client_slot(
     }
     let (format, data) = emitted.sample.image.as_ref()?;
     let sample = mode.client_form(*format, data, limits)?;
-    // A mode's promise, kept whatever a mode says: a batch within a decoded one.
-    (sample.length <= limits.slot_bytes).then_some(ClientSlot { mode, sample })
+    // A mode's promises, kept whatever a mode says: a batch within a decoded
+    // one, and a client slot the client can tell from pixels.
+    let client_form = !matches!(
+        sample.form,
+        pb::SampleForm::Pixels | pb::SampleForm::Unspecified
+    );
+    (sample.length <= limits.slot_bytes && client_form).then_some(ClientSlot { mode, sample })
 }
 
 /// Salts a sample's identity for the share, so that which side decodes a
