@@ -1,10 +1,10 @@
 """The ``IterableDataset`` surface of a shardfeed stream (see the package).
 
 Its parts: the arguments checked when it is made (``_arguments``), where it
-stands and its checkpoints (``_progress``), the streams a pass opens
-(``_pass``), what it yields (``_output``), the streams' delivery options
-(``_delivery``), the tensors where training wants them (``_device``), and
-its DataLoader (``_loader``)."""
+stands and its checkpoints (``_progress``), a pass: the streams it opens and
+its batches handed out (``_pass``), what it yields (``_output``), the
+streams' delivery options (``_delivery``), the tensors where training wants
+them (``_device``), and its DataLoader (``_loader``)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from .._stats import InputStats, WaitMeter
 from .._wire import EpochPosition
 from ._arguments import Decode, Layout, Output, as_source, check_arguments
 from ._delivery import ShareCarry
-from ._frameworks import accelerate_dispatch, in_step
 from ._loader import make_dataloader
-from ._output import BatchDict, Sample, as_dict
-from ._pass import open_pass
+from ._output import BatchDict, Sample
+from ._pass import run_pass
 from ._progress import MAX_FETCH_AHEAD, STATE_VERSION, MixWeights, Progress, check_state
 from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
@@ -253,48 +252,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         # The loop's waits are measured here when it runs in this process;
         # a DataLoader worker's copy leaves it to dataloader()'s loader.
-        meter = self._meter if get_worker_info() is None else None
-        if meter is not None:
-            meter.begin_pass()
-        progress = self._progress
-        if get_worker_info() is not None:
-            progress.shared.set_worker_used()
-        rank, world = self._stream_rank_and_world()
-        token = progress.begin_pass(world, self._next_epoch_start)
-        # Under accelerate's dispatch, process 0 streams every rank's batches.
-        ranks = list(range(world)) if accelerate_dispatch(self) else [rank]
-        streams, tuned = open_pass(self, progress, world, ranks)
-        # Trainers that know len() stop after that many batches without
-        # asking for another (Lightning): the pass completes with its last
-        # batch, not when the stream ends. Each batch says the epoch's steps.
-        steps: int | None = None
-        for group in in_step(streams):
-            for batch, images, labels, crop_boxes, flipped, substituted in group:
-                if steps is None:
-                    progress.shared.set_started(progress.epoch, progress.choice, token)
-                    # Servers before `epoch_steps` are asked with Describe.
-                    steps = batch.epoch_steps or self._epoch_steps(world)
-                if tuned:
-                    self._share.observe(batch)
-                if self.layout == "NCHW":
-                    images = images.permute(0, 3, 1, 2)
-                progress.handed_out(batch.position)
-                if sum(batches for _, batches in batch.position.segments) >= steps:
-                    progress.set_completed()
-                if meter is not None:
-                    meter.received()
-                if self.output == "tuple":
-                    yield images, labels
-                else:
-                    yield as_dict(batch, images, labels, crop_boxes, flipped, substituted)
-                if meter is not None:
-                    meter.asking()
-        # Resumed at the epoch's end: nothing was left, the position is spent.
-        progress.resume = None
-        # Seen by this process and, after a fork, by the one that made the
-        # dataset (a DataLoader worker's pass counts).
-        progress.shared.set_started(progress.epoch, progress.choice, token)
-        progress.set_completed()
+        return run_pass(self, self._meter if get_worker_info() is None else None)
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain

@@ -1,15 +1,21 @@
 """One pass of a ``ShardfeedDataset``: the streams it opens (one per rank it
 streams: its own, or every rank's under accelerate's dispatch), from where
-its progress stands, and the batches they deliver in step."""
+its progress stands, and the batches they deliver in step, handed out as
+the dataset's samples with the progress kept."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from torch.utils.data import get_worker_info
+
+from .._stats import WaitMeter
 from .._wire import EpochPosition
 from ._delivery import stream_options
 from ._device import on_device
+from ._frameworks import accelerate_dispatch, in_step
+from ._output import Sample, as_dict
 from ._progress import Progress
 
 if TYPE_CHECKING:
@@ -70,3 +76,50 @@ def open_pass(dataset: ShardfeedDataset, progress: Progress, world: int, ranks: 
         for stream_rank in ranks
     ]
     return Pass(streams, options.delivery.tuned)
+
+
+def run_pass(dataset: ShardfeedDataset, meter: WaitMeter | None) -> Iterator[Sample]:
+    """A pass of ``dataset``: its samples, each batch's position kept in its
+    progress; the training loop's waits measured by ``meter`` (None: in a
+    DataLoader worker, where the loader measures)."""
+    if meter is not None:
+        meter.begin_pass()
+    progress = dataset._progress
+    if get_worker_info() is not None:
+        progress.shared.set_worker_used()
+    rank, world = dataset._stream_rank_and_world()
+    token = progress.begin_pass(world, dataset._next_epoch_start)
+    # Under accelerate's dispatch, process 0 streams every rank's batches.
+    ranks = list(range(world)) if accelerate_dispatch(dataset) else [rank]
+    streams, tuned = open_pass(dataset, progress, world, ranks)
+    # Trainers that know len() stop after that many batches without
+    # asking for another (Lightning): the pass completes with its last
+    # batch, not when the stream ends. Each batch says the epoch's steps.
+    steps: int | None = None
+    for group in in_step(streams):
+        for batch, images, labels, crop_boxes, flipped, substituted in group:
+            if steps is None:
+                progress.shared.set_started(progress.epoch, progress.choice, token)
+                # Servers before `epoch_steps` are asked with Describe.
+                steps = batch.epoch_steps or dataset._epoch_steps(world)
+            if tuned:
+                dataset._share.observe(batch)
+            if dataset.layout == "NCHW":
+                images = images.permute(0, 3, 1, 2)
+            progress.handed_out(batch.position)
+            if sum(batches for _, batches in batch.position.segments) >= steps:
+                progress.set_completed()
+            if meter is not None:
+                meter.received()
+            if dataset.output == "tuple":
+                yield images, labels
+            else:
+                yield as_dict(batch, images, labels, crop_boxes, flipped, substituted)
+            if meter is not None:
+                meter.asking()
+    # Resumed at the epoch's end: nothing was left, the position is spent.
+    progress.resume = None
+    # Seen by this process and, after a fork, by the one that made the
+    # dataset (a DataLoader worker's pass counts).
+    progress.shared.set_started(progress.epoch, progress.choice, token)
+    progress.set_completed()
