@@ -28,8 +28,9 @@ macro_rules! client_modes {
         }
 
         impl ClientMode {
-            /// Every mode, in table order.
-            pub const ALL: &'static [ClientMode] = &[$(ClientMode::$variant),+];
+            /// Every mode, in table order (the table's own test).
+            #[cfg(test)]
+            const ALL: &'static [ClientMode] = &[$(ClientMode::$variant),+];
 
             /// The mode a request's `delivery` asks for; None for decoded
             /// delivery.
@@ -40,7 +41,9 @@ macro_rules! client_modes {
                 None
             }
 
-            pub fn wire(self) -> pb::Delivery {
+            /// The request's `delivery` value (the table's own test).
+            #[cfg(test)]
+            fn wire(self) -> pb::Delivery {
                 match self {
                     $(Self::$variant => <$mode as ClientDecodes>::WIRE),+
                 }
