@@ -178,7 +178,9 @@ async fn flips_mirror_exactly_and_bad_ranges_name_their_field() {
             },
         )),
         horizontal_flip: 0.0,
+        ..Default::default()
     };
+    let recipe = common::trivial_augment_recipe;
     let cases = [
         (
             rrc(Some(0.0), None),
@@ -201,8 +203,99 @@ async fn flips_mirror_exactly_and_bad_ranges_name_their_field() {
                     resize: 10,
                 })),
                 horizontal_flip: 0.0,
+                ..Default::default()
             },
             "augmentation.center_crop.resize",
+        ),
+        (
+            pb::Augmentation {
+                auto_augment: Some(pb::AutoAugment {
+                    policy: Some(pb::auto_augment::Policy::RandAugment(pb::RandAugment {
+                        magnitude: Some(40),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }),
+                ..recipe()
+            },
+            "augmentation.auto_augment.rand_augment.magnitude",
+        ),
+        (
+            pb::Augmentation {
+                auto_augment: Some(pb::AutoAugment {
+                    policy: Some(pb::auto_augment::Policy::TrivialAugmentWide(
+                        pb::TrivialAugmentWide {
+                            num_magnitude_bins: Some(0),
+                        },
+                    )),
+                    ..Default::default()
+                }),
+                ..recipe()
+            },
+            "augmentation.auto_augment.trivial_augment_wide.num_magnitude_bins",
+        ),
+        (
+            pb::Augmentation {
+                auto_augment: Some(pb::AutoAugment {
+                    policy: Some(pb::auto_augment::Policy::Imagenet(
+                        pb::AutoAugmentImageNet {},
+                    )),
+                    interpolation: 7,
+                    fill: vec![],
+                }),
+                ..recipe()
+            },
+            "augmentation.auto_augment.interpolation",
+        ),
+        (
+            pb::Augmentation {
+                grayscale: -0.5,
+                ..recipe()
+            },
+            "augmentation.grayscale",
+        ),
+        (
+            pb::Augmentation {
+                color_jitter: Some(pb::ColorJitter {
+                    hue: Some(pb::Range {
+                        min: -0.7,
+                        max: 0.2,
+                    }),
+                    ..Default::default()
+                }),
+                ..recipe()
+            },
+            "augmentation.color_jitter.hue",
+        ),
+        (
+            pb::Augmentation {
+                random_erasing: Some(pb::RandomErasing {
+                    normalize_std: vec![0.229, 0.0, 0.225],
+                    ..recipe().random_erasing.unwrap()
+                }),
+                ..recipe()
+            },
+            "augmentation.random_erasing.normalize_std",
+        ),
+        (
+            pb::Augmentation {
+                random_erasing: Some(pb::RandomErasing {
+                    scale: Some(pb::Range { min: 0.5, max: 1.5 }),
+                    ..recipe().random_erasing.unwrap()
+                }),
+                ..recipe()
+            },
+            "augmentation.random_erasing.scale",
+        ),
+        (
+            pb::Augmentation {
+                random_erasing: Some(pb::RandomErasing {
+                    p: 1.5,
+                    ..recipe().random_erasing.unwrap()
+                }),
+                ..recipe()
+            },
+            "augmentation.random_erasing.p",
         ),
     ];
     for (augmentation, field) in cases {

@@ -149,6 +149,7 @@ async fn pixels_match_a_reference_resize() {
             augmentation: Some(pb::Augmentation {
                 crop: Some(pb::augmentation::Crop::Stretch(pb::Stretch {})),
                 horizontal_flip: 0.0,
+                ..Default::default()
             }),
             ..request(&uri)
         },

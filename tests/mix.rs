@@ -63,6 +63,7 @@ fn mixed(tar: &str, records: &str, weights: [f64; 2]) -> pb::StreamBatchesReques
                 pb::RandomResizedCrop::default(),
             )),
             horizontal_flip: 0.5,
+            ..Default::default()
         }),
         ..request("")
     }

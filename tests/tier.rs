@@ -37,6 +37,7 @@ fn eval() -> pb::Augmentation {
             resize: 0,
         })),
         horizontal_flip: 0.0,
+        ..Default::default()
     }
 }
 
@@ -116,7 +117,7 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
     let cases = [(train(), 1), (train(), 4), (eval(), 1), (eval(), 4)];
     let mut expected = Vec::new();
     for (augmentation, world) in &cases {
-        let batches = all_ranks(&bare, &tiered(&uri, *augmentation), *world).await;
+        let batches = all_ranks(&bare, &tiered(&uri, augmentation.clone()), *world).await;
         expected.push(digest(&batches));
     }
     let plain = all_ranks(
@@ -145,7 +146,7 @@ async fn batches_are_the_same_bytes_cold_warm_half_warm_damaged_and_without_a_ti
         let uri = uri.clone();
         async move {
             for ((augmentation, world), want) in cases.iter().zip(expected) {
-                let got = all_ranks(harness, &tiered(&uri, *augmentation), *world).await;
+                let got = all_ranks(harness, &tiered(&uri, augmentation.clone()), *world).await;
                 assert_eq!(
                     digest(&got),
                     *want,
@@ -289,6 +290,7 @@ async fn warm_decoded_fills_the_tier_ahead_so_the_job_only_reads_it() {
                     resize: 37,
                 })),
                 horizontal_flip: 0.0,
+                ..Default::default()
             },
         )
     };
@@ -471,12 +473,12 @@ async fn the_first_epoch_is_the_originals_bytes_and_fills_the_tier_for_the_next(
     for augmentation in [train(), eval()] {
         let original = pb::StreamBatchesRequest {
             decoded_source: None,
-            ..from_epoch_one(&uri, augmentation, 0)
+            ..from_epoch_one(&uri, augmentation.clone(), 0)
         };
         // Epoch 1 without a tier directory: every source derived.
         want.push((
             digest(&all_ranks(&bare, &original, 2).await),
-            digest(&all_ranks(&bare, &from_epoch_one(&uri, augmentation, 1), 2).await),
+            digest(&all_ranks(&bare, &from_epoch_one(&uri, augmentation.clone(), 1), 2).await),
         ));
     }
     let s3 = bare.restart_s3().await;
@@ -488,11 +490,11 @@ async fn the_first_epoch_is_the_originals_bytes_and_fills_the_tier_for_the_next(
     for ((augmentation, records), (first, second)) in
         [(train(), 36), (eval(), 72)].iter().zip(&want)
     {
-        let epoch0 = all_ranks(&harness, &from_epoch_one(&uri, *augmentation, 0), 2).await;
+        let epoch0 = all_ranks(&harness, &from_epoch_one(&uri, augmentation.clone(), 0), 2).await;
         assert_eq!(digest(&epoch0), *first, "epoch 0 is the original's bytes");
         filled_to(&tier, *records).await;
         let stored = tier.fills();
-        let epoch1 = all_ranks(&harness, &from_epoch_one(&uri, *augmentation, 1), 2).await;
+        let epoch1 = all_ranks(&harness, &from_epoch_one(&uri, augmentation.clone(), 1), 2).await;
         assert_eq!(
             digest(&epoch1),
             *second,

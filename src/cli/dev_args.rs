@@ -66,9 +66,14 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub max_batches: u64,
     /// The transform measured: `center` (the covering center crop), `eval`
-    /// (Resize(size x 256/224) + CenterCrop) or `train` (RandomResizedCrop +
-    /// flip, torchvision's defaults).
-    #[arg(long, default_value = "center", value_parser = ["center", "eval", "train"])]
+    /// (Resize(size x 256/224) + CenterCrop), `train` (RandomResizedCrop +
+    /// flip, torchvision's defaults), or `train` and then the ops of a
+    /// recipe: `trivial` (TrivialAugmentWide, bilinear, + RandomErasing
+    /// 0.1: torchvision's ResNet-50 V2), `rand` (RandAugment(2, 9): its
+    /// ViT), `auto` (AutoAugment ImageNet + RandomErasing 0.2: its
+    /// MobileNetV3), `jitter` (ColorJitter(0.4, 0.4, 0.4) + grayscale 0.2).
+    #[arg(long, default_value = "center",
+          value_parser = ["center", "eval", "train", "trivial", "rand", "auto", "jitter"])]
     pub augment: String,
     #[command(flatten)]
     pub s3: S3Args,
@@ -80,11 +85,16 @@ impl BenchArgs {
     fn output(&self) -> crate::decode::OutputSpec {
         use crate::decode::{Crop, HorizontalFlip, Ops, OutputSpec, RandomResizedCrop};
         let center = OutputSpec::center(self.image_size, self.image_size);
+        let train = OutputSpec {
+            crop: Crop::RandomResized(RandomResizedCrop::default()),
+            ops: Ops::default().with(HorizontalFlip(0.5)),
+            ..center
+        };
         match self.augment.as_str() {
-            "train" => OutputSpec {
-                crop: Crop::RandomResized(RandomResizedCrop::default()),
-                ops: Ops::default().with(HorizontalFlip(0.5)),
-                ..center
+            "train" => train,
+            recipe @ ("trivial" | "rand" | "auto" | "jitter") => OutputSpec {
+                ops: recipe_ops(recipe, train.ops),
+                ..train
             },
             "eval" => OutputSpec {
                 crop: Crop::Center {
@@ -276,4 +286,40 @@ pub struct DevS3Args {
     /// (HEAD and GET still carry them).
     #[arg(long)]
     pub list_without_etags: bool,
+}
+
+/// The ops after the flip of the benchmark's named recipes (`--augment`).
+fn recipe_ops(recipe: &str, flip: crate::decode::Ops) -> crate::decode::Ops {
+    use crate::decode::{
+        AutoAugment, ColorJitter, EraseValue, Interpolation, Policy, RandomErasing, RandomGrayscale,
+    };
+    const MEAN: [f64; 3] = [0.485, 0.456, 0.406];
+    const STD: [f64; 3] = [0.229, 0.224, 0.225];
+    let policy = |policy, interpolation| AutoAugment {
+        policy,
+        interpolation: Some(interpolation),
+        ..AutoAugment::default()
+    };
+    match recipe {
+        "trivial" => flip
+            .with(policy(
+                Policy::TrivialAugmentWide { bins: 31 },
+                Interpolation::Bilinear,
+            ))
+            .with(RandomErasing::new(0.1, EraseValue::Mean, MEAN, STD)),
+        "rand" => flip.with(policy(
+            Policy::RandAugment {
+                num_ops: 2,
+                magnitude: 9,
+                bins: 31,
+            },
+            Interpolation::Nearest,
+        )),
+        "auto" => flip
+            .with(policy(Policy::AutoAugmentImageNet, Interpolation::Nearest))
+            .with(RandomErasing::new(0.2, EraseValue::Mean, MEAN, STD)),
+        _ => flip
+            .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.0))
+            .with(RandomGrayscale(0.2)),
+    }
 }

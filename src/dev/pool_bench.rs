@@ -58,6 +58,7 @@ fn wire_bytes(jpegs: &[bytes::Bytes], unit_samples: usize) -> (f64, f64) {
                         height: 90.75,
                         drawn: decode::Drawn {
                             horizontal_flip: true,
+                            ..decode::Drawn::default()
                         },
                     }))
                 })

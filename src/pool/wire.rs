@@ -12,17 +12,20 @@ pub use crate::proto::pool::v1 as pb;
 pub const BUILD_HEADER: &str = "shardfeed-pool-build";
 
 /// The unit's wire revision: 2 carries the service's `Augmentation` and
-/// `CropBox`. Builds of one crate version on either side of a change meet
-/// in a rolling update, and must refuse each other rather than misread.
-const WIRE_REVISION: u32 = 2;
+/// `CropBox`; 3 their policy, jitter, grayscale and erasing fields. Builds
+/// of one crate version on either side of a change meet in a rolling
+/// update, and must refuse each other rather than misread.
+const WIRE_REVISION: u32 = 3;
 
 /// What a unit's pixels depend on besides the unit: the crate's version
-/// (crop boxes, resize kernels), the unit's wire and the JPEG decoder. Both
-/// sides must agree.
+/// (crop boxes, resize kernels), the unit's wire, the op table (a build
+/// that lacks an op would skip it) and the JPEG decoder. Both sides must
+/// agree.
 pub fn build_identity(decoder: &str) -> String {
     format!(
-        "shardfeed {} / wire {WIRE_REVISION} / {decoder}",
-        env!("CARGO_PKG_VERSION")
+        "shardfeed {} / wire {WIRE_REVISION} / ops {} / {decoder}",
+        env!("CARGO_PKG_VERSION"),
+        decode::Ops::NAMES.join(",")
     )
 }
 

@@ -41,7 +41,7 @@ pub fn stream_request(
             ),
         ));
     }
-    let augmentation = request.augmentation.unwrap_or_default();
+    let augmentation = request.augmentation.clone().unwrap_or_default();
     let output = OutputSpec::from_wire(height, width, crop(request)?, &augmentation);
     output
         .validate()

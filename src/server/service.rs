@@ -334,6 +334,10 @@ impl BatchStream {
             encoded: encoded::wire::placements_to_wire(&batch.encoded),
             server_decode_settled: batch.search.map(|search| search.center),
             server_decode_search: batch.search.as_ref().map(encoded::wire::search_to_wire),
+            augmentation: self
+                .output
+                .is_random()
+                .then(|| self.output.augmentation_to_wire()),
         }
     }
 }
@@ -556,6 +560,10 @@ impl Shardfeed for ShardfeedService {
                 total_bytes: summary.total_bytes,
                 decoder: engine.decoder_name().to_string(),
                 classes: summary.classes,
+                augmentation_ops: crate::decode::Ops::NAMES
+                    .iter()
+                    .map(|name| name.to_string())
+                    .collect(),
             })
         }
         .await;

@@ -462,6 +462,29 @@ pub fn training_augmentation() -> pb::Augmentation {
             pb::RandomResizedCrop::default(),
         )),
         horizontal_flip: 0.5,
+        ..Default::default()
+    }
+}
+
+/// torchvision's "new recipe": RandomResizedCrop + flip + TrivialAugmentWide
+/// + RandomErasing(0.1) after ImageNet's Normalize.
+pub fn trivial_augment_recipe() -> pb::Augmentation {
+    pb::Augmentation {
+        auto_augment: Some(pb::AutoAugment {
+            policy: Some(pb::auto_augment::Policy::TrivialAugmentWide(
+                pb::TrivialAugmentWide::default(),
+            )),
+            interpolation: pb::Interpolation::Bilinear as i32,
+            fill: vec![],
+        }),
+        random_erasing: Some(pb::RandomErasing {
+            p: 0.1,
+            value: Some(pb::random_erasing::Value::Mean(pb::EraseMean {})),
+            normalize_mean: vec![0.485, 0.456, 0.406],
+            normalize_std: vec![0.229, 0.224, 0.225],
+            ..Default::default()
+        }),
+        ..training_augmentation()
     }
 }
 

@@ -21,6 +21,17 @@ impl SampleKey {
     pub fn generator(&self) -> Rng {
         Rng::derive(&[self.seed, self.epoch, PURPOSE_AUGMENT, self.sample])
     }
+
+    /// The generator of one op after the flip, keyed by its name.
+    pub fn op_generator(&self, op: &str) -> Rng {
+        Rng::derive(&[
+            self.seed,
+            self.epoch,
+            PURPOSE_AUGMENT,
+            self.sample,
+            fnv1a(op.bytes()),
+        ])
+    }
 }
 
 /// A stable 64-bit identity of a sample: FNV-1a over the shard name, a NUL

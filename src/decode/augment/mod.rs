@@ -1,17 +1,26 @@
 //! What each sample's output is made of, decided before any pixel is
 //! decoded: one crop (`crop.rs`), then the ops of one table (`ops/mod.rs`,
-//! each op in its own file there, behind [`op::Op`]), all drawn from one generator
-//! keyed by the sample (`key.rs`), and the stream's spec that holds them
+//! each op in its own file there, behind [`op::Op`]), each drawn from a
+//! generator keyed by the sample and its own name (`key.rs`), run by the
+//! pixel kernels (`kernels/`), and the stream's spec that holds them
 //! (`spec.rs`).
 
 mod crop;
+#[cfg(test)]
+mod golden;
+mod kernels;
 mod key;
 mod op;
 mod ops;
 mod spec;
 
 pub use crop::{Crop, RandomResizedCrop};
+pub use kernels::Interpolation;
 pub use key::{sample_identity, SampleKey};
-pub use op::{AugmentError, Op, CHANNELS};
-pub use ops::{flip_rows, Drawn, HorizontalFlip, Ops, Slot};
+pub use op::{AugmentError, DrawAt, Op, CHANNELS};
+pub use ops::{
+    flip_rows, AutoAugment, ColorJitter, Drawn, EraseValue, ErasedBox, HorizontalFlip, JitterDrawn,
+    JitterOp, Ops, Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, Slot,
+    MAX_POLICY_OPS,
+};
 pub use spec::{CropBox, OutputSpec, DEFAULT_SIZE, MAX_SIZE};

@@ -3,6 +3,7 @@
 //! its place on the wire. The table (`ops/mod.rs`) lists the ops; nothing
 //! else names one.
 
+use super::key::SampleKey;
 use crate::plan::rng::Rng;
 use crate::proto::v1 as pb;
 
@@ -21,14 +22,41 @@ pub(super) fn invalid(field: &'static str, message: String) -> AugmentError {
     AugmentError { field, message }
 }
 
+/// What an op's draw may read of the sample and the stream.
+#[derive(Debug, Clone, Copy)]
+pub struct DrawAt<'a> {
+    pub key: &'a SampleKey,
+    /// The output's size (the policies' translations scale with it).
+    pub width: u32,
+    pub height: u32,
+}
+
+impl DrawAt<'_> {
+    /// The op's own generator: keyed by the sample and the op's name, so
+    /// its draws move with neither the crop's nor another op's, nor with
+    /// its place in the table.
+    pub fn generator(&self, op: &'static str) -> Rng {
+        self.key.op_generator(op)
+    }
+}
+
 /// One op applied after the crop and resize, to the finished output.
 ///
-/// Each op draws from the sample's generator after the crop has drawn and
-/// after every op above it in the table, so adding an op at the end of the
-/// table moves no existing sample's box or flip.
+/// The flip, the first op, draws from the sample's generator after the
+/// crop (frozen since it shipped); every later op draws from a generator
+/// of its own ([`DrawAt::generator`]), so adding, removing or reordering
+/// ops moves no other op's decisions.
 pub trait Op: Copy + Default + PartialEq + std::fmt::Debug {
     /// What the op decided for one sample (`bool` for a coin flip).
     type Drawn: Copy + Default + PartialEq + std::fmt::Debug;
+
+    /// The op's name as the table publishes it (Describe, the pool's build
+    /// identity) and as its generator is keyed: never rename one.
+    const NAME: &'static str;
+
+    /// Whether a client that decodes applies this op's decisions itself;
+    /// where it does not, the server decodes the stream's samples.
+    const CLIENT_REPLAYS: bool;
 
     /// The op turned off: what a request that does not name it gets.
     const OFF: Self;
@@ -39,12 +67,12 @@ pub trait Op: Copy + Default + PartialEq + std::fmt::Debug {
     /// Whether the op draws anything (the default op must not).
     fn is_random(&self) -> bool;
 
-    /// The op's decision for one sample. An op that is not random must not
-    /// draw, so that turning it off leaves the ops below it as they were.
-    fn draw(&self, rng: &mut Rng) -> Self::Drawn;
+    /// The op's decision for one sample. `sample` is the crop's generator,
+    /// which only the flip reads; an op that is not random must not draw.
+    fn draw(&self, sample: &mut Rng, at: &DrawAt) -> Self::Drawn;
 
     /// Applies the decision to one output of `width` RGB pixels per row.
-    fn apply(drawn: Self::Drawn, width: u32, out: &mut [u8]);
+    fn apply(&self, drawn: &Self::Drawn, width: u32, out: &mut [u8]);
 
     /// The op's parameters as a request names them (absent: the default).
     fn from_wire(wire: &pb::Augmentation) -> Self;

@@ -17,7 +17,7 @@
 
 use super::crop::Crop;
 use super::key::SampleKey;
-use super::op::{AugmentError, CHANNELS};
+use super::op::{AugmentError, DrawAt, CHANNELS};
 use super::ops::{Drawn, Ops};
 use crate::proto::v1 as pb;
 
@@ -115,19 +115,25 @@ impl OutputSpec {
         let (left, top, box_width, box_height) =
             self.crop
                 .source_box((width, height), (self.width, self.height), &mut rng);
+        let at = DrawAt {
+            key,
+            width: self.width,
+            height: self.height,
+        };
         CropBox {
             left,
             top,
             width: box_width,
             height: box_height,
-            drawn: self.ops.draw(&mut rng),
+            drawn: self.ops.draw(&mut rng, &at),
         }
     }
 
     /// The last step of every path that makes an output from a box: each
     /// op's decision applied to `out` (one `self`-sized output).
     pub fn finish(&self, crop: &CropBox, out: &mut [u8]) {
-        crop.drawn.apply(self.width, &mut out[..self.bytes()]);
+        self.ops
+            .apply(&crop.drawn, self.width, &mut out[..self.bytes()]);
     }
 
     /// The augmentation a request or a pool unit carries for this spec:
@@ -206,6 +212,56 @@ mod tests {
             .map(|b| (b.left, b.top, b.width, b.height, b.drawn.horizontal_flip))
             .collect();
         assert_eq!(got, pinned);
+    }
+
+    #[test]
+    fn each_op_draws_from_its_own_key_and_the_crop_never_moves() {
+        use crate::decode::augment::{
+            AutoAugment, ColorJitter, EraseValue, Policy, RandomErasing, RandomGrayscale,
+        };
+        let policy = AutoAugment {
+            policy: Policy::TrivialAugmentWide { bins: 31 },
+            ..AutoAugment::default()
+        };
+        let plain = train(224, 224);
+        let with_policy = OutputSpec {
+            ops: plain.ops.with(policy),
+            ..plain
+        };
+        let with_all = OutputSpec {
+            ops: with_policy
+                .ops
+                .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.1))
+                .with(RandomGrayscale(0.5))
+                .with(RandomErasing::new(
+                    0.5,
+                    EraseValue::Random,
+                    [0.5; 3],
+                    [0.25; 3],
+                )),
+            ..plain
+        };
+        let without_flip = OutputSpec {
+            ops: Ops::NONE.with(policy),
+            ..plain
+        };
+        for sample in 0..200u64 {
+            let k = key(sample_identity("s.tar", &sample.to_string()));
+            let base = plain.crop_box(500, 375, &k);
+            let one = with_policy.crop_box(500, 375, &k);
+            let all = with_all.crop_box(500, 375, &k);
+            let bare = without_flip.crop_box(500, 375, &k);
+            for other in [one, all, bare] {
+                assert_eq!(
+                    (other.left, other.top, other.width, other.height),
+                    (base.left, base.top, base.width, base.height)
+                );
+            }
+            assert_eq!(one.drawn.horizontal_flip, base.drawn.horizontal_flip);
+            assert_eq!(all.drawn.horizontal_flip, base.drawn.horizontal_flip);
+            assert_eq!(one.drawn.auto_augment, all.drawn.auto_augment);
+            assert_eq!(bare.drawn.auto_augment, one.drawn.auto_augment);
+        }
     }
 
     #[test]
@@ -351,6 +407,7 @@ mod tests {
             height: 40.0,
             drawn: Drawn {
                 horizontal_flip: true,
+                ..Drawn::default()
             },
         };
         assert_eq!(CropBox::from_wire(&crop.to_wire()), crop);

@@ -3,12 +3,25 @@
 from ._augment import Augment
 from ._client import Client, Source, distributed_rank_and_world
 from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
+from ._policies import (
+    AutoAugment,
+    ColorJitter,
+    RandAugment,
+    RandomErasing,
+    TrivialAugmentWide,
+)
 from ._server import PackReport, Server, SkippedFile, pack, serve
 from ._stats import InputStats
+from ._torchvision import from_torchvision
 from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
 
 __all__ = [
     "Augment",
+    "AutoAugment",
+    "ColorJitter",
+    "RandAugment",
+    "RandomErasing",
+    "TrivialAugmentWide",
     "Batch",
     "Client",
     "DatasetInfo",
@@ -25,6 +38,7 @@ __all__ = [
     "Source",
     "StreamOptions",
     "distributed_rank_and_world",
+    "from_torchvision",
     "pack",
     "serve",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
+from ._policies import ColorJitter, Policy, RandomErasing
 from ._proto import shardfeed_pb2 as pb
 
 ImageSize = Union[int, tuple[int, int]]
@@ -28,8 +29,13 @@ class Augment:
     0: the smallest scale that covers the output); ``crop="stretch"`` scales
     each side to the output. The ops after the crop follow, each applied to
     the resized output in the server's table order: ``horizontal_flip`` is
-    the probability of mirroring a sample. Use :meth:`train` and :meth:`eval`
-    for the standard recipes.
+    the probability of mirroring a sample; ``auto_augment`` one of
+    :class:`TrivialAugmentWide`, :class:`RandAugment`, :class:`AutoAugment`;
+    ``color_jitter`` a :class:`ColorJitter`; ``grayscale`` the probability
+    of ``RandomGrayscale``; ``random_erasing`` a :class:`RandomErasing`
+    (last, as the recipes apply it after Normalize). Each sample's ops are
+    its own draws, reported in :attr:`Batch.ops`. Use :meth:`train` and
+    :meth:`eval` for the standard recipes.
     """
 
     crop: Crop = "center"
@@ -37,6 +43,23 @@ class Augment:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     horizontal_flip: float = 0.0
+    auto_augment: Policy | None = None
+    color_jitter: ColorJitter | None = None
+    grayscale: float = 0.0
+    random_erasing: RandomErasing | None = None
+    # What the trainer does after the ops (not sent: the client applies
+    # them, see ShardfeedDataset): Normalize's (mean, std) and the dtype.
+    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    dtype: Any = None
+    # The output size a converted torchvision transform makes (for
+    # `image_size`); None: whatever the stream asks.
+    size: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("horizontal_flip", "grayscale"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], not {p}")
 
     @classmethod
     def train(
@@ -45,9 +68,26 @@ class Augment:
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         horizontal_flip: float = 0.5,
+        auto_augment: Policy | None = None,
+        color_jitter: ColorJitter | None = None,
+        grayscale: float = 0.0,
+        random_erasing: RandomErasing | None = None,
     ) -> Augment:
-        """RandomResizedCrop + RandomHorizontalFlip, torchvision's defaults."""
-        return cls("random_resized", 0, scale, ratio, horizontal_flip)
+        """RandomResizedCrop + RandomHorizontalFlip, torchvision's defaults,
+        then the ops named (torchvision's recipe of ResNet-50 V2 is
+        ``auto_augment=TrivialAugmentWide(interpolation="bilinear"),
+        random_erasing=RandomErasing(0.1)``)."""
+        return cls(
+            "random_resized",
+            0,
+            scale,
+            ratio,
+            horizontal_flip,
+            auto_augment,
+            color_jitter,
+            grayscale,
+            random_erasing,
+        )
 
     @classmethod
     def eval(cls, image_size: ImageSize = 224, *, resize: int | None = None) -> Augment:
@@ -60,7 +100,13 @@ class Augment:
     def to_message(self) -> Any:
         """The request's ``Augmentation``: the crop, then the ops after it
         (the Python mirror of the server's op table, one field per op)."""
-        message = pb.Augmentation(horizontal_flip=self.horizontal_flip)
+        message = pb.Augmentation(horizontal_flip=self.horizontal_flip, grayscale=self.grayscale)
+        if self.auto_augment is not None:
+            message.auto_augment.CopyFrom(self.auto_augment.to_message())
+        if self.color_jitter is not None:
+            message.color_jitter.CopyFrom(self.color_jitter.to_message())
+        if self.random_erasing is not None:
+            message.random_erasing.CopyFrom(self.random_erasing.to_message())
         if self.crop == "center":
             message.center_crop.CopyFrom(pb.CenterCrop(resize=self.resize))
         elif self.crop == "random_resized":

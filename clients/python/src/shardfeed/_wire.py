@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
+from ._ops import SampleOps, batch_ops
 from ._proto import rpc_status_pb2 as rpc
 from ._proto import shardfeed_pb2 as pb
 
@@ -259,6 +260,21 @@ class Batch:
     # them (then `images` is empty, shape (0, H, W, C)); decode them with
     # `shardfeed.decode.BatchDecoder`. None for decoded batches.
     encoded: EncodedImages | None = None
+    # The wire's per-sample decisions and the stream's augmentation, which
+    # `ops` reads (kept raw: most trainers never ask).
+    decisions: tuple[Any, Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ops(self) -> list[SampleOps]:
+        """Per sample, the ops the server ran after the crop, in the order
+        applied, as ``(name, kwargs)`` pairs of
+        ``torchvision.transforms.v2.functional``: ``getattr(F, name)(image,
+        **kwargs)`` replays each on a CHW ``uint8`` tensor (the same
+        request without the ops gives the image they start from)."""
+        if self.decisions is None:
+            return [[] for _ in self.keys]
+        crops, augmentation = self.decisions
+        return batch_ops(crops, augmentation)
 
 
 @dataclass(frozen=True)
@@ -461,6 +477,10 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         sources=list(message.sample_sources),
         source_epochs=list(message.sample_source_epochs),
         encoded=encoded,
+        decisions=(
+            message.crops,
+            message.augmentation if message.HasField("augmentation") else None,
+        ),
     )
 
 

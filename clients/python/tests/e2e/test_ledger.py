@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardfeed import Client
+from shardfeed import Augment, Client, RandomErasing, TrivialAugmentWide
 from shardfeed.torch import ShardfeedDataset
 from shardfeed_benchmarks.gpu_host import scan_corrupted
 
@@ -243,7 +243,7 @@ class Case:
         )
         common.update(FEATURE_OPTIONS.get(self.feature, {}))
         common.update(options)
-        if self.feature == "mix":
+        if self.feature in MIXED:
             return ShardfeedDataset(
                 sources=[(self.data.uris[0], 1), (self.data.uris[1], 1)], **common
             )
@@ -259,7 +259,16 @@ class Case:
 # is no longer than its pixels, and these ~1.8 KB noise JPEGs are longer
 # than 24x24x3.
 ENCODED_SIZE = 32
+# torchvision's "new recipe": TrivialAugmentWide + RandomErasing(0.1).
+RECIPE = Augment.train(
+    auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
+)
+MIXED = ("mix", "recipe_mix")
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
+    "recipe": dict(augment=RECIPE),
+    "recipe_mix": dict(augment=RECIPE),
+    # A client decoder applies only the flip: the sidecar decodes them all.
+    "recipe_encoded": dict(augment=RECIPE, decode="client", image_size=ENCODED_SIZE),
     "encoded": dict(decode="client", image_size=ENCODED_SIZE),
     "encoded_auto": dict(decode="client", server_decode_fraction="auto", image_size=ENCODED_SIZE),
     # Epoch 0 from the original while the tier fills in the background,
@@ -278,7 +287,7 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
 
 def _reweight(ds: ShardfeedDataset, case: Case, epoch: int) -> None:
     """The mix's weight change: 3:1 from epoch 1 on."""
-    if case.feature == "mix" and epoch == 1:
+    if case.feature in MIXED and epoch == 1:
         ds.set_weights([3, 1])
 
 
@@ -576,6 +585,18 @@ MATRIX = [
     Row("workers", "encoded_corrupt", "none", full_only=True),
     Row("plain", "tier_corrupt", "kill"),
     Row("stateful", "tier_corrupt", "break", full_only=True),
+    # The recipes' ops (TrivialAugmentWide + RandomErasing): decisions keyed
+    # by the sample, so a kill or a resume repeats the same pixels; a
+    # client decoder that cannot apply them leaves every sample to the
+    # sidecar.
+    Row("plain", "recipe", "kill"),
+    Row("stateful", "recipe", "break"),
+    Row("plain", "recipe_mix", "kill"),
+    Row("stateful", "recipe_mix", "break", full_only=True),
+    Row("stateful", "recipe_encoded", "break"),
+    Row("plain", "recipe_encoded", "kill", full_only=True),
+    Row("workers", "recipe", "none", full_only=True),
+    Row("loader", "recipe_mix", "none", full_only=True),
 ]
 
 
@@ -601,7 +622,7 @@ def sidecar(s3: S3, request: pytest.FixtureRequest) -> Iterator[Sidecar]:
 def _expected(row: Row, data: Data) -> Expected:
     options = dict(row.trainer)
     corrupt = CORRUPT if row.feature.endswith("corrupt") else frozenset()
-    sources = data.labels if row.feature == "mix" else data.labels[:1]
+    sources = data.labels if row.feature in MIXED else data.labels[:1]
     epochs = 2
     whole = True
     batches = None
@@ -695,6 +716,13 @@ def test_every_sample_exactly_once(
             for event in ("fill", "hit", "unversioned")
         }
         assert tier["fill"] + tier["hit"] > 0 and tier["unversioned"] == 0, tier
+    if row.feature == "recipe_encoded":
+        events = scrape(sidecar.servers[-1].metrics_url)
+        by_client = events['shardfeed_delivered_samples_total{decoded_by="client"}']
+        by_server = events['shardfeed_delivered_samples_total{decoded_by="server"}']
+        assert by_client == 0 and by_server > 0, (
+            "a sample went to a client that cannot apply its ops"
+        )
     if row.feature.endswith("corrupt"):
         # The sidecar substituted them (in the sidecar now running: a kill
         # resets its counters): the trainer's decoder never saw them.

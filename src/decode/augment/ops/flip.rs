@@ -1,7 +1,7 @@
 //! The horizontal flip: one coin per sample, mirrored after resizing.
 
 use super::super::key::uniform;
-use super::super::op::{invalid, AugmentError, Op, CHANNELS};
+use super::super::op::{invalid, AugmentError, DrawAt, Op, CHANNELS};
 use crate::plan::rng::Rng;
 use crate::proto::v1 as pb;
 
@@ -14,6 +14,8 @@ impl Op for HorizontalFlip {
     /// Whether the sample is mirrored.
     type Drawn = bool;
 
+    const NAME: &'static str = "horizontal_flip";
+    const CLIENT_REPLAYS: bool = true;
     const OFF: Self = Self(0.0);
 
     fn validate(&self) -> Result<(), AugmentError> {
@@ -30,11 +32,11 @@ impl Op for HorizontalFlip {
         self.0 > 0.0
     }
 
-    fn draw(&self, rng: &mut Rng) -> bool {
-        self.is_random() && uniform(rng) < self.0
+    fn draw(&self, sample: &mut Rng, _: &DrawAt) -> bool {
+        self.is_random() && uniform(sample) < self.0
     }
 
-    fn apply(flipped: bool, width: u32, out: &mut [u8]) {
+    fn apply(&self, &flipped: &bool, width: u32, out: &mut [u8]) {
         if flipped {
             flip_rows(out, width);
         }

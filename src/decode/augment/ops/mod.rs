@@ -6,14 +6,24 @@
 //! handles ops (checks, draws, the output's last step, both wires) goes
 //! through these two structs, so a new op is its own file in this folder,
 //! its `mod` line and row here, its proto fields and its Python mirror.
-//! Append rows: an op's place fixes what it draws, and a row inserted above
-//! another would move that op's draws for every sample.
+//! A row's place is the order ops apply in; what each draws is keyed by
+//! its name (`Op::NAME`), not its place, so rows may be inserted. The
+//! flip alone draws from the crop's generator (frozen since it shipped).
+//! The pixel work is in `../kernels/`.
 
+mod erasing;
 mod flip;
+mod grayscale;
+mod jitter;
+mod policy;
 
+pub use erasing::{EraseValue, ErasedBox, RandomErasing};
 pub use flip::{flip_rows, HorizontalFlip};
+pub use grayscale::RandomGrayscale;
+pub use jitter::{ColorJitter, JitterDrawn, JitterOp};
+pub use policy::{AutoAugment, Policy, PolicyDrawn, PolicyOp, PolicyStep, MAX_POLICY_OPS};
 
-use super::op::{AugmentError, Op};
+use super::op::{AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
 use crate::proto::v1 as pb;
 
@@ -48,6 +58,15 @@ macro_rules! ops_table {
                 $($name: <$op as Op>::OFF,)+
             };
 
+            /// The table's op names, in its order.
+            pub const NAMES: &'static [&'static str] = &[$(<$op as Op>::NAME),+];
+
+            /// Whether a client that decodes applies every op this stream
+            /// runs (else the server decodes all of its samples).
+            pub fn client_replays(&self) -> bool {
+                true $(&& (<$op as Op>::CLIENT_REPLAYS || !self.$name.is_random()))+
+            }
+
             pub fn validate(&self) -> Result<(), AugmentError> {
                 $(self.$name.validate()?;)+
                 Ok(())
@@ -59,10 +78,16 @@ macro_rules! ops_table {
 
             /// Each op's decision, drawn in table order (a struct
             /// expression evaluates its fields in the order written).
-            pub fn draw(&self, rng: &mut Rng) -> Drawn {
+            pub fn draw(&self, sample: &mut Rng, at: &DrawAt) -> Drawn {
                 Drawn {
-                    $($name: self.$name.draw(rng),)+
+                    $($name: self.$name.draw(sample, at),)+
                 }
+            }
+
+            /// Applies each decision, in table order, to one output of
+            /// `width` pixels per row.
+            pub fn apply(&self, drawn: &Drawn, width: u32, out: &mut [u8]) {
+                $(self.$name.apply(&drawn.$name, width, out);)+
             }
 
             pub fn from_wire(wire: &pb::Augmentation) -> Self {
@@ -77,12 +102,6 @@ macro_rules! ops_table {
         }
 
         impl Drawn {
-            /// Applies each decision, in table order, to one output of
-            /// `width` pixels per row.
-            pub fn apply(&self, width: u32, out: &mut [u8]) {
-                $(<$op as Op>::apply(self.$name, width, out);)+
-            }
-
             pub fn from_wire(wire: &pb::CropBox) -> Self {
                 Self {
                     $($name: <$op as Op>::drawn_from_wire(wire),)+
@@ -99,6 +118,16 @@ macro_rules! ops_table {
 ops_table! {
     /// Mirrors left to right (`augmentation.horizontal_flip`).
     horizontal_flip: flip::HorizontalFlip,
+    /// TrivialAugmentWide, RandAugment or AutoAugment
+    /// (`augmentation.auto_augment`).
+    auto_augment: policy::AutoAugment,
+    /// ColorJitter (`augmentation.color_jitter`).
+    color_jitter: jitter::ColorJitter,
+    /// RandomGrayscale (`augmentation.grayscale`).
+    grayscale: grayscale::RandomGrayscale,
+    /// RandomErasing (`augmentation.random_erasing`), last as the recipes
+    /// apply it after Normalize.
+    random_erasing: erasing::RandomErasing,
 }
 
 impl Ops {

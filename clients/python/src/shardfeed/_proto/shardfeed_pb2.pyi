@@ -27,6 +27,36 @@ class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSPORT_INLINE: _ClassVar[Transport]
     TRANSPORT_SHARED_MEMORY: _ClassVar[Transport]
 
+class Interpolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INTERPOLATION_NEAREST: _ClassVar[Interpolation]
+    INTERPOLATION_BILINEAR: _ClassVar[Interpolation]
+
+class PolicyOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_OP_IDENTITY: _ClassVar[PolicyOp]
+    POLICY_OP_SHEAR_X: _ClassVar[PolicyOp]
+    POLICY_OP_SHEAR_Y: _ClassVar[PolicyOp]
+    POLICY_OP_TRANSLATE_X: _ClassVar[PolicyOp]
+    POLICY_OP_TRANSLATE_Y: _ClassVar[PolicyOp]
+    POLICY_OP_ROTATE: _ClassVar[PolicyOp]
+    POLICY_OP_BRIGHTNESS: _ClassVar[PolicyOp]
+    POLICY_OP_COLOR: _ClassVar[PolicyOp]
+    POLICY_OP_CONTRAST: _ClassVar[PolicyOp]
+    POLICY_OP_SHARPNESS: _ClassVar[PolicyOp]
+    POLICY_OP_POSTERIZE: _ClassVar[PolicyOp]
+    POLICY_OP_SOLARIZE: _ClassVar[PolicyOp]
+    POLICY_OP_AUTO_CONTRAST: _ClassVar[PolicyOp]
+    POLICY_OP_EQUALIZE: _ClassVar[PolicyOp]
+    POLICY_OP_INVERT: _ClassVar[PolicyOp]
+
+class JitterOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JITTER_OP_BRIGHTNESS: _ClassVar[JitterOp]
+    JITTER_OP_CONTRAST: _ClassVar[JitterOp]
+    JITTER_OP_SATURATION: _ClassVar[JitterOp]
+    JITTER_OP_HUE: _ClassVar[JitterOp]
+
 class SampleForm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SAMPLE_FORM_UNSPECIFIED: _ClassVar[SampleForm]
@@ -40,6 +70,27 @@ DELIVERY_DECODED: Delivery
 DELIVERY_ENCODED: Delivery
 TRANSPORT_INLINE: Transport
 TRANSPORT_SHARED_MEMORY: Transport
+INTERPOLATION_NEAREST: Interpolation
+INTERPOLATION_BILINEAR: Interpolation
+POLICY_OP_IDENTITY: PolicyOp
+POLICY_OP_SHEAR_X: PolicyOp
+POLICY_OP_SHEAR_Y: PolicyOp
+POLICY_OP_TRANSLATE_X: PolicyOp
+POLICY_OP_TRANSLATE_Y: PolicyOp
+POLICY_OP_ROTATE: PolicyOp
+POLICY_OP_BRIGHTNESS: PolicyOp
+POLICY_OP_COLOR: PolicyOp
+POLICY_OP_CONTRAST: PolicyOp
+POLICY_OP_SHARPNESS: PolicyOp
+POLICY_OP_POSTERIZE: PolicyOp
+POLICY_OP_SOLARIZE: PolicyOp
+POLICY_OP_AUTO_CONTRAST: PolicyOp
+POLICY_OP_EQUALIZE: PolicyOp
+POLICY_OP_INVERT: PolicyOp
+JITTER_OP_BRIGHTNESS: JitterOp
+JITTER_OP_CONTRAST: JitterOp
+JITTER_OP_SATURATION: JitterOp
+JITTER_OP_HUE: JitterOp
 SAMPLE_FORM_UNSPECIFIED: SampleForm
 SAMPLE_FORM_PIXELS: SampleForm
 SAMPLE_FORM_JPEG: SampleForm
@@ -173,16 +224,112 @@ class SharedImages(_message.Message):
     def __init__(self, ring_token: _Optional[bytes] = ..., ring_bytes: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., holdable: _Optional[int] = ...) -> None: ...
 
 class Augmentation(_message.Message):
-    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip")
+    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing")
     CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
     RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
     STRETCH_FIELD_NUMBER: _ClassVar[int]
     HORIZONTAL_FLIP_FIELD_NUMBER: _ClassVar[int]
+    AUTO_AUGMENT_FIELD_NUMBER: _ClassVar[int]
+    COLOR_JITTER_FIELD_NUMBER: _ClassVar[int]
+    GRAYSCALE_FIELD_NUMBER: _ClassVar[int]
+    RANDOM_ERASING_FIELD_NUMBER: _ClassVar[int]
     center_crop: CenterCrop
     random_resized_crop: RandomResizedCrop
     stretch: Stretch
     horizontal_flip: float
-    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ...) -> None: ...
+    auto_augment: AutoAugment
+    color_jitter: ColorJitter
+    grayscale: float
+    random_erasing: RandomErasing
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ...) -> None: ...
+
+class AutoAugment(_message.Message):
+    __slots__ = ("trivial_augment_wide", "rand_augment", "imagenet", "interpolation", "fill")
+    TRIVIAL_AUGMENT_WIDE_FIELD_NUMBER: _ClassVar[int]
+    RAND_AUGMENT_FIELD_NUMBER: _ClassVar[int]
+    IMAGENET_FIELD_NUMBER: _ClassVar[int]
+    INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
+    FILL_FIELD_NUMBER: _ClassVar[int]
+    trivial_augment_wide: TrivialAugmentWide
+    rand_augment: RandAugment
+    imagenet: AutoAugmentImageNet
+    interpolation: Interpolation
+    fill: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, trivial_augment_wide: _Optional[_Union[TrivialAugmentWide, _Mapping]] = ..., rand_augment: _Optional[_Union[RandAugment, _Mapping]] = ..., imagenet: _Optional[_Union[AutoAugmentImageNet, _Mapping]] = ..., interpolation: _Optional[_Union[Interpolation, str]] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TrivialAugmentWide(_message.Message):
+    __slots__ = ("num_magnitude_bins",)
+    NUM_MAGNITUDE_BINS_FIELD_NUMBER: _ClassVar[int]
+    num_magnitude_bins: int
+    def __init__(self, num_magnitude_bins: _Optional[int] = ...) -> None: ...
+
+class RandAugment(_message.Message):
+    __slots__ = ("num_ops", "magnitude", "num_magnitude_bins")
+    NUM_OPS_FIELD_NUMBER: _ClassVar[int]
+    MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
+    NUM_MAGNITUDE_BINS_FIELD_NUMBER: _ClassVar[int]
+    num_ops: int
+    magnitude: int
+    num_magnitude_bins: int
+    def __init__(self, num_ops: _Optional[int] = ..., magnitude: _Optional[int] = ..., num_magnitude_bins: _Optional[int] = ...) -> None: ...
+
+class AutoAugmentImageNet(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Range(_message.Message):
+    __slots__ = ("min", "max")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    min: float
+    max: float
+    def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
+class ColorJitter(_message.Message):
+    __slots__ = ("brightness", "contrast", "saturation", "hue")
+    BRIGHTNESS_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_FIELD_NUMBER: _ClassVar[int]
+    SATURATION_FIELD_NUMBER: _ClassVar[int]
+    HUE_FIELD_NUMBER: _ClassVar[int]
+    brightness: Range
+    contrast: Range
+    saturation: Range
+    hue: Range
+    def __init__(self, brightness: _Optional[_Union[Range, _Mapping]] = ..., contrast: _Optional[_Union[Range, _Mapping]] = ..., saturation: _Optional[_Union[Range, _Mapping]] = ..., hue: _Optional[_Union[Range, _Mapping]] = ...) -> None: ...
+
+class RandomErasing(_message.Message):
+    __slots__ = ("p", "scale", "ratio", "colour", "mean", "random", "normalize_mean", "normalize_std")
+    P_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    COLOUR_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    RANDOM_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_MEAN_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_STD_FIELD_NUMBER: _ClassVar[int]
+    p: float
+    scale: Range
+    ratio: Range
+    colour: Colour
+    mean: EraseMean
+    random: EraseNoise
+    normalize_mean: _containers.RepeatedScalarFieldContainer[float]
+    normalize_std: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, p: _Optional[float] = ..., scale: _Optional[_Union[Range, _Mapping]] = ..., ratio: _Optional[_Union[Range, _Mapping]] = ..., colour: _Optional[_Union[Colour, _Mapping]] = ..., mean: _Optional[_Union[EraseMean, _Mapping]] = ..., random: _Optional[_Union[EraseNoise, _Mapping]] = ..., normalize_mean: _Optional[_Iterable[float]] = ..., normalize_std: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Colour(_message.Message):
+    __slots__ = ("levels",)
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    levels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, levels: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EraseMean(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EraseNoise(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class Stretch(_message.Message):
     __slots__ = ()
@@ -207,18 +354,56 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class CropBox(_message.Message):
-    __slots__ = ("left", "top", "width", "height", "flipped")
+    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased")
     LEFT_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     FLIPPED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    JITTER_FIELD_NUMBER: _ClassVar[int]
+    GRAYSCALE_FIELD_NUMBER: _ClassVar[int]
+    ERASED_FIELD_NUMBER: _ClassVar[int]
     left: float
     top: float
     width: float
     height: float
     flipped: bool
-    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ...) -> None: ...
+    policy: _containers.RepeatedCompositeFieldContainer[PolicyStep]
+    jitter: _containers.RepeatedCompositeFieldContainer[JitterStep]
+    grayscale: bool
+    erased: ErasedBox
+    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ...) -> None: ...
+
+class PolicyStep(_message.Message):
+    __slots__ = ("op", "magnitude")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
+    op: PolicyOp
+    magnitude: float
+    def __init__(self, op: _Optional[_Union[PolicyOp, str]] = ..., magnitude: _Optional[float] = ...) -> None: ...
+
+class JitterStep(_message.Message):
+    __slots__ = ("op", "factor")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    op: JitterOp
+    factor: float
+    def __init__(self, op: _Optional[_Union[JitterOp, str]] = ..., factor: _Optional[float] = ...) -> None: ...
+
+class ErasedBox(_message.Message):
+    __slots__ = ("top", "left", "height", "width", "noise")
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
+    top: int
+    left: int
+    height: int
+    width: int
+    noise: int
+    def __init__(self, top: _Optional[int] = ..., left: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., noise: _Optional[int] = ...) -> None: ...
 
 class EpochPosition(_message.Message):
     __slots__ = ("segments", "dataset", "before_epoch")
@@ -251,7 +436,7 @@ class Shape(_message.Message):
     def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled", "server_decode_search")
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled", "server_decode_search", "augmentation")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +459,7 @@ class Batch(_message.Message):
     ENCODED_FIELD_NUMBER: _ClassVar[int]
     SERVER_DECODE_SETTLED_FIELD_NUMBER: _ClassVar[int]
     SERVER_DECODE_SEARCH_FIELD_NUMBER: _ClassVar[int]
+    AUGMENTATION_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     index: int
     shape: Shape
@@ -296,7 +482,8 @@ class Batch(_message.Message):
     encoded: _containers.RepeatedCompositeFieldContainer[EncodedSample]
     server_decode_settled: float
     server_decode_search: ShareSearch
-    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ...) -> None: ...
+    augmentation: Augmentation
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ...) -> None: ...
 
 class EncodedSample(_message.Message):
     __slots__ = ("offset", "length", "decoded", "source_width", "source_height", "form")
@@ -361,7 +548,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., partition: _Optional[_Union[Partition, str]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes", "decoder", "classes")
+    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes", "decoder", "classes", "augmentation_ops")
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BATCHES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +557,7 @@ class DescribeResponse(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECODER_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    AUGMENTATION_OPS_FIELD_NUMBER: _ClassVar[int]
     shards: int
     samples: int
     batches_per_rank: int
@@ -378,4 +566,5 @@ class DescribeResponse(_message.Message):
     total_bytes: int
     decoder: str
     classes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ..., decoder: _Optional[str] = ..., classes: _Optional[_Iterable[str]] = ...) -> None: ...
+    augmentation_ops: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ..., decoder: _Optional[str] = ..., classes: _Optional[_Iterable[str]] = ..., augmentation_ops: _Optional[_Iterable[str]] = ...) -> None: ...

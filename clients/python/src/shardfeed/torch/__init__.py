@@ -12,10 +12,20 @@ them), ``_ranks`` (its rank and an epoch's steps), ``shardfeed._epochs``
 through: pure, tested without torch), ``_output`` (what it yields),
 ``_delivery`` (its streams' delivery options), ``_device`` (the tensors
 where training wants them: decoded here for encoded deliveries, copied on a
-side stream on CUDA), and ``_frameworks`` (what the dataset must know of
-how frameworks iterate it).
+side stream on CUDA), ``_model_input`` (the batch as a model takes it:
+normalized, of its dtype, mixed), and ``_frameworks`` (what the dataset
+must know of how frameworks iterate it).
 """
 
 from ._dataset import MAX_FETCH_AHEAD, BatchDict, ShardfeedDataset
+from ._model_input import Mixing, ModelInput, draw_mixing, to_model
 
-__all__ = ["MAX_FETCH_AHEAD", "BatchDict", "ShardfeedDataset"]
+__all__ = [
+    "MAX_FETCH_AHEAD",
+    "BatchDict",
+    "Mixing",
+    "ModelInput",
+    "ShardfeedDataset",
+    "draw_mixing",
+    "to_model",
+]

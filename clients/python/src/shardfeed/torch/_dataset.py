@@ -22,6 +22,7 @@ from .._wire import EpochPosition
 from ._arguments import Decode, Layout, Output, as_source, check_arguments
 from ._delivery import ShareCarry
 from ._loader import make_dataloader
+from ._model_input import Mixing, ModelInput
 from ._output import BatchDict, Sample
 from ._pass import run_pass
 from ._progress import MAX_FETCH_AHEAD, STATE_VERSION, MixWeights, Progress, check_state
@@ -43,6 +44,18 @@ class ShardfeedDataset(IterableDataset[Sample]):
     ``sources`` and ``source_epochs`` (int64 ``(N,)``: a mixed stream's
     source of each sample and that source's epoch; empty for one dataset),
     ``epoch`` and ``index``.
+
+    The batch as a model takes it: ``normalize=(mean, std)`` (in [0, 1]
+    units, as torchvision's ``Normalize`` after ``ToDtype(float32,
+    scale=True)``) and ``dtype`` (float32, float16 or bfloat16) make
+    ``images`` an NCHW-contiguous tensor of that dtype, normalized in the
+    same pass that converts it, on the batch's device; ``mixing=Mixing(
+    num_classes, mixup_alpha, cutmix_alpha, switch_prob, label_smoothing)``
+    mixes each batch with torchvision v2's MixUp or CutMix (one λ per
+    batch, each sample with the one before it) and makes ``labels`` float
+    targets ``(N, num_classes)``; its draws come from (seed, epoch, rank,
+    batch's step), so a resumed run mixes alike. An ``augment`` made by
+    :func:`shardfeed.from_torchvision` brings its Normalize and dtype.
 
     ``sources=[("s3://a/", 0.7), ("s3://b/", 0.3)]`` (or
     :class:`shardfeed.Source` items) instead of ``dataset`` mixes datasets:
@@ -141,6 +154,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
         partition: Partition = "drop_last",
         decode: Decode = "server",
         device: str | torch.device | None = None,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        dtype: torch.dtype | None = None,
+        mixing: Mixing | None = None,
         **options: Any,
     ) -> None:
         checked = check_arguments(
@@ -169,6 +185,12 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self.image_size = image_size
         self.seed = seed
         self.augment = augment
+        # An Augment from `from_torchvision` carries its Normalize and dtype.
+        self.model_input = ModelInput(
+            normalize if normalize is not None else getattr(augment, "normalize", None),
+            dtype if dtype is not None else getattr(augment, "dtype", None),
+            mixing,
+        )
         self.layout = layout
         self.output = output
         self.rank, self.world_size = checked.rank, checked.world_size

@@ -15,6 +15,7 @@ from .._wire import EpochPosition
 from ._delivery import stream_options
 from ._device import on_device
 from ._frameworks import accelerate_dispatch, in_step
+from ._model_input import to_model
 from ._output import Sample, as_dict
 from ._progress import Progress
 
@@ -97,14 +98,19 @@ def run_pass(dataset: ShardfeedDataset, meter: WaitMeter | None) -> Iterator[Sam
     # batch, not when the stream ends. Each batch says the epoch's steps.
     steps: int | None = None
     for group in in_step(streams):
-        for batch, images, labels, crop_boxes, flipped, substituted in group:
+        for stream_rank, delivered in zip(ranks, group):
+            batch, images, labels, crop_boxes, flipped, substituted = delivered
             if steps is None:
                 progress.shared.set_started(progress.epoch, progress.choice, token)
                 # Servers before `epoch_steps` are asked with Describe.
                 steps = batch.epoch_steps or dataset._epoch_steps(world)
             if tuned:
                 dataset._share.observe(batch)
-            if dataset.layout == "NCHW":
+            if dataset.model_input.active:
+                step = sum(batches for _, batches in batch.position.segments) - 1
+                key = (dataset.seed, batch.epoch, stream_rank, step)
+                images, labels = to_model(images, labels, dataset.model_input, key)
+            elif dataset.layout == "NCHW":
                 images = images.permute(0, 3, 1, 2)
             progress.handed_out(batch.position)
             if sum(batches for _, batches in batch.position.segments) >= steps:

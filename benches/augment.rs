@@ -1,0 +1,242 @@
+//! The ops after the crop, per 224x224 sample: `cargo bench --bench
+//! augment`. Each op alone on a decoded photo's resized output (what it
+//! costs a sample that draws it), then the recipes' whole draws (what a
+//! sample costs on average). docs/benchmarks.md has the figures.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use shardfeed::decode::{
+    decode_bounded, default_decoder, AutoAugment, ColorJitter, Crop, CropBox, EraseValue,
+    ErasedBox, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy, PolicyDrawn,
+    PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, SampleKey, ScratchBudget,
+};
+use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
+use shardfeed::shard::splitter::SampleSplitter;
+use shardfeed::shard::{ImageFormat, DEFAULT_MAX_MEMBER_BYTES};
+
+const MEAN: [f64; 3] = [0.485, 0.456, 0.406];
+const STD: [f64; 3] = [0.229, 0.224, 0.225];
+
+/// A demo photo decoded and resized to 224x224: what the ops run on.
+fn resized_photo() -> Vec<u8> {
+    let spec = SyntheticSpec {
+        shards: 1,
+        samples_per_shard: 1,
+        ..SyntheticSpec::default()
+    };
+    let shard = synthesize_shards(&spec).remove(0).1;
+    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
+    splitter.push(&shard);
+    let sample = splitter.next_sample().unwrap().unwrap();
+    let (format, data) = sample.image.unwrap();
+    assert_eq!(format, ImageFormat::Jpeg);
+    let output = OutputSpec::center(224, 224);
+    let mut out = vec![0u8; output.bytes()];
+    let key = SampleKey {
+        seed: 0,
+        epoch: 0,
+        sample: 0,
+    };
+    decode_bounded(
+        &*default_decoder(),
+        &ScratchBudget::new(1 << 30),
+        format,
+        &data,
+        &output,
+        &key,
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+fn policy(interpolation: Interpolation) -> AutoAugment {
+    AutoAugment {
+        policy: Policy::TrivialAugmentWide { bins: 31 },
+        interpolation: Some(interpolation),
+        ..AutoAugment::default()
+    }
+}
+
+fn one_step(op: PolicyOp, magnitude: f32) -> CropBox {
+    let mut crop = CropBox::whole(224, 224);
+    let mut drawn = PolicyDrawn::default();
+    drawn.steps[0] = PolicyStep { op, magnitude };
+    drawn.len = 1;
+    crop.drawn.auto_augment = drawn;
+    crop
+}
+
+fn spec(ops: Ops) -> OutputSpec {
+    OutputSpec {
+        crop: Crop::Stretch,
+        ops,
+        ..OutputSpec::center(224, 224)
+    }
+}
+
+/// Each op alone, in microseconds per 224x224 sample.
+fn ops_alone(c: &mut Criterion) {
+    let photo = resized_photo();
+    let mut group = c.benchmark_group("augment_op_224");
+    group.throughput(Throughput::Elements(1));
+    let mut cases: Vec<(String, OutputSpec, CropBox)> = Vec::new();
+    use PolicyOp::*;
+    for (op, magnitude) in [
+        (ShearX, 0.27f32),
+        (TranslateX, 20.0),
+        (Rotate, 27.0),
+        (Rotate, 90.0),
+    ] {
+        for interpolation in [Interpolation::Nearest, Interpolation::Bilinear] {
+            cases.push((
+                format!("{op:?}({magnitude})/{interpolation:?}"),
+                spec(Ops::NONE.with(policy(interpolation))),
+                one_step(op, magnitude),
+            ));
+        }
+    }
+    for (op, magnitude) in [
+        (Brightness, 0.4f32),
+        (Color, 0.4),
+        (Contrast, 0.4),
+        (Sharpness, 0.4),
+        (Posterize, 4.0),
+        (Solarize, 0.5),
+        (AutoContrast, 0.0),
+        (Equalize, 0.0),
+        (Invert, 0.0),
+    ] {
+        cases.push((
+            format!("{op:?}"),
+            spec(Ops::NONE.with(policy(Interpolation::Nearest))),
+            one_step(op, magnitude),
+        ));
+    }
+    let jitter = ColorJitter::symmetric(0.4, 0.4, 0.4, 0.1);
+    for op in [
+        JitterOp::Brightness,
+        JitterOp::Contrast,
+        JitterOp::Saturation,
+        JitterOp::Hue,
+    ] {
+        let mut crop = CropBox::whole(224, 224);
+        crop.drawn.color_jitter = JitterDrawn {
+            steps: [(op, 1.2); 4],
+            len: 1,
+        };
+        cases.push((format!("Jitter{op:?}"), spec(Ops::NONE.with(jitter)), crop));
+    }
+    let mut crop = CropBox::whole(224, 224);
+    crop.drawn.grayscale = true;
+    cases.push((
+        "Grayscale".into(),
+        spec(Ops::NONE.with(RandomGrayscale(1.0))),
+        crop,
+    ));
+    // A box of 17.5% of the output, the mean of scale U(0.02, 0.33).
+    for (name, value) in [
+        ("EraseMean", EraseValue::Mean),
+        ("EraseRandom", EraseValue::Random),
+    ] {
+        let mut crop = CropBox::whole(224, 224);
+        crop.drawn.random_erasing = Some(ErasedBox {
+            top: 50,
+            left: 40,
+            height: 94,
+            width: 94,
+            noise: 7,
+        });
+        let erasing = RandomErasing::new(1.0, value, MEAN, STD);
+        cases.push((name.into(), spec(Ops::NONE.with(erasing)), crop));
+    }
+    let mut out = photo.clone();
+    for (name, spec, crop) in &cases {
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| {
+                out.copy_from_slice(&photo);
+                spec.finish(crop, &mut out);
+                black_box(&out);
+            })
+        });
+    }
+    group.bench_function(BenchmarkId::from_parameter("copy only"), |b| {
+        b.iter(|| {
+            out.copy_from_slice(&photo);
+            black_box(&out);
+        })
+    });
+    group.finish();
+}
+
+/// The recipes' own draws over 256 samples: the mean cost of the ops a
+/// sample goes through (without its decode and resize).
+fn recipes(c: &mut Criterion) {
+    let photo = resized_photo();
+    let mut group = c.benchmark_group("augment_recipe_224");
+    let samples = 256u64;
+    group.throughput(Throughput::Elements(samples));
+    let erase = |p| RandomErasing::new(p, EraseValue::Mean, MEAN, STD);
+    let recipes = [
+        (
+            "trivial_augment_wide+erasing_0.1",
+            Ops::NONE
+                .with(policy(Interpolation::Bilinear))
+                .with(erase(0.1)),
+        ),
+        (
+            "rand_augment_2_9",
+            Ops::NONE.with(AutoAugment {
+                policy: Policy::RandAugment {
+                    num_ops: 2,
+                    magnitude: 9,
+                    bins: 31,
+                },
+                ..AutoAugment::default()
+            }),
+        ),
+        (
+            "auto_augment_imagenet+erasing_0.2",
+            Ops::NONE
+                .with(AutoAugment {
+                    policy: Policy::AutoAugmentImageNet,
+                    ..AutoAugment::default()
+                })
+                .with(erase(0.2)),
+        ),
+        (
+            "color_jitter_0.4+grayscale_0.2",
+            Ops::NONE
+                .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.0))
+                .with(RandomGrayscale(0.2)),
+        ),
+    ];
+    let mut out = photo.clone();
+    for (name, ops) in recipes {
+        let spec = spec(ops);
+        let crops: Vec<CropBox> = (0..samples)
+            .map(|sample| {
+                let key = SampleKey {
+                    seed: 1,
+                    epoch: 0,
+                    sample,
+                };
+                spec.crop_box(224, 224, &key)
+            })
+            .collect();
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter(|| {
+                for crop in &crops {
+                    out.copy_from_slice(&photo);
+                    spec.finish(crop, &mut out);
+                }
+                black_box(&out);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(augment, ops_alone, recipes);
+criterion_main!(augment);

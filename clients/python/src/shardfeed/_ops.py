@@ -1,0 +1,182 @@
+"""Each sample's decisions in torchvision's terms: the ops the server ran
+after the crop, as ``(name, kwargs)`` pairs such that
+``getattr(torchvision.transforms.v2.functional, name)(image, **kwargs)``
+replays each on a CHW ``uint8`` tensor, in the order applied.
+
+The server reports the decisions per sample (``Batch.crops``: the policy's
+ops with their signed magnitudes, the jitter's factors in order, the
+grayscale coin, the erased box) and the stream's parameters once per batch
+(``Batch.augmentation``); this module turns the two into calls, as
+torchvision's ``_apply_image_or_video_transform`` does for the policies.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._proto import shardfeed_pb2 as pb
+
+SampleOps = list[tuple[str, dict[str, Any]]]
+
+_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def erase_noise(seed: int, height: int, width: int, mean: Any, std: Any) -> npt.NDArray[np.uint8]:
+    """The levels the server erased with for ``value="random"``: ``(3,
+    height, width)`` ``uint8``, standard normals per value (channel first)
+    through the normalization, ``floor((mean + std * z) * 255 + 0.5)``
+    clamped. The normals are Box-Muller over SplitMix64 outputs of the
+    seed, the server's own (``src/decode/augment/kernels/erase.rs``)."""
+    count = 3 * height * width
+    index = np.arange(count, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        first = np.uint64(seed) + (np.uint64(2) * index + np.uint64(1)) * _GOLDEN_GAMMA
+        second = np.uint64(seed) + (np.uint64(2) * index + np.uint64(2)) * _GOLDEN_GAMMA
+        u1 = ((_mix(first) >> np.uint64(11)) + np.uint64(1)).astype(np.float64) * 2.0**-53
+        u2 = (_mix(second) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
+    z = z.reshape(3, height, width)
+    mean32 = np.asarray(mean, dtype=np.float32).astype(np.float64).reshape(3, 1, 1)
+    std32 = np.asarray(std, dtype=np.float32).astype(np.float64).reshape(3, 1, 1)
+    levels = np.floor((mean32 + std32 * z) * 255.0 + 0.5)
+    out: npt.NDArray[np.uint8] = np.clip(levels, 0, 255).astype(np.uint8)
+    return out
+
+
+def _as_tensor(levels: npt.NDArray[np.uint8]) -> Any:
+    """A torch tensor where torch is installed (torchvision's ``erase``
+    takes one), else the array."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - the numpy-only install
+        return levels
+    return torch.from_numpy(np.ascontiguousarray(levels))
+
+
+def _interpolation(augmentation: Any) -> Any:
+    name = "BILINEAR" if augmentation.auto_augment.interpolation == 1 else "NEAREST"
+    try:
+        from torchvision.transforms import InterpolationMode
+    except ImportError:  # pragma: no cover - without torchvision
+        return name.lower()
+    return InterpolationMode[name]
+
+
+def _policy_call(
+    step: Any, interpolation: Any, fill: list[float] | None
+) -> tuple[str, dict[str, Any]] | None:
+    """One policy op as torchvision's ``_apply_image_or_video_transform``
+    calls its kernel (None for Identity)."""
+    op = pb.PolicyOp.Name(step.op).removeprefix("POLICY_OP_")
+    magnitude = float(step.magnitude)
+    geometry = {"interpolation": interpolation, "fill": fill}
+    shear = math.degrees(math.atan(magnitude))
+    affine = {"angle": 0.0, "scale": 1.0, **geometry}
+    if op == "IDENTITY":
+        return None
+    if op == "SHEAR_X":
+        return "affine", {**affine, "translate": [0, 0], "shear": [shear, 0.0], "center": [0, 0]}
+    if op == "SHEAR_Y":
+        return "affine", {**affine, "translate": [0, 0], "shear": [0.0, shear], "center": [0, 0]}
+    if op == "TRANSLATE_X":
+        return "affine", {**affine, "translate": [int(magnitude), 0], "shear": [0.0, 0.0]}
+    if op == "TRANSLATE_Y":
+        return "affine", {**affine, "translate": [0, int(magnitude)], "shear": [0.0, 0.0]}
+    if op == "ROTATE":
+        return "rotate", {"angle": magnitude, **geometry}
+    enhance = {
+        "BRIGHTNESS": ("adjust_brightness", "brightness_factor"),
+        "COLOR": ("adjust_saturation", "saturation_factor"),
+        "CONTRAST": ("adjust_contrast", "contrast_factor"),
+        "SHARPNESS": ("adjust_sharpness", "sharpness_factor"),
+    }
+    if op in enhance:
+        name, argument = enhance[op]
+        return name, {argument: 1.0 + magnitude}
+    if op == "POSTERIZE":
+        return "posterize", {"bits": int(magnitude)}
+    if op == "SOLARIZE":
+        return "solarize", {"threshold": 255.0 * magnitude}
+    return {"AUTO_CONTRAST": "autocontrast", "EQUALIZE": "equalize", "INVERT": "invert"}[op], {}
+
+
+_JITTER = {
+    pb.JITTER_OP_BRIGHTNESS: ("adjust_brightness", "brightness_factor"),
+    pb.JITTER_OP_CONTRAST: ("adjust_contrast", "contrast_factor"),
+    pb.JITTER_OP_SATURATION: ("adjust_saturation", "saturation_factor"),
+    pb.JITTER_OP_HUE: ("adjust_hue", "hue_factor"),
+}
+
+
+def _erase_call(box: Any, erasing: Any) -> tuple[str, dict[str, Any]]:
+    value = erasing.WhichOneof("value")
+    mean, std = list(erasing.normalize_mean), list(erasing.normalize_std)
+    if value == "colour":
+        levels = np.asarray(erasing.colour.levels, dtype=np.uint8).reshape(3, 1, 1)
+    elif value == "random":
+        levels = erase_noise(box.noise, box.height, box.width, mean, std)
+    else:
+        levels = erase_noise_mean(mean, std)
+    return "erase", {
+        "i": box.top,
+        "j": box.left,
+        "h": box.height,
+        "w": box.width,
+        "v": _as_tensor(levels),
+    }
+
+
+def erase_noise_mean(mean: Any, std: Any) -> npt.NDArray[np.uint8]:
+    """The level 0 after Normalize is: the mean, ``(3, 1, 1)`` ``uint8``."""
+    del std  # z = 0
+    mean32 = np.asarray(mean, dtype=np.float32).astype(np.float64)
+    return np.clip(np.floor(mean32 * 255.0 + 0.5), 0, 255).astype(np.uint8).reshape(3, 1, 1)
+
+
+def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
+    """One sample's ops after its crop, in the order the server applied
+    them (the table's: flip, policy, jitter, grayscale, erasing)."""
+    ops: SampleOps = []
+    if crop.flipped:
+        ops.append(("horizontal_flip", {}))
+    if augmentation is None:
+        return ops
+    if len(crop.policy):
+        fill = list(map(float, augmentation.auto_augment.fill)) or None
+        interpolation = _interpolation(augmentation)
+        for step in crop.policy:
+            call = _policy_call(step, interpolation, fill)
+            if call is not None:
+                ops.append(call)
+    for step in crop.jitter:
+        name, argument = _JITTER[step.op]
+        ops.append((name, {argument: float(step.factor)}))
+    if crop.grayscale:
+        ops.append(("rgb_to_grayscale", {"num_output_channels": 3}))
+    if crop.HasField("erased"):
+        ops.append(_erase_call(crop.erased, augmentation.random_erasing))
+    return ops
+
+
+def batch_ops(crops: Any, augmentation: Any) -> list[SampleOps]:
+    """Every sample's ops of a batch."""
+    return [sample_ops(crop, augmentation) for crop in crops]
+
+
+def replay(image: Any, ops: SampleOps) -> Any:
+    """Applies ``ops`` to a CHW ``uint8`` tensor with torchvision."""
+    from torchvision.transforms.v2 import functional as F
+
+    for name, kwargs in ops:
+        image = getattr(F, name)(image, **kwargs)
+    return image

@@ -1,0 +1,225 @@
+"""The ops after the crop a request can name, as torchvision names them:
+the auto-augment policies, ColorJitter and RandomErasing. Each checks its
+arguments at construction (``ValueError`` naming the argument), the server
+checks them again (``INVALID_ARGUMENT`` naming the wire field)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+from ._proto import shardfeed_pb2 as pb
+
+Interpolation = Literal["nearest", "bilinear"]
+Fill = Union[tuple[int, int, int], None]
+Range = tuple[float, float]
+
+# torchvision's ImageNet normalization (``Normalize(mean, std)`` after
+# ``ToDtype(float32, scale=True)``).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_MAX_BINS = 1024
+_MAX_OPS = 8
+
+
+def _check_sampling(interpolation: str, fill: Fill) -> None:
+    if interpolation not in ("nearest", "bilinear"):
+        raise ValueError(
+            f"interpolation must be 'nearest' or 'bilinear' (torchvision's tensor "
+            f"kernels take these), not {interpolation!r}"
+        )
+    if fill is not None and (len(fill) != 3 or any(not 0 <= int(v) <= 255 for v in fill)):
+        raise ValueError(f"fill must be None or three levels in 0..255, not {fill!r}")
+
+
+def _check_bins(bins: int) -> None:
+    if not 2 <= bins <= _MAX_BINS:
+        raise ValueError(f"num_magnitude_bins must be in 2..{_MAX_BINS}, not {bins}")
+
+
+class _Policy:
+    interpolation: Interpolation
+    fill: Fill
+
+    def _message(self, policy: dict[str, Any]) -> Any:
+        return pb.AutoAugment(
+            interpolation=(
+                pb.INTERPOLATION_BILINEAR
+                if self.interpolation == "bilinear"
+                else pb.INTERPOLATION_NEAREST
+            ),
+            fill=list(self.fill) if self.fill is not None else [],
+            **policy,
+        )
+
+
+@dataclass(frozen=True)
+class TrivialAugmentWide(_Policy):
+    """torchvision's ``TrivialAugmentWide``: one op of 14 and one bin per
+    sample."""
+
+    num_magnitude_bins: int = 31
+    interpolation: Interpolation = "nearest"
+    fill: Fill = None
+
+    def __post_init__(self) -> None:
+        _check_bins(self.num_magnitude_bins)
+        _check_sampling(self.interpolation, self.fill)
+
+    def to_message(self) -> Any:
+        wide = pb.TrivialAugmentWide(num_magnitude_bins=self.num_magnitude_bins)
+        return self._message({"trivial_augment_wide": wide})
+
+
+@dataclass(frozen=True)
+class RandAugment(_Policy):
+    """torchvision's ``RandAugment``: ``num_ops`` ops of 14 per sample, drawn
+    with replacement, at bin ``magnitude``."""
+
+    num_ops: int = 2
+    magnitude: int = 9
+    num_magnitude_bins: int = 31
+    interpolation: Interpolation = "nearest"
+    fill: Fill = None
+
+    def __post_init__(self) -> None:
+        _check_bins(self.num_magnitude_bins)
+        if not 1 <= self.num_ops <= _MAX_OPS:
+            raise ValueError(f"num_ops must be in 1..{_MAX_OPS}, not {self.num_ops}")
+        if not 0 <= self.magnitude < self.num_magnitude_bins:
+            raise ValueError(
+                f"magnitude must be a bin below num_magnitude_bins "
+                f"({self.num_magnitude_bins}), not {self.magnitude}"
+            )
+        _check_sampling(self.interpolation, self.fill)
+
+    def to_message(self) -> Any:
+        rand = pb.RandAugment(
+            num_ops=self.num_ops,
+            magnitude=self.magnitude,
+            num_magnitude_bins=self.num_magnitude_bins,
+        )
+        return self._message({"rand_augment": rand})
+
+
+@dataclass(frozen=True)
+class AutoAugment(_Policy):
+    """torchvision's ``AutoAugment`` with its ImageNet policy."""
+
+    policy: Literal["imagenet"] = "imagenet"
+    interpolation: Interpolation = "nearest"
+    fill: Fill = None
+
+    def __post_init__(self) -> None:
+        if self.policy != "imagenet":
+            raise ValueError(f"policy must be 'imagenet' (the one served), not {self.policy!r}")
+        _check_sampling(self.interpolation, self.fill)
+
+    def to_message(self) -> Any:
+        return self._message({"imagenet": pb.AutoAugmentImageNet()})
+
+
+Policy = Union[TrivialAugmentWide, RandAugment, AutoAugment]
+
+
+def _jitter_range(name: str, value: float | Range, *, hue: bool = False) -> Range | None:
+    if isinstance(value, (int, float)):
+        if value < 0 or (hue and value > 0.5):
+            bound = "[0, 0.5]" if hue else ">= 0"
+            raise ValueError(f"{name} must be {bound}, not {value}")
+        if value == 0:
+            return None
+        return (-float(value), float(value)) if hue else (max(0.0, 1.0 - value), 1.0 + value)
+    low, high = (float(v) for v in value)
+    floor, ceiling = (-0.5, 0.5) if hue else (0.0, float("inf"))
+    if not floor <= low <= high <= ceiling:
+        raise ValueError(f"{name} must be a range within [{floor}, {ceiling}], not {value!r}")
+    return low, high
+
+
+@dataclass(frozen=True)
+class ColorJitter:
+    """torchvision's ``ColorJitter``: a float ``v`` is ``[max(0, 1 - v), 1 +
+    v]`` (hue: ``[-h, h]``, within [-0.5, 0.5]), a pair is the range; 0
+    leaves the adjustment out. The four apply in a random order per
+    sample."""
+
+    brightness: float | Range = 0.0
+    contrast: float | Range = 0.0
+    saturation: float | Range = 0.0
+    hue: float | Range = 0.0
+
+    def __post_init__(self) -> None:
+        self.ranges()
+
+    def ranges(self) -> dict[str, Range | None]:
+        return {
+            "brightness": _jitter_range("brightness", self.brightness),
+            "contrast": _jitter_range("contrast", self.contrast),
+            "saturation": _jitter_range("saturation", self.saturation),
+            "hue": _jitter_range("hue", self.hue, hue=True),
+        }
+
+    def to_message(self) -> Any:
+        return pb.ColorJitter(
+            **{
+                name: pb.Range(min=r[0], max=r[1])
+                for name, r in self.ranges().items()
+                if r is not None
+            }
+        )
+
+
+@dataclass(frozen=True)
+class RandomErasing:
+    """torchvision's ``RandomErasing`` as the recipes apply it, after
+    ``Normalize(mean, std)``: ``value`` is a colour (three levels), ``"mean"``
+    (0 after Normalize) or ``"random"`` (per-value N(0, 1) after Normalize),
+    the last two carried to ``uint8`` through ``normalize``."""
+
+    p: float = 0.5
+    scale: Range = (0.02, 0.33)
+    ratio: Range = (0.3, 3.3)
+    value: tuple[int, int, int] | Literal["mean", "random"] = "mean"
+    normalize: tuple[Sequence[float], Sequence[float]] = (IMAGENET_MEAN, IMAGENET_STD)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], not {self.p}")
+        low, high = self.scale
+        if not 0 < low <= high < 1:
+            raise ValueError(
+                f"scale must have 0 < min <= max < 1 (a box must fit), not {self.scale!r}"
+            )
+        low, high = self.ratio
+        if not 0 < low <= high < float("inf"):
+            raise ValueError(f"ratio must have 0 < min <= max, not {self.ratio!r}")
+        if isinstance(self.value, str):
+            if self.value not in ("mean", "random"):
+                raise ValueError(f"value must be a colour, 'mean' or 'random', not {self.value!r}")
+        elif len(self.value) != 3 or any(not 0 <= int(v) <= 255 for v in self.value):
+            raise ValueError(f"a colour value is three levels in 0..255, not {self.value!r}")
+        mean, std = self.normalize
+        if len(mean) != 3 or any(not 0.0 <= m <= 1.0 for m in mean):
+            raise ValueError(f"normalize's mean must be three values in [0, 1], not {mean!r}")
+        if len(std) != 3 or any(not s > 0 for s in std):
+            raise ValueError(f"normalize's std must be three positive values, not {std!r}")
+
+    def to_message(self) -> Any:
+        mean, std = self.normalize
+        message = pb.RandomErasing(
+            p=self.p,
+            scale=pb.Range(min=self.scale[0], max=self.scale[1]),
+            ratio=pb.Range(min=self.ratio[0], max=self.ratio[1]),
+            normalize_mean=list(mean),
+            normalize_std=list(std),
+        )
+        if self.value == "mean":
+            message.mean.SetInParent()
+        elif self.value == "random":
+            message.random.SetInParent()
+        else:
+            message.colour.CopyFrom(pb.Colour(levels=[int(v) for v in self.value]))
+        return message

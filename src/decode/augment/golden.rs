@@ -1,0 +1,267 @@
+//! Golden vectors for the client: each case an input output, the decisions
+//! the server took for it and the output it made, written as a `Batch` of
+//! one sample (what a client parses) beside the raw input. The Python
+//! suite (`tests/unit/test_ops_golden.py`) replays every case's reported
+//! ops with torchvision and holds the agreement to the bounds.
+//!
+//! Written to `$SHARDFEED_AUGMENT_GOLDEN`, else `target/augment-golden/`
+//! of the crate, every `cargo test` run.
+
+use std::path::PathBuf;
+
+use prost::Message;
+
+use super::kernels::Interpolation;
+use super::op::Op;
+use super::ops::{
+    AutoAugment, ColorJitter, EraseValue, ErasedBox, JitterDrawn, JitterOp, Policy, PolicyDrawn,
+    PolicyOp, PolicyStep, RandomErasing, RandomGrayscale,
+};
+use super::{Crop, CropBox, Ops, OutputSpec, SampleKey};
+use crate::proto::v1 as pb;
+
+const IMAGENET_MEAN: [f64; 3] = [0.485, 0.456, 0.406];
+const IMAGENET_STD: [f64; 3] = [0.229, 0.224, 0.225];
+
+/// A photo-like image: smooth shading, hard-edged shapes and fine noise,
+/// so that interpolation, histograms and edges all matter.
+fn photo(height: u32, width: u32) -> Vec<u8> {
+    let mut pixels = Vec::with_capacity((height * width * 3) as usize);
+    for y in 0..height {
+        for x in 0..width {
+            let (fx, fy) = (f64::from(x), f64::from(y));
+            let noise = (crate::hash::fmix64(u64::from(y * width + x)) % 13) as f64 - 6.0;
+            let disc = (fx - 150.0).powi(2) + (fy - 70.0).powi(2) < 40.0f64.powi(2);
+            let bar = (30..60).contains(&x) && y > 40;
+            let base = [
+                110.0 + 70.0 * (fx / 23.0 + fy / 41.0).sin() + 20.0 * (fx * fy / 2900.0).cos(),
+                100.0 + 60.0 * (fy / 19.0).cos() * (fx / 57.0).sin(),
+                90.0 + 0.4 * fx - 0.2 * fy,
+            ];
+            for (c, value) in base.into_iter().enumerate() {
+                let value = if disc {
+                    [230.0, 190.0, 40.0][c]
+                } else if bar {
+                    [20.0, 60.0, 150.0][c]
+                } else {
+                    value
+                };
+                pixels.push((value + noise).clamp(0.0, 255.0) as u8);
+            }
+        }
+    }
+    pixels
+}
+
+fn golden_dir() -> PathBuf {
+    std::env::var_os("SHARDFEED_AUGMENT_GOLDEN").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/augment-golden"),
+        PathBuf::from,
+    )
+}
+
+struct Writer {
+    dir: PathBuf,
+    cases: usize,
+}
+
+impl Writer {
+    fn case(&mut self, name: &str, spec: &OutputSpec, crop: CropBox) {
+        let input = photo(spec.height, spec.width);
+        let mut output = input.clone();
+        spec.finish(&crop, &mut output);
+        let batch = pb::Batch {
+            shape: Some(pb::Shape {
+                n: 1,
+                height: spec.height,
+                width: spec.width,
+                channels: 3,
+            }),
+            images: output.into(),
+            labels: vec![0],
+            keys: vec![name.to_string()],
+            shards: vec!["golden".into()],
+            crops: vec![crop.to_wire()],
+            augmentation: Some(spec.augmentation_to_wire()),
+            ..Default::default()
+        };
+        let stem = self.dir.join(format!("{:03}-{name}", self.cases));
+        std::fs::write(stem.with_extension("input"), &input).unwrap();
+        std::fs::write(stem.with_extension("batch"), batch.encode_to_vec()).unwrap();
+        self.cases += 1;
+    }
+}
+
+fn spec(height: u32, width: u32, ops: Ops) -> OutputSpec {
+    OutputSpec {
+        height,
+        width,
+        crop: Crop::Stretch,
+        ops,
+    }
+}
+
+fn policy_step(op: PolicyOp, magnitude: f32) -> CropBox {
+    let mut drawn = PolicyDrawn::default();
+    drawn.steps[0] = PolicyStep { op, magnitude };
+    drawn.len = 1;
+    let mut crop = CropBox::whole(224, 224);
+    crop.drawn.auto_augment = drawn;
+    crop
+}
+
+fn erasing(value: EraseValue) -> RandomErasing {
+    RandomErasing::new(0.5, value, IMAGENET_MEAN, IMAGENET_STD)
+}
+
+#[test]
+fn write_golden_vectors() {
+    let dir = golden_dir();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut writer = Writer { dir, cases: 0 };
+    use PolicyOp::*;
+    let singles: &[(PolicyOp, &[f32])] = &[
+        (Identity, &[0.0]),
+        (ShearX, &[0.09, -0.3, 0.99]),
+        (ShearY, &[-0.09, 0.3, -0.66]),
+        (TranslateX, &[30.45, -32.0, 9.7]),
+        (TranslateY, &[-30.45, 32.0]),
+        (Rotate, &[9.0, -30.0, 90.0, -90.0, 135.0, 180.0, -49.5]),
+        (Brightness, &[0.27, -0.99, 0.99]),
+        (Color, &[0.27, -0.99, 0.99]),
+        (Contrast, &[0.27, -0.99, 0.99]),
+        (Sharpness, &[0.27, -0.99, 0.99]),
+        (Posterize, &[2.0, 4.0, 7.0]),
+        (Solarize, &[0.7, 0.3, 0.0]),
+        (AutoContrast, &[0.0]),
+        (Equalize, &[0.0]),
+        (Invert, &[0.0]),
+    ];
+    let samplings = [
+        (Interpolation::Nearest, None),
+        (Interpolation::Bilinear, None),
+        (Interpolation::Nearest, Some([124u8, 116, 104])),
+        (Interpolation::Bilinear, Some([124u8, 116, 104])),
+    ];
+    for &(op, magnitudes) in singles {
+        let geometric = matches!(op, ShearX | ShearY | TranslateX | TranslateY | Rotate);
+        let used = if geometric {
+            &samplings[..]
+        } else {
+            &samplings[..1]
+        };
+        for &(interpolation, fill) in used {
+            let plain = AutoAugment {
+                policy: Policy::TrivialAugmentWide { bins: 31 },
+                interpolation: Some(interpolation),
+                ..AutoAugment::OFF
+            };
+            let policy = fill.map_or(plain, |colour| plain.with_fill(colour));
+            for &magnitude in magnitudes {
+                let name = format!("{op:?}-{interpolation:?}-{}", fill.is_some());
+                let ops = Ops::NONE.with(policy);
+                writer.case(&name, &spec(224, 224, ops), policy_step(op, magnitude));
+                if op == Rotate && geometric {
+                    // A non-square output takes the sampled path at 90 degrees.
+                    let mut crop = policy_step(op, magnitude);
+                    crop.width = 160.0;
+                    writer.case(&name, &spec(160, 224, ops), crop);
+                }
+            }
+        }
+    }
+    let jitter = ColorJitter::symmetric(0.4, 0.4, 0.4, 0.5);
+    for (op, factors) in [
+        (JitterOp::Brightness, &[0.6f32, 1.4][..]),
+        (JitterOp::Contrast, &[0.6, 1.4]),
+        (JitterOp::Saturation, &[0.6, 1.4]),
+        (JitterOp::Hue, &[-0.5, -0.2, 0.1, 0.5]),
+    ] {
+        for &factor in factors {
+            let mut crop = CropBox::whole(224, 224);
+            crop.drawn.color_jitter = JitterDrawn {
+                steps: [(op, factor); 4],
+                len: 1,
+            };
+            writer.case(
+                &format!("Jitter{op:?}"),
+                &spec(224, 224, Ops::NONE.with(jitter)),
+                crop,
+            );
+        }
+    }
+    let mut crop = CropBox::whole(224, 224);
+    crop.drawn.grayscale = true;
+    writer.case(
+        "Grayscale",
+        &spec(224, 224, Ops::NONE.with(RandomGrayscale(0.5))),
+        crop,
+    );
+    for (name, value) in [
+        ("EraseColour", EraseValue::Colour([10, 200, 30], 3)),
+        ("EraseMean", EraseValue::Mean),
+        ("EraseRandom", EraseValue::Random),
+    ] {
+        let mut crop = CropBox::whole(224, 224);
+        crop.drawn.random_erasing = Some(ErasedBox {
+            top: 31,
+            left: 17,
+            height: 70,
+            width: 101,
+            noise: 0xfeed_5eed,
+        });
+        writer.case(name, &spec(224, 224, Ops::NONE.with(erasing(value))), crop);
+    }
+    // Whole recipes as drawn: several ops in sequence per sample.
+    let recipes: [(&str, Ops); 4] = [
+        (
+            "RecipeTrivialAugment",
+            Ops::NONE
+                .with(AutoAugment {
+                    policy: Policy::TrivialAugmentWide { bins: 31 },
+                    interpolation: Some(Interpolation::Bilinear),
+                    ..AutoAugment::OFF
+                })
+                .with(erasing(EraseValue::Random)),
+        ),
+        (
+            "RecipeRandAugment",
+            Ops::NONE.with(AutoAugment {
+                policy: Policy::RandAugment {
+                    num_ops: 2,
+                    magnitude: 9,
+                    bins: 31,
+                },
+                ..AutoAugment::OFF
+            }),
+        ),
+        (
+            "RecipeAutoAugment",
+            Ops::NONE
+                .with(AutoAugment {
+                    policy: Policy::AutoAugmentImageNet,
+                    ..AutoAugment::OFF
+                })
+                .with(erasing(EraseValue::Mean)),
+        ),
+        (
+            "RecipeColorJitter",
+            Ops::NONE
+                .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.1))
+                .with(RandomGrayscale(0.2)),
+        ),
+    ];
+    for (name, ops) in recipes {
+        let spec = spec(224, 224, ops);
+        for sample in 0..24u64 {
+            let key = SampleKey {
+                seed: 5,
+                epoch: 1,
+                sample: crate::hash::fmix64(sample + 100),
+            };
+            writer.case(name, &spec, spec.crop_box(224, 224, &key));
+        }
+    }
+    assert!(writer.cases > 150, "{} cases", writer.cases);
+}

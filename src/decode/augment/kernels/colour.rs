@@ -1,0 +1,319 @@
+//! Colour kernels: torchvision's `adjust_*`, `posterize`, `solarize`,
+//! `autocontrast`, `equalize`, `invert` and `rgb_to_grayscale` on `uint8`.
+//!
+//! torchvision computes these in float32 and casts back with `.to(uint8)`,
+//! which truncates (no rounding) after clamping; the kernels do the same in
+//! `f32`, so the last level agrees wherever float32 does.
+
+const CHANNELS: usize = 3;
+
+/// torchvision's luma weights (ITU-R 601-2, as PIL's "L" conversion).
+const LUMA: [f32; 3] = [0.2989, 0.587, 0.114];
+
+fn clamp_cast(value: f32) -> u8 {
+    // `as u8` truncates toward zero and saturates, as `.to(uint8)` after
+    // `clamp_(0, 255)` does.
+    value.clamp(0.0, 255.0) as u8
+}
+
+/// The float32 luma torchvision's kernels blend with (before any floor).
+fn luma(pixel: &[u8]) -> f32 {
+    f32::from(pixel[0]) * LUMA[0] + f32::from(pixel[1]) * LUMA[1] + f32::from(pixel[2]) * LUMA[2]
+}
+
+/// `adjust_brightness(factor)`: `x * factor`.
+pub fn adjust_brightness(pixels: &mut [u8], factor: f32) {
+    for value in pixels.iter_mut() {
+        *value = clamp_cast(f32::from(*value) * factor);
+    }
+}
+
+/// torchvision's `_blend(x, other, ratio)`: `x * ratio + other * (1 - ratio)`,
+/// with `1 - ratio` taken in double precision as Python does.
+fn blend_factors(ratio: f32) -> (f32, f32) {
+    (ratio, (1.0 - f64::from(ratio)) as f32)
+}
+
+/// `adjust_saturation(factor)` (AutoAugment's `Color`): a blend with the
+/// floored luma of each pixel.
+pub fn adjust_saturation(pixels: &mut [u8], factor: f32) {
+    let (keep, other) = blend_factors(factor);
+    for pixel in pixels.chunks_exact_mut(CHANNELS) {
+        let gray = luma(pixel).floor() * other;
+        for value in pixel.iter_mut() {
+            *value = clamp_cast(f32::from(*value) * keep + gray);
+        }
+    }
+}
+
+/// `adjust_contrast(factor)`: a blend with the mean of the floored luma over
+/// the whole image.
+pub fn adjust_contrast(pixels: &mut [u8], factor: f32) {
+    let count = pixels.len() / CHANNELS;
+    if count == 0 {
+        return;
+    }
+    // The floored lumas are integers: their sum is exact in f64.
+    let sum: f64 = pixels
+        .chunks_exact(CHANNELS)
+        .map(|pixel| f64::from(luma(pixel).floor()))
+        .sum();
+    let mean = (sum / count as f64) as f32;
+    let (keep, other) = blend_factors(factor);
+    let offset = mean * other;
+    for value in pixels.iter_mut() {
+        *value = clamp_cast(f32::from(*value) * keep + offset);
+    }
+}
+
+/// `adjust_sharpness(factor)`: a blend with the 3x3 smoothing
+/// `[[1,1,1],[1,5,1],[1,1,1]] / 13`, rounded, over the interior; the
+/// one-pixel border is left as it is (torchvision's valid convolution).
+pub fn adjust_sharpness(pixels: &mut [u8], width: u32, factor: f32) {
+    let width = width as usize;
+    let row = width * CHANNELS;
+    if row == 0 {
+        return;
+    }
+    let height = pixels.len() / row;
+    if height <= 2 || width <= 2 {
+        return;
+    }
+    let alpha = (1.0 - f64::from(factor)) as f32;
+    let source = pixels.to_vec();
+    for y in 1..height - 1 {
+        let (above, here, below) = (
+            &source[(y - 1) * row..y * row],
+            &source[y * row..(y + 1) * row],
+            &source[(y + 1) * row..(y + 2) * row],
+        );
+        let out = &mut pixels[y * row..(y + 1) * row];
+        for index in CHANNELS..row - CHANNELS {
+            let neighbours = u32::from(above[index - CHANNELS])
+                + u32::from(above[index])
+                + u32::from(above[index + CHANNELS])
+                + u32::from(here[index - CHANNELS])
+                + u32::from(here[index + CHANNELS])
+                + u32::from(below[index - CHANNELS])
+                + u32::from(below[index])
+                + u32::from(below[index + CHANNELS]);
+            let centre = u32::from(here[index]);
+            // round((n + 5c) / 13): never a tie (13 is odd), so integer
+            // rounding equals torchvision's float32 `round_()`.
+            let blurred = ((neighbours + 5 * centre) * 2 + 13) / 26;
+            let x = f32::from(here[index]);
+            out[index] = clamp_cast(x + alpha * (blurred as f32 - x));
+        }
+    }
+}
+
+/// `posterize(bits)`: keeps the top `bits` bits of each value.
+pub fn posterize(pixels: &mut [u8], bits: u8) {
+    if bits >= 8 {
+        return;
+    }
+    let mask = (((1u16 << bits) - 1) << (8 - bits)) as u8;
+    for value in pixels.iter_mut() {
+        *value &= mask;
+    }
+}
+
+/// `solarize(threshold)`: inverts each value at or above `threshold`.
+pub fn solarize(pixels: &mut [u8], threshold: f64) {
+    for value in pixels.iter_mut() {
+        if f64::from(*value) >= threshold {
+            *value = 255 - *value;
+        }
+    }
+}
+
+/// `invert`: `255 - x`.
+pub fn invert(pixels: &mut [u8]) {
+    for value in pixels.iter_mut() {
+        *value = !*value;
+    }
+}
+
+/// `rgb_to_grayscale(num_output_channels=3)`: the truncated luma in each
+/// channel.
+pub fn grayscale(pixels: &mut [u8]) {
+    for pixel in pixels.chunks_exact_mut(CHANNELS) {
+        let gray = clamp_cast(luma(pixel));
+        pixel.fill(gray);
+    }
+}
+
+/// `autocontrast`: each channel stretched from its own min..max to 0..255;
+/// a flat channel is left as it is.
+pub fn autocontrast(pixels: &mut [u8]) {
+    for channel in 0..CHANNELS {
+        let values = || pixels.iter().skip(channel).step_by(CHANNELS);
+        let (Some(&low), Some(&high)) = (values().min(), values().max()) else {
+            return;
+        };
+        if low == high {
+            continue;
+        }
+        let inverse_scale = f32::from(high - low) * (1.0f64 / 255.0) as f32;
+        let low = f32::from(low);
+        for value in pixels.iter_mut().skip(channel).step_by(CHANNELS) {
+            *value = clamp_cast((f32::from(*value) - low) / inverse_scale);
+        }
+    }
+}
+
+/// `equalize`: each channel through PIL's histogram-equalizing table,
+/// `lut[k] = (cdf[k-1] + step / 2) / step` with `step` the pixels that are
+/// not of the channel's largest value, over 255; a channel whose step is 0
+/// is left as it is.
+pub fn equalize(pixels: &mut [u8]) {
+    let count = (pixels.len() / CHANNELS) as u64;
+    for channel in 0..CHANNELS {
+        let mut histogram = [0u64; 256];
+        for &value in pixels.iter().skip(channel).step_by(CHANNELS) {
+            histogram[usize::from(value)] += 1;
+        }
+        let Some(largest) = histogram.iter().rposition(|&n| n > 0) else {
+            return;
+        };
+        let step = (count - histogram[largest]) / 255;
+        if step == 0 {
+            continue;
+        }
+        let mut table = [0u8; 256];
+        let mut below = 0u64;
+        for (level, entry) in table.iter_mut().enumerate() {
+            *entry = ((below + step / 2) / step).min(255) as u8;
+            below += histogram[level];
+        }
+        for value in pixels.iter_mut().skip(channel).step_by(CHANNELS) {
+            *value = table[usize::from(*value)];
+        }
+    }
+}
+
+/// `adjust_hue(factor)`, `factor` in `[-0.5, 0.5]`: through HSV in float32
+/// as torchvision's `_rgb_to_hsv` / `_hsv_to_rgb`, back to `uint8` by its
+/// `to_dtype` (`x * 255.999`, truncated).
+pub fn adjust_hue(pixels: &mut [u8], factor: f32) {
+    let to_float = (1.0f64 / 255.0) as f32;
+    let to_byte = (255.0f64 + 1.0 - 1e-3) as f32;
+    for pixel in pixels.chunks_exact_mut(CHANNELS) {
+        let [r, g, b] = [0, 1, 2].map(|c| f32::from(pixel[c]) * to_float);
+        let (hue, saturation, value) = rgb_to_hsv(r, g, b);
+        let shifted = hue + factor;
+        let hue = shifted - shifted.floor();
+        let rgb = hsv_to_rgb(hue, saturation, value);
+        for (out, channel) in pixel.iter_mut().zip(rgb) {
+            *out = clamp_cast(channel * to_byte);
+        }
+    }
+}
+
+fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
+    let high = r.max(g).max(b);
+    let low = r.min(g).min(b);
+    let flat = high == low;
+    let range = high - low;
+    let saturation = range / if flat { 1.0 } else { high };
+    let divisor = if flat { 1.0 } else { range };
+    let (rc, gc, bc) = (
+        (high - r) / divisor,
+        (high - g) / divisor,
+        (high - b) / divisor,
+    );
+    let hue = if high == r {
+        bc - gc
+    } else if high == g {
+        rc + 2.0 - bc
+    } else {
+        gc + 4.0 - rc
+    };
+    // torchvision: `(h / 6 + 1) fmod 1`, with the sixth taken in float32.
+    let hue = (hue * (1.0f64 / 6.0) as f32 + 1.0) % 1.0;
+    (hue, saturation, high)
+}
+
+fn hsv_to_rgb(hue: f32, saturation: f32, value: f32) -> [f32; 3] {
+    let sixths = hue * 6.0;
+    let sector = sixths.floor();
+    let fraction = sixths - sector;
+    let sxf = saturation * fraction;
+    let one_minus_s = 1.0 - saturation;
+    let q = ((1.0 - sxf) * value).clamp(0.0, 1.0);
+    let t = ((sxf + one_minus_s) * value).clamp(0.0, 1.0);
+    let p = (one_minus_s * value).clamp(0.0, 1.0);
+    let vpqt = [value, p, q, t];
+    const SELECT: [[usize; 6]; 3] = [[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]];
+    let sector = (sector as i32).rem_euclid(6) as usize;
+    [
+        vpqt[SELECT[0][sector]],
+        vpqt[SELECT[1][sector]],
+        vpqt[SELECT[2][sector]],
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_kernels_truncate_as_torchvision_does() {
+        let mut pixels = [100u8, 200, 50];
+        adjust_brightness(&mut pixels, 1.5);
+        assert_eq!(pixels, [150, 255, 75]);
+        let mut pixels = [10u8, 20, 30];
+        adjust_brightness(&mut pixels, 0.33);
+        // 3.3, 6.6, 9.9 truncate.
+        assert_eq!(pixels, [3, 6, 9]);
+        let mut pixels = [0u8, 127, 128, 255, 200, 1];
+        posterize(&mut pixels, 1);
+        assert_eq!(pixels, [0, 0, 128, 128, 128, 0]);
+        let mut pixels = [10u8, 178, 179, 255, 0, 100];
+        solarize(&mut pixels, 178.5);
+        assert_eq!(pixels, [10, 178, 76, 0, 0, 100]);
+        let mut pixels = [0u8, 255, 17];
+        invert(&mut pixels);
+        assert_eq!(pixels, [255, 0, 238]);
+    }
+
+    #[test]
+    fn a_flat_channel_is_left_by_autocontrast_and_equalize() {
+        let mut pixels: Vec<u8> = (0..16).flat_map(|i| [50, 100 + i, 7]).collect();
+        let before = pixels.clone();
+        autocontrast(&mut pixels);
+        for (after, before) in pixels.chunks(3).zip(before.chunks(3)) {
+            assert_eq!((after[0], after[2]), (before[0], before[2]));
+        }
+        assert_eq!(pixels[1], 0);
+        // torchvision's float32 scale lands just below 255 here, truncated.
+        assert_eq!(pixels[16 * 3 - 2], 254);
+        let mut flat = vec![9u8; 30];
+        equalize(&mut flat);
+        assert_eq!(flat, vec![9u8; 30]);
+    }
+
+    #[test]
+    fn hue_by_zero_keeps_pixels_within_a_level() {
+        let mut pixels: Vec<u8> = (0..=255u8).flat_map(|v| [v, 255 - v, v / 2]).collect();
+        let before = pixels.clone();
+        adjust_hue(&mut pixels, 0.0);
+        for (a, b) in pixels.iter().zip(&before) {
+            assert!(a.abs_diff(*b) <= 1, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn sharpness_leaves_the_border() {
+        let mut pixels: Vec<u8> = (0..5 * 5 * 3).map(|v| (v * 37 % 251) as u8).collect();
+        let before = pixels.clone();
+        adjust_sharpness(&mut pixels, 5, 2.0);
+        let row = 15;
+        assert_eq!(pixels[..row], before[..row]);
+        assert_eq!(pixels[4 * row..], before[4 * row..]);
+        for y in 0..5 {
+            assert_eq!(pixels[y * row..y * row + 3], before[y * row..y * row + 3]);
+        }
+        assert_ne!(pixels, before);
+    }
+}
