@@ -170,7 +170,7 @@ async fn stalled_headers_and_stalled_bodies_are_cut_off_and_resumed() {
     faults.cut_after.store(150_000, Ordering::SeqCst);
     faults.stall_bodies.store(1, Ordering::SeqCst);
     let started = std::time::Instant::now();
-    let bytes = get_all(&store, "data/large").await.unwrap();
+    let bytes = get_all(&store, "data/large", u64::MAX).await.unwrap();
     assert!(bytes == object, "the bytes delivered are the object's");
     assert_eq!(requests(&s3, Operation::Get), 3);
     assert!(
@@ -197,7 +197,10 @@ async fn index_files_are_read_through_retries() {
     s3.state
         .faults
         .fail_next(Operation::Get, 1, Injected::SlowDown);
-    assert_eq!(&get_all(&store, "data/object").await.unwrap()[..], OBJECT);
+    assert_eq!(
+        &get_all(&store, "data/object", u64::MAX).await.unwrap()[..],
+        OBJECT
+    );
 }
 
 #[tokio::test]

@@ -216,7 +216,7 @@ async fn versions_from_head(
 /// The class names of a `classes.txt`, one per line (a trailing newline
 /// ends the last, it does not add an empty class).
 async fn read_classes(store: &dyn ObjectStore, key: &str) -> Result<Vec<String>, DatasetError> {
-    let bytes = get_all(store, key).await?;
+    let bytes = get_all(store, key, super::index::MAX_CLASSES_BYTES).await?;
     let text = String::from_utf8_lossy(&bytes);
     Ok(text
         .lines()
@@ -259,7 +259,7 @@ async fn manifest_index(
             loose::MAX_MANIFEST_BYTES
         )));
     }
-    let bytes = get_all(store.as_ref(), &key).await?;
+    let bytes = get_all(store.as_ref(), &key, loose::MAX_MANIFEST_BYTES).await?;
     let name = manifest.to_string();
     // A 1 GiB manifest takes seconds to parse: not on the async runtime.
     let parsed = tokio::task::spawn_blocking(move || manifest::parse_manifest(&name, &bytes))

@@ -13,6 +13,16 @@ pub const INDEX_VERSION: u32 = 1;
 /// label `i` (pack writes it; the index takes it in).
 pub const CLASSES_FILE: &str = "classes.txt";
 
+/// The most bytes each file read whole at a dataset's opening may have,
+/// refused on its size before any is read: what opening a dataset holds
+/// at once is at most one summary, one class list and the per-shard
+/// indexes of the shards a stream reads ahead (their count bounded by the
+/// readers in flight), whatever a file in the folder claims. A summary of
+/// 10^5 shards is ~10 MB, a per-shard index of 10^5 samples ~5 MB.
+pub const MAX_SUMMARY_BYTES: u64 = 256 << 20;
+pub const MAX_SHARD_INDEX_BYTES: u64 = 64 << 20;
+pub const MAX_CLASSES_BYTES: u64 = 16 << 20;
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DatasetError {
     #[error("invalid dataset URI {uri:?}: {reason}")]

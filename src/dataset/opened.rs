@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::build::build_index;
 use super::index::{
     check_shard_name, parse_json, shard_index_key, summary_key, DatasetError, DatasetIndex,
-    DatasetLayout, DatasetLocation, ShardIndex,
+    DatasetLayout, DatasetLocation, ShardIndex, MAX_SHARD_INDEX_BYTES, MAX_SUMMARY_BYTES,
 };
 use crate::shard::BadShardPolicy;
 use crate::store::read::{get_all, ReadConfig};
@@ -49,44 +49,45 @@ impl Dataset {
         let index_root = location.index_root();
         let summary_key = summary_key(&index_root);
         // `resident`: built here and held whole, so no per-shard file to load.
-        let (index, cache, resident) = match get_all(store.as_ref(), &summary_key).await {
-            Ok(bytes) => {
-                let summary = store.location(&summary_key);
-                let index: DatasetIndex = parse_json(&bytes, &summary)?;
-                for entry in &index.shards {
-                    check_shard_name(&entry.name).map_err(|message| {
-                        DatasetError::CorruptIndex {
-                            location: summary.clone(),
-                            message,
-                        }
-                    })?;
+        let (index, cache, resident) =
+            match get_all(store.as_ref(), &summary_key, MAX_SUMMARY_BYTES).await {
+                Ok(bytes) => {
+                    let summary = store.location(&summary_key);
+                    let index: DatasetIndex = parse_json(&bytes, &summary)?;
+                    for entry in &index.shards {
+                        check_shard_name(&entry.name).map_err(|message| {
+                            DatasetError::CorruptIndex {
+                                location: summary.clone(),
+                                message,
+                            }
+                        })?;
+                    }
+                    (index, ShardIndexCache::default(), false)
                 }
-                (index, ShardIndexCache::default(), false)
-            }
-            Err(StoreError::NotFound { .. }) => {
-                let started = Instant::now();
-                let (index, shard_indexes) =
-                    build_index(store.clone(), &location, read, on_bad_shard).await?;
-                crate::metrics::index_built();
-                tracing::warn!(
-                    dataset = uri,
-                    shards = index.shards.len(),
-                    seconds = started.elapsed().as_secs_f64(),
-                    "no index found; built one by scanning every shard and kept it in memory. \
+                Err(StoreError::NotFound { .. }) => {
+                    let started = Instant::now();
+                    let (index, shard_indexes) =
+                        build_index(store.clone(), &location, read, on_bad_shard).await?;
+                    crate::metrics::index_built();
+                    tracing::warn!(
+                        dataset = uri,
+                        shards = index.shards.len(),
+                        seconds = started.elapsed().as_secs_f64(),
+                        "no index found; built one by scanning every shard and kept it in memory. \
                      Run `shardfeed index {uri}` once to save this scan"
-                );
-                let cache = ShardIndexCache {
-                    map: shard_indexes
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, s)| (i as u32, Arc::new(s)))
-                        .collect(),
-                    order: VecDeque::new(),
-                };
-                (index, cache, true)
-            }
-            Err(error) => return Err(error.into()),
-        };
+                    );
+                    let cache = ShardIndexCache {
+                        map: shard_indexes
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, s)| (i as u32, Arc::new(s)))
+                            .collect(),
+                        order: VecDeque::new(),
+                    };
+                    (index, cache, true)
+                }
+                Err(error) => return Err(error.into()),
+            };
         Ok(Self {
             uri: uri.to_string(),
             store,
@@ -155,7 +156,7 @@ impl Dataset {
         let entry = &self.index.shards[shard as usize];
         let key = shard_index_key(&self.index_root, &entry.name);
         let location = self.store.location(&key);
-        let bytes = get_all(self.store.as_ref(), &key).await?;
+        let bytes = get_all(self.store.as_ref(), &key, MAX_SHARD_INDEX_BYTES).await?;
         let loaded: ShardIndex = parse_json(&bytes, &location)?;
         let samples = loaded.keys.len();
         let loose = self.is_loose();

@@ -8,12 +8,18 @@ use super::status::ServiceError;
 use crate::store::beneath::Beneath;
 
 /// Whether `rules` (empty: any) admit `dataset`; a local folder comes back
-/// held open, to be kept until the request has opened its store.
+/// held open, to be kept until the request has opened its store. A local
+/// folder that cannot be held now is refused: were it compared by its path
+/// alone, a link made at that path after the check would lead the store
+/// outside the rules.
 pub(super) fn check(rules: &[String], dataset: &str) -> Result<Option<Arc<Beneath>>, ServiceError> {
     if rules.is_empty() {
         return Ok(None);
     }
-    let (real, held) = resolved_once(dataset);
+    let (real, held) = resolved_once(dataset).map_err(|reason| ServiceError::LocalFolder {
+        dataset: dataset.to_string(),
+        reason,
+    })?;
     if rules.iter().any(|rule| rule_admits(&resolved(rule), &real)) {
         Ok(held)
     } else {
@@ -47,25 +53,24 @@ fn rule_admits(rule: &str, dataset: &str) -> bool {
 /// A dataset URI as `--allow` compares it, and the local folder it names,
 /// held open: the store the request opens is made on that same folder
 /// (`store::local::hold_root`), so the folder checked is the folder read,
-/// whatever a link in its path points at by the time the store opens.
-fn resolved_once(dataset: &str) -> (std::borrow::Cow<'_, str>, Option<Arc<Beneath>>) {
+/// whatever a link in its path points at by the time the store opens. A
+/// local folder that cannot be held (absent, not a folder) is an error
+/// saying why, never a comparison of its path.
+type Resolved<'a> = (std::borrow::Cow<'a, str>, Option<Arc<Beneath>>);
+
+fn resolved_once(dataset: &str) -> Result<Resolved<'_>, String> {
     use crate::dataset::DatasetUri;
     let Ok(DatasetUri::Local { root, manifest }) = DatasetUri::parse(dataset) else {
-        return (resolved(dataset), None);
+        return Ok((resolved(dataset), None));
     };
-    let Ok(held) = crate::store::local::hold_root(&root) else {
-        // Not a folder (yet): the open fails on its own; compare the path.
-        return (resolved(dataset), None);
-    };
-    let Ok(real) = held.resolved() else {
-        return (resolved(dataset), None);
-    };
+    let held = crate::store::local::hold_root(&root).map_err(|e| e.to_string())?;
+    let real = held.resolved().map_err(|e| e.to_string())?;
     let real = real.to_string_lossy().trim_end_matches('/').to_string();
     let uri = match manifest {
         Some(manifest) => format!("file://{real}/{manifest}"),
         None => format!("file://{real}/"),
     };
-    (uri.into(), Some(held))
+    Ok((uri.into(), Some(held)))
 }
 
 /// A `file://` URI as the path it resolves to; other URIs as they are. Of a

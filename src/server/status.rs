@@ -36,6 +36,10 @@ pub enum ServiceError {
     TooManyStreams(usize),
     #[error("dataset {dataset} is not allowed: this server only serves datasets under --allow {rules:?}")]
     NotAllowed { dataset: String, rules: Vec<String> },
+    /// Under `--allow`, a local dataset's folder must exist when the
+    /// request is checked: it is held open from then on.
+    #[error("dataset {dataset}: its folder cannot be opened ({reason}); under --allow a local dataset must be an existing folder when it is asked for")]
+    LocalFolder { dataset: String, reason: String },
     #[error("shardfeed is draining (shutting down); retry on its replacement")]
     Draining,
     #[error("shardfeed is starting (opening its disk cache); retry shortly")]
@@ -248,7 +252,9 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             StoreError::NotFound { .. } => Code::NotFound,
             StoreError::PermissionDenied { .. } => Code::PermissionDenied,
             StoreError::Credentials { .. } => Code::Unauthenticated,
-            StoreError::Changed { .. } | StoreError::Truncated { .. } => Code::FailedPrecondition,
+            StoreError::Changed { .. }
+            | StoreError::Truncated { .. }
+            | StoreError::TooLarge { .. } => Code::FailedPrecondition,
             StoreError::Transient { .. }
             | StoreError::Throttled { .. }
             | StoreError::Exhausted { .. } => Code::Unavailable,
@@ -323,6 +329,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             ServiceError::InvalidArgument { .. } => Some(Code::InvalidArgument),
             ServiceError::TooManyStreams(_) => Some(Code::ResourceExhausted),
             ServiceError::NotAllowed { .. } => Some(Code::PermissionDenied),
+            ServiceError::LocalFolder { .. } => Some(Code::NotFound),
             ServiceError::Draining | ServiceError::Starting => Some(Code::Unavailable),
             ServiceError::Engine(_) | ServiceError::Pipeline(_) => None,
         };

@@ -64,6 +64,14 @@ pub enum StoreError {
         attempts: u32,
         message: String,
     },
+    /// A file read whole (an index, a class list) larger than such a file
+    /// may be: refused before a byte of it is read or reserved.
+    #[error("{location} is {size} bytes, more than the {limit} bytes a file of its kind may have; it is not an index shardfeed wrote (rebuild it with `shardfeed index`)")]
+    TooLarge {
+        location: String,
+        size: u64,
+        limit: u64,
+    },
     #[error("{location}: {message}")]
     Other { location: String, message: String },
 }

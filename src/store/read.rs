@@ -118,11 +118,17 @@ async fn collect(
     mut body: PartStream,
     range: Range<u64>,
 ) -> Result<Bytes, StoreError> {
-    let mut buf = BytesMut::with_capacity((range.end - range.start) as usize);
+    let expected = range.end - range.start;
+    // Reserved as the bytes arrive past a first slice: an object's claimed
+    // size is not memory to take before it has been read.
+    let mut buf = BytesMut::with_capacity(expected.min(COLLECT_RESERVE_BYTES) as usize);
     while let Some(piece) = body.next().await {
         buf.extend_from_slice(&piece?.1);
+        if buf.len() as u64 > expected {
+            break;
+        }
     }
-    if buf.len() as u64 != range.end - range.start {
+    if buf.len() as u64 != expected {
         return Err(StoreError::Truncated {
             location: store.location(key),
             message: format!(
@@ -135,9 +141,21 @@ async fn collect(
     Ok(buf.freeze())
 }
 
-/// Reads a whole small object into memory (index files).
-pub async fn get_all(store: &dyn ObjectStore, key: &str) -> Result<Bytes, StoreError> {
+/// The most [`collect`] reserves before the bytes arrive.
+const COLLECT_RESERVE_BYTES: u64 = 64 << 20;
+
+/// Reads a whole small object into memory (index files, class lists),
+/// refusing one larger than `limit` before reading or reserving any of it:
+/// a file in a dataset folder may claim any size (a sparse terabyte).
+pub async fn get_all(store: &dyn ObjectStore, key: &str, limit: u64) -> Result<Bytes, StoreError> {
     let meta = store.head(key).await?;
+    if meta.size > limit {
+        return Err(StoreError::TooLarge {
+            location: store.location(key),
+            size: meta.size,
+            limit,
+        });
+    }
     read_range(store, key, 0..meta.size, meta.etag.as_deref()).await
 }
 
