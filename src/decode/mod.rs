@@ -51,9 +51,10 @@ pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
     }
 }
 
-/// Working memory a full-size decode holds per source pixel: the RGB
+/// Working memory a full-size JPEG decode holds per source pixel: the RGB
 /// output plus the decoder's own planes (progressive JPEGs keep
-/// coefficients for the whole image).
+/// coefficients for the whole image). Other formats hold more where their
+/// pixels are deeper (`source_header`).
 pub const SCRATCH_BYTES_PER_PIXEL: u64 = 6;
 /// Decodes below this much scratch skip the budget: with `threads` decode
 /// threads at most `threads` of them are alive at once.
@@ -133,14 +134,31 @@ impl Drop for ScratchPermit<'_> {
 
 /// The pixel size of an image from its headers, without decoding it.
 pub fn source_dimensions(format: ImageFormat, data: &[u8]) -> Result<(u32, u32), DecodeError> {
+    source_header(format, data).map(|(width, height, _)| (width, height))
+}
+
+/// The image's size and the working memory a full-size decode of it holds
+/// per pixel, from its headers: for JPEG [`SCRATCH_BYTES_PER_PIXEL`]; for
+/// the `image` crate's formats the decoder's own pixels at their native
+/// depth and channels (a 16-bit RGBA PNG: 8 bytes) plus the RGB8 copy made
+/// of them, never less than the JPEG figure.
+fn source_header(format: ImageFormat, data: &[u8]) -> Result<(u32, u32, u64), DecodeError> {
+    use image::ImageDecoder;
     if format == ImageFormat::Jpeg {
-        if let Some(size) = jpeg_dimensions(data) {
-            return Ok(size);
+        if let Some((width, height)) = jpeg_dimensions(data) {
+            return Ok((width, height, SCRATCH_BYTES_PER_PIXEL));
         }
     }
-    image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format))
-        .into_dimensions()
-        .map_err(|e| DecodeError::Corrupt(e.to_string()))
+    let decoder = image::ImageReader::with_format(std::io::Cursor::new(data), image_format(format))
+        .into_decoder()
+        .map_err(|e| DecodeError::Corrupt(e.to_string()))?;
+    let (width, height) = decoder.dimensions();
+    let native = u64::from(decoder.color_type().bytes_per_pixel());
+    Ok((
+        width,
+        height,
+        (native + CHANNELS as u64).max(SCRATCH_BYTES_PER_PIXEL),
+    ))
 }
 
 /// Decodes one sample within the budgets and returns the box it came from.
@@ -178,12 +196,12 @@ pub fn full_size_bounded<T>(
     work: impl FnOnce(u32, u32) -> Result<T, DecodeError>,
 ) -> Result<T, DecodeError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let (width, height) = source_dimensions(format, data)?;
+        let (width, height, per_pixel) = source_header(format, data)?;
         let pixels = u64::from(width) * u64::from(height);
         if pixels > MAX_SOURCE_PIXELS {
             return Err(DecodeError::TooLarge { width, height });
         }
-        let bytes = pixels * SCRATCH_BYTES_PER_PIXEL;
+        let bytes = pixels * per_pixel;
         if bytes > budget.limit {
             return Err(DecodeError::OverBudget {
                 width,
@@ -359,10 +377,16 @@ mod tests {
     /// A PNG's signature, header and an empty data chunk: enough for
     /// `source_dimensions`.
     fn png_header(width: u32, height: u32) -> Vec<u8> {
+        png_header_of(width, height, 8, 2)
+    }
+
+    /// A PNG header of `depth` bits and colour type `colour` (2: RGB, 6:
+    /// RGBA) and nothing after it.
+    fn png_header_of(width: u32, height: u32, depth: u8, colour: u8) -> Vec<u8> {
         let mut chunk = b"IHDR".to_vec();
         chunk.extend(width.to_be_bytes());
         chunk.extend(height.to_be_bytes());
-        chunk.extend([8, 2, 0, 0, 0]);
+        chunk.extend([depth, colour, 0, 0, 0]);
         let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
         png.extend(13u32.to_be_bytes());
         png.extend(&chunk);
@@ -372,6 +396,25 @@ mod tests {
         png.extend(b"IDAT");
         png.extend(crc32fast::hash(b"IDAT").to_be_bytes());
         png
+    }
+
+    #[test]
+    fn scratch_follows_the_formats_depth_and_channels() {
+        // D9: a 16-bit RGBA PNG decodes to 8 bytes a pixel, then 3 of RGB.
+        let deep = png_header_of(6500, 6500, 16, 6);
+        assert_eq!(
+            source_header(ImageFormat::Png, &deep).unwrap(),
+            (6500, 6500, 11)
+        );
+        let plain = png_header_of(64, 64, 8, 2);
+        assert_eq!(source_header(ImageFormat::Png, &plain).unwrap().2, 6);
+        // Refused on its header against a budget the 6-byte figure fits.
+        let budget = ScratchBudget::new(6500 * 6500 * 8);
+        let refused = full_size_bounded(&budget, ImageFormat::Png, &deep, |_, _| Ok(()));
+        assert!(
+            matches!(refused, Err(DecodeError::OverBudget { bytes, .. }) if bytes == 6500 * 6500 * 11),
+            "{refused:?}"
+        );
     }
 
     /// Counts decodes in progress at once; takes 30 ms per image.
