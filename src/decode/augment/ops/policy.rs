@@ -546,44 +546,35 @@ pub fn apply_step(step: PolicyStep, sampling: Sampling, width: u32, out: &mut [u
     }
 }
 
+/// Each op and its wire value.
+const WIRE: [(PolicyOp, pb::PolicyOp); 15] = [
+    (Identity, pb::PolicyOp::Identity),
+    (ShearX, pb::PolicyOp::ShearX),
+    (ShearY, pb::PolicyOp::ShearY),
+    (TranslateX, pb::PolicyOp::TranslateX),
+    (TranslateY, pb::PolicyOp::TranslateY),
+    (Rotate, pb::PolicyOp::Rotate),
+    (Brightness, pb::PolicyOp::Brightness),
+    (Color, pb::PolicyOp::Color),
+    (Contrast, pb::PolicyOp::Contrast),
+    (Sharpness, pb::PolicyOp::Sharpness),
+    (Posterize, pb::PolicyOp::Posterize),
+    (Solarize, pb::PolicyOp::Solarize),
+    (AutoContrast, pb::PolicyOp::AutoContrast),
+    (Equalize, pb::PolicyOp::Equalize),
+    (Invert, pb::PolicyOp::Invert),
+];
+
 fn op_to_wire(op: PolicyOp) -> pb::PolicyOp {
-    match op {
-        Identity => pb::PolicyOp::Identity,
-        ShearX => pb::PolicyOp::ShearX,
-        ShearY => pb::PolicyOp::ShearY,
-        TranslateX => pb::PolicyOp::TranslateX,
-        TranslateY => pb::PolicyOp::TranslateY,
-        Rotate => pb::PolicyOp::Rotate,
-        Brightness => pb::PolicyOp::Brightness,
-        Color => pb::PolicyOp::Color,
-        Contrast => pb::PolicyOp::Contrast,
-        Sharpness => pb::PolicyOp::Sharpness,
-        Posterize => pb::PolicyOp::Posterize,
-        Solarize => pb::PolicyOp::Solarize,
-        AutoContrast => pb::PolicyOp::AutoContrast,
-        Equalize => pb::PolicyOp::Equalize,
-        Invert => pb::PolicyOp::Invert,
-    }
+    WIRE.iter()
+        .find(|(ours, _)| *ours == op)
+        .map_or(pb::PolicyOp::Identity, |(_, wire)| *wire)
 }
 
-fn op_from_wire(op: pb::PolicyOp) -> PolicyOp {
-    match op {
-        pb::PolicyOp::Identity => Identity,
-        pb::PolicyOp::ShearX => ShearX,
-        pb::PolicyOp::ShearY => ShearY,
-        pb::PolicyOp::TranslateX => TranslateX,
-        pb::PolicyOp::TranslateY => TranslateY,
-        pb::PolicyOp::Rotate => Rotate,
-        pb::PolicyOp::Brightness => Brightness,
-        pb::PolicyOp::Color => Color,
-        pb::PolicyOp::Contrast => Contrast,
-        pb::PolicyOp::Sharpness => Sharpness,
-        pb::PolicyOp::Posterize => Posterize,
-        pb::PolicyOp::Solarize => Solarize,
-        pb::PolicyOp::AutoContrast => AutoContrast,
-        pb::PolicyOp::Equalize => Equalize,
-        pb::PolicyOp::Invert => Invert,
-    }
+fn op_from_wire(wire: pb::PolicyOp) -> PolicyOp {
+    WIRE.iter()
+        .find(|(_, theirs)| *theirs == wire)
+        .map_or(Identity, |(ours, _)| *ours)
 }
 
 #[cfg(test)]
