@@ -172,3 +172,33 @@ async fn files_that_claim_a_terabyte_are_refused_on_their_size() {
     assert_eq!(describe(&mut client, &uri(&honest), 1, 4).await.samples, 8);
     harness.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_byte_or_a_file_as_a_folder_is_named_for_what_it_is() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("file.txt"), b"not a folder").unwrap();
+    for allow in [vec![], vec![format!("file://{}/", root.path().display())]] {
+        let harness = Harness::start(Options {
+            allow: allow.clone(),
+            ..Options::default()
+        })
+        .await;
+        let mut client = harness.client().await;
+        let nul = format!("file://{}/a\0b/", root.path().display());
+        let refused = client.describe(describe_request(&nul)).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::InvalidArgument,
+            "{allow:?} {refused:?}"
+        );
+        assert!(refused.message().contains("NUL"), "{refused:?}");
+        let file = format!("file://{}/file.txt/", root.path().display());
+        let refused = client.describe(describe_request(&file)).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::NotFound,
+            "{allow:?} {refused:?}"
+        );
+        harness.shutdown().await;
+    }
+}

@@ -27,6 +27,10 @@ impl DatasetUri {
             uri: uri.to_string(),
             reason,
         };
+        // No key or path holds one, and the OS would refuse it as a path.
+        if uri.contains('\0') {
+            return Err(invalid("a dataset URI may not contain a NUL byte"));
+        }
         if let Some(rest) = uri.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {

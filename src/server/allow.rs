@@ -16,6 +16,10 @@ pub(super) fn check(rules: &[String], dataset: &str) -> Result<Option<Arc<Beneat
     if rules.is_empty() {
         return Ok(None);
     }
+    // A URI that cannot name a dataset is the request's error, whatever
+    // the rules say.
+    crate::dataset::DatasetUri::parse(dataset)
+        .map_err(|error| ServiceError::invalid("dataset", error.to_string()))?;
     let (real, held) = resolved_once(dataset).map_err(|reason| ServiceError::LocalFolder {
         dataset: dataset.to_string(),
         reason,

@@ -133,6 +133,12 @@ impl LocalStore {
                 location,
                 message: String::new(),
             },
+            // A file where a folder of the path should be: nothing is there
+            // to read, as for a path that does not exist.
+            std::io::ErrorKind::NotADirectory => StoreError::NotFound {
+                location,
+                message: error.to_string(),
+            },
             std::io::ErrorKind::PermissionDenied => StoreError::PermissionDenied {
                 location,
                 message: error.to_string(),
