@@ -7,9 +7,9 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use shardfeed::decode::{
-    decode_bounded, default_decoder, AutoAugment, ColorJitter, Crop, CropBox, EraseValue,
-    ErasedBox, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy, PolicyDrawn,
-    PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, SampleKey, ScratchBudget,
+    decode_bounded, default_decoder, set_augment_simd, AutoAugment, ColorJitter, Crop, CropBox,
+    EraseValue, ErasedBox, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy,
+    PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, SampleKey, ScratchBudget,
 };
 use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
 use shardfeed::shard::splitter::SampleSplitter;
@@ -153,13 +153,18 @@ fn ops_alone(c: &mut Criterion) {
     }
     let mut out = photo.clone();
     for (name, spec, crop) in &cases {
-        group.bench_function(BenchmarkId::from_parameter(name), |b| {
-            b.iter(|| {
-                out.copy_from_slice(&photo);
-                spec.finish(crop, &mut out);
-                black_box(&out);
-            })
-        });
+        // The kernels' AVX2 build (where the CPU has it), then the baseline.
+        for (build, simd) in [("simd", true), ("baseline", false)] {
+            set_augment_simd(simd);
+            group.bench_function(BenchmarkId::new(build, name), |b| {
+                b.iter(|| {
+                    out.copy_from_slice(&photo);
+                    spec.finish(crop, &mut out);
+                    black_box(&out);
+                })
+            });
+        }
+        set_augment_simd(true);
     }
     group.bench_function(BenchmarkId::from_parameter("copy only"), |b| {
         b.iter(|| {

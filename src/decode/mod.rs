@@ -15,9 +15,9 @@ pub mod source;
 pub mod turbo;
 
 pub use augment::{
-    AutoAugment, ColorJitter, Crop, CropBox, Drawn, EraseValue, ErasedBox, HorizontalFlip,
-    Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy, PolicyDrawn, PolicyOp,
-    PolicyStep, RandomErasing, RandomGrayscale, RandomResizedCrop, SampleKey, CHANNELS,
+    set_augment_simd, AutoAugment, ColorJitter, Crop, CropBox, Drawn, EraseValue, ErasedBox,
+    HorizontalFlip, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy, PolicyDrawn,
+    PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, RandomResizedCrop, SampleKey, CHANNELS,
     DEFAULT_SIZE, MAX_SIZE,
 };
 pub use decoder::{

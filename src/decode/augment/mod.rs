@@ -15,7 +15,7 @@ mod ops;
 mod spec;
 
 pub use crop::{Crop, RandomResizedCrop};
-pub use kernels::Interpolation;
+pub use kernels::{set_simd as set_augment_simd, Interpolation};
 pub use key::{sample_identity, SampleKey};
 pub use op::{AugmentError, DrawAt, Op, CHANNELS};
 pub use ops::{

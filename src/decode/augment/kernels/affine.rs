@@ -10,6 +10,8 @@
 //! sampled positions agree with torchvision's to the last float32 bit
 //! wherever the arithmetic is ordered alike.
 
+use super::{floor, round_even};
+
 const CHANNELS: usize = 3;
 
 /// How a geometric op samples its source (torchvision's tensor path takes
@@ -112,6 +114,7 @@ fn quarter_turns(pixels: &mut [u8], width: u32, turns: u32) {
     }
 }
 
+simd_kernel! {
 /// Samples the image through `matrix` (output centre-relative coordinates
 /// to source centre-relative ones) as `_affine_grid` + `grid_sample` +
 /// `_apply_grid_transform` do.
@@ -153,10 +156,11 @@ fn sample_grid(pixels: &mut [u8], width: u32, matrix: [f64; 6], sampling: Sampli
             }
             let at = (y * w + x) * CHANNELS;
             for (out, channel) in pixels[at..at + CHANNELS].iter_mut().zip(value) {
-                *out = channel.round_ties_even().clamp(0.0, 255.0) as u8;
+                *out = round_even(channel.clamp(0.0, 255.0)) as u8;
             }
         }
     }
+}
 }
 
 /// `torch.linspace((1 - n) / 2, (n - 1) / 2, n)[i]` in float32: the centre
@@ -168,7 +172,12 @@ fn linspace_at(n: usize, i: usize) -> f32 {
 /// One source pixel's channels, or zeros outside the image, and the mask
 /// (1 inside, 0 outside).
 fn nearest(source: &[u8], w: usize, h: usize, ix: f32, iy: f32) -> ([f32; 3], f32) {
-    let (x, y) = (ix.round_ties_even(), iy.round_ties_even());
+    // Coordinates far outside (a shear of 0.99 reaches 2^8 or so) are
+    // outside either way: clamp them into the trick's range first.
+    let (x, y) = (
+        round_even(ix.clamp(-1e6, 1e6)),
+        round_even(iy.clamp(-1e6, 1e6)),
+    );
     if x < 0.0 || y < 0.0 || x >= w as f32 || y >= h as f32 {
         return ([0.0; 3], 0.0);
     }
@@ -180,7 +189,7 @@ fn nearest(source: &[u8], w: usize, h: usize, ix: f32, iy: f32) -> ([f32; 3], f3
 /// them, those outside the image contributing zero; the mask is the sum of
 /// the weights inside.
 fn bilinear(source: &[u8], w: usize, h: usize, ix: f32, iy: f32) -> ([f32; 3], f32) {
-    let (x0, y0) = (ix.floor(), iy.floor());
+    let (x0, y0) = (floor(ix.clamp(-1e6, 1e6)), floor(iy.clamp(-1e6, 1e6)));
     let (x1, y1) = (x0 + 1.0, y0 + 1.0);
     // PyTorch's CPU kernel's weights, in its order of operations.
     let (east, south) = (ix - x0, iy - y0);

@@ -5,6 +5,8 @@
 //! which truncates (no rounding) after clamping; the kernels do the same in
 //! `f32`, so the last level agrees wherever float32 does.
 
+use super::floor;
+
 const CHANNELS: usize = 3;
 
 /// torchvision's luma weights (ITU-R 601-2, as PIL's "L" conversion).
@@ -21,11 +23,13 @@ fn luma(pixel: &[u8]) -> f32 {
     f32::from(pixel[0]) * LUMA[0] + f32::from(pixel[1]) * LUMA[1] + f32::from(pixel[2]) * LUMA[2]
 }
 
+simd_kernel! {
 /// `adjust_brightness(factor)`: `x * factor`.
 pub fn adjust_brightness(pixels: &mut [u8], factor: f32) {
     for value in pixels.iter_mut() {
         *value = clamp_cast(f32::from(*value) * factor);
     }
+}
 }
 
 /// torchvision's `_blend(x, other, ratio)`: `x * ratio + other * (1 - ratio)`,
@@ -34,18 +38,21 @@ fn blend_factors(ratio: f32) -> (f32, f32) {
     (ratio, (1.0 - f64::from(ratio)) as f32)
 }
 
+simd_kernel! {
 /// `adjust_saturation(factor)` (AutoAugment's `Color`): a blend with the
 /// floored luma of each pixel.
 pub fn adjust_saturation(pixels: &mut [u8], factor: f32) {
     let (keep, other) = blend_factors(factor);
     for pixel in pixels.chunks_exact_mut(CHANNELS) {
-        let gray = luma(pixel).floor() * other;
+        let gray = floor(luma(pixel)) * other;
         for value in pixel.iter_mut() {
             *value = clamp_cast(f32::from(*value) * keep + gray);
         }
     }
 }
+}
 
+simd_kernel! {
 /// `adjust_contrast(factor)`: a blend with the mean of the floored luma over
 /// the whole image.
 pub fn adjust_contrast(pixels: &mut [u8], factor: f32) {
@@ -56,7 +63,7 @@ pub fn adjust_contrast(pixels: &mut [u8], factor: f32) {
     // The floored lumas are integers: their sum is exact in f64.
     let sum: f64 = pixels
         .chunks_exact(CHANNELS)
-        .map(|pixel| f64::from(luma(pixel).floor()))
+        .map(|pixel| f64::from(floor(luma(pixel))))
         .sum();
     let mean = (sum / count as f64) as f32;
     let (keep, other) = blend_factors(factor);
@@ -65,7 +72,9 @@ pub fn adjust_contrast(pixels: &mut [u8], factor: f32) {
         *value = clamp_cast(f32::from(*value) * keep + offset);
     }
 }
+}
 
+simd_kernel! {
 /// `adjust_sharpness(factor)`: a blend with the 3x3 smoothing
 /// `[[1,1,1],[1,5,1],[1,1,1]] / 13`, rounded, over the interior; the
 /// one-pixel border is left as it is (torchvision's valid convolution).
@@ -106,6 +115,7 @@ pub fn adjust_sharpness(pixels: &mut [u8], width: u32, factor: f32) {
         }
     }
 }
+}
 
 /// `posterize(bits)`: keeps the top `bits` bits of each value.
 pub fn posterize(pixels: &mut [u8], bits: u8) {
@@ -118,6 +128,7 @@ pub fn posterize(pixels: &mut [u8], bits: u8) {
     }
 }
 
+simd_kernel! {
 /// `solarize(threshold)`: inverts each value at or above `threshold`.
 pub fn solarize(pixels: &mut [u8], threshold: f64) {
     for value in pixels.iter_mut() {
@@ -125,6 +136,7 @@ pub fn solarize(pixels: &mut [u8], threshold: f64) {
             *value = 255 - *value;
         }
     }
+}
 }
 
 /// `invert`: `255 - x`.
@@ -134,6 +146,7 @@ pub fn invert(pixels: &mut [u8]) {
     }
 }
 
+simd_kernel! {
 /// `rgb_to_grayscale(num_output_channels=3)`: the truncated luma in each
 /// channel.
 pub fn grayscale(pixels: &mut [u8]) {
@@ -142,7 +155,9 @@ pub fn grayscale(pixels: &mut [u8]) {
         pixel.fill(gray);
     }
 }
+}
 
+simd_kernel! {
 /// `autocontrast`: each channel stretched from its own min..max to 0..255;
 /// a flat channel is left as it is.
 pub fn autocontrast(pixels: &mut [u8]) {
@@ -161,7 +176,9 @@ pub fn autocontrast(pixels: &mut [u8]) {
         }
     }
 }
+}
 
+simd_kernel! {
 /// `equalize`: each channel through PIL's histogram-equalizing table,
 /// `lut[k] = (cdf[k-1] + step / 2) / step` with `step` the pixels that are
 /// not of the channel's largest value, over 255; a channel whose step is 0
@@ -191,7 +208,9 @@ pub fn equalize(pixels: &mut [u8]) {
         }
     }
 }
+}
 
+simd_kernel! {
 /// `adjust_hue(factor)`, `factor` in `[-0.5, 0.5]`: through HSV in float32
 /// as torchvision's `_rgb_to_hsv` / `_hsv_to_rgb`, back to `uint8` by its
 /// `to_dtype` (`x * 255.999`, truncated).
@@ -202,12 +221,13 @@ pub fn adjust_hue(pixels: &mut [u8], factor: f32) {
         let [r, g, b] = [0, 1, 2].map(|c| f32::from(pixel[c]) * to_float);
         let (hue, saturation, value) = rgb_to_hsv(r, g, b);
         let shifted = hue + factor;
-        let hue = shifted - shifted.floor();
+        let hue = shifted - floor(shifted);
         let rgb = hsv_to_rgb(hue, saturation, value);
         for (out, channel) in pixel.iter_mut().zip(rgb) {
             *out = clamp_cast(channel * to_byte);
         }
     }
+}
 }
 
 fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
@@ -229,14 +249,16 @@ fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
     } else {
         gc + 4.0 - rc
     };
-    // torchvision: `(h / 6 + 1) fmod 1`, with the sixth taken in float32.
-    let hue = (hue * (1.0f64 / 6.0) as f32 + 1.0) % 1.0;
+    // torchvision: `(h / 6 + 1) fmod 1`, with the sixth taken in float32;
+    // the sum is in [0, 2), where the remainder is exact as a subtraction.
+    let sum = hue * (1.0f64 / 6.0) as f32 + 1.0;
+    let hue = if sum >= 1.0 { sum - 1.0 } else { sum };
     (hue, saturation, high)
 }
 
 fn hsv_to_rgb(hue: f32, saturation: f32, value: f32) -> [f32; 3] {
     let sixths = hue * 6.0;
-    let sector = sixths.floor();
+    let sector = floor(sixths);
     let fraction = sixths - sector;
     let sxf = saturation * fraction;
     let one_minus_s = 1.0 - saturation;

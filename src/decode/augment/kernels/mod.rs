@@ -10,9 +10,76 @@
 //! kernels are written as plain loops over rows the compiler vectorizes;
 //! none allocates more than one output-sized scratch buffer.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Defines a kernel once and compiles it twice: for the build's baseline
+/// and, on x86-64, with AVX2 (chosen at run time where the CPU has it).
+/// Both are the same source, so the same float32 operations in the same
+/// order (no FMA is enabled: a fused multiply-add would round differently
+/// from torchvision); AVX2 only widens what the compiler vectorizes.
+macro_rules! simd_kernel {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn portable($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    portable($($arg),*)
+                }
+                if $crate::decode::augment::kernels::simd_enabled()
+                    && std::arch::is_x86_feature_detected!("avx2")
+                {
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            portable($($arg),*)
+        }
+    };
+}
+
 mod affine;
 mod colour;
 mod erase;
+
+static SIMD: AtomicBool = AtomicBool::new(true);
+
+/// Whether kernels take their AVX2 build where the CPU has it (on unless a
+/// benchmark turned it off to measure the baseline build).
+pub fn simd_enabled() -> bool {
+    SIMD.load(Ordering::Relaxed)
+}
+
+/// Turns the kernels' AVX2 builds off (or back on): for benchmarks that
+/// compare them with the baseline build. The pixels are the same either way.
+pub fn set_simd(enabled: bool) {
+    SIMD.store(enabled, Ordering::Relaxed);
+}
+
+/// `x.round_ties_even()` for `|x| < 2^22` without a library call (the
+/// baseline x86-64 target has no rounding instruction, and `roundevenf`
+/// cost more than the rest of a geometric op): adding and removing 1.5 ×
+/// 2^23 leaves the nearest integer, ties to even, in the default rounding
+/// mode.
+#[inline(always)]
+fn round_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// `x.floor()` for `|x| < 2^31` without a library call (NaN gives 0).
+#[inline(always)]
+fn floor(x: f32) -> f32 {
+    let truncated = x as i32 as f32;
+    if truncated > x {
+        truncated - 1.0
+    } else {
+        truncated
+    }
+}
 
 pub use affine::{affine, rotate, Interpolation, Sampling};
 pub use colour::{
@@ -20,3 +87,74 @@ pub use colour::{
     autocontrast, equalize, grayscale, invert, posterize, solarize,
 };
 pub use erase::{erase, noise_level, EraseFill};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rounding_shortcuts_equal_the_library_calls() {
+        let mut x = -3000.0f32;
+        while x < 3000.0 {
+            for v in [x, x + 0.5, x - 0.5, x + 1e-3, -x - 0.25] {
+                assert_eq!(round_even(v), v.round_ties_even(), "{v}");
+                assert_eq!(floor(v), v.floor(), "{v}");
+            }
+            x += 0.37;
+        }
+    }
+}
+
+#[cfg(test)]
+mod simd_tests {
+    use super::*;
+
+    /// Every kernel gives the same bytes in its AVX2 build as in the
+    /// baseline one (where the CPU has AVX2; elsewhere both are baseline).
+    #[test]
+    fn the_avx2_build_gives_the_baseline_bytes() {
+        let (width, height) = (61u32, 47usize);
+        let source: Vec<u8> = (0..width as usize * height * 3)
+            .map(|i| (crate::hash::fmix64(i as u64) % 256) as u8)
+            .collect();
+        let sampling = |interpolation| Sampling {
+            interpolation,
+            fill: Some([9, 8, 7]),
+        };
+        type Kernel<'a> = Box<dyn Fn(&mut [u8]) + 'a>;
+        let runs: Vec<Kernel<'_>> = vec![
+            Box::new(|p| adjust_brightness(p, 1.3)),
+            Box::new(|p| adjust_saturation(p, 0.4)),
+            Box::new(|p| adjust_contrast(p, 1.7)),
+            Box::new(|p| adjust_sharpness(p, width, 1.9)),
+            Box::new(|p| adjust_hue(p, -0.3)),
+            Box::new(grayscale),
+            Box::new(autocontrast),
+            Box::new(equalize),
+            Box::new(|p| solarize(p, 100.5)),
+            Box::new(move |p| rotate(p, width, 33.0, sampling(Interpolation::Bilinear))),
+            Box::new(move |p| {
+                affine(
+                    p,
+                    width,
+                    0.0,
+                    [0.0, 0.0],
+                    [17.0, 0.0],
+                    Some([0.0, 0.0]),
+                    sampling(Interpolation::Nearest),
+                )
+            }),
+        ];
+        for (index, run) in runs.iter().enumerate() {
+            let mut outputs = Vec::new();
+            for simd in [true, false] {
+                set_simd(simd);
+                let mut pixels = source.clone();
+                run(&mut pixels);
+                outputs.push(pixels);
+            }
+            set_simd(true);
+            assert_eq!(outputs[0], outputs[1], "kernel {index}");
+        }
+    }
+}
