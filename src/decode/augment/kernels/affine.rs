@@ -117,7 +117,9 @@ fn quarter_turns(pixels: &mut [u8], width: u32, turns: u32) {
 simd_kernel! {
 /// Samples the image through `matrix` (output centre-relative coordinates
 /// to source centre-relative ones) as `_affine_grid` + `grid_sample` +
-/// `_apply_grid_transform` do.
+/// `_apply_grid_transform` do. A row at a time: first every pixel's source
+/// coordinates (plain float32 arithmetic the compiler vectorizes), then
+/// the samples.
 fn sample_grid(pixels: &mut [u8], width: u32, matrix: [f64; 6], sampling: Sampling) {
     let w = width as usize;
     if w == 0 {
@@ -132,32 +134,22 @@ fn sample_grid(pixels: &mut [u8], width: u32, matrix: [f64; 6], sampling: Sampli
     let y_row = [theta[1] / half_w, theta[4] / half_h];
     let one_row = [theta[2] / half_w, theta[5] / half_h];
     let (size_w, size_h) = (w as f32, h as f32);
-    let fill = sampling.fill.map(|f| f.map(f32::from));
+    let (mut xs, mut ys) = (vec![0.0f32; w], vec![0.0f32; w]);
     for y in 0..h {
         let base_y = linspace_at(h, y);
-        for x in 0..w {
+        for (x, (ix, iy)) in xs.iter_mut().zip(ys.iter_mut()).enumerate() {
             let base_x = linspace_at(w, x);
             let grid_x = base_x * x_row[0] + base_y * y_row[0] + one_row[0];
             let grid_y = base_x * x_row[1] + base_y * y_row[1] + one_row[1];
-            let ix = ((grid_x + 1.0) * size_w - 1.0) / 2.0;
-            let iy = ((grid_y + 1.0) * size_h - 1.0) / 2.0;
-            let (mut value, mask) = match sampling.interpolation {
-                Interpolation::Nearest => nearest(&source, w, h, ix, iy),
-                Interpolation::Bilinear => bilinear(&source, w, h, ix, iy),
-            };
-            if let Some(fill) = fill {
-                for (channel, fill) in value.iter_mut().zip(fill) {
-                    *channel = match sampling.interpolation {
-                        Interpolation::Nearest if mask < 0.5 => fill,
-                        Interpolation::Nearest => *channel,
-                        Interpolation::Bilinear => (*channel - fill) * mask + fill,
-                    };
-                }
-            }
-            let at = (y * w + x) * CHANNELS;
-            for (out, channel) in pixels[at..at + CHANNELS].iter_mut().zip(value) {
-                *out = round_even(channel.clamp(0.0, 255.0)) as u8;
-            }
+            // Far outside is outside either way: clamped into the range
+            // the rounding shortcuts take.
+            *ix = (((grid_x + 1.0) * size_w - 1.0) / 2.0).clamp(-1e6, 1e6);
+            *iy = (((grid_y + 1.0) * size_h - 1.0) / 2.0).clamp(-1e6, 1e6);
+        }
+        let row = &mut pixels[y * w * CHANNELS..(y + 1) * w * CHANNELS];
+        match sampling.interpolation {
+            Interpolation::Nearest => nearest_row(&source, (w, h), &xs, &ys, sampling.fill, row),
+            Interpolation::Bilinear => bilinear_row(&source, (w, h), &xs, &ys, sampling.fill, row),
         }
     }
 }
@@ -165,31 +157,66 @@ fn sample_grid(pixels: &mut [u8], width: u32, matrix: [f64; 6], sampling: Sampli
 
 /// `torch.linspace((1 - n) / 2, (n - 1) / 2, n)[i]` in float32: the centre
 /// of pixel `i` relative to the image centre (exact for any image side).
+#[inline(always)]
 fn linspace_at(n: usize, i: usize) -> f32 {
     i as f32 - (n as f32 - 1.0) * 0.5
 }
 
-/// One source pixel's channels, or zeros outside the image, and the mask
-/// (1 inside, 0 outside).
-fn nearest(source: &[u8], w: usize, h: usize, ix: f32, iy: f32) -> ([f32; 3], f32) {
-    // Coordinates far outside (a shear of 0.99 reaches 2^8 or so) are
-    // outside either way: clamp them into the trick's range first.
-    let (x, y) = (
-        round_even(ix.clamp(-1e6, 1e6)),
-        round_even(iy.clamp(-1e6, 1e6)),
-    );
-    if x < 0.0 || y < 0.0 || x >= w as f32 || y >= h as f32 {
-        return ([0.0; 3], 0.0);
+/// Nearest sampling of one row: each output is a source pixel's bytes (an
+/// integer sampled, masked and rounded is itself), or zero outside the
+/// image, or the fill there when one is given (the sampled mask is 0).
+#[inline(always)]
+fn nearest_row(
+    source: &[u8],
+    (w, h): (usize, usize),
+    xs: &[f32],
+    ys: &[f32],
+    fill: Option<[u8; 3]>,
+    row: &mut [u8],
+) {
+    let outside = fill.unwrap_or([0; 3]);
+    for ((out, &ix), &iy) in row.chunks_exact_mut(CHANNELS).zip(xs).zip(ys) {
+        let (x, y) = (round_even(ix), round_even(iy));
+        if x < 0.0 || y < 0.0 || x >= w as f32 || y >= h as f32 {
+            out.copy_from_slice(&outside);
+        } else {
+            let at = (y as i32 as usize * w + x as i32 as usize) * CHANNELS;
+            out.copy_from_slice(&source[at..at + CHANNELS]);
+        }
     }
-    let at = (y as usize * w + x as usize) * CHANNELS;
-    ([0, 1, 2].map(|c| f32::from(source[at + c])), 1.0)
+}
+
+/// Bilinear sampling of one row, the fill blended through the sampled mask
+/// as torchvision does, rounded half to even.
+#[inline(always)]
+fn bilinear_row(
+    source: &[u8],
+    (w, h): (usize, usize),
+    xs: &[f32],
+    ys: &[f32],
+    fill: Option<[u8; 3]>,
+    row: &mut [u8],
+) {
+    let fill = fill.map(|f| f.map(f32::from));
+    for ((out, &ix), &iy) in row.chunks_exact_mut(CHANNELS).zip(xs).zip(ys) {
+        let (mut value, mask) = bilinear(source, w, h, ix, iy);
+        if let Some(fill) = fill {
+            for (channel, fill) in value.iter_mut().zip(fill) {
+                *channel = (*channel - fill) * mask + fill;
+            }
+        }
+        for (out, channel) in out.iter_mut().zip(value) {
+            *out = round_even(channel.clamp(0.0, 255.0)) as u8;
+        }
+    }
 }
 
 /// The four neighbours weighted as `grid_sample`'s bilinear mode weighs
 /// them, those outside the image contributing zero; the mask is the sum of
 /// the weights inside.
+#[inline(always)]
 fn bilinear(source: &[u8], w: usize, h: usize, ix: f32, iy: f32) -> ([f32; 3], f32) {
-    let (x0, y0) = (floor(ix.clamp(-1e6, 1e6)), floor(iy.clamp(-1e6, 1e6)));
+    let (x0, y0) = (floor(ix), floor(iy));
     let (x1, y1) = (x0 + 1.0, y0 + 1.0);
     // PyTorch's CPU kernel's weights, in its order of operations.
     let (east, south) = (ix - x0, iy - y0);
@@ -206,7 +233,7 @@ fn bilinear(source: &[u8], w: usize, h: usize, ix: f32, iy: f32) -> ([f32; 3], f
         if x < 0.0 || y < 0.0 || x >= w as f32 || y >= h as f32 {
             continue;
         }
-        let at = (y as usize * w + x as usize) * CHANNELS;
+        let at = (y as i32 as usize * w + x as i32 as usize) * CHANNELS;
         for (c, channel) in value.iter_mut().enumerate() {
             *channel += weight * f32::from(source[at + c]);
         }
