@@ -12,10 +12,44 @@ const CHANNELS: usize = 3;
 /// torchvision's luma weights (ITU-R 601-2, as PIL's "L" conversion).
 const LUMA: [f32; 3] = [0.2989, 0.587, 0.114];
 
+#[inline(always)]
+#[allow(clippy::manual_clamp)] // `clamp` keeps a NaN, which the cast must not see
 fn clamp_cast(value: f32) -> u8 {
-    // `as u8` truncates toward zero and saturates, as `.to(uint8)` after
-    // `clamp_(0, 255)` does.
-    value.clamp(0.0, 255.0) as u8
+    // Truncated toward zero after `clamp_(0, 255)`, as `.to(uint8)` does.
+    // `max` then `min` take the number over a NaN (a factor from a
+    // hostile wire), so the value is always in range: the unchecked cast
+    // is a plain truncation the compiler vectorizes, where `as u8`'s
+    // saturation kept these loops scalar.
+    let clamped = value.max(0.0).min(255.0);
+    // SAFETY: `clamped` is finite and within 0..=255.
+    unsafe { clamped.to_int_unchecked::<i32>() as u8 }
+}
+
+/// Each value through a table of what a per-value formula gives each of
+/// the 256 levels: the formula runs 256 times instead of once a value,
+/// with the same float32 steps, so the bytes are the formula's.
+fn through_table(pixels: &mut [u8], formula: impl Fn(u8) -> u8) {
+    let table: [u8; 256] = std::array::from_fn(|level| formula(level as u8));
+    for value in pixels.iter_mut() {
+        *value = table[usize::from(*value)];
+    }
+}
+
+/// [`through_table`] with a table per channel.
+fn through_tables(pixels: &mut [u8], tables: &[[u8; 256]; CHANNELS]) {
+    for pixel in pixels.chunks_exact_mut(CHANNELS) {
+        for (value, table) in pixel.iter_mut().zip(tables) {
+            *value = table[usize::from(*value)];
+        }
+    }
+}
+
+/// `floor(luma)` of a pixel as an integer (the luma is within 0..=255).
+#[inline(always)]
+fn floored_luma(pixel: &[u8]) -> u32 {
+    // SAFETY: a weighted mean of bytes with weights summing to ~1 is
+    // finite and within 0..=255.
+    unsafe { luma(pixel).to_int_unchecked::<i32>() as u32 }
 }
 
 /// The float32 luma torchvision's kernels blend with (before any floor).
@@ -44,7 +78,7 @@ simd_kernel! {
 pub fn adjust_saturation(pixels: &mut [u8], factor: f32) {
     let (keep, other) = blend_factors(factor);
     for pixel in pixels.chunks_exact_mut(CHANNELS) {
-        let gray = floor(luma(pixel)) * other;
+        let gray = floored_luma(pixel) as f32 * other;
         for value in pixel.iter_mut() {
             *value = clamp_cast(f32::from(*value) * keep + gray);
         }
@@ -60,17 +94,15 @@ pub fn adjust_contrast(pixels: &mut [u8], factor: f32) {
     if count == 0 {
         return;
     }
-    // The floored lumas are integers: their sum is exact in f64.
-    let sum: f64 = pixels
+    // The floored lumas are integers: their sum is exact.
+    let sum: u64 = pixels
         .chunks_exact(CHANNELS)
-        .map(|pixel| f64::from(floor(luma(pixel))))
+        .map(|pixel| u64::from(floored_luma(pixel)))
         .sum();
-    let mean = (sum / count as f64) as f32;
+    let mean = (sum as f64 / count as f64) as f32;
     let (keep, other) = blend_factors(factor);
     let offset = mean * other;
-    for value in pixels.iter_mut() {
-        *value = clamp_cast(f32::from(*value) * keep + offset);
-    }
+    through_table(pixels, |x| clamp_cast(f32::from(x) * keep + offset));
 }
 }
 
@@ -131,11 +163,7 @@ pub fn posterize(pixels: &mut [u8], bits: u8) {
 simd_kernel! {
 /// `solarize(threshold)`: inverts each value at or above `threshold`.
 pub fn solarize(pixels: &mut [u8], threshold: f64) {
-    for value in pixels.iter_mut() {
-        if f64::from(*value) >= threshold {
-            *value = 255 - *value;
-        }
-    }
+    through_table(pixels, |x| if f64::from(x) >= threshold { 255 - x } else { x });
 }
 }
 
@@ -161,20 +189,27 @@ simd_kernel! {
 /// `autocontrast`: each channel stretched from its own min..max to 0..255;
 /// a flat channel is left as it is.
 pub fn autocontrast(pixels: &mut [u8]) {
-    for channel in 0..CHANNELS {
-        let values = || pixels.iter().skip(channel).step_by(CHANNELS);
-        let (Some(&low), Some(&high)) = (values().min(), values().max()) else {
-            return;
-        };
-        if low == high {
-            continue;
-        }
-        let inverse_scale = f32::from(high - low) * (1.0f64 / 255.0) as f32;
-        let low = f32::from(low);
-        for value in pixels.iter_mut().skip(channel).step_by(CHANNELS) {
-            *value = clamp_cast((f32::from(*value) - low) / inverse_scale);
+    if pixels.len() < CHANNELS {
+        return;
+    }
+    let (mut low, mut high) = ([255u8; CHANNELS], [0u8; CHANNELS]);
+    for pixel in pixels.chunks_exact(CHANNELS) {
+        for c in 0..CHANNELS {
+            low[c] = low[c].min(pixel[c]);
+            high[c] = high[c].max(pixel[c]);
         }
     }
+    let tables: [[u8; 256]; CHANNELS] = std::array::from_fn(|c| {
+        std::array::from_fn(|level| {
+            let level = level as u8;
+            if low[c] == high[c] {
+                return level;
+            }
+            let inverse_scale = f32::from(high[c] - low[c]) * (1.0f64 / 255.0) as f32;
+            clamp_cast((f32::from(level) - f32::from(low[c])) / inverse_scale)
+        })
+    });
+    through_tables(pixels, &tables);
 }
 }
 
