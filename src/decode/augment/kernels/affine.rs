@@ -152,7 +152,11 @@ fn sample_grid(pixels: &mut [u8], width: u32, matrix: [f64; 6], sampling: Sampli
         }
         let row = &mut pixels[y * w * CHANNELS..(y + 1) * w * CHANNELS];
         match sampling.interpolation {
-            Interpolation::Nearest => nearest_row(&source, (w, h), &xs, &ys, sampling.fill, row),
+            Interpolation::Nearest => {
+                let done = nearest_eights(&source, (w, h), &xs, &ys, sampling.fill, row);
+                let rest = &mut row[done * CHANNELS..];
+                nearest_row(&source, (w, h), &xs[done..], &ys[done..], sampling.fill, rest);
+            }
             Interpolation::Bilinear => {
                 // Eight pixels at a time where the CPU has AVX2, the rest
                 // (or all) one at a time: the same float32 steps either way.
@@ -242,11 +246,102 @@ fn bilinear_eights(
     0
 }
 
+/// [`nearest_row`] over the row's leading multiple of 8 pixels with AVX2,
+/// as [`bilinear_eights`].
+fn nearest_eights(
+    source: &[u8],
+    size: (usize, usize),
+    xs: &[f32],
+    ys: &[f32],
+    fill: Option<[u8; 3]>,
+    row: &mut [u8],
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd_enabled() && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above; the slices' bounds
+        // are checked inside.
+        return unsafe { x86::nearest_eights(source, size, xs, ys, fill, row) };
+    }
+    let _ = (source, size, xs, ys, fill, row);
+    0
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
     use super::CHANNELS;
+
+    /// Eight output pixels per step, each lane `nearest_row`'s steps: the
+    /// coordinates rounded half to even, the bounds, the source pixel's
+    /// bytes or the colour outside.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn nearest_eights(
+        source: &[u8],
+        (w, h): (usize, usize),
+        xs: &[f32],
+        ys: &[f32],
+        fill: Option<[u8; 3]>,
+        row: &mut [u8],
+    ) -> usize {
+        let pixels = xs.len().min(ys.len()).min(row.len() / CHANNELS);
+        let eights = pixels / 8 * 8;
+        if w * h * CHANNELS + 1 > source.len() || w * h * CHANNELS >= i32::MAX as usize {
+            return 0;
+        }
+        let outside = fill.unwrap_or([0; 3]);
+        let (wf, hf, zero) = (
+            _mm256_set1_ps(w as f32),
+            _mm256_set1_ps(h as f32),
+            _mm256_setzero_ps(),
+        );
+        let width = _mm256_set1_epi32(w as i32);
+        let three = _mm256_set1_epi32(CHANNELS as i32);
+        let base = source.as_ptr() as *const i32;
+        let mut done = 0;
+        while done < eights {
+            // SAFETY: `done + 8 <= pixels`, within both slices.
+            let ix = unsafe { _mm256_loadu_ps(xs.as_ptr().add(done)) };
+            let iy = unsafe { _mm256_loadu_ps(ys.as_ptr().add(done)) };
+            let x = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(ix);
+            let y = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(iy);
+            let inside = _mm256_and_ps(
+                _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_GE_OQ>(x, zero),
+                    _mm256_cmp_ps::<_CMP_GE_OQ>(y, zero),
+                ),
+                _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_LT_OQ>(x, wf),
+                    _mm256_cmp_ps::<_CMP_LT_OQ>(y, hf),
+                ),
+            );
+            let inside = _mm256_castps_si256(inside);
+            let xi = _mm256_and_si256(_mm256_cvttps_epi32(x), inside);
+            let yi = _mm256_and_si256(_mm256_cvttps_epi32(y), inside);
+            let at = _mm256_mullo_epi32(_mm256_add_epi32(_mm256_mullo_epi32(yi, width), xi), three);
+            // SAFETY: every index is a pixel's first byte (or 0), and
+            // `source` holds one byte past the last pixel.
+            let bytes = unsafe { _mm256_i32gather_epi32::<1>(base, at) };
+            let (mut values, mut masks) = ([0i32; 8], [0i32; 8]);
+            // SAFETY: 8 lanes into arrays of 8.
+            unsafe {
+                _mm256_storeu_si256(values.as_mut_ptr() as *mut __m256i, bytes);
+                _mm256_storeu_si256(masks.as_mut_ptr() as *mut __m256i, inside);
+            }
+            for lane in 0..8 {
+                let at = (done + lane) * CHANNELS;
+                let pixel = if masks[lane] != 0 {
+                    let [r, g, b, _] = values[lane].to_le_bytes();
+                    [r, g, b]
+                } else {
+                    outside
+                };
+                row[at..at + CHANNELS].copy_from_slice(&pixel);
+            }
+            done += 8;
+        }
+        done
+    }
 
     /// Eight output pixels per step, each lane the scalar `bilinear` and
     /// `bilinear_row` steps in their order: floor, the four weights, each
