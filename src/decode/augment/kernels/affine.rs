@@ -151,19 +151,14 @@ fn sample_grid(pixels: &mut [u8], width: u32, matrix: [f64; 6], sampling: Sampli
             *iy = (((grid_y + 1.0) * size_h - 1.0) / 2.0).clamp(-1e6, 1e6);
         }
         let row = &mut pixels[y * w * CHANNELS..(y + 1) * w * CHANNELS];
-        match sampling.interpolation {
-            Interpolation::Nearest => {
-                let done = nearest_eights(&source, (w, h), &xs, &ys, sampling.fill, row);
-                let rest = &mut row[done * CHANNELS..];
-                nearest_row(&source, (w, h), &xs[done..], &ys[done..], sampling.fill, rest);
-            }
-            Interpolation::Bilinear => {
-                // Eight pixels at a time where the CPU has AVX2, the rest
-                // (or all) one at a time: the same float32 steps either way.
-                let done = bilinear_eights(&source, (w, h), &xs, &ys, sampling.fill, row);
-                let rest = &mut row[done * CHANNELS..];
-                bilinear_row(&source, (w, h), &xs[done..], &ys[done..], sampling.fill, rest);
-            }
+        // Eight pixels at a time where the CPU has AVX2, the rest (or all)
+        // one at a time: the same float32 steps either way.
+        let (fill, interpolation) = (sampling.fill, sampling.interpolation);
+        let done = in_eights(interpolation, &source, (w, h), &xs, &ys, fill, row);
+        let (xs, ys, rest) = (&xs[done..], &ys[done..], &mut row[done * CHANNELS..]);
+        match interpolation {
+            Interpolation::Nearest => nearest_row(&source, (w, h), xs, ys, fill, rest),
+            Interpolation::Bilinear => bilinear_row(&source, (w, h), xs, ys, fill, rest),
         }
     }
 }
@@ -225,10 +220,11 @@ fn bilinear_row(
     }
 }
 
-/// [`bilinear_row`] over the row's leading multiple of 8 pixels with AVX2
-/// (where the CPU has it and benchmarks have not turned it off); the
-/// pixels it did. `source` has one byte past its last pixel.
-fn bilinear_eights(
+/// The row's leading multiple of 8 pixels sampled with AVX2 (where the CPU
+/// has it and benchmarks have not turned it off); the pixels it did.
+/// `source` has one byte past its last pixel.
+fn in_eights(
+    interpolation: Interpolation,
     source: &[u8],
     size: (usize, usize),
     xs: &[f32],
@@ -238,31 +234,15 @@ fn bilinear_eights(
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     if super::simd_enabled() && std::arch::is_x86_feature_detected!("avx2") {
+        let sampler = match interpolation {
+            Interpolation::Nearest => x86::nearest_eights,
+            Interpolation::Bilinear => x86::bilinear_eights,
+        };
         // SAFETY: the CPU has AVX2, checked just above; the slices' bounds
         // are checked inside.
-        return unsafe { x86::bilinear_eights(source, size, xs, ys, fill, row) };
+        return unsafe { sampler(source, size, xs, ys, fill, row) };
     }
-    let _ = (source, size, xs, ys, fill, row);
-    0
-}
-
-/// [`nearest_row`] over the row's leading multiple of 8 pixels with AVX2,
-/// as [`bilinear_eights`].
-fn nearest_eights(
-    source: &[u8],
-    size: (usize, usize),
-    xs: &[f32],
-    ys: &[f32],
-    fill: Option<[u8; 3]>,
-    row: &mut [u8],
-) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd_enabled() && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above; the slices' bounds
-        // are checked inside.
-        return unsafe { x86::nearest_eights(source, size, xs, ys, fill, row) };
-    }
-    let _ = (source, size, xs, ys, fill, row);
+    let _ = (interpolation, source, size, xs, ys, fill, row);
     0
 }
 
