@@ -16,6 +16,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import weakref
 from typing import Any, Protocol
 
@@ -42,14 +43,37 @@ def socket_path(target: str) -> str | None:
     return None
 
 
+def _connect_unix(path: str, timeout: float) -> socket.socket:
+    """A connection to the Unix socket at ``path``. A full accept backlog
+    answers a connect with EAGAIN at once (the server is busy, not gone):
+    that is retried, backing off, until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() + pause > deadline:
+                raise TimeoutError(
+                    f"{path}: the server's accept backlog stayed full for {timeout:.0f} s"
+                ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+        except BaseException:
+            sock.close()
+            raise
+
+
 class SharedRing:
     """One stream's mapping of the server's ring and its credit connection."""
 
     def __init__(self, grpc_socket: str, token: bytes, size: int) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _connect_unix(grpc_socket + ".fds", _CONNECT_TIMEOUT)
         try:
-            sock.settimeout(_CONNECT_TIMEOUT)
-            sock.connect(grpc_socket + ".fds")
             sock.sendall(token)
             _, fds, _, _ = socket.recv_fds(sock, 1, 1)
             if len(fds) != 1:
