@@ -150,16 +150,6 @@ impl BatchWork {
         shared_slot: Option<shm::SlotLease>,
     ) -> Self {
         let slot = decoder.spec.bytes();
-        // A client that cannot apply every op of the stream would skip the
-        // ones it does not know: the server decodes all such samples.
-        let share = share.map(|share| encoded::BatchShare {
-            server_fraction: if decoder.spec.ops.client_replays() {
-                share.server_fraction
-            } else {
-                1.0
-            },
-            ..share
-        });
         // An encoded batch is at most as long as a decoded one.
         let (placements, length) = encoded::place(&samples, share, slot, decoder.scratch.limit());
         let (heap, lease) = match shared_slot {

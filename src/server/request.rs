@@ -88,14 +88,18 @@ pub fn stream_request(
     };
     let layout = sample_layout(request.layout.as_ref())?;
     let (decoded_source, decoded_from_epoch) = decoded_source(request.decoded_source.as_ref())?;
+    let client_replays = output.ops.client_replays();
     let output = OutputRequest {
         spec: output,
         shared_memory: None,
         decoded_source,
         decoded_from_epoch,
         decoded_by_default: request.decoded_source.is_none(),
+        // A client decoder applies the crop and the flip only: a stream
+        // with other ops is the server's to decode, whatever the share.
         delivery: encoded::wire::delivery_from_wire(request)
-            .map_err(|e| ServiceError::invalid(e.field, e.message))?,
+            .map_err(|e| ServiceError::invalid(e.field, e.message))?
+            .for_ops(client_replays),
     };
     let sources = if mixed {
         Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)

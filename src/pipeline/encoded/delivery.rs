@@ -34,4 +34,19 @@ impl Delivery {
             search: None,
         }
     }
+
+    /// This delivery for a stream whose ops a client decoder may not all
+    /// apply (`client_replays` false): then the server decodes every
+    /// sample, still sent as an encoded batch, and no share is sought.
+    pub fn for_ops(self, client_replays: bool) -> Self {
+        match self {
+            Self::Encoded { mode, .. } if !client_replays => Self::Encoded {
+                mode,
+                server_fraction: Some(1.0),
+                tuned: false,
+                search: None,
+            },
+            other => other,
+        }
+    }
 }

@@ -264,9 +264,14 @@ RECIPE = Augment.train(
     auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
 )
 MIXED = ("mix", "recipe_mix")
+POOLED = ("pool", "recipe_pool")
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "recipe": dict(augment=RECIPE),
     "recipe_mix": dict(augment=RECIPE),
+    # The ops travel in the pool's units and run after the tier's stored
+    # source: each sample's pixels still its own.
+    "recipe_pool": dict(augment=RECIPE),
+    "recipe_tier": dict(augment=RECIPE, decoded_source=64),
     # A client decoder applies only the flip: the sidecar decodes them all.
     "recipe_encoded": dict(augment=RECIPE, decode="client", image_size=ENCODED_SIZE),
     "encoded": dict(decode="client", image_size=ENCODED_SIZE),
@@ -594,6 +599,8 @@ MATRIX = [
     Row("plain", "recipe_mix", "kill"),
     Row("stateful", "recipe_mix", "break", full_only=True),
     Row("stateful", "recipe_encoded", "break"),
+    Row("plain", "recipe_pool", "worker"),
+    Row("plain", "recipe_tier", "kill"),
     Row("plain", "recipe_encoded", "kill", full_only=True),
     Row("workers", "recipe", "none", full_only=True),
     Row("loader", "recipe_mix", "none", full_only=True),
@@ -614,7 +621,7 @@ def sidecar(s3: S3, request: pytest.FixtureRequest) -> Iterator[Sidecar]:
     if row is not None and row.feature == "paced_reads":
         s3 = request.getfixturevalue("paced_s3")
         extra = ("--part-size", "65536")
-    running = Sidecar(s3, pool=row is not None and row.feature == "pool", extra=extra)
+    running = Sidecar(s3, pool=row is not None and row.feature in POOLED, extra=extra)
     yield running
     running.close()
 
@@ -694,7 +701,7 @@ def test_every_sample_exactly_once(
         problems += [f"{row.fault}: {p}" for p in same_batches(faulted, reference, pixels=pixels)]
         if row.fault == "kill":
             assert sidecar.restarts == 1, "the fault killed the sidecar once"
-    if row.feature == "pool":
+    if row.feature in POOLED:
         # The workers the fault left standing did decode (not local decode alone).
         decoded = sum(
             float(line.rpartition(" ")[2])
@@ -706,7 +713,7 @@ def test_every_sample_exactly_once(
             if line.startswith("shardfeed_pool_worker_samples_total")
         )
         assert decoded > 0, "the pool decoded nothing"
-    if row.feature.startswith("tier"):
+    if row.feature.startswith("tier") or row.feature == "recipe_tier":
         # The tier did its work (in the sidecar now running: a kill resets
         # its counters, not its records): samples filled or served, none
         # left out for want of a version.

@@ -252,6 +252,53 @@ mod x86 {
 
     use super::CHANNELS;
 
+    /// Eight pixels' bytes at source coordinates `x`, `y` (whole numbers)
+    /// and which lie inside the `w x h` image: those outside read pixel 0,
+    /// valid memory, for the caller to mask (four bytes from each pixel's
+    /// first: `source` holds one byte past its last pixel).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn gather(
+        base: *const i32,
+        x: __m256,
+        y: __m256,
+        (w, h): (usize, usize),
+    ) -> (__m256i, __m256) {
+        let zero = _mm256_setzero_ps();
+        let inside = _mm256_and_ps(
+            _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(x, zero),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(y, zero),
+            ),
+            _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(w as f32)),
+                _mm256_cmp_ps::<_CMP_LT_OQ>(y, _mm256_set1_ps(h as f32)),
+            ),
+        );
+        let mask = _mm256_castps_si256(inside);
+        let xi = _mm256_and_si256(_mm256_cvttps_epi32(x), mask);
+        let yi = _mm256_and_si256(_mm256_cvttps_epi32(y), mask);
+        let row = _mm256_mullo_epi32(yi, _mm256_set1_epi32(w as i32));
+        let at = _mm256_mullo_epi32(
+            _mm256_add_epi32(row, xi),
+            _mm256_set1_epi32(CHANNELS as i32),
+        );
+        // SAFETY: every index is a pixel's first byte (or 0), and the
+        // caller's `source` holds one byte past its last pixel.
+        (unsafe { _mm256_i32gather_epi32::<1>(base, at) }, inside)
+    }
+
+    /// The leading multiple of 8 of a row's pixels, or 0 where `source` is
+    /// not the `w x h` image with its byte past the end (or too large to
+    /// index in 32 bits).
+    fn eights(source: &[u8], (w, h): (usize, usize), xs: &[f32], ys: &[f32], row: &[u8]) -> usize {
+        let bytes = w * h * CHANNELS;
+        if bytes + 1 > source.len() || bytes >= i32::MAX as usize {
+            return 0;
+        }
+        xs.len().min(ys.len()).min(row.len() / CHANNELS) / 8 * 8
+    }
+
     /// Eight output pixels per step, each lane `nearest_row`'s steps: the
     /// coordinates rounded half to even, the bounds, the source pixel's
     /// bytes or the colour outside.
@@ -264,44 +311,19 @@ mod x86 {
         fill: Option<[u8; 3]>,
         row: &mut [u8],
     ) -> usize {
-        let pixels = xs.len().min(ys.len()).min(row.len() / CHANNELS);
-        let eights = pixels / 8 * 8;
-        if w * h * CHANNELS + 1 > source.len() || w * h * CHANNELS >= i32::MAX as usize {
-            return 0;
-        }
+        let eights = eights(source, (w, h), xs, ys, row);
         let outside = fill.unwrap_or([0; 3]);
-        let (wf, hf, zero) = (
-            _mm256_set1_ps(w as f32),
-            _mm256_set1_ps(h as f32),
-            _mm256_setzero_ps(),
-        );
-        let width = _mm256_set1_epi32(w as i32);
-        let three = _mm256_set1_epi32(CHANNELS as i32);
         let base = source.as_ptr() as *const i32;
         let mut done = 0;
         while done < eights {
-            // SAFETY: `done + 8 <= pixels`, within both slices.
+            // SAFETY: `done + 8 <= eights`, within both slices.
             let ix = unsafe { _mm256_loadu_ps(xs.as_ptr().add(done)) };
             let iy = unsafe { _mm256_loadu_ps(ys.as_ptr().add(done)) };
             let x = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(ix);
             let y = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(iy);
-            let inside = _mm256_and_ps(
-                _mm256_and_ps(
-                    _mm256_cmp_ps::<_CMP_GE_OQ>(x, zero),
-                    _mm256_cmp_ps::<_CMP_GE_OQ>(y, zero),
-                ),
-                _mm256_and_ps(
-                    _mm256_cmp_ps::<_CMP_LT_OQ>(x, wf),
-                    _mm256_cmp_ps::<_CMP_LT_OQ>(y, hf),
-                ),
-            );
+            // SAFETY: AVX2 is on in this function; `source` is checked above.
+            let (bytes, inside) = unsafe { gather(base, x, y, (w, h)) };
             let inside = _mm256_castps_si256(inside);
-            let xi = _mm256_and_si256(_mm256_cvttps_epi32(x), inside);
-            let yi = _mm256_and_si256(_mm256_cvttps_epi32(y), inside);
-            let at = _mm256_mullo_epi32(_mm256_add_epi32(_mm256_mullo_epi32(yi, width), xi), three);
-            // SAFETY: every index is a pixel's first byte (or 0), and
-            // `source` holds one byte past the last pixel.
-            let bytes = unsafe { _mm256_i32gather_epi32::<1>(base, at) };
             let (mut values, mut masks) = ([0i32; 8], [0i32; 8]);
             // SAFETY: 8 lanes into arrays of 8.
             unsafe {
@@ -337,21 +359,14 @@ mod x86 {
         fill: Option<[u8; 3]>,
         row: &mut [u8],
     ) -> usize {
-        let pixels = xs.len().min(ys.len()).min(row.len() / CHANNELS);
-        let eights = pixels / 8 * 8;
-        if w * h * CHANNELS + 1 > source.len() || w * h * CHANNELS >= i32::MAX as usize {
-            return 0;
-        }
-        let (wf, hf) = (_mm256_set1_ps(w as f32), _mm256_set1_ps(h as f32));
+        let eights = eights(source, (w, h), xs, ys, row);
         let (zero, one) = (_mm256_setzero_ps(), _mm256_set1_ps(1.0));
-        let width = _mm256_set1_epi32(w as i32);
-        let three = _mm256_set1_epi32(CHANNELS as i32);
         let byte = _mm256_set1_epi32(0xff);
         let fills = fill.map(|f| f.map(|c| _mm256_set1_ps(f32::from(c))));
         let base = source.as_ptr() as *const i32;
         let mut done = 0;
         while done < eights {
-            // SAFETY: `done + 8 <= pixels`, within both slices.
+            // SAFETY: `done + 8 <= eights`, within both slices.
             let ix = unsafe { _mm256_loadu_ps(xs.as_ptr().add(done)) };
             let iy = unsafe { _mm256_loadu_ps(ys.as_ptr().add(done)) };
             let x0 = _mm256_floor_ps(ix);
@@ -371,25 +386,9 @@ mod x86 {
             let mut value = [zero; 3];
             let mut mask = zero;
             for (x, y, weight) in corners {
-                let inside = _mm256_and_ps(
-                    _mm256_and_ps(
-                        _mm256_cmp_ps::<_CMP_GE_OQ>(x, zero),
-                        _mm256_cmp_ps::<_CMP_GE_OQ>(y, zero),
-                    ),
-                    _mm256_and_ps(
-                        _mm256_cmp_ps::<_CMP_LT_OQ>(x, wf),
-                        _mm256_cmp_ps::<_CMP_LT_OQ>(y, hf),
-                    ),
-                );
+                // SAFETY: AVX2 is on in this function; `source` is checked above.
+                let (bytes, inside) = unsafe { gather(base, x, y, (w, h)) };
                 let weight = _mm256_and_ps(weight, inside);
-                // Outside lanes read pixel 0 (valid memory; weight zero).
-                let xi = _mm256_and_si256(_mm256_cvttps_epi32(x), _mm256_castps_si256(inside));
-                let yi = _mm256_and_si256(_mm256_cvttps_epi32(y), _mm256_castps_si256(inside));
-                let at =
-                    _mm256_mullo_epi32(_mm256_add_epi32(_mm256_mullo_epi32(yi, width), xi), three);
-                // SAFETY: every index is a pixel's first byte (or 0), and
-                // `source` holds one byte past the last pixel.
-                let bytes = unsafe { _mm256_i32gather_epi32::<1>(base, at) };
                 let channels = [
                     _mm256_and_si256(bytes, byte),
                     _mm256_and_si256(_mm256_srli_epi32::<8>(bytes), byte),
