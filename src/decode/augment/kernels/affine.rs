@@ -10,9 +10,7 @@
 //! sampled positions agree with torchvision's to the last float32 bit
 //! wherever the arithmetic is ordered alike.
 
-use super::{floor, round_even};
-
-const CHANNELS: usize = 3;
+use super::base::{floor, round_even, CHANNELS};
 
 /// How a geometric op samples its source (torchvision's tensor path takes
 /// these two).
@@ -233,7 +231,7 @@ fn in_eights(
     row: &mut [u8],
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if super::simd_enabled() && std::arch::is_x86_feature_detected!("avx2") {
+    if super::base::simd_enabled() && std::arch::is_x86_feature_detected!("avx2") {
         let sampler = match interpolation {
             Interpolation::Nearest => x86::nearest_eights,
             Interpolation::Bilinear => x86::bilinear_eights,
@@ -250,7 +248,7 @@ fn in_eights(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::CHANNELS;
+    use crate::decode::augment::kernels::base::CHANNELS;
 
     /// Eight pixels' bytes at source coordinates `x`, `y` (whole numbers)
     /// and which lie inside the `w x h` image: those outside read pixel 0,

@@ -5,9 +5,7 @@
 //! which truncates (no rounding) after clamping; the kernels do the same in
 //! `f32`, so the last level agrees wherever float32 does.
 
-use super::floor;
-
-const CHANNELS: usize = 3;
+use super::base::{floor, CHANNELS};
 
 /// torchvision's luma weights (ITU-R 601-2, as PIL's "L" conversion).
 const LUMA: [f32; 3] = [0.2989, 0.587, 0.114];

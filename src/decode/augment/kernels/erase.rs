@@ -10,7 +10,7 @@
 //! box, so a client replays it without the server (Python:
 //! `shardfeed._ops.erase_noise`).
 
-const CHANNELS: usize = 3;
+use super::base::CHANNELS;
 
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 

@@ -15,78 +15,14 @@
 //! lane by lane the scalar steps. A test holds every AVX2 build to its
 //! baseline's bytes. None allocates more than one output-sized copy.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Defines a kernel once and compiles it twice: for the build's baseline
-/// and, on x86-64, with AVX2 (chosen at run time where the CPU has it).
-/// Both are the same source, so the same float32 operations in the same
-/// order (no FMA is enabled: a fused multiply-add would round differently
-/// from torchvision); AVX2 only widens what the compiler vectorizes.
-macro_rules! simd_kernel {
-    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
-        $(#[$meta])*
-        $vis fn $name($($arg: $ty),*) {
-            #[inline(always)]
-            fn portable($($arg: $ty),*) $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2($($arg: $ty),*) {
-                    portable($($arg),*)
-                }
-                if $crate::decode::augment::kernels::simd_enabled()
-                    && std::arch::is_x86_feature_detected!("avx2")
-                {
-                    // SAFETY: the CPU has AVX2, checked just above.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            portable($($arg),*)
-        }
-    };
-}
-
+#[macro_use]
+mod base;
 mod affine;
 mod colour;
 mod erase;
 
-static SIMD: AtomicBool = AtomicBool::new(true);
-
-/// Whether kernels take their AVX2 build where the CPU has it (on unless a
-/// benchmark turned it off to measure the baseline build).
-pub fn simd_enabled() -> bool {
-    SIMD.load(Ordering::Relaxed)
-}
-
-/// Turns the kernels' AVX2 builds off (or back on): for benchmarks that
-/// compare them with the baseline build. The pixels are the same either way.
-pub fn set_simd(enabled: bool) {
-    SIMD.store(enabled, Ordering::Relaxed);
-}
-
-/// `x.round_ties_even()` for `|x| < 2^22` without a library call (the
-/// baseline x86-64 target has no rounding instruction, and `roundevenf`
-/// cost more than the rest of a geometric op): adding and removing 1.5 ×
-/// 2^23 leaves the nearest integer, ties to even, in the default rounding
-/// mode.
-#[inline(always)]
-fn round_even(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (x + MAGIC) - MAGIC
-}
-
-/// `x.floor()` for `|x| < 2^31` without a library call (NaN gives 0).
-#[inline(always)]
-fn floor(x: f32) -> f32 {
-    let truncated = x as i32 as f32;
-    if truncated > x {
-        truncated - 1.0
-    } else {
-        truncated
-    }
-}
-
 pub use affine::{affine, rotate, Interpolation, Sampling};
+pub use base::set_simd;
 pub use colour::{
     adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, adjust_sharpness,
     autocontrast, equalize, grayscale, invert, posterize, solarize,
@@ -95,7 +31,7 @@ pub use erase::{erase, noise_level, EraseFill};
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::base::{floor, round_even};
 
     #[test]
     fn the_rounding_shortcuts_equal_the_library_calls() {

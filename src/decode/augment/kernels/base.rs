@@ -1,0 +1,74 @@
+//! What every kernel is built on: the macro that compiles a kernel twice
+//! (baseline and AVX2), the switch between the two builds, and the rounding
+//! steps without library calls. The kernel files import this one and never
+//! their parent, so the parent only declares and re-exports them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Bytes per pixel of the packed RGB rows every kernel works on.
+pub(super) const CHANNELS: usize = 3;
+
+/// Defines a kernel once and compiles it twice: for the build's baseline
+/// and, on x86-64, with AVX2 (chosen at run time where the CPU has it).
+/// Both are the same source, so the same float32 operations in the same
+/// order (no FMA is enabled: a fused multiply-add would round differently
+/// from torchvision); AVX2 only widens what the compiler vectorizes.
+macro_rules! simd_kernel {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn portable($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    portable($($arg),*)
+                }
+                if $crate::decode::augment::kernels::base::simd_enabled()
+                    && std::arch::is_x86_feature_detected!("avx2")
+                {
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            portable($($arg),*)
+        }
+    };
+}
+
+static SIMD: AtomicBool = AtomicBool::new(true);
+
+/// Whether kernels take their AVX2 build where the CPU has it (on unless a
+/// benchmark turned it off to measure the baseline build).
+pub fn simd_enabled() -> bool {
+    SIMD.load(Ordering::Relaxed)
+}
+
+/// Turns the kernels' AVX2 builds off (or back on): for benchmarks that
+/// compare them with the baseline build. The pixels are the same either way.
+pub fn set_simd(enabled: bool) {
+    SIMD.store(enabled, Ordering::Relaxed);
+}
+
+/// `x.round_ties_even()` for `|x| < 2^22` without a library call (the
+/// baseline x86-64 target has no rounding instruction, and `roundevenf`
+/// cost more than the rest of a geometric op): adding and removing 1.5 ×
+/// 2^23 leaves the nearest integer, ties to even, in the default rounding
+/// mode.
+#[inline(always)]
+pub(super) fn round_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// `x.floor()` for `|x| < 2^31` without a library call (NaN gives 0).
+#[inline(always)]
+pub(super) fn floor(x: f32) -> f32 {
+    let truncated = x as i32 as f32;
+    if truncated > x {
+        truncated - 1.0
+    } else {
+        truncated
+    }
+}
