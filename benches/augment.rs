@@ -37,6 +37,7 @@ fn resized_photo() -> Vec<u8> {
         seed: 0,
         epoch: 0,
         sample: 0,
+        copy: 0,
     };
     decode_bounded(
         &*default_decoder(),
@@ -226,6 +227,7 @@ fn recipes(c: &mut Criterion) {
                     seed: 1,
                     epoch: 0,
                     sample,
+                    copy: 0,
                 };
                 spec.crop_box(224, 224, &key)
             })

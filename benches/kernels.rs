@@ -68,6 +68,7 @@ fn decode_resize(c: &mut Criterion) {
                         seed: 0,
                         epoch: 0,
                         sample: sample as u64,
+                        copy: 0,
                     };
                     let _ = decode_bounded(
                         &*decoder,
@@ -141,6 +142,7 @@ fn planning(c: &mut Criterion) {
         batch_size: 128,
         shuffle: ShuffleConfig::default(),
         partition: Partition::DropLast,
+        repeats: 1,
         start_batch: 0,
         resume_from: EpochPosition::default(),
     };
@@ -188,6 +190,7 @@ fn mix_planning(c: &mut Criterion) {
         world_size: 64,
         batch_size: 256,
         sources,
+        repeats: 1,
         weights: vec![WeightChange {
             from_step: 0,
             weights: MixWeights::new(&weights).unwrap(),
@@ -221,6 +224,7 @@ fn mix_planning(c: &mut Criterion) {
         batch_size: 256,
         shuffle: ShuffleConfig::default(),
         partition: Partition::DropLast,
+        repeats: 1,
         start_batch: 3_000,
         resume_from: EpochPosition::default(),
     };

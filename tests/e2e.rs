@@ -529,6 +529,7 @@ async fn pad_mode_covers_every_sample_and_matches_describe() {
             world_size: world,
             batch_size: Some(batch),
             partition: pb::Partition::Pad as i32,
+            repeats: 0,
         })
         .await
         .unwrap()

@@ -212,6 +212,14 @@ async fn hostile_plans_are_refused_at_once_and_the_server_keeps_serving() {
             "shuffle_buffer",
         ),
         (
+            "more copies than an epoch may hold",
+            pb::StreamBatchesRequest {
+                repeats: u32::MAX,
+                ..request(&uri)
+            },
+            "repeats",
+        ),
+        (
             "epoch at the end of time",
             pb::StreamBatchesRequest {
                 epoch: u64::MAX,

@@ -17,6 +17,7 @@ fn describe_request(dataset: &str) -> pb::DescribeRequest {
         world_size: 1,
         batch_size: Some(4),
         partition: pb::Partition::DropLast as i32,
+        repeats: 0,
     }
 }
 

@@ -214,6 +214,7 @@ impl Target {
                         seed: 1,
                         epoch: 0,
                         sample: 7,
+                        copy: 0,
                     },
                     format: shardfeed::shard::ImageFormat::Jpeg,
                     data: common::jpeg(64, 48, 1).into(),

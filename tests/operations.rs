@@ -219,6 +219,7 @@ async fn only_allowed_datasets_are_served() {
                 world_size: 1,
                 batch_size: Some(8),
                 partition: 0,
+                repeats: 0,
             })
             .await
             .unwrap_err();

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use proptest::prelude::*;
 use shardfeed::plan::{
-    emitted_samples, epoch_counts, plan_stream, EpochLayout, EpochPosition, Partition, Phase,
-    PlanError, PlanRequest, ShuffleConfig,
+    emitted_copies, emitted_samples, epoch_counts, plan_stream, EpochLayout, EpochPosition,
+    Partition, Phase, PlanError, PlanRequest, ShuffleConfig,
 };
 
 type Sample = (u32, u64);
@@ -25,6 +25,7 @@ fn request(world_size: u32, rank: u32, batch_size: u32, partition: Partition) ->
             buffer: 7,
         },
         partition,
+        repeats: 1,
         start_batch: 0,
         resume_from: EpochPosition::default(),
     }
@@ -32,7 +33,13 @@ fn request(world_size: u32, rank: u32, batch_size: u32, partition: Partition) ->
 
 /// The reference: the epoch sequence as a flat list.
 fn reference_sequence(shards: &[u64], req: &PlanRequest) -> Vec<Sample> {
-    let layout = EpochLayout::new(shards, req.seed, req.epoch, req.shuffle.enabled);
+    let layout = EpochLayout::new(
+        shards,
+        req.seed,
+        req.epoch,
+        req.shuffle.enabled,
+        req.repeats,
+    );
     let mut order = layout.shard_order().to_vec();
     let mut sorted = order.clone();
     sorted.sort_unstable();
@@ -55,7 +62,24 @@ fn reference_rank(shards: &[u64], req: &PlanRequest, steps: u64) -> Vec<Sample> 
         .collect()
 }
 
-fn sorted(mut samples: Vec<Sample>) -> Vec<Sample> {
+/// A sample with its copy index (repeated augmentation).
+type Copy = (u32, u64, u32);
+
+/// The reference with repeats: position `p` of the epoch is sample
+/// `p mod N` of the one-pass sequence, copy `(p div N) mod repeats`.
+fn reference_rank_copies(shards: &[u64], req: &PlanRequest, steps: u64) -> Vec<Copy> {
+    let sequence = reference_sequence(shards, req);
+    let n = sequence.len() as u64;
+    let per_rank = steps * u64::from(req.batch_size);
+    (u64::from(req.rank) * per_rank..u64::from(req.rank + 1) * per_rank)
+        .map(|p| {
+            let (shard, index) = sequence[(p % n) as usize];
+            (shard, index, ((p / n) % u64::from(req.repeats)) as u32)
+        })
+        .collect()
+}
+
+fn sorted<T: Ord>(mut samples: Vec<T>) -> Vec<T> {
     samples.sort_unstable();
     samples
 }
@@ -118,6 +142,62 @@ proptest! {
     }
 
     #[test]
+    fn repeats_deliver_each_copy_once_on_distinct_ranks(
+        shards in dataset(),
+        world_size in 1u32..=12,
+        batch_size in 1u32..5,
+        repeats in 1u32..=4,
+        pad in any::<bool>(),
+        start in 0u64..20,
+    ) {
+        let partition = if pad { Partition::Pad } else { Partition::DropLast };
+        let total: u64 = shards.iter().sum();
+        let global = u64::from(world_size) * u64::from(batch_size);
+        let mut ranks_of: BTreeMap<Sample, Vec<u32>> = BTreeMap::new();
+        let mut seen: BTreeMap<Copy, u32> = BTreeMap::new();
+        for rank in 0..world_size {
+            let req = PlanRequest { repeats, ..request(world_size, rank, batch_size, partition) };
+            let Ok(plan) = plan_stream(&shards, &req) else {
+                prop_assert!(total == 0 || (!pad && total * u64::from(repeats) < global));
+                return Ok(());
+            };
+            let emitted = emitted_copies(&plan);
+            prop_assert_eq!(emitted.len() as u64, plan.counts.steps * u64::from(batch_size));
+            prop_assert_eq!(
+                sorted(emitted.clone()),
+                sorted(reference_rank_copies(&shards, &req, plan.counts.steps))
+            );
+            // A resumed stream is the rest of the full one, copies included.
+            let start = start % (plan.batches + 1);
+            let resumed = plan_stream(&shards, &PlanRequest { start_batch: start, ..req }).unwrap();
+            prop_assert_eq!(
+                emitted_copies(&resumed),
+                emitted[(start * u64::from(batch_size)) as usize..].to_vec()
+            );
+            for (shard, index, copy) in emitted {
+                prop_assert!(copy < repeats);
+                *seen.entry((shard, index, copy)).or_default() += 1;
+                ranks_of.entry((shard, index)).or_default().push(rank);
+            }
+        }
+        let counts = epoch_counts(total * u64::from(repeats), world_size, batch_size, partition).unwrap();
+        if pad {
+            prop_assert_eq!(seen.len() as u64, total * u64::from(repeats));
+            let extra: u64 = seen.values().map(|&c| u64::from(c) - 1).sum();
+            prop_assert_eq!(extra, counts.padded);
+        } else {
+            prop_assert!(seen.values().all(|&c| c == 1), "a copy was delivered twice");
+            prop_assert_eq!(total * u64::from(repeats) - seen.len() as u64, counts.dropped);
+            if world_size >= repeats {
+                for (sample, ranks) in &ranks_of {
+                    let distinct: HashSet<&u32> = ranks.iter().collect();
+                    prop_assert_eq!(distinct.len(), ranks.len(), "copies of {:?} share a rank", sample);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn plans_are_deterministic_and_resume_exactly(
         shards in dataset(),
         world_size in 1u32..5,
@@ -147,14 +227,15 @@ proptest! {
         global_divisors in prop::collection::vec(prop::sample::select(vec![1u32, 2, 3, 4, 6, 12]), 2..4),
         cut_points in prop::collection::vec(0u64..100, 3),
         pad in any::<bool>(),
+        repeats in 1u32..=3,
     ) {
         // Global batch 12; world sizes drawn from its divisors.
         let global = 12u32;
         let partition = if pad { Partition::Pad } else { Partition::DropLast };
-        let total: u64 = shards.iter().sum();
+        let total: u64 = shards.iter().sum::<u64>() * u64::from(repeats);
         let Ok(counts) = epoch_counts(total, 1, global, partition) else { return Ok(()) };
         let mut position = EpochPosition::default();
-        let mut consumed: Vec<Sample> = Vec::new();
+        let mut consumed: Vec<Copy> = Vec::new();
         for (phase, &world) in global_divisors.iter().enumerate() {
             let last = phase + 1 == global_divisors.len();
             let left = counts.steps - position.steps();
@@ -162,11 +243,12 @@ proptest! {
             for rank in 0..world {
                 let req = PlanRequest {
                     resume_from: position.clone(),
+                    repeats,
                     ..request(world, rank, global / world, partition)
                 };
                 let plan = plan_stream(&shards, &req).unwrap();
                 prop_assert_eq!(plan.batches, left);
-                let emitted = emitted_samples(&plan);
+                let emitted = emitted_copies(&plan);
                 consumed.extend_from_slice(&emitted[..(batches * u64::from(global / world)) as usize]);
                 // The batch messages carry the position reached.
                 if batches > 0 {
@@ -177,10 +259,8 @@ proptest! {
             position = position.advanced(world, batches);
         }
         prop_assert_eq!(position.steps(), counts.steps);
-        let whole = reference_sequence(&shards, &request(1, 0, global, partition));
-        let expected: Vec<Sample> = (0..counts.steps * u64::from(global))
-            .map(|p| whole[(p % whole.len() as u64) as usize])
-            .collect();
+        let one_rank = PlanRequest { repeats, ..request(1, 0, global, partition) };
+        let expected = reference_rank_copies(&shards, &one_rank, counts.steps);
         prop_assert_eq!(sorted(consumed), sorted(expected));
     }
 }

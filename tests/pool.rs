@@ -500,6 +500,7 @@ fn one_sample() -> shardfeed::pool::wire::UnitSample {
             seed: 1,
             epoch: 0,
             sample: 7,
+            copy: 0,
         },
         format: ImageFormat::Jpeg,
         data: jpeg(64, 48, 1).into(),

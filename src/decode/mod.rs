@@ -280,6 +280,7 @@ mod tests {
         seed: 0,
         epoch: 0,
         sample: 0,
+        copy: 0,
     };
 
     fn decode_whole(

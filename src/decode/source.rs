@@ -305,6 +305,7 @@ mod tests {
             seed: 1,
             epoch: 2,
             sample: 3,
+            copy: 0,
         };
         let crop = spec.crop_box(500, 375, &key);
         let mut today = vec![0u8; spec.bytes()];

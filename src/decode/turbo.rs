@@ -406,6 +406,7 @@ mod tests {
                 seed: 0,
                 epoch: 0,
                 sample: 0,
+                copy: 0,
             },
         )
     }
@@ -485,6 +486,7 @@ mod tests {
                     seed: 1,
                     epoch: 0,
                     sample,
+                    copy: 0,
                 },
             );
             let mut region = vec![0u8; spec.bytes()];

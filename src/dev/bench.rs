@@ -91,6 +91,7 @@ pub(crate) fn bench_request(
             batch_size,
             shuffle: crate::plan::ShuffleConfig::default(),
             partition: crate::plan::Partition::DropLast,
+            repeats: 1,
             start_batch: 0,
             resume_from: crate::plan::EpochPosition::default(),
         },
@@ -341,6 +342,7 @@ pub async fn entitlement(
         batch_size: spec.batch_size,
         shuffle: crate::plan::ShuffleConfig::default(),
         partition: crate::plan::Partition::DropLast,
+        repeats: 1,
         start_batch: 0,
         resume_from: crate::plan::EpochPosition::default(),
     };

@@ -85,6 +85,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error +
             world_size: 1,
             batch_size: Some(options.batch_size),
             partition: 0,
+            repeats: 0,
         })
         .await?
         .into_inner();

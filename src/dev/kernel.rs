@@ -46,6 +46,7 @@ pub fn kernel_key(index: usize) -> SampleKey {
         seed: 0,
         epoch: 0,
         sample: index as u64,
+        copy: 0,
     }
 }
 

@@ -66,6 +66,7 @@ pub async fn run(spec: &MixBenchSpec) -> Result<(), BenchError> {
             batch_size: spec.batch_size,
             shuffle,
             partition: Partition::DropLast,
+            repeats: 1,
             start_batch: 0,
             resume_from: EpochPosition::default(),
         };

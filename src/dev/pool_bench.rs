@@ -37,6 +37,7 @@ fn wire_bytes(jpegs: &[bytes::Bytes], unit_samples: usize) -> (f64, f64) {
                 seed: 1,
                 epoch: 0,
                 sample: i as u64,
+                copy: 0,
             },
             format: ImageFormat::Jpeg,
             data: data.clone(),

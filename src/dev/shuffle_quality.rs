@@ -110,6 +110,7 @@ pub fn shardfeed_order(
         batch_size,
         shuffle,
         partition: Partition::DropLast,
+        repeats: 1,
         start_batch: 0,
         resume_from: EpochPosition::default(),
     };

@@ -107,6 +107,7 @@ async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), Pipeli
             sources: vec![0; size],
             source_epochs: Vec::new(),
             padded: Vec::new(),
+            copies: Vec::new(),
             crops: vec![CropBox::default(); size],
             substituted: Vec::new(),
             fields: Vec::new(),

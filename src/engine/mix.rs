@@ -11,7 +11,7 @@ use crate::pipeline::{Planned, Source};
 use crate::plan::mix::{
     plan_mix_unless, MixError, MixRequest, MixSource, MixWeights, WeightChange,
 };
-use crate::plan::{self, EpochPosition, Partition};
+use crate::plan::{self, EpochPosition};
 
 impl MixSources {
     /// The weight log the plan follows: the request's changes, then the
@@ -118,15 +118,11 @@ impl Engine {
         let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let _abandon_when_dropped = AbandonOnDrop(abandoned.clone());
         let plan = tokio::task::spawn_blocking(move || {
-            let total: u64 = sources
-                .iter()
-                .map(|s| s.shard_samples.iter().sum::<u64>())
-                .sum();
-            let steps = plan::epoch_counts(
-                total,
+            let steps = plan::mix::stream_epoch_counts(
+                &sources,
+                plan_request.repeats,
                 plan_request.world_size,
                 plan_request.batch_size,
-                Partition::DropLast,
             )?
             .steps;
             if first_index > steps {
@@ -148,6 +144,7 @@ impl Engine {
                     world_size: plan_request.world_size,
                     batch_size: plan_request.batch_size,
                     sources,
+                    repeats: plan_request.repeats,
                     weights,
                     history,
                     start_batch: first_index,

@@ -190,6 +190,8 @@ pub type StreamProducer =
 #[derive(Debug, Clone)]
 pub struct DatasetSummary {
     pub shards: u64,
+    /// The dataset's samples (the counts hold every copy of each).
+    pub samples: u64,
     pub total_bytes: u64,
     pub counts: EpochCounts,
     /// Label `i`'s name is `classes[i]` (empty: no names known).
@@ -307,19 +309,24 @@ impl Engine {
         self.decoder.name()
     }
 
-    /// Sizes of `dataset` and its epoch counts at this world and batch size.
+    /// Sizes of `dataset` and its epoch counts at this world and batch size,
+    /// with `repeats` copies of each sample.
     pub async fn describe(
         &self,
         dataset: &str,
         world_size: u32,
         batch_size: u32,
         partition: Partition,
+        repeats: u32,
     ) -> Result<DatasetSummary, EngineError> {
+        plan::validate_repeats(repeats)?;
         let dataset = self.registry.open(dataset).await?;
-        let counts =
-            plan::epoch_counts(dataset.index.samples(), world_size, batch_size, partition)?;
+        let samples = dataset.index.samples();
+        let copies = samples * u64::from(repeats);
+        let counts = plan::epoch_counts(copies, world_size, batch_size, partition)?;
         Ok(DatasetSummary {
             shards: dataset.index.shards.len() as u64,
+            samples,
             total_bytes: dataset.index.bytes(),
             counts,
             classes: dataset.index.classes.clone(),

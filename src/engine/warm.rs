@@ -77,6 +77,7 @@ pub async fn warm_decoded(
         },
         // Every sample, the last batch padded with repeats (hits).
         partition: Partition::Pad,
+        repeats: 1,
         start_batch: 0,
         resume_from: EpochPosition::default(),
     };

@@ -17,7 +17,7 @@ use super::sample::EmittedSample;
 use super::substitute::{batch_fields, copy_placed_image, substitute_failures};
 use super::{remote, shm};
 use crate::dataset::Dataset;
-use crate::decode::{self, CropBox, SampleKey};
+use crate::decode::{self, CropBox};
 use crate::metrics;
 use crate::pool::wire::SampleAnswer;
 use crate::shard::Label;
@@ -79,11 +79,7 @@ impl SampleDecoder {
             }
         };
         let origin = &emitted.origin;
-        let key = SampleKey {
-            seed: origin.seed,
-            epoch: origin.epoch,
-            sample: emitted.identity(),
-        };
+        let key = emitted.augment_key();
         if let Some(slot) = placement.client {
             slot.mode.fill(data, out);
             let sample = slot.sample;
@@ -301,6 +297,11 @@ impl BatchWork {
             padded: (0..samples.len() as u32)
                 .filter(|&slot| samples[slot as usize].padding)
                 .collect(),
+            copies: if samples.iter().any(|e| e.copy != 0) {
+                samples.iter().map(|e| e.copy).collect()
+            } else {
+                Vec::new()
+            },
             // The samples are done with: move their keys rather than copy them.
             keys: samples
                 .into_iter()

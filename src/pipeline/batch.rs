@@ -43,6 +43,9 @@ pub struct DecodedBatch {
     pub source_epochs: Vec<u64>,
     /// Slots holding a repeat that pads the epoch (partition pad).
     pub padded: Vec<u32>,
+    /// Per slot, the sample's copy index (repeated augmentation); empty
+    /// when every slot holds copy 0.
+    pub copies: Vec<u32>,
     /// Per slot: the source box the image came from and whether it was
     /// flipped (a substitute carries its source's).
     pub crops: Vec<CropBox>,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::context::StreamCommon;
 use super::encoded::Delivery;
 use super::sample::EmittedSample;
-use crate::decode::{OutputSpec, SampleKey};
+use crate::decode::OutputSpec;
 use crate::metrics::pool as pool_metrics;
 use crate::pool::client::UnitAnswer;
 use crate::pool::wire::UnitSample;
@@ -113,13 +113,8 @@ fn unit_sample(emitted: &EmittedSample) -> Option<UnitSample> {
         return None;
     }
     let (format, data) = emitted.sample.image.as_ref()?;
-    let origin = &emitted.origin;
     Some(UnitSample {
-        key: SampleKey {
-            seed: origin.seed,
-            epoch: origin.epoch,
-            sample: emitted.identity(),
-        },
+        key: emitted.augment_key(),
         format: *format,
         data: data.clone(),
     })

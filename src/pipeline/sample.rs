@@ -25,6 +25,8 @@ pub(crate) struct EmittedSample {
     pub shard: u32,
     /// A repeat that pads the epoch.
     pub padding: bool,
+    /// Which copy of the sample this is (repeated augmentation; else 0).
+    pub copy: u32,
     pub origin: Arc<SampleOrigin>,
     pub sample: RawSample,
 }
@@ -38,5 +40,16 @@ impl EmittedSample {
             &self.origin.dataset.index.shards[self.shard as usize].name,
             &self.sample.key,
         )
+    }
+
+    /// What the sample's decisions are keyed by: its stream's seed and epoch
+    /// (its source's, mixed), its identity and its copy.
+    pub fn augment_key(&self) -> crate::decode::augment::SampleKey {
+        crate::decode::augment::SampleKey {
+            seed: self.origin.seed,
+            epoch: self.origin.epoch,
+            sample: self.identity(),
+            copy: self.copy,
+        }
     }
 }

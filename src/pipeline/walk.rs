@@ -85,6 +85,7 @@ impl<'a> SampleWalker<'a> {
                     return Ok(Some(EmittedSample {
                         shard: segment.shard,
                         padding: segment.padding,
+                        copy: segment.copy,
                         origin: self.origin.clone(),
                         sample: raw,
                     }));

@@ -16,6 +16,10 @@ pub struct Segment {
     /// Past the epoch's end, wrapped to its start (pad mode): these samples
     /// repeat ones the epoch already has, and batches mark them.
     pub padding: bool,
+    /// Which of the epoch's passes over the shards this run belongs to
+    /// (`0..repeats`): with repeated augmentation each pass is one copy of
+    /// every sample, and the copy index keys the sample's own decisions.
+    pub copy: u32,
 }
 
 impl Segment {
@@ -28,10 +32,12 @@ impl Segment {
     }
 }
 
-/// The epoch's sample sequence: shards in (possibly permuted) order.
+/// The epoch's sample sequence: shards in (possibly permuted) order, passed
+/// over `repeats` times (one pass a copy of every sample).
 #[derive(Debug, Clone)]
 pub struct EpochLayout {
     order: Vec<u32>,
+    repeats: u32,
     /// `starts[i]` is the sequence position of the first sample of `order[i]`.
     starts: Vec<u64>,
     total: u64,
@@ -39,7 +45,7 @@ pub struct EpochLayout {
 }
 
 impl EpochLayout {
-    pub fn new(shard_samples: &[u64], seed: u64, epoch: u64, shuffle: bool) -> Self {
+    pub fn new(shard_samples: &[u64], seed: u64, epoch: u64, shuffle: bool, repeats: u32) -> Self {
         let mut order: Vec<u32> = (0..shard_samples.len() as u32).collect();
         if shuffle {
             Rng::derive(&[seed, epoch, PURPOSE_SHARD_ORDER]).shuffle(&mut order);
@@ -52,14 +58,21 @@ impl EpochLayout {
         }
         Self {
             order,
+            repeats: repeats.max(1),
             starts,
             total,
             shard_samples: shard_samples.to_vec(),
         }
     }
 
+    /// Samples in one pass (the dataset's size).
     pub fn total(&self) -> u64 {
         self.total
+    }
+
+    /// Positions in the epoch's sequence before padding: every pass.
+    pub fn repeated_total(&self) -> u64 {
+        self.total * u64::from(self.repeats)
     }
 
     /// The shard order of this epoch.
@@ -67,8 +80,12 @@ impl EpochLayout {
         &self.order
     }
 
-    /// Segments covering positions `[from, to)`; positions past the end wrap
-    /// around to the start (pad mode).
+    /// Segments covering positions `[from, to)`. Position `p` is sample
+    /// `p mod total` of copy `(p div total) mod repeats`: the passes follow
+    /// each other, so a contiguous range of positions stays a sequential
+    /// read, and the `repeats` copies of a sample lie one pass apart (on
+    /// `repeats` different ranks wherever a rank's share is at most a pass).
+    /// Positions past every pass wrap to the start (pad mode).
     pub fn segments(&self, from: u64, to: u64) -> Vec<Segment> {
         let mut segments = Vec::new();
         let mut position = from;
@@ -84,7 +101,8 @@ impl EpochLayout {
                 shard,
                 start,
                 end: start + take,
-                padding: position >= self.total,
+                padding: position >= self.repeated_total(),
+                copy: ((position / self.total) % u64::from(self.repeats)) as u32,
             });
             position += take;
         }

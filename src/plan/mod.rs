@@ -8,7 +8,12 @@
 //!
 //! The rules, in order:
 //! 1. **Shard order.** The epoch's sample sequence is the shards' samples in
-//!    stored order, shards permuted by (seed, epoch) when shuffling.
+//!    stored order, shards permuted by (seed, epoch) when shuffling. With
+//!    repeated augmentation (`repeats = k`) the sequence is that pass `k`
+//!    times over, pass `c` being copy `c` of every sample: `N = k × samples`
+//!    below, and a sample's copies lie a pass apart, so they go to `k`
+//!    different ranks whenever a rank's share is at most a pass (world size
+//!    at least `k`).
 //! 2. **Partition.** With global batch `G = world_size * batch_size`, the
 //!    epoch has `steps = floor(N / G)` (drop_last) or `ceil(N / G)` (pad)
 //!    steps. Rank `r` takes the contiguous positions
@@ -45,6 +50,9 @@ pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 20;
 pub const MAX_INTERLEAVE: u32 = 256;
 /// Largest world size planned for (requests and resume positions alike).
 pub const MAX_WORLD_SIZE: u32 = 1 << 16;
+/// Most copies of each sample an epoch may hold (repeated augmentation;
+/// the recipes use 3 or 4): each copy is a pass over the shards' bytes.
+pub const MAX_REPEATS: u32 = 16;
 /// Most world-size changes within one epoch a resume position may hold.
 pub const MAX_RESUME_PHASES: usize = 64;
 
@@ -119,6 +127,8 @@ pub struct PlanRequest {
     pub batch_size: u32,
     pub shuffle: ShuffleConfig,
     pub partition: Partition,
+    /// Copies of every sample in the epoch (1: none repeated).
+    pub repeats: u32,
     /// Batches to skip after `resume_from`.
     pub start_batch: u64,
     pub resume_from: EpochPosition,
@@ -146,6 +156,8 @@ pub enum PlanError {
         world_size: u32,
         batch_size: u32,
     },
+    #[error("repeats {0} is out of range: 1 to {MAX_REPEATS} copies of each sample an epoch")]
+    Repeats(u32),
     #[error("shuffle_buffer {0} exceeds the maximum {MAX_SHUFFLE_BUFFER}")]
     ShuffleBufferTooLarge(u32),
     #[error("interleave {0} exceeds the maximum {MAX_INTERLEAVE}")]
@@ -275,6 +287,14 @@ pub fn validate_shuffle(shuffle: ShuffleConfig) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Checks the copies asked for against their bounds.
+pub fn validate_repeats(repeats: u32) -> Result<(), PlanError> {
+    if repeats == 0 || repeats > MAX_REPEATS {
+        return Err(PlanError::Repeats(repeats));
+    }
+    Ok(())
+}
+
 /// Plans one rank's stream. `shard_samples[i]` is the sample count of shard i.
 pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<StreamPlan, PlanError> {
     let PlanRequest {
@@ -285,17 +305,18 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
         batch_size,
         shuffle,
         partition,
+        repeats,
         start_batch,
         ref resume_from,
     } = *request;
     validate_shuffle(shuffle)?;
+    validate_repeats(repeats)?;
     let shuffle = shuffle.effective();
-    let total: u64 = shard_samples.iter().sum();
-    let counts = epoch_counts(total, world_size, batch_size, partition)?;
+    let layout = EpochLayout::new(shard_samples, seed, epoch, shuffle.enabled, repeats);
+    let counts = epoch_counts(layout.repeated_total(), world_size, batch_size, partition)?;
     if rank >= world_size {
         return Err(PlanError::RankOutOfRange { rank, world_size });
     }
-    let layout = EpochLayout::new(shard_samples, seed, epoch, shuffle.enabled);
     let global_batch = counts.global_batch;
     let resume = resume_from.normalized();
     // Planning walks every rank of every phase: the phase count is bounded
@@ -514,6 +535,14 @@ pub fn next_epoch_shard_sequence(
 /// The samples a plan emits, in order, as (shard, index) pairs. For tests and
 /// tools: it walks the whole stream.
 pub fn emitted_samples(plan: &StreamPlan) -> Vec<(u32, u64)> {
+    emitted_copies(plan)
+        .into_iter()
+        .map(|(shard, index, _)| (shard, index))
+        .collect()
+}
+
+/// [`emitted_samples`] with each sample's copy index: (shard, index, copy).
+pub fn emitted_copies(plan: &StreamPlan) -> Vec<(u32, u64, u32)> {
     let mut out = Vec::with_capacity(plan.samples() as usize);
     for slice in plan.resumed_slices() {
         let rank_plan = slice.rank_plan;
@@ -522,10 +551,8 @@ pub fn emitted_samples(plan: &StreamPlan) -> Vec<(u32, u64)> {
             Step::Pull(_) => None,
         });
         for sample in emits.take(slice.emits as usize) {
-            out.push((
-                rank_plan.segments[sample.segment as usize].shard,
-                sample.index,
-            ));
+            let segment = &rank_plan.segments[sample.segment as usize];
+            out.push((segment.shard, sample.index, segment.copy));
         }
     }
     out

@@ -12,10 +12,11 @@ pub use crate::proto::pool::v1 as pb;
 pub const BUILD_HEADER: &str = "shardfeed-pool-build";
 
 /// The unit's wire revision: 2 carries the service's `Augmentation` and
-/// `CropBox`; 3 their policy, jitter, grayscale and erasing fields. Builds
+/// `CropBox`; 3 their policy, jitter, grayscale and erasing fields; 4 the
+/// sample's copy index (repeated augmentation). Builds
 /// of one crate version on either side of a change meet in a rolling
 /// update, and must refuse each other rather than misread.
-const WIRE_REVISION: u32 = 3;
+const WIRE_REVISION: u32 = 4;
 
 /// What a unit's pixels depend on besides the unit: the crate's version
 /// (crop boxes, resize kernels), the unit's wire, the op table (a build
@@ -122,6 +123,7 @@ pub fn unit_to_wire(unit_id: u64, spec: &OutputSpec, samples: &[UnitSample]) -> 
                 seed: sample.key.seed,
                 epoch: sample.key.epoch,
                 sample: sample.key.sample,
+                copy: sample.key.copy,
                 format: format_to_wire(sample.format) as i32,
                 data: sample.data.clone(),
             })

@@ -296,6 +296,7 @@ fn decode_unit(
                 seed: sample.seed,
                 epoch: sample.epoch,
                 sample: sample.sample,
+                copy: sample.copy,
             };
             match decode::decode_bounded(decoder, scratch, format, &sample.data, spec, &key, out) {
                 Ok(crop) => SampleAnswer::Decoded(crop),

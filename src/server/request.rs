@@ -83,6 +83,7 @@ pub fn stream_request(
         batch_size,
         shuffle,
         partition: partition(request.partition)?,
+        repeats: request.repeats.max(1),
         start_batch: request.start_batch,
         resume_from,
     };

@@ -318,6 +318,7 @@ impl BatchStream {
             sample_source_epochs,
             shards: batch.shards,
             padded: batch.padded,
+            copies: batch.copies,
             crops: batch.crops.iter().map(|crop| crop.to_wire()).collect(),
             fields: self
                 .field_names
@@ -549,11 +550,17 @@ impl Shardfeed for ShardfeedService {
             let _checked_folder = self.check_allowed(&request.dataset)?;
             let engine = self.engine.get()?;
             let summary = engine
-                .describe(&request.dataset, world_size, batch_size, partition)
+                .describe(
+                    &request.dataset,
+                    world_size,
+                    batch_size,
+                    partition,
+                    request.repeats.max(1),
+                )
                 .await?;
             Ok::<_, ServiceError>(pb::DescribeResponse {
                 shards: summary.shards,
-                samples: summary.counts.samples,
+                samples: summary.samples,
                 batches_per_rank: summary.counts.steps,
                 dropped_per_epoch: summary.counts.dropped,
                 padded_per_epoch: summary.counts.padded,

@@ -236,6 +236,7 @@ fn plan_field(error: &PlanError) -> &'static str {
         PlanError::RankOutOfRange { .. } => "rank",
         PlanError::EmptyDataset => "dataset",
         PlanError::ShuffleBufferTooLarge(_) => "shuffle_buffer",
+        PlanError::Repeats(_) => "repeats",
         PlanError::InterleaveTooLarge(_) => "interleave",
         PlanError::ResumeWorldSize { .. }
         | PlanError::TooManyResumePhases(_)

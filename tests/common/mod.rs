@@ -339,6 +339,7 @@ pub async fn describe(
             world_size,
             batch_size: Some(batch_size),
             partition: pb::Partition::DropLast as i32,
+            repeats: 0,
         })
         .await
         .unwrap()

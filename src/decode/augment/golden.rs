@@ -259,6 +259,7 @@ fn write_golden_vectors() {
                 seed: 5,
                 epoch: 1,
                 sample: crate::hash::fmix64(sample + 100),
+                copy: 0,
             };
             writer.case(name, &spec, spec.crop_box(224, 224, &key));
         }

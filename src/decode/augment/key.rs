@@ -6,6 +6,9 @@ use crate::plan::rng::Rng;
 
 /// Keeps the augmentation stream independent of the plan's streams.
 const PURPOSE_AUGMENT: u64 = 3;
+/// Keys the draws of a sample's second and later copies (repeated
+/// augmentation): copy 0 keeps the keys it had before copies existed.
+const PURPOSE_AUGMENT_COPY: u64 = 4;
 
 /// What the augmentation of one sample is keyed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,23 +17,40 @@ pub struct SampleKey {
     pub epoch: u64,
     /// [`sample_identity`] of the sample.
     pub sample: u64,
+    /// Which of the epoch's copies of the sample (repeated augmentation):
+    /// each copy draws its own decisions.
+    pub copy: u32,
 }
 
 impl SampleKey {
-    /// The one generator the crop and then each op draw from, in order.
+    /// The generator the crop and then the flip draw from, in order.
     pub fn generator(&self) -> Rng {
-        Rng::derive(&[self.seed, self.epoch, PURPOSE_AUGMENT, self.sample])
+        match self.copy {
+            0 => Rng::derive(&[self.seed, self.epoch, PURPOSE_AUGMENT, self.sample]),
+            copy => Rng::derive(&[
+                self.seed,
+                self.epoch,
+                PURPOSE_AUGMENT_COPY,
+                self.sample,
+                u64::from(copy),
+            ]),
+        }
     }
 
     /// The generator of one op after the flip, keyed by its name.
     pub fn op_generator(&self, op: &str) -> Rng {
-        Rng::derive(&[
-            self.seed,
-            self.epoch,
-            PURPOSE_AUGMENT,
-            self.sample,
-            fnv1a(op.bytes()),
-        ])
+        let op = fnv1a(op.bytes());
+        match self.copy {
+            0 => Rng::derive(&[self.seed, self.epoch, PURPOSE_AUGMENT, self.sample, op]),
+            copy => Rng::derive(&[
+                self.seed,
+                self.epoch,
+                PURPOSE_AUGMENT_COPY,
+                self.sample,
+                u64::from(copy),
+                op,
+            ]),
+        }
     }
 }
 
@@ -49,4 +69,32 @@ pub fn uniform(rng: &mut Rng) -> f64 {
 /// Uniform in `[low, high)`.
 pub fn uniform_in(rng: &mut Rng, (low, high): (f64, f64)) -> f64 {
     low + (high - low) * uniform(rng)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Copy 0 keeps the generators it had before copies existed (so a
+    /// stream without repeats draws what it always drew); every other copy
+    /// draws afresh, for the crop and for each op.
+    #[test]
+    fn each_copy_draws_its_own_decisions_and_copy_zero_is_unchanged() {
+        let key = |copy| SampleKey {
+            seed: 11,
+            epoch: 2,
+            sample: 99,
+            copy,
+        };
+        let before = Rng::derive(&[11, 2, PURPOSE_AUGMENT, 99]).next_u64();
+        assert_eq!(key(0).generator().next_u64(), before);
+        let firsts: Vec<u64> = (0..4).map(|c| key(c).generator().next_u64()).collect();
+        let ops: Vec<u64> = (0..4)
+            .map(|c| key(c).op_generator("trivial_augment").next_u64())
+            .collect();
+        for draws in [&firsts, &ops] {
+            let distinct: std::collections::HashSet<_> = draws.iter().collect();
+            assert_eq!(distinct.len(), draws.len(), "{draws:?}");
+        }
+    }
 }

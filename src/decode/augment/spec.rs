@@ -177,6 +177,7 @@ mod tests {
             seed: 7,
             epoch: 0,
             sample,
+            copy: 0,
         }
     }
 

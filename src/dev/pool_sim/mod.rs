@@ -229,6 +229,7 @@ async fn fill_batch(
                         seed: 0,
                         epoch: 0,
                         sample: id,
+                        copy: 0,
                     },
                     format: ImageFormat::Jpeg,
                     data: Bytes::new(),

@@ -280,6 +280,8 @@ pub struct MixRequest {
     pub world_size: u32,
     pub batch_size: u32,
     pub sources: Vec<MixSource>,
+    /// Copies of every sample in each source-epoch (rule 4; 1: none).
+    pub repeats: u32,
     /// The weight log: the first change is at step 0; steps increase.
     pub weights: Vec<WeightChange>,
     /// The world sizes the stream ran at before, from its step 0, oldest
@@ -345,8 +347,9 @@ pub struct MixPlan {
     pub batch_size: u32,
     sources: Vec<MixSource>,
     seeds: Vec<u64>,
-    /// Samples of each source.
+    /// Samples of each source-epoch (its samples × `repeats`).
     samples: Vec<u64>,
+    repeats: u32,
     queues: Vec<SourceQueue>,
     counts: GlobalCounts,
 }
@@ -392,6 +395,22 @@ pub const MAX_PLANNED_STEPS: u64 = 1 << 25;
 /// How many steps the walk takes between looks at its abandon flag.
 const STEPS_BETWEEN_CHECKS: u64 = 1 << 16;
 
+/// A stream epoch's counts (rule 5): as many steps as the sources hold
+/// samples together, each sample counted once a copy.
+pub fn stream_epoch_counts(
+    sources: &[MixSource],
+    repeats: u32,
+    world_size: u32,
+    batch_size: u32,
+) -> Result<super::EpochCounts, PlanError> {
+    super::validate_repeats(repeats)?;
+    let total: u64 = sources
+        .iter()
+        .map(|s| s.shard_samples.iter().sum::<u64>() * u64::from(repeats))
+        .sum();
+    super::epoch_counts(total, world_size, batch_size, Partition::DropLast)
+}
+
 pub fn plan_mix(request: &MixRequest) -> Result<MixPlan, MixError> {
     plan_mix_unless(request, &std::sync::atomic::AtomicBool::new(false))
 }
@@ -410,14 +429,10 @@ pub fn plan_mix_unless(
         rank,
         world_size,
         batch_size,
+        repeats,
         ..
     } = *request;
-    let total: u64 = request
-        .sources
-        .iter()
-        .map(|s| s.shard_samples.iter().sum::<u64>())
-        .sum();
-    let stream = super::epoch_counts(total, world_size, batch_size, Partition::DropLast)?;
+    let stream = stream_epoch_counts(&request.sources, repeats, world_size, batch_size)?;
     if rank >= world_size {
         return Err(PlanError::RankOutOfRange { rank, world_size }.into());
     }
@@ -432,7 +447,7 @@ pub fn plan_mix_unless(
         .unwrap_or(world_size);
     for (index, source) in request.sources.iter().enumerate() {
         super::validate_shuffle(source.shuffle)?;
-        let total: u64 = source.shard_samples.iter().sum();
+        let total = source.shard_samples.iter().sum::<u64>() * u64::from(repeats);
         if total < u64::from(largest_world) {
             return Err(MixError::SourceTooSmall {
                 index,
@@ -543,6 +558,7 @@ pub fn plan_mix_unless(
         sources: request.sources.clone(),
         seeds,
         samples,
+        repeats,
         queues,
         counts,
     })
@@ -610,6 +626,7 @@ impl MixPlan {
                 batch_size: 1,
                 shuffle: source.shuffle,
                 partition: Partition::DropLast,
+                repeats: self.repeats,
                 start_batch: from,
                 resume_from: Default::default(),
             },
@@ -640,6 +657,8 @@ pub struct MixedSample {
     pub source_epoch: u64,
     pub shard: u32,
     pub index: u64,
+    /// The copy (repeated augmentation; else 0).
+    pub copy: u32,
 }
 
 /// The samples a mixed plan emits, batch by batch. For tests and tools: it
@@ -655,13 +674,14 @@ pub fn emitted_mix(plan: &MixPlan) -> Result<Vec<Vec<MixedSample>>, PlanError> {
             while (queues[k].len() as u64) < count {
                 let slice = slices[k].next().expect("fresh parts never end");
                 let part = plan.part_plan(k, slice.part)?;
-                let emitted = super::emitted_samples(&part);
+                let emitted = super::emitted_copies(&part);
                 queues[k].extend(emitted[slice.from as usize..slice.to as usize].iter().map(
-                    |&(shard, index)| MixedSample {
+                    |&(shard, index, copy)| MixedSample {
                         source: k as u32,
                         source_epoch: slice.part.epoch,
                         shard,
                         index,
+                        copy,
                     },
                 ));
             }

@@ -112,6 +112,7 @@ fn request(
         rank,
         world_size,
         batch_size,
+        repeats: 1,
         sources: sources
             .iter()
             .enumerate()
@@ -188,6 +189,7 @@ proptest! {
         world_size in 1u32..5,
         batch_size in 1u32..9,
         sizes in prop::collection::vec(prop::collection::vec(1u64..12, 1..5), 5),
+        repeats in 1u32..=3,
     ) {
         let sources: Vec<Vec<u64>> = sizes[..w.len()].to_vec();
         prop_assume!(sources.iter().all(|s| s.iter().sum::<u64>() >= u64::from(world_size)));
@@ -199,6 +201,7 @@ proptest! {
             for epoch in 0..3 {
                 let plan = plan_mix(&MixRequest {
                     epoch,
+                    repeats,
                     ..request(&sources, changes.clone(), world_size, rank, batch_size)
                 });
                 let Ok(plan) = plan else {
@@ -218,8 +221,10 @@ proptest! {
             }
         }
         for ((source, epoch), samples) in &seen {
-            let total: u64 = sources[*source as usize].iter().sum();
+            // A source-epoch is every copy of each of its samples.
+            let total = sources[*source as usize].iter().sum::<u64>() * u64::from(repeats);
             let part = total / u64::from(world_size);
+            prop_assert!(samples.iter().all(|s| s.copy < repeats));
             let mut unique = samples.clone();
             unique.sort_unstable();
             unique.dedup();

@@ -400,6 +400,7 @@ mod tests {
                 seed: 0,
                 epoch: 0,
                 sample: i as u64,
+                copy: 0,
             };
             tier.offer(ImageFormat::Jpeg, image, &spec, &augment, &sample);
         }

@@ -159,7 +159,10 @@ class Client:
         world_size: int | None = None,
         batch_size: int = 128,
         partition: Partition = "drop_last",
+        repeats: int = 1,
     ) -> DatasetInfo:
+        """The dataset's size and its epoch's counts for a stream of this
+        world size, batch size, partition and ``repeats``."""
         if world_size is None:
             world_size = distributed_rank_and_world()[1]
         request = pb.DescribeRequest(
@@ -167,6 +170,7 @@ class Client:
             world_size=world_size,
             batch_size=batch_size,
             partition=_partition(partition),
+            repeats=repeats,
         )
         reconnect = Reconnect(self._channel, self._reconnect_timeout, "Describe")
         while True:
@@ -287,6 +291,14 @@ class Client:
         ``host_pinning``: registers each shared-memory ring with a device
         runtime once, when it is mapped (``ShardfeedDataset(device="cuda")``
         passes CUDA's), so copies out of it run asynchronously.
+
+        ``repeats=k`` (repeated augmentation, as the DeiT and torchvision
+        recipes' ``--ra-reps``): every sample ``k`` times an epoch, each copy
+        with crops and ops of its own (``Batch.copies`` says which copy a
+        sample is), a sample's copies on ``k`` different ranks when
+        ``world_size >= k``. The epoch is ``k`` passes over the data (where
+        torchvision's ``RASampler`` keeps one pass's length: see
+        docs/AUGMENTATION.md). Resume and elastic resume stay exact.
         """
         settings = stream_options(options, **keywords)
         request = stream_request(

@@ -18,6 +18,8 @@ from ._shm import HostPinning
 from ._wire import ShareSearch
 
 Partition = Literal["drop_last", "pad"]
+# The server's bound on copies of each sample an epoch (plan::MAX_REPEATS).
+MAX_REPEATS = 16
 Resize = Literal["center_crop", "stretch"]
 Transport = Literal["auto", "inline", "shared_memory"]
 ServerFraction = Union[float, Literal["auto"], None]
@@ -155,6 +157,8 @@ class StreamOptions:
     server with a tier directory uses it); ``0`` asks for no tier.
     ``host_pinning``: registers each
     shared-memory ring with a device runtime once, when it is mapped.
+    ``repeats=k`` (repeated augmentation, 1 to 16): every sample ``k`` times
+    an epoch, each copy with decisions of its own (``Batch.copies``).
     """
 
     shuffle: Shuffle = field(default_factory=Shuffle)
@@ -167,9 +171,16 @@ class StreamOptions:
     decoded_source: int | None = None
     decoded_source_from_epoch: int | None = None
     host_pinning: HostPinning | None = None
+    repeats: int = 1
 
     def __post_init__(self) -> None:
         _check_choice("partition", self.partition, Partition)
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int):
+            raise TypeError(f"repeats is a whole number, not {self.repeats!r}")
+        if not 1 <= self.repeats <= MAX_REPEATS:
+            raise ValueError(
+                f"repeats must be 1 to {MAX_REPEATS} copies of each sample, not {self.repeats}"
+            )
         _check_choice("resize", self.resize, Resize)
         _check_choice("transport", self.transport, Transport)
         if self.decoded_source_from_epoch is not None and self.decoded_source_from_epoch < 0:
@@ -234,6 +245,7 @@ _KEYWORDS: dict[str, tuple[str | None, str]] = {
     "decoded_source": (None, "decoded_source"),
     "decoded_source_from_epoch": (None, "decoded_source_from_epoch"),
     "host_pinning": (None, "host_pinning"),
+    "repeats": (None, "repeats"),
 }
 
 # A keyword naming a whole group takes the group's object too.

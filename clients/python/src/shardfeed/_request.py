@@ -101,6 +101,7 @@ def stream_request(
         interleave=stream.shuffle.interleave,
         transport=_TRANSPORTS[transport],
         layout=stream.layout.to_message(),
+        repeats=stream.repeats,
     )
     augmentation = _augment(augment, image_size)
     if augmentation is not None:

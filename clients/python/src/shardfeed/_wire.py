@@ -260,6 +260,9 @@ class Batch:
     # them (then `images` is empty, shape (0, H, W, C)); decode them with
     # `shardfeed.decode.BatchDecoder`. None for decoded batches.
     encoded: EncodedImages | None = None
+    # repeats=k, per sample: which of its k copies this epoch it is (each
+    # copy has decisions of its own). Empty when every sample is copy 0.
+    copies: list[int] = field(default_factory=list)
     # The wire's per-sample decisions and the stream's augmentation, which
     # `ops` reads (kept raw: most trainers never ask).
     decisions: tuple[Any, Any] | None = field(default=None, repr=False, compare=False)
@@ -477,6 +480,7 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         sources=list(message.sample_sources),
         source_epochs=list(message.sample_source_epochs),
         encoded=encoded,
+        copies=list(message.copies),
         decisions=(
             message.crops,
             message.augmentation if message.HasField("augmentation") else None,

@@ -8,7 +8,8 @@ exactly once across ranks (per source-epoch for a mix), equal batches per
 rank, an order of its own, and batches byte-identical to an uninterrupted
 run after any resume or restart.
 
-A sample's identity is its label: the ledger's datasets give every sample a
+A sample's identity is its label (with ``repeats=k``, its label and its
+copy index: each copy is delivered exactly once): the ledger's datasets give every sample a
 label of its own (a source's labels in a range of their own), so tuple
 output, which is all accelerate's dispatch can concatenate, still names it.
 A substituted slot carries its stand-in's label: there the identity is read
@@ -47,6 +48,8 @@ class Delivery:
     # slots) and those of the substituted slots.
     samples: tuple[int, ...] = ()
     substituted: tuple[int, ...] = ()
+    # Per slot, the sample's copy index (repeated augmentation; else 0).
+    copies: tuple[int, ...] = ()
 
 
 def label_of_key(key: str) -> int:
@@ -74,12 +77,14 @@ class Ledger:
         """Records a batch: a ShardfeedDataset dict, or ``(images, labels)``
         with ``epoch`` given by the loop."""
         substituted: list[int] = []
+        copies: list[int] = []
         if isinstance(batch, Mapping):
             images, labels = batch["images"], batch["labels"]
             epoch = int(batch["epoch"]) if epoch is None else epoch
             source_epochs = tuple(int(e) for e in batch["source_epochs"].tolist())
             mask = batch["substituted"].tolist()
             substituted = [slot for slot, taken in enumerate(mask) if taken]
+            copies = [int(c) for c in batch["copies"].tolist()]
         else:
             images, labels = batch
             source_epochs = ()
@@ -101,6 +106,7 @@ class Ledger:
             "digest": digest,
             "samples": samples,
             "substituted": [samples[slot] for slot in substituted],
+            "copies": copies or [0] * len(labels_list),
         }
         with self._file.open("a") as out:
             out.write(json.dumps(line) + "\n")
@@ -125,6 +131,7 @@ def read(directory: str | Path, run: str) -> list[Delivery]:
                     value["digest"],
                     tuple(value["samples"]),
                     tuple(value["substituted"]),
+                    tuple(value["copies"]),
                 )
             )
     return out
@@ -160,6 +167,9 @@ class Expected:
     # Samples whose images are corrupt: each substituted wherever it is
     # delivered, and no other sample substituted.
     corrupt: frozenset[int] = frozenset()
+    # Copies of each sample an epoch (repeated augmentation): each
+    # (sample, copy) exactly once.
+    repeats: int = 1
 
 
 def check(deliveries: Sequence[Delivery], expected: Expected) -> Verdict:
@@ -187,11 +197,14 @@ def check(deliveries: Sequence[Delivery], expected: Expected) -> Verdict:
             verdict.problems.append(f"epoch {epoch} replays the previous epoch's order")
         previous_order = order
     # Exactly once, per source and source-epoch (one dataset: the epoch).
-    seen: dict[tuple[int, int], Counter[int]] = defaultdict(Counter)
+    seen: dict[tuple[int, int], Counter[tuple[int, int]]] = defaultdict(Counter)
     substituted: dict[int, set[int]] = defaultdict(set)
     for delivery in deliveries:
-        for label, source_epoch in zip(delivery.samples, delivery.source_epochs):
-            seen[(label // SOURCE_LABELS, source_epoch)][label] += 1
+        copies = delivery.copies or (0,) * len(delivery.samples)
+        for label, source_epoch, copy in zip(delivery.samples, delivery.source_epochs, copies):
+            if not 0 <= copy < expected.repeats:
+                verdict.problems.append(f"sample {label}: copy {copy} of {expected.repeats}")
+            seen[(label // SOURCE_LABELS, source_epoch)][(label, copy)] += 1
         substituted[delivery.epoch].update(delivery.substituted)
     for epoch in sorted(by_epoch):
         wrongly = substituted[epoch] - expected.corrupt
@@ -213,7 +226,12 @@ def check(deliveries: Sequence[Delivery], expected: Expected) -> Verdict:
         # A source-epoch that a later one followed was streamed to its end.
         followed = (source, source_epoch + 1) in seen
         if expected.whole_epochs and (followed or len(expected.sources) == 1):
-            missing = set(expected.sources[source]) - set(counts)
+            every_copy = {
+                (label, copy)
+                for label in expected.sources[source]
+                for copy in range(expected.repeats)
+            }
+            missing = every_copy - set(counts)
             if missing:
                 verdict.losses += len(missing)
                 verdict.problems.append(

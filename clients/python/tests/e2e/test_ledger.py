@@ -263,9 +263,18 @@ ENCODED_SIZE = 32
 RECIPE = Augment.train(
     auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
 )
-MIXED = ("mix", "recipe_mix")
-POOLED = ("pool", "recipe_pool")
+MIXED = ("mix", "recipe_mix", "repeats_mix")
+POOLED = ("pool", "recipe_pool", "repeats_pool")
+# Repeated augmentation: every sample twice an epoch, each copy its own crop.
+REPEATS = 2
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
+    "repeats": dict(augment="train", repeats=REPEATS),
+    "repeats_mix": dict(augment="train", repeats=REPEATS),
+    "repeats_pool": dict(augment="train", repeats=REPEATS),
+    # The client decodes each copy with the copy's own box and flip.
+    "repeats_encoded": dict(
+        augment="train", repeats=REPEATS, decode="client", image_size=ENCODED_SIZE
+    ),
     "recipe": dict(augment=RECIPE),
     "recipe_mix": dict(augment=RECIPE),
     # The ops travel in the pool's units and run after the tier's stored
@@ -604,6 +613,17 @@ MATRIX = [
     Row("plain", "recipe_encoded", "kill", full_only=True),
     Row("workers", "recipe", "none", full_only=True),
     Row("loader", "recipe_mix", "none", full_only=True),
+    # Repeated augmentation (repeats=2): each (sample, copy) exactly once
+    # an epoch, a copy's decisions keyed by its copy index, so a kill or a
+    # resume repeats the same pixels; copies travel to the pool and to a
+    # client decoder with their own boxes.
+    Row("plain", "repeats", "kill"),
+    Row("stateful", "repeats", "break"),
+    Row("plain", "repeats_mix", "kill"),
+    Row("stateful", "repeats_encoded", "break"),
+    Row("plain", "repeats_pool", "worker"),
+    Row("stateful_loader", "repeats", "break", full_only=True),
+    Row("workers", "repeats_mix", "none", full_only=True),
 ]
 
 
@@ -638,7 +658,8 @@ def _expected(row: Row, data: Data) -> Expected:
     if "max_steps" in options:
         # 6 batches an epoch: epoch 0 whole, epoch 1's first 3.
         whole = False
-    return Expected(sources, WORLD, epochs, whole, batches, corrupt)
+    repeats = REPEATS if row.feature.startswith("repeats") else 1
+    return Expected(sources, WORLD, epochs, whole, batches, corrupt, repeats)
 
 
 @pytest.mark.parametrize(

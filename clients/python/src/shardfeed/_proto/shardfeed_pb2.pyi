@@ -96,7 +96,7 @@ SAMPLE_FORM_PIXELS: SampleForm
 SAMPLE_FORM_JPEG: SampleForm
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source", "delivery", "server_decode_fraction", "tune_server_decode", "weights_from_step", "server_decode_search")
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source", "delivery", "server_decode_fraction", "tune_server_decode", "weights_from_step", "server_decode_search", "repeats")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,7 @@ class StreamBatchesRequest(_message.Message):
     TUNE_SERVER_DECODE_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     SERVER_DECODE_SEARCH_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     seed: int
     epoch: int
@@ -149,7 +150,8 @@ class StreamBatchesRequest(_message.Message):
     tune_server_decode: bool
     weights_from_step: int
     server_decode_search: ShareSearch
-    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ...) -> None: ...
+    repeats: int
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., repeats: _Optional[int] = ...) -> None: ...
 
 class ShareSearch(_message.Message):
     __slots__ = ("center", "step", "hold", "next_hold")
@@ -436,7 +438,7 @@ class Shape(_message.Message):
     def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled", "server_decode_search", "augmentation")
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled", "server_decode_search", "augmentation", "copies")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +462,7 @@ class Batch(_message.Message):
     SERVER_DECODE_SETTLED_FIELD_NUMBER: _ClassVar[int]
     SERVER_DECODE_SEARCH_FIELD_NUMBER: _ClassVar[int]
     AUGMENTATION_FIELD_NUMBER: _ClassVar[int]
+    COPIES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     index: int
     shape: Shape
@@ -483,7 +486,8 @@ class Batch(_message.Message):
     server_decode_settled: float
     server_decode_search: ShareSearch
     augmentation: Augmentation
-    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ...) -> None: ...
+    copies: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., copies: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EncodedSample(_message.Message):
     __slots__ = ("offset", "length", "decoded", "source_width", "source_height", "form")
@@ -536,16 +540,18 @@ class FieldValues(_message.Message):
     def __init__(self, name: _Optional[str] = ..., values: _Optional[_Iterable[bytes]] = ..., missing: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
-    __slots__ = ("dataset", "world_size", "batch_size", "partition")
+    __slots__ = ("dataset", "world_size", "batch_size", "partition", "repeats")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     world_size: int
     batch_size: int
     partition: Partition
-    def __init__(self, dataset: _Optional[str] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., partition: _Optional[_Union[Partition, str]] = ...) -> None: ...
+    repeats: int
+    def __init__(self, dataset: _Optional[str] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., partition: _Optional[_Union[Partition, str]] = ..., repeats: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
     __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes", "decoder", "classes", "augmentation_ops")

@@ -43,7 +43,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
     requested extra fields by name, one ``bytes`` or ``None`` per sample),
     ``sources`` and ``source_epochs`` (int64 ``(N,)``: a mixed stream's
     source of each sample and that source's epoch; empty for one dataset),
-    ``epoch`` and ``index``.
+    ``copies`` (int64 ``(N,)``: with ``repeats=k``, which of its ``k``
+    copies each sample is; zeros otherwise), ``epoch`` and ``index``.
 
     The batch as a model takes it: ``normalize=(mean, std)`` (in [0, 1]
     units, as torchvision's ``Normalize`` after ``ToDtype(float32,
@@ -245,7 +246,13 @@ class ShardfeedDataset(IterableDataset[Sample]):
         global steps, the same at any world size with the same global batch."""
         names = None if self._mix is None else self._mix.names()
         return self._lengths.steps(
-            self.client, self.dataset, names, world, self.batch_size, self.partition
+            self.client,
+            self.dataset,
+            names,
+            world,
+            self.batch_size,
+            self.partition,
+            self.options.repeats,
         )
 
     def stats(self, last: int | None = None) -> InputStats:

@@ -24,6 +24,7 @@ class BatchDict(TypedDict):
     fields: dict[str, list[bytes | None]]
     sources: torch.Tensor
     source_epochs: torch.Tensor
+    copies: torch.Tensor
     epoch: int
     index: int
 
@@ -51,6 +52,7 @@ def as_dict(
         "fields": batch.fields,
         "sources": torch.tensor(batch.sources, dtype=torch.int64),
         "source_epochs": torch.tensor(batch.source_epochs, dtype=torch.int64),
+        "copies": torch.tensor(batch.copies or [0] * len(batch.keys), dtype=torch.int64),
         "epoch": batch.epoch,
         "index": batch.index,
     }

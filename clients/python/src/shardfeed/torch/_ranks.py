@@ -32,10 +32,11 @@ def worker_sub_rank(rank: int, world: int) -> tuple[int, int]:
 
 
 class EpochSteps:
-    """Batches per rank of an epoch, by (world size, batch size, partition)."""
+    """Batches per rank of an epoch, by (world size, batch size, partition,
+    repeats)."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[int, int, Partition], int] = {}
+        self._known: dict[tuple[int, int, Partition, int], int] = {}
 
     def steps(
         self,
@@ -45,13 +46,15 @@ class EpochSteps:
         world: int,
         batch_size: int,
         partition: Partition,
+        repeats: int = 1,
     ) -> int:
-        key = (world, batch_size, partition)
+        key = (world, batch_size, partition, repeats)
         if key in self._known:
             return self._known[key]
         if sources is not None:
-            # A mixed epoch has as many global batches as its sources hold.
-            samples = sum(
+            # A mixed epoch has as many global batches as its sources hold
+            # (each sample once a copy).
+            samples = repeats * sum(
                 client.describe(name, world_size=1, batch_size=1).samples for name in sources
             )
             self._known[key] = samples // (world * batch_size)
@@ -62,6 +65,7 @@ class EpochSteps:
                 world_size=world,
                 batch_size=batch_size,
                 partition=partition,
+                repeats=repeats,
             )
             self._known[key] = info.batches_per_rank
         return self._known[key]

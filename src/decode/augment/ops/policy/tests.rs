@@ -18,6 +18,7 @@ fn draws(policy: Policy, samples: u64) -> Vec<PolicyDrawn> {
                 seed: 11,
                 epoch: 3,
                 sample: crate::hash::fmix64(sample + 1),
+                copy: 0,
             };
             let at = DrawAt {
                 key: &key,
