@@ -149,7 +149,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         exit_with_parent(parent)?;
     }
     let config = args.config()?;
-    let metrics_listen = install_metrics(config.metrics_listen)?;
+    let metrics_listen = install_metrics(config.metrics_listen).await?;
     args.record_settings(&config);
 
     let registry = Arc::new(
@@ -236,33 +236,30 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Serves /metrics on `addr` with the shared buckets and help texts, and
-/// returns the address served: port 0 becomes a free port chosen here, so
-/// the start-up log can say where (a local `serve()` from Python asks for
-/// port 0 and reads it back), which the exporter itself never reports.
-fn install_metrics(addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, CliError> {
-    let addr = if addr.port() == 0 {
-        std::net::TcpListener::bind(addr)
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| format!("choosing a port for the metrics listener on {addr}: {e}"))?
-    } else {
-        addr
-    };
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
+/// Serves /metrics on `addr` with the shared buckets and help texts,
+/// behind the listener bounds of `net::metrics_listener`, and returns the
+/// address served: port 0 becomes a free port, so the start-up log can say
+/// where (a local `serve()` from Python asks for port 0 and reads it back).
+async fn install_metrics(addr: std::net::SocketAddr) -> Result<std::net::SocketAddr, CliError> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
             crate::metrics::SECONDS_BUCKETS,
         )?
-        .install()
-        .map_err(|e| format!("starting the metrics listener on {addr}: {e}"))?;
+        .install_recorder()
+        .map_err(|e| format!("installing the metrics recorder: {e}"))?;
     crate::metrics::describe();
-    Ok(addr)
+    let bounds = crate::net::metrics_listener::MetricsBounds::DEFAULT;
+    // The task serves for the process's life.
+    let (bound, _served) = crate::net::metrics_listener::bind_and_serve(addr, handle, bounds)
+        .await
+        .map_err(|e| format!("starting the metrics listener on {addr}: {e}"))?;
+    Ok(bound)
 }
 
 async fn pool_worker(args: PoolWorkerArgs) -> Result<(), CliError> {
     let config = args.config()?;
-    let metrics_listen = install_metrics(args.metrics_listen)?;
+    let metrics_listen = install_metrics(args.metrics_listen).await?;
     tracing::info!(metrics = %metrics_listen, "pool worker metrics");
     crate::pool::serve_worker(config, shutdown_signal()).await?;
     Ok(())

@@ -124,6 +124,12 @@ pub struct Tracked<IO> {
 }
 
 impl<IO> Tracked<IO> {
+    /// The connection's calls, for a server that counts them itself (one
+    /// not behind [`CountCallsLayer`]).
+    pub fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
+    }
+
     fn new(inner: IO, place: OwnedSemaphorePermit, idle: Duration) -> Self {
         Self {
             inner,
