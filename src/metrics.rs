@@ -51,6 +51,7 @@ pub const MEMORY_RESERVED: &str = "shardfeed_stream_memory_reserved_bytes";
 pub const BAD_SHARDS: &str = "shardfeed_bad_shards_total";
 pub const CACHE_WRITE_FAILURES: &str = "shardfeed_cache_write_failures_total";
 pub const CONNECTIONS_CLOSED: &str = "shardfeed_connections_closed_total";
+pub const REQUESTS_CUT: &str = "shardfeed_requests_cut_total";
 
 /// Histogram buckets for every `_seconds` metric.
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -80,6 +81,12 @@ pub fn describe() {
         CONNECTIONS_CLOSED,
         "Connections a listener closed on its own bounds, by reason: limit (past its connections \
          held at once, closed as they came), idle (no call open for the idle bound)."
+    );
+    describe_counter!(
+        REQUESTS_CUT,
+        "Calls a listener ended because their request body broke its bounds, by reason: \
+         deadline (not whole in time), size (over the listener's cap), budget (the listener's \
+         unfinished requests at their byte bound)."
     );
     pool::describe();
     describe_gauge!(STREAMS_ACTIVE, "Batch streams open now.");
@@ -231,6 +238,9 @@ pub fn describe() {
     }
     for reason in ["limit", "idle"] {
         counter!(CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
+    }
+    for reason in ["deadline", "size", "budget"] {
+        counter!(REQUESTS_CUT, "reason" => reason).absolute(0);
     }
     for decoded_by in ["server", "client"] {
         counter!(DELIVERED, "decoded_by" => decoded_by).absolute(0);

@@ -653,3 +653,133 @@ async fn oversized_frames_on_the_unix_socket_end_their_connection_at_once() {
     let (_data, honest) = honest_dataset();
     target.serves_honest_work(&honest).await;
 }
+
+/// Calls opened and never finished (D5, D7): on one connection, 32 calls
+/// that send only their HEADERS and 32 that send all but the last byte of
+/// a 4 MiB message. The first are ended DEADLINE_EXCEEDED at the request
+/// deadline (10 s), the second RESOURCE_EXHAUSTED on their size at once;
+/// neither holds memory past the bound, and an honest stream is served
+/// while they are open. (On `00a3a7c` both stayed open for as long as the
+/// client liked: 257 MiB a connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_requests_are_cut_by_their_deadline_and_size() {
+    let addr = free_addr();
+    let (_data, honest) = honest_dataset();
+    let mut server = Server::sidecar(&addr.to_string());
+    let target = Target::Tcp(addr);
+    target.wait_serving().await;
+    let baseline = server.peak_rss_mb();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, connection) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let h2 = h2.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for n in 0..64 {
+        let request = tonic::codegen::http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "http://{addr}/shardfeed.v1.Shardfeed/StreamBatches"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let mut ready = h2.clone().ready().await.unwrap();
+        let (response, mut body) = ready.send_request(request, false).unwrap();
+        let headers_only = n % 2 == 0;
+        calls.push(tokio::spawn(async move {
+            if !headers_only {
+                let mut header = vec![0u8; 5];
+                header[1..5].copy_from_slice(&(4u32 << 20).to_be_bytes());
+                let _ = body.send_data(header.into(), false);
+                let mut sent = 0usize;
+                while sent < (4 << 20) - 1 {
+                    body.reserve_capacity(1 << 20);
+                    let capacity = tokio::time::timeout(
+                        Duration::from_millis(500),
+                        std::future::poll_fn(|cx| body.poll_capacity(cx)),
+                    )
+                    .await;
+                    match capacity {
+                        Ok(Some(Ok(n))) if n > 0 => {
+                            let n = n.min((4 << 20) - 1 - sent);
+                            if body.send_data(Bytes::from(vec![0u8; n]), false).is_err() {
+                                break;
+                            }
+                            sent += n;
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            let response = tokio::time::timeout(Duration::from_secs(20), response)
+                .await
+                .expect("answered, not left hanging")
+                .expect("a response");
+            let status = response
+                .headers()
+                .get("grpc-status")
+                .map(|v| v.to_str().unwrap().to_string());
+            // The status may come in the trailers of a response with a body.
+            let status = match status {
+                Some(status) => Some(status),
+                None => {
+                    let mut response_body = response.into_body();
+                    let trailers = tokio::time::timeout(
+                        Duration::from_secs(20),
+                        std::future::poll_fn(|cx| response_body.poll_trailers(cx)),
+                    )
+                    .await;
+                    match trailers {
+                        Ok(Ok(Some(trailers))) => trailers
+                            .get("grpc-status")
+                            .map(|v| v.to_str().unwrap().to_string()),
+                        _ => None,
+                    }
+                }
+            };
+            (headers_only, status, body)
+        }));
+    }
+    // The calls are open (the headers-only ones until their deadline): an
+    // honest client is served meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    target.serves_honest_work(&honest).await;
+    let mut keep = Vec::new();
+    for call in calls {
+        let (headers_only, status, body) = call.await.unwrap();
+        let want = if headers_only { "4" } else { "8" };
+        assert_eq!(
+            status.as_deref(),
+            Some(want),
+            "headers only: {headers_only}"
+        );
+        keep.push(body);
+    }
+    let answered_in = started.elapsed();
+    assert!(answered_in < Duration::from_secs(15), "{answered_in:?}");
+    server.assert_alive();
+    report(
+        "64 unfinished requests on one connection",
+        &server,
+        baseline,
+        started,
+        &format!(
+            "headers-only DEADLINE_EXCEEDED, 4 MiB bodies RESOURCE_EXHAUSTED, all in {:.1} s",
+            answered_in.as_secs_f64()
+        ),
+    );
+    // The formula's request term: 64 MiB of unfinished requests at most.
+    assert!(
+        server.peak_rss_mb() - baseline < 100.0,
+        "peak {:.0} MB over a baseline of {baseline:.0}",
+        server.peak_rss_mb()
+    );
+    target.serves_honest_work(&honest).await;
+}

@@ -1,10 +1,12 @@
 //! What every listener of the process shares, below the services that use
-//! it: bounds on a listener's connections ([`connections`]), the metrics
+//! it: bounds on a listener's connections ([`connections`]) and on each
+//! call's request ([`requests`]), the metrics
 //! endpoint behind them ([`metrics_listener`]) and the decode pool's TLS
 //! ([`tls`]).
 
 pub mod connections;
 pub mod metrics_listener;
+pub mod requests;
 pub mod tls;
 
 /// `AsyncWrite` for a connection wrapper `$wrapper<S>` that passes every

@@ -36,6 +36,7 @@ use super::wire::{self, pb, SampleAnswer};
 use crate::decode::{self, Decoder, SampleKey, ScratchBudget};
 use crate::metrics::pool as pool_metrics;
 use crate::net::connections::{limit, ConnectionLimits, CountCallsLayer};
+use crate::net::requests::{BoundRequestsLayer, RequestBounds};
 use crate::net::tls::PoolTls;
 
 pub const DEFAULT_MAX_UNIT_BYTES: usize = 32 << 20;
@@ -75,6 +76,20 @@ impl WorkerConfig {
         u32::try_from(2 * self.max_units.max(1))
             .unwrap_or(u32::MAX)
             .saturating_add(super::transport::WORKER_EXTRA_STREAMS)
+    }
+
+    /// A unit's request: whole within 30 s (an admitted unit holds one of
+    /// `max_units` places, so a peer that never finishes one would keep it
+    /// from every sidecar), at most `max_unit_bytes`, and the admitted
+    /// units' bytes together (the formula's request term).
+    pub fn request_bounds(&self) -> RequestBounds {
+        // A message travels behind gRPC's 5-byte length prefix.
+        let body = self.max_unit_bytes.saturating_add(5);
+        RequestBounds {
+            deadline: Duration::from_secs(30),
+            max_body_bytes: body,
+            in_flight_bytes: self.max_units.max(1).saturating_mul(body),
+        }
     }
 
     /// The worker's peak memory by the formula above, scratch and the
@@ -445,6 +460,7 @@ impl BoundWorker {
                         super::transport::MAX_PENDING_ACCEPT_RESETS,
                     ))
                     .layer(CountCallsLayer)
+                    .layer(BoundRequestsLayer::new(HEALTH_REQUESTS))
                     .add_service(health_service)
                     .serve_with_incoming(limit(
                         tonic::transport::server::TcpIncoming::from(listener),
@@ -463,6 +479,7 @@ impl BoundWorker {
         }
         let server = builder
             .layer(CountCallsLayer)
+            .layer(BoundRequestsLayer::new(config.request_bounds()))
             .tcp_nodelay(true)
             .initial_stream_window_size(super::transport::STREAM_WINDOW_BYTES)
             .initial_connection_window_size(super::transport::CONNECTION_WINDOW_BYTES)
@@ -525,6 +542,13 @@ impl BoundWorker {
 const HEALTH_CONNECTION_LIMITS: ConnectionLimits = ConnectionLimits {
     max_connections: 64,
     idle: Duration::from_secs(60),
+};
+
+/// A probe's request is a service name: a few bytes, sent at once.
+const HEALTH_REQUESTS: RequestBounds = RequestBounds {
+    deadline: Duration::from_secs(5),
+    max_body_bytes: 4 << 10,
+    in_flight_bytes: 256 << 10,
 };
 
 /// Stops the health listener with the worker.

@@ -11,6 +11,7 @@ use super::limits::{CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
 use super::pb::shardfeed_server::ShardfeedServer;
 use super::service::ShardfeedService;
 use crate::net::connections::{limit, CountCallsLayer};
+use crate::net::requests::BoundRequestsLayer;
 
 /// Where the gRPC server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,6 +223,7 @@ pub async fn serve(
     };
     let router = tonic::transport::Server::builder()
         .layer(CountCallsLayer)
+        .layer(BoundRequestsLayer::new(super::limits::REQUESTS))
         .initial_stream_window_size(window)
         .initial_connection_window_size(window.saturating_mul(CONNECTION_WINDOWS_PER_STREAM))
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)

@@ -1,0 +1,349 @@
+//! Bounds on a call's request body, for listeners whose every call sends
+//! one request message (all of ours: unary and server-streaming RPCs).
+//!
+//! A connection's idle bound never applies while a call is open, and HTTP/2
+//! lets a client open a call and never finish its request: HEADERS with no
+//! body, or all but the last byte of a large message. Each such call held
+//! its stream place and its buffered bytes for as long as the client liked
+//! (the trainer's socket refused while 1,024 of them stayed; 257 MiB a
+//! connection at 64 streams of 4 MiB). [`BoundRequestsLayer`] gives every
+//! call's request `deadline` to arrive whole, at most `max_body_bytes`, and
+//! draws its bytes from one budget shared by the listener's calls, so the
+//! request bytes a listener buffers are bounded by the budget whatever the
+//! number of connections and streams. A call past any bound ends with a
+//! status saying which (`DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`), and
+//! its place and bytes are free again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+
+/// One listener's bounds on request bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestBounds {
+    /// A request must be whole (its END_STREAM received) this soon after
+    /// its headers.
+    pub deadline: Duration,
+    /// The most one request's body may hold.
+    pub max_body_bytes: usize,
+    /// The most all the listener's unfinished requests hold together.
+    pub in_flight_bytes: usize,
+}
+
+/// The shared state of one listener's bounds: its byte budget.
+#[derive(Debug, Clone)]
+pub struct BoundRequestsLayer {
+    bounds: RequestBounds,
+    budget: Arc<Semaphore>,
+}
+
+impl BoundRequestsLayer {
+    pub fn new(bounds: RequestBounds) -> Self {
+        let permits = bounds.in_flight_bytes.min(Semaphore::MAX_PERMITS);
+        Self {
+            bounds,
+            budget: Arc::new(Semaphore::new(permits)),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for BoundRequestsLayer {
+    type Service = BoundRequests<S>;
+
+    fn layer(&self, inner: S) -> BoundRequests<S> {
+        BoundRequests {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BoundRequests<S> {
+    inner: S,
+    layer: BoundRequestsLayer,
+}
+
+type HttpRequest = tonic::codegen::http::Request<tonic::body::Body>;
+
+impl<S> tower::Service<HttpRequest> for BoundRequests<S>
+where
+    S: tower::Service<HttpRequest>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: HttpRequest) -> S::Future {
+        let layer = self.layer.clone();
+        self.inner.call(request.map(|body| {
+            tonic::body::Body::new(BoundedBody {
+                inner: body,
+                received: 0,
+                held: None,
+                deadline: Box::pin(tokio::time::sleep(layer.bounds.deadline)),
+                whole: false,
+                layer,
+            })
+        }))
+    }
+}
+
+/// A request body within its listener's bounds; its bytes stay counted
+/// against the budget until the body is dropped (once its message is
+/// decoded).
+struct BoundedBody {
+    inner: tonic::body::Body,
+    layer: BoundRequestsLayer,
+    received: usize,
+    held: Option<OwnedSemaphorePermit>,
+    deadline: Pin<Box<Sleep>>,
+    whole: bool,
+}
+
+impl BoundedBody {
+    fn count(&mut self, bytes: usize) -> Result<(), tonic::Status> {
+        let bounds = &self.layer.bounds;
+        self.received = self.received.saturating_add(bytes);
+        if self.received > bounds.max_body_bytes {
+            metrics::counter!(crate::metrics::REQUESTS_CUT, "reason" => "size").increment(1);
+            return Err(tonic::Status::resource_exhausted(format!(
+                "the request is over {} bytes, the most this listener takes",
+                bounds.max_body_bytes
+            )));
+        }
+        let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
+        let taken = self
+            .layer
+            .budget
+            .clone()
+            .try_acquire_many_owned(permits)
+            .map_err(|_| {
+                metrics::counter!(crate::metrics::REQUESTS_CUT, "reason" => "budget").increment(1);
+                tonic::Status::resource_exhausted(format!(
+                    "the listener holds its bound of {} bytes of unfinished requests; retry",
+                    bounds.in_flight_bytes
+                ))
+            })?;
+        match &mut self.held {
+            Some(held) => held.merge(taken),
+            None => self.held = Some(taken),
+        }
+        Ok(())
+    }
+}
+
+impl Body for BoundedBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if let Err(status) = this.count(data.len()) {
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                }
+                this.whole = this.inner.is_end_stream();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                this.whole = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
+            Poll::Pending if this.whole => Poll::Pending,
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    metrics::counter!(crate::metrics::REQUESTS_CUT, "reason" => "deadline")
+                        .increment(1);
+                    Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(format!(
+                        "the request did not arrive whole within {:?}",
+                        this.layer.bounds.deadline
+                    )))))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::{Layer, Service, ServiceExt};
+
+    /// Reads the whole request body, as tonic does before it calls a
+    /// handler, and answers with what ended it.
+    #[derive(Clone)]
+    struct ReadsBody;
+
+    impl Service<HttpRequest> for ReadsBody {
+        type Response = Result<usize, tonic::Code>;
+        type Error = std::convert::Infallible;
+        type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: HttpRequest) -> Self::Future {
+            Box::pin(async move {
+                let mut body = request.into_body();
+                let mut bytes = 0;
+                while let Some(frame) =
+                    std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+                {
+                    match frame {
+                        Ok(frame) => bytes += frame.data_ref().map_or(0, Bytes::len),
+                        Err(status) => return Ok(Err(status.code())),
+                    }
+                }
+                Ok(Ok(bytes))
+            })
+        }
+    }
+
+    fn bounds() -> RequestBounds {
+        RequestBounds {
+            deadline: Duration::from_secs(10),
+            max_body_bytes: 100,
+            in_flight_bytes: 150,
+        }
+    }
+
+    /// A body the test feeds by hand, left open until the sender drops.
+    fn open_body() -> (
+        futures::channel::mpsc::UnboundedSender<Bytes>,
+        tonic::body::Body,
+    ) {
+        let (sender, receiver) = futures::channel::mpsc::unbounded::<Bytes>();
+        let stream = futures::StreamExt::map(receiver, |b| Ok::<_, tonic::Status>(Frame::data(b)));
+        (
+            sender,
+            tonic::body::Body::new(http_body_util_stream(stream)),
+        )
+    }
+
+    fn http_body_util_stream<S>(stream: S) -> StreamBody<S> {
+        StreamBody(stream)
+    }
+
+    struct StreamBody<S>(S);
+
+    impl<S> Body for StreamBody<S>
+    where
+        S: futures::Stream<Item = Result<Frame<Bytes>, tonic::Status>> + Unpin,
+    {
+        type Data = Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+            futures::Stream::poll_next(Pin::new(&mut self.get_mut().0), cx)
+        }
+    }
+
+    fn request(body: tonic::body::Body) -> HttpRequest {
+        tonic::codegen::http::Request::new(body)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_never_ends_is_cut_at_the_deadline() {
+        let layer = BoundRequestsLayer::new(bounds());
+        let (_sender, body) = open_body();
+        let started = tokio::time::Instant::now();
+        let answer = layer.layer(ReadsBody).oneshot(request(body)).await.unwrap();
+        assert_eq!(answer, Err(tonic::Code::DeadlineExceeded));
+        assert_eq!(started.elapsed(), bounds().deadline);
+    }
+
+    #[tokio::test]
+    async fn a_whole_request_passes_and_frees_its_bytes() {
+        let layer = BoundRequestsLayer::new(bounds());
+        for _ in 0..5 {
+            let (sender, body) = open_body();
+            sender.unbounded_send(Bytes::from(vec![0u8; 90])).unwrap();
+            drop(sender);
+            let answer = layer.clone().layer(ReadsBody).oneshot(request(body)).await;
+            assert_eq!(answer.unwrap(), Ok(90));
+        }
+        assert_eq!(layer.budget.available_permits(), 150);
+    }
+
+    #[tokio::test]
+    async fn a_request_over_its_cap_or_the_budget_is_refused() {
+        let layer = BoundRequestsLayer::new(bounds());
+        let (sender, body) = open_body();
+        sender.unbounded_send(Bytes::from(vec![0u8; 101])).unwrap();
+        let answer = layer.clone().layer(ReadsBody).oneshot(request(body)).await;
+        assert_eq!(answer.unwrap(), Err(tonic::Code::ResourceExhausted));
+        // One unfinished request holds 90 of the 150: the next's 90 do not fit.
+        let (held_sender, held) = open_body();
+        held_sender
+            .unbounded_send(Bytes::from(vec![0u8; 90]))
+            .unwrap();
+        let mut held_body = layer.clone().layer(ReadsBodyOnce).call(request(held));
+        let _ = futures::poll!(&mut held_body);
+        let (sender, body) = open_body();
+        sender.unbounded_send(Bytes::from(vec![0u8; 90])).unwrap();
+        drop(sender);
+        let answer = layer.clone().layer(ReadsBody).oneshot(request(body)).await;
+        assert_eq!(answer.unwrap(), Err(tonic::Code::ResourceExhausted));
+        drop(held_body);
+        assert_eq!(
+            layer.budget.available_permits(),
+            150,
+            "its bytes are free again"
+        );
+    }
+
+    /// Reads a body's first frame and then waits, holding it.
+    #[derive(Clone)]
+    struct ReadsBodyOnce;
+
+    impl Service<HttpRequest> for ReadsBodyOnce {
+        type Response = ();
+        type Error = std::convert::Infallible;
+        type Future = futures::future::BoxFuture<'static, Result<(), Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: HttpRequest) -> Self::Future {
+            Box::pin(async move {
+                let mut body = request.into_body();
+                let _ = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+                std::future::pending::<()>().await;
+                Ok(())
+            })
+        }
+    }
+}
