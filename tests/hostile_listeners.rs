@@ -654,6 +654,48 @@ async fn oversized_frames_on_the_unix_socket_end_their_connection_at_once() {
     target.serves_honest_work(&honest).await;
 }
 
+/// A stranger's 16 MiB HEADERS frame on the worker (D6): refused on the
+/// frame's 9-byte header (the worker takes 16 KiB frames), never buffered
+/// ahead of the token check. (On `00a3a7c`: +16 MB a connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_headers_frame_on_the_worker_is_refused_unread() {
+    let addr = free_addr();
+    let mut server = Server::worker(addr);
+    let target = Target::Tcp(addr);
+    target.wait_serving().await;
+    let baseline = server.peak_rss_mb();
+    let started = Instant::now();
+    let mut connections = Vec::new();
+    for _ in 0..8 {
+        let mut io = target.connect().await.unwrap();
+        io.write_all(PREFACE).await.unwrap();
+        io.write_all(&frame(0x4, 0, 0, &[])).await.unwrap();
+        let mut header = frame(0x1, 0x4, 1, &[]);
+        header[..3].copy_from_slice(&((16u32 << 20) - 1).to_be_bytes()[1..]);
+        io.write_all(&header).await.unwrap();
+        let _ = io.write_all(&vec![0u8; 1 << 20]).await;
+        connections.push(io);
+    }
+    for io in &mut connections {
+        let (_, goaways, _, closed) = read_frames(io, Duration::from_secs(3)).await;
+        assert!(closed || goaways > 0, "a 16 MiB HEADERS frame was read");
+    }
+    server.assert_alive();
+    report(
+        "8 x 16 MiB HEADERS frames without the token",
+        &server,
+        baseline,
+        started,
+        "every connection ended on the frame header",
+    );
+    assert!(
+        server.peak_rss_mb() < baseline + 20.0,
+        "peak {:.0} MB",
+        server.peak_rss_mb()
+    );
+    target.serves_honest_work(&Honest::Unit).await;
+}
+
 /// Calls opened and never finished (D5, D7): on one connection, 32 calls
 /// that send only their HEADERS and 32 that send all but the last byte of
 /// a 4 MiB message. The first are ended DEADLINE_EXCEEDED at the request

@@ -5,8 +5,15 @@
 /// answer (about a megabyte each at 8 samples) in flight without waiting.
 pub(super) const STREAM_WINDOW_BYTES: u32 = 8 << 20;
 pub(super) const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
-/// HTTP/2's largest frame: a sample's pixels in 10 frames, not 10 per 16 KiB.
+/// HTTP/2's largest frame, for answers (the sidecar's links take them): a
+/// sample's pixels in 10 frames, not 10 per 16 KiB.
 pub(super) const MAX_FRAME_BYTES: u32 = (1 << 24) - 1;
+/// The worker takes HTTP/2's smallest frames: h2 buffers a frame whole
+/// before anyone reads its headers, and the token is in the headers, so a
+/// larger bound let a stranger make the worker buffer 16 MiB a connection
+/// before being refused. A unit's compressed images (about 1 MiB) cost 64
+/// frames at this size, a few microseconds.
+pub(super) const WORKER_MAX_FRAME_BYTES: u32 = 16 << 10;
 /// A worker's HTTP/2 bounds per connection: streams beyond its admitted
 /// units (2 x `--max-units`) plus health checks only queue in the client;
 /// headers are a token, a build name and gRPC's own; a connection whose

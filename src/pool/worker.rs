@@ -483,7 +483,7 @@ impl BoundWorker {
             .tcp_nodelay(true)
             .initial_stream_window_size(super::transport::STREAM_WINDOW_BYTES)
             .initial_connection_window_size(super::transport::CONNECTION_WINDOW_BYTES)
-            .max_frame_size(super::transport::MAX_FRAME_BYTES)
+            .max_frame_size(super::transport::WORKER_MAX_FRAME_BYTES)
             .max_concurrent_streams(config.max_concurrent_streams())
             .http2_max_header_list_size(super::transport::MAX_HEADER_LIST_BYTES)
             .http2_max_local_error_reset_streams(Some(super::transport::MAX_LOCAL_ERROR_RESETS))
