@@ -313,6 +313,73 @@ async fn read_frames(io: &mut Box<dyn Io>, wait: Duration) -> (usize, usize, usi
     }
 }
 
+/// A raw HTTP/2 client connection to `addr`, past the server's SETTINGS
+/// (streams sent ahead of its stream limit would be refused, REFUSED_STREAM,
+/// not by the check under test).
+async fn raw_h2(addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, connection) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let h2 = h2.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h2
+}
+
+/// Opens a gRPC call to `path` on `h2`, its request headers sent with
+/// `extra` and its body left open.
+async fn open_call(
+    h2: &h2::client::SendRequest<Bytes>,
+    addr: SocketAddr,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut request = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let mut ready = h2.clone().ready().await.unwrap();
+    ready
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap()
+}
+
+/// A gRPC message's 5-byte prefix declaring `declared` bytes, then up to
+/// `send` bytes of it as the server's flow control lets them go; the
+/// stream is left open. Returns the bytes sent.
+async fn send_unfinished(body: &mut h2::SendStream<Bytes>, declared: u32, send: usize) -> usize {
+    let mut header = vec![0u8; 5];
+    header[1..5].copy_from_slice(&declared.to_be_bytes());
+    let _ = body.send_data(header.into(), false);
+    let mut sent = 0usize;
+    while sent < send {
+        body.reserve_capacity(1 << 20);
+        let capacity = tokio::time::timeout(
+            Duration::from_millis(500),
+            std::future::poll_fn(|cx| body.poll_capacity(cx)),
+        )
+        .await;
+        match capacity {
+            Ok(Some(Ok(n))) if n > 0 => {
+                let n = n.min(send - sent);
+                if body.send_data(Bytes::from(vec![0u8; n]), false).is_err() {
+                    break;
+                }
+                sent += n;
+            }
+            _ => break,
+        }
+    }
+    sent
+}
+
 /// Figures of one attack, printed as a JSON line.
 fn report(attack: &str, server: &Server, baseline_mb: f64, started: Instant, outcome: &str) {
     println!(
@@ -337,53 +404,16 @@ async fn the_worker_refuses_unauthenticated_bodies_without_buffering_them() {
     let target = Target::Tcp(addr);
     target.wait_serving().await;
     let baseline = server.peak_rss_mb();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (h2, connection) = h2::client::Builder::new()
-        .initial_window_size(1 << 20)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    // The worker's SETTINGS first: streams sent ahead of its stream limit
-    // are refused (REFUSED_STREAM), not the check under test.
-    let h2 = h2.ready().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let h2 = raw_h2(addr).await;
     let started = Instant::now();
     let mut calls = Vec::new();
     for _ in 0..100 {
-        let request = tonic::codegen::http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{addr}/shardfeed.pool.v1.DecodePool/Decode"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header("authorization", "Bearer wrong")
-            .body(())
-            .unwrap();
-        let mut ready = h2.clone().ready().await.unwrap();
-        let (response, mut body) = ready.send_request(request, false).unwrap();
+        let path = "/shardfeed.pool.v1.DecodePool/Decode";
+        let (response, mut body) =
+            open_call(&h2, addr, path, &[("authorization", "Bearer wrong")]).await;
         calls.push(tokio::spawn(async move {
             // The message header, then data as the worker's window allows.
-            let mut header = vec![0u8; 5];
-            header[1..5].copy_from_slice(&(32u32 << 20).to_be_bytes());
-            let _ = body.send_data(header.into(), false);
-            let mut sent = 0usize;
-            while sent < 30 << 20 {
-                body.reserve_capacity(1 << 20);
-                let capacity = tokio::time::timeout(
-                    Duration::from_millis(500),
-                    std::future::poll_fn(|cx| body.poll_capacity(cx)),
-                )
-                .await;
-                match capacity {
-                    Ok(Some(Ok(n))) if n > 0 => {
-                        if body.send_data(Bytes::from(vec![0u8; n]), false).is_err() {
-                            break;
-                        }
-                        sent += n;
-                    }
-                    _ => break,
-                }
-            }
+            let sent = send_unfinished(&mut body, 32 << 20, 30 << 20).await;
             let response = tokio::time::timeout(Duration::from_secs(10), response)
                 .await
                 .expect("answered, not left hanging")
@@ -711,54 +741,16 @@ async fn unfinished_requests_are_cut_by_their_deadline_and_size() {
     let target = Target::Tcp(addr);
     target.wait_serving().await;
     let baseline = server.peak_rss_mb();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (h2, connection) = h2::client::Builder::new()
-        .initial_window_size(1 << 20)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let h2 = h2.ready().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let h2 = raw_h2(addr).await;
     let started = Instant::now();
     let mut calls = Vec::new();
     for n in 0..64 {
-        let request = tonic::codegen::http::Request::builder()
-            .method("POST")
-            .uri(format!(
-                "http://{addr}/shardfeed.v1.Shardfeed/StreamBatches"
-            ))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
-        let mut ready = h2.clone().ready().await.unwrap();
-        let (response, mut body) = ready.send_request(request, false).unwrap();
+        let path = "/shardfeed.v1.Shardfeed/StreamBatches";
+        let (response, mut body) = open_call(&h2, addr, path, &[]).await;
         let headers_only = n % 2 == 0;
         calls.push(tokio::spawn(async move {
             if !headers_only {
-                let mut header = vec![0u8; 5];
-                header[1..5].copy_from_slice(&(4u32 << 20).to_be_bytes());
-                let _ = body.send_data(header.into(), false);
-                let mut sent = 0usize;
-                while sent < (4 << 20) - 1 {
-                    body.reserve_capacity(1 << 20);
-                    let capacity = tokio::time::timeout(
-                        Duration::from_millis(500),
-                        std::future::poll_fn(|cx| body.poll_capacity(cx)),
-                    )
-                    .await;
-                    match capacity {
-                        Ok(Some(Ok(n))) if n > 0 => {
-                            let n = n.min((4 << 20) - 1 - sent);
-                            if body.send_data(Bytes::from(vec![0u8; n]), false).is_err() {
-                                break;
-                            }
-                            sent += n;
-                        }
-                        _ => break,
-                    }
-                }
+                send_unfinished(&mut body, 4 << 20, (4 << 20) - 1).await;
             }
             let response = tokio::time::timeout(Duration::from_secs(20), response)
                 .await

@@ -197,10 +197,13 @@ mod tests {
     use super::*;
     use tower::{Layer, Service, ServiceExt};
 
-    /// Reads the whole request body, as tonic does before it calls a
-    /// handler, and answers with what ended it.
+    /// Reads the request body, as tonic does before it calls a handler,
+    /// and answers with what ended it; `hold` keeps the body after its
+    /// first frame and never answers (a call whose request is unfinished).
     #[derive(Clone)]
-    struct ReadsBody;
+    struct ReadsBody {
+        hold: bool,
+    }
 
     impl Service<HttpRequest> for ReadsBody {
         type Response = Result<usize, tonic::Code>;
@@ -212,6 +215,7 @@ mod tests {
         }
 
         fn call(&mut self, request: HttpRequest) -> Self::Future {
+            let hold = self.hold;
             Box::pin(async move {
                 let mut body = request.into_body();
                 let mut bytes = 0;
@@ -221,6 +225,9 @@ mod tests {
                     match frame {
                         Ok(frame) => bytes += frame.data_ref().map_or(0, Bytes::len),
                         Err(status) => return Ok(Err(status.code())),
+                    }
+                    if hold {
+                        std::future::pending::<()>().await;
                     }
                 }
                 Ok(Ok(bytes))
@@ -279,20 +286,36 @@ mod tests {
         let layer = BoundRequestsLayer::new(bounds());
         let (_sender, body) = open_body();
         let started = tokio::time::Instant::now();
-        let answer = layer.layer(ReadsBody).oneshot(request(body)).await.unwrap();
+        let answer = layer
+            .layer(ReadsBody { hold: false })
+            .oneshot(request(body))
+            .await
+            .unwrap();
         assert_eq!(answer, Err(tonic::Code::DeadlineExceeded));
         assert_eq!(started.elapsed(), bounds().deadline);
+    }
+
+    /// A whole request of `bytes` through `layer`: how reading it ended.
+    async fn whole(layer: &BoundRequestsLayer, bytes: usize) -> Result<usize, tonic::Code> {
+        let (sender, body) = open_body();
+        sender
+            .unbounded_send(Bytes::from(vec![0u8; bytes]))
+            .unwrap();
+        drop(sender);
+        let read = ReadsBody { hold: false };
+        layer
+            .clone()
+            .layer(read)
+            .oneshot(request(body))
+            .await
+            .unwrap()
     }
 
     #[tokio::test]
     async fn a_whole_request_passes_and_frees_its_bytes() {
         let layer = BoundRequestsLayer::new(bounds());
         for _ in 0..5 {
-            let (sender, body) = open_body();
-            sender.unbounded_send(Bytes::from(vec![0u8; 90])).unwrap();
-            drop(sender);
-            let answer = layer.clone().layer(ReadsBody).oneshot(request(body)).await;
-            assert_eq!(answer.unwrap(), Ok(90));
+            assert_eq!(whole(&layer, 90).await, Ok(90));
         }
         assert_eq!(layer.budget.available_permits(), 150);
     }
@@ -300,50 +323,26 @@ mod tests {
     #[tokio::test]
     async fn a_request_over_its_cap_or_the_budget_is_refused() {
         let layer = BoundRequestsLayer::new(bounds());
-        let (sender, body) = open_body();
-        sender.unbounded_send(Bytes::from(vec![0u8; 101])).unwrap();
-        let answer = layer.clone().layer(ReadsBody).oneshot(request(body)).await;
-        assert_eq!(answer.unwrap(), Err(tonic::Code::ResourceExhausted));
+        assert_eq!(
+            whole(&layer, 101).await,
+            Err(tonic::Code::ResourceExhausted)
+        );
         // One unfinished request holds 90 of the 150: the next's 90 do not fit.
         let (held_sender, held) = open_body();
         held_sender
             .unbounded_send(Bytes::from(vec![0u8; 90]))
             .unwrap();
-        let mut held_body = layer.clone().layer(ReadsBodyOnce).call(request(held));
+        let mut held_body = layer
+            .clone()
+            .layer(ReadsBody { hold: true })
+            .call(request(held));
         let _ = futures::poll!(&mut held_body);
-        let (sender, body) = open_body();
-        sender.unbounded_send(Bytes::from(vec![0u8; 90])).unwrap();
-        drop(sender);
-        let answer = layer.clone().layer(ReadsBody).oneshot(request(body)).await;
-        assert_eq!(answer.unwrap(), Err(tonic::Code::ResourceExhausted));
+        assert_eq!(whole(&layer, 90).await, Err(tonic::Code::ResourceExhausted));
         drop(held_body);
         assert_eq!(
             layer.budget.available_permits(),
             150,
             "its bytes are free again"
         );
-    }
-
-    /// Reads a body's first frame and then waits, holding it.
-    #[derive(Clone)]
-    struct ReadsBodyOnce;
-
-    impl Service<HttpRequest> for ReadsBodyOnce {
-        type Response = ();
-        type Error = std::convert::Infallible;
-        type Future = futures::future::BoxFuture<'static, Result<(), Self::Error>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, request: HttpRequest) -> Self::Future {
-            Box::pin(async move {
-                let mut body = request.into_body();
-                let _ = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
-                std::future::pending::<()>().await;
-                Ok(())
-            })
-        }
     }
 }

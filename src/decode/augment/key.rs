@@ -25,32 +25,29 @@ pub struct SampleKey {
 impl SampleKey {
     /// The generator the crop and then the flip draw from, in order.
     pub fn generator(&self) -> Rng {
-        match self.copy {
-            0 => Rng::derive(&[self.seed, self.epoch, PURPOSE_AUGMENT, self.sample]),
-            copy => Rng::derive(&[
-                self.seed,
-                self.epoch,
-                PURPOSE_AUGMENT_COPY,
-                self.sample,
-                u64::from(copy),
-            ]),
-        }
+        self.derive(None)
     }
 
     /// The generator of one op after the flip, keyed by its name.
     pub fn op_generator(&self, op: &str) -> Rng {
-        let op = fnv1a(op.bytes());
-        match self.copy {
-            0 => Rng::derive(&[self.seed, self.epoch, PURPOSE_AUGMENT, self.sample, op]),
-            copy => Rng::derive(&[
-                self.seed,
-                self.epoch,
-                PURPOSE_AUGMENT_COPY,
-                self.sample,
-                u64::from(copy),
-                op,
-            ]),
+        self.derive(Some(fnv1a(op.bytes())))
+    }
+
+    /// Copy 0 is keyed as samples were before copies existed; the others
+    /// under a purpose of their own, with the copy index.
+    fn derive(&self, op: Option<u64>) -> Rng {
+        let mut key = [self.seed, self.epoch, PURPOSE_AUGMENT, self.sample, 0, 0];
+        let mut len = 4;
+        if self.copy != 0 {
+            key[2] = PURPOSE_AUGMENT_COPY;
+            key[len] = u64::from(self.copy);
+            len += 1;
         }
+        if let Some(op) = op {
+            key[len] = op;
+            len += 1;
+        }
+        Rng::derive(&key[..len])
     }
 }
 
