@@ -80,7 +80,9 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_CLOSED,
         "Connections a listener closed on its own bounds, by reason: limit (past its connections \
-         held at once, closed as they came), idle (no call open for the idle bound)."
+         held at once, closed as they came), idle (no call open for the idle bound), handshakes \
+         (TLS handshakes in progress at their bound, in all or from the peer's address), \
+         handshake (a TLS handshake that failed or timed out)."
     );
     describe_counter!(
         REQUESTS_CUT,
@@ -236,7 +238,7 @@ pub fn describe() {
     for event in TIER_EVENTS {
         counter!(DECODED_TIER, "event" => event).absolute(0);
     }
-    for reason in ["limit", "idle"] {
+    for reason in ["limit", "idle", "handshakes", "handshake"] {
         counter!(CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
     }
     for reason in ["deadline", "size", "budget"] {

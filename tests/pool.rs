@@ -862,3 +862,55 @@ async fn pool_traffic_is_tls_and_both_ends_must_hold_the_pools_certificates() {
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unimplemented);
 }
+
+/// Hardening D8: sockets that never send a ClientHello. A TLS worker shakes
+/// hands before a connection takes one of its places, at most 32 at a time
+/// from one address: a stranger's 200 stalled sockets leave 168 closed at
+/// once and the rest holding handshake places only, and an honest sidecar
+/// is served meanwhile through a worker of 8 connection places (which the
+/// 32 stalled handshakes filled when tonic shook hands inside them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_take_no_connection_places() {
+    use shardfeed::net::handshake::HandshakeLimits;
+    use tokio::io::AsyncReadExt;
+    let certs = pool_certs("shardfeed-pool");
+    let places = shardfeed::net::connections::ConnectionLimits {
+        max_connections: 8,
+        idle: Duration::from_secs(60),
+    };
+    let worker = Worker::start_tls(
+        [127, 0, 0, 1],
+        TOKEN,
+        None,
+        places,
+        Some(certs.good.clone()),
+    )
+    .await;
+    let mut strangers = Vec::new();
+    for _ in 0..200 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        strangers.push(socket.connect(worker.addr).await.unwrap());
+    }
+    let reads = strangers.iter_mut().map(|stranger| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(500), stranger.read(&mut byte));
+        matches!(read.await, Ok(Ok(0)) | Ok(Err(_)))
+    });
+    let closed = futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .filter(|&closed| closed)
+        .count();
+    assert_eq!(closed, 200 - HandshakeLimits::DEFAULT.per_peer);
+    // The stalled ones still open, an honest sidecar gets its unit.
+    let mut config = pool_config(&[], 1.0);
+    config.targets = vec![worker.addr.to_string()];
+    config.tls = Some(certs.good.clone());
+    let client = PoolClient::start(config, decode::default_decoder_name());
+    client.wait_for_workers(1, Duration::from_secs(10)).await;
+    let spec = OutputSpec::center(32, 32);
+    let answer = client.decode(&spec, &[one_sample()]).await;
+    assert!(answer.is_some(), "an honest sidecar was kept out");
+    drop(strangers);
+}

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// A TLS handshake that has not finished in this long ends its connection:
 /// a peer cannot hold a connection place by starting one and stalling.
@@ -35,6 +35,8 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{what}: {message}")]
+    Invalid { what: String, message: String },
     #[error("{flag} {path}: no PEM {what} in it")]
     NotPem {
         flag: &'static str,
@@ -110,13 +112,39 @@ fn read_pem(flag: &'static str, path: &Path, what: &'static str) -> Result<Vec<u
 }
 
 impl PoolTls {
-    /// The worker's side: its certificate, and only clients whose
-    /// certificate the pool's CA signed.
-    pub fn server_config(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert, &self.key))
-            .client_ca_root(Certificate::from_pem(&self.ca))
-            .timeout(HANDSHAKE_TIMEOUT)
+    /// The worker's side: its certificate, only clients whose certificate
+    /// the pool's CA signed, and HTTP/2 (ALPN `h2`). The worker shakes
+    /// hands itself, ahead of its connection places
+    /// (`super::handshake::accept_tls`).
+    pub fn server_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let invalid = |what: &str, error: String| TlsError::Invalid {
+            what: what.to_string(),
+            message: error,
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(&self.ca) {
+            let ca = ca.map_err(|e| invalid("the pool's CA", e.to_string()))?;
+            roots
+                .add(ca)
+                .map_err(|e| invalid("the pool's CA", e.to_string()))?;
+        }
+        let chain = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("the worker's certificate", e.to_string()))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key)
+            .map_err(|e| invalid("the worker's key", e.to_string()))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder(roots.into())
+            .build()
+            .map_err(|e| invalid("the pool's CA", e.to_string()))?;
+        let mut config = rustls::ServerConfig::builder()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .map_err(|e| invalid("the worker's certificate and key", e.to_string()))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
     }
 
     /// The sidecar's side: the pool's CA alone is trusted (not the

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use rayon::prelude::*;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::service::interceptor::InterceptedService;
@@ -35,7 +36,8 @@ use tonic::{Request, Response, Status};
 use super::wire::{self, pb, SampleAnswer};
 use crate::decode::{self, Decoder, SampleKey, ScratchBudget};
 use crate::metrics::pool as pool_metrics;
-use crate::net::connections::{limit, ConnectionLimits, CountCallsLayer};
+use crate::net::connections::{limit, ConnectionLimits, CountCallsLayer, Tracked};
+use crate::net::handshake::{accept_tls, HandshakeLimits};
 use crate::net::requests::{BoundRequestsLayer, RequestBounds};
 use crate::net::tls::PoolTls;
 
@@ -348,6 +350,8 @@ pub enum WorkerError {
     Threads(String),
     #[error(transparent)]
     Transport(#[from] tonic::transport::Error),
+    #[error("the pool's TLS files: {0}")]
+    Tls(#[from] crate::net::tls::TlsError),
 }
 
 /// A worker bound to its address: the port is known before it serves.
@@ -473,11 +477,23 @@ impl BoundWorker {
                 }
             }))
         });
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = &config.tls {
-            builder = builder.tls_config(tls.server_config())?;
-        }
-        let server = builder
+        let tcp =
+            tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true));
+        // Under TLS a connection shakes hands before it takes a place.
+        let incoming: ConnectionStream = match &config.tls {
+            Some(tls) => Box::pin(limit(
+                accept_tls(tcp, tls.server_acceptor()?, HandshakeLimits::DEFAULT)
+                    .map(|tls| tls.map(|tls| Box::new(tls) as Box<dyn Connection>)),
+                config.connections,
+                "pool-worker",
+            )),
+            None => Box::pin(limit(
+                tcp.map(|tcp| tcp.map(|tcp| Box::new(tcp) as Box<dyn Connection>)),
+                config.connections,
+                "pool-worker",
+            )),
+        };
+        let server = tonic::transport::Server::builder()
             .layer(CountCallsLayer)
             .layer(BoundRequestsLayer::new(config.request_bounds()))
             .tcp_nodelay(true)
@@ -499,17 +515,9 @@ impl BoundWorker {
                     .max_encoding_message_size(config.max_unit_output_bytes + (1 << 20)),
                 gate,
             ))
-            .serve_with_incoming_shutdown(
-                limit(
-                    tonic::transport::server::TcpIncoming::from(self.listener)
-                        .with_nodelay(Some(true)),
-                    config.connections,
-                    "pool-worker",
-                ),
-                async move {
-                    let _ = stop_rx.await;
-                },
-            );
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stop_rx.await;
+            });
         let mut server = std::pin::pin!(server);
         tokio::select! {
             result = &mut server => return result.map_err(WorkerError::from),
@@ -543,6 +551,15 @@ const HEALTH_CONNECTION_LIMITS: ConnectionLimits = ConnectionLimits {
     max_connections: 64,
     idle: Duration::from_secs(60),
 };
+
+/// A worker's connection, plain or TLS.
+trait Connection: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Connection for T {}
+
+type ConnectionStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = std::io::Result<Tracked<Box<dyn Connection>>>> + Send>,
+>;
 
 /// A probe's request is a service name: a few bytes, sent at once.
 const HEALTH_REQUESTS: RequestBounds = RequestBounds {
