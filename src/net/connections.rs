@@ -186,8 +186,46 @@ impl<IO> tonic::transport::server::Connected for Tracked<IO> {
     }
 }
 
-/// `incoming`'s connections within `limits`; `listener` names it in logs
-/// and metrics.
+/// The first pause after a failed `accept`; it doubles to
+/// [`MAX_ACCEPT_PAUSE`] while `accept` keeps failing.
+const FIRST_ACCEPT_PAUSE: Duration = Duration::from_millis(10);
+const MAX_ACCEPT_PAUSE: Duration = Duration::from_secs(1);
+
+/// `incoming` without its accept errors: each failure (the descriptor
+/// limit, mostly) pauses the listener, 10 ms doubling to 1 s, and is
+/// logged once a minute. Without it a listener at the descriptor limit
+/// retries at once: tonic's loop skips the error and spins a core.
+pub fn pause_on_accept_errors<IO, S>(incoming: S, listener: &'static str) -> impl Stream<Item = IO>
+where
+    S: Stream<Item = io::Result<IO>>,
+{
+    let pause = Arc::new(AtomicU64::new(FIRST_ACCEPT_PAUSE.as_millis() as u64));
+    let failures = Arc::new(LogGate::new(Duration::from_secs(60)));
+    incoming.filter_map(move |accepted| {
+        let (pause, failures) = (pause.clone(), failures.clone());
+        async move {
+            match accepted {
+                Ok(connection) => {
+                    pause.store(FIRST_ACCEPT_PAUSE.as_millis() as u64, Ordering::Relaxed);
+                    Some(connection)
+                }
+                Err(error) => {
+                    if let Some(left_out) = failures.open() {
+                        tracing::warn!(listener, %error, left_out, "accept failed; pausing the listener");
+                    }
+                    let millis = pause.load(Ordering::Relaxed);
+                    let next = (millis * 2).min(MAX_ACCEPT_PAUSE.as_millis() as u64);
+                    pause.store(next, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(millis)).await;
+                    None
+                }
+            }
+        }
+    })
+}
+
+/// `incoming`'s connections within `limits` (its accept errors paused on,
+/// never passed on); `listener` names it in logs and metrics.
 pub fn limit<IO, S>(
     incoming: S,
     limits: ConnectionLimits,
@@ -198,14 +236,10 @@ where
 {
     let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let refusals = Arc::new(LogGate::new(Duration::from_secs(60)));
-    incoming.filter_map(move |accepted| {
+    pause_on_accept_errors(incoming, listener).filter_map(move |connection| {
         let place = places.clone().try_acquire_owned();
         let refusals = refusals.clone();
         async move {
-            let connection = match accepted {
-                Ok(connection) => connection,
-                Err(error) => return Some(Err(error)),
-            };
             match place {
                 Ok(place) => Some(Ok(Tracked::new(connection, place, limits.idle))),
                 Err(_) => {
@@ -342,6 +376,21 @@ mod tests {
         assert_eq!(places.available_permits(), 0);
         drop(tracked);
         assert_eq!(places.available_permits(), 1, "its place is free again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn accept_errors_pause_the_listener_and_are_not_passed_on() {
+        let (sender, receiver) = futures::channel::mpsc::unbounded::<io::Result<u32>>();
+        for _ in 0..3 {
+            let error = io::Error::from_raw_os_error(24); // EMFILE
+            sender.unbounded_send(Err(error)).unwrap();
+        }
+        sender.unbounded_send(Ok(7)).unwrap();
+        let mut accepted = Box::pin(pause_on_accept_errors(receiver, "test"));
+        let started = Instant::now();
+        assert_eq!(accepted.next().await, Some(7));
+        // 10 + 20 + 40 ms: doubling pauses, not a spin.
+        assert_eq!(started.elapsed(), Duration::from_millis(70));
     }
 
     #[tokio::test]

@@ -106,22 +106,9 @@ where
     let peers = Arc::new(PeerCounts::default());
     let refusals = Arc::new(LogGate::new(Duration::from_secs(60)));
     let accepting = tokio::spawn(async move {
+        let incoming = super::connections::pause_on_accept_errors(incoming, "pool-worker");
         let mut incoming = std::pin::pin!(incoming);
-        let mut backoff = Duration::from_millis(10);
-        while let Some(accepted) = incoming.next().await {
-            let tcp = match accepted {
-                Ok(tcp) => tcp,
-                Err(error) => {
-                    // The descriptor limit: pause rather than spin.
-                    if let Some(left_out) = refusals.open() {
-                        tracing::warn!(%error, left_out, "pool worker: accept failed; backing off");
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            };
-            backoff = Duration::from_millis(10);
+        while let Some(tcp) = incoming.next().await {
             let Some(admitted) = admit(&tcp, &places, &peers, limits) else {
                 metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "handshakes")
                     .increment(1);

@@ -8,8 +8,8 @@
 //! Here the exporter only renders; this listener admits at most
 //! `max_connections` at once ([`limit`]), closes a connection with no
 //! request for `idle`, gives a request head `head_deadline` to arrive and
-//! at most [`MAX_HEAD_BYTES`] to fill, and backs off after a failed
-//! `accept`, logging it once a minute.
+//! at most [`MAX_HEAD_BYTES`] to fill, and (through [`limit`]) pauses
+//! after a failed `accept`, logging it once a minute.
 
 use std::convert::Infallible;
 use std::io;
@@ -22,7 +22,6 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use super::connections::{limit, ConnectionLimits};
-use crate::metrics::log_gate::LogGate;
 
 /// The most a request head may buffer (hyper's smallest read buffer): a
 /// scrape's head is a few hundred bytes.
@@ -31,10 +30,6 @@ pub const MAX_HEAD_BYTES: usize = 8 << 10;
 /// How often the exporter's histograms are brought up to date between
 /// scrapes (the exporter's own listener does it every 5 s).
 const UPKEEP: Duration = Duration::from_secs(5);
-
-/// The first pause after a failed `accept`; it doubles to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(10);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The metrics listener's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,21 +79,9 @@ pub fn serve(
         let _stop_upkeep = AbortOnDrop(upkeep);
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let mut admitted = Box::pin(limit(incoming, bounds.connections, "metrics"));
-        let failures = LogGate::new(Duration::from_secs(60));
-        let mut backoff = FIRST_BACKOFF;
         while let Some(accepted) = admitted.next().await {
-            let connection = match accepted {
-                Ok(connection) => connection,
-                Err(error) => {
-                    if let Some(left_out) = failures.open() {
-                        tracing::warn!(%error, left_out, "metrics listener: accept failed; backing off");
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue;
-                }
-            };
-            backoff = FIRST_BACKOFF;
+            // `limit` pauses on accept errors itself and never yields one.
+            let Ok(connection) = accepted else { continue };
             let activity = connection.activity();
             let handle = handle.clone();
             tokio::spawn(async move {
