@@ -352,6 +352,60 @@ async fn an_encoded_batch_never_outgrows_a_decoded_one() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_ops_the_client_does_not_name_is_decoded_by_the_server() {
+    let harness = Harness::start(Options::default()).await;
+    let uri = upload(&harness.s3, "encoded", "photos/", &photos()).await;
+    let mut client = harness.client().await;
+    let trivial_augment = pb::StreamBatchesRequest {
+        augmentation: Some(pb::Augmentation {
+            horizontal_flip: 0.5,
+            auto_augment: Some(pb::AutoAugment {
+                policy: Some(pb::auto_augment::Policy::TrivialAugmentWide(
+                    pb::TrivialAugmentWide::default(),
+                )),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..encoded(train(&uri), Some(0.0))
+    };
+    let compressed = |batches: &[pb::Batch]| -> usize {
+        batches
+            .iter()
+            .flat_map(|b| &b.encoded)
+            .filter(|e| !e.decoded)
+            .count()
+    };
+    // An older client names no ops: it replays the flip alone.
+    let unnamed = collect(&mut client, trivial_augment.clone()).await.unwrap();
+    assert_eq!(compressed(&unnamed), 0);
+    let flip_only = pb::StreamBatchesRequest {
+        client_ops: vec!["horizontal_flip".into(), "a_future_op".into()],
+        ..trivial_augment.clone()
+    };
+    assert_eq!(
+        compressed(&collect(&mut client, flip_only).await.unwrap()),
+        0
+    );
+    let named = pb::StreamBatchesRequest {
+        client_ops: vec!["auto_augment".into()],
+        ..trivial_augment
+    };
+    let named = collect(&mut client, named).await.unwrap();
+    // As many go compressed as in a stream without ops: every sample the
+    // client can decode.
+    let plain = collect(&mut client, encoded(train(&uri), Some(0.0)))
+        .await
+        .unwrap();
+    assert!(compressed(&plain) >= 30);
+    assert_eq!(compressed(&named), compressed(&plain));
+    for (server, client) in unnamed.iter().zip(&named) {
+        assert_eq!(server.keys, client.keys);
+        assert_eq!(server.crops, client.crops, "the same decisions either way");
+    }
+}
+
 /// A search state at `center` with `hold` batches left, fine steps.
 fn search(center: f64, hold: u32) -> pb::ShareSearch {
     pb::ShareSearch {

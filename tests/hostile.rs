@@ -220,6 +220,22 @@ async fn hostile_plans_are_refused_at_once_and_the_server_keeps_serving() {
             "repeats",
         ),
         (
+            "more client ops than the table could hold",
+            pb::StreamBatchesRequest {
+                client_ops: vec!["auto_augment".into(); 17],
+                ..request(&uri)
+            },
+            "client_ops",
+        ),
+        (
+            "a client op name of four kilobytes",
+            pb::StreamBatchesRequest {
+                client_ops: vec!["x".repeat(4096)],
+                ..request(&uri)
+            },
+            "client_ops",
+        ),
+        (
             "epoch at the end of time",
             pb::StreamBatchesRequest {
                 epoch: u64::MAX,

@@ -15,6 +15,34 @@ use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 /// The engine's request for a `StreamBatches` call, of one dataset or a
 /// mix, with the fields checked that the engine cannot (output size, batch
 /// bytes, enum values); fields left unset take the server's defaults.
+/// The most ops a request's `client_ops` may name, and the longest name:
+/// far above the table's rows, far below what could cost memory.
+const MAX_CLIENT_OPS: usize = 16;
+const MAX_CLIENT_OP_NAME: usize = 64;
+
+fn client_ops(request: &pb::StreamBatchesRequest) -> Result<&[String], ServiceError> {
+    let names = &request.client_ops;
+    if names.len() > MAX_CLIENT_OPS {
+        return Err(ServiceError::invalid(
+            "client_ops",
+            format!(
+                "client_ops names {} ops; at most {MAX_CLIENT_OPS}",
+                names.len()
+            ),
+        ));
+    }
+    if let Some(long) = names.iter().find(|name| name.len() > MAX_CLIENT_OP_NAME) {
+        return Err(ServiceError::invalid(
+            "client_ops",
+            format!(
+                "client_ops holds a name of {} bytes; at most {MAX_CLIENT_OP_NAME}",
+                long.len()
+            ),
+        ));
+    }
+    Ok(names)
+}
+
 pub fn stream_request(
     request: &pb::StreamBatchesRequest,
     defaults: ShuffleConfig,
@@ -89,15 +117,15 @@ pub fn stream_request(
     };
     let layout = sample_layout(request.layout.as_ref())?;
     let (decoded_source, decoded_from_epoch) = decoded_source(request.decoded_source.as_ref())?;
-    let client_replays = output.ops.client_replays();
+    let client_replays = output.ops.client_replays(client_ops(request)?);
     let output = OutputRequest {
         spec: output,
         shared_memory: None,
         decoded_source,
         decoded_from_epoch,
         decoded_by_default: request.decoded_source.is_none(),
-        // A client decoder applies the crop and the flip only: a stream
-        // with other ops is the server's to decode, whatever the share.
+        // A stream with an op the client's decoder does not name is the
+        // server's to decode, whatever the share.
         delivery: encoded::wire::delivery_from_wire(request)
             .map_err(|e| ServiceError::invalid(e.field, e.message))?
             .for_ops(client_replays),

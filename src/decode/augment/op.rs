@@ -54,8 +54,9 @@ pub trait Op: Copy + Default + PartialEq + std::fmt::Debug {
     /// identity) and as its generator is keyed: never rename one.
     const NAME: &'static str;
 
-    /// Whether a client that decodes applies this op's decisions itself;
-    /// where it does not, the server decodes the stream's samples.
+    /// Whether every client that decodes applies this op's decisions,
+    /// whether or not its request names the op (`client_ops`): true for
+    /// the flip alone, which clients replayed before they named ops.
     const CLIENT_REPLAYS: bool;
 
     /// The op turned off: what a request that does not name it gets.

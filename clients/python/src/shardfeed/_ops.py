@@ -22,6 +22,12 @@ from ._proto import shardfeed_pb2 as pb
 
 SampleOps = list[tuple[str, dict[str, Any]]]
 
+# The rows of the server's op table whose decisions this client's decoder
+# (``shardfeed.decode.BatchDecoder``, through ``shardfeed.torch.ops``)
+# applies itself: named in an encoded stream's request, so the server
+# leaves those streams' JPEGs to the client.
+CLIENT_OPS = ("horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing")
+
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 

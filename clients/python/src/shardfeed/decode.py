@@ -6,7 +6,10 @@ JPEGs arrive compressed. :class:`BatchDecoder` finishes them as the server
 would have: each sample decoded by its form's decoder (``_modes.py``; a
 JPEG by torchvision's ``decode_jpeg``, batched: nvJPEG with
 ``device="cuda"``, libjpeg-turbo on CPU), then the box cropped and resized
-with the server's filter and the flip applied, on the same device.
+with the server's filter and the flip applied, on the same device; then
+the ops the server decided after the flip (``shardfeed.torch.ops``: the
+auto-augment policies, ColorJitter, RandomGrayscale, RandomErasing), over
+the whole batch with each sample's arguments.
 
 The resize is the server's to the arithmetic: a separable triangle
 (bilinear) filter whose support widens with the downscale factor, so it
@@ -45,6 +48,7 @@ import torch
 from ._modes import FORM_DECODERS, form_name
 from ._resize import crop_resize, crop_resize_batch
 from ._wire import Batch, EncodedImages
+from .torch.ops import apply_decisions
 
 __all__ = ["BatchDecoder", "ClientDecoded", "crop_resize", "substitute_source"]
 
@@ -160,6 +164,8 @@ class BatchDecoder:
                 out=out,
                 slots=decoded_slots,
             )
+            crops, augmentation = batch.decisions or ((), None)
+            apply_decisions(out, decoded_slots, crops, augmentation)
         self._substitute(batch, out, labels, (boxes, flipped), server_failed, failed)
         self._count(batch, len(compressed) - len(failed), failed)
         substituted = sorted(server_failed | {slot for slot, _ in failed})

@@ -16,7 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from shardfeed import Client  # noqa: E402
+from shardfeed import (  # noqa: E402
+    Augment,
+    Client,
+    ColorJitter,
+    RandomErasing,
+    TrivialAugmentWide,
+)
 from shardfeed.decode import BatchDecoder, crop_resize, substitute_source  # noqa: E402
 from shardfeed.torch import ShardfeedDataset  # noqa: E402
 
@@ -116,9 +122,19 @@ def _stream(server: Server, uri: str, augment: str, **options: Any) -> list[Any]
     )
 
 
-@pytest.mark.parametrize("augment", ["train", "eval"])
+# Every op the client mirrors, drawn often: the policy's geometry and
+# colour, the jitter's four factors in their order, grey, noise erasing.
+RECIPE = Augment.train(
+    auto_augment=TrivialAugmentWide(interpolation="bilinear", fill=(124, 116, 104)),
+    color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1),
+    grayscale=0.2,
+    random_erasing=RandomErasing(0.5, value="random"),
+)
+
+
+@pytest.mark.parametrize("augment", ["train", "eval", RECIPE], ids=["train", "eval", "recipe"])
 def test_client_decodes_match_the_servers_within_the_tolerance(
-    unix_server: Server, dataset: str, augment: str
+    unix_server: Server, dataset: str, augment: Any
 ) -> None:
     reference = _stream(unix_server, dataset, augment)
     encoded = _stream(unix_server, dataset, augment, delivery="encoded")
@@ -140,7 +156,13 @@ def test_client_decodes_match_the_servers_within_the_tolerance(
             assert quality >= TOLERANCE_DB, (want.keys[slot], quality)
             worst = min(worst, quality)
     assert decoder.decoded == compressed - 1 and decoder.failures == 1
-    print(f"{augment}: {compressed} decoded by the client, worst PSNR {worst:.1f} dB")
+    if augment is RECIPE:
+        # The client applied the ops: none of these streams went to the server.
+        assert compressed >= 15
+        drawn = {name for batch in encoded for ops in batch.ops for name, _ in ops}
+        assert {"erase", "adjust_hue", "rgb_to_grayscale"} <= drawn, drawn
+    name = augment if isinstance(augment, str) else "recipe"
+    print(f"{name}: {compressed} decoded by the client, worst PSNR {worst:.1f} dB")
 
 
 def test_a_server_share_puts_every_sample_in_its_slot(unix_server: Server, dataset: str) -> None:

@@ -61,10 +61,13 @@ macro_rules! ops_table {
             /// The table's op names, in its order.
             pub const NAMES: &'static [&'static str] = &[$(<$op as Op>::NAME),+];
 
-            /// Whether a client that decodes applies every op this stream
-            /// runs (else the server decodes all of its samples).
-            pub fn client_replays(&self) -> bool {
-                true $(&& (<$op as Op>::CLIENT_REPLAYS || !self.$name.is_random()))+
+            /// Whether a client that decodes, applying the ops named in
+            /// `client_ops`, applies every op this stream runs (else the
+            /// server decodes all of its samples).
+            pub fn client_replays(&self, client_ops: &[String]) -> bool {
+                true $(&& (!self.$name.is_random()
+                    || <$op as Op>::CLIENT_REPLAYS
+                    || client_ops.iter().any(|name| name == <$op as Op>::NAME)))+
             }
 
             pub fn validate(&self) -> Result<(), AugmentError> {
