@@ -126,7 +126,7 @@ def test_the_dataset_yields_the_batch_as_the_model_takes_it(
     from torchvision.transforms import InterpolationMode, v2
 
     from shardfeed import from_torchvision
-    from shardfeed.torch import Mixing, ModelInput, ShardfeedDataset, to_model
+    from shardfeed.torch import Mixing, ModelInput, ShardfeedDataset, model_batch, to_model
 
     uri, _ = photos
     transform = v2.Compose(
@@ -157,3 +157,15 @@ def test_the_dataset_yields_the_batch_as_the_model_takes_it(
         assert torch.allclose(targets, expected_targets)
         steps += 1
     assert steps == 4
+    # A loop over Client.batches gets the dataset's inputs, draws and all
+    # (the dataset's second pass is epoch 1).
+    stream = Client(server.target).batches(
+        uri, batch_size=4, image_size=48, seed=3, epoch=1, rank=0, world_size=1, augment=augment
+    )
+    compared = 0
+    for batch, (images, targets) in zip(stream, model):
+        ours, our_targets = model_batch(batch, spec, seed=3, rank=0)
+        assert torch.equal(ours, images)
+        assert torch.allclose(our_targets, targets)
+        compared += 1
+    assert compared == 4

@@ -18,7 +18,7 @@ must know of how frameworks iterate it).
 """
 
 from ._dataset import MAX_FETCH_AHEAD, BatchDict, ShardfeedDataset
-from ._model_input import Mixing, ModelInput, draw_mixing, to_model
+from ._model_input import Mixing, ModelInput, draw_mixing, model_batch, to_model
 
 __all__ = [
     "MAX_FETCH_AHEAD",
@@ -27,5 +27,6 @@ __all__ = [
     "ModelInput",
     "ShardfeedDataset",
     "draw_mixing",
+    "model_batch",
     "to_model",
 ]

@@ -16,9 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+
+from .._wire import Batch
+from ._device import materialize
 
 # Separates the mixing draws from every other use of the same numbers.
 _PURPOSE_MIX = 0x6D6978
@@ -103,6 +107,35 @@ def to_model(
     if spec.mixing is None:
         return out, labels
     return mix(out, labels, spec.mixing, key)
+
+
+def model_batch(
+    batch: Batch,
+    spec: ModelInput,
+    *,
+    seed: int,
+    rank: int,
+    device: str | torch.device | None = None,
+    decoder: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A :class:`shardfeed.Client` batch as the model takes it, on
+    ``device``: what :class:`ShardfeedDataset` yields for ``spec``, with
+    the same mixing draws (keyed by ``seed``, the batch's epoch, ``rank``
+    and its step in the epoch), so a loop over ``Client.batches`` and the
+    dataset train on the same inputs. An encoded batch
+    (``delivery="encoded"``) is decoded by ``decoder``, a
+    :class:`shardfeed.decode.BatchDecoder` on the device wanted."""
+    if batch.encoded is not None and decoder is None:
+        raise ValueError(
+            "the batch was delivered encoded: pass decoder=BatchDecoder(device) to decode it"
+        )
+    delivered = materialize(batch, decoder)
+    images, labels = delivered.images, delivered.labels
+    if device is not None:
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+    step = sum(batches for _, batches in batch.position.segments) - 1
+    return to_model(images, labels, spec, (seed, batch.epoch, rank, step))
 
 
 def _generator(key: tuple[int, int, int, int]) -> np.random.Generator:
