@@ -21,6 +21,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use super::bounds::{FirstBytes, ListenerBounds};
 use super::connections::{limit, ConnectionLimits};
 
 /// The most a request head may buffer (hyper's smallest read buffer): a
@@ -49,6 +50,17 @@ impl MetricsBounds {
         },
         head_deadline: Duration::from_secs(10),
     };
+
+    /// As every listener publishes its bounds (`listener="metrics"`).
+    pub fn published(&self) -> ListenerBounds {
+        ListenerBounds {
+            first_bytes: Some(FirstBytes {
+                max_bytes: MAX_HEAD_BYTES,
+                deadline: self.head_deadline,
+            }),
+            ..ListenerBounds::new("metrics", self.connections)
+        }
+    }
 
     /// The most the listener's connections hold: each idle connection's
     /// state plus a full request head.
@@ -115,6 +127,7 @@ pub async fn bind_and_serve(
 ) -> io::Result<(std::net::SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    bounds.published().publish();
     Ok((bound, serve(listener, handle, bounds)))
 }
 

@@ -1,9 +1,11 @@
 //! What every listener of the process shares, below the services that use
-//! it: bounds on a listener's connections ([`connections`]) and on each
-//! call's request ([`requests`]), the metrics
+//! it: each listener's bounds in one record it is configured from and
+//! publishes ([`bounds`]), bounds on a listener's connections
+//! ([`connections`]) and on each call's request ([`requests`]), the metrics
 //! endpoint behind them ([`metrics_listener`]), and the decode pool's TLS
 //! ([`tls`]) with its handshakes bounded apart ([`handshake`]).
 
+pub mod bounds;
 pub mod connections;
 pub mod handshake;
 pub mod metrics_listener;

@@ -36,6 +36,7 @@ use tonic::{Request, Response, Status};
 use super::wire::{self, pb, SampleAnswer};
 use crate::decode::{self, Decoder, SampleKey, ScratchBudget};
 use crate::metrics::pool as pool_metrics;
+use crate::net::bounds::{Http2Bounds, ListenerBounds, DEFAULT_FRAME_BYTES};
 use crate::net::connections::{limit, ConnectionLimits, CountCallsLayer, Tracked};
 use crate::net::handshake::{accept_tls, HandshakeLimits};
 use crate::net::requests::{BoundRequestsLayer, RequestBounds};
@@ -78,6 +79,30 @@ impl WorkerConfig {
         u32::try_from(2 * self.max_units.max(1))
             .unwrap_or(u32::MAX)
             .saturating_add(super::transport::WORKER_EXTRA_STREAMS)
+    }
+
+    /// The worker's HTTP/2 settings: a frame of HTTP/2's smallest size
+    /// until a peer is known (a frame is buffered whole before its headers
+    /// are read).
+    pub fn http2(&self) -> Http2Bounds {
+        Http2Bounds {
+            streams: self.max_concurrent_streams(),
+            header_list_bytes: super::transport::MAX_HEADER_LIST_BYTES,
+            frame_bytes: super::transport::WORKER_MAX_FRAME_BYTES,
+            local_error_resets: super::transport::MAX_LOCAL_ERROR_RESETS,
+            pending_accept_resets: super::transport::MAX_PENDING_ACCEPT_RESETS,
+        }
+    }
+
+    /// Every bound of the worker's listener, as published
+    /// (`listener="pool-worker"`).
+    pub fn bounds(&self) -> ListenerBounds {
+        ListenerBounds {
+            handshakes: self.tls.as_ref().map(|_| HandshakeLimits::DEFAULT.into()),
+            http2: Some(self.http2()),
+            requests: Some(self.request_bounds()),
+            ..ListenerBounds::new("pool-worker", self.connections)
+        }
     }
 
     /// A unit's request: whole within 30 s (an admitted unit holds one of
@@ -197,37 +222,46 @@ impl Gate {
 
 impl WorkerService {
     fn check_unit(&self, unit: &pb::DecodeUnit) -> Result<decode::OutputSpec, Status> {
-        let invalid = |error: wire::UnitError| {
+        check_unit(unit, self.max_unit_samples, self.max_unit_output_bytes).map_err(|error| {
             pool_metrics::worker_unit("invalid");
             Status::invalid_argument(error.to_string())
-        };
-        let spec = wire::spec_from_wire(unit.spec.as_ref()).map_err(invalid)?;
-        let samples = unit.samples.len();
-        if samples == 0 || samples > self.max_unit_samples {
-            return Err(invalid(wire::UnitError {
-                field: "samples",
-                message: format!(
-                    "{samples} samples; a unit holds 1 to {} (worker --max-unit-samples)",
-                    self.max_unit_samples
-                ),
-            }));
-        }
-        let output = spec.bytes().saturating_mul(samples);
-        if output > self.max_unit_output_bytes {
-            return Err(invalid(wire::UnitError {
-                field: "samples",
-                message: format!(
-                    "{samples} outputs of {}x{} are {output} bytes, over the worker's \
-                     --max-unit-output-bytes {}",
-                    spec.height, spec.width, self.max_unit_output_bytes
-                ),
-            }));
-        }
-        for sample in &unit.samples {
-            wire::format_from_wire(sample.format).map_err(invalid)?;
-        }
-        Ok(spec)
+        })
     }
+}
+
+/// A unit's spec, if the unit is one a worker of these bounds decodes: its
+/// spec sound, 1 to `max_samples` samples whose outputs fit
+/// `max_output_bytes`, every sample's format known.
+pub(crate) fn check_unit(
+    unit: &pb::DecodeUnit,
+    max_samples: usize,
+    max_output_bytes: usize,
+) -> Result<decode::OutputSpec, wire::UnitError> {
+    let spec = wire::spec_from_wire(unit.spec.as_ref())?;
+    let samples = unit.samples.len();
+    if samples == 0 || samples > max_samples {
+        return Err(wire::UnitError {
+            field: "samples",
+            message: format!(
+                "{samples} samples; a unit holds 1 to {max_samples} (worker --max-unit-samples)"
+            ),
+        });
+    }
+    let output = spec.bytes().saturating_mul(samples);
+    if output > max_output_bytes {
+        return Err(wire::UnitError {
+            field: "samples",
+            message: format!(
+                "{samples} outputs of {}x{} are {output} bytes, over the worker's \
+                 --max-unit-output-bytes {max_output_bytes}",
+                spec.height, spec.width
+            ),
+        });
+    }
+    for sample in &unit.samples {
+        wire::format_from_wire(sample.format)?;
+    }
+    Ok(spec)
 }
 
 #[tonic::async_trait]
@@ -281,7 +315,7 @@ impl pb::decode_pool_server::DecodePool for WorkerService {
 }
 
 /// Decodes every sample of `unit` into one buffer, as a local stream would.
-fn decode_unit(
+pub(crate) fn decode_unit(
     decoder: &dyn Decoder,
     scratch: &ScratchBudget,
     spec: &decode::OutputSpec,
@@ -452,24 +486,18 @@ impl BoundWorker {
             .await;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let _health_server = self.health_listener.map(|listener| {
+            HEALTH_BOUNDS.publish();
             let health_service = health_service.clone();
             AbortOnDrop(tokio::spawn(async move {
-                let served = tonic::transport::Server::builder()
-                    .max_concurrent_streams(8)
-                    .http2_max_header_list_size(super::transport::MAX_HEADER_LIST_BYTES)
-                    .http2_max_local_error_reset_streams(Some(
-                        super::transport::MAX_LOCAL_ERROR_RESETS,
-                    ))
-                    .http2_max_pending_accept_reset_streams(Some(
-                        super::transport::MAX_PENDING_ACCEPT_RESETS,
-                    ))
+                let served = HEALTH_HTTP2
+                    .configure(tonic::transport::Server::builder())
                     .layer(CountCallsLayer)
                     .layer(BoundRequestsLayer::new(HEALTH_REQUESTS))
                     .add_service(health_service)
                     .serve_with_incoming(limit(
                         tonic::transport::server::TcpIncoming::from(listener),
                         HEALTH_CONNECTION_LIMITS,
-                        "pool-worker-health",
+                        HEALTH_BOUNDS.name,
                     ))
                     .await;
                 if let Err(error) = served {
@@ -477,6 +505,8 @@ impl BoundWorker {
                 }
             }))
         });
+        let bounds = config.bounds();
+        bounds.publish();
         let tcp =
             tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true));
         // Under TLS a connection shakes hands before it takes a place.
@@ -485,27 +515,22 @@ impl BoundWorker {
                 accept_tls(tcp, tls.server_acceptor()?, HandshakeLimits::DEFAULT)
                     .map(|tls| tls.map(|tls| Box::new(tls) as Box<dyn Connection>)),
                 config.connections,
-                "pool-worker",
+                bounds.name,
             )),
             None => Box::pin(limit(
                 tcp.map(|tcp| tcp.map(|tcp| Box::new(tcp) as Box<dyn Connection>)),
                 config.connections,
-                "pool-worker",
+                bounds.name,
             )),
         };
-        let server = tonic::transport::Server::builder()
+        let server = config
+            .http2()
+            .configure(tonic::transport::Server::builder())
             .layer(CountCallsLayer)
             .layer(BoundRequestsLayer::new(config.request_bounds()))
             .tcp_nodelay(true)
             .initial_stream_window_size(super::transport::STREAM_WINDOW_BYTES)
             .initial_connection_window_size(super::transport::CONNECTION_WINDOW_BYTES)
-            .max_frame_size(super::transport::WORKER_MAX_FRAME_BYTES)
-            .max_concurrent_streams(config.max_concurrent_streams())
-            .http2_max_header_list_size(super::transport::MAX_HEADER_LIST_BYTES)
-            .http2_max_local_error_reset_streams(Some(super::transport::MAX_LOCAL_ERROR_RESETS))
-            .http2_max_pending_accept_reset_streams(Some(
-                super::transport::MAX_PENDING_ACCEPT_RESETS,
-            ))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(health_service)
@@ -560,6 +585,22 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Connection 
 type ConnectionStream = std::pin::Pin<
     Box<dyn futures::Stream<Item = std::io::Result<Tracked<Box<dyn Connection>>>> + Send>,
 >;
+
+/// A probe's stream and headers are gRPC health's: a few of each.
+const HEALTH_HTTP2: Http2Bounds = Http2Bounds {
+    streams: 8,
+    header_list_bytes: super::transport::MAX_HEADER_LIST_BYTES,
+    frame_bytes: DEFAULT_FRAME_BYTES,
+    local_error_resets: super::transport::MAX_LOCAL_ERROR_RESETS,
+    pending_accept_resets: super::transport::MAX_PENDING_ACCEPT_RESETS,
+};
+
+/// The health listener's bounds, as published.
+const HEALTH_BOUNDS: ListenerBounds = ListenerBounds {
+    http2: Some(HEALTH_HTTP2),
+    requests: Some(HEALTH_REQUESTS),
+    ..ListenerBounds::new("pool-worker-health", HEALTH_CONNECTION_LIMITS)
+};
 
 /// A probe's request is a service name: a few bytes, sent at once.
 const HEALTH_REQUESTS: RequestBounds = RequestBounds {

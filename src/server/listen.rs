@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::limits::{CONNECTION_WINDOWS_PER_STREAM, DEFAULT_STREAM_WINDOW_BYTES};
 use super::pb::shardfeed_server::ShardfeedServer;
 use super::service::ShardfeedService;
+use crate::net::bounds::{Http2Bounds, ListenerBounds, DEFAULT_FRAME_BYTES};
 use crate::net::connections::{limit, CountCallsLayer};
 use crate::net::requests::BoundRequestsLayer;
 
@@ -174,6 +175,22 @@ pub const CONNECTION_LIMITS: crate::net::connections::ConnectionLimits =
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 pub const MAX_LOCAL_ERROR_RESETS: usize = 256;
 pub const MAX_PENDING_ACCEPT_RESETS: usize = 64;
+pub const HTTP2: Http2Bounds = Http2Bounds {
+    streams: MAX_STREAMS_PER_CONNECTION,
+    header_list_bytes: MAX_HEADER_LIST_BYTES,
+    frame_bytes: DEFAULT_FRAME_BYTES,
+    local_error_resets: MAX_LOCAL_ERROR_RESETS,
+    pending_accept_resets: MAX_PENDING_ACCEPT_RESETS,
+};
+
+/// The bounds of the gRPC listener `name` ("unix" or "tcp").
+pub const fn grpc_bounds(name: &'static str) -> ListenerBounds {
+    ListenerBounds {
+        http2: Some(HTTP2),
+        requests: Some(super::limits::REQUESTS),
+        ..ListenerBounds::new(name, CONNECTION_LIMITS)
+    }
+}
 
 /// How long open streams may run on after shutdown starts.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -199,10 +216,11 @@ pub async fn serve(
             let fd_path = super::shm::fd_socket_path(path);
             let fd_listener = bind_unix(&fd_path)?;
             let rings = std::sync::Arc::new(super::shm::RingRegistry::new(fd_path));
+            super::shm::BOUNDS.publish();
             let task = tokio::spawn(super::shm::serve_fd_socket(
                 fd_listener,
                 rings.clone(),
-                super::shm::MAX_FD_CONNECTIONS,
+                super::shm::BOUNDS.max_connections,
             ));
             (service.with_shared_memory(rings), Some(AbortOnDrop(task)))
         }
@@ -221,15 +239,17 @@ pub async fn serve(
     let drain_started = async move {
         let _ = drain_rx.await;
     };
-    let router = tonic::transport::Server::builder()
+    let bounds = grpc_bounds(match &listener {
+        Listener::Tcp(_) => "tcp",
+        Listener::Unix(..) => "unix",
+    });
+    bounds.publish();
+    let router = HTTP2
+        .configure(tonic::transport::Server::builder())
         .layer(CountCallsLayer)
         .layer(BoundRequestsLayer::new(super::limits::REQUESTS))
         .initial_stream_window_size(window)
         .initial_connection_window_size(window.saturating_mul(CONNECTION_WINDOWS_PER_STREAM))
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
-        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
-        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_nodelay(true)

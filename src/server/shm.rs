@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 use super::pb;
+use crate::net::bounds::{FirstBytes, HandshakeBounds, ListenerBounds};
 use crate::pipeline::shm::{Ring, CONNECT_TIMEOUT, TOKEN_BYTES};
 use crate::pipeline::BatchImages;
 
@@ -140,6 +141,25 @@ impl RingRegistry {
 /// Connections that collected a ring and return its slots: one per open
 /// shared-memory stream is the use; beyond this a connection is closed.
 pub const MAX_FD_CONNECTIONS: usize = 1024;
+
+/// The descriptor socket's bounds, as published (`listener="shm"`): no
+/// idle bound, since a connection lasts as long as its stream does.
+pub const BOUNDS: ListenerBounds = ListenerBounds {
+    name: "shm",
+    max_connections: MAX_FD_CONNECTIONS,
+    idle: None,
+    handshakes: Some(HandshakeBounds {
+        at_once: MAX_HANDSHAKES,
+        per_peer: None,
+        deadline: TOKEN_WAIT,
+    }),
+    http2: None,
+    requests: None,
+    first_bytes: Some(FirstBytes {
+        max_bytes: TOKEN_BYTES,
+        deadline: TOKEN_WAIT,
+    }),
+};
 
 /// Connections still to send their ring's token. A client sends it right
 /// after connecting, so a connection that has not within
