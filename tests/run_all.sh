@@ -100,6 +100,12 @@ fi
 # and rebuild much of the tree.
 (cd clients/python && SHARDFEED_BIN="$PWD/../../target/debug/shardfeed" ../../.venv/bin/python -m pytest -q)
 
+step "the hostile-client run (tests/hostile_run.sh) against the test build's binary"
+# Every attack of both hardening reviews against a fresh sidecar or worker
+# (~75 s here). The test build is the optimized dev profile; the release
+# binary's figures in docs/operating.md come from `bash tests/hostile_run.sh`.
+bash tests/hostile_run.sh target/debug/shardfeed
+
 step "python: the client at the lowest versions it declares"
 # pyproject.toml's floors, pinned in requirements-min.txt (a unit test keeps
 # the two equal); the PyTorch adapter's tests run in the main venv only.

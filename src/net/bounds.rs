@@ -84,6 +84,8 @@ pub struct ListenerBounds {
     /// connection limiter counts it.
     pub name: &'static str,
     pub max_connections: usize,
+    /// Connections one address may hold at once, where anyone may connect.
+    pub per_peer: Option<usize>,
     /// How long a connection with no call open stays.
     pub idle: Option<Duration>,
     /// Connections still shaking hands (TLS) or yet to send their token.
@@ -99,6 +101,7 @@ impl ListenerBounds {
         Self {
             name,
             max_connections: connections.max_connections,
+            per_peer: None,
             idle: Some(connections.idle),
             handshakes: None,
             http2: None,
@@ -110,6 +113,9 @@ impl ListenerBounds {
     /// Each bound as `(bound, value)`: counts, bytes and seconds.
     pub fn values(&self) -> Vec<(&'static str, f64)> {
         let mut values = vec![("connections", self.max_connections as f64)];
+        if let Some(per_peer) = self.per_peer {
+            values.push(("connections_per_peer", per_peer as f64));
+        }
         if let Some(idle) = self.idle {
             values.push(("idle_seconds", idle.as_secs_f64()));
         }

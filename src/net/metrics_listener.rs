@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 
 use super::bounds::{FirstBytes, ListenerBounds};
 use super::connections::{limit, ConnectionLimits};
+use super::peers::limit_per_peer;
 
 /// The most a request head may buffer (hyper's smallest read buffer): a
 /// scrape's head is a few hundred bytes.
@@ -36,6 +37,8 @@ const UPKEEP: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MetricsBounds {
     pub connections: ConnectionLimits,
+    /// Connections one address may hold: a scraper needs one or two.
+    pub per_peer: usize,
     /// A request head not complete within this is answered 408 and closed.
     pub head_deadline: Duration,
 }
@@ -48,6 +51,7 @@ impl MetricsBounds {
             max_connections: 32,
             idle: Duration::from_secs(120),
         },
+        per_peer: 8,
         head_deadline: Duration::from_secs(10),
     };
 
@@ -58,6 +62,7 @@ impl MetricsBounds {
                 max_bytes: MAX_HEAD_BYTES,
                 deadline: self.head_deadline,
             }),
+            per_peer: Some(self.per_peer),
             ..ListenerBounds::new("metrics", self.connections)
         }
     }
@@ -90,6 +95,7 @@ pub fn serve(
         };
         let _stop_upkeep = AbortOnDrop(upkeep);
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = limit_per_peer(incoming, bounds.per_peer, "metrics");
         let mut admitted = Box::pin(limit(incoming, bounds.connections, "metrics"));
         while let Some(accepted) = admitted.next().await {
             // `limit` pauses on accept errors itself and never yields one.
@@ -205,6 +211,8 @@ mod tests {
                 max_connections: 4,
                 idle: Duration::from_millis(1500),
             },
+            // All from one address here: the total is what is under test.
+            per_peer: 4,
             head_deadline: Duration::from_millis(300),
         };
         let (addr, _served) = bind_and_serve("127.0.0.1:0".parse().unwrap(), handle, bounds)

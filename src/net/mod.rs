@@ -1,7 +1,8 @@
 //! What every listener of the process shares, below the services that use
 //! it: each listener's bounds in one record it is configured from and
 //! publishes ([`bounds`]), bounds on a listener's connections
-//! ([`connections`]) and on each call's request ([`requests`]), the metrics
+//! ([`connections`], and per address where anyone may connect: [`peers`])
+//! and on each call's request ([`requests`]), the metrics
 //! endpoint behind them ([`metrics_listener`]), and the decode pool's TLS
 //! ([`tls`]) with its handshakes bounded apart ([`handshake`]).
 
@@ -9,6 +10,7 @@ pub mod bounds;
 pub mod connections;
 pub mod handshake;
 pub mod metrics_listener;
+pub mod peers;
 pub mod requests;
 pub mod tls;
 

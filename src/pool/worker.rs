@@ -39,6 +39,7 @@ use crate::metrics::pool as pool_metrics;
 use crate::net::bounds::{Http2Bounds, ListenerBounds, DEFAULT_FRAME_BYTES};
 use crate::net::connections::{limit, ConnectionLimits, CountCallsLayer, Tracked};
 use crate::net::handshake::{accept_tls, HandshakeLimits};
+use crate::net::peers::limit_per_peer;
 use crate::net::requests::{BoundRequestsLayer, RequestBounds};
 use crate::net::tls::PoolTls;
 
@@ -495,7 +496,11 @@ impl BoundWorker {
                     .layer(BoundRequestsLayer::new(HEALTH_REQUESTS))
                     .add_service(health_service)
                     .serve_with_incoming(limit(
-                        tonic::transport::server::TcpIncoming::from(listener),
+                        limit_per_peer(
+                            tonic::transport::server::TcpIncoming::from(listener),
+                            HEALTH_PER_PEER,
+                            HEALTH_BOUNDS.name,
+                        ),
                         HEALTH_CONNECTION_LIMITS,
                         HEALTH_BOUNDS.name,
                     ))
@@ -595,8 +600,14 @@ const HEALTH_HTTP2: Http2Bounds = Http2Bounds {
     pending_accept_resets: super::transport::MAX_PENDING_ACCEPT_RESETS,
 };
 
+/// Connections one address may hold on the health listener: the kubelet
+/// runs a few probes at once; every pod may reach the listener, and one
+/// holding all 64 places would have the kubelet restart the worker.
+const HEALTH_PER_PEER: usize = 8;
+
 /// The health listener's bounds, as published.
 const HEALTH_BOUNDS: ListenerBounds = ListenerBounds {
+    per_peer: Some(HEALTH_PER_PEER),
     http2: Some(HEALTH_HTTP2),
     requests: Some(HEALTH_REQUESTS),
     ..ListenerBounds::new("pool-worker-health", HEALTH_CONNECTION_LIMITS)

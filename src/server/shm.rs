@@ -147,6 +147,7 @@ pub const MAX_FD_CONNECTIONS: usize = 1024;
 pub const BOUNDS: ListenerBounds = ListenerBounds {
     name: "shm",
     max_connections: MAX_FD_CONNECTIONS,
+    per_peer: None,
     idle: None,
     handshakes: Some(HandshakeBounds {
         at_once: MAX_HANDSHAKES,
