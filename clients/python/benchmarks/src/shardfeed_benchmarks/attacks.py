@@ -245,8 +245,11 @@ def _outcome(
     answer: str,
     probes: Probes,
     started: float,
-    after: Callable[[], bool],
+    after: Callable[[], bool] | None = None,
 ) -> Outcome:
+    """The attack's row; ``after`` probes the honest client (default: a
+    health check over a fresh connection) until it is served, 10 s at most."""
+    after = after or (lambda: _healthy(process))
     seconds = time.monotonic() - started
     served_after = False
     for _ in range(20):
@@ -289,9 +292,7 @@ def hpack_bomb(setup: Setup) -> Outcome:
             _, closed = _h2.drain(sock, 10)
             sock.close()
         answer = "connection closed" if closed else "connection left open"
-        return _outcome(
-            "HPACK bomb", "unix", process, answer, probes, started, lambda: _healthy(process)
-        )
+        return _outcome("HPACK bomb", "unix", process, answer, probes, started)
 
 
 def stream_flood(setup: Setup) -> Outcome:
@@ -314,9 +315,7 @@ def stream_flood(setup: Setup) -> Outcome:
                 + (", closed" if connection.closed else "")
             )
             connection.close()
-        return _outcome(
-            "10,000 streams", "tcp", process, answer, probes, started, lambda: _healthy(process)
-        )
+        return _outcome("10,000 streams", "tcp", process, answer, probes, started)
 
 
 def unfinished_bodies(setup: Setup) -> Outcome:
@@ -341,15 +340,7 @@ def unfinished_bodies(setup: Setup) -> Outcome:
             for connection in connections:
                 connection.close()
         answer = f"{sent >> 20} MiB sent; {ended} of 192 calls ended by the server"
-        return _outcome(
-            "unfinished request bodies (D5)",
-            "tcp",
-            process,
-            answer,
-            probes,
-            started,
-            lambda: _healthy(process),
-        )
+        return _outcome("unfinished request bodies (D5)", "tcp", process, answer, probes, started)
 
 
 def held_calls(setup: Setup) -> Outcome:
@@ -370,15 +361,7 @@ def held_calls(setup: Setup) -> Outcome:
                 answered += read > 0 or closed
                 sock.close()
         answer = f"{answered} of 256 held calls answered within 12 s"
-        return _outcome(
-            "calls held open (D7)",
-            "unix",
-            process,
-            answer,
-            probes,
-            started,
-            lambda: _healthy(process),
-        )
+        return _outcome("calls held open (D7)", "unix", process, answer, probes, started)
 
 
 def metrics_hold(setup: Setup) -> Outcome:
@@ -435,9 +418,7 @@ def epoch_bomb(setup: Setup) -> Outcome:
                 answer = "streamed"
             except ShardfeedError as error:
                 answer = f"{error.code} after {time.monotonic() - started:.2f} s"
-        return _outcome(
-            "epoch 10^15", "unix", process, answer, probes, started, lambda: _healthy(process)
-        )
+        return _outcome("epoch 10^15", "unix", process, answer, probes, started)
 
 
 def _file_dataset(folder: Path, make: Callable[[Path], None]) -> str:
@@ -465,15 +446,7 @@ def sparse_index(setup: Setup) -> Outcome:
                 answer = "described"
             except ShardfeedError as error:
                 answer = f"{error.code} after {time.monotonic() - started:.2f} s"
-        return _outcome(
-            "1 TiB sparse index (D2)",
-            "unix",
-            process,
-            answer,
-            probes,
-            started,
-            lambda: _healthy(process),
-        )
+        return _outcome("1 TiB sparse index (D2)", "unix", process, answer, probes, started)
 
 
 def rgba16_png(width: int, height: int) -> bytes:
@@ -530,15 +503,7 @@ def png_16bit(setup: Setup) -> Outcome:
             answer = f"{samples} samples, {substituted} substituted" + (
                 f" ({', '.join(reasons)})" if reasons else ""
             )
-        return _outcome(
-            "6500² RGBA16 PNGs (D9)",
-            "unix",
-            process,
-            answer,
-            probes,
-            started,
-            lambda: _healthy(process),
-        )
+        return _outcome("6500² RGBA16 PNGs (D9)", "unix", process, answer, probes, started)
 
 
 # ---- the pool worker -------------------------------------------------------
@@ -558,13 +523,7 @@ def unauthenticated_units(setup: Setup) -> Outcome:
             answer = f"{len(connection.reset)} of 100 refused at once"
             connection.close()
         return _outcome(
-            "100 units without the token",
-            "pool-worker",
-            process,
-            answer,
-            probes,
-            started,
-            lambda: _healthy(process),
+            "100 units without the token", "pool-worker", process, answer, probes, started
         )
 
 
@@ -585,13 +544,7 @@ def huge_headers_frame(setup: Setup) -> Outcome:
                 sock.close()
         answer = f"{closed} of 8 connections closed on the frame's header"
         return _outcome(
-            "16 MiB HEADERS frames (D6)",
-            "pool-worker",
-            process,
-            answer,
-            probes,
-            started,
-            lambda: _healthy(process),
+            "16 MiB HEADERS frames (D6)", "pool-worker", process, answer, probes, started
         )
 
 
@@ -617,13 +570,7 @@ def stalled_handshakes(setup: Setup) -> Outcome:
                 sock.close()
         answer = f"{len(socks)} opened, {closed} closed by the worker within 5 s"
         return _outcome(
-            "4,200 stalled TLS handshakes (D8)",
-            "pool-worker",
-            process,
-            answer,
-            probes,
-            started,
-            lambda: _healthy(process),
+            "4,200 stalled TLS handshakes (D8)", "pool-worker", process, answer, probes, started
         )
 
 

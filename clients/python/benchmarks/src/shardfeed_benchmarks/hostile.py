@@ -36,6 +36,7 @@ from typing import Any
 
 from shardfeed import Client, ShardfeedError
 
+from . import _h2
 from .delivered import _free_port, _shardfeed_env, start_dev_s3
 from .memory import _status_kib
 
@@ -68,41 +69,16 @@ def _server(binary: str, endpoint: str, *flags: str) -> Iterator[tuple[str, int]
         folder.cleanup()
 
 
-def _literal(name: bytes, value: bytes, first: int) -> bytes:
-    out = bytearray([first])
-    for string in (name, value):
-        out += _integer(len(string), 7)
-        out += string
-    return bytes(out)
-
-
-def _integer(value: int, prefix: int) -> bytes:
-    limit = (1 << prefix) - 1
-    if value < limit:
-        return bytes([value])
-    out, value = bytearray([limit]), value - limit
-    while value >= 128:
-        out.append(value % 128 + 128)
-        value //= 128
-    out.append(value)
-    return bytes(out)
-
-
-def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    header = len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big")
-    return header + payload
-
-
 def hpack(binary: str, endpoint: str) -> dict[str, Any]:
     with _server(binary, endpoint, "--memory-limit", "1G") as (target, pid):
         before = _status_kib(pid, "VmRSS") * 1024
-        attack = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(0x4, 0, 0, b"")
+        attack = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2.frame(0x4, 0, 0, b"")
         # A 4 KB entry (the table's whole size), then 60,000 references.
-        attack += _frame(0x1, 0x4, 1, _literal(b"x-big", b"v" * 4000, 0x40))
+        attack += _h2.frame(0x1, 0x4, 1, _h2.literal(b"x-big", b"v" * 4000, 0x40))
         references = bytes([0x80 | 62]) * 60_000
         stream = 3
         for start in range(0, len(references), 16_000):
-            attack += _frame(0x1, 0x4, stream, references[start : start + 16_000])
+            attack += _h2.frame(0x1, 0x4, stream, references[start : start + 16_000])
             stream += 2
         with socket.socket(socket.AF_UNIX) as client:
             client.connect(target[len("unix://") :])

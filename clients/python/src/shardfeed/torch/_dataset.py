@@ -21,10 +21,11 @@ from .._stats import InputStats, WaitMeter
 from .._wire import EpochPosition
 from ._arguments import Decode, Layout, Output, as_source, check_arguments
 from ._delivery import ShareCarry
+from ._frameworks import accelerate_dispatch
 from ._loader import make_dataloader
 from ._model_input import Mixing, ModelInput
 from ._output import BatchDict, Sample
-from ._pass import run_pass
+from ._pass import Pass, StreamSpec
 from ._progress import MAX_FETCH_AHEAD, STATE_VERSION, MixWeights, Progress, check_state
 from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
@@ -279,9 +280,37 @@ class ShardfeedDataset(IterableDataset[Sample]):
         return make_dataloader(self, stateful, num_workers, options)
 
     def __iter__(self) -> Iterator[Sample]:
-        # The loop's waits are measured here when it runs in this process;
-        # a DataLoader worker's copy leaves it to dataloader()'s loader.
-        return run_pass(self, self._meter if get_worker_info() is None else None)
+        spec = StreamSpec(
+            client=self.client,
+            dataset=self.dataset,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            image_size=self.image_size,
+            augment=self.augment,
+            partition=self.partition,
+            options=self.options,
+            decode=self.decode,
+            device=self.device,
+            model_input=self.model_input,
+            layout=self.layout,
+            output=self.output,
+        )
+        return iter(
+            Pass(
+                spec,
+                self._progress,
+                self._share,
+                self._mix,
+                epoch_steps=self._epoch_steps,
+                next_epoch_start=self._next_epoch_start,
+                rank_and_world=self._stream_rank_and_world,
+                dispatch=lambda: accelerate_dispatch(self),
+                # The loop's waits are measured here when it runs in this
+                # process; a DataLoader worker's copy leaves it to
+                # dataloader()'s loader.
+                meter=self._meter if get_worker_info() is None else None,
+            )
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position of the last batch handed out, as plain
