@@ -446,6 +446,138 @@ mod fuzz_properties {
         prop_oneof![0u64..8, Just(u64::MAX), Just(u64::MAX / 2), any::<u64>()]
     }
 
+    /// Seed inputs for each cargo-fuzz target: honest examples of what
+    /// each parser reads, for the fuzzer to mutate. Checked in under
+    /// `fuzz/seeds/<target>/` (written anew with
+    /// `SHARDFEED_WRITE_FUZZ_SEEDS=1 cargo test --test hostile seeds`).
+    fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
+        use shardfeed::dataset::{DatasetIndex, DatasetLayout, ShardEntry};
+        use shardfeed::pool::wire;
+        use shardfeed::shard::{tf_example, tfrecord, ImageFormat};
+        let tar = valid_tar();
+        let mut records = Vec::new();
+        for n in 0..3u64 {
+            let example = tf_example::example_bytes(&jpeg(12, 10, n), Some(n as i64), &[]);
+            tfrecord::write_record(&mut records, &example);
+        }
+        let shard_index = shardfeed::dataset::index_shard_bytes(&tar, None).unwrap();
+        let summary = DatasetIndex {
+            version: shardfeed::dataset::INDEX_VERSION,
+            layout: DatasetLayout::Shards,
+            shards: vec![ShardEntry {
+                name: "shard-00000.tar".into(),
+                size: tar.len() as u64,
+                etag: Some("\"0a1b\"".into()),
+                samples: 3,
+                digest: None,
+            }],
+            classes: vec!["cat".into(), "dog".into()],
+        };
+        let with = |first: u8, body: Vec<u8>| [vec![first], body].concat();
+        let spec = shardfeed::decode::OutputSpec::center(16, 16);
+        let unit = wire::unit_to_wire(
+            7,
+            &spec,
+            &[wire::UnitSample {
+                key: shardfeed::decode::SampleKey {
+                    seed: 1,
+                    epoch: 0,
+                    sample: 3,
+                    copy: 0,
+                },
+                format: ImageFormat::Jpeg,
+                data: jpeg(24, 18, 5).into(),
+            }],
+        );
+        vec![
+            ("tar_splitter", "three-samples", with(3, tar.clone())),
+            ("tfrecord_splitter", "three-examples", with(2, records)),
+            ("image_headers", "baseline-jpeg", jpeg(24, 18, 1)),
+            ("image_headers", "png", png_bytes()),
+            (
+                "dataset_index",
+                "summary",
+                with(0, serde_json::to_vec(&summary).unwrap()),
+            ),
+            (
+                "dataset_index",
+                "shard-index",
+                with(1, serde_json::to_vec(&shard_index).unwrap()),
+            ),
+            (
+                "dataset_index",
+                "classes",
+                with(3, b"cat\r\ndog\n".to_vec()),
+            ),
+            (
+                "dataset_index",
+                "csv-manifest",
+                with(
+                    4,
+                    b"path,label\nimages/a.jpg,3\nimages/b.jpg,cat\n".to_vec(),
+                ),
+            ),
+            (
+                "dataset_index",
+                "jsonl-manifest",
+                with(5, b"{\"path\": \"a.jpg\", \"label\": 1}\n".to_vec()),
+            ),
+            (
+                "pool_unit",
+                "one-jpeg",
+                prost::Message::encode_to_vec(&unit),
+            ),
+        ]
+    }
+
+    fn png_bytes() -> Vec<u8> {
+        let image =
+            image::RgbImage::from_fn(9, 7, |x, y| image::Rgb([x as u8 * 20, y as u8 * 30, 90]));
+        let mut out = Vec::new();
+        image
+            .write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png)
+            .unwrap();
+        out
+    }
+
+    fn entry(target: &str) -> fn(&[u8]) {
+        match target {
+            "tar_splitter" => fuzz::tar_splitter,
+            "tfrecord_splitter" => fuzz::tfrecord_splitter,
+            "image_headers" => fuzz::image_headers,
+            "dataset_index" => fuzz::dataset_index,
+            "pool_unit" => fuzz::pool_unit,
+            "stream_request" => fuzz::stream_request,
+            other => panic!("no fuzz target {other}"),
+        }
+    }
+
+    /// Every input the fuzzers kept (and the seeds) runs clean on every
+    /// test run: what a fuzzer once found stays found.
+    #[test]
+    fn seeds_and_checked_in_corpora_replay_clean() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+        let write = std::env::var_os("SHARDFEED_WRITE_FUZZ_SEEDS").is_some();
+        for (target, name, bytes) in seeds() {
+            entry(target)(&bytes);
+            if write {
+                let folder = root.join(target);
+                std::fs::create_dir_all(&folder).unwrap();
+                std::fs::write(folder.join(format!("seed-{name}")), &bytes).unwrap();
+            }
+        }
+        let mut replayed = 0;
+        for folder in std::fs::read_dir(&root).unwrap() {
+            let folder = folder.unwrap().path();
+            let run = entry(folder.file_name().unwrap().to_str().unwrap());
+            for file in std::fs::read_dir(&folder).unwrap() {
+                run(&std::fs::read(file.unwrap().path()).unwrap());
+                replayed += 1;
+            }
+        }
+        assert!(replayed >= seeds().len(), "{replayed} corpus files");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 

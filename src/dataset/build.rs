@@ -217,11 +217,16 @@ async fn versions_from_head(
 /// ends the last, it does not add an empty class).
 async fn read_classes(store: &dyn ObjectStore, key: &str) -> Result<Vec<String>, DatasetError> {
     let bytes = get_all(store, key, super::index::MAX_CLASSES_BYTES).await?;
-    let text = String::from_utf8_lossy(&bytes);
-    Ok(text
+    Ok(parse_classes(&bytes))
+}
+
+/// `classes.txt`'s names: lines, lossily UTF-8, a CR before a newline
+/// dropped.
+pub fn parse_classes(bytes: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(bytes)
         .lines()
         .map(|line| line.trim_end_matches('\r').to_string())
-        .collect())
+        .collect()
 }
 
 fn loose_index(

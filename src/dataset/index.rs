@@ -197,6 +197,55 @@ pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A summary index's bytes, parsed, every shard name held beneath the
+/// dataset (a summary names the files read next).
+pub fn parse_summary(bytes: &[u8], location: &str) -> Result<DatasetIndex, DatasetError> {
+    let index: DatasetIndex = parse_json(bytes, location)?;
+    for entry in &index.shards {
+        check_shard_name(&entry.name).map_err(|message| DatasetError::CorruptIndex {
+            location: location.to_string(),
+            message,
+        })?;
+    }
+    Ok(index)
+}
+
+/// A per-shard index's bytes, parsed and held to the summary's count of
+/// `samples`; a loose group's (`loose`) also holds each object's label and
+/// ETag, and object keys beneath the prefix.
+pub fn parse_shard_index(
+    bytes: &[u8],
+    location: &str,
+    samples: u64,
+    loose: bool,
+) -> Result<ShardIndex, DatasetError> {
+    let loaded: ShardIndex = parse_json(bytes, location)?;
+    let count = loaded.keys.len();
+    if count as u64 != samples
+        || loaded.starts.len() != count
+        || loaded.ends.len() != count
+        || (loose && (loaded.labels.len() != count || loaded.etags.len() != count))
+    {
+        return Err(DatasetError::CorruptIndex {
+            location: location.to_string(),
+            message: format!(
+                "expected {samples} samples{}",
+                if loose { " with labels and ETags" } else { "" }
+            ),
+        });
+    }
+    if loose {
+        // Object keys come from the file: they must stay under the prefix.
+        if let Some(message) = loaded.keys.iter().find_map(|k| check_shard_name(k).err()) {
+            return Err(DatasetError::CorruptIndex {
+                location: location.to_string(),
+                message,
+            });
+        }
+    }
+    Ok(loaded)
+}
+
 pub(super) fn to_json<T: Serialize>(value: &T) -> Bytes {
     // Plain structs of strings and integers: serialization cannot fail.
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())

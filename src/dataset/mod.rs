@@ -18,11 +18,12 @@ mod registry;
 mod uri;
 
 pub use build::{
-    build_index, build_index_reporting, index_shard_bytes, write_index, IndexProgress,
+    build_index, build_index_reporting, index_shard_bytes, parse_classes, write_index,
+    IndexProgress,
 };
 pub use index::{
-    DatasetError, DatasetIndex, DatasetLayout, DatasetLocation, ShardEntry, ShardIndex,
-    CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
+    parse_shard_index, parse_summary, DatasetError, DatasetIndex, DatasetLayout, DatasetLocation,
+    ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
 };
 pub use opened::Dataset;
 pub use registry::DatasetRegistry;

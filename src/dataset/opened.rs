@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::build::build_index;
 use super::index::{
-    check_shard_name, parse_json, shard_index_key, summary_key, DatasetError, DatasetIndex,
+    parse_shard_index, parse_summary, shard_index_key, summary_key, DatasetError, DatasetIndex,
     DatasetLayout, DatasetLocation, ShardIndex, MAX_SHARD_INDEX_BYTES, MAX_SUMMARY_BYTES,
 };
 use crate::shard::BadShardPolicy;
@@ -53,15 +53,7 @@ impl Dataset {
             match get_all(store.as_ref(), &summary_key, MAX_SUMMARY_BYTES).await {
                 Ok(bytes) => {
                     let summary = store.location(&summary_key);
-                    let index: DatasetIndex = parse_json(&bytes, &summary)?;
-                    for entry in &index.shards {
-                        check_shard_name(&entry.name).map_err(|message| {
-                            DatasetError::CorruptIndex {
-                                location: summary.clone(),
-                                message,
-                            }
-                        })?;
-                    }
+                    let index = parse_summary(&bytes, &summary)?;
                     (index, ShardIndexCache::default(), false)
                 }
                 Err(StoreError::NotFound { .. }) => {
@@ -157,29 +149,7 @@ impl Dataset {
         let key = shard_index_key(&self.index_root, &entry.name);
         let location = self.store.location(&key);
         let bytes = get_all(self.store.as_ref(), &key, MAX_SHARD_INDEX_BYTES).await?;
-        let loaded: ShardIndex = parse_json(&bytes, &location)?;
-        let samples = loaded.keys.len();
-        let loose = self.is_loose();
-        if samples as u64 != entry.samples
-            || loaded.starts.len() != samples
-            || loaded.ends.len() != samples
-            || (loose && (loaded.labels.len() != samples || loaded.etags.len() != samples))
-        {
-            return Err(DatasetError::CorruptIndex {
-                location,
-                message: format!(
-                    "expected {} samples{}",
-                    entry.samples,
-                    if loose { " with labels and ETags" } else { "" }
-                ),
-            });
-        }
-        if loose {
-            // Object keys come from the file: they must stay under the prefix.
-            if let Some(message) = loaded.keys.iter().find_map(|k| check_shard_name(k).err()) {
-                return Err(DatasetError::CorruptIndex { location, message });
-            }
-        }
+        let loaded = parse_shard_index(&bytes, &location, entry.samples, self.is_loose())?;
         let loaded = Arc::new(loaded);
         let mut cache = self.lock_cache();
         if !self.resident {

@@ -2,14 +2,18 @@
 //! property tests feed arbitrary bytes into. Each must return, quickly,
 //! without panicking, whatever the input.
 
+use std::sync::Arc;
+
 use prost::Message;
 
+use crate::decode::{self, Crop, SampleKey};
 use crate::engine::budget::{StreamCost, StreamShape};
 use crate::pipeline::PipelineConfig;
 use crate::plan::{self, ShuffleConfig};
 use crate::server::pb;
 use crate::shard::splitter::SampleSplitter;
-use crate::shard::DEFAULT_MAX_MEMBER_BYTES;
+use crate::shard::tf_example::{parse_example, FeatureNames};
+use crate::shard::{ImageFormat, SampleLayout, ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
 
 /// Tar bytes of a shard, pushed in chunks whose sizes come from the input's
 /// first byte, through the sample splitter; then the whole shard at once
@@ -48,6 +52,150 @@ fn split_in_chunks(tar: &[u8], chunk: usize) -> Result<Vec<String>, crate::shard
         keys.push(sample.key);
     }
     Ok(keys)
+}
+
+/// TFRecord bytes of a shard, pushed in chunks whose sizes come from the
+/// input's first byte, through the splitter that reads samples (each
+/// record's Example walked) and the one an index scan uses (frames only):
+/// they must agree on how many records there are and, when both end
+/// cleanly, on their keys' count.
+pub fn tfrecord_splitter(data: &[u8]) {
+    let Some((&chunking, records)) = data.split_first() else {
+        return;
+    };
+    let chunk = usize::from(chunking).max(1) * 5;
+    let read = |frames_only: bool| -> Result<usize, crate::shard::ShardError> {
+        let layout = Arc::new(SampleLayout::default());
+        let mut splitter = SampleSplitter::for_format(ShardFormat::TfRecord, 0, 0, 1 << 20, layout);
+        if frames_only {
+            splitter = splitter.frames_only();
+        }
+        let mut count = 0;
+        for piece in records.chunks(chunk) {
+            splitter.push(piece);
+            while splitter.next_sample()?.is_some() {
+                count += 1;
+            }
+        }
+        while splitter.finish()?.is_some() {
+            count += 1;
+        }
+        Ok(count)
+    };
+    if let (Ok(samples), Ok(frames)) = (read(false), read(true)) {
+        assert_eq!(samples, frames, "reading and scanning disagree");
+    }
+    let _ = parse_example(
+        bytes::Bytes::copy_from_slice(records),
+        &FeatureNames::default(),
+        &["txt".to_string()],
+    );
+}
+
+/// Image bytes through every header check a sample meets before decode
+/// (the JPEG frame, tables and scan checks, each format's header), then
+/// the bounded decode itself into a small output: whatever the bytes say,
+/// a bounded answer.
+pub fn image_headers(data: &[u8]) {
+    let frame = decode::jpeg_frame(data);
+    if let (Some(frame), Some(size)) = (&frame, decode::jpeg_dimensions(data)) {
+        assert_eq!(
+            (frame.width, frame.height),
+            size,
+            "two header reads disagree"
+        );
+    }
+    let _ = decode::check_jpeg_complete(data);
+    let _ = decode::check_jpeg_tables(data);
+    let Some(format) = ImageFormat::sniff(data) else {
+        return;
+    };
+    let _ = decode::source_dimensions(format, data);
+    let spec = decode::OutputSpec {
+        height: 16,
+        width: 16,
+        crop: Crop::Stretch,
+        ops: decode::Ops::NONE,
+    };
+    let mut out = vec![0u8; spec.bytes()];
+    let budget = decode::ScratchBudget::new(FUZZ_SCRATCH_BYTES);
+    let key = SampleKey {
+        seed: 1,
+        epoch: 0,
+        sample: 2,
+        copy: 0,
+    };
+    let _ = decode::decode_bounded(
+        decode::default_decoder().as_ref(),
+        &budget,
+        format,
+        data,
+        &spec,
+        &key,
+        &mut out,
+    );
+}
+
+/// The decode scratch a fuzzed image may use: enough for the seeds, small
+/// enough that a header claiming more is refused, not allocated.
+const FUZZ_SCRATCH_BYTES: u64 = 64 << 20;
+
+/// Index and manifest bytes as the sidecar reads them from a dataset's
+/// prefix; the first byte picks the reader: the summary index, a shard's
+/// index (tar or loose), `classes.txt`, a CSV or a JSON-lines manifest.
+pub fn dataset_index(data: &[u8]) {
+    let Some((&which, bytes)) = data.split_first() else {
+        return;
+    };
+    match which % 6 {
+        0 => {
+            if let Ok(index) = crate::dataset::parse_summary(bytes, "fuzz") {
+                let _ = (index.samples(), index.bytes(), index.identity());
+            }
+        }
+        1 | 2 => {
+            let samples = bytes.first().map_or(0, |&b| u64::from(b));
+            let _ = crate::dataset::parse_shard_index(bytes, "fuzz", samples, which % 6 == 2);
+        }
+        3 => {
+            let _ = crate::dataset::parse_classes(bytes);
+        }
+        4 => {
+            let _ = crate::dataset::manifest::parse_manifest("manifest.csv", bytes);
+        }
+        _ => {
+            let _ = crate::dataset::manifest::parse_manifest("manifest.jsonl", bytes);
+        }
+    }
+}
+
+/// A pool unit's bytes as a worker takes them, past the token (a
+/// certified peer's): decoded, checked against the default bounds and
+/// decoded sample by sample into its buffer; then a worker's answer as the
+/// sidecar takes it, for a unit of the first byte's sample count.
+pub fn pool_unit(data: &[u8]) {
+    use crate::pool::wire::{self, pb as pool_pb};
+    use crate::pool::worker;
+    if let Ok(unit) = pool_pb::DecodeUnit::decode(data) {
+        // Small bounds keep each run short; the checks are the worker's.
+        if let Ok(spec) = worker::check_unit(&unit, 16, 1 << 20) {
+            let budget = decode::ScratchBudget::new(FUZZ_SCRATCH_BYTES);
+            let answer = worker::decode_unit(
+                decode::default_decoder().as_ref(),
+                &budget,
+                &spec,
+                &unit,
+                &|| false,
+            );
+            let checked = wire::answers_from_wire(&answer, unit.samples.len(), spec.bytes());
+            assert!(checked.is_some(), "a worker's own answer is refused");
+        }
+    }
+    if let Some((&samples, rest)) = data.split_first() {
+        if let Ok(answer) = pool_pb::DecodedUnit::decode(rest) {
+            let _ = wire::answers_from_wire(&answer, usize::from(samples % 8), 48);
+        }
+    }
 }
 
 /// Shard sample counts the request fuzzer plans against.
