@@ -43,7 +43,15 @@ if [ -z "$binary" ]; then
     echo "note: cmake or nasm missing: building without libjpeg-turbo (apt-get install cmake nasm)" >&2
   fi
   echo "building the sidecar (release; ~10 minutes on 2 cores the first time)" >&2
-  (cd "$repo" && cargo build --locked --release "${features[@]}")
+  # Cargo is silent while one large crate compiles: a line a minute says
+  # the build goes on.
+  started=$SECONDS
+  ( while sleep 60; do
+      echo "  still building: $(( (SECONDS - started) / 60 )) min" >&2
+    done ) &
+  ticker=$!
+  (cd "$repo" && cargo build --locked --release "${features[@]}") || { kill "$ticker"; exit 1; }
+  kill "$ticker" 2>/dev/null || true
   binary="$repo/target/release/shardfeed"
 fi
 [ -x "$binary" ] || { echo "no executable at $binary" >&2; exit 1; }
@@ -57,7 +65,9 @@ trap 'rm -rf "$dist"' EXIT
 # dependencies and the extras.
 "$python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
   "$dist"/shardfeed_server-*.whl "$dist"/shardfeed-*.whl
-"$python" -m pip install -q --disable-pip-version-check \
+# Not quiet: the extras (torch) can be gigabytes, and pip shows their
+# download.
+"$python" -m pip install --disable-pip-version-check \
   "$(ls "$dist"/shardfeed-*.whl)[$extras]" "$dist"/shardfeed_server-*.whl
 echo "installed: $(ls "$dist" | tr '\n' ' ')" >&2
 echo "try it: $python -m shardfeed.demo" >&2

@@ -3,12 +3,26 @@
 //! Python's `shardfeed.pack()` under a notebook), where only the summary
 //! line on stdout is wanted.
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// A bar over `total` bytes, with `what` before it and the rate and ETA
-/// after; [`ProgressBar::set_message`] adds what else the command counts.
-pub fn bytes(total: u64, what: &str) -> ProgressBar {
-    styled(ProgressBar::new(total), BYTES, what)
+/// A bar over bytes whose total is not known yet, with `what` before it
+/// and the rate and ETA after; [`ProgressBar::set_message`] adds what else
+/// the command counts. It stays undrawn until [`set_total`] gives it a
+/// total above zero: drawn at once it would show "100% 0 B/0 B".
+pub fn bytes(what: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
+    styled(bar, BYTES, what)
+}
+
+/// Sets `bar`'s total and position; the first total above zero starts
+/// drawing it (on stderr, when that is a terminal).
+pub fn set_total(bar: &ProgressBar, done: u64, total: u64) {
+    let first = bar.length() == Some(0) && total > 0;
+    bar.set_length(total);
+    bar.set_position(done);
+    if first {
+        bar.set_draw_target(ProgressDrawTarget::stderr());
+    }
 }
 
 /// A count without a known end (samples streamed), with its rate.
@@ -34,6 +48,16 @@ fn styled(bar: ProgressBar, template: &str, what: &str) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bar_without_a_total_is_not_drawn() {
+        let bar = bytes("test");
+        assert!(bar.is_hidden());
+        set_total(&bar, 0, 0);
+        assert!(bar.is_hidden(), "drawn before its total was known");
+        set_total(&bar, 5, 10);
+        assert_eq!((bar.position(), bar.length()), (5, Some(10)));
+    }
 
     #[test]
     fn the_templates_parse() {

@@ -302,15 +302,14 @@ async fn index(args: IndexArgs) -> Result<(), CliError> {
         manifest: uri.manifest().map(str::to_string),
     };
     let started = std::time::Instant::now();
-    let bar = progress::bytes(0, "scanning shards");
+    let bar = progress::bytes("scanning shards");
     let (index, shard_indexes) = build_index_reporting(
         store.clone(),
         &location,
         registry.read_config(),
         args.read.on_bad_shard.into(),
         &|p| {
-            bar.set_length(p.bytes);
-            bar.set_position(p.bytes_done);
+            progress::set_total(&bar, p.bytes_done, p.bytes);
             bar.set_message(format!("{}/{} shards", p.shards_done, p.shards));
         },
     )
@@ -347,15 +346,12 @@ async fn warm_cache(args: WarmArgs) -> Result<(), CliError> {
     )
     .with_cache(cache.clone());
     let started = std::time::Instant::now();
-    let bar = progress::bytes(0, &format!("warming {}", args.uri));
+    let bar = progress::bytes(&format!("warming {}", args.uri));
     let report = warm::warm(
         &registry,
         &args.uri,
         &args.read.read_config(),
-        |done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
-        },
+        |done, total| progress::set_total(&bar, done, total),
     )
     .await?;
     bar.finish_and_clear();
@@ -447,10 +443,9 @@ async fn pack(args: PackArgs) -> Result<(), CliError> {
     };
     let config = args.config(source);
     let (store, prefix) = registry.store_for(&DatasetUri::parse(&args.dest)?).await;
-    let bar = progress::bytes(0, "packing");
+    let bar = progress::bytes("packing");
     let report = crate::pack::pack(&config, store, &prefix, |p| {
-        bar.set_length(p.bytes);
-        bar.set_position(p.bytes_done);
+        progress::set_total(&bar, p.bytes_done, p.bytes);
         bar.set_message(format!(
             "{}/{} files, {} shards",
             p.files_done, p.files, p.shards_done

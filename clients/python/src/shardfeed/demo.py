@@ -116,8 +116,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     binary = str(find_binary(args.binary))
     print(f"shardfeed binary: {binary}", flush=True)
+    print(
+        f"synthesizing {args.shards * args.samples_per_shard} photo-like JPEGs in "
+        f"{args.shards} shards on a loopback S3 server (a few seconds)...",
+        flush=True,
+    )
     with _test_s3(binary, args.shards, args.samples_per_shard) as (endpoint, dataset):
-        print(f"synthetic dataset {dataset} on a loopback S3 server at {endpoint}", flush=True)
+        print(
+            f"synthetic dataset {dataset} at {endpoint}, made in {time.monotonic() - started:.1f}s",
+            flush=True,
+        )
         env = {
             "AWS_ACCESS_KEY_ID": _ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": _SECRET_KEY,
@@ -125,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "SHARDFEED_S3_ENDPOINT": endpoint,
             "SHARDFEED_S3_FORCE_PATH_STYLE": "true",
         }
+        sidecar_started = time.monotonic()
         with serve(binary=binary, env=env) as target:
             client = Client(target)
             info = client.describe(dataset, world_size=1, batch_size=args.batch_size)
@@ -150,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     samples += len(batch.labels)
                     if epoch == 0 and index == 0:
                         print(
-                            f"first batch after {time.monotonic() - started:.1f}s: images "
+                            f"first batch {time.monotonic() - sidecar_started:.1f}s after the "
+                            f"sidecar started: images "
                             f"{batch.images.dtype} {tuple(batch.images.shape)}, labels "
                             f"{batch.labels[:8].tolist()}, keys {batch.keys[:2]}",
                             flush=True,
