@@ -414,23 +414,36 @@ async fn the_worker_refuses_unauthenticated_bodies_without_buffering_them() {
         calls.push(tokio::spawn(async move {
             // The message header, then data as the worker's window allows.
             let sent = send_unfinished(&mut body, 32 << 20, 30 << 20).await;
-            let response = tokio::time::timeout(Duration::from_secs(10), response)
+            let answer = tokio::time::timeout(Duration::from_secs(10), response)
                 .await
-                .expect("answered, not left hanging")
-                .expect("a response");
-            let status = response
-                .headers()
-                .get("grpc-status")
-                .map(|v| v.to_str().unwrap().to_string());
+                .expect("answered, not left hanging");
+            let status = match answer {
+                Ok(response) => response
+                    .headers()
+                    .get("grpc-status")
+                    .map(|v| v.to_str().unwrap().to_string()),
+                // The body frames still in flight after a refusal each make
+                // the worker reset their stream; past its bound on resets
+                // it ends the connection (GOAWAY, then the socket closes):
+                // refused all the same.
+                Err(error) if error.is_go_away() || error.is_io() => Some("goaway".into()),
+                Err(error) => panic!("a response or the connection ended: {error}"),
+            };
             (status, sent)
         }));
     }
     let mut sent_total = 0usize;
+    let mut unauthenticated = 0;
     for call in calls {
         let (status, sent) = call.await.unwrap();
-        assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED");
+        assert!(
+            matches!(status.as_deref(), Some("16" | "goaway")),
+            "UNAUTHENTICATED or the connection ended: {status:?}"
+        );
+        unauthenticated += usize::from(status.as_deref() == Some("16"));
         sent_total += sent;
     }
+    assert!(unauthenticated > 0, "no call was answered UNAUTHENTICATED");
     let answered_in = started.elapsed();
     server.assert_alive();
     report(
@@ -439,7 +452,8 @@ async fn the_worker_refuses_unauthenticated_bodies_without_buffering_them() {
         baseline,
         started,
         &format!(
-            "all UNAUTHENTICATED in {:.2} s; {} MiB of body sent",
+            "{unauthenticated} UNAUTHENTICATED, the rest ended by GOAWAY, in {:.2} s; \
+             {} MiB of body sent",
             answered_in.as_secs_f64(),
             sent_total >> 20
         ),
