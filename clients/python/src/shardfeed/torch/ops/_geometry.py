@@ -92,6 +92,13 @@ def _zeros(count: int) -> npt.NDArray[np.float64]:
     return np.zeros((count, 2), dtype=np.float64)
 
 
+def _on_axis(values: npt.NDArray[np.float64], axis: int) -> npt.NDArray[np.float64]:
+    """``(N, 2)`` pairs holding ``values`` on ``axis`` (0: x) and 0 on the other."""
+    pairs = _zeros(len(values))
+    pairs[:, axis] = values
+    return pairs
+
+
 def shear(
     images: torch.Tensor,
     magnitudes: npt.NDArray[np.float64],
@@ -102,11 +109,11 @@ def shear(
     """The policies' shear: ``atan(magnitude)`` in degrees along ``axis``
     (0: x), about the top-left corner."""
     height, width = images.shape[-2:]
-    angles = _zeros(len(magnitudes))
-    angles[:, axis] = np.degrees(np.arctan(magnitudes))
+    count = len(magnitudes)
+    angles = _on_axis(np.degrees(np.arctan(magnitudes)), axis)
     corner = (-width * 0.5, -height * 0.5)
-    zero = np.zeros(len(magnitudes))
-    return warp(images, inverse_matrices(corner, zero, _zeros(len(zero)), angles), bilinear, fill)
+    matrices = inverse_matrices(corner, np.zeros(count), _zeros(count), angles)
+    return warp(images, matrices, bilinear, fill)
 
 
 def translate(
@@ -117,12 +124,10 @@ def translate(
     fill: list[float] | None,
 ) -> torch.Tensor:
     """The policies' translation by ``int(magnitude)`` pixels (truncated)."""
-    offsets = _zeros(len(magnitudes))
-    offsets[:, axis] = np.trunc(magnitudes)
-    zero = np.zeros(len(magnitudes))
-    return warp(
-        images, inverse_matrices((0.0, 0.0), zero, offsets, _zeros(len(zero))), bilinear, fill
-    )
+    count = len(magnitudes)
+    offsets = _on_axis(np.trunc(magnitudes), axis)
+    matrices = inverse_matrices((0.0, 0.0), np.zeros(count), offsets, _zeros(count))
+    return warp(images, matrices, bilinear, fill)
 
 
 def rotate(
