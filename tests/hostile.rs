@@ -470,6 +470,7 @@ mod fuzz_properties {
                 etag: Some("\"0a1b\"".into()),
                 samples: 3,
                 digest: None,
+                row_group: None,
             }],
             classes: vec!["cat".into(), "dog".into()],
         };

@@ -132,38 +132,64 @@ pub async fn build_index_reporting(
     let scans = futures::stream::iter(shards.into_iter().map(|object| {
         let store = store.clone();
         let read = scan_read.clone();
+        let name = object.key[prefix.len()..].to_string();
         async move {
-            let index = scan_shard(
-                store,
-                &object.key,
-                object.size,
-                object.etag.clone(),
-                read,
-                on_bad_shard,
-            )
-            .await?;
-            Ok::<_, DatasetError>((object, index))
+            let scanned = if ShardFormat::from_name(&object.key) == Some(ShardFormat::Parquet) {
+                // Planned from the footer: no byte of row data is read.
+                let (entries, classes) =
+                    super::parquet::scan_file(store.as_ref(), &object, name).await?;
+                let indexes = vec![ShardIndex::default(); entries.len()];
+                Scanned {
+                    entries,
+                    indexes,
+                    classes,
+                }
+            } else {
+                let index = scan_shard(
+                    store,
+                    &object.key,
+                    object.size,
+                    object.etag.clone(),
+                    read,
+                    on_bad_shard,
+                )
+                .await?;
+                let entry = ShardEntry {
+                    name,
+                    size: object.size,
+                    etag: object.etag.clone(),
+                    samples: index.keys.len() as u64,
+                    digest: None,
+                    row_group: None,
+                };
+                Scanned {
+                    entries: vec![entry],
+                    indexes: vec![index],
+                    classes: Vec::new(),
+                }
+            };
+            Ok::<_, DatasetError>((object.size, scanned))
         }
     }))
     .buffered(concurrent_scans)
-    .inspect_ok(|(object, _)| {
+    .inspect_ok(|(size, _)| {
         done.shards_done += 1;
-        done.bytes_done += object.size;
+        done.bytes_done += size;
         progress(done);
     })
     .try_collect::<Vec<_>>()
     .await?;
     let mut entries = Vec::with_capacity(scans.len());
     let mut indexes = Vec::with_capacity(scans.len());
-    for (object, index) in scans {
-        entries.push(ShardEntry {
-            name: object.key[prefix.len()..].to_string(),
-            size: object.size,
-            etag: object.etag,
-            samples: index.keys.len() as u64,
-            digest: None,
-        });
-        indexes.push(index);
+    let mut classes = classes;
+    for (_, scanned) in scans {
+        // A `classes.txt` beside the files wins over their own metadata;
+        // else the first file that names its classes names them.
+        if classes.is_empty() {
+            classes = scanned.classes;
+        }
+        entries.extend(scanned.entries);
+        indexes.extend(scanned.indexes);
     }
     Ok((
         DatasetIndex {
@@ -174,6 +200,15 @@ pub async fn build_index_reporting(
         },
         indexes,
     ))
+}
+
+/// What scanning one object gave: a tar or TFRecord shard's entry and
+/// index, or a Parquet file's row groups (their indexes empty: each is
+/// made from its entry when read) and class names.
+struct Scanned {
+    entries: Vec<ShardEntry>,
+    indexes: Vec<ShardIndex>,
+    classes: Vec<String>,
 }
 
 /// Objects whose listing named no version (some S3-compatible servers'
@@ -379,6 +414,10 @@ pub async fn write_index(
     let root = location.index_root();
     // Per-shard files first: a reader that finds the summary finds them too.
     for (entry, shard) in index.shards.iter().zip(shard_indexes) {
+        if entry.row_group.is_some() {
+            // A row group's index is its entry (`parquet::row_group_index`).
+            continue;
+        }
         store
             .put(&shard_index_key(&root, &entry.name), to_json(shard))
             .await?;

@@ -30,7 +30,7 @@ pub enum DatasetError {
     #[error("{0}")]
     Store(#[from] StoreError),
     #[error(
-        "no shards (*.tar, *.tfrecord, *.tfrecords) and no images (*.jpg, *.jpeg, *.png, \
+        "no shards (*.tar, *.tfrecord, *.tfrecords, *.parquet) and no images (*.jpg, *.jpeg, *.png, \
          *.webp) under {location}"
     )]
     NoShards { location: String },
@@ -95,6 +95,36 @@ pub struct ShardEntry {
     /// ETags and labels, so the summary changes when its membership does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// A row group of a Parquet file (`name`): each is a shard of its own,
+    /// `size` its column chunks' bytes, `samples` its rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_group: Option<RowGroupRef>,
+}
+
+/// Where a Parquet row group lies in its file, from the file's footer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowGroupRef {
+    /// Its number in the file.
+    pub group: u32,
+    /// The file's row number of its first row (rows are keyed by theirs).
+    pub first_row: u64,
+    /// Its first byte in the file (its column chunks are `size` bytes on).
+    pub offset: u64,
+    /// Its column chunks' bytes once decompressed: with `size`, what a
+    /// reader holds to read it (`shard::parquet::row_group_cost`).
+    pub uncompressed: u64,
+    /// The whole file's size: where its footer is.
+    pub file_size: u64,
+}
+
+impl ShardEntry {
+    /// The bytes of its object the shard is: a row group's, or all.
+    pub fn byte_range(&self) -> std::ops::Range<u64> {
+        match &self.row_group {
+            Some(group) => group.offset..group.offset + self.size,
+            None => 0..self.size,
+        }
+    }
 }
 
 /// What a dataset's "shards" are.

@@ -175,6 +175,7 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
             samples: members.len() as u64,
             digest: versioned
                 .then(|| format!("{:016x}", crate::hash::fmix64(crate::hash::fnv1a(digest)))),
+            row_group: None,
         });
         indexes.push(index);
     }

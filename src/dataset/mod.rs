@@ -14,6 +14,7 @@ mod index;
 pub mod loose;
 pub mod manifest;
 mod opened;
+pub mod parquet;
 mod registry;
 mod uri;
 
@@ -23,7 +24,7 @@ pub use build::{
 };
 pub use index::{
     parse_shard_index, parse_summary, DatasetError, DatasetIndex, DatasetLayout, DatasetLocation,
-    ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
+    RowGroupRef, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
 };
 pub use opened::Dataset;
 pub use registry::DatasetRegistry;

@@ -10,6 +10,7 @@ use super::index::{
     parse_shard_index, parse_summary, shard_index_key, summary_key, DatasetError, DatasetIndex,
     DatasetLayout, DatasetLocation, ShardIndex, MAX_SHARD_INDEX_BYTES, MAX_SUMMARY_BYTES,
 };
+use super::parquet::{row_group_index, FooterCache};
 use crate::shard::BadShardPolicy;
 use crate::store::read::{get_all, ReadConfig};
 use crate::store::{ObjectMeta, ObjectStore, StoreError};
@@ -29,6 +30,8 @@ pub struct Dataset {
     shard_indexes: Mutex<ShardIndexCache>,
     /// True when the index was built in memory (no per-shard files to load).
     resident: bool,
+    /// Footers of the Parquet files being read.
+    footers: FooterCache,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +75,7 @@ impl Dataset {
                         map: shard_indexes
                             .into_iter()
                             .enumerate()
+                            .filter(|(i, _)| index.shards[*i].row_group.is_none())
                             .map(|(i, s)| (i as u32, Arc::new(s)))
                             .collect(),
                         order: VecDeque::new(),
@@ -88,6 +92,7 @@ impl Dataset {
             index,
             shard_indexes: Mutex::new(cache),
             resident,
+            footers: FooterCache::default(),
         })
     }
 
@@ -128,6 +133,23 @@ impl Dataset {
         format!("{}{}", self.prefix, self.index.shards[shard as usize].name)
     }
 
+    /// What reading the dataset's largest Parquet row group holds, all its
+    /// columns counted (`shard::parquet::row_group_cost`); 0 without any.
+    pub fn largest_row_group_cost(&self) -> u64 {
+        self.index
+            .shards
+            .iter()
+            .filter_map(|entry| {
+                let group = entry.row_group?;
+                Some(crate::shard::parquet::row_group_cost(
+                    entry.size,
+                    group.uncompressed,
+                ))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn is_loose(&self) -> bool {
         self.index.layout == DatasetLayout::Objects
     }
@@ -142,10 +164,14 @@ impl Dataset {
     }
 
     pub async fn shard_index(&self, shard: u32) -> Result<Arc<ShardIndex>, DatasetError> {
+        let entry = &self.index.shards[shard as usize];
+        if let Some(group) = &entry.row_group {
+            // Known from the entry: nothing to load, nothing worth keeping.
+            return Ok(Arc::new(row_group_index(entry, group)));
+        }
         if let Some(found) = self.lock_cache().map.get(&shard) {
             return Ok(found.clone());
         }
-        let entry = &self.index.shards[shard as usize];
         let key = shard_index_key(&self.index_root, &entry.name);
         let location = self.store.location(&key);
         let bytes = get_all(self.store.as_ref(), &key, MAX_SHARD_INDEX_BYTES).await?;
@@ -162,6 +188,21 @@ impl Dataset {
         }
         cache.map.insert(shard, loaded.clone());
         Ok(loaded)
+    }
+
+    /// The footer of the Parquet file that shard `shard` (a row group) is
+    /// part of: read once however many of its row groups are in flight.
+    pub async fn parquet_footer(
+        &self,
+        shard: u32,
+    ) -> Result<Arc<crate::shard::parquet::Footer>, DatasetError> {
+        let entry = &self.index.shards[shard as usize];
+        let object = ObjectMeta {
+            key: self.shard_key(shard),
+            size: entry.row_group.map_or(entry.size, |group| group.file_size),
+            etag: entry.etag.clone(),
+        };
+        self.footers.get(self.store.as_ref(), &object).await
     }
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, ShardIndexCache> {

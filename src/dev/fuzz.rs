@@ -228,6 +228,7 @@ pub fn check_request(request: &pb::StreamBatchesRequest) {
             batch_bytes: request.output.spec.bytes() as u64 * u64::from(request.plan.batch_size),
             mean_sample_bytes: 110_000,
             loose_objects: false,
+            row_group_bytes: 0,
         },
     );
     let _ = cost.total();

@@ -122,6 +122,9 @@ pub struct StreamCost {
     /// (object_requests + 1) * S`: whole objects in flight and the one
     /// being handed on, where `object_requests` is the flag's count, or
     /// sized, `clamp(32 MiB / S, 16, 128)`.
+    /// For Parquet row groups, `(interleave + prefetch_shards) * max(parts
+    /// term, R)` where `R` is the largest row group's `compressed + 2 ×
+    /// uncompressed` bytes: its chunks, their pages and the rows copied out.
     pub readers: u64,
     /// `(interleave + prefetch_shards) * reader_queue * S`
     pub reader_queues: u64,
@@ -141,6 +144,9 @@ pub struct StreamShape {
     pub mean_sample_bytes: u64,
     /// The dataset is loose objects: readers hold whole objects, not parts.
     pub loose_objects: bool,
+    /// What a reader holds to read the dataset's largest Parquet row group
+    /// (0: no row groups).
+    pub row_group_bytes: u64,
 }
 
 impl StreamCost {
@@ -150,7 +156,9 @@ impl StreamCost {
         let per_reader = if shape.loose_objects {
             (config.read.object_requests_ceiling(s) as u64 + 1).saturating_mul(s)
         } else {
-            (config.read.parts_per_reader() as u64 + 2).saturating_mul(config.read.part_size)
+            (config.read.parts_per_reader() as u64 + 2)
+                .saturating_mul(config.read.part_size)
+                .max(shape.row_group_bytes)
         };
         let batches = (config.decode_ahead + config.ready_batches + 3) as u64;
         Self {
@@ -363,6 +371,7 @@ mod tests {
             batch_bytes,
             mean_sample_bytes: 110_000,
             loose_objects: false,
+            row_group_bytes: 0,
         }
     }
 
@@ -389,6 +398,7 @@ mod tests {
     fn loose_readers_are_counted_at_their_sized_ceiling_or_the_flag() {
         let loose = StreamShape {
             loose_objects: true,
+            row_group_bytes: 0,
             ..shape(2_000, 128 * 224 * 224 * 3)
         };
         // Sized: up to 32 MiB / 110 KB, capped at 128, GETs per reader.

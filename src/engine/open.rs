@@ -128,6 +128,7 @@ impl Engine {
                     .bytes()
                     .div_ceil(dataset.index.samples().max(1)),
                 loose_objects: dataset.is_loose(),
+                row_group_bytes: dataset.largest_row_group_cost(),
             })
             .collect();
         match &request.sources {

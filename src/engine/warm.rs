@@ -162,10 +162,15 @@ pub async fn warm(
         }
         let key = dataset.shard_key(shard as u32);
         let location = dataset.store.location(&key);
-        let cached = entry
-            .etag
-            .as_deref()
-            .map_or(0, |etag| cache.cached_bytes(&location, etag));
+        // A row group is part of its file: the file's cached bytes do not
+        // say whether its own are.
+        let cached = match entry.row_group {
+            Some(_) => 0,
+            None => entry
+                .etag
+                .as_deref()
+                .map_or(0, |etag| cache.cached_bytes(&location, etag)),
+        };
         if cached >= entry.size {
             // Already cached (an earlier warm, or the index scan just now).
             done += entry.size;
@@ -178,7 +183,7 @@ pub async fn warm(
         let mut parts = std::pin::pin!(read_parts(
             dataset.store.clone(),
             key,
-            0..entry.size,
+            entry.byte_range(),
             entry.etag.clone(),
             read,
         ));

@@ -177,6 +177,7 @@ pub async fn pack(
                                 etag,
                                 samples: index.keys.len() as u64,
                                 digest: None,
+                                row_group: None,
                             },
                             index,
                         ))

@@ -2,6 +2,8 @@
 //! shard (or group of loose objects), started in order a window ahead, each
 //! sending its samples, in order, into a bounded channel.
 
+mod row_groups;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -202,12 +204,18 @@ impl ReadJob {
             return self.read_objects(&index, tx).await;
         }
         let mut next = self.first;
-        let result = self.read(&index, tx, &mut next).await;
-        // A field over the request's cap is the request's problem, not damage.
+        let result = match self.dataset.index.shards[self.shard as usize].row_group {
+            Some(_) => self.read_row_group(tx, &mut next).await,
+            None => self.read(&index, tx, &mut next).await,
+        };
+        // A field over the request's cap, or a Parquet file whose columns
+        // are not what the request reads, is not damage.
         let damaged = match &result {
-            Err(PipelineError::Shard { source, .. }) => {
-                !matches!(source, ShardError::FieldTooLarge { .. })
-            }
+            Err(PipelineError::Shard { source, .. }) => match source {
+                ShardError::FieldTooLarge { .. } => false,
+                ShardError::Parquet(error) => !error.is_precondition(),
+                _ => true,
+            },
             Err(PipelineError::StaleIndex { .. })
             | Err(PipelineError::Store(StoreError::Truncated { .. })) => true,
             _ => false,

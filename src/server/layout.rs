@@ -1,9 +1,11 @@
 //! A request's sample layout, checked: what else of each sample a stream
-//! reads (fields, label key, TFRecord feature names), bounded because
+//! reads (fields, label key, TFRecord feature or Parquet column names),
+//! bounded because
 //! fields ride in every batch message.
 
 use super::pb;
 use super::status::ServiceError;
+use crate::shard::parquet::ColumnNames;
 use crate::shard::tfrecord::FeatureNames;
 use crate::shard::{SampleLayout, DEFAULT_MAX_FIELD_BYTES, MAX_FIELDS, MAX_FIELD_BYTES};
 
@@ -73,6 +75,11 @@ pub(super) fn sample_layout(wire: Option<&pb::SampleLayout>) -> Result<SampleLay
             key: feature(&wire.key_feature, defaults.key),
         },
         max_field_bytes,
+        columns: ColumnNames {
+            image: feature(&wire.image_feature, ColumnNames::default().image),
+            label: feature(&wire.label_feature, ColumnNames::default().label),
+            label_named: !wire.label_feature.is_empty(),
+        },
         label_offset,
     })
 }

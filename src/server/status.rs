@@ -276,6 +276,8 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
         return Some(match error {
             // The request's cap on a field, not damage to the shard.
             ShardError::FieldTooLarge { .. } => Code::FailedPrecondition,
+            // Columns the request reads are not the file's: not damage.
+            ShardError::Parquet(parquet) if parquet.is_precondition() => Code::FailedPrecondition,
             _ => Code::DataLoss,
         });
     }

@@ -6,14 +6,17 @@
 //! sample is one record, a `tf.train.Example`, keyed by its record number
 //! in the shard. The shard's file name says which ([`ShardFormat`]). A loose
 //! object is a shard of one sample: its bytes are the image
-//! ([`object_sample`]).
+//! ([`object_sample`]). A Parquet file is read by row group, not streamed
+//! ([`parquet`]): a sample is a row.
 
+pub mod parquet;
 pub mod splitter;
 pub mod tar;
 pub mod tf_example;
 pub mod tfrecord;
 
 use bytes::Bytes;
+use parquet::ParquetError;
 use tar::TarError;
 use tfrecord::{FeatureNames, TfRecordError};
 
@@ -39,6 +42,8 @@ pub struct SampleLayout {
     /// TFRecord: which features hold the image, the label and the name.
     pub features: FeatureNames,
     pub max_field_bytes: u64,
+    /// Parquet: the image and label columns.
+    pub columns: parquet::ColumnNames,
     /// Added to every label before it is sent (TensorFlow's ImageNet
     /// records number classes from 1: -1 gives 0..999).
     pub label_offset: i64,
@@ -51,6 +56,7 @@ impl Default for SampleLayout {
             label_json_key: None,
             features: FeatureNames::default(),
             max_field_bytes: DEFAULT_MAX_FIELD_BYTES,
+            columns: parquet::ColumnNames::default(),
             label_offset: 0,
         }
     }
@@ -115,6 +121,8 @@ pub enum ShardFormat {
     Tar,
     /// `*.tfrecord` / `*.tfrecords`, uncompressed.
     TfRecord,
+    /// `*.parquet`: each row group a shard of the index, each row a sample.
+    Parquet,
 }
 
 impl ShardFormat {
@@ -124,6 +132,8 @@ impl ShardFormat {
             Some(Self::Tar)
         } else if name.ends_with(".tfrecord") || name.ends_with(".tfrecords") {
             Some(Self::TfRecord)
+        } else if name.ends_with(".parquet") {
+            Some(Self::Parquet)
         } else {
             None
         }
@@ -242,6 +252,8 @@ pub enum ShardError {
     Tar(#[from] TarError),
     #[error(transparent)]
     TfRecord(#[from] TfRecordError),
+    #[error(transparent)]
+    Parquet(#[from] ParquetError),
     /// Not damage: the request's cap is below the data.
     #[error(
         "sample {key}: field {field:?} is {bytes} bytes, over the request's max_field_bytes \
@@ -287,6 +299,45 @@ pub fn object_sample(
         end: range.end,
         unreadable: None,
         fields: vec![None; fields],
+    }
+}
+
+/// The sample of one Parquet row: substituted where its image is null or
+/// not an image.
+pub fn row_sample(row: parquet::Row, range: std::ops::Range<u64>) -> RawSample {
+    let label = match row.label {
+        parquet::RowLabel::Missing => Label::Missing,
+        parquet::RowLabel::Value(value) => Label::Value(value),
+        parquet::RowLabel::Invalid(why) => Label::Invalid(why),
+    };
+    let image = row
+        .image
+        .and_then(|bytes| match ImageFormat::sniff(&bytes) {
+            Some(format) => Ok((format, bytes)),
+            None => Err(format!(
+                "row {}: its image bytes are not a JPEG, PNG or WebP image",
+                row.key
+            )),
+        });
+    let (image, unreadable) = match image {
+        Ok(image) => (Some(image), None),
+        Err(message) => (
+            None,
+            Some(Unreadable {
+                reason: "corrupt",
+                message,
+            }),
+        ),
+    };
+    RawSample {
+        key: row.key,
+        name: row.name,
+        image,
+        label,
+        start: range.start,
+        end: range.end,
+        unreadable,
+        fields: row.fields,
     }
 }
 

@@ -41,6 +41,9 @@ enum Framing {
         skip: u64,
         record_start: u64,
     },
+    /// Parquet files are read by row group ([`super::parquet`]), never
+    /// streamed: a splitter asked for one says so instead of guessing.
+    NotStreamed,
 }
 
 impl SampleSplitter {
@@ -78,6 +81,7 @@ impl SampleSplitter {
                 skip: 0,
                 record_start: offset,
             },
+            ShardFormat::Parquet => Framing::NotStreamed,
         };
         Self {
             framing,
@@ -186,6 +190,7 @@ impl SampleSplitter {
                     example_sample(key, start..end, data_ok, record, &self.layout).map(Some)
                 }
             },
+            Framing::NotStreamed => Err(not_streamed()),
         }
     }
 
@@ -218,8 +223,16 @@ impl SampleSplitter {
                 self.ended = true;
                 Ok(None)
             }
+            Framing::NotStreamed => Err(not_streamed()),
         }
     }
+}
+
+fn not_streamed() -> ShardError {
+    super::parquet::ParquetError::Internal(
+        "a Parquet file is read by row group, not split as a stream".into(),
+    )
+    .into()
 }
 
 /// Adds a tar member to the sample being gathered; returns the previous
@@ -533,6 +546,10 @@ mod tests {
         assert_eq!(
             ShardFormat::from_name("x.tfrecords"),
             Some(ShardFormat::TfRecord)
+        );
+        assert_eq!(
+            ShardFormat::from_name("data/train-00000-of-00042.parquet"),
+            Some(ShardFormat::Parquet)
         );
         assert_eq!(ShardFormat::from_name("x.tfrecord.gz"), None);
         assert_eq!(ShardFormat::from_name("index.json"), None);

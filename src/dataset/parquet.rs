@@ -1,0 +1,163 @@
+//! Parquet files in the index: each row group a shard, planned from the
+//! files' footers alone (one ranged GET of each file's tail, a second only
+//! for a footer longer than the first read), never from their data.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OnceCell;
+
+use super::index::{DatasetError, RowGroupRef, ShardEntry, ShardIndex, INDEX_VERSION};
+use crate::shard::parquet::{Footer, ParquetError};
+use crate::shard::ShardError;
+use crate::store::read::read_range;
+use crate::store::{ObjectMeta, ObjectStore};
+
+/// Reads and checks the footer of the Parquet file `object`.
+pub async fn read_footer(
+    store: &dyn ObjectStore,
+    object: &ObjectMeta,
+) -> Result<Footer, DatasetError> {
+    let damaged = |source: ParquetError| DatasetError::Shard {
+        location: store.location(&object.key),
+        source: ShardError::Parquet(source),
+    };
+    let tail_range = crate::shard::parquet::footer::tail_range(object.size);
+    let etag = object.etag.as_deref();
+    let tail = read_range(store, &object.key, tail_range, etag).await?;
+    match Footer::from_tail(&tail, object.size) {
+        Ok(footer) => Ok(footer),
+        Err(Err(error)) => Err(damaged(error)),
+        Err(Ok(longer)) => {
+            let metadata = read_range(store, &object.key, longer, etag).await?;
+            Footer::parse(&metadata, object.size).map_err(damaged)
+        }
+    }
+}
+
+/// The index entries of one Parquet file: a shard per row group (empty
+/// ones left out: they hold no sample), and the class names its schema's
+/// `huggingface` metadata gives.
+pub async fn scan_file(
+    store: &dyn ObjectStore,
+    object: &ObjectMeta,
+    name: String,
+) -> Result<(Vec<ShardEntry>, Vec<String>), DatasetError> {
+    let footer = read_footer(store, object).await?;
+    let damaged = |source: ParquetError| DatasetError::Shard {
+        location: store.location(&object.key),
+        source: ShardError::Parquet(source),
+    };
+    let mut entries = Vec::with_capacity(footer.row_groups());
+    let mut first_row = 0u64;
+    for group in 0..footer.row_groups() {
+        let span = footer.span(group).map_err(damaged)?;
+        if span.rows > 0 {
+            entries.push(ShardEntry {
+                name: name.clone(),
+                size: span.bytes.end - span.bytes.start,
+                etag: object.etag.clone(),
+                samples: span.rows,
+                digest: None,
+                row_group: Some(RowGroupRef {
+                    group: group as u32,
+                    first_row,
+                    offset: span.bytes.start,
+                    uncompressed: span.uncompressed,
+                    file_size: object.size,
+                }),
+            });
+        }
+        first_row += span.rows;
+    }
+    Ok((entries, footer.class_names("label")))
+}
+
+/// A row group's per-shard index, from its entry alone: a row's key is
+/// its row number in the file. (Rows have no byte ranges of their own:
+/// theirs is the row group's.)
+pub fn row_group_index(entry: &ShardEntry, group: &RowGroupRef) -> ShardIndex {
+    let rows = group.first_row..group.first_row + entry.samples;
+    let range = entry.byte_range();
+    ShardIndex {
+        version: INDEX_VERSION,
+        etag: entry.etag.clone(),
+        keys: rows.map(|row| row.to_string()).collect(),
+        starts: vec![range.start; entry.samples as usize],
+        ends: vec![range.end; entry.samples as usize],
+        labels: Vec::new(),
+        etags: Vec::new(),
+    }
+}
+
+/// Footers of the files a dataset's streams are reading, each read once
+/// however many of its row groups are in flight, and kept while their
+/// bytes fit [`FOOTER_CACHE_BYTES`] (the oldest let go first).
+#[derive(Debug, Default)]
+pub struct FooterCache {
+    inner: Mutex<FooterCacheInner>,
+}
+
+/// Parsed footers kept per dataset, in memory bytes (of the quarter of the
+/// memory limit left to the runtime and indexes, `engine::budget`): a
+/// footer of 100 row groups of 3 columns is ~100 KB parsed.
+pub const FOOTER_CACHE_BYTES: u64 = 64 << 20;
+
+type FooterCell = Arc<OnceCell<Arc<Footer>>>;
+
+#[derive(Debug, Default)]
+struct FooterCacheInner {
+    cells: HashMap<String, FooterCell>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl FooterCache {
+    pub async fn get(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectMeta,
+    ) -> Result<Arc<Footer>, DatasetError> {
+        let cell = {
+            let mut inner = self.lock();
+            match inner.cells.get(&object.key) {
+                Some(cell) => cell.clone(),
+                None => {
+                    let cell = FooterCell::default();
+                    inner.cells.insert(object.key.clone(), cell.clone());
+                    inner.order.push_back(object.key.clone());
+                    cell
+                }
+            }
+        };
+        let footer = cell
+            .get_or_try_init(|| async { read_footer(store, object).await.map(Arc::new) })
+            .await?
+            .clone();
+        self.trim();
+        Ok(footer)
+    }
+
+    /// Lets the oldest footers go past the byte bound (the newest stays).
+    fn trim(&self) {
+        let mut inner = self.lock();
+        let held = |inner: &FooterCacheInner| -> u64 {
+            inner
+                .cells
+                .values()
+                .filter_map(|cell| cell.get())
+                .map(|footer| footer.metadata.memory_size() as u64)
+                .sum()
+        };
+        while inner.order.len() > 1 && held(&inner) > FOOTER_CACHE_BYTES {
+            if let Some(oldest) = inner.order.pop_front() {
+                inner.cells.remove(&oldest);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FooterCacheInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,149 @@
+//! The reader of a Parquet row group: its projected column chunks fetched
+//! as large ranged GETs (several parts in flight, as a tar shard's), then
+//! decoded off the runtime into the segment's rows.
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{ReadJob, SampleResult};
+use crate::pipeline::error::PipelineError;
+use crate::shard::parquet::{
+    fetch_ranges, read_rows, row_group_cost, row_group_limit, ChunkBytes, ParquetError, Projection,
+    RowGroupInput,
+};
+use crate::shard::ShardError;
+use crate::store::read::read_parts;
+
+impl ReadJob {
+    /// Sends rows `[*next, end)` of the row group, advancing `*next` past
+    /// each one sent.
+    pub(super) async fn read_row_group(
+        &self,
+        tx: &mpsc::Sender<SampleResult>,
+        next: &mut u64,
+    ) -> Result<(), PipelineError> {
+        let entry = &self.dataset.index.shards[self.shard as usize];
+        let Some(group_ref) = entry.row_group else {
+            return Err(PipelineError::Internal("not a row group".into()));
+        };
+        let key = self.dataset.shard_key(self.shard);
+        let location = self.dataset.store.location(&key);
+        let shard_error = |source: ParquetError| PipelineError::Shard {
+            location: location.clone(),
+            source: ShardError::Parquet(source),
+        };
+        let footer = self.dataset.parquet_footer(self.shard).await?;
+        let group = group_ref.group as usize;
+        let schema = footer.metadata.file_metadata().schema_descr();
+        let projection = Projection::resolve(schema, &self.layout.columns, &self.layout.fields)
+            .map_err(shard_error)?;
+        let mut chunks = Vec::new();
+        let (mut compressed, mut uncompressed) = (0u64, 0u64);
+        for column in projection.leaves() {
+            let range = footer.chunk_range(group, column).map_err(shard_error)?;
+            let meta = footer.metadata.row_group(group).column(column);
+            compressed += range.end - range.start;
+            uncompressed += u64::try_from(meta.uncompressed_size()).unwrap_or(u64::MAX);
+            chunks.push((column, range));
+        }
+        let cost = row_group_cost(compressed, uncompressed);
+        let limit = row_group_limit(self.max_member);
+        if cost > limit {
+            return Err(shard_error(ParquetError::RowGroupTooLarge {
+                group,
+                bytes: cost,
+                limit,
+            }));
+        }
+        let ranges = fetch_ranges(chunks.iter().map(|(_, r)| r.clone()).collect());
+        let mut fetched: Vec<(Range<u64>, Bytes)> = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let bytes = self.fetch(&key, range.clone()).await?;
+            fetched.push((range, bytes));
+        }
+        let chunks = chunks
+            .into_iter()
+            .map(|(column, range)| {
+                let (outer, bytes) = fetched
+                    .iter()
+                    .find(|(outer, _)| outer.start <= range.start && range.end <= outer.end)
+                    .ok_or_else(|| PipelineError::Internal("a chunk was not fetched".into()))?;
+                let at = (range.start - outer.start) as usize;
+                let data = bytes.slice(at..at + (range.end - range.start) as usize);
+                Ok((
+                    column,
+                    ChunkBytes {
+                        offset: range.start,
+                        data,
+                    },
+                ))
+            })
+            .collect::<Result<Vec<_>, PipelineError>>()?;
+        drop(fetched);
+        let (from, to) = (*next, self.end);
+        let layout = self.layout.clone();
+        let classes = self.dataset.index.classes.clone();
+        let decoded = tokio::task::spawn_blocking(move || {
+            let input = RowGroupInput {
+                footer: &footer,
+                group,
+                first_row: group_ref.first_row,
+                projection: &projection,
+                chunks,
+                classes: &classes,
+                max_field_bytes: layout.max_field_bytes,
+            };
+            read_rows(&input, from, to)
+        })
+        .await;
+        let samples = match decoded {
+            Ok(result) => result.map_err(shard_error)?,
+            // The crate's page decoding panicked on the file's bytes.
+            Err(error) => {
+                return Err(shard_error(ParquetError::Pages {
+                    group,
+                    column: "*".into(),
+                    why: format!("the page reader failed: {error}"),
+                }))
+            }
+        };
+        let range = entry.byte_range();
+        for row in samples {
+            let sample = crate::shard::row_sample(row, range.clone());
+            if tx.send(Ok((*next, sample))).await.is_err() {
+                return Ok(());
+            }
+            *next += 1;
+        }
+        if *next < self.end {
+            return Err(PipelineError::StaleIndex {
+                location,
+                index: *next,
+                expected: (group_ref.first_row + *next).to_string(),
+                found: "<end of row group>".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// One range of the file, read as the stream's parts (several GETs in
+    /// flight) into one buffer.
+    async fn fetch(&self, key: &str, range: Range<u64>) -> Result<Bytes, PipelineError> {
+        let entry = &self.dataset.index.shards[self.shard as usize];
+        let mut buffer = BytesMut::with_capacity((range.end - range.start) as usize);
+        let mut parts = std::pin::pin!(read_parts(
+            self.dataset.store.clone(),
+            key.to_string(),
+            range,
+            entry.etag.clone(),
+            &self.read,
+        ));
+        while let Some(part) = parts.next().await {
+            buffer.extend_from_slice(&part?.1);
+        }
+        Ok(buffer.freeze())
+    }
+}

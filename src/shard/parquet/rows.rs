@@ -1,0 +1,369 @@
+//! One row group's samples, from its projected column chunks' bytes.
+//!
+//! Pure and synchronous (the caller runs it off the async runtime: a row
+//! group's pages are decompressed here). Each projected leaf column is read
+//! whole through the `parquet` crate's page and column readers, which take
+//! every codec, encoding and page version pyarrow and Spark write; the
+//! definition levels tell a null from a value.
+
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use parquet::column::page::PageReader;
+use parquet::column::reader::ColumnReaderImpl;
+use parquet::data_type::{
+    BoolType, ByteArrayType, DataType, DoubleType, FloatType, Int32Type, Int64Type,
+};
+use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::serialized_reader::SerializedPageReader;
+
+use super::columns::{ImageColumn, LabelColumn, Projection, ValueKind};
+use super::error::ParquetError;
+use super::footer::Footer;
+
+/// One column chunk's bytes, addressed by file offset as the page reader
+/// asks for them.
+#[derive(Debug, Clone)]
+pub struct ChunkBytes {
+    pub offset: u64,
+    pub data: Bytes,
+}
+
+impl Length for ChunkBytes {
+    fn len(&self) -> u64 {
+        self.offset + self.data.len() as u64
+    }
+}
+
+impl ChunkReader for ChunkBytes {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let rest = self.len().saturating_sub(start) as usize;
+        Ok(self.get_bytes(start, rest)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let at = start.checked_sub(self.offset).map(|at| at as usize);
+        match at {
+            Some(at)
+                if at
+                    .checked_add(length)
+                    .is_some_and(|end| end <= self.data.len()) =>
+            {
+                Ok(self.data.slice(at..at + length))
+            }
+            _ => Err(parquet::errors::ParquetError::EOF(format!(
+                "bytes {start}..+{length} are outside the column chunk at {}..{}",
+                self.offset,
+                self.len()
+            ))),
+        }
+    }
+}
+
+/// What one row group's rows are read with.
+pub struct RowGroupInput<'a> {
+    pub footer: &'a Footer,
+    pub group: usize,
+    /// The file's row number of the group's first row (a sample's key).
+    pub first_row: u64,
+    pub projection: &'a Projection,
+    /// Each projected leaf column's chunk, as [`Projection::leaves`] lists
+    /// them.
+    pub chunks: Vec<(usize, ChunkBytes)>,
+    /// The dataset's class names, for string labels and the label range.
+    pub classes: &'a [String],
+    pub max_field_bytes: u64,
+}
+
+/// One row as read: a sample once the shard layer frames it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Its row number in the file.
+    pub key: String,
+    /// The `Image` feature's path, where it has one.
+    pub name: Option<String>,
+    /// Its image bytes, or why it has none (a substituted sample).
+    pub image: Result<Bytes, String>,
+    pub label: RowLabel,
+    pub fields: Vec<Option<Bytes>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowLabel {
+    Missing,
+    Value(i64),
+    /// Outside the classes, or a string naming none of them.
+    Invalid(String),
+}
+
+/// A column's values, one a row (`None`: null).
+enum Values {
+    Integers(Vec<Option<i64>>),
+    Text(Vec<Option<String>>),
+}
+
+/// The rows `[from, to)` of the group (numbered within it), as samples.
+/// A null or unrecognisable image is a damaged sample (substituted
+/// downstream, counted and logged with file and row); a row whose image
+/// has no bytes but a path is an error: its image lives outside the file.
+pub fn read_rows(input: &RowGroupInput<'_>, from: u64, to: u64) -> Result<Vec<Row>, ParquetError> {
+    let rows = input.footer.span(input.group)?.rows;
+    let (image, path) = match input.projection.image {
+        ImageColumn::Binary(column) => (column, None),
+        ImageColumn::Struct { bytes, path } => (bytes, path),
+    };
+    let images = read_bytes(input, image, rows)?;
+    let paths = path
+        .map(|column| read_bytes(input, column, rows))
+        .transpose()?;
+    let labels = match input.projection.label {
+        None => None,
+        Some(LabelColumn::Integer { column, kind }) => {
+            Some(Values::Integers(read_integers(input, column, kind, rows)?))
+        }
+        Some(LabelColumn::Text(column)) => Some(Values::Text(
+            read_bytes(input, column, rows)?
+                .into_iter()
+                .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+                .collect(),
+        )),
+    };
+    let fields = input
+        .projection
+        .fields
+        .iter()
+        .map(|&(column, kind)| read_field(input, column, kind, rows))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut samples = Vec::with_capacity(to.saturating_sub(from) as usize);
+    for row in from..to.min(rows) {
+        let at = row as usize;
+        let key = (input.first_row + row).to_string();
+        let path = paths.as_ref().and_then(|p| p[at].clone());
+        let name = path
+            .as_ref()
+            .filter(|p| !p.is_empty())
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        let label = match &labels {
+            None => RowLabel::Missing,
+            Some(values) => label_of(values, at, input.classes),
+        };
+        let mut fields_of_row = Vec::with_capacity(fields.len());
+        for (i, values) in fields.iter().enumerate() {
+            let value = values[at].clone();
+            if let Some(value) = &value {
+                if value.len() as u64 > input.max_field_bytes {
+                    return Err(ParquetError::FieldTooLarge {
+                        row: input.first_row + row,
+                        column: input
+                            .footer
+                            .metadata
+                            .file_metadata()
+                            .schema_descr()
+                            .column(input.projection.fields[i].0)
+                            .path()
+                            .string(),
+                        bytes: value.len() as u64,
+                        max: input.max_field_bytes,
+                    });
+                }
+            }
+            fields_of_row.push(value);
+        }
+        let image = match &images[at] {
+            Some(bytes) if !bytes.is_empty() => Ok(bytes.clone()),
+            _ => match &name {
+                Some(path) => {
+                    return Err(ParquetError::ImageNotEmbedded {
+                        row: input.first_row + row,
+                        path: path.clone(),
+                    })
+                }
+                None => Err(format!("row {}: its image is null", input.first_row + row)),
+            },
+        };
+        samples.push(Row {
+            key,
+            name,
+            image,
+            label,
+            fields: fields_of_row,
+        });
+    }
+    Ok(samples)
+}
+
+fn label_of(values: &Values, at: usize, classes: &[String]) -> RowLabel {
+    match values {
+        Values::Integers(labels) => match labels[at] {
+            None => RowLabel::Missing,
+            Some(label) if !classes.is_empty() && (label < 0 || label >= classes.len() as i64) => {
+                RowLabel::Invalid(format!(
+                    "label {label} is outside the dataset's {} classes",
+                    classes.len()
+                ))
+            }
+            Some(label) => RowLabel::Value(label),
+        },
+        Values::Text(labels) => match &labels[at] {
+            None => RowLabel::Missing,
+            Some(text) => match classes.iter().position(|class| class == text) {
+                Some(index) => RowLabel::Value(index as i64),
+                None => RowLabel::Invalid(format!("{text:?} is none of the dataset's classes")),
+            },
+        },
+    }
+}
+
+fn pages(
+    input: &RowGroupInput<'_>,
+    column: usize,
+    rows: u64,
+) -> Result<Box<dyn PageReader>, ParquetError> {
+    let chunk = input
+        .chunks
+        .iter()
+        .find(|(c, _)| *c == column)
+        .map(|(_, chunk)| chunk.clone())
+        .ok_or_else(|| ParquetError::Internal(format!("column {column} was not fetched")))?;
+    let meta = input.footer.metadata.row_group(input.group).column(column);
+    let reader = SerializedPageReader::new(Arc::new(chunk), meta, rows as usize, None)
+        .map_err(|e| page_error(input, column, e))?;
+    Ok(Box::new(reader))
+}
+
+fn page_error(
+    input: &RowGroupInput<'_>,
+    column: usize,
+    error: impl std::fmt::Display,
+) -> ParquetError {
+    ParquetError::Pages {
+        group: input.group,
+        column: input
+            .footer
+            .metadata
+            .file_metadata()
+            .schema_descr()
+            .column(column)
+            .path()
+            .string(),
+        why: error.to_string(),
+    }
+}
+
+/// Every row's value of one leaf column, `None` where it is null.
+fn read_column<T: DataType>(
+    input: &RowGroupInput<'_>,
+    column: usize,
+    rows: u64,
+) -> Result<Vec<Option<T::T>>, ParquetError>
+where
+    T::T: Clone,
+{
+    let descr = input
+        .footer
+        .metadata
+        .file_metadata()
+        .schema_descr()
+        .column(column);
+    let max_def = descr.max_def_level();
+    let mut reader = ColumnReaderImpl::<T>::new(descr, pages(input, column, rows)?);
+    let mut values: Vec<T::T> = Vec::new();
+    let mut levels: Vec<i16> = Vec::new();
+    let mut read = 0usize;
+    while (read as u64) < rows {
+        let (records, _, _) = reader
+            .read_records(rows as usize - read, Some(&mut levels), None, &mut values)
+            .map_err(|e| page_error(input, column, e))?;
+        if records == 0 {
+            break;
+        }
+        read += records;
+    }
+    if read as u64 != rows {
+        return Err(page_error(
+            input,
+            column,
+            format!("its pages hold {read} rows; the row group has {rows}"),
+        ));
+    }
+    if max_def == 0 {
+        return Ok(values.into_iter().map(Some).collect());
+    }
+    let present = levels.iter().filter(|&&level| level == max_def).count();
+    if present != values.len() || levels.len() as u64 != rows {
+        return Err(page_error(
+            input,
+            column,
+            format!(
+                "{} values for {present} non-null rows of {} levels",
+                values.len(),
+                levels.len()
+            ),
+        ));
+    }
+    let mut values = values.into_iter();
+    Ok(levels
+        .iter()
+        .map(|&level| {
+            if level == max_def {
+                values.next()
+            } else {
+                None
+            }
+        })
+        .collect())
+}
+
+fn read_bytes(
+    input: &RowGroupInput<'_>,
+    column: usize,
+    rows: u64,
+) -> Result<Vec<Option<Bytes>>, ParquetError> {
+    // A copy per value: the crate's byte arrays hide their buffers, and a
+    // sample's bytes must outlive the page they came in.
+    Ok(read_column::<ByteArrayType>(input, column, rows)?
+        .into_iter()
+        .map(|value| value.map(|v| Bytes::copy_from_slice(v.data())))
+        .collect())
+}
+
+fn read_integers(
+    input: &RowGroupInput<'_>,
+    column: usize,
+    kind: ValueKind,
+    rows: u64,
+) -> Result<Vec<Option<i64>>, ParquetError> {
+    Ok(match kind {
+        ValueKind::Int32 => read_column::<Int32Type>(input, column, rows)?
+            .into_iter()
+            .map(|v| v.map(i64::from))
+            .collect(),
+        _ => read_column::<Int64Type>(input, column, rows)?,
+    })
+}
+
+/// An extra field's values as bytes: binary as it is, numbers as decimal
+/// text (as a tar's `.cls` member holds them).
+fn read_field(
+    input: &RowGroupInput<'_>,
+    column: usize,
+    kind: ValueKind,
+    rows: u64,
+) -> Result<Vec<Option<Bytes>>, ParquetError> {
+    fn text<T: ToString>(values: Vec<Option<T>>) -> Vec<Option<Bytes>> {
+        values
+            .into_iter()
+            .map(|v| v.map(|v| Bytes::from(v.to_string())))
+            .collect()
+    }
+    Ok(match kind {
+        ValueKind::Bytes => read_bytes(input, column, rows)?,
+        ValueKind::Int32 => text(read_column::<Int32Type>(input, column, rows)?),
+        ValueKind::Int64 => text(read_column::<Int64Type>(input, column, rows)?),
+        ValueKind::Float => text(read_column::<FloatType>(input, column, rows)?),
+        ValueKind::Double => text(read_column::<DoubleType>(input, column, rows)?),
+        ValueKind::Boolean => text(read_column::<BoolType>(input, column, rows)?),
+    })
+}

@@ -1,0 +1,385 @@
+//! Parquet files end to end, laid out as the Hugging Face Hub stores image
+//! datasets: written by the `parquet` crate's own writer, put through
+//! aws-sdk-s3 into the loopback S3 server, indexed from their footers and
+//! streamed by row group.
+
+mod common;
+
+use common::*;
+use shardfeed::dev::parquet_files::{self, Layout, Row};
+use shardfeed::server::pb;
+
+/// The rows of `shards`' samples, in order (label = the `.cls` text).
+fn rows_of(samples: &[Sample]) -> Vec<Row> {
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, sample)| Row {
+            image: sample.image.as_ref().map(|(_, image)| image.clone()),
+            path: Some(format!("img/{i:05}.jpg")),
+            label: sample.label.as_ref().map(|l| l.parse().unwrap()),
+        })
+        .collect()
+}
+
+fn parquet_of(samples: &[Sample], layout: &Layout) -> Vec<u8> {
+    parquet_files::write(&rows_of(samples), layout).unwrap()
+}
+
+async fn upload_files(harness: &Harness, bucket: &str, files: Vec<Vec<u8>>) -> String {
+    let objects = files
+        .into_iter()
+        .enumerate()
+        .map(|(i, file)| (format!("data/train-{i:05}-of-00042.parquet"), file));
+    put_objects(&harness.s3, bucket, objects).await;
+    format!("s3://{bucket}/data/")
+}
+
+fn groups_of(rows: usize) -> Layout {
+    Layout {
+        rows_per_group: rows,
+        ..Layout::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_groups_give_the_same_batches_as_the_same_samples_in_tar() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(3, 11);
+    let tar = upload(&harness.s3, "tar", "train/", &shards).await;
+    // Two files: the first holds the first two shards as row groups of 11.
+    let first: Vec<Sample> = shards[..2].concat();
+    let files = vec![
+        parquet_of(&first, &groups_of(11)),
+        parquet_of(&shards[2], &groups_of(11)),
+    ];
+    let uri = upload_files(&harness, "hub", files).await;
+    let mut client = harness.client().await;
+
+    let info = describe(&mut client, &uri, 1, 8).await;
+    assert_eq!(
+        (info.shards, info.samples, info.batches_per_rank),
+        (3, 33, 4),
+        "a row group is a shard"
+    );
+    let from_tar = collect(&mut client, unshuffled(&tar)).await.unwrap();
+    let from_parquet = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    assert_eq!(from_parquet.len(), 4);
+    for (t, p) in from_tar.iter().zip(&from_parquet) {
+        assert_eq!(t.images, p.images, "same pixels");
+        assert_eq!(t.labels, p.labels, "same labels");
+        assert!(p.substituted.is_empty());
+    }
+    // Named by the Image feature's path; the row number is the identity.
+    assert_eq!(
+        from_parquet[0].keys[..2],
+        ["img/00000.jpg", "img/00001.jpg"]
+    );
+    assert_eq!(
+        from_parquet[1].keys[3], "img/00011.jpg",
+        "row 11 opens the second row group"
+    );
+
+    // Shuffled at two ranks: every row once, the same count on each.
+    let mut seen = Vec::new();
+    for rank in 0..2 {
+        let request = pb::StreamBatchesRequest {
+            rank,
+            world_size: 2,
+            batch_size: Some(4),
+            ..request(&uri)
+        };
+        let batches = collect(&mut client, request).await.unwrap();
+        assert_eq!(batches.len(), 4);
+        seen.extend(batches.iter().flat_map(|b| {
+            b.shards
+                .iter()
+                .zip(&b.keys)
+                .map(|(s, k)| format!("{s}/{k}"))
+                .collect::<Vec<_>>()
+        }));
+    }
+    let unique: std::collections::HashSet<_> = seen.iter().collect();
+    assert_eq!((seen.len(), unique.len()), (32, 32));
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_codec_page_version_and_encoding_reads_the_same_pixels() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(1, 10);
+    let tar = upload(&harness.s3, "tarref", "t/", &shards).await;
+    let mut client = harness.client().await;
+    let mut bucket = 0;
+    for codec in ["none", "snappy", "zstd", "gzip", "lz4_raw"] {
+        for (page_v2, dictionary) in [(false, false), (true, true), (false, true)] {
+            let layout = Layout {
+                rows_per_group: 4,
+                codec: codec.into(),
+                page_v2,
+                dictionary,
+                ..Layout::default()
+            };
+            bucket += 1;
+            let uri = upload_files(
+                &harness,
+                &format!("codec{bucket}"),
+                vec![parquet_of(&shards[0], &layout)],
+            )
+            .await;
+            let mut batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+            // Keys differ (paths, not tar keys): compare the rest.
+            for batch in &mut batches {
+                batch.keys = (0..batch.keys.len())
+                    .map(|i| format!("{:06}", batch.index as usize * 8 + i))
+                    .collect();
+            }
+            let mut tar_batches = collect(&mut client, unshuffled(&tar)).await.unwrap();
+            for batch in &mut tar_batches {
+                batch.keys = (0..batch.keys.len())
+                    .map(|i| format!("{:06}", batch.index as usize * 8 + i))
+                    .collect();
+            }
+            assert_eq!(
+                digest(&batches),
+                digest(&tar_batches),
+                "{codec}, page v2 {page_v2}, dictionary {dictionary}"
+            );
+        }
+    }
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_image_is_a_substituted_row_and_a_path_only_image_a_clear_error() {
+    let harness = Harness::start(Options::default()).await;
+    let mut rows = rows_of(&simple_dataset(1, 8)[0]);
+    rows[3].image = None;
+    rows[3].path = None;
+    rows[5].image = Some(b"not an image at all".to_vec());
+    let file = parquet_files::write(&rows, &groups_of(8)).unwrap();
+    let uri = upload_files(&harness, "nulls", vec![file]).await;
+    let mut client = harness.client().await;
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    assert_eq!(batches.len(), 1, "the batch count does not change");
+    assert_eq!(batches[0].substituted, [3, 5]);
+    assert!(
+        batches[0].substitution_reasons[0].contains("row 3")
+            && batches[0].substitution_reasons[0].contains("null"),
+        "{:?}",
+        batches[0].substitution_reasons
+    );
+
+    // An image stored by path only (outside the file): not fetched, named.
+    rows[3].image = Some(Vec::new());
+    rows[3].path = Some("s3://elsewhere/cat.jpg".into());
+    let file = parquet_files::write(&rows, &groups_of(8)).unwrap();
+    let uri = upload_files(&harness, "pathonly", vec![file]).await;
+    let status = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("row 3") && status.message().contains("s3://elsewhere/cat.jpg"),
+        "{}",
+        status.message()
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn columns_are_named_checked_and_projected() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(1, 6);
+    let uri = upload_files(
+        &harness,
+        "columns",
+        vec![parquet_of(&shards[0], &groups_of(6))],
+    )
+    .await;
+    let mut client = harness.client().await;
+    let with = |layout: pb::SampleLayout| pb::StreamBatchesRequest {
+        layout: Some(layout),
+        batch_size: Some(6),
+        ..unshuffled(&uri)
+    };
+    // A missing column: named, with the columns the file has.
+    let status = collect(
+        &mut client,
+        with(pb::SampleLayout {
+            image_feature: "picture".into(),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("\"picture\"") && status.message().contains("image.bytes"),
+        "{}",
+        status.message()
+    );
+    // A wrongly typed one: the type found and the type wanted.
+    let status = collect(
+        &mut client,
+        with(pb::SampleLayout {
+            image_feature: "label".into(),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("INT64") && status.message().contains("wanted binary"),
+        "{}",
+        status.message()
+    );
+    // Other columns travel as fields, numbers as text.
+    let batches = collect(
+        &mut client,
+        with(pb::SampleLayout {
+            fields: vec!["image.path".into(), "label".into()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    let fields = &batches[0].fields;
+    assert_eq!(fields.len(), 2);
+    assert_eq!(fields[0].values[2].as_ref(), b"img/00002.jpg");
+    assert_eq!(fields[1].values[2].as_ref(), b"2");
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn class_names_come_from_the_hub_metadata_and_string_labels_map_to_them() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(1, 6);
+    let classes: Vec<String> = (0..6).map(|i| format!("class-{i}")).collect();
+    let hub = Layout {
+        classes: classes.clone(),
+        ..groups_of(3)
+    };
+    let text = Layout {
+        text_labels: true,
+        ..hub.clone()
+    };
+    let ints = upload_files(&harness, "hubints", vec![parquet_of(&shards[0], &hub)]).await;
+    let strings = upload_files(&harness, "hubtext", vec![parquet_of(&shards[0], &text)]).await;
+    let mut client = harness.client().await;
+    let info = describe(&mut client, &ints, 1, 6).await;
+    assert_eq!(info.classes, classes);
+    let six = |uri: &str| pb::StreamBatchesRequest {
+        batch_size: Some(6),
+        ..unshuffled(uri)
+    };
+    let from_ints = collect(&mut client, six(&ints)).await.unwrap();
+    let from_strings = collect(&mut client, six(&strings)).await.unwrap();
+    assert_eq!(from_ints[0].labels, [0, 1, 2, 3, 4, 5]);
+    assert_eq!(from_strings[0].labels, from_ints[0].labels);
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_parquet_or_is_cut_short_is_named() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(1, 4);
+    let whole = parquet_of(&shards[0], &groups_of(4));
+    let mut client = harness.client().await;
+    let cut = whole[..whole.len() - 3].to_vec();
+    let mut lying = whole.clone();
+    // The footer claims more metadata than the file holds.
+    let n = lying.len();
+    lying[n - 8..n - 4].copy_from_slice(&(u32::MAX / 2).to_le_bytes());
+    for (bucket, file) in [
+        ("notparquet", b"PK\x03\x04 a zip, not parquet".to_vec()),
+        ("cut", cut),
+        ("lying", lying),
+    ] {
+        let uri = upload_files(&harness, bucket, vec![file]).await;
+        let status = client
+            .describe(pb::DescribeRequest {
+                dataset: uri.clone(),
+                world_size: 1,
+                batch_size: Some(4),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DataLoss, "{bucket}");
+        assert!(
+            status.message().contains("train-00000-of-00042.parquet")
+                && status.message().contains("Parquet"),
+            "{bucket}: {}",
+            status.message()
+        );
+    }
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_group_past_the_readers_limit_is_refused_naming_it() {
+    let options = Options {
+        pipeline: shardfeed::pipeline::PipelineConfig {
+            read: small_parts(),
+            max_member_bytes: 8 << 10,
+            ..shardfeed::pipeline::PipelineConfig::default()
+        },
+        ..Options::default()
+    };
+    let harness = Harness::start(options).await;
+    let shards = simple_dataset(1, 12);
+    let uri = upload_files(
+        &harness,
+        "large",
+        vec![parquet_of(&shards[0], &groups_of(12))],
+    )
+    .await;
+    let mut client = harness.client().await;
+    let status = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("row group 0")
+            && status.message().contains("train-00000-of-00042.parquet")
+            && status.message().contains("limit"),
+        "{}",
+        status.message()
+    );
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resumed_inside_a_row_group_is_the_full_streams_rest() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(2, 10);
+    let all: Vec<Sample> = shards.concat();
+    let uri = upload_files(&harness, "resume", vec![parquet_of(&all, &groups_of(7))]).await;
+    let mut client = harness.client().await;
+    let stream = |start_batch| pb::StreamBatchesRequest {
+        batch_size: Some(3),
+        start_batch,
+        augmentation: Some(training_augmentation()),
+        ..request(&uri)
+    };
+    let full = collect(&mut client, stream(0)).await.unwrap();
+    let rest = collect(&mut client, stream(3)).await.unwrap();
+    assert_eq!(full.len(), 6);
+    assert_eq!(digest(&full[3..]), digest(&rest));
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planning_reads_one_tail_per_file_and_no_row_data() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(4, 5);
+    let files: Vec<Vec<u8>> = shards
+        .iter()
+        .map(|s| parquet_of(s, &groups_of(2)))
+        .collect();
+    let uri = upload_files(&harness, "plan", files).await;
+    let mut client = harness.client().await;
+    let before = gets(&harness.s3);
+    let info = describe(&mut client, &uri, 1, 4).await;
+    assert_eq!((info.shards, info.samples), (12, 20), "3 row groups a file");
+    assert_eq!(gets(&harness.s3) - before, 4, "one ranged GET per file");
+    harness.shutdown().await;
+}
