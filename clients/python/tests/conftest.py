@@ -135,6 +135,41 @@ def write_tar(samples: list[tuple[str, dict[str, bytes]]]) -> bytes:
     return out.getvalue()
 
 
+def hf_parquet(
+    images: list[bytes | None],
+    labels: list[int],
+    row_group_size: int = 100,
+    compression: str = "snappy",
+    classes: int = 0,
+) -> bytes:
+    """A Parquet file as the Hugging Face datasets library writes an image
+    dataset: an Image struct of bytes and path, an int64 label, the class
+    names in the schema's ``huggingface`` metadata (``classes`` of them, at
+    least one past the largest label)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    images_column = pa.array(
+        [{"bytes": image, "path": f"img/{label:05d}.jpg"} for image, label in zip(images, labels)],
+        type=image_type,
+    )
+    names = [f"class-{i}" for i in range(max(classes, max(labels) + 1))]
+    features = {
+        "image": {"_type": "Image"},
+        "label": {"names": names, "_type": "ClassLabel"},
+    }
+    schema = pa.schema([("image", image_type), ("label", pa.int64())]).with_metadata(
+        {"huggingface": json.dumps({"info": {"features": features}})}
+    )
+    table = pa.Table.from_arrays([images_column, pa.array(labels, pa.int64())], schema=schema)
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=row_group_size, compression=compression)
+    return out.getvalue()
+
+
 def upload(s3: S3, bucket: str, prefix: str, shards: list[bytes]) -> str:
     client = s3.client()
     client.create_bucket(Bucket=bucket)

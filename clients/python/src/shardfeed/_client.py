@@ -242,7 +242,9 @@ class Client:
         ``.json`` member instead of ``.cls``. ``image_feature`` /
         ``label_feature``: TFRecord feature names (default
         ``image/encoded`` / ``image/class/label``: TensorFlow's ImageNet
-        records, whose labels are 1..1000 with 0 for background).
+        records, whose labels are 1..1000 with 0 for background), or
+        Parquet column names (default ``image`` / ``label``, as the Hugging
+        Face Hub stores image datasets).
         ``key_feature``: the TFRecord feature naming each sample in
         ``Batch.keys`` (default ``image/filename``; records without it are
         named by record number). ``label_offset``: added to every label (-1

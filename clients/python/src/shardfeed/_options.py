@@ -51,10 +51,13 @@ class SampleLayout:
     """What else each sample brings, and where its label and key are.
 
     ``fields``: other parts of each sample as bytes in ``Batch.fields`` (tar
-    member extensions such as ``"txt"``, or TFRecord feature names), each at
-    most ``max_field_bytes`` (0: 1 MiB). ``label_json_key``: the label from
-    this key of the ``.json`` member instead of ``.cls``. ``image_feature``,
-    ``label_feature``, ``key_feature``: TFRecord feature names.
+    member extensions such as ``"txt"``, TFRecord feature names, or Parquet
+    columns such as ``"image.path"``), each at most ``max_field_bytes`` (0:
+    1 MiB). ``label_json_key``: the label from this key of the ``.json``
+    member instead of ``.cls``. ``image_feature``, ``label_feature``,
+    ``key_feature``: TFRecord feature names; ``image_feature`` and
+    ``label_feature`` are also Parquet column names (default ``image`` and
+    ``label``, the Hugging Face layout).
     ``label_offset``: added to every label (a label below 0 is sent as -1).
     """
 

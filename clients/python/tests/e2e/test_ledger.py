@@ -32,6 +32,7 @@ from ..conftest import (
     PoolWorker,
     Server,
     free_port,
+    hf_parquet,
     make_pool_tls,
     noise_jpeg,
     run_ranks,
@@ -92,6 +93,32 @@ def loose_data(s3: S3) -> Data:
             Body=noise_jpeg(label, 30, 36),
         )
     return Data(("s3://ledgerloose/", "s3://ledgerloose/"), (labels, labels))
+
+
+@pytest.fixture(scope="module")
+def parquet_data(s3: S3) -> Data:
+    """Source 0 as Parquet files laid out as the Hugging Face Hub stores
+    images (an Image struct of bytes and path, an int64 label, the class
+    names in the schema's metadata), row groups of 5 rows, so that a row
+    group straddles batches and ranks; source 1 stays tar (for the mix)."""
+    tars = _publish(s3, bucket="ledgerpq")
+    client = s3.client()
+    client.create_bucket(Bucket="ledgerparquet")
+    shards, per_shard = SHAPES[0]
+    labels = list(range(shards * per_shard))
+    for file in range(2):
+        rows = labels[file::2]
+        client.put_object(
+            Bucket="ledgerparquet",
+            Key=f"data/train-{file:05d}-of-00002.parquet",
+            Body=hf_parquet(
+                [noise_jpeg(label, 30, 36) for label in rows],
+                rows,
+                row_group_size=5,
+                classes=len(labels),
+            ),
+        )
+    return Data(("s3://ledgerparquet/data/", tars.uris[1]), (tuple(labels), tars.labels[1]))
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +248,8 @@ class Case:
     # stream sizes as it runs; "paced_reads": shards read from an S3 that
     # sends slowly, each ranged GET a task in flight; "corrupt",
     # "encoded_corrupt", "tier_corrupt": one dataset with corrupt scans
-    # (CORRUPT), decoded, encoded (share 0), through the tier.
+    # (CORRUPT), decoded, encoded (share 0), through the tier; "parquet",
+    # "parquet_mix": source 0 as Parquet files, alone and mixed with tar.
     feature: str
     ledger_dir: str
     run: str
@@ -263,7 +291,7 @@ ENCODED_SIZE = 32
 RECIPE = Augment.train(
     auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
 )
-MIXED = ("mix", "recipe_mix", "repeats_mix")
+MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
 POOLED = ("pool", "recipe_pool", "repeats_pool")
 # Repeated augmentation: every sample twice an epoch, each copy its own crop.
 REPEATS = 2
@@ -624,6 +652,15 @@ MATRIX = [
     Row("plain", "repeats_pool", "worker"),
     Row("stateful_loader", "repeats", "break", full_only=True),
     Row("workers", "repeats_mix", "none", full_only=True),
+    # Parquet (the Hub's image layout), row groups of 5 rows straddling
+    # batches and ranks, alone and mixed with tar shards: a kill or a
+    # resume inside a row group repeats and loses nothing.
+    Row("plain", "parquet", "kill"),
+    Row("stateful", "parquet", "break"),
+    Row("plain", "parquet_mix", "kill"),
+    Row("stateful", "parquet_mix", "break"),
+    Row("workers", "parquet", "none", full_only=True),
+    Row("loader", "parquet_mix", "none", full_only=True),
 ]
 
 
@@ -685,6 +722,8 @@ def test_every_sample_exactly_once(
         data = request.getfixturevalue("paced_data")
     if row.feature.endswith("corrupt"):
         data = request.getfixturevalue("corrupt_data")
+    if row.feature.startswith("parquet"):
+        data = request.getfixturevalue("parquet_data")
     options = dict(row.trainer)
     base = Case(sidecar.target, data, row.feature, str(tmp_path), "reference")
     if options.get("max_epochs", 0) > 0:

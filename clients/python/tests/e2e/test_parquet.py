@@ -1,0 +1,118 @@
+"""Parquet files as pyarrow and the Hugging Face datasets library write
+them, streamed by the real binary to the real client."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from shardfeed import Client, ShardfeedError
+from shardfeed.torch import ShardfeedDataset
+
+from ..conftest import S3, Server, hf_parquet, noise_jpeg
+
+ROWS = 24
+
+
+def _publish(s3: S3, bucket: str, files: list[bytes]) -> str:
+    client = s3.client()
+    client.create_bucket(Bucket=bucket)
+    for i, data in enumerate(files):
+        key = f"data/train-{i:05d}-of-{len(files):05d}.parquet"
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+    return f"s3://{bucket}/data/"
+
+
+@pytest.fixture(scope="module")
+def images() -> list[bytes]:
+    return [noise_jpeg(i, 24, 32) for i in range(ROWS)]
+
+
+@pytest.mark.parametrize(
+    "compression,page_version,dictionary",
+    [
+        ("none", "1.0", False),
+        ("snappy", "1.0", True),
+        ("zstd", "2.0", True),
+        ("gzip", "2.0", False),
+        ("lz4", "1.0", False),
+    ],
+)
+def test_pyarrows_codecs_and_pages_give_every_row_once(
+    server: Server,
+    s3: S3,
+    images: list[bytes],
+    compression: str,
+    page_version: str,
+    dictionary: bool,
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # hf_parquet's table, rewritten with this codec and page layout.
+    table = pq.read_table(io.BytesIO(hf_parquet(images, list(range(ROWS)))))
+    out = io.BytesIO()
+    pq.write_table(
+        table,
+        out,
+        row_group_size=5,
+        compression=compression,
+        data_page_version=page_version,
+        use_dictionary=dictionary,
+    )
+    assert isinstance(table, pa.Table)
+    bucket = f"pq-{compression}-{page_version.replace('.', '')}-{int(dictionary)}"
+    uri = _publish(s3, bucket, [out.getvalue()])
+    batches = list(
+        Client(server.target).batches(
+            uri, batch_size=8, image_size=16, rank=0, world_size=1, shuffle=False
+        )
+    )
+    labels = [label for batch in batches for label in batch.labels.tolist()]
+    assert labels == list(range(ROWS))
+    keys = [key for batch in batches for key in batch.keys]
+    assert keys == [f"img/{i:05d}.jpg" for i in range(ROWS)]
+    assert all(len(batch.substituted) == 0 for batch in batches)
+
+
+def test_a_hub_dataset_just_works_with_the_torch_dataset(
+    server: Server, s3: S3, images: list[bytes]
+) -> None:
+    """``ShardfeedDataset("s3://bucket/data/")`` over a Hub dataset's files:
+    class names from the files' metadata, each row once across two ranks."""
+    files = [
+        hf_parquet(images[:16], list(range(16)), row_group_size=4, classes=ROWS),
+        hf_parquet(images[16:], list(range(16, ROWS)), row_group_size=4, classes=ROWS),
+    ]
+    uri = _publish(s3, "pq-hub", files)
+    info = Client(server.target).describe(uri, world_size=2, batch_size=4)
+    assert info.classes == tuple(f"class-{i}" for i in range(ROWS))
+    assert (info.shards, info.samples) == (6, ROWS)
+    seen: list[int] = []
+    for rank in range(2):
+        ds = ShardfeedDataset(
+            uri,
+            client=Client(server.target),
+            batch_size=4,
+            image_size=16,
+            rank=rank,
+            world_size=2,
+            augment="train",
+            output="dict",
+        )
+        for batch in ds:
+            seen.extend(batch["labels"].tolist())
+    assert sorted(seen) == list(range(ROWS))
+
+
+def test_a_missing_column_is_named(server: Server, s3: S3, images: list[bytes]) -> None:
+    uri = _publish(s3, "pq-columns", [hf_parquet(images, list(range(ROWS)))])
+    with pytest.raises(ShardfeedError) as raised:
+        list(
+            Client(server.target).batches(
+                uri, batch_size=8, image_size=16, rank=0, world_size=1, image_feature="jpg"
+            )
+        )
+    assert raised.value.code == "FAILED_PRECONDITION"
+    assert '"jpg"' in str(raised.value) and "image.bytes" in str(raised.value)
