@@ -528,7 +528,48 @@ mod fuzz_properties {
                 "one-jpeg",
                 prost::Message::encode_to_vec(&unit),
             ),
+            (
+                "parquet_file",
+                "hub-snappy",
+                parquet_seed("snappy", false, false),
+            ),
+            (
+                "parquet_file",
+                "zstd-v2-text",
+                parquet_seed("zstd", true, true),
+            ),
+            (
+                "parquet_file",
+                "gzip-plain",
+                parquet_seed("gzip", false, true),
+            ),
+            (
+                "parquet_file",
+                "lz4-v2",
+                parquet_seed("lz4_raw", true, false),
+            ),
         ]
+    }
+
+    /// A small Hub-layout file: a null image, a path-only row, labels.
+    fn parquet_seed(codec: &str, page_v2: bool, text_labels: bool) -> Vec<u8> {
+        use shardfeed::dev::parquet_files::{write, Layout, Row};
+        let rows: Vec<Row> = (0..5u64)
+            .map(|n| Row {
+                image: (n != 2).then(|| jpeg(8, 6, n)),
+                path: (n != 3).then(|| format!("img/{n}.jpg")),
+                label: Some(n as i64 % 3),
+            })
+            .collect();
+        let layout = Layout {
+            rows_per_group: 2,
+            codec: codec.into(),
+            page_v2,
+            dictionary: !page_v2,
+            classes: vec!["a".into(), "b".into(), "c".into()],
+            text_labels,
+        };
+        write(&rows, &layout).unwrap()
     }
 
     fn png_bytes() -> Vec<u8> {
@@ -549,6 +590,7 @@ mod fuzz_properties {
             "dataset_index" => fuzz::dataset_index,
             "pool_unit" => fuzz::pool_unit,
             "stream_request" => fuzz::stream_request,
+            "parquet_file" => fuzz::parquet_file,
             other => panic!("no fuzz target {other}"),
         }
     }
@@ -597,6 +639,34 @@ mod fuzz_properties {
             let mut input = vec![chunking];
             input.extend(tar);
             fuzz::tar_splitter(&input);
+        }
+
+        /// The footer and pages of a real file, damaged where the flips
+        /// land (mostly in the footer: its offsets and counts are what a
+        /// reader trusts), or cut short.
+        #[test]
+        fn a_damaged_parquet_file_never_panics_its_reader(
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<bool>()), 0..8),
+            cut in any::<usize>(),
+            seed in 0usize..4,
+        ) {
+            let seeds = seeds();
+            let mut file = seeds
+                .iter()
+                .filter(|(target, _, _)| *target == "parquet_file")
+                .nth(seed)
+                .unwrap()
+                .2
+                .clone();
+            let len = file.len();
+            for (at, value, in_footer) in flips {
+                let at = if in_footer { len - 1 - at % 400.min(len) } else { at % len };
+                file[at] = value;
+            }
+            if cut % 4 == 0 {
+                file.truncate(cut % (len + 1));
+            }
+            fuzz::parquet_file(&file);
         }
 
         #[test]

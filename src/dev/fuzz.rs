@@ -241,3 +241,67 @@ pub fn check_request(request: &pb::StreamBatchesRequest) {
         let _ = plan::next_epoch_shard_sequence(DATASET, &request.plan);
     }
 }
+
+/// A whole Parquet file: its footer found and parsed, checked against the
+/// file's size, and its first row groups' rows read with the Hugging Face
+/// column names (and the path as a field), as a reader would read them.
+pub fn parquet_file(data: &[u8]) {
+    use crate::shard::parquet::{
+        footer, read_rows, ChunkBytes, ColumnNames, Footer, Projection, RowGroupInput,
+    };
+    let size = data.len() as u64;
+    let Ok(range) = footer::metadata_range(data, size) else {
+        return;
+    };
+    let Ok(footer) = Footer::parse(&data[range.start as usize..range.end as usize], size) else {
+        return;
+    };
+    let _ = footer.class_names("label");
+    let schema = footer.metadata.file_metadata().schema_descr();
+    let fields = ["image.path".to_string()];
+    let Ok(projection) = Projection::resolve(schema, &ColumnNames::default(), &fields)
+        .or_else(|_| Projection::resolve(schema, &ColumnNames::default(), &[]))
+    else {
+        return;
+    };
+    for group in 0..footer.row_groups().min(4) {
+        let Ok(span) = footer.span(group) else {
+            continue;
+        };
+        let chunks: Result<Vec<_>, _> = projection
+            .leaves()
+            .into_iter()
+            .map(|column| {
+                footer.chunk_range(group, column).map(|r| {
+                    let data =
+                        bytes::Bytes::copy_from_slice(&data[r.start as usize..r.end as usize]);
+                    (
+                        column,
+                        ChunkBytes {
+                            offset: r.start,
+                            data,
+                        },
+                    )
+                })
+            })
+            .collect();
+        let Ok(chunks) = chunks else {
+            continue;
+        };
+        let input = RowGroupInput {
+            footer: &footer,
+            group,
+            first_row: 0,
+            projection: &projection,
+            chunks,
+            classes: &[],
+            max_field_bytes: 1 << 20,
+        };
+        if let Ok(rows) = read_rows(&input, 0, span.rows.min(1024)) {
+            assert!(
+                rows.len() as u64 <= span.rows,
+                "more rows than the group has"
+            );
+        }
+    }
+}

@@ -397,7 +397,7 @@ fn batch_labels(samples: &[EmittedSample]) -> Vec<i64> {
                     shard = %emitted.origin.dataset.shard_key(emitted.shard),
                     key = %emitted.sample.key,
                     label = %text,
-                    "label is not an integer; sent as -1"
+                    "label is not an integer or not a class; sent as -1"
                 );
             }
             match &emitted.sample.label {

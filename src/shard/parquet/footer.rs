@@ -20,6 +20,10 @@ pub const TAIL_READ_BYTES: u64 = 256 << 10;
 /// ~10x its size there) and kept per file while its row groups are read:
 /// 10,000 row groups of 8 columns is ~4 MB.
 pub const MAX_FOOTER_BYTES: u64 = 16 << 20;
+/// The most rows a row group may claim: pyarrow writes up to 2^20 a group;
+/// a footer claiming more than this is refused before its index (a key
+/// per row) is made.
+pub const MAX_ROW_GROUP_ROWS: u64 = 1 << 22;
 /// `metadata length: u32 LE | "PAR1"`.
 const TRAILER_BYTES: u64 = 8;
 const MAGIC: &[u8; 4] = b"PAR1";
@@ -94,8 +98,13 @@ impl Footer {
     /// Parses `metadata` (the bytes [`metadata_range`] named) and checks
     /// it against the file's size.
     pub fn parse(metadata: &[u8], file_size: u64) -> Result<Self, ParquetError> {
-        let metadata = ParquetMetaDataReader::decode_metadata(metadata)
-            .map_err(|e| ParquetError::Footer { why: e.to_string() })?;
+        // The crate's decoder is third-party code over untrusted bytes: a
+        // panic in it is a damaged footer, not a dead reader.
+        let decoded = std::panic::catch_unwind(|| ParquetMetaDataReader::decode_metadata(metadata))
+            .map_err(|_| ParquetError::Footer {
+                why: "the footer decoder failed on its bytes".into(),
+            })?;
+        let metadata = decoded.map_err(|e| ParquetError::Footer { why: e.to_string() })?;
         let footer = Self {
             metadata,
             file_size,
@@ -129,9 +138,15 @@ impl Footer {
     /// Row group `group`'s rows and bytes, checked.
     pub fn span(&self, group: usize) -> Result<RowGroupSpan, ParquetError> {
         let meta = self.group(group)?;
-        let rows = u64::try_from(meta.num_rows()).map_err(|_| ParquetError::Footer {
-            why: format!("row group {group} has {} rows", meta.num_rows()),
-        })?;
+        let rows = u64::try_from(meta.num_rows())
+            .ok()
+            .filter(|&rows| rows <= MAX_ROW_GROUP_ROWS)
+            .ok_or_else(|| ParquetError::Footer {
+                why: format!(
+                    "row group {group} claims {} rows; at most {MAX_ROW_GROUP_ROWS} are read",
+                    meta.num_rows()
+                ),
+            })?;
         let mut bytes: Option<Range<u64>> = None;
         let mut uncompressed = 0u64;
         for column in 0..meta.num_columns() {

@@ -136,7 +136,7 @@ pub fn read_rows(input: &RowGroupInput<'_>, from: u64, to: u64) -> Result<Vec<Ro
         .iter()
         .map(|&(column, kind)| read_field(input, column, kind, rows))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut samples = Vec::with_capacity(to.saturating_sub(from) as usize);
+    let mut samples = Vec::with_capacity(to.min(rows).saturating_sub(from) as usize);
     for row in from..to.min(rows) {
         let at = row as usize;
         let key = (input.first_row + row).to_string();
@@ -254,6 +254,27 @@ fn page_error(
 
 /// Every row's value of one leaf column, `None` where it is null.
 fn read_column<T: DataType>(
+    input: &RowGroupInput<'_>,
+    column: usize,
+    rows: u64,
+) -> Result<Vec<Option<T::T>>, ParquetError>
+where
+    T::T: Clone,
+{
+    // The crate's page decoders are third-party code over untrusted bytes,
+    // and some of them index without checking (a fuzzed page found one): a
+    // panic there is a damaged page, named like any other.
+    let read = std::panic::AssertUnwindSafe(|| read_column_pages::<T>(input, column, rows));
+    std::panic::catch_unwind(read).unwrap_or_else(|_| {
+        Err(page_error(
+            input,
+            column,
+            "the page decoder failed on its bytes",
+        ))
+    })
+}
+
+fn read_column_pages<T: DataType>(
     input: &RowGroupInput<'_>,
     column: usize,
     rows: u64,
