@@ -568,6 +568,7 @@ mod fuzz_properties {
             dictionary: !page_v2,
             classes: vec!["a".into(), "b".into(), "c".into()],
             text_labels,
+            class_metadata: !text_labels,
         };
         write(&rows, &layout).unwrap()
     }

@@ -321,7 +321,7 @@ async fn a_row_group_past_the_readers_limit_is_refused_naming_it() {
     let options = Options {
         pipeline: shardfeed::pipeline::PipelineConfig {
             read: small_parts(),
-            max_member_bytes: 8 << 10,
+            max_member_bytes: 2 << 10,
             ..shardfeed::pipeline::PipelineConfig::default()
         },
         ..Options::default()
@@ -381,5 +381,77 @@ async fn planning_reads_one_tail_per_file_and_no_row_data() {
     let info = describe(&mut client, &uri, 1, 4).await;
     assert_eq!((info.shards, info.samples), (12, 20), "3 row groups a file");
     assert_eq!(gets(&harness.s3) - before, 4, "one ranged GET per file");
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_labels_without_class_names_are_their_own_sorted_classes() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(1, 6);
+    // Labels 0..5 written as these names, with no class list anywhere.
+    let names: Vec<String> = ["zebra", "ant", "moth", "cat", "ant", "bee"]
+        .map(String::from)
+        .to_vec();
+    let mut rows = rows_of(&shards[0]);
+    for (i, row) in rows.iter_mut().enumerate() {
+        row.label = Some(i as i64);
+    }
+    let layout = Layout {
+        rows_per_group: 4,
+        classes: names,
+        text_labels: true,
+        class_metadata: false,
+        ..Layout::default()
+    };
+    let uri = upload_files(
+        &harness,
+        "textlabels",
+        vec![parquet_files::write(&rows, &layout).unwrap()],
+    )
+    .await;
+    let mut client = harness.client().await;
+    let info = describe(&mut client, &uri, 1, 6).await;
+    assert_eq!(info.classes, ["ant", "bee", "cat", "moth", "zebra"]);
+    let batches = collect(
+        &mut client,
+        pb::StreamBatchesRequest {
+            batch_size: Some(6),
+            ..unshuffled(&uri)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(batches[0].labels, [4, 0, 3, 2, 0, 1]);
+    harness.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_index_plans_row_groups_without_reading_the_footers_again() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(2, 9);
+    let files: Vec<Vec<u8>> = shards
+        .iter()
+        .map(|s| parquet_of(s, &groups_of(4)))
+        .collect();
+    let uri = upload_files(&harness, "saved", files).await;
+    write_index(&harness.s3, "saved", "data/").await;
+    let mut client = harness.client().await;
+    let before = gets(&harness.s3);
+    let info = describe(&mut client, &uri, 1, 6).await;
+    assert_eq!((info.shards, info.samples), (6, 18));
+    assert_eq!(
+        gets(&harness.s3) - before,
+        1,
+        "the summary only: row groups have no per-shard files"
+    );
+    let batches = collect(&mut client, unshuffled(&uri)).await.unwrap();
+    let labels: Vec<i64> = batches.iter().flat_map(|b| b.labels.clone()).collect();
+    let stored: Vec<i64> = shards
+        .concat()
+        .iter()
+        .map(|s| s.label.as_ref().unwrap().parse().unwrap())
+        .take(16)
+        .collect();
+    assert_eq!(labels, stored);
     harness.shutdown().await;
 }

@@ -87,6 +87,12 @@ pub enum Command {
     /// samples, alternately (the demo's photos). Prints JSON lines.
     #[cfg(feature = "dev")]
     MixBench(MixBenchArgs),
+    /// The same photos as tar shards and as Hugging Face-layout Parquet
+    /// files (row groups of 100 and 1,000 rows), streamed alternately over
+    /// loopback S3 with a first-byte delay; then planning many files from
+    /// their footers. Prints JSON lines.
+    #[cfg(feature = "dev")]
+    ParquetBench(ParquetBenchArgs),
     /// The decoded-source tier on the stream path: today's path, then the
     /// tier cold and warm, for the training and evaluation recipes, beside
     /// the entropy floor (the demo's photos). Prints JSON lines.

@@ -213,6 +213,20 @@ pub struct MixBenchArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ParquetBenchArgs {
+    #[command(flatten)]
+    pub stream: SyntheticStreamArgs,
+    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    pub rounds: usize,
+    /// Milliseconds before every GET's response (S3's time to first byte).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub get_delay_ms: u64,
+    /// Files of the planning run (0: none).
+    #[arg(long, default_value_t = 10_000, value_parser = RangedU64ValueParser::<usize>::new().range(0..=1_000_000))]
+    pub plan_files: usize,
+}
+
+#[derive(Args, Debug)]
 pub struct DeliveryBenchArgs {
     #[command(flatten)]
     pub stream: SyntheticStreamArgs,

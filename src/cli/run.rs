@@ -70,6 +70,18 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             .await
         }
         #[cfg(feature = "dev")]
+        Command::ParquetBench(args) => {
+            crate::dev::parquet_bench::run(&crate::dev::parquet_bench::ParquetBenchSpec {
+                data: args.stream.data(),
+                batch_size: args.stream.batch_size,
+                decode_threads: args.stream.decode_threads(),
+                rounds: args.rounds,
+                get_delay: std::time::Duration::from_millis(args.get_delay_ms),
+                plan_files: args.plan_files,
+            })
+            .await
+        }
+        #[cfg(feature = "dev")]
         Command::PoolBench(args) => {
             let mut problems = Vec::new();
             let pool = args.pool.config(&mut problems);

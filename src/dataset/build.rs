@@ -44,6 +44,9 @@ fn index_scan_window(read: &ReadConfig) -> (usize, ReadConfig) {
     };
     (scans, scan)
 }
+/// Parquet footers read at once when indexing a dataset of Parquet files:
+/// each scan holds a 256 KiB tail and one parsed footer.
+const FOOTER_SCANS: usize = 64;
 /// HEADs in flight for a listing without ETags (small requests: latency-bound).
 const HEAD_CONCURRENCY: usize = 32;
 
@@ -129,6 +132,16 @@ pub async fn build_index_reporting(
     };
     progress(done);
     let (concurrent_scans, scan_read) = index_scan_window(read);
+    // A Parquet file's scan is one small GET of its tail (FOOTER_SCANS of
+    // them hold ~16 MiB): latency-bound, so many run at once.
+    let concurrent_scans = if shards
+        .iter()
+        .all(|o| ShardFormat::from_name(&o.key) == Some(ShardFormat::Parquet))
+    {
+        FOOTER_SCANS
+    } else {
+        concurrent_scans
+    };
     let scans = futures::stream::iter(shards.into_iter().map(|object| {
         let store = store.clone();
         let read = scan_read.clone();
@@ -136,13 +149,12 @@ pub async fn build_index_reporting(
         async move {
             let scanned = if ShardFormat::from_name(&object.key) == Some(ShardFormat::Parquet) {
                 // Planned from the footer: no byte of row data is read.
-                let (entries, classes) =
-                    super::parquet::scan_file(store.as_ref(), &object, name).await?;
-                let indexes = vec![ShardIndex::default(); entries.len()];
+                let file = super::parquet::scan_file(store.as_ref(), &object, name).await?;
                 Scanned {
-                    entries,
-                    indexes,
-                    classes,
+                    indexes: vec![ShardIndex::default(); file.entries.len()],
+                    entries: file.entries,
+                    classes: file.classes,
+                    label_names: file.label_names,
                 }
             } else {
                 let index = scan_shard(
@@ -166,6 +178,7 @@ pub async fn build_index_reporting(
                     entries: vec![entry],
                     indexes: vec![index],
                     classes: Vec::new(),
+                    label_names: Default::default(),
                 }
             };
             Ok::<_, DatasetError>((object.size, scanned))
@@ -182,14 +195,20 @@ pub async fn build_index_reporting(
     let mut entries = Vec::with_capacity(scans.len());
     let mut indexes = Vec::with_capacity(scans.len());
     let mut classes = classes;
+    let mut label_names = std::collections::BTreeSet::new();
     for (_, scanned) in scans {
         // A `classes.txt` beside the files wins over their own metadata;
-        // else the first file that names its classes names them.
+        // else the first file that names its classes names them; else
+        // string labels are their own classes, in sorted order.
         if classes.is_empty() {
             classes = scanned.classes;
         }
+        label_names.extend(scanned.label_names);
         entries.extend(scanned.entries);
         indexes.extend(scanned.indexes);
+    }
+    if classes.is_empty() {
+        classes = label_names.into_iter().collect();
     }
     Ok((
         DatasetIndex {
@@ -209,6 +228,7 @@ struct Scanned {
     entries: Vec<ShardEntry>,
     indexes: Vec<ShardIndex>,
     classes: Vec<String>,
+    label_names: std::collections::BTreeSet<String>,
 }
 
 /// Objects whose listing named no version (some S3-compatible servers'

@@ -2,13 +2,16 @@
 //! files' footers alone (one ranged GET of each file's tail, a second only
 //! for a footer longer than the first read), never from their data.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
 
 use super::index::{DatasetError, RowGroupRef, ShardEntry, ShardIndex, INDEX_VERSION};
-use crate::shard::parquet::{Footer, ParquetError};
+use crate::shard::parquet::columns::LabelColumn;
+use crate::shard::parquet::{
+    label_names, ChunkBytes, ColumnNames, Footer, ParquetError, Projection, RowGroupInput,
+};
 use crate::shard::ShardError;
 use crate::store::read::read_range;
 use crate::store::{ObjectMeta, ObjectStore};
@@ -35,14 +38,29 @@ pub async fn read_footer(
     }
 }
 
-/// The index entries of one Parquet file: a shard per row group (empty
-/// ones left out: they hold no sample), and the class names its schema's
-/// `huggingface` metadata gives.
+/// What indexing one Parquet file gives.
+pub struct ScannedFile {
+    /// A shard per row group (empty ones left out: they hold no sample).
+    pub entries: Vec<ShardEntry>,
+    /// The class names its schema's `huggingface` metadata gives.
+    pub classes: Vec<String>,
+    /// Where it names none and its labels are strings: the names it holds
+    /// (the dataset's classes are all files' names, sorted).
+    pub label_names: BTreeSet<String>,
+}
+
+/// Distinct string labels a dataset may have: past this, its label column
+/// is not a class name (a caption, a file name) and indexing says so.
+pub const MAX_LABEL_NAMES: usize = 1 << 20;
+
+/// Indexes one Parquet file from its footer; string labels without class
+/// names in the metadata cost one small GET per row group (its label
+/// column's chunk), integer labels none.
 pub async fn scan_file(
     store: &dyn ObjectStore,
     object: &ObjectMeta,
     name: String,
-) -> Result<(Vec<ShardEntry>, Vec<String>), DatasetError> {
+) -> Result<ScannedFile, DatasetError> {
     let footer = read_footer(store, object).await?;
     let damaged = |source: ParquetError| DatasetError::Shard {
         location: store.location(&object.key),
@@ -70,7 +88,67 @@ pub async fn scan_file(
         }
         first_row += span.rows;
     }
-    Ok((entries, footer.class_names("label")))
+    let classes = footer.class_names("label");
+    let label_names = match classes.is_empty() {
+        true => string_labels(store, object, &footer).await?,
+        false => BTreeSet::new(),
+    };
+    Ok(ScannedFile {
+        entries,
+        classes,
+        label_names,
+    })
+}
+
+/// The names in a string `label` column, every row group's chunk read.
+async fn string_labels(
+    store: &dyn ObjectStore,
+    object: &ObjectMeta,
+    footer: &Footer,
+) -> Result<BTreeSet<String>, DatasetError> {
+    let schema = footer.metadata.file_metadata().schema_descr();
+    let Ok(projection) = Projection::resolve(schema, &ColumnNames::default(), &[]) else {
+        return Ok(BTreeSet::new());
+    };
+    let Some(LabelColumn::Text(column)) = projection.label else {
+        return Ok(BTreeSet::new());
+    };
+    let damaged = |source: ParquetError| DatasetError::Shard {
+        location: store.location(&object.key),
+        source: ShardError::Parquet(source),
+    };
+    let mut names = BTreeSet::new();
+    for group in 0..footer.row_groups() {
+        let range = footer.chunk_range(group, column).map_err(damaged)?;
+        let data = read_range(store, &object.key, range.clone(), object.etag.as_deref()).await?;
+        let input = RowGroupInput {
+            footer,
+            group,
+            first_row: 0,
+            projection: &projection,
+            chunks: vec![(
+                column,
+                ChunkBytes {
+                    offset: range.start,
+                    data,
+                },
+            )],
+            classes: &[],
+            max_field_bytes: 0,
+        };
+        names.extend(label_names(&input).map_err(damaged)?);
+        if names.len() > MAX_LABEL_NAMES {
+            return Err(DatasetError::Shard {
+                location: store.location(&object.key),
+                source: ShardError::Parquet(ParquetError::ColumnType {
+                    column: "label".into(),
+                    found: format!("over {MAX_LABEL_NAMES} distinct strings"),
+                    wanted: "class names".into(),
+                }),
+            });
+        }
+    }
+    Ok(names)
 }
 
 /// A row group's per-shard index, from its entry alone: a row's key is

@@ -10,6 +10,7 @@ pub mod demo;
 pub mod fuzz;
 pub mod kernel;
 pub mod mix_bench;
+pub mod parquet_bench;
 pub mod parquet_files;
 pub mod pool_bench;
 pub mod pool_model;

@@ -35,6 +35,9 @@ pub struct Layout {
     pub classes: Vec<String>,
     /// The label column holds the class names as strings.
     pub text_labels: bool,
+    /// Write the class names into the `huggingface` metadata (a file
+    /// exported from elsewhere has none).
+    pub class_metadata: bool,
 }
 
 impl Default for Layout {
@@ -47,6 +50,7 @@ impl Default for Layout {
             page_v2: false,
             classes: Vec::new(),
             text_labels: false,
+            class_metadata: true,
         }
     }
 }
@@ -95,7 +99,11 @@ pub fn write(rows: &[Row], layout: &Layout) -> Result<Vec<u8>, String> {
         } else {
             WriterVersion::PARQUET_1_0
         })
-        .set_key_value_metadata(Some(vec![KeyValue::new("huggingface".into(), hf)]))
+        .set_key_value_metadata(
+            layout
+                .class_metadata
+                .then(|| vec![KeyValue::new("huggingface".into(), hf)]),
+        )
         .build();
     let mut out = Vec::new();
     let mut writer =

@@ -46,7 +46,7 @@ pub enum ParquetError {
     #[error(
         "row group {group} needs {bytes} bytes in memory to read (compressed + 2 x \
          uncompressed of its columns), over the limit of {limit} a reader may hold \
-         (--max-member-bytes x 4); write smaller row groups (pyarrow: row_group_size)"
+         (--max-member-bytes x 8); write smaller row groups (pyarrow: row_group_size)"
     )]
     RowGroupTooLarge {
         group: usize,

@@ -28,7 +28,7 @@ use std::ops::Range;
 pub use columns::{ColumnNames, Projection};
 pub use error::ParquetError;
 pub use footer::{Footer, RowGroupSpan};
-pub use rows::{read_rows, ChunkBytes, Row, RowGroupInput, RowLabel};
+pub use rows::{label_names, read_rows, ChunkBytes, Row, RowGroupInput, RowLabel};
 
 /// Two projected column chunks closer than this are read as one range: a
 /// GET's latency costs more than the gap's bytes.
@@ -41,11 +41,12 @@ pub fn row_group_cost(compressed: u64, uncompressed: u64) -> u64 {
     compressed.saturating_add(uncompressed.saturating_mul(2))
 }
 
-/// The most [`row_group_cost`] one reader may hold: four times the largest
-/// tar member a reader takes (`--max-member-bytes`, 64 MiB by default: a
-/// 128 MB Spark row group of JPEGs fits, a 1 GB one is refused).
+/// The most [`row_group_cost`] one reader may hold: eight times the
+/// largest tar member a reader takes (`--max-member-bytes`, 64 MiB by
+/// default, so 512 MiB: a 128 MB Spark row group of JPEGs, 384 MB to read,
+/// fits; a 1 GB one is refused).
 pub fn row_group_limit(max_member_bytes: u64) -> u64 {
-    max_member_bytes.saturating_mul(4)
+    max_member_bytes.saturating_mul(8)
 }
 
 /// The ranges to GET for `chunks` (sorted by offset): neighbours closer

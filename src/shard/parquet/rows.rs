@@ -6,6 +6,7 @@
 //! every codec, encoding and page version pyarrow and Spark write; the
 //! definition levels tell a null from a value.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
@@ -334,6 +335,21 @@ where
                 None
             }
         })
+        .collect())
+}
+
+/// The distinct names of a string label column in the row group (the
+/// dataset's classes, when no list names them): `input.chunks` holds the
+/// label column's chunk. Empty for integer labels.
+pub fn label_names(input: &RowGroupInput<'_>) -> Result<BTreeSet<String>, ParquetError> {
+    let Some(LabelColumn::Text(column)) = input.projection.label else {
+        return Ok(BTreeSet::new());
+    };
+    let rows = input.footer.span(input.group)?.rows;
+    Ok(read_bytes(input, column, rows)?
+        .into_iter()
+        .flatten()
+        .map(|name| String::from_utf8_lossy(&name).into_owned())
         .collect())
 }
 
