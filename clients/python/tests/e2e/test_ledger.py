@@ -249,7 +249,10 @@ class Case:
     # sends slowly, each ranged GET a task in flight; "corrupt",
     # "encoded_corrupt", "tier_corrupt": one dataset with corrupt scans
     # (CORRUPT), decoded, encoded (share 0), through the tier; "parquet",
-    # "parquet_mix": source 0 as Parquet files, alone and mixed with tar.
+    # "parquet_mix": source 0 as Parquet files, alone and mixed with tar;
+    # "parquet_recipe", "parquet_encoded", "parquet_tier", "parquet_pool":
+    # those files through the recipe's ops, the trainer's decoder, the
+    # tier and the pool.
     feature: str
     ledger_dir: str
     run: str
@@ -292,7 +295,7 @@ RECIPE = Augment.train(
     auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
 )
 MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
-POOLED = ("pool", "recipe_pool", "repeats_pool")
+POOLED = ("pool", "recipe_pool", "repeats_pool", "parquet_pool")
 # Repeated augmentation: every sample twice an epoch, each copy its own crop.
 REPEATS = 2
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -324,6 +327,11 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     # decoder's.
     "encoded_corrupt": dict(decode="client", image_size=ENCODED_SIZE),
     "tier_corrupt": dict(decoded_source=64),
+    # Parquet rows through every decode path: the recipe's ops, the
+    # trainer's decoder, the tier (keyed by file and row), the pool.
+    "parquet_recipe": dict(augment=RECIPE),
+    "parquet_encoded": dict(decode="client", image_size=ENCODED_SIZE),
+    "parquet_tier": dict(decoded_source=64),
 }
 
 
@@ -661,6 +669,10 @@ MATRIX = [
     Row("stateful", "parquet_mix", "break"),
     Row("workers", "parquet", "none", full_only=True),
     Row("loader", "parquet_mix", "none", full_only=True),
+    Row("plain", "parquet_recipe", "kill"),
+    Row("stateful", "parquet_encoded", "break"),
+    Row("plain", "parquet_tier", "kill"),
+    Row("plain", "parquet_pool", "worker"),
 ]
 
 
@@ -773,7 +785,7 @@ def test_every_sample_exactly_once(
             if line.startswith("shardfeed_pool_worker_samples_total")
         )
         assert decoded > 0, "the pool decoded nothing"
-    if row.feature.startswith("tier") or row.feature == "recipe_tier":
+    if row.feature.startswith("tier") or row.feature in ("recipe_tier", "parquet_tier"):
         # The tier did its work (in the sidecar now running: a kill resets
         # its counters, not its records): samples filled or served, none
         # left out for want of a version.

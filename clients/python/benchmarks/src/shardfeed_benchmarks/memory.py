@@ -25,11 +25,12 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shardfeed import Client
 
-from .delivered import _free_port, _shardfeed_env, start_dev_s3
+from .delivered import _free_port, _s3_client, _shardfeed_env, start_dev_s3
 
 MIB = 1 << 20
 
@@ -56,9 +57,15 @@ class Setting:
     # flight instead of parts.
     loose: bool = False
     object_requests_in_flight: int = 16
+    # Hub-layout Parquet files with row groups of this many rows (0: tar);
+    # a reader holds its row group: ``row_group_cost`` bytes at most.
+    parquet_rows: int = 0
+    row_group_cost: int = 0
 
     @property
     def dataset(self) -> str:
+        if self.parquet_rows:
+            return f"s3://demo/hub{self.parquet_rows}/"
         return "s3://demo/loose/" if self.loose else "s3://demo/photos/"
 
     def formula(self, mean_sample: float) -> dict[str, float]:
@@ -68,7 +75,8 @@ class Setting:
         if self.loose:
             reader_bytes = readers * (self.object_requests_in_flight + 1) * mean_sample
         else:
-            reader_bytes = readers * (self.parts_in_flight + 2) * self.part_size
+            parts = (self.parts_in_flight + 2) * self.part_size
+            reader_bytes = readers * max(parts, self.row_group_cost)
         return {
             "readers": reader_bytes,
             "reader_queues": readers * self.reader_queue * mean_sample,
@@ -101,7 +109,27 @@ SETTINGS = [
     Setting("shared memory, 4 streams", streams=4, transport="shared_memory"),
     Setting("loose objects", loose=True),
     Setting("loose objects, 4 streams", streams=4, loose=True),
+    Setting("parquet, 100-row groups", parquet_rows=100),
+    Setting("parquet, 1000-row groups", parquet_rows=1000),
 ]
+
+
+def publish_parquet(endpoint: str, setting: Setting) -> None:
+    """The demo's photos as Hub-layout Parquet files under the setting's
+    prefix; the setting learns its largest row group's cost."""
+    from .parquet import hub_files, largest_row_group_cost
+    from .training import _shard_keys
+
+    bucket, keys = _shard_keys(endpoint, "s3://demo/photos/")
+    client = _s3_client(endpoint)
+    with tempfile.TemporaryDirectory() as directory:
+        files = hub_files(
+            endpoint, bucket, keys, 4, Path(directory), rows_per_group=setting.parquet_rows
+        )
+        setting.row_group_cost = max(largest_row_group_cost(f) for f in files)
+        for path in files:
+            key = f"hub{setting.parquet_rows}/data/{path.name}"
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
 
 
 def _status_kib(pid: int, field_name: str) -> int:
@@ -298,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         for setting in SETTINGS:
             if args.only and args.only not in setting.name:
                 continue
+            if setting.parquet_rows:
+                publish_parquet(endpoint, setting)
             row = measure(args.binary, endpoint, setting.dataset, setting, args.pause)
             print(json.dumps(row), flush=True)
             rows.append(row)

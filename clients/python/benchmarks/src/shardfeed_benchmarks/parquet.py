@@ -47,7 +47,12 @@ ROWS_PER_GROUP = 100
 
 
 def hub_files(
-    endpoint: str, bucket: str, keys: list[str], files: int, directory: Path
+    endpoint: str,
+    bucket: str,
+    keys: list[str],
+    files: int,
+    directory: Path,
+    rows_per_group: int = ROWS_PER_GROUP,
 ) -> list[Path]:
     """The tar shards' samples as ``files`` Hub-layout Parquet files."""
     # Through importlib: neither ships type information.
@@ -92,7 +97,7 @@ def hub_files(
             schema=schema,
         )
         path = directory / f"train-{f:05d}-of-{files:05d}.parquet"
-        pq.write_table(table, path, row_group_size=ROWS_PER_GROUP, compression="snappy")
+        pq.write_table(table, path, row_group_size=rows_per_group, compression="snappy")
         paths.append(path)
     return paths
 
@@ -115,6 +120,20 @@ class _Crop:
     def __call__(self, example: dict[str, Any]) -> dict[str, Any]:
         image = example["image"].convert("RGB")
         return {"pixels": self.transform(image), "label": example["label"]}
+
+
+def largest_row_group_cost(path: Path) -> int:
+    """What a reader holds for the file's largest row group, by the
+    server's formula: compressed + 2 x uncompressed bytes of its columns."""
+    metadata = importlib.import_module("pyarrow.parquet").ParquetFile(path).metadata
+    costs = []
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        columns = [group.column(c) for c in range(group.num_columns)]
+        compressed = sum(c.total_compressed_size for c in columns)
+        uncompressed = sum(c.total_uncompressed_size for c in columns)
+        costs.append(int(compressed + 2 * uncompressed))
+    return max(costs)
 
 
 def datasets_loader(files: list[Path], size: int, batch_size: int, workers: int) -> Any:
