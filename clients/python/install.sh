@@ -27,32 +27,9 @@ while [ $# -gt 0 ]; do
 done
 
 if [ -z "$binary" ]; then
-  if ! command -v cargo >/dev/null; then
-    echo "install.sh builds the sidecar with Rust's cargo, which is not on PATH:" >&2
-    echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh" >&2
-    echo "then run this again (or pass --binary PATH to a shardfeed you built)." >&2
-    exit 1
-  fi
-  # `dev` (on by default) keeps the demo and the loopback S3 server in the
-  # binary: `python -m shardfeed.demo` runs from the wheel. The container
-  # image builds without it.
-  features=()
-  if command -v cmake >/dev/null && command -v nasm >/dev/null; then
-    features=(--features turbojpeg)
-  else
-    echo "note: cmake or nasm missing: building without libjpeg-turbo (apt-get install cmake nasm)" >&2
-  fi
-  echo "building the sidecar (release; ~10 minutes on 2 cores the first time)" >&2
-  # Cargo is silent while one large crate compiles: a line a minute says
-  # the build goes on.
-  started=$SECONDS
-  ( while sleep 60; do
-      echo "  still building: $(( (SECONDS - started) / 60 )) min" >&2
-    done ) &
-  ticker=$!
-  (cd "$repo" && cargo build --locked --release "${features[@]}") || { kill "$ticker"; exit 1; }
-  kill "$ticker" 2>/dev/null || true
-  binary="$repo/target/release/shardfeed"
+  # The same build as the README's demo (features, profile): one compile
+  # serves both.
+  binary="$(bash "$repo/clients/python-server/build_sidecar.sh")"
 fi
 [ -x "$binary" ] || { echo "no executable at $binary" >&2; exit 1; }
 

@@ -126,13 +126,7 @@ async fn string_labels(
             group,
             first_row: 0,
             projection: &projection,
-            chunks: vec![(
-                column,
-                ChunkBytes {
-                    offset: range.start,
-                    data,
-                },
-            )],
+            chunks: vec![(column, ChunkBytes::whole(range.start, data))],
             classes: &[],
             max_field_bytes: 0,
         };

@@ -183,17 +183,24 @@ pub async fn run(spec: &ParquetBenchSpec) -> Result<(), BenchError> {
         }
     }
     for (r, (recipe, _)) in recipes.iter().enumerate() {
-        let tar = median(&mut rates[r][0]);
         for (l, (layout, _)) in uris.iter().enumerate().skip(1) {
-            let rate = median(&mut rates[r][l]);
+            // Each round's ratio against tar's run just before it: the
+            // machine's drift between rounds cancels.
+            let mut ratios: Vec<f64> = rates[r][l]
+                .iter()
+                .zip(&rates[r][0])
+                .map(|(parquet, tar)| parquet / tar)
+                .collect();
+            let ratio = median(&mut ratios);
+            let rate = median(&mut rates[r][l].clone());
+            let tar = median(&mut rates[r][0].clone());
             println!(
-                "{recipe}: {layout} {rate:.0} samples/s = {:.3}x tar's {tar:.0}; GETs per 1,000 \
-                 samples {:.1} (tar {:.1}); median of {} alternating rounds, {} ms to first \
-                 byte, {} decode threads",
-                rate / tar,
+                "{recipe}: {layout} {ratio:.3}x tar (median of {} alternating rounds' ratios; \
+                 {rate:.0} vs {tar:.0} samples/s); GETs per 1,000 samples {:.1} (tar {:.1}); \
+                 {} ms to first byte, {} decode threads",
+                spec.rounds,
                 gets[r][l],
                 gets[r][0],
-                spec.rounds,
                 spec.get_delay.as_millis(),
                 spec.decode_threads
             );

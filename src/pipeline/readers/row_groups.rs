@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
@@ -59,30 +59,16 @@ impl ReadJob {
             }));
         }
         let ranges = fetch_ranges(chunks.iter().map(|(_, r)| r.clone()).collect());
-        let mut fetched: Vec<(Range<u64>, Bytes)> = Vec::with_capacity(ranges.len());
+        // Each range's parts as they arrived: pages are sliced out of them.
+        let mut parts: Vec<(u64, Bytes)> = Vec::new();
         for range in ranges {
-            let bytes = self.fetch(&key, range.clone()).await?;
-            fetched.push((range, bytes));
+            self.fetch(&key, range, &mut parts).await?;
         }
         let chunks = chunks
             .into_iter()
-            .map(|(column, range)| {
-                let (outer, bytes) = fetched
-                    .iter()
-                    .find(|(outer, _)| outer.start <= range.start && range.end <= outer.end)
-                    .ok_or_else(|| PipelineError::Internal("a chunk was not fetched".into()))?;
-                let at = (range.start - outer.start) as usize;
-                let data = bytes.slice(at..at + (range.end - range.start) as usize);
-                Ok((
-                    column,
-                    ChunkBytes {
-                        offset: range.start,
-                        data,
-                    },
-                ))
-            })
-            .collect::<Result<Vec<_>, PipelineError>>()?;
-        drop(fetched);
+            .map(|(column, range)| (column, chunk_of(&parts, range)))
+            .collect::<Vec<_>>();
+        drop(parts);
         let (from, to) = (*next, self.end);
         let layout = self.layout.clone();
         let classes = self.dataset.index.classes.clone();
@@ -130,20 +116,38 @@ impl ReadJob {
     }
 
     /// One range of the file, read as the stream's parts (several GETs in
-    /// flight) into one buffer.
-    async fn fetch(&self, key: &str, range: Range<u64>) -> Result<Bytes, PipelineError> {
+    /// flight), each appended to `parts` with its file offset.
+    async fn fetch(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        parts: &mut Vec<(u64, Bytes)>,
+    ) -> Result<(), PipelineError> {
         let entry = &self.dataset.index.shards[self.shard as usize];
-        let mut buffer = BytesMut::with_capacity((range.end - range.start) as usize);
-        let mut parts = std::pin::pin!(read_parts(
+        let mut fetched = std::pin::pin!(read_parts(
             self.dataset.store.clone(),
             key.to_string(),
             range,
             entry.etag.clone(),
             &self.read,
         ));
-        while let Some(part) = parts.next().await {
-            buffer.extend_from_slice(&part?.1);
+        while let Some(part) = fetched.next().await {
+            parts.push(part?);
         }
-        Ok(buffer.freeze())
+        Ok(())
     }
+}
+
+/// The bytes of `range` out of the fetched `parts` (file offset, bytes;
+/// in order, covering it), sliced without a copy.
+fn chunk_of(parts: &[(u64, Bytes)], range: Range<u64>) -> ChunkBytes {
+    let pieces = parts
+        .iter()
+        .filter_map(|(offset, bytes)| {
+            let end = offset + bytes.len() as u64;
+            let (from, to) = (range.start.max(*offset), range.end.min(end));
+            (from < to).then(|| bytes.slice((from - offset) as usize..(to - offset) as usize))
+        })
+        .collect();
+    ChunkBytes::new(range.start, pieces)
 }

@@ -18,6 +18,7 @@
 //! `compressed + 2 × uncompressed` of the projected chunks, which the index
 //! bounds by the row group's own sizes ([`row_group_cost`]).
 
+mod chunk;
 pub mod columns;
 mod error;
 pub mod footer;
@@ -25,10 +26,11 @@ pub mod rows;
 
 use std::ops::Range;
 
+pub use chunk::ChunkBytes;
 pub use columns::{ColumnNames, Projection};
 pub use error::ParquetError;
 pub use footer::{Footer, RowGroupSpan};
-pub use rows::{label_names, read_rows, ChunkBytes, Row, RowGroupInput, RowLabel};
+pub use rows::{label_names, read_rows, Row, RowGroupInput, RowLabel};
 
 /// Two projected column chunks closer than this are read as one range: a
 /// GET's latency costs more than the gap's bytes.

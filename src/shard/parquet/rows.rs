@@ -9,59 +9,18 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use parquet::column::page::PageReader;
 use parquet::column::reader::ColumnReaderImpl;
 use parquet::data_type::{
     BoolType, ByteArrayType, DataType, DoubleType, FloatType, Int32Type, Int64Type,
 };
-use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
 
+use super::chunk::ChunkBytes;
 use super::columns::{ImageColumn, LabelColumn, Projection, ValueKind};
 use super::error::ParquetError;
 use super::footer::Footer;
-
-/// One column chunk's bytes, addressed by file offset as the page reader
-/// asks for them.
-#[derive(Debug, Clone)]
-pub struct ChunkBytes {
-    pub offset: u64,
-    pub data: Bytes,
-}
-
-impl Length for ChunkBytes {
-    fn len(&self) -> u64 {
-        self.offset + self.data.len() as u64
-    }
-}
-
-impl ChunkReader for ChunkBytes {
-    type T = bytes::buf::Reader<Bytes>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        let rest = self.len().saturating_sub(start) as usize;
-        Ok(self.get_bytes(start, rest)?.reader())
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        let at = start.checked_sub(self.offset).map(|at| at as usize);
-        match at {
-            Some(at)
-                if at
-                    .checked_add(length)
-                    .is_some_and(|end| end <= self.data.len()) =>
-            {
-                Ok(self.data.slice(at..at + length))
-            }
-            _ => Err(parquet::errors::ParquetError::EOF(format!(
-                "bytes {start}..+{length} are outside the column chunk at {}..{}",
-                self.offset,
-                self.len()
-            ))),
-        }
-    }
-}
 
 /// What one row group's rows are read with.
 pub struct RowGroupInput<'a> {
