@@ -66,24 +66,8 @@ async fn tfrecords_give_the_same_batches_as_the_same_samples_in_tar() {
     );
 
     // Shuffled at two ranks: each sample once, at the same per-rank counts.
-    let mut seen = Vec::new();
-    for rank in 0..2 {
-        let request = pb::StreamBatchesRequest {
-            rank,
-            world_size: 2,
-            batch_size: Some(4),
-            ..request(&tf)
-        };
-        let batches = collect(&mut client, request).await.unwrap();
-        assert_eq!(batches.len(), 4);
-        seen.extend(batches.iter().flat_map(|b| {
-            b.shards
-                .iter()
-                .zip(&b.keys)
-                .map(|(s, k)| format!("{s}/{k}"))
-                .collect::<Vec<_>>()
-        }));
-    }
+    let (counts, seen) = across_ranks(&mut client, &tf, 2).await;
+    assert_eq!(counts, [4, 4]);
     let unique: std::collections::HashSet<_> = seen.iter().collect();
     assert_eq!((seen.len(), unique.len()), (32, 32));
     harness.shutdown().await;

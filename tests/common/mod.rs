@@ -359,6 +359,35 @@ pub async fn collect(
     Ok(batches)
 }
 
+/// Shuffled streams of `uri` at each of `world` ranks, batch 4: each
+/// rank's batch count (all equal) and every sample as `shard/key`.
+pub async fn across_ranks(
+    client: &mut ShardfeedClient<Channel>,
+    uri: &str,
+    world: u32,
+) -> (Vec<usize>, Vec<String>) {
+    let mut counts = Vec::new();
+    let mut seen = Vec::new();
+    for rank in 0..world {
+        let request = pb::StreamBatchesRequest {
+            rank,
+            world_size: world,
+            batch_size: Some(4),
+            ..request(uri)
+        };
+        let batches = collect(client, request).await.unwrap();
+        counts.push(batches.len());
+        seen.extend(batches.iter().flat_map(|b| {
+            b.shards
+                .iter()
+                .zip(&b.keys)
+                .map(|(s, k)| format!("{s}/{k}"))
+                .collect::<Vec<_>>()
+        }));
+    }
+    (counts, seen)
+}
+
 pub fn keys(batches: &[pb::Batch]) -> Vec<String> {
     batches.iter().flat_map(|b| b.keys.clone()).collect()
 }
