@@ -122,3 +122,48 @@ def test_a_missing_column_is_named(server: Server, s3: S3, images: list[bytes]) 
         )
     assert raised.value.code == "FAILED_PRECONDITION"
     assert '"jpg"' in str(raised.value) and "image.bytes" in str(raised.value)
+
+
+def test_a_resume_at_another_world_size_inside_row_groups_loses_and_repeats_nothing(
+    server: Server, s3: S3
+) -> None:
+    """Two ranks stop mid-epoch inside row groups of 3 rows; one rank at
+    world size 1 resumes from their checkpoint: every row once."""
+    pytest.importorskip("torch")
+    from shardfeed.torch import ShardfeedDataset
+
+    rows = 40
+    images = [noise_jpeg(100 + i, 24, 32) for i in range(rows)]
+    files = [
+        hf_parquet(images[:20], list(range(20)), row_group_size=3, classes=rows),
+        hf_parquet(images[20:], list(range(20, rows)), row_group_size=3, classes=rows),
+    ]
+    uri = _publish(s3, "pq-elastic", files)
+
+    def dataset(rank: int, world_size: int, batch_size: int) -> ShardfeedDataset:
+        return ShardfeedDataset(
+            uri,
+            client=Client(server.target),
+            batch_size=batch_size,
+            image_size=16,
+            rank=rank,
+            world_size=world_size,
+            augment="train",
+            output="tuple",
+        )
+
+    ranks = [dataset(r, 2, 4) for r in (0, 1)]
+    streams = [iter(r) for r in ranks]
+    done: list[int] = []
+    for _ in range(2):
+        for stream in streams:
+            done.extend(next(stream)[1].tolist())
+    state = ranks[0].state_dict()
+    assert state == ranks[1].state_dict(), "every rank records the same position"
+    for stream in streams:
+        stream.close()  # type: ignore[attr-defined]
+    single = dataset(0, 1, 8)
+    single.load_state_dict(state)
+    rest = [label for _, labels in single for label in labels.tolist()]
+    assert len(done) == 16 and len(rest) == 24
+    assert sorted(done + rest) == list(range(rows))
