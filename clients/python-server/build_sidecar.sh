@@ -27,7 +27,7 @@ else
 fi
 binary="$repo/target/release/shardfeed"
 echo "building the sidecar: release, JPEGs decoded by $decoder" >&2
-echo "(the first build takes ~30 minutes on 2 cores; later ones reuse it)" >&2
+echo "(the first build took 7.5 minutes on 2 idle cores; later ones reuse it)" >&2
 # Cargo is silent while one large crate compiles: a line a minute says the
 # build goes on.
 started=$SECONDS
