@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says the disk left: CI's machines differ, and a full disk once
+# failed a run with no sign of where the space went.
+step() { printf '\n==> %s (disk free: %s)\n' "$*" "$(df -h . | awk 'NR == 2 {print $4}')"; }
 
 HELM_LAYER_VERSION=2.2.2
 
@@ -16,7 +18,9 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -e clients/python -e clients/python/benchmarks
 # PyTorch for the Dataset tests, CPU use only: the pinned set leaves out the
 # CUDA libraries libtorch never links (triton, cuSOLVER, ...), see the file.
-.venv/bin/pip install -q --disable-pip-version-check --no-deps -r clients/python/requirements-torch.txt \
+# Uncached: the wheels would keep 3 GB of disk that nothing reads again (the
+# fresh-venv check links this install).
+.venv/bin/pip install -q --disable-pip-version-check --no-cache-dir --no-deps -r clients/python/requirements-torch.txt \
   -r clients/python/requirements-frameworks.txt
 
 step "rust: format and lints"

@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
 
-work="$(mktemp -d)"
+# Under target/, on the main venv's filesystem: torch is hard-linked from it.
+work="$(mktemp -d "$repo/target/wheel-quickstart.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 .venv/bin/python clients/python-server/build_wheel.py target/debug/shardfeed --out "$work/dist"
 .venv/bin/pip wheel -q --disable-pip-version-check --no-deps -w "$work/dist" ./clients/python
@@ -65,9 +66,10 @@ Path(sys.argv[2]).write_text(found.group(1))
 PY
 
 python3 -m venv "$work/venv"
-# The trainer's torch (pinned like the main venv's, from pip's cache): not
-# part of the install being timed.
-"$work/venv/bin/pip" install -q --disable-pip-version-check --no-deps -r clients/python/requirements-torch.txt
+# The trainer's torch, the main venv's pinned one by hard links (a second
+# install took 4 GB more and once filled CI's disk): not part of the install
+# being timed.
+.venv/bin/python tests/tools/link_installed.py "$work/venv/bin/python" clients/python/requirements-torch.txt
 started=$(date +%s.%N)
 # The README's install command, packaging the test build instead of a
 # release build (the same script, without its ~10 minutes of compiling).
