@@ -128,6 +128,9 @@ fi
 step "python: the wheels in a fresh venv run the README's quickstart"
 bash tests/wheel_quickstart.sh
 
+step "python: install.sh takes torch's CPU build where there is none and no GPU"
+bash tests/install_torch_route.sh target/debug/shardfeed
+
 step "python: encoded delivery and the decoded-source tier against the libjpeg-turbo binary"
 # Last, because it rebuilds target/debug/shardfeed with the feature: the
 # decoders must agree on what is corrupt and on every output byte's box,

@@ -69,12 +69,17 @@ python3 -m venv "$work/venv"
 # The trainer's torch, the main venv's pinned one by hard links (a second
 # install took 4 GB more and once filled CI's disk): not part of the install
 # being timed.
-.venv/bin/python tests/tools/link_installed.py "$work/venv/bin/python" clients/python/requirements-torch.txt
+# torchvision's one dependency outside that set: pillow.
+.venv/bin/python tests/tools/link_installed.py "$work/venv/bin/python" clients/python/requirements-torch.txt pillow
 started=$(date +%s.%N)
 # The README's install command, packaging the test build instead of a
-# release build (the same script, without its ~10 minutes of compiling).
-bash clients/python/install.sh --binary target/debug/shardfeed --python "$work/venv/bin/python"
+# release build (the same script, without its minutes of compiling); its
+# torch choice must keep the trainer's torch.
+bash clients/python/install.sh --binary target/debug/shardfeed --python "$work/venv/bin/python" \
+  --extras torch 2> >(tee "$work/install.log" >&2)
 installed=$(date +%s.%N)
+grep -q "torch 2.* is already installed here: kept" "$work/install.log" \
+  || { echo "install.sh did not keep the torch already installed"; exit 1; }
 [ -x "$work/venv/bin/shardfeed" ] || { echo "the wheel put no shardfeed on PATH"; exit 1; }
 # The quickstart must find the wheel's binary, not the test build.
 (cd "$work/app" && env -u SHARDFEED_BIN "$repo/.venv/bin/python" - "$work/venv/bin/python" "$started" "$installed") <<'PY'

@@ -7,7 +7,7 @@ the run's peak disk use and once filled the CI machine's disk. Hard links
 cost no space; where the two venvs lie on different filesystems the files
 are copied instead.
 
-    python link_installed.py TARGET_PYTHON REQUIREMENTS_FILE
+    python link_installed.py TARGET_PYTHON REQUIREMENTS_FILE [NAME ...]
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ def link_or_copy(source: Path, destination: Path) -> bool:
 
 
 def main() -> int:
-    target_python, requirements = sys.argv[1], Path(sys.argv[2])
+    target_python, requirements, *more = sys.argv[1], Path(sys.argv[2]), *sys.argv[3:]
     target = site_packages(target_python)
     linked = copied = 0
-    for name in requirement_names(requirements):
+    for name in requirement_names(requirements) + more:
         try:
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
