@@ -13,9 +13,9 @@
 # With --extras torch, --torch picks which PyTorch build comes with it:
 #   auto  (default) keep a torch already installed; else `cpu` unless
 #         `nvidia-smi -L` lists a GPU, then `cuda`
-#   cpu   torch's CPU wheels from download.pytorch.org/whl/cpu (a few hundred
-#         MB; SHARDFEED_TORCH_CPU_INDEX names a mirror of that index)
-#   cuda  PyPI's default build with its CUDA libraries (~5.5 GB installed)
+#   cpu   torch's CPU wheels from download.pytorch.org/whl/cpu (no CUDA
+#         libraries; SHARDFEED_TORCH_CPU_INDEX names a mirror of that index)
+#   cuda  PyPI's default build with its CUDA libraries (5.3 GB for 2.15)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 
@@ -82,7 +82,7 @@ PY
     echo "torch: none installed here and $found: the $build build (--torch cpu|cuda to choose)" >&2
   fi
   if [ "$build" = cuda ]; then
-    echo "torch: PyPI's build with its CUDA libraries (~3 GB to download, ~5.5 GB installed)" >&2
+    echo "torch: PyPI's build with its CUDA libraries (a 5.3 GB venv for torch 2.15)" >&2
     "$python" -m pip install --disable-pip-version-check "$torch_requirement"
     return
   fi
@@ -96,7 +96,7 @@ install.sh: pip could not install torch's CPU build from $cpu_index
 left as it was. Either:
   - install a torch ${torch_requirement#torch} first, any build, and run this again (it is kept);
   - set SHARDFEED_TORCH_CPU_INDEX to a mirror of that index;
-  - or pass --torch cuda for PyPI's build (~5.5 GB installed).
+  - or pass --torch cuda for PyPI's build (a 5.3 GB venv for torch 2.15).
 EOF
     exit 1
   fi

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import io
 import json
-import statistics
 import tarfile
 import tempfile
 from pathlib import Path
@@ -38,6 +37,7 @@ from .training import (
     LoaderContender,
     _shard_keys,
     _worker_cpu,
+    medians,
     recipe_arguments,
     run_interleaved,
     shardfeed_run,
@@ -195,13 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         for process in setup["processes"]:
             process.terminate()
             process.wait()
-    summary = {
-        name: {
-            "samples_per_second": statistics.median(r["samples_per_second"] for r in runs),
-            "cpu_ms_per_sample": 1e3 * statistics.median(r["cpu_seconds_per_sample"] for r in runs),
-        }
-        for name, runs in results.items()
-    }
+    summary = medians(results)
     ours = summary["shardfeed"]["samples_per_second"]
     theirs = summary["datasets"]["samples_per_second"]
     print(

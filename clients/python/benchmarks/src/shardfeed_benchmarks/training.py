@@ -263,6 +263,17 @@ def run_interleaved(contenders: Contenders, repeats: int) -> dict[str, list[dict
     return results
 
 
+def medians(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each contender's median rate and CPU cost per sample over its repeats."""
+    return {
+        name: {
+            "samples_per_second": statistics.median(r["samples_per_second"] for r in runs),
+            "cpu_ms_per_sample": 1e3 * statistics.median(r["cpu_seconds_per_sample"] for r in runs),
+        }
+        for name, runs in results.items()
+    }
+
+
 def report(
     title: str,
     results: dict[str, list[dict[str, float]]],
@@ -273,13 +284,7 @@ def report(
 ) -> None:
     """Prints the medians, shardfeed's ratio to each contender and to its
     kernel x cores, then everything as one JSON line."""
-    summary = {
-        name: {
-            "samples_per_second": statistics.median(r["samples_per_second"] for r in runs),
-            "cpu_ms_per_sample": 1e3 * statistics.median(r["cpu_seconds_per_sample"] for r in runs),
-        }
-        for name, runs in results.items()
-    }
+    summary = medians(results)
     repeats = min(len(runs) for runs in results.values())
     print(f"\n{title}, {cores} cores, median of {repeats}:")
     ours = summary["shardfeed"]["samples_per_second"]

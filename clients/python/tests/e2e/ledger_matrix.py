@@ -1,0 +1,201 @@
+"""The delivery ledger's matrix: its rows (idiom x feature x fault) and what
+each feature asks of the dataset. test_ledger.py runs them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from shardfeed import Augment, RandomErasing, TrivialAugmentWide
+
+# Rows marked full_only run only with SHARDFEED_LEDGER=full.
+FULL = os.environ.get("SHARDFEED_LEDGER") == "full"
+
+# What a feature asks of the dataset beyond one plain stream.
+# Encoded features stream 32x32 outputs: a JPEG goes compressed only when it
+# is no longer than its pixels, and these ~1.8 KB noise JPEGs are longer
+# than 24x24x3.
+ENCODED_SIZE = 32
+# torchvision's "new recipe": TrivialAugmentWide + RandomErasing(0.1).
+RECIPE = Augment.train(
+    auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
+)
+MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
+POOLED = ("pool", "recipe_pool", "repeats_pool", "parquet_pool")
+# Repeated augmentation: every sample twice an epoch, each copy its own crop.
+REPEATS = 2
+FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
+    "repeats": dict(augment="train", repeats=REPEATS),
+    "repeats_mix": dict(augment="train", repeats=REPEATS),
+    "repeats_pool": dict(augment="train", repeats=REPEATS),
+    # The client decodes each copy with the copy's own box and flip.
+    "repeats_encoded": dict(
+        augment="train", repeats=REPEATS, decode="client", image_size=ENCODED_SIZE
+    ),
+    "recipe": dict(augment=RECIPE),
+    "recipe_mix": dict(augment=RECIPE),
+    # The ops travel in the pool's units and run after the tier's stored
+    # source: each sample's pixels still its own.
+    "recipe_pool": dict(augment=RECIPE),
+    "recipe_tier": dict(augment=RECIPE, decoded_source=64),
+    # The client's decoder applies the ops too (shardfeed.torch.ops).
+    "recipe_encoded": dict(augment=RECIPE, decode="client", image_size=ENCODED_SIZE),
+    "encoded": dict(decode="client", image_size=ENCODED_SIZE),
+    "encoded_auto": dict(decode="client", server_decode_fraction="auto", image_size=ENCODED_SIZE),
+    # Epoch 0 from the original while the tier fills in the background,
+    # epoch 1 from the stored source (the default first stored epoch).
+    "tier": dict(decoded_source=64),
+    "tier_unlisted": dict(decoded_source=64),
+    # Every epoch from the stored source (a tier filled ahead).
+    "tier_stored": dict(decoded_source=64, decoded_source_from_epoch=0),
+    # Every sample the trainer could decode sent compressed (share 0): a
+    # corrupt one must be the sidecar's to substitute, never the trainer
+    # decoder's.
+    "encoded_corrupt": dict(decode="client", image_size=ENCODED_SIZE),
+    "tier_corrupt": dict(decoded_source=64),
+    # Parquet rows through every decode path: the recipe's ops, the
+    # trainer's decoder, the tier (keyed by file and row), the pool.
+    "parquet_recipe": dict(augment=RECIPE),
+    "parquet_encoded": dict(decode="client", image_size=ENCODED_SIZE),
+    "parquet_tier": dict(decoded_source=64),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    idiom: str
+    feature: str
+    fault: str
+    full_only: bool = False
+    trainer: tuple[tuple[str, Any], ...] = ()
+
+
+# Lightning's epoch shapes: whole epochs, shortened ones, a step budget.
+LIMIT = (("limit_train_batches", 3), ("max_epochs", 3))
+MAX_STEPS = (("max_steps", 9), ("max_epochs", -1))
+
+MATRIX = [
+    Row("plain", "one", "none"),
+    Row("plain", "one", "kill"),
+    Row("plain", "one", "break"),
+    Row("plain", "mix", "none"),
+    Row("plain", "mix", "kill"),
+    Row("plain", "mix", "break", full_only=True),
+    Row("workers", "one", "none"),
+    Row("workers", "one", "kill", full_only=True),
+    Row("workers", "mix", "none", full_only=True),
+    Row("stateful", "one", "break"),
+    Row("stateful", "one", "kill", full_only=True),
+    Row("stateful", "mix", "break", full_only=True),
+    Row("lightning", "one", "none", full_only=True),
+    Row("lightning", "one", "none", trainer=LIMIT),
+    Row("lightning", "one", "none", full_only=True, trainer=MAX_STEPS),
+    Row("lightning", "mix", "none", full_only=True, trainer=LIMIT),
+    Row("lightning", "one", "break", full_only=True),
+    Row("lightning", "one", "kill", full_only=True, trainer=LIMIT),
+    Row("accelerate", "one", "none"),
+    Row("accelerate", "one", "kill", full_only=True),
+    Row("plain", "encoded", "kill"),
+    Row("plain", "encoded", "break", full_only=True),
+    Row("workers", "encoded", "none", full_only=True),
+    # Found a race: a worker whose sibling finished first snapshotted its
+    # own epoch as complete (client decode makes the workers' pace differ).
+    # Later, in CI, a rank's second pass streamed epoch 0 again: the epoch
+    # page's records were updated without a lock (torn reads, lost updates,
+    # shown by tests/unit/test_epochs.py) and a late-unpickling worker could
+    # map another dataset's page by a reused descriptor number.
+    Row("stateful", "encoded", "break"),
+    Row("plain", "tier", "kill"),
+    Row("workers", "tier", "none", full_only=True),
+    Row("stateful", "tier", "break", full_only=True),
+    # The decode pool: a worker SIGKILLed mid-epoch ("worker"), the sidecar
+    # itself killed and restarted.
+    Row("plain", "pool", "worker"),
+    Row("workers", "pool", "kill"),
+    Row("stateful", "pool", "break", full_only=True),
+    Row("lightning", "pool", "worker", full_only=True, trainer=LIMIT),
+    # ShardfeedDataset.dataloader(): the loader the README's examples use,
+    # with workers (its wait meter wraps the loader's iterator).
+    Row("loader", "one", "kill"),
+    Row("stateful_loader", "one", "break"),
+    Row("loader", "mix", "none", full_only=True),
+    Row("stateful_loader", "mix", "break", full_only=True),
+    Row("stateful_loader", "encoded", "break", full_only=True),
+    Row("stateful_loader", "tier", "break", full_only=True),
+    Row("loader", "pool", "worker", full_only=True),
+    # The tier over an S3 whose listings carry no ETags: versions from HEAD
+    # (the row also checks that the tier kept and served records).
+    Row("plain", "tier_unlisted", "kill"),
+    Row("stateful_loader", "tier_unlisted", "break", full_only=True),
+    Row("workers", "tier_unlisted", "none", full_only=True),
+    Row("plain", "tier_stored", "kill"),
+    Row("stateful", "tier_stored", "break", full_only=True),
+    # The tuned share: probes move it within a batch stream; neither a
+    # kill nor a resume may lose or repeat a sample for it.
+    Row("plain", "encoded_auto", "kill"),
+    Row("stateful", "encoded_auto", "break"),
+    Row("workers", "encoded_auto", "none", full_only=True),
+    # Loose objects, their readers' GETs in flight sized per stream.
+    Row("plain", "loose", "kill"),
+    Row("stateful", "loose", "break", full_only=True),
+    Row("loader", "loose", "none", full_only=True),
+    # Shard reads: each ranged GET a task of its own, 16 of 64 KiB in
+    # flight a reader, over an S3 that sends slowly: a kill or a break
+    # lands while parts arrive, and aborted tasks must lose nothing.
+    Row("plain", "paced_reads", "kill"),
+    Row("stateful", "paced_reads", "break"),
+    Row("workers", "paced_reads", "none", full_only=True),
+    # Corrupt scans (headers intact): substituted by the sidecar in every
+    # delivery, the same samples whoever decodes, nothing else substituted,
+    # exactly once across a break or a kill.
+    Row("plain", "corrupt", "break"),
+    Row("stateful", "encoded_corrupt", "break"),
+    Row("plain", "encoded_corrupt", "kill", full_only=True),
+    Row("workers", "encoded_corrupt", "none", full_only=True),
+    Row("plain", "tier_corrupt", "kill"),
+    Row("stateful", "tier_corrupt", "break", full_only=True),
+    # The recipes' ops (TrivialAugmentWide + RandomErasing): decisions keyed
+    # by the sample, so a kill or a resume repeats the same pixels; a
+    # client decoder that cannot apply them leaves every sample to the
+    # sidecar.
+    Row("plain", "recipe", "kill"),
+    Row("stateful", "recipe", "break"),
+    Row("plain", "recipe_mix", "kill"),
+    Row("stateful", "recipe_mix", "break", full_only=True),
+    Row("stateful", "recipe_encoded", "break"),
+    Row("plain", "recipe_pool", "worker"),
+    Row("plain", "recipe_tier", "kill"),
+    Row("plain", "recipe_encoded", "kill", full_only=True),
+    Row("workers", "recipe", "none", full_only=True),
+    Row("loader", "recipe_mix", "none", full_only=True),
+    # Repeated augmentation (repeats=2): each (sample, copy) exactly once
+    # an epoch, a copy's decisions keyed by its copy index, so a kill or a
+    # resume repeats the same pixels; copies travel to the pool and to a
+    # client decoder with their own boxes.
+    Row("plain", "repeats", "kill"),
+    Row("stateful", "repeats", "break"),
+    Row("plain", "repeats_mix", "kill"),
+    Row("stateful", "repeats_encoded", "break"),
+    Row("plain", "repeats_pool", "worker"),
+    Row("stateful_loader", "repeats", "break", full_only=True),
+    Row("workers", "repeats_mix", "none", full_only=True),
+    # Parquet (the Hub's image layout), row groups of 5 rows straddling
+    # batches and ranks, alone and mixed with tar shards: a kill or a
+    # resume inside a row group repeats and loses nothing.
+    Row("plain", "parquet", "kill"),
+    Row("stateful", "parquet", "break"),
+    Row("plain", "parquet_mix", "kill"),
+    Row("stateful", "parquet_mix", "break"),
+    Row("workers", "parquet", "none", full_only=True),
+    Row("loader", "parquet_mix", "none", full_only=True),
+    Row("plain", "parquet_recipe", "kill"),
+    Row("stateful", "parquet_encoded", "break"),
+    Row("plain", "parquet_tier", "kill"),
+    Row("plain", "parquet_pool", "worker"),
+]
+
+
+def row_id(row: Row) -> str:
+    shape = "-".join(f"{k}={v}" for k, v in row.trainer if k != "max_epochs")
+    return "-".join(filter(None, (row.idiom, row.feature, row.fault, shape)))
