@@ -5,7 +5,7 @@
 //! (a status, a refused stream, a closed connection) at once rather than a
 //! hang, and an honest client is served afterwards. Each prints one JSON
 //! line of figures (docs/operating.md, Threat model, quotes them). Hostile
-//! requests and data (plans, shards, decoders) are `tests/hostile.rs`.
+//! requests and data (plans, shards, decoders) are `tests/hostile/`.
 //!
 //! The attacks are sized to what the review reproduced: 100 streams each
 //! declaring 32 MiB without the token, 10,000 streams on one connection,
