@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
+use super::refusals::Refusals;
 use crate::metrics::log_gate::LogGate;
 
 /// A listener's connection bounds.
@@ -235,7 +236,7 @@ where
     S: Stream<Item = io::Result<IO>>,
 {
     let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let refusals = Arc::new(LogGate::new(Duration::from_secs(60)));
+    let refusals = Arc::new(Refusals::new("limit"));
     pause_on_accept_errors(incoming, listener).filter_map(move |connection| {
         let place = places.clone().try_acquire_owned();
         let refusals = refusals.clone();
@@ -243,18 +244,14 @@ where
             match place {
                 Ok(place) => Some(Ok(Tracked::new(connection, place, limits.idle))),
                 Err(_) => {
-                    // Dropped here: closed before a byte is read.
-                    drop(connection);
-                    metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "limit")
-                        .increment(1);
-                    if let Some(left_out) = refusals.open() {
+                    refusals.close(connection, |_, left_out| {
                         tracing::warn!(
                             listener,
                             limit = limits.max_connections,
                             left_out,
                             "closed a new connection: the listener holds its limit"
                         );
-                    }
+                    });
                     None
                 }
             }

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::metrics::log_gate::LogGate;
+use super::refusals::Refusals;
 
 /// Bounds on handshakes in progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,21 +104,19 @@ where
     let (done, ready) = mpsc::channel(limits.max_handshakes.max(1));
     let places = Arc::new(Semaphore::new(limits.max_handshakes.max(1)));
     let peers = Arc::new(PeerCounts::default());
-    let refusals = Arc::new(LogGate::new(Duration::from_secs(60)));
+    let refusals = Refusals::new("handshakes");
     let accepting = tokio::spawn(async move {
         let incoming = super::connections::pause_on_accept_errors(incoming, "pool-worker");
         let mut incoming = std::pin::pin!(incoming);
         while let Some(tcp) = incoming.next().await {
             let Some(admitted) = admit(&tcp, &places, &peers, limits) else {
-                metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "handshakes")
-                    .increment(1);
-                if let Some(left_out) = refusals.open() {
+                refusals.close(tcp, |tcp, left_out| {
                     tracing::warn!(
                         peer = ?tcp.peer_addr().ok(),
                         left_out,
                         "closed a new connection: TLS handshakes in progress at their bound"
                     );
-                }
+                });
                 continue;
             };
             let (acceptor, done) = (acceptor.clone(), done.clone());

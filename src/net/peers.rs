@@ -10,12 +10,11 @@ use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tokio::net::TcpStream;
 
-use crate::metrics::log_gate::LogGate;
+use super::refusals::Refusals;
 
 /// The connections each address holds now.
 struct PeerPlaces {
@@ -90,7 +89,7 @@ where
         held: Mutex::new(HashMap::new()),
         per_peer: per_peer.max(1),
     });
-    let refusals = Arc::new(LogGate::new(Duration::from_secs(60)));
+    let refusals = Refusals::new("peer");
     incoming.filter_map(move |accepted| {
         let outcome = match accepted {
             Err(error) => Some(Err(error)),
@@ -106,10 +105,7 @@ where
                         _place: Some(place),
                     })),
                     None => {
-                        drop(connection);
-                        metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "peer")
-                            .increment(1);
-                        if let Some(left_out) = refusals.open() {
+                        refusals.close(connection, |_, left_out| {
                             tracing::warn!(
                                 listener,
                                 %peer,
@@ -117,7 +113,7 @@ where
                                 left_out,
                                 "closed a new connection: its address holds its share"
                             );
-                        }
+                        });
                         None
                     }
                 },
@@ -130,6 +126,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn an_address_holds_its_share_and_gets_it_back() {
