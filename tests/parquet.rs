@@ -278,6 +278,7 @@ async fn a_file_that_is_not_parquet_or_is_cut_short_is_named() {
         ("notparquet", b"PK\x03\x04 a zip, not parquet".to_vec()),
         ("cut", cut),
         ("lying", lying),
+        ("looping", with_boolean_lists_in_its_footer(&whole, 1_000)),
     ] {
         let uri = upload_files(&harness, bucket, vec![file]).await;
         let status = client
@@ -298,6 +299,26 @@ async fn a_file_that_is_not_parquet_or_is_cut_short_is_named() {
         );
     }
     harness.shutdown().await;
+}
+
+/// `file` with `fields` unknown fields ahead of its footer's own, each a
+/// list header claiming 2^31 - 1 booleans (nine bytes): the parquet crate
+/// skips such a list one turn per element without reading a byte, so
+/// unchecked these 9 KB would keep its decoder looping for minutes.
+fn with_boolean_lists_in_its_footer(file: &[u8], fields: usize) -> Vec<u8> {
+    let n = file.len();
+    let footer_len = u32::from_le_bytes(file[n - 8..n - 4].try_into().unwrap()) as usize;
+    let footer_start = n - 8 - footer_len;
+    let mut hostile = file[..footer_start].to_vec();
+    for _ in 0..fields {
+        // Field 100 (long form, type list), then the list header.
+        hostile.extend([0x09, 0xC8, 0x01, 0xF1, 0xFF, 0xFF, 0xFF, 0xFF, 0x07]);
+    }
+    hostile.extend(&file[footer_start..n - 8]);
+    let grown = (footer_len + 9 * fields) as u32;
+    hostile.extend(grown.to_le_bytes());
+    hostile.extend(b"PAR1");
+    hostile
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

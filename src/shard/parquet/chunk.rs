@@ -43,6 +43,20 @@ impl ChunkBytes {
         Self::new(offset, vec![data])
     }
 
+    /// The chunk's byte `at` (from its start), if it has one.
+    pub fn byte_at(&self, at: u64) -> Option<u8> {
+        if at >= self.len {
+            return None;
+        }
+        let (part, within) = self.locate(at);
+        self.parts.get(part)?.get(within).copied()
+    }
+
+    /// The chunk's length in bytes.
+    pub fn chunk_len(&self) -> u64 {
+        self.len
+    }
+
     /// The part holding chunk byte `at` and where in it.
     fn locate(&self, at: u64) -> (usize, usize) {
         let part = self.starts.partition_point(|&s| s <= at).saturating_sub(1);

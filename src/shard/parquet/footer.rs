@@ -98,6 +98,8 @@ impl Footer {
     /// Parses `metadata` (the bytes [`metadata_range`] named) and checks
     /// it against the file's size.
     pub fn parse(metadata: &[u8], file_size: u64) -> Result<Self, ParquetError> {
+        // Bytes that would keep the crate's decoder looping are refused first.
+        super::thrift_guard::check_footer(metadata).map_err(|why| ParquetError::Footer { why })?;
         // The crate's decoder is third-party code over untrusted bytes: a
         // panic in it is a damaged footer, not a dead reader.
         let decoded = std::panic::catch_unwind(|| ParquetMetaDataReader::decode_metadata(metadata))

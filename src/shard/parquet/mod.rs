@@ -23,6 +23,7 @@ pub mod columns;
 mod error;
 pub mod footer;
 pub mod rows;
+mod thrift_guard;
 
 use std::ops::Range;
 

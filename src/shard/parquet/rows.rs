@@ -187,6 +187,10 @@ fn pages(
         .find(|(c, _)| *c == column)
         .map(|(_, chunk)| chunk.clone())
         .ok_or_else(|| ParquetError::Internal(format!("column {column} was not fetched")))?;
+    // Page headers that would keep the crate's page reader looping are
+    // refused before it reads them.
+    super::thrift_guard::check_page_headers(&chunk)
+        .map_err(|why| page_error(input, column, why))?;
     let meta = input.footer.metadata.row_group(input.group).column(column);
     let reader = SerializedPageReader::new(Arc::new(chunk), meta, rows as usize, None)
         .map_err(|e| page_error(input, column, e))?;
