@@ -18,6 +18,7 @@
 //! `compressed + 2 × uncompressed` of the projected chunks, which the index
 //! bounds by the row group's own sizes ([`row_group_cost`]).
 
+mod checked_pages;
 mod chunk;
 pub mod columns;
 mod error;

@@ -17,6 +17,7 @@ use parquet::data_type::{
 };
 use parquet::file::serialized_reader::SerializedPageReader;
 
+use super::checked_pages::CheckedPages;
 use super::chunk::ChunkBytes;
 use super::columns::{ImageColumn, LabelColumn, Projection, ValueKind};
 use super::error::ParquetError;
@@ -194,7 +195,17 @@ fn pages(
     let meta = input.footer.metadata.row_group(input.group).column(column);
     let reader = SerializedPageReader::new(Arc::new(chunk), meta, rows as usize, None)
         .map_err(|e| page_error(input, column, e))?;
-    Ok(Box::new(reader))
+    let descr = input
+        .footer
+        .metadata
+        .file_metadata()
+        .schema_descr()
+        .column(column);
+    Ok(Box::new(CheckedPages::new(
+        Box::new(reader),
+        descr.max_def_level(),
+        descr.max_rep_level(),
+    )))
 }
 
 fn page_error(

@@ -145,6 +145,41 @@ def test_footers_and_page_headers_with_everything_pyarrow_writes_are_read(
         assert all(len(batch.substituted) == 0 for batch in batches)
 
 
+def test_delta_encoded_pages_are_read(server: Server, s3: S3) -> None:
+    """DELTA_BYTE_ARRAY images and DELTA_BINARY_PACKED labels, several
+    delta blocks a page: the checked page reader (shard::parquet::
+    checked_pages) walks them to their suffix streams and lets them by."""
+    import pyarrow.parquet as pq
+
+    rows = 300
+    images = [noise_jpeg(i % 7, 8, 8) for i in range(rows)]
+    table = pq.read_table(io.BytesIO(hf_parquet(images, list(range(rows)))))
+    out = io.BytesIO()
+    pq.write_table(
+        table,
+        out,
+        row_group_size=rows,
+        use_dictionary=False,
+        column_encoding={"image.bytes": "DELTA_BYTE_ARRAY", "label": "DELTA_BINARY_PACKED"},
+        data_page_version="2.0",
+    )
+    metadata = pq.ParquetFile(io.BytesIO(out.getvalue())).metadata
+    encodings = {
+        metadata.row_group(0).column(c).path_in_schema: metadata.row_group(0).column(c).encodings
+        for c in range(metadata.num_columns)
+    }
+    assert "DELTA_BYTE_ARRAY" in encodings["image.bytes"], encodings
+    uri = _publish(s3, "pq-delta", [out.getvalue()])
+    batches = list(
+        Client(server.target).batches(
+            uri, batch_size=50, image_size=8, rank=0, world_size=1, shuffle=False
+        )
+    )
+    labels = [label for batch in batches for label in batch.labels.tolist()]
+    assert labels == list(range(rows))
+    assert all(len(batch.substituted) == 0 for batch in batches)
+
+
 def test_a_hub_dataset_just_works_with_the_torch_dataset(
     server: Server, s3: S3, images: list[bytes]
 ) -> None:
