@@ -16,6 +16,7 @@ use parquet::data_type::{
     BoolType, ByteArrayType, DataType, DoubleType, FloatType, Int32Type, Int64Type,
 };
 use parquet::file::serialized_reader::SerializedPageReader;
+use parquet::schema::types::ColumnDescriptor;
 
 use super::checked_pages::CheckedPages;
 use super::chunk::ChunkBytes;
@@ -180,6 +181,7 @@ fn label_of(values: &Values, at: usize, classes: &[String]) -> RowLabel {
 fn pages(
     input: &RowGroupInput<'_>,
     column: usize,
+    descr: &ColumnDescriptor,
     rows: u64,
 ) -> Result<Box<dyn PageReader>, ParquetError> {
     let chunk = input
@@ -195,12 +197,6 @@ fn pages(
     let meta = input.footer.metadata.row_group(input.group).column(column);
     let reader = SerializedPageReader::new(Arc::new(chunk), meta, rows as usize, None)
         .map_err(|e| page_error(input, column, e))?;
-    let descr = input
-        .footer
-        .metadata
-        .file_metadata()
-        .schema_descr()
-        .column(column);
     Ok(Box::new(CheckedPages::new(
         Box::new(reader),
         descr.max_def_level(),
@@ -264,7 +260,8 @@ where
         .schema_descr()
         .column(column);
     let max_def = descr.max_def_level();
-    let mut reader = ColumnReaderImpl::<T>::new(descr, pages(input, column, rows)?);
+    let pages = pages(input, column, &descr, rows)?;
+    let mut reader = ColumnReaderImpl::<T>::new(descr, pages);
     let mut values: Vec<T::T> = Vec::new();
     let mut levels: Vec<i16> = Vec::new();
     let mut read = 0usize;
