@@ -75,6 +75,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "center",
           value_parser = ["center", "eval", "train", "trivial", "rand", "auto", "jitter"])]
     pub augment: String,
+    /// How the crop is resized (antialiased, as torchvision's and PIL's).
+    #[arg(long, default_value = "bilinear", value_parser = ["bilinear", "bicubic"])]
+    pub interpolation: String,
     #[command(flatten)]
     pub s3: S3Args,
     #[command(flatten)]
@@ -83,8 +86,15 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     fn output(&self) -> crate::decode::OutputSpec {
-        use crate::decode::{Crop, HorizontalFlip, Ops, OutputSpec, RandomResizedCrop};
-        let center = OutputSpec::center(self.image_size, self.image_size);
+        use crate::decode::{Crop, HorizontalFlip, Ops, OutputSpec, RandomResizedCrop, Resample};
+        let resample = match self.interpolation.as_str() {
+            "bicubic" => Resample::Bicubic,
+            _ => Resample::Bilinear,
+        };
+        let center = OutputSpec {
+            resample,
+            ..OutputSpec::center(self.image_size, self.image_size)
+        };
         let train = OutputSpec {
             crop: Crop::RandomResized(RandomResizedCrop::default()),
             ops: Ops::default().with(HorizontalFlip(0.5)),

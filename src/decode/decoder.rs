@@ -97,9 +97,10 @@ thread_local! {
 }
 
 /// Resizes the `crop` region of packed RGB8 `src` into `out` per `spec`
-/// (bilinear convolution, which widens its support when downscaling, so it
-/// antialiases; pixels just outside the box within the image feed the
-/// filter at its edges, as in Pillow's `resize(box=...)`).
+/// (the spec's bilinear or bicubic convolution, which widens its support
+/// when downscaling, so it antialiases; pixels just outside the box within
+/// the image feed the filter at its edges, as in Pillow's
+/// `resize(box=...)`).
 pub fn resize_rgb(
     src: &[u8],
     width: u32,
@@ -111,7 +112,7 @@ pub fn resize_rgb(
     RESIZER.with(|resizer| {
         resize_with(
             &mut resizer.borrow_mut(),
-            fir::FilterType::Bilinear,
+            spec.resample.filter(),
             src,
             width,
             height,

@@ -15,10 +15,10 @@ pub mod source;
 pub mod turbo;
 
 pub use augment::{
-    set_augment_simd, AutoAugment, ColorJitter, Crop, CropBox, Drawn, EraseValue, ErasedBox,
-    HorizontalFlip, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy, PolicyDrawn,
-    PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, RandomResizedCrop, SampleKey, CHANNELS,
-    DEFAULT_SIZE, MAX_SIZE,
+    set_augment_simd, AugmentError, AutoAugment, ColorJitter, Crop, CropBox, Drawn, EraseValue,
+    ErasedBox, HorizontalFlip, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy,
+    PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, RandomResizedCrop, Resample,
+    SampleKey, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
 };
 pub use decoder::{
     decode_rgb, resize_rgb, resize_with, Decoder, ImageCrateDecoder, IMAGE_CRATE_DECODER,

@@ -184,11 +184,13 @@ fn decode_region(
 ) -> (tj::tjregion, CropBox) {
     let (left, top) = (scale.map(crop.left), scale.map(crop.top));
     let (width, height) = (scale.map(crop.width), scale.map(crop.height));
-    // The bilinear filter's support grows with the downscale ratio.
-    let margin = (width / f64::from(spec.width))
+    // The filter's support (1 bilinear, 2 bicubic) grows with the
+    // downscale ratio.
+    let margin = ((width / f64::from(spec.width))
         .max(height / f64::from(spec.height))
         .max(1.0)
-        .ceil()
+        * spec.resample.support())
+    .ceil()
         + 1.0;
     let clamp = |value: f64, end: u32| value.clamp(0.0, f64::from(end)) as u32;
     let mut x0 = clamp((left - margin).floor(), scaled.0);
@@ -458,6 +460,16 @@ mod tests {
         };
         let (region, _) = decode_region(&edge, &spec, Scale(4), (500, 400), 8);
         assert_eq!((region.x, region.y, region.w, region.h), (0, 0, 500, 400));
+        // Bicubic reads twice as far: 300 source px to 224 is a ratio of
+        // 1.34, so the cubic reads 2.68 px past each side.
+        let bicubic = OutputSpec {
+            resample: crate::decode::Resample::Bicubic,
+            ..spec
+        };
+        let (region, _) = decode_region(&crop, &bicubic, Scale(8), (1000, 800), 1);
+        assert!(f64::from(region.x) <= 100.3 - 2.68 && f64::from(region.y) <= 50.5 - 2.68);
+        assert!(f64::from(region.x + region.w) >= 400.3 + 2.68);
+        assert!(f64::from(region.y + region.h) >= 250.5 + 2.68);
     }
 
     #[cfg(feature = "dev")]
@@ -469,13 +481,24 @@ mod tests {
             crop: Crop::RandomResized(RandomResizedCrop::default()),
             ..OutputSpec::center(224, 224)
         };
+        let resample = |i: u64| {
+            if i % 2 == 1 {
+                crate::decode::Resample::Bicubic
+            } else {
+                crate::decode::Resample::Bilinear
+            }
+        };
         for (sample, spec) in (0..12u64).map(|i| {
+            let spec = if i < 2 {
+                OutputSpec::center(224, 224)
+            } else {
+                train
+            };
             (
                 i,
-                if i < 2 {
-                    OutputSpec::center(224, 224)
-                } else {
-                    train
+                OutputSpec {
+                    resample: resample(i),
+                    ..spec
                 },
             )
         }) {

@@ -53,6 +53,7 @@ pub(crate) const TRAIN: crate::decode::OutputSpec = crate::decode::OutputSpec {
         scale: (0.08, 1.0),
         ratio: (3.0 / 4.0, 4.0 / 3.0),
     }),
+    resample: crate::decode::Resample::Bilinear,
     ops: crate::decode::Ops {
         horizontal_flip: crate::decode::HorizontalFlip(0.5),
         ..crate::decode::Ops::NONE

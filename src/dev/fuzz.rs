@@ -115,6 +115,7 @@ pub fn image_headers(data: &[u8]) {
         height: 16,
         width: 16,
         crop: Crop::Stretch,
+        resample: crate::decode::Resample::Bilinear,
         ops: decode::Ops::NONE,
     };
     let mut out = vec![0u8; spec.bytes()];

@@ -27,6 +27,7 @@ const OUTPUT: OutputSpec = OutputSpec {
     height: 224,
     width: 224,
     crop: Crop::Center { resize: None },
+    resample: crate::decode::Resample::Bilinear,
     ops: Ops::NONE,
 };
 

@@ -35,6 +35,7 @@ const EVAL: OutputSpec = OutputSpec {
     height: 224,
     width: 224,
     crop: Crop::Center { resize: None },
+    resample: crate::decode::Resample::Bilinear,
     ops: Ops::NONE,
 };
 

@@ -13,10 +13,11 @@ pub const BUILD_HEADER: &str = "shardfeed-pool-build";
 
 /// The unit's wire revision: 2 carries the service's `Augmentation` and
 /// `CropBox`; 3 their policy, jitter, grayscale and erasing fields; 4 the
-/// sample's copy index (repeated augmentation). Builds
-/// of one crate version on either side of a change meet in a rolling
-/// update, and must refuse each other rather than misread.
-const WIRE_REVISION: u32 = 4;
+/// sample's copy index (repeated augmentation); 5 the crop's resize
+/// interpolation (a build before it would resize bicubic units bilinear).
+/// Builds of one crate version on either side of a change meet in a
+/// rolling update, and must refuse each other rather than misread.
+const WIRE_REVISION: u32 = 5;
 
 /// What a unit's pixels depend on besides the unit: the crate's version
 /// (crop boxes, resize kernels), the unit's wire, the op table (a build
@@ -85,11 +86,13 @@ pub fn spec_from_wire(wire: Option<&pb::OutputSpec>) -> Result<OutputSpec, UnitE
         .ok_or_else(|| unit_error("spec.augmentation", "missing"))?;
     let crop = Crop::from_wire(augmentation)
         .ok_or_else(|| unit_error("spec.augmentation.crop", "missing"))?;
-    let spec = OutputSpec::from_wire(wire.height, wire.width, crop, augmentation);
-    spec.validate().map_err(|e| UnitError {
+    let refused = |e: crate::decode::AugmentError| UnitError {
         field: "spec",
         message: e.to_string(),
-    })?;
+    };
+    let spec =
+        OutputSpec::from_wire(wire.height, wire.width, crop, augmentation).map_err(refused)?;
+    spec.validate().map_err(refused)?;
     Ok(spec)
 }
 
@@ -215,6 +218,7 @@ mod tests {
             height: 224,
             width: 200,
             crop: Crop::RandomResized(RandomResizedCrop::default()),
+            resample: crate::decode::Resample::Bilinear,
             ops: Ops::default().with(HorizontalFlip(0.5)),
         };
         assert_eq!(spec_from_wire(Some(&spec_to_wire(&spec))).unwrap(), spec);

@@ -70,10 +70,10 @@ pub fn stream_request(
         ));
     }
     let augmentation = request.augmentation.clone().unwrap_or_default();
-    let output = OutputSpec::from_wire(height, width, crop(request)?, &augmentation);
-    output
-        .validate()
-        .map_err(|e| ServiceError::invalid(e.field, e.to_string()))?;
+    let invalid = |e: decode::AugmentError| ServiceError::invalid(e.field, e.to_string());
+    let output =
+        OutputSpec::from_wire(height, width, crop(request)?, &augmentation).map_err(invalid)?;
+    output.validate().map_err(invalid)?;
     if output.bytes() as u64 * u64::from(batch_size) > MAX_BATCH_BYTES {
         return Err(ServiceError::invalid(
             "batch_size",
@@ -117,7 +117,7 @@ pub fn stream_request(
     };
     let layout = sample_layout(request.layout.as_ref())?;
     let (decoded_source, decoded_from_epoch) = decoded_source(request.decoded_source.as_ref())?;
-    let client_replays = output.ops.client_replays(client_ops(request)?);
+    let client_replays = output.client_replays(client_ops(request)?);
     let output = OutputRequest {
         spec: output,
         shared_memory: None,

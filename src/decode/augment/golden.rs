@@ -97,6 +97,7 @@ fn spec(height: u32, width: u32, ops: Ops) -> OutputSpec {
         height,
         width,
         crop: Crop::Stretch,
+        resample: super::Resample::Bilinear,
         ops,
     }
 }

@@ -23,4 +23,4 @@ pub use ops::{
     JitterOp, Ops, Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, Slot,
     MAX_POLICY_OPS,
 };
-pub use spec::{CropBox, OutputSpec, DEFAULT_SIZE, MAX_SIZE};
+pub use spec::{CropBox, OutputSpec, Resample, DEFAULT_SIZE, MAX_SIZE};

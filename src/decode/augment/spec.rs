@@ -73,12 +73,77 @@ impl CropBox {
     }
 }
 
+/// How the crop's box is resized to the output: antialiased convolution,
+/// as torchvision's uint8 resize and PIL's (the filter widens with the
+/// downscale ratio).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Resample {
+    /// The triangle filter: torchvision's and PIL's BILINEAR.
+    #[default]
+    Bilinear,
+    /// Keys' cubic with a = -0.5 (PIL's BICUBIC, and torchvision's on uint8).
+    Bicubic,
+}
+
+impl Resample {
+    /// fast_image_resize's filter of the same kernel (its CatmullRom is
+    /// Keys' cubic with a = -0.5).
+    pub fn filter(self) -> fast_image_resize::FilterType {
+        match self {
+            Resample::Bilinear => fast_image_resize::FilterType::Bilinear,
+            Resample::Bicubic => fast_image_resize::FilterType::CatmullRom,
+        }
+    }
+
+    /// The filter's support in output pixels: how far around the box a
+    /// resize reads, per output pixel's worth of source.
+    pub fn support(self) -> f64 {
+        match self {
+            Resample::Bilinear => 1.0,
+            Resample::Bicubic => 2.0,
+        }
+    }
+
+    /// The name a client's `client_ops` uses to say its resize does this.
+    pub fn client_op(self) -> Option<&'static str> {
+        match self {
+            Resample::Bilinear => None,
+            Resample::Bicubic => Some("resize_bicubic"),
+        }
+    }
+
+    fn from_wire(wire: &pb::Augmentation) -> Result<Self, AugmentError> {
+        let Some(value) = wire.resize_interpolation else {
+            return Ok(Resample::Bilinear);
+        };
+        match pb::Interpolation::try_from(value) {
+            Ok(pb::Interpolation::Bilinear) => Ok(Resample::Bilinear),
+            Ok(pb::Interpolation::Bicubic) => Ok(Resample::Bicubic),
+            _ => Err(super::op::invalid(
+                "augmentation.resize_interpolation",
+                format!(
+                    "{value} is not served: the crop is resized with INTERPOLATION_BILINEAR or \
+                     INTERPOLATION_BICUBIC (antialiased, as torchvision's and PIL's resize)"
+                ),
+            )),
+        }
+    }
+
+    fn to_wire(self, wire: &mut pb::Augmentation) {
+        wire.resize_interpolation = Some(match self {
+            Resample::Bilinear => pb::Interpolation::Bilinear,
+            Resample::Bicubic => pb::Interpolation::Bicubic,
+        } as i32);
+    }
+}
+
 /// Output size, crop and the ops after it, of a stream.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OutputSpec {
     pub height: u32,
     pub width: u32,
     pub crop: Crop,
+    pub resample: Resample,
     pub ops: Ops,
 }
 
@@ -89,8 +154,20 @@ impl OutputSpec {
             height,
             width,
             crop: Crop::default(),
+            resample: Resample::Bilinear,
             ops: Ops::default(),
         }
+    }
+
+    /// Whether a client that decodes, its resize and ops named in
+    /// `client_ops`, makes this stream's pixels (else the server decodes
+    /// all of its samples).
+    pub fn client_replays(&self, client_ops: &[String]) -> bool {
+        let resizes = self
+            .resample
+            .client_op()
+            .is_none_or(|name| client_ops.iter().any(|op| op == name));
+        resizes && self.ops.client_replays(client_ops)
     }
 
     pub fn bytes(&self) -> usize {
@@ -141,20 +218,28 @@ impl OutputSpec {
     pub fn augmentation_to_wire(&self) -> pb::Augmentation {
         let mut wire = pb::Augmentation::default();
         self.crop.to_wire(&mut wire);
+        self.resample.to_wire(&mut wire);
         self.ops.to_wire(&mut wire);
         wire
     }
 
-    /// The spec a request or a unit names, not yet checked
+    /// The spec a request or a unit names, its ranges not yet checked
     /// ([`Self::validate`]); the caller has resolved the crop (a request
-    /// may name it by its legacy `resize` mode).
-    pub fn from_wire(height: u32, width: u32, crop: Crop, wire: &pb::Augmentation) -> Self {
-        Self {
+    /// may name it by its legacy `resize` mode). An interpolation the
+    /// server does not resize with is refused here.
+    pub fn from_wire(
+        height: u32,
+        width: u32,
+        crop: Crop,
+        wire: &pb::Augmentation,
+    ) -> Result<Self, AugmentError> {
+        Ok(Self {
             height,
             width,
             crop,
+            resample: Resample::from_wire(wire)?,
             ops: Ops::from_wire(wire),
-        }
+        })
     }
 }
 
@@ -168,6 +253,7 @@ mod tests {
             height,
             width,
             crop: Crop::RandomResized(RandomResizedCrop::default()),
+            resample: Resample::Bilinear,
             ops: Ops::default().with(HorizontalFlip(0.5)),
         }
     }
@@ -397,10 +483,22 @@ mod tests {
                 crop,
                 ..train(224, 200)
             };
-            let wire = spec.augmentation_to_wire();
-            let crop = Crop::from_wire(&wire).unwrap();
-            assert_eq!(OutputSpec::from_wire(224, 200, crop, &wire), spec);
+            for resample in [Resample::Bilinear, Resample::Bicubic] {
+                let spec = OutputSpec { resample, ..spec };
+                let wire = spec.augmentation_to_wire();
+                let crop = Crop::from_wire(&wire).unwrap();
+                assert_eq!(OutputSpec::from_wire(224, 200, crop, &wire).unwrap(), spec);
+            }
         }
+        let mut nearest = pb::Augmentation {
+            resize_interpolation: Some(pb::Interpolation::Nearest as i32),
+            ..Default::default()
+        };
+        let refused = OutputSpec::from_wire(224, 224, Crop::Stretch, &nearest).unwrap_err();
+        assert_eq!(refused.field, "augmentation.resize_interpolation");
+        nearest.resize_interpolation = None;
+        let unset = OutputSpec::from_wire(224, 224, Crop::Stretch, &nearest).unwrap();
+        assert_eq!(unset.resample, Resample::Bilinear);
         let crop = CropBox {
             left: 1.5,
             top: 2.0,

@@ -12,6 +12,8 @@ from ._proto import shardfeed_pb2 as pb
 ImageSize = Union[int, tuple[int, int]]
 
 Crop = Literal["center", "random_resized", "stretch"]
+# How the crop is resized: antialiased, as torchvision's and PIL's resize.
+ResizeInterpolation = Literal["bilinear", "bicubic"]
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
 _EVAL_RESIZE_RATIO = 256 / 224
@@ -27,9 +29,11 @@ class Augment:
     ``crop="random_resized"`` is torchvision's ``RandomResizedCrop(scale,
     ratio)``; ``crop="center"`` is ``Resize(resize) + CenterCrop`` (``resize``
     0: the smallest scale that covers the output); ``crop="stretch"`` scales
-    each side to the output. The ops after the crop follow, each applied to
-    the resized output in the server's table order: ``horizontal_flip`` is
-    the probability of mirroring a sample; ``auto_augment`` one of
+    each side to the output. ``interpolation`` is the crop's resize,
+    ``"bilinear"`` or ``"bicubic"``, antialiased as torchvision's and PIL's.
+    The ops after the crop follow, each applied to the resized output in
+    the server's table order: ``horizontal_flip`` is the probability of
+    mirroring a sample; ``auto_augment`` one of
     :class:`TrivialAugmentWide`, :class:`RandAugment`, :class:`AutoAugment`;
     ``color_jitter`` a :class:`ColorJitter`; ``grayscale`` the probability
     of ``RandomGrayscale``; ``random_erasing`` a :class:`RandomErasing`
@@ -43,6 +47,7 @@ class Augment:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     horizontal_flip: float = 0.0
+    interpolation: ResizeInterpolation = "bilinear"
     auto_augment: Policy | None = None
     color_jitter: ColorJitter | None = None
     grayscale: float = 0.0
@@ -51,8 +56,15 @@ class Augment:
     # them, see ShardfeedDataset): Normalize's (mean, std) and the dtype.
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     dtype: Any = None
-    # The output size a converted torchvision transform makes (for
-    # `image_size`); None: whatever the stream asks.
+    # Whether a float dtype divides by 255 first (torchvision's
+    # ToDtype(scale=True) and ToTensor; ToDtype(float32) alone does not);
+    # None: ModelInput's default (divided where normalized).
+    to_unit_range: bool | None = None
+    # "NCHW" where the transform ends in torchvision's CHW tensors (ToImage
+    # with no float dtype); None: the stream's own layout.
+    layout: Literal["NHWC", "NCHW"] | None = None
+    # The output size a converted transform makes: the stream's
+    # `image_size` when it names none; None: whatever the stream asks.
     size: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
@@ -60,6 +72,11 @@ class Augment:
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], not {p}")
+        if self.interpolation not in ("bilinear", "bicubic"):
+            raise ValueError(
+                f"interpolation must be 'bilinear' or 'bicubic' (the crop's antialiased "
+                f"resize), not {self.interpolation!r}"
+            )
 
     @classmethod
     def train(
@@ -72,9 +89,11 @@ class Augment:
         color_jitter: ColorJitter | None = None,
         grayscale: float = 0.0,
         random_erasing: RandomErasing | None = None,
+        interpolation: ResizeInterpolation = "bilinear",
     ) -> Augment:
-        """RandomResizedCrop + RandomHorizontalFlip, torchvision's defaults,
-        then the ops named (torchvision's recipe of ResNet-50 V2 is
+        """RandomResizedCrop (``interpolation`` its resize) +
+        RandomHorizontalFlip, torchvision's defaults, then the ops named
+        (torchvision's recipe of ResNet-50 V2 is
         ``auto_augment=TrivialAugmentWide(interpolation="bilinear"),
         random_erasing=RandomErasing(0.1)``)."""
         return cls(
@@ -83,6 +102,7 @@ class Augment:
             scale,
             ratio,
             horizontal_flip,
+            interpolation,
             auto_augment,
             color_jitter,
             grayscale,
@@ -90,17 +110,26 @@ class Augment:
         )
 
     @classmethod
-    def eval(cls, image_size: ImageSize = 224, *, resize: int | None = None) -> Augment:
-        """Resize(resize) + CenterCrop(image_size); ``resize`` defaults to
-        the longer output side x 256/224 (256 for 224)."""
+    def eval(
+        cls,
+        image_size: ImageSize = 224,
+        *,
+        resize: int | None = None,
+        interpolation: ResizeInterpolation = "bilinear",
+    ) -> Augment:
+        """Resize(resize, interpolation) + CenterCrop(image_size);
+        ``resize`` defaults to the longer output side x 256/224 (256 for
+        224)."""
         if resize is None:
             resize = round(max(_image_size(image_size)) * _EVAL_RESIZE_RATIO)
-        return cls("center", resize)
+        return cls("center", resize, interpolation=interpolation)
 
     def to_message(self) -> Any:
         """The request's ``Augmentation``: the crop, then the ops after it
         (the Python mirror of the server's op table, one field per op)."""
         message = pb.Augmentation(horizontal_flip=self.horizontal_flip, grayscale=self.grayscale)
+        if self.interpolation == "bicubic":
+            message.resize_interpolation = pb.INTERPOLATION_BICUBIC
         if self.auto_augment is not None:
             message.auto_augment.CopyFrom(self.auto_augment.to_message())
         if self.color_jitter is not None:
@@ -137,7 +166,33 @@ def _augment(augment: AugmentSpec, image_size: ImageSize) -> Augment | None:
         return Augment.train()
     if augment == "eval":
         return Augment.eval(image_size)
+    module = type(augment).__module__.split(".")[0]
+    if module in ("torchvision", "timm"):
+        raise TypeError(
+            f"augment takes an Augment, 'train', 'eval' or None, not a {module} "
+            f"{type(augment).__name__}: wrap it in shardfeed.from_torchvision(...)"
+        )
     raise ValueError(f"augment must be 'train', 'eval', an Augment or None, not {augment!r}")
+
+
+DEFAULT_IMAGE_SIZE = 224
+
+
+def resolve_image_size(image_size: ImageSize | None, augment: AugmentSpec) -> ImageSize:
+    """The stream's output size: ``image_size``, else the size a converted
+    transform makes (``RandomResizedCrop(176)`` streams 176²), else 224. A
+    size that differs from the transform's is a ``ValueError``: one of
+    them would be silently wrong."""
+    made = augment.size if isinstance(augment, Augment) else None
+    if image_size is None:
+        return made if made is not None else DEFAULT_IMAGE_SIZE
+    if made is not None and _image_size(image_size) != made:
+        raise ValueError(
+            f"image_size={image_size!r} differs from the {made[0]}x{made[1]} output of the "
+            "transform the augment was converted from; pass neither (the transform's size "
+            "is used) or the same"
+        )
+    return image_size
 
 
 def _image_size(size: ImageSize) -> tuple[int, int]:

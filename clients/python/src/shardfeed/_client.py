@@ -205,7 +205,7 @@ class Client:
         rank: int | None = None,
         world_size: int | None = None,
         batch_size: int = 128,
-        image_size: ImageSize = 224,
+        image_size: ImageSize | None = None,
         start_batch: int = 0,
         resume_from: EpochPosition | None = None,
         augment: AugmentSpec = None,
@@ -217,7 +217,10 @@ class Client:
         ``augment``: ``"train"`` (RandomResizedCrop + flip), ``"eval"``
         (Resize(256) + CenterCrop(224), scaled to ``image_size``), an
         :class:`Augment`, or None (``options.resize`` decides: the center
-        crop that covers the output, or a stretch).
+        crop that covers the output, or a stretch). ``image_size`` (None:
+        the size an ``augment`` from :func:`from_torchvision` makes, else
+        224) is the output's side or ``(height, width)``; one that differs
+        from the converted transform's is a ``ValueError``.
 
         ``options``: a :class:`StreamOptions` (shuffle, sample layout,
         delivery, a mix's weight history, partition, resize, transport, the

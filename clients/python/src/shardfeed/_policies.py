@@ -144,15 +144,21 @@ class ColorJitter:
     """torchvision's ``ColorJitter``: a float ``v`` is ``[max(0, 1 - v), 1 +
     v]`` (hue: ``[-h, h]``, within [-0.5, 0.5]), a pair is the range; 0
     leaves the adjustment out. The four apply in a random order per
-    sample."""
+    sample, to a share ``p`` of the samples (``RandomApply``; a sample
+    left alone reports no jitter steps)."""
 
     brightness: float | Range = 0.0
     contrast: float | Range = 0.0
     saturation: float | Range = 0.0
     hue: float | Range = 0.0
+    # The probability that a sample is jittered at all (torchvision's
+    # ``RandomApply([ColorJitter(...)], p)``).
+    p: float = 1.0
 
     def __post_init__(self) -> None:
         self.ranges()
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], not {self.p}")
 
     def ranges(self) -> dict[str, Range | None]:
         return {
@@ -163,13 +169,16 @@ class ColorJitter:
         }
 
     def to_message(self) -> Any:
-        return pb.ColorJitter(
+        message = pb.ColorJitter(
             **{
                 name: pb.Range(min=r[0], max=r[1])
                 for name, r in self.ranges().items()
                 if r is not None
             }
         )
+        if self.p < 1.0:
+            message.p = self.p
+        return message
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from . import _shm
-from ._augment import AugmentSpec, ImageSize, _augment, _image_size
+from ._augment import AugmentSpec, ImageSize, _augment, _image_size, resolve_image_size
 from ._options import StreamOptions
 from ._proto import shardfeed_pb2 as pb
 from ._wire import EpochPosition
@@ -68,7 +68,7 @@ def stream_request(
     rank: int | None,
     world_size: int | None,
     batch_size: int,
-    image_size: ImageSize,
+    image_size: ImageSize | None,
     start_batch: int,
     resume_from: EpochPosition | None,
     augment: AugmentSpec,
@@ -81,6 +81,7 @@ def stream_request(
         default_rank, default_world = distributed_rank_and_world()
         rank = default_rank if rank is None else rank
         world_size = default_world if world_size is None else world_size
+    image_size = resolve_image_size(image_size, augment)
     height, width = _image_size(image_size)
     if (dataset is None) == (sources is None):
         raise ValueError("pass dataset or sources, one of them")

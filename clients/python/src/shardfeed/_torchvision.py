@@ -1,21 +1,28 @@
-"""``from_torchvision``: a torchvision transform (v1 or v2) as the
-``Augment`` the sidecar runs, with the trainer's Normalize and dtype.
+"""``from_torchvision``: a torchvision (v1 or v2) or timm transform as the
+``Augment`` the sidecar runs, with the trainer's conversions.
 
-Each transform the sidecar runs maps onto a row of its table, in the
-table's order: the crop (``RandomResizedCrop``, or ``Resize`` +
-``CenterCrop``), ``RandomHorizontalFlip``, one auto-augment policy,
-``ColorJitter``, ``RandomGrayscale``, then the conversions
-(``ToImage``/``PILToTensor``/``ToTensor``, ``ToDtype``/``ConvertImageDtype``,
-``Normalize``, which the trainer's side applies) and ``RandomErasing``.
-Anything else, or out of that order, raises ``TypeError`` naming the
-transform and the way out: apply it to the delivered batch.
+What the user wrote is what runs. Each step becomes a row of the sidecar's
+table with torchvision's own semantics (sizes, probabilities,
+interpolation, antialiasing, dtype, scaling, layout), or the conversion
+raises ``TypeError`` naming the transform, the argument and the nearest
+form that is served. Nothing is converted to something close: a
+``RandomApply`` is not flattened, a ``RandomChoice`` does not become its
+last choice, a ``CenterCrop`` without a ``Resize`` is not a resize.
+
+The table's order: the crop (``RandomResizedCrop``, ``Resize`` +
+``CenterCrop``, or ``Resize((h, w))``), ``RandomHorizontalFlip``, one
+auto-augment policy, ``ColorJitter``, ``RandomGrayscale``, the conversions
+(``ToImage``/``PILToTensor``/``ToTensor``, ``ToDtype``/
+``ConvertImageDtype``, ``Normalize``: the trainer's side applies these,
+see :class:`shardfeed.torch.ModelInput`), then ``RandomErasing``.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import _timm
 from ._augment import Augment
 from ._policies import (
     IMAGENET_MEAN,
@@ -51,35 +58,106 @@ _STAGES = {
 # Conversions without an effect on the pixels, allowed anywhere.
 _NEUTRAL = frozenset({"ToPureTensor"})
 
-_WAY_OUT = (
+WAY_OUT = (
     "apply it to the delivered batch instead (the sidecar runs RandomResizedCrop, "
     "Resize + CenterCrop, RandomHorizontalFlip, TrivialAugmentWide, RandAugment, "
     "AutoAugment(IMAGENET), ColorJitter, RandomGrayscale, RandomErasing)"
 )
 
+_MIXING = frozenset({"MixUp", "CutMix", "Mixup", "FastCollateMixup"})
 
-def _flatten(transform: Any) -> list[Any]:
-    """The steps of a Compose (v1 or v2), of a reference preset that holds
-    one (``ClassificationPresetTrain/Eval``), or the transform itself."""
-    inner = getattr(transform, "transforms", None)
+# How the sidecar resizes a crop (antialiased, as torchvision and PIL).
+_RESIZES = ("bilinear", "bicubic")
+
+# The dtypes the trainer's side converts to (ModelInput).
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def refuse_mixing(name: str) -> TypeError:
+    return TypeError(
+        f"{name} mixes whole batches, after the sidecar: use "
+        "ShardfeedDataset(mixing=shardfeed.torch.Mixing(num_classes, mixup_alpha, "
+        "cutmix_alpha, switch_prob, label_smoothing)), which mixes each batch as "
+        "torchvision v2's MixUp/CutMix do"
+    )
+
+
+# The rows a probability can be put on exactly: RandomApply([t], p) of
+# these is the row with its own probability (jitter) or the product of
+# both (independent coin flips).
+_PROBABLE = frozenset({"ColorJitter", "RandomGrayscale", "RandomHorizontalFlip", "RandomErasing"})
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """One step of a ``RandomApply``, applied with probability ``p``."""
+
+    step: Any
+    p: float
+
+
+def _leaves(transform: Any) -> list[Any]:
+    """The steps a transform runs, containers opened where that is exact:
+    a Compose (v1 or v2) or a reference preset holding one, a
+    ``RandomApply`` with p 1 (always) or 0 (never) or around one row that
+    takes a probability, a ``RandomChoice`` or ``RandomOrder`` of one
+    transform. Any other container is refused."""
+    name = type(transform).__name__
+    inner: Any = getattr(transform, "transforms", None)
+    if name == "RandomApply":
+        p = float(transform.p)
+        steps = [step for t in inner for step in _leaves(t)]
+        if p == 1.0:
+            return steps
+        if p == 0.0:
+            return []
+        if len(steps) == 1 and type(steps[0]).__name__ in _PROBABLE:
+            return [_Applied(steps[0], p)]
+        names = ", ".join(type(t).__name__ for t in steps)
+        raise TypeError(
+            f"RandomApply([{names}], p={p}): the sidecar puts a probability on one "
+            f"transform of {', '.join(sorted(_PROBABLE))}, and will not drop p or split "
+            f"one coin into several. The nearest served forms are one RandomApply per "
+            f"transform (independent coins: another recipe) or RandomApply(p=1); or " + WAY_OUT
+        )
+    if name in ("RandomChoice", "RandomOrder"):
+        if len(inner) == 1:
+            return _leaves(inner[0])
+        steps = ", ".join(type(t).__name__ for t in inner)
+        raise TypeError(
+            f"{name}([{steps}]): the sidecar runs one fixed sequence of ops per stream and "
+            f"will not pick one of them for you. The nearest served form is one of the "
+            f"transforms alone; or {WAY_OUT}"
+        )
     if isinstance(inner, (list, tuple)):
-        return [step for t in inner for step in _flatten(t)]
+        if name != "Compose":
+            raise TypeError(f"{name} holds transforms the sidecar cannot order: {WAY_OUT}")
+        return [step for t in inner for step in _leaves(t)]
     if inner is not None and inner is not transform:
-        return _flatten(inner)
+        return _leaves(inner)  # a preset: ClassificationPresetTrain/Eval
     return [transform]
 
 
-def _interpolation(step: Any) -> Interpolation:
+def interpolation(step: Any, *, allowed: tuple[str, ...] = ("nearest", "bilinear")) -> Any:
+    """A transform's interpolation as the sidecar names it, or ``TypeError``."""
     mode = getattr(step, "interpolation", None)
-    name = getattr(mode, "value", mode)
-    if name in ("nearest", 0):
-        return "nearest"
-    if name in ("bilinear", 2):
-        return "bilinear"
+    name: Any = getattr(mode, "value", mode)
+    name = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(name, name)
+    if name in allowed:
+        return str(name)
+    served = " or ".join(allowed)
     raise TypeError(
-        f"{type(step).__name__} with interpolation {mode}: the sidecar's tensor kernels "
-        "sample nearest or bilinear; pass one of them, or " + _WAY_OUT
+        f"{type(step).__name__} with interpolation {name}: the sidecar serves {served} "
+        f"here; pass one of them, or {WAY_OUT}"
     )
+
+
+def _antialiased(step: Any) -> None:
+    if getattr(step, "antialias", True) is False:
+        raise TypeError(
+            f"{type(step).__name__}(antialias=False): the sidecar's resize is antialiased "
+            f"(torchvision's default, and PIL's); drop antialias=False, or {WAY_OUT}"
+        )
 
 
 def _fill(step: Any) -> tuple[int, int, int] | None:
@@ -101,132 +179,270 @@ def _size(value: Any) -> tuple[int, int]:
     return (int(values[0]),) * 2 if len(values) == 1 else (int(values[0]), int(values[1]))
 
 
-def from_torchvision(transform: Any) -> Augment:
-    """The ``Augment`` of a torchvision transform (see the module). Its
-    ``size`` is the output size the transform makes; its ``normalize`` and
-    ``dtype`` are applied on the trainer's side by ``ShardfeedDataset``."""
-    augment = Augment()
-    stage = -1
-    resize: int | None = None
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class _Conversion:
+    """What the steps read so far make of a sample."""
+
+    augment: Augment = field(default_factory=Augment)
+    stage: int = -1
+    # The crop's steps so far: "resize" (Resize(S), waiting for its
+    # CenterCrop), "crop" (an output size is set).
+    crop: str | None = None
+    resize: int = 0
+    # None while the sample is uint8; else the float dtype and whether the
+    # conversion divided by 255.
+    dtype: Any = None
+    to_unit_range: bool = True
+    tensor: bool = False
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-    to_float = False
-    for step in _flatten(transform):
-        name = type(step).__name__
-        if name in _NEUTRAL:
-            continue
-        if name not in _STAGES:
-            raise TypeError(f"{name} is not run by the sidecar: {_WAY_OUT}")
-        if _STAGES[name] < stage:
-            raise TypeError(
-                f"{name} comes after a transform the sidecar applies later "
-                f"(its order: crop, flip, policy, ColorJitter, RandomGrayscale, "
-                f"Normalize, RandomErasing): reorder it, or {_WAY_OUT}"
-            )
-        stage = _STAGES[name]
+
+    def crop_step(self, name: str, step: Any) -> None:
         if name == "RandomResizedCrop":
-            if _interpolation(step) != "bilinear":
+            if self.crop is not None:
                 raise TypeError(
-                    "RandomResizedCrop with a nearest resize: the sidecar resizes bilinear "
-                    "(antialiased); " + _WAY_OUT
+                    f"RandomResizedCrop after {self.crop_name()}: the sidecar crops the "
+                    f"source image once; keep one of them, or {WAY_OUT}"
                 )
-            augment = replace(
-                augment,
+            resize_with = interpolation(step, allowed=_RESIZES)
+            _antialiased(step)
+            self.set_crop(
                 crop="random_resized",
+                interpolation=resize_with,
                 size=_size(step.size),
                 scale=tuple(step.scale),
                 ratio=tuple(step.ratio),
             )
         elif name == "Resize":
-            size = step.size
-            if not isinstance(size, int) and len(list(size)) != 1:
-                raise TypeError(
-                    f"Resize({size}) to a fixed shape: the sidecar resizes the shorter side "
-                    "(Resize(int) + CenterCrop); use crop='stretch', or " + _WAY_OUT
-                )
-            resize = size if isinstance(size, int) else int(list(size)[0])
-        elif name == "CenterCrop":
-            augment = replace(augment, crop="center", resize=resize or 0, size=_size(step.size))
-        elif name == "RandomHorizontalFlip":
-            augment = replace(augment, horizontal_flip=float(step.p))
-        elif name == "TrivialAugmentWide":
-            policy: Any = TrivialAugmentWide(
-                step.num_magnitude_bins, _interpolation(step), _fill(step)
+            self.resize_step(step)
+        else:
+            self.center_crop(step)
+
+    def crop_name(self) -> str:
+        return {"resize": "Resize", "crop": "a crop"}.get(self.crop or "", "nothing")
+
+    def set_crop(self, **changes: Any) -> None:
+        self.augment = replace(self.augment, **changes)
+        self.crop = "crop"
+
+    def resize_step(self, step: Any) -> None:
+        if self.crop is not None:
+            raise TypeError(
+                f"Resize after {self.crop_name()}: the sidecar resizes once, from the source "
+                f"image; keep one of them, or {WAY_OUT}"
             )
-            augment = replace(augment, auto_augment=policy)
-        elif name == "RandAugment":
-            policy = RandAugment(
-                step.num_ops,
-                step.magnitude,
-                step.num_magnitude_bins,
-                _interpolation(step),
-                _fill(step),
+        self.augment = replace(self.augment, interpolation=interpolation(step, allowed=_RESIZES))
+        _antialiased(step)
+        if getattr(step, "max_size", None) is not None:
+            raise TypeError(
+                f"Resize(max_size={step.max_size}): the sidecar does not cap the longer "
+                f"side; drop max_size, or {WAY_OUT}"
             )
-            augment = replace(augment, auto_augment=policy)
-        elif name == "AutoAugment":
-            if str(getattr(step.policy, "value", step.policy)).lower() != "imagenet":
-                raise TypeError(
-                    f"AutoAugment({step.policy}): the sidecar serves the IMAGENET policy; "
-                    + _WAY_OUT
-                )
-            policy = AutoAugment("imagenet", _interpolation(step), _fill(step))
-            augment = replace(augment, auto_augment=policy)
-        elif name == "ColorJitter":
-            ranges = [
-                tuple(r) if r is not None else 0.0
-                for r in (step.brightness, step.contrast, step.saturation, step.hue)
-            ]
-            augment = replace(augment, color_jitter=ColorJitter(*ranges))
-        elif name == "RandomGrayscale":
-            augment = replace(augment, grayscale=float(step.p))
+        size = step.size
+        if isinstance(size, int) or len(list(size)) == 1:
+            self.resize = size if isinstance(size, int) else int(list(size)[0])
+            self.crop = "resize"
+        else:  # Resize((h, w)) scales each side to the output: a stretch.
+            self.set_crop(crop="stretch", size=_size(size))
+
+    def center_crop(self, step: Any) -> None:
+        size = _size(step.size)
+        if self.crop == "crop":
+            if self.augment.size == size:
+                return  # a crop to the size the output already has
+            raise TypeError(
+                f"CenterCrop({list(size)}) after a crop to {list(self.augment.size or ())}: "
+                f"the sidecar crops the source image once; keep one of them, or {WAY_OUT}"
+            )
+        if self.crop is None:
+            raise TypeError(
+                f"CenterCrop({list(size)}) without a Resize before it cuts a window at the "
+                "source's own scale, which the sidecar does not serve; the nearest served "
+                f"form is Resize(S) + CenterCrop({list(size)}) with S >= {max(size)}; or " + WAY_OUT
+            )
+        if self.resize < max(size):
+            raise TypeError(
+                f"CenterCrop({list(size)}) after Resize({self.resize}): the crop is larger "
+                "than the resized shorter side, so torchvision pads it with black, which "
+                f"the sidecar does not; use Resize(S) with S >= {max(size)}, or {WAY_OUT}"
+            )
+        self.set_crop(crop="center", resize=self.resize, size=size)
+
+    def conversion(self, name: str, step: Any) -> None:
+        if name in ("ToImage", "PILToTensor"):
+            self.tensor = True
         elif name == "ToTensor":
-            to_float = True
+            import torch
+
+            self.to_float(step, torch.float32, scale=True)
         elif name in ("ToDtype", "ConvertImageDtype"):
             dtype = step.dtype
-            if isinstance(dtype, dict):
-                dtype = next(iter(dtype.values()))
-            if getattr(dtype, "is_floating_point", False):
-                augment = replace(augment, dtype=dtype)
-                to_float = True
-        elif name == "Normalize":
-            normalize = (tuple(map(float, step.mean)), tuple(map(float, step.std)))
-            augment = replace(augment, normalize=normalize)
-        elif name == "RandomErasing":
-            augment = replace(augment, random_erasing=_erasing(step, normalize, to_float))
-    if augment.normalize is not None and augment.dtype is None:
-        import torch
+            if isinstance(dtype, dict):  # v2: a dtype per input type
+                dtype = next((v for k, v in dtype.items() if "Video" not in str(k)), None)
+            scale = name == "ConvertImageDtype" or bool(getattr(step, "scale", False))
+            self.to_float(step, dtype, scale=scale)
+        else:  # Normalize
+            if self.dtype is None:
+                raise TypeError(
+                    "Normalize on uint8 pixels: torchvision refuses it too; put "
+                    "ToDtype(torch.float32, scale=True) (or ToTensor()) before it"
+                )
+            if self.normalize is not None:
+                raise TypeError(f"a second Normalize: the trainer's side applies one; {WAY_OUT}")
+            self.normalize = (tuple(map(float, step.mean)), tuple(map(float, step.std)))
 
-        augment = replace(augment, dtype=torch.float32)
-    return augment
-
-
-def _erasing(step: Any, normalize: Any, to_float: bool) -> RandomErasing:
-    value = step.value
-    if value is None or value == "random":
-        kind: Any = "random"
-    elif isinstance(value, (int, float)):
-        kind = [float(value)]
-    else:
-        kind = [float(v) for v in value]
-    norm = normalize or (IMAGENET_MEAN, IMAGENET_STD)
-    common = dict(p=float(step.p), scale=tuple(step.scale), ratio=tuple(step.ratio))
-    if normalize is None:
-        # Before Normalize: a value in the image's own units.
-        if kind == "random":
+    def to_float(self, step: Any, dtype: Any, *, scale: bool) -> None:
+        name = _dtype_name(dtype)
+        if name == "uint8" and self.dtype is None:
+            self.tensor = True  # uint8 to uint8: nothing changes
+            return
+        if name not in _FLOAT_DTYPES:
             raise TypeError(
-                "RandomErasing(value='random') before Normalize: the sidecar's noise is "
-                "N(0, 1) after Normalize; place it after Normalize, or " + _WAY_OUT
+                f"{type(step).__name__}({name}): the trainer's side makes uint8, float32, "
+                f"float16 or bfloat16 batches; convert the delivered batch, or {WAY_OUT}"
             )
-        scale = 255.0 if to_float else 1.0
+        if self.normalize is not None:
+            raise TypeError(
+                f"{type(step).__name__}({name}) after Normalize: the trainer's side "
+                "normalizes in the final dtype in one pass; put it before Normalize"
+            )
+        if self.dtype is None:
+            self.to_unit_range = scale  # float to float never rescales
+        self.dtype = dtype
+        self.tensor = True
+
+    def erasing(self, step: Any) -> RandomErasing:
+        if _timm.is_timm(step):
+            return _timm.erasing(step, self.erasing_normalize())
+        value = step.value
+        if value is None or value == "random":
+            kind: Any = "random"
+        elif isinstance(value, (int, float)):
+            kind = [float(value)]
+        else:
+            kind = [float(v) for v in value]
+        common = dict(p=float(step.p), scale=tuple(step.scale), ratio=tuple(step.ratio))
+        if self.normalize is None:
+            # Before Normalize: a value in the sample's own units.
+            if kind == "random":
+                raise TypeError(
+                    "RandomErasing(value='random') before Normalize: the sidecar's noise is "
+                    "N(0, 1) after Normalize; place it after Normalize, or " + WAY_OUT
+                )
+            scale = 255.0 if self.dtype is not None and self.to_unit_range else 1.0
+            levels = [kind[0]] * 3 if len(kind) == 1 else kind
+            colour = tuple(int(round(v * scale)) for v in levels)
+            return RandomErasing(value=colour, **common)  # type: ignore[arg-type]
+        norm = self.erasing_normalize()
+        if kind == "random":
+            return RandomErasing(value="random", normalize=norm, **common)  # type: ignore[arg-type]
+        if all(v == 0 for v in kind):
+            return RandomErasing(value="mean", normalize=norm, **common)  # type: ignore[arg-type]
         levels = [kind[0]] * 3 if len(kind) == 1 else kind
-        colour = tuple(int(round(v * scale)) for v in levels)
-        return RandomErasing(value=colour, **common)  # type: ignore[arg-type]
-    if kind == "random":
-        return RandomErasing(value="random", normalize=norm, **common)  # type: ignore[arg-type]
-    if all(v == 0 for v in kind):
-        return RandomErasing(value="mean", normalize=norm, **common)  # type: ignore[arg-type]
-    levels = [kind[0]] * 3 if len(kind) == 1 else kind
-    mean, std = norm
-    colour = tuple(
-        min(255, max(0, int((m + s * v) * 255 + 0.5))) for m, s, v in zip(mean, std, levels)
-    )
-    return RandomErasing(value=colour, normalize=norm, **common)  # type: ignore[arg-type]
+        mean, std = norm
+        colour = tuple(
+            min(255, max(0, int((m + s * v) * 255 + 0.5))) for m, s, v in zip(mean, std, levels)
+        )
+        return RandomErasing(value=colour, normalize=norm, **common)  # type: ignore[arg-type]
+
+    def erasing_normalize(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Normalize's (mean, std) in [0, 1] units, as the sidecar's erasing
+        takes them (an unscaled float sample's are in levels)."""
+        if self.normalize is None:
+            return IMAGENET_MEAN, IMAGENET_STD
+        if self.to_unit_range:
+            return self.normalize
+        mean, std = self.normalize
+        return tuple(m / 255 for m in mean), tuple(s / 255 for s in std)
+
+    def finish(self) -> Augment:
+        if self.crop == "resize":
+            raise TypeError(
+                f"Resize({self.resize}) without a CenterCrop after it makes images of each "
+                "source's own aspect ratio, which one batch cannot hold; add "
+                f"CenterCrop({self.resize}) (or the size wanted), or use Resize((h, w))"
+            )
+        return replace(
+            self.augment,
+            normalize=self.normalize,
+            dtype=self.dtype,
+            # Without a float conversion there is no scaling to speak of.
+            to_unit_range=self.to_unit_range if self.dtype is not None else None,
+            layout="NCHW" if self.tensor else None,
+        )
+
+
+def from_torchvision(transform: Any) -> Augment:
+    """The ``Augment`` of a torchvision or timm transform (see the module):
+    served with its own semantics, or ``TypeError`` naming what is not.
+
+    Its ``size`` is the output size the transform makes (``ShardfeedDataset``
+    and ``Client.batches`` stream at it); ``normalize``, ``dtype``,
+    ``to_unit_range`` and ``layout`` are what the trainer's side makes of
+    the uint8 batch, as torchvision's conversions make them: ``ToImage``
+    alone gives uint8 ``(N, 3, H, W)``, ``ToTensor`` or ``ToDtype(float32,
+    scale=True)`` float32 in [0, 1], ``ToDtype(float32)`` float32 in
+    [0, 255]."""
+    state = _Conversion()
+    for leaf in _leaves(transform):
+        step, p = (leaf.step, leaf.p) if isinstance(leaf, _Applied) else (leaf, 1.0)
+        name = type(step).__name__
+        if name in _MIXING:
+            raise refuse_mixing(name)
+        if name in _NEUTRAL:
+            continue
+        if _timm.is_timm(step):
+            name = _timm.as_torchvision(step)
+        if name not in _STAGES:
+            raise TypeError(f"{name} is not run by the sidecar: {WAY_OUT}")
+        if _STAGES[name] < state.stage:
+            raise TypeError(
+                f"{name} comes after a transform the sidecar applies later "
+                f"(its order: crop, flip, policy, ColorJitter, RandomGrayscale, "
+                f"Normalize, RandomErasing): reorder it, or {WAY_OUT}"
+            )
+        state.stage = _STAGES[name]
+        _step(state, name, step, p)
+    return state.finish()
+
+
+def _step(state: _Conversion, name: str, step: Any, p: float) -> None:
+    """One step into ``state``; ``p``: the RandomApply around it."""
+    augment = state.augment
+    if _STAGES[name] == 0:
+        state.crop_step(name, step)
+    elif _STAGES[name] == 5:
+        state.conversion(name, step)
+    elif name == "RandomHorizontalFlip":
+        state.augment = replace(augment, horizontal_flip=p * float(step.p))
+    elif name == "RandomGrayscale":
+        state.augment = replace(augment, grayscale=p * float(step.p))
+    elif name == "ColorJitter":
+        ranges = [
+            tuple(r) if r is not None else 0.0
+            for r in (step.brightness, step.contrast, step.saturation, step.hue)
+        ]
+        state.augment = replace(augment, color_jitter=ColorJitter(*ranges, p=p))
+    elif name == "RandomErasing":
+        erasing = state.erasing(step)
+        state.augment = replace(augment, random_erasing=replace(erasing, p=p * erasing.p))
+    else:
+        state.augment = replace(augment, auto_augment=_policy(name, step))
+
+
+def _policy(name: str, step: Any) -> Any:
+    sampling: Interpolation = interpolation(step)
+    if name == "TrivialAugmentWide":
+        return TrivialAugmentWide(step.num_magnitude_bins, sampling, _fill(step))
+    if name == "RandAugment":
+        return RandAugment(
+            step.num_ops, step.magnitude, step.num_magnitude_bins, sampling, _fill(step)
+        )
+    if str(getattr(step.policy, "value", step.policy)).lower() != "imagenet":
+        raise TypeError(
+            f"AutoAugment({step.policy}): the sidecar serves the IMAGENET policy; " + WAY_OUT
+        )
+    return AutoAugment("imagenet", sampling, _fill(step))

@@ -55,7 +55,7 @@ class ShardfeedDataModule(pl.LightningDataModule):  # type: ignore[misc]
         target: str | None = None,
         batch_size: int = 128,
         val_batch_size: int | None = None,
-        image_size: ImageSize = 224,
+        image_size: ImageSize | None = None,
         seed: int = 0,
         train_augment: AugmentSpec = "train",
         val_augment: AugmentSpec = "eval",

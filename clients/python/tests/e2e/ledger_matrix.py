@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from shardfeed import Augment, RandomErasing, TrivialAugmentWide
+from shardfeed import Augment, ColorJitter, RandomErasing, TrivialAugmentWide
 
 # Rows marked full_only run only with SHARDFEED_LEDGER=full.
 FULL = os.environ.get("SHARDFEED_LEDGER") == "full"
@@ -21,8 +21,13 @@ ENCODED_SIZE = 32
 RECIPE = Augment.train(
     auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
 )
+# The self-supervised colour recipe (SimCLR, DINO): a bicubic crop and
+# RandomApply([ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8) + grayscale 0.2.
+BICUBIC_COLOUR = Augment.train(
+    interpolation="bicubic", color_jitter=ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), grayscale=0.2
+)
 MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
-POOLED = ("pool", "recipe_pool", "repeats_pool", "parquet_pool")
+POOLED = ("pool", "recipe_pool", "repeats_pool", "parquet_pool", "bicubic_pool")
 # Repeated augmentation: every sample twice an epoch, each copy its own crop.
 REPEATS = 2
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -59,6 +64,12 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "parquet_recipe": dict(augment=RECIPE),
     "parquet_encoded": dict(decode="client", image_size=ENCODED_SIZE),
     "parquet_tier": dict(decoded_source=64),
+    "bicubic": dict(augment=BICUBIC_COLOUR),
+    # The trainer's decoder resizes bilinear only: every sample is the
+    # sidecar's to decode, whatever the share.
+    "bicubic_encoded": dict(augment=BICUBIC_COLOUR, decode="client", image_size=ENCODED_SIZE),
+    # The unit carries the resize's interpolation (pool wire revision 5).
+    "bicubic_pool": dict(augment=BICUBIC_COLOUR),
 }
 
 
@@ -193,6 +204,15 @@ MATRIX = [
     Row("stateful", "parquet_encoded", "break"),
     Row("plain", "parquet_tier", "kill"),
     Row("plain", "parquet_pool", "worker"),
+    # A bicubic crop and a jitter applied to a share p of the samples: the
+    # apply-or-not keyed by the sample like every decision, so a kill or a
+    # resume repeats the same pixels; a client decoder without the bicubic
+    # resize leaves every sample to the sidecar; the pool resizes alike.
+    Row("plain", "bicubic", "kill"),
+    Row("stateful", "bicubic", "break"),
+    Row("stateful", "bicubic_encoded", "break"),
+    Row("plain", "bicubic_pool", "worker"),
+    Row("workers", "bicubic", "none", full_only=True),
 ]
 
 

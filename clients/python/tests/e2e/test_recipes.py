@@ -35,6 +35,11 @@ RECIPES = {
     "color_jitter+grayscale": Augment.train(
         color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1), grayscale=0.3
     ),
+    # RandomApply([ColorJitter(...)], p=0.5): a sample left alone reports
+    # no jitter steps, and replays to the unjittered pixels.
+    "random_apply(color_jitter)": Augment.train(
+        color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.5)
+    ),
 }
 
 
@@ -144,7 +149,8 @@ def test_the_dataset_yields_the_batch_as_the_model_takes_it(
     assert augment.size == (48, 48)
     common = dict(client=Client(server.target), batch_size=4, image_size=48, seed=3, rank=0)
     plain = ShardfeedDataset(uri, augment=augment, normalize=None, world_size=1, **common)
-    plain.model_input = ModelInput()  # the uint8 batches the model input is made from
+    # The uint8 NHWC batches the model input is made from.
+    plain.model_input, plain.layout = ModelInput(), "NHWC"
     mixing = Mixing(num_classes=3, mixup_alpha=0.2, cutmix_alpha=1.0)
     model = ShardfeedDataset(uri, augment=augment, mixing=mixing, world_size=1, **common)
     spec = ModelInput(augment.normalize, torch.bfloat16, mixing)

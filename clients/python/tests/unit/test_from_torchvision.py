@@ -60,6 +60,8 @@ def test_the_resnet50_v2_recipe_converts_whole() -> None:
         random_erasing=RandomErasing(0.1, value="mean", normalize=(MEAN, STD)),
         normalize=(MEAN, STD),
         dtype=torch.float32,
+        to_unit_range=True,
+        layout="NCHW",
         size=(176, 176),
     )
 
@@ -102,6 +104,200 @@ def test_v1_eval_and_colour_recipes() -> None:
     assert colour.to_message().color_jitter.hue.max == pytest.approx(0.1)
 
 
+def test_the_crop_size_is_the_output_size() -> None:
+    from shardfeed._augment import resolve_image_size
+
+    augment = from_torchvision(v2.RandomResizedCrop(176))
+    assert resolve_image_size(None, augment) == (176, 176)
+    assert resolve_image_size(176, augment) == 176
+    with pytest.raises(ValueError, match="image_size=224 differs from the 176x176 output"):
+        resolve_image_size(224, augment)
+    assert resolve_image_size(None, None) == 224
+
+
+@pytest.mark.parametrize(
+    "transform, p",
+    [
+        (v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), 0.8),
+        (v1.RandomApply([v1.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), 0.8),
+    ],
+)
+def test_random_apply_keeps_its_probability(transform: Any, p: float) -> None:
+    augment = from_torchvision(v2.Compose([v2.RandomResizedCrop(224), transform]))
+    jitter = ColorJitter((0.6, 1.4), (0.6, 1.4), (0.8, 1.2), (-0.1, 0.1), p=p)
+    assert augment.color_jitter == jitter
+    assert augment.to_message().color_jitter.p == pytest.approx(p)
+    # p = 1 and p = 0 are exact: always, never.
+    always = from_torchvision(v2.RandomApply([v2.ColorJitter(0.4)], p=1.0))
+    assert always.color_jitter == ColorJitter((0.6, 1.4))
+    assert from_torchvision(v2.RandomApply([v2.ColorJitter(0.4)], p=0.0)).color_jitter is None
+
+
+def test_random_apply_of_a_coin_flip_multiplies_and_of_several_is_refused() -> None:
+    augment = from_torchvision(
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(224),
+                v2.RandomApply([v2.RandomHorizontalFlip(0.5)], p=0.5),
+                v2.RandomApply([v2.RandomGrayscale(0.4)], p=0.5),
+            ]
+        )
+    )
+    assert (augment.horizontal_flip, augment.grayscale) == (0.25, 0.2)
+    both = v2.RandomApply([v2.ColorJitter(0.4), v2.RandomGrayscale(1.0)], p=0.8)
+    with pytest.raises(TypeError, match=r"RandomApply\(\[ColorJitter, RandomGrayscale\], p=0.8\)"):
+        from_torchvision(both)
+    with pytest.raises(TypeError, match=r"RandomApply\(\[TrivialAugmentWide\], p=0.5\)"):
+        from_torchvision(v2.RandomApply([v2.TrivialAugmentWide()], p=0.5))
+
+
+def test_random_choice_and_order_are_never_one_of_them() -> None:
+    with pytest.raises(TypeError, match=r"RandomChoice\(\[TrivialAugmentWide, RandAugment\]\)"):
+        from_torchvision(v2.RandomChoice([v2.TrivialAugmentWide(), v2.RandAugment()]))
+    with pytest.raises(TypeError, match=r"RandomOrder\(\[ColorJitter, RandomGrayscale\]\)"):
+        from_torchvision(v2.RandomOrder([v2.ColorJitter(0.4), v2.RandomGrayscale()]))
+    one = from_torchvision(v2.RandomChoice([v2.TrivialAugmentWide()]))
+    assert one.auto_augment == TrivialAugmentWide()
+
+
+@pytest.mark.parametrize(
+    "steps, dtype, unit, layout",
+    [
+        # ToImage + ToDtype(scale=True): float32 in [0, 1].
+        (
+            lambda: [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)],
+            torch.float32,
+            True,
+            "NCHW",
+        ),
+        # v1 ToTensor: float32 in [0, 1], CHW.
+        (lambda: [v1.ToTensor()], torch.float32, True, "NCHW"),
+        # ToDtype without scale: float32 in [0, 255].
+        (lambda: [v2.ToImage(), v2.ToDtype(torch.float32)], torch.float32, False, "NCHW"),
+        (lambda: [v2.ToImage(), v2.ConvertImageDtype(torch.float16)], torch.float16, True, "NCHW"),
+        # ToImage alone: uint8 CHW.
+        (lambda: [v2.ToImage()], None, None, "NCHW"),
+        (lambda: [v2.PILToTensor(), v2.ToDtype(torch.uint8, scale=True)], None, None, "NCHW"),
+        # No conversion: the sample as the stream delivers it.
+        (lambda: [], None, None, None),
+    ],
+)
+def test_conversions_keep_torchvisions_dtype_range_and_layout(
+    steps: Any, dtype: Any, unit: bool | None, layout: Any
+) -> None:
+    augment = from_torchvision(v2.Compose([v2.RandomResizedCrop(64), *steps()]))
+    assert (augment.dtype, augment.to_unit_range, augment.layout) == (dtype, unit, layout)
+    assert augment.normalize is None
+
+
+def test_unscaled_floats_normalize_and_erase_in_levels() -> None:
+    augment = from_torchvision(
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(64),
+                v2.ToImage(),
+                v2.ToDtype(torch.float32),
+                v2.Normalize((124.0, 116.0, 104.0), (58.0, 57.0, 57.0)),
+                v2.RandomErasing(1.0, value=1.0),
+            ]
+        )
+    )
+    assert augment.to_unit_range is False and augment.normalize == (
+        (124.0, 116.0, 104.0),
+        (58.0, 57.0, 57.0),
+    )
+    # value 1 after Normalize: mean + std levels.
+    assert augment.random_erasing is not None and augment.random_erasing.value == (182, 173, 161)
+
+
+@pytest.mark.parametrize(
+    "steps, message",
+    [
+        ([v2.ToImage(), v2.Normalize(MEAN, STD)], "Normalize on uint8 pixels: torchvision refuses"),
+        ([v2.ToImage(), v2.ToDtype(torch.float64, scale=True)], r"ToDtype\(float64\)"),
+        ([v2.ToImage(), v2.ToDtype(torch.int32)], r"ToDtype\(int32\)"),
+        (
+            [
+                v2.ToImage(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(MEAN, STD),
+                v2.ToDtype(torch.bfloat16),
+            ],
+            "after Normalize",
+        ),
+    ],
+)
+def test_conversions_torchvision_or_the_trainer_cannot_make_are_refused(
+    steps: list[Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        from_torchvision(v2.Compose([v2.RandomResizedCrop(64), *steps]))
+
+
+@pytest.mark.parametrize(
+    "transform, message",
+    [
+        (v2.CenterCrop(224), r"CenterCrop\(\[224, 224\]\) without a Resize.*window"),
+        (v2.Compose([v2.Resize(200), v2.CenterCrop(224)]), "pads it with black"),
+        (v2.Compose([v2.Resize(256)]), "without a CenterCrop"),
+        (v2.Compose([v2.Resize(256), v2.RandomResizedCrop(224)]), "RandomResizedCrop after Resize"),
+        (
+            v2.Compose([v2.RandomResizedCrop(224), v2.CenterCrop(200)]),
+            "crops the source image once",
+        ),
+        (v1.Resize(256, interpolation=InterpolationMode.NEAREST), "interpolation nearest"),
+        (v2.Resize(232, antialias=False), r"antialias=False"),
+        (v2.RandomResizedCrop(224, antialias=False), r"antialias=False"),
+        (v2.Resize(256, max_size=300), "max_size"),
+    ],
+)
+def test_crops_and_resizes_are_served_as_written_or_refused(transform: Any, message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        from_torchvision(transform)
+
+
+@pytest.mark.parametrize("module", [v1, v2])
+def test_bicubic_crops_and_resizes_keep_their_interpolation(module: Any) -> None:
+    bicubic = InterpolationMode.BICUBIC
+    train = from_torchvision(module.RandomResizedCrop(224, interpolation=bicubic))
+    assert (train.crop, train.interpolation) == ("random_resized", "bicubic")
+    evaluation = from_torchvision(
+        module.Compose([module.Resize(256, interpolation=bicubic), module.CenterCrop(224)])
+    )
+    assert (evaluation.crop, evaluation.resize, evaluation.interpolation) == (
+        "center",
+        256,
+        "bicubic",
+    )
+    assert evaluation.to_message().resize_interpolation == 2  # INTERPOLATION_BICUBIC
+    assert (
+        not from_torchvision(module.RandomResizedCrop(224))
+        .to_message()
+        .HasField("resize_interpolation")
+    )
+
+
+def test_a_resize_to_a_shape_is_a_stretch_and_a_matching_crop_changes_nothing() -> None:
+    stretch = from_torchvision(v2.Compose([v2.Resize((96, 128)), v2.CenterCrop((96, 128))]))
+    assert (stretch.crop, stretch.size) == ("stretch", (96, 128))
+    same = from_torchvision(v2.Compose([v2.RandomResizedCrop(64), v2.CenterCrop(64)]))
+    assert (same.crop, same.size) == ("random_resized", (64, 64))
+
+
+@pytest.mark.parametrize("name", ["MixUp", "CutMix"])
+def test_batch_mixing_points_to_mixing(name: str) -> None:
+    mixing = getattr(v2, name)(num_classes=10)
+    with pytest.raises(TypeError, match=rf"{name} mixes whole batches.*Mixing\("):
+        from_torchvision(v2.Compose([v2.RandomResizedCrop(224), mixing]))
+
+
+def test_a_compose_passed_to_augment_says_to_wrap_it() -> None:
+    from shardfeed._augment import _augment
+
+    with pytest.raises(TypeError, match=r"wrap it in shardfeed.from_torchvision"):
+        _augment(v2.Compose([v2.RandomResizedCrop(224)]), 224)  # type: ignore[arg-type]
+
+
 def test_what_the_sidecar_does_not_run_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match="GaussianBlur is not run by the sidecar.*delivered batch"):
         from_torchvision(v2.Compose([v2.RandomResizedCrop(224), v2.GaussianBlur(3)]))
@@ -111,3 +307,85 @@ def test_what_the_sidecar_does_not_run_is_refused_by_name() -> None:
         from_torchvision(v2.TrivialAugmentWide(interpolation=InterpolationMode.BICUBIC))
     with pytest.raises(TypeError, match="IMAGENET"):
         from_torchvision(v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10))
+
+
+class TestTimm:
+    """timm's classes share torchvision's names; each is served as the
+    torchvision row it equals, or refused naming timm's class."""
+
+    @pytest.fixture(autouse=True)
+    def _timm(self) -> None:
+        pytest.importorskip("timm")
+
+    def test_the_evaluation_transform_converts_whole(self) -> None:
+        from timm.data import create_transform
+
+        augment = from_torchvision(create_transform(224, is_training=False, crop_pct=0.875))
+        assert (augment.crop, augment.resize, augment.size) == ("center", 256, (224, 224))
+        assert augment.normalize == (pytest.approx(MEAN), pytest.approx(STD))
+        assert augment.dtype == torch.float32 and augment.to_unit_range
+        assert augment.layout == "NCHW"
+
+    def test_the_bicubic_evaluation_transform_keeps_bicubic(self) -> None:
+        from timm.data import create_transform
+
+        transform = create_transform(224, is_training=False, interpolation="bicubic")
+        assert from_torchvision(transform).interpolation == "bicubic"
+
+    def test_the_plain_training_transform_converts_with_pixel_erasing(self) -> None:
+        from timm.data import create_transform
+
+        transform = create_transform(
+            224, is_training=True, interpolation="bilinear", re_prob=0.25, re_mode="pixel"
+        )
+        augment = from_torchvision(transform)
+        assert augment.crop == "random_resized" and augment.horizontal_flip == 0.5
+        assert augment.color_jitter == ColorJitter((0.6, 1.4), (0.6, 1.4), (0.6, 1.4))
+        erasing = augment.random_erasing
+        assert erasing is not None and erasing.value == "random" and erasing.p == 0.25
+        # timm's ranges, not torchvision's: area up to 1/3, aspect 0.3 to 1/0.3.
+        assert erasing.scale == pytest.approx((0.02, 1 / 3))
+        assert erasing.ratio == pytest.approx((0.3, 1 / 0.3))
+
+    @pytest.mark.parametrize(
+        "keywords, message",
+        [
+            (
+                dict(auto_augment="rand-m9-mstd0.5-inc1", interpolation="bilinear"),
+                "timm's RandAugment.*not served.*torchvision's",
+            ),
+            (
+                dict(auto_augment="augmix-m5-w4-d2", interpolation="bilinear"),
+                "timm's AugMixAugment",
+            ),
+            (dict(interpolation="random"), "interpolation=random.*per sample"),
+            (dict(interpolation="bilinear", re_prob=0.25, re_count=3), "max_count=3"),
+            (dict(interpolation="bilinear", re_prob=0.25, re_mode="rand"), "mode='rand'"),
+        ],
+    )
+    def test_what_is_not_served_names_the_timm_class(
+        self, keywords: dict[str, Any], message: str
+    ) -> None:
+        from timm.data import create_transform
+
+        with pytest.raises(TypeError, match=message):
+            from_torchvision(create_transform(224, is_training=True, **keywords))
+
+    def test_the_prefetchers_transform_is_uint8_chw(self) -> None:
+        from timm.data import create_transform
+
+        transform = create_transform(224, is_training=True, use_prefetcher=True)
+        augment = from_torchvision(transform)
+        assert (augment.dtype, augment.normalize, augment.layout) == (None, None, "NCHW")
+
+    def test_timms_to_tensor_does_not_scale(self) -> None:
+        from timm.data.transforms import ToTensor
+
+        augment = from_torchvision(v2.Compose([v2.RandomResizedCrop(64), ToTensor()]))
+        assert augment.dtype == torch.float32 and augment.to_unit_range is False
+
+    def test_timms_mixup_points_to_mixing(self) -> None:
+        from timm.data import Mixup
+
+        with pytest.raises(TypeError, match="Mixup mixes whole batches.*Mixing"):
+            from_torchvision(v2.Compose([v2.RandomResizedCrop(64), Mixup(num_classes=10)]))

@@ -1,9 +1,13 @@
 //! ColorJitter: brightness, contrast, saturation and hue factors drawn per
 //! sample and applied in a random order, as torchvision v2's `ColorJitter`
-//! (`fn_idx = randperm(4)`, then each factor uniform in its range).
+//! (`fn_idx = randperm(4)`, then each factor uniform in its range), with
+//! probability `p` (torchvision's `RandomApply([ColorJitter(...)], p)`, as
+//! SimCLR, MoCo, BYOL and DINO write it). Whether it applies is drawn from
+//! a key of its own, so p = 1 draws exactly what the op drew before it had
+//! a probability.
 
 use super::super::kernels;
-use super::super::key::uniform_in;
+use super::super::key::{uniform, uniform_in};
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
 use crate::proto::v1 as pb;
@@ -25,14 +29,26 @@ const ORDER: [JitterOp; 4] = [
     JitterOp::Hue,
 ];
 
-/// Each adjustment's factor range (`None`: left out).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// Each adjustment's factor range (`None`: left out), and the probability
+/// that a sample is jittered at all.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ColorJitter {
     pub brightness: Option<(f64, f64)>,
     pub contrast: Option<(f64, f64)>,
     pub saturation: Option<(f64, f64)>,
     pub hue: Option<(f64, f64)>,
+    pub p: f64,
 }
+
+impl Default for ColorJitter {
+    fn default() -> Self {
+        Self::OFF
+    }
+}
+
+/// The key of the apply-or-not draw: apart from the factors' key, so that
+/// adding a probability moves no factor.
+const APPLY_KEY: &str = "color_jitter.p";
 
 impl ColorJitter {
     /// torchvision's float form: `[max(0, 1 - v), 1 + v]` for the first
@@ -44,7 +60,13 @@ impl ColorJitter {
             contrast: around_one(contrast),
             saturation: around_one(saturation),
             hue: (hue != 0.0).then_some((-hue, hue)),
+            p: 1.0,
         }
+    }
+
+    /// The same jitter, applied to a sample with probability `p`.
+    pub fn with_p(self, p: f64) -> Self {
+        Self { p, ..self }
     }
 
     fn range(&self, op: JitterOp) -> Option<(f64, f64)> {
@@ -80,9 +102,16 @@ impl Op for ColorJitter {
         contrast: None,
         saturation: None,
         hue: None,
+        p: 1.0,
     };
 
     fn validate(&self) -> Result<(), AugmentError> {
+        if !(0.0..=1.0).contains(&self.p) {
+            return Err(invalid(
+                "augmentation.color_jitter.p",
+                format!("must be a probability in [0, 1], not {}", self.p),
+            ));
+        }
         let fields = [
             (
                 "augmentation.color_jitter.brightness",
@@ -119,12 +148,16 @@ impl Op for ColorJitter {
     }
 
     fn is_random(&self) -> bool {
-        ORDER.iter().any(|&op| self.range(op).is_some())
+        self.p > 0.0 && ORDER.iter().any(|&op| self.range(op).is_some())
     }
 
     fn draw(&self, _: &mut Rng, at: &DrawAt) -> JitterDrawn {
         let mut drawn = JitterDrawn::default();
         if !self.is_random() {
+            return drawn;
+        }
+        // torchvision's RandomApply: skipped when p < rand.
+        if self.p < 1.0 && self.p < uniform(&mut at.generator(APPLY_KEY)) {
             return drawn;
         }
         let mut rng = at.generator(Self::NAME);
@@ -167,6 +200,7 @@ impl Op for ColorJitter {
             contrast: range(&jitter.contrast),
             saturation: range(&jitter.saturation),
             hue: range(&jitter.hue),
+            p: jitter.p.unwrap_or(1.0),
         }
     }
 
@@ -180,6 +214,7 @@ impl Op for ColorJitter {
             contrast: range(self.contrast),
             saturation: range(self.saturation),
             hue: range(self.hue),
+            p: (self.p < 1.0).then_some(self.p),
         });
     }
 
@@ -212,5 +247,59 @@ impl Op for ColorJitter {
                 factor,
             })
             .collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::augment::SampleKey;
+
+    fn drawn(jitter: ColorJitter, sample: u64) -> JitterDrawn {
+        let key = SampleKey {
+            seed: 3,
+            epoch: 1,
+            sample: crate::hash::fmix64(sample + 1),
+            copy: 0,
+        };
+        let at = DrawAt {
+            key: &key,
+            width: 224,
+            height: 224,
+        };
+        jitter.draw(&mut key.generator(), &at)
+    }
+
+    #[test]
+    fn random_apply_jitters_a_share_p_and_moves_no_factor() {
+        let always = ColorJitter::symmetric(0.4, 0.4, 0.2, 0.1);
+        let mostly = always.with_p(0.8);
+        let samples = 4000u64;
+        let mut applied = 0;
+        for sample in 0..samples {
+            let (all, some) = (drawn(always, sample), drawn(mostly, sample));
+            assert_eq!(all.len, 4);
+            if some.len > 0 {
+                // A jittered sample draws what p = 1 draws.
+                assert_eq!(some, all);
+                applied += 1;
+            }
+        }
+        // The 99.9% binomial bounds of 0.8 of 4000: 3200 +- 83.
+        assert!((3117..=3283).contains(&applied), "{applied} of {samples}");
+        assert!(!always.with_p(0.0).is_random());
+    }
+
+    #[test]
+    fn the_probability_is_checked_and_survives_the_wire() {
+        let jitter = ColorJitter::symmetric(0.4, 0.0, 0.0, 0.0).with_p(0.8);
+        let mut wire = pb::Augmentation::default();
+        jitter.to_wire(&mut wire);
+        assert_eq!(ColorJitter::from_wire(&wire), jitter);
+        let field = jitter.with_p(1.5).validate().unwrap_err().field;
+        assert_eq!(field, "augmentation.color_jitter.p");
+        let plain = ColorJitter::symmetric(0.4, 0.0, 0.0, 0.0);
+        plain.to_wire(&mut wire);
+        assert_eq!(wire.color_jitter.unwrap().p, None, "p = 1 is left unset");
     }
 }

@@ -345,7 +345,8 @@ impl Op for AutoAugment {
         let interpolation = match pb::Interpolation::try_from(auto.interpolation) {
             Ok(pb::Interpolation::Nearest) => Some(Interpolation::Nearest),
             Ok(pb::Interpolation::Bilinear) => Some(Interpolation::Bilinear),
-            Err(_) => None,
+            // torchvision's tensor kernels sample nearest or bilinear only.
+            Ok(pb::Interpolation::Bicubic) | Err(_) => None,
         };
         let mut fill = Fill {
             levels: [0; 3],

@@ -31,6 +31,7 @@ class Interpolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     INTERPOLATION_NEAREST: _ClassVar[Interpolation]
     INTERPOLATION_BILINEAR: _ClassVar[Interpolation]
+    INTERPOLATION_BICUBIC: _ClassVar[Interpolation]
 
 class PolicyOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -72,6 +73,7 @@ TRANSPORT_INLINE: Transport
 TRANSPORT_SHARED_MEMORY: Transport
 INTERPOLATION_NEAREST: Interpolation
 INTERPOLATION_BILINEAR: Interpolation
+INTERPOLATION_BICUBIC: Interpolation
 POLICY_OP_IDENTITY: PolicyOp
 POLICY_OP_SHEAR_X: PolicyOp
 POLICY_OP_SHEAR_Y: PolicyOp
@@ -228,7 +230,7 @@ class SharedImages(_message.Message):
     def __init__(self, ring_token: _Optional[bytes] = ..., ring_bytes: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., holdable: _Optional[int] = ...) -> None: ...
 
 class Augmentation(_message.Message):
-    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing")
+    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "resize_interpolation")
     CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
     RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
     STRETCH_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +239,7 @@ class Augmentation(_message.Message):
     COLOR_JITTER_FIELD_NUMBER: _ClassVar[int]
     GRAYSCALE_FIELD_NUMBER: _ClassVar[int]
     RANDOM_ERASING_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
     center_crop: CenterCrop
     random_resized_crop: RandomResizedCrop
     stretch: Stretch
@@ -245,7 +248,8 @@ class Augmentation(_message.Message):
     color_jitter: ColorJitter
     grayscale: float
     random_erasing: RandomErasing
-    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ...) -> None: ...
+    resize_interpolation: Interpolation
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
 
 class AutoAugment(_message.Message):
     __slots__ = ("trivial_augment_wide", "rand_augment", "imagenet", "interpolation", "fill")
@@ -290,16 +294,18 @@ class Range(_message.Message):
     def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
 
 class ColorJitter(_message.Message):
-    __slots__ = ("brightness", "contrast", "saturation", "hue")
+    __slots__ = ("brightness", "contrast", "saturation", "hue", "p")
     BRIGHTNESS_FIELD_NUMBER: _ClassVar[int]
     CONTRAST_FIELD_NUMBER: _ClassVar[int]
     SATURATION_FIELD_NUMBER: _ClassVar[int]
     HUE_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
     brightness: Range
     contrast: Range
     saturation: Range
     hue: Range
-    def __init__(self, brightness: _Optional[_Union[Range, _Mapping]] = ..., contrast: _Optional[_Union[Range, _Mapping]] = ..., saturation: _Optional[_Union[Range, _Mapping]] = ..., hue: _Optional[_Union[Range, _Mapping]] = ...) -> None: ...
+    p: float
+    def __init__(self, brightness: _Optional[_Union[Range, _Mapping]] = ..., contrast: _Optional[_Union[Range, _Mapping]] = ..., saturation: _Optional[_Union[Range, _Mapping]] = ..., hue: _Optional[_Union[Range, _Mapping]] = ..., p: _Optional[float] = ...) -> None: ...
 
 class RandomErasing(_message.Message):
     __slots__ = ("p", "scale", "ratio", "colour", "mean", "random", "normalize_mean", "normalize_std")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .._augment import AugmentSpec, ImageSize
+from .._augment import AugmentSpec, ImageSize, _augment, resolve_image_size
 from .._client import Client, Source, SourceSpec
 from .._options import Partition
 from .._stats import InputStats, WaitMeter
@@ -30,6 +30,18 @@ from ._progress import MAX_FETCH_AHEAD, STATE_VERSION, MixWeights, Progress, che
 from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
 __all__ = ["MAX_FETCH_AHEAD", "BatchDict", "Output", "ShardfeedDataset"]
+
+
+def _layout(layout: Layout | None, augment: AugmentSpec) -> Layout:
+    made = getattr(augment, "layout", None)
+    if layout is None:
+        return made or "NHWC"
+    if made is not None and layout != made:
+        raise ValueError(
+            f"layout={layout!r}, but the transform the augment was converted from makes "
+            f"{made} tensors (ToImage without a float dtype); pass neither or the same"
+        )
+    return layout
 
 
 class ShardfeedDataset(IterableDataset[Sample]):
@@ -143,10 +155,10 @@ class ShardfeedDataset(IterableDataset[Sample]):
         target: str | None = None,
         client: Client | None = None,
         batch_size: int = 128,
-        image_size: ImageSize = 224,
+        image_size: ImageSize | None = None,
         seed: int = 0,
         augment: AugmentSpec = None,
-        layout: Layout = "NHWC",
+        layout: Layout | None = None,
         output: Output = "tuple",
         rank: int | None = None,
         world_size: int | None = None,
@@ -161,6 +173,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
         mixing: Mixing | None = None,
         **options: Any,
     ) -> None:
+        # A converted transform brings its output size and layout; one
+        # that disagrees with the arguments is refused, never overridden.
+        image_size = resolve_image_size(image_size, augment)
+        _augment(augment, image_size)
+        layout = _layout(layout, augment)
         checked = check_arguments(
             dataset=dataset,
             sources=sources,
@@ -192,6 +209,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
             normalize if normalize is not None else getattr(augment, "normalize", None),
             dtype if dtype is not None else getattr(augment, "dtype", None),
             mixing,
+            to_unit_range=getattr(augment, "to_unit_range", None),
         )
         self.layout = layout
         self.output = output

@@ -61,6 +61,11 @@ class ModelInput:
     normalize: tuple[Sequence[float], Sequence[float]] | None = None
     dtype: torch.dtype | None = None
     mixing: Mixing | None = None
+    # Whether the float conversion divides by 255 (torchvision's
+    # ToDtype(scale=True), ToTensor); False: the levels stay 0 to 255
+    # (ToDtype(float32) alone). None: divided where normalized (normalize
+    # is in [0, 1] units), levels otherwise.
+    to_unit_range: bool | None = None
 
     def __post_init__(self) -> None:
         if self.normalize is not None:
@@ -89,19 +94,27 @@ def to_model(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``images`` (uint8 ``(N, H, W, 3)``) as NCHW of the spec's dtype, in
     one pass where normalized (``x / 255 - mean) / std`` as
-    ``x · scale + bias``), then mixed; ``labels`` as float targets when
-    mixed. ``key``: (seed, epoch, rank, batch index)."""
+    ``x · scale + bias``; without the 255 where ``to_unit_range`` is
+    False), then mixed; ``labels`` as float targets when mixed. ``key``:
+    (seed, epoch, rank, batch index)."""
     dtype = spec.dtype or torch.float32
     nchw = images.permute(0, 3, 1, 2)
     out = torch.empty(nchw.shape, dtype=dtype, device=images.device)
+    scaled = spec.to_unit_range
+    if scaled is None:
+        scaled = spec.normalize is not None
+    unit = 255.0 if scaled else 1.0
     if spec.normalize is not None:
         mean, std = (
             torch.tensor(v, dtype=torch.float32, device=images.device) for v in spec.normalize
         )
-        scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1)
+        scale = (1.0 / (unit * std)).view(1, 3, 1, 1)
         bias = (-mean / std).view(1, 3, 1, 1)
         # One read of the uint8 pixels, one write of the output.
         torch.addcmul(bias, nchw, scale, out=out)
+    elif scaled:
+        # As ToDtype(scale=True): the levels times 1/255, rounded once.
+        torch.mul(nchw, 1.0 / unit, out=out)
     else:
         out.copy_(nchw)
     if spec.mixing is None:
