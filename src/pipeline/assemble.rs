@@ -147,7 +147,8 @@ impl BatchWork {
     ) -> Self {
         let slot = decoder.spec.bytes();
         // An encoded batch is at most as long as a decoded one.
-        let (placements, length) = encoded::place(&samples, share, slot, decoder.scratch.limit());
+        let (placements, length) =
+            encoded::place(&samples, share, &decoder.spec, decoder.scratch.limit());
         let (heap, lease) = match shared_slot {
             Some(lease) => (Vec::new(), Some(lease)),
             None => (buffers.take(slot * samples.len()), None),

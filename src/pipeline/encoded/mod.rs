@@ -5,7 +5,10 @@
 //! Which samples can go in a client form, and in which, is the mode's
 //! (`modes/`, one file per mode, under the rules of `mode.rs`: baseline
 //! JPEGs today). Of those, the server decodes `server_fraction`, chosen by
-//! a hash of each sample's identity. Every rule reads the sample alone, so
+//! a hash of each sample's identity, and every sample whose own decisions
+//! would take a client's decode past the tolerance (a threshold op:
+//! [`OutputSpec::decoded_by_server_alone`]). Every rule reads the sample
+//! alone, so
 //! at a fixed share which side decodes a sample does not depend on its
 //! batch, the world size or the resume point; and since no client form is
 //! longer than a decoded slot, an encoded batch is never larger than a
@@ -29,6 +32,7 @@ mod share;
 pub mod wire;
 
 use super::sample::EmittedSample;
+use crate::decode::OutputSpec;
 use crate::hash::fmix64;
 use crate::proto::v1 as pb;
 
@@ -47,9 +51,10 @@ use mode::FormLimits;
 pub(super) fn place(
     samples: &[EmittedSample],
     share: Option<BatchShare>,
-    slot_bytes: usize,
+    spec: &OutputSpec,
     scratch_limit: u64,
 ) -> (Vec<Placement>, usize) {
+    let slot_bytes = spec.bytes();
     let Some(share) = share else {
         let placements = (0..samples.len())
             .map(|slot| Placement {
@@ -68,10 +73,12 @@ pub(super) fn place(
     let placements = samples
         .iter()
         .map(|emitted| {
-            // The share's draw first: it is cheaper than the mode's checks.
-            let client = (!server_decodes(emitted.identity(), share.server_fraction))
-                .then(|| client_slot(emitted, share.mode, limits))
-                .flatten();
+            // The share's draw first: it is cheaper than the ops' draw and
+            // the mode's checks.
+            let client = (!server_decodes(emitted.identity(), share.server_fraction)
+                && !spec.decoded_by_server_alone(&emitted.augment_key()))
+            .then(|| client_slot(emitted, share.mode, limits))
+            .flatten();
             let placement = Placement {
                 offset,
                 length: client.map_or(slot_bytes, |slot| slot.sample.length),

@@ -2,6 +2,7 @@
 
 from ._augment import Augment
 from ._client import Client, Source, distributed_rank_and_world
+from ._ops import replay
 from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
 from ._policies import (
     AutoAugment,
@@ -40,6 +41,7 @@ __all__ = [
     "distributed_rank_and_world",
     "from_torchvision",
     "pack",
+    "replay",
     "serve",
 ]
 __version__ = "0.2.0"

@@ -180,9 +180,25 @@ def batch_ops(crops: Any, augmentation: Any) -> list[SampleOps]:
 
 
 def replay(image: Any, ops: SampleOps) -> Any:
-    """Applies ``ops`` to a CHW ``uint8`` tensor with torchvision."""
+    """A sample's ops (``Batch.ops[i]``, the flip included) replayed with
+    torchvision's own kernels, ``torchvision.transforms.v2.functional``.
+
+    ``image`` is the sample before its ops: the crop of its source box
+    (``Batch.crop_boxes[i]``) resized to the output, as a CHW ``uint8``
+    torch tensor or numpy array (a numpy array comes back as numpy). The
+    result is what the sidecar delivered for the sample, within the
+    tolerances of docs/AUGMENTATION.md."""
+    import torch
     from torchvision.transforms.v2 import functional as F
 
+    as_numpy = isinstance(image, np.ndarray)
+    if as_numpy:
+        image = torch.from_numpy(np.ascontiguousarray(image))
+    if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] != 3:
+        raise ValueError(
+            f"replay takes a CHW uint8 image of 3 channels, not {tuple(image.shape)} "
+            f"{image.dtype} (an NHWC batch's image i is batch.images[i].permute(2, 0, 1))"
+        )
     for name, kwargs in ops:
         image = getattr(F, name)(image, **kwargs)
-    return image
+    return image.numpy() if as_numpy else image

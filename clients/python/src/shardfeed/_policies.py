@@ -169,13 +169,10 @@ class ColorJitter:
         }
 
     def to_message(self) -> Any:
-        message = pb.ColorJitter(
-            **{
-                name: pb.Range(min=r[0], max=r[1])
-                for name, r in self.ranges().items()
-                if r is not None
-            }
-        )
+        message = pb.ColorJitter()
+        for name, r in self.ranges().items():
+            if r is not None:
+                getattr(message, name).CopyFrom(pb.Range(min=r[0], max=r[1]))
         if self.p < 1.0:
             message.p = self.p
         return message

@@ -123,9 +123,9 @@ def _leaves(transform: Any) -> list[Any]:
     if name in ("RandomChoice", "RandomOrder"):
         if len(inner) == 1:
             return _leaves(inner[0])
-        steps = ", ".join(type(t).__name__ for t in inner)
+        listed = ", ".join(type(t).__name__ for t in inner)
         raise TypeError(
-            f"{name}([{steps}]): the sidecar runs one fixed sequence of ops per stream and "
+            f"{name}([{listed}]): the sidecar runs one fixed sequence of ops per stream and "
             f"will not pick one of them for you. The nearest served form is one of the "
             f"transforms alone; or {WAY_OUT}"
         )
@@ -421,11 +421,12 @@ def _step(state: _Conversion, name: str, step: Any, p: float) -> None:
     elif name == "RandomGrayscale":
         state.augment = replace(augment, grayscale=p * float(step.p))
     elif name == "ColorJitter":
-        ranges = [
+        b, c, s, h = (
             tuple(r) if r is not None else 0.0
             for r in (step.brightness, step.contrast, step.saturation, step.hue)
-        ]
-        state.augment = replace(augment, color_jitter=ColorJitter(*ranges, p=p))
+        )
+        jitter = ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=p)
+        state.augment = replace(augment, color_jitter=jitter)
     elif name == "RandomErasing":
         erasing = state.erasing(step)
         state.augment = replace(augment, random_erasing=replace(erasing, p=p * erasing.p))

@@ -132,6 +132,11 @@ RECIPE = Augment.train(
 )
 
 
+# torchvision's names of the ops with a threshold (Solarize, Posterize,
+# Equalize).
+THRESHOLD_OPS = {"solarize", "posterize", "equalize"}
+
+
 @pytest.mark.parametrize("augment", ["train", "eval", RECIPE], ids=["train", "eval", "recipe"])
 def test_client_decodes_match_the_servers_within_the_tolerance(
     unix_server: Server, dataset: str, augment: Any
@@ -161,6 +166,13 @@ def test_client_decodes_match_the_servers_within_the_tolerance(
         assert compressed >= 15
         drawn = {name for batch in encoded for ops in batch.ops for name, _ in ops}
         assert {"erase", "adjust_hue", "rgb_to_grayscale"} <= drawn, drawn
+        # A threshold op turns the decoders' one-level differences into up
+        # to 255: the samples that drew one are the sidecar's to decode.
+        for batch in encoded:
+            assert batch.encoded is not None
+            for slot, ops in enumerate(batch.ops):
+                if {name for name, _ in ops} & THRESHOLD_OPS:
+                    assert batch.encoded.decoded[slot], (batch.keys[slot], ops)
     name = augment if isinstance(augment, str) else "recipe"
     print(f"{name}: {compressed} decoded by the client, worst PSNR {worst:.1f} dB")
 

@@ -389,3 +389,16 @@ class TestTimm:
 
         with pytest.raises(TypeError, match="Mixup mixes whole batches.*Mixing"):
             from_torchvision(v2.Compose([v2.RandomResizedCrop(64), Mixup(num_classes=10)]))
+
+
+def test_replay_takes_chw_uint8_and_says_how_to_get_it() -> None:
+    import numpy as np
+
+    from shardfeed import replay
+
+    image = np.arange(3 * 4 * 5, dtype=np.uint8).reshape(3, 4, 5)
+    flipped = replay(image, [("horizontal_flip", {})])
+    assert isinstance(flipped, np.ndarray)
+    np.testing.assert_array_equal(flipped, image[:, :, ::-1])
+    with pytest.raises(ValueError, match=r"CHW uint8.*permute\(2, 0, 1\)"):
+        replay(image.transpose(1, 2, 0), [])

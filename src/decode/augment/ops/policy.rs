@@ -44,6 +44,15 @@ pub enum PolicyOp {
 
 use PolicyOp::*;
 
+impl PolicyOp {
+    /// An op whose output jumps where its input crosses a level (a
+    /// threshold, a bit, a histogram bin): a one-level difference between
+    /// two decoders of the same JPEG can become up to 255 levels after it.
+    pub fn amplifies_level_differences(self) -> bool {
+        matches!(self, Posterize | Solarize | Equalize)
+    }
+}
+
 /// TrivialAugmentWide's and RandAugment's op set, in torchvision's order.
 const WIDE_OPS: [PolicyOp; 14] = [
     Identity,
