@@ -129,6 +129,21 @@ fn ops_alone(c: &mut Criterion) {
         };
         cases.push((format!("Jitter{op:?}"), spec(Ops::NONE.with(jitter)), crop));
     }
+    // DINOv2's blur (kernel 9) at both ends of its sigma range.
+    let blur = shardfeed::decode::GaussianBlur {
+        kernel: (9, 9),
+        sigma: (0.1, 2.0),
+        p: 1.0,
+    };
+    for sigma in [0.1f32, 2.0] {
+        let mut crop = CropBox::whole(224, 224);
+        crop.drawn.gaussian_blur = Some(sigma);
+        cases.push((
+            format!("GaussianBlur9({sigma})"),
+            spec(Ops::NONE.with(blur)),
+            crop,
+        ));
+    }
     let mut crop = CropBox::whole(224, 224);
     crop.drawn.grayscale = true;
     cases.push((

@@ -71,9 +71,11 @@ pub struct BenchArgs {
     /// recipe: `trivial` (TrivialAugmentWide, bilinear, + RandomErasing
     /// 0.1: torchvision's ResNet-50 V2), `rand` (RandAugment(2, 9): its
     /// ViT), `auto` (AutoAugment ImageNet + RandomErasing 0.2: its
-    /// MobileNetV3), `jitter` (ColorJitter(0.4, 0.4, 0.4) + grayscale 0.2).
+    /// MobileNetV3), `jitter` (ColorJitter(0.4, 0.4, 0.4) + grayscale 0.2),
+    /// `dino` (DINOv2's global crop's ops: RandomApply(ColorJitter) 0.8,
+    /// grayscale 0.2, GaussianBlur(9, 0.1-2)).
     #[arg(long, default_value = "center",
-          value_parser = ["center", "eval", "train", "trivial", "rand", "auto", "jitter"])]
+          value_parser = ["center", "eval", "train", "trivial", "rand", "auto", "jitter", "dino"])]
     pub augment: String,
     /// How the crop is resized (antialiased, as torchvision's and PIL's).
     #[arg(long, default_value = "bilinear", value_parser = ["bilinear", "bicubic"])]
@@ -102,7 +104,7 @@ impl BenchArgs {
         };
         match self.augment.as_str() {
             "train" => train,
-            recipe @ ("trivial" | "rand" | "auto" | "jitter") => OutputSpec {
+            recipe @ ("trivial" | "rand" | "auto" | "jitter" | "dino") => OutputSpec {
                 ops: recipe_ops(recipe, train.ops),
                 ..train
             },
@@ -342,6 +344,17 @@ fn recipe_ops(recipe: &str, flip: crate::decode::Ops) -> crate::decode::Ops {
         "auto" => flip
             .with(policy(Policy::AutoAugmentImageNet, Interpolation::Nearest))
             .with(RandomErasing::new(0.2, EraseValue::Mean, MEAN, STD)),
+        // DINOv2's first global crop's ops (its crop: --interpolation
+        // bicubic): RandomApply(ColorJitter(0.4, 0.4, 0.2, 0.1), 0.8),
+        // RandomGrayscale(0.2), GaussianBlur(9, 0.1-2.0) always.
+        "dino" => flip
+            .with(ColorJitter::symmetric(0.4, 0.4, 0.2, 0.1).with_p(0.8))
+            .with(RandomGrayscale(0.2))
+            .with(crate::decode::GaussianBlur {
+                kernel: (9, 9),
+                sigma: (0.1, 2.0),
+                p: 1.0,
+            }),
         _ => flip
             .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.0))
             .with(RandomGrayscale(0.2)),

@@ -16,9 +16,9 @@ pub mod turbo;
 
 pub use augment::{
     set_augment_simd, AugmentError, AutoAugment, ColorJitter, Crop, CropBox, Drawn, EraseValue,
-    ErasedBox, HorizontalFlip, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy,
-    PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, RandomResizedCrop, Resample,
-    SampleKey, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
+    ErasedBox, GaussianBlur, HorizontalFlip, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec,
+    Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, RandomResizedCrop,
+    RandomSolarize, Resample, SampleKey, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
 };
 pub use decoder::{
     decode_rgb, resize_rgb, resize_with, Decoder, ImageCrateDecoder, IMAGE_CRATE_DECODER,

@@ -19,8 +19,8 @@ pub use kernels::{set_simd as set_augment_simd, Interpolation};
 pub use key::{sample_identity, SampleKey};
 pub use op::{AugmentError, DrawAt, Op, CHANNELS};
 pub use ops::{
-    flip_rows, AutoAugment, ColorJitter, Drawn, EraseValue, ErasedBox, HorizontalFlip, JitterDrawn,
-    JitterOp, Ops, Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, Slot,
-    MAX_POLICY_OPS,
+    flip_rows, AutoAugment, ColorJitter, Drawn, EraseValue, ErasedBox, GaussianBlur,
+    HorizontalFlip, JitterDrawn, JitterOp, Ops, Policy, PolicyDrawn, PolicyOp, PolicyStep,
+    RandomErasing, RandomGrayscale, RandomSolarize, Slot, MAX_POLICY_OPS,
 };
 pub use spec::{CropBox, OutputSpec, Resample, DEFAULT_SIZE, MAX_SIZE};

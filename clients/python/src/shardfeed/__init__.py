@@ -7,8 +7,10 @@ from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
 from ._policies import (
     AutoAugment,
     ColorJitter,
+    GaussianBlur,
     RandAugment,
     RandomErasing,
+    RandomSolarize,
     TrivialAugmentWide,
 )
 from ._server import PackReport, Server, SkippedFile, pack, serve
@@ -20,8 +22,10 @@ __all__ = [
     "Augment",
     "AutoAugment",
     "ColorJitter",
+    "GaussianBlur",
     "RandAugment",
     "RandomErasing",
+    "RandomSolarize",
     "TrivialAugmentWide",
     "Batch",
     "Client",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from ._policies import ColorJitter, Policy, RandomErasing
+from ._policies import ColorJitter, GaussianBlur, Policy, RandomErasing, RandomSolarize
 from ._proto import shardfeed_pb2 as pb
 
 ImageSize = Union[int, tuple[int, int]]
@@ -36,7 +36,10 @@ class Augment:
     mirroring a sample; ``auto_augment`` one of
     :class:`TrivialAugmentWide`, :class:`RandAugment`, :class:`AutoAugment`;
     ``color_jitter`` a :class:`ColorJitter`; ``grayscale`` the probability
-    of ``RandomGrayscale``; ``random_erasing`` a :class:`RandomErasing`
+    of ``RandomGrayscale``; ``gaussian_blur`` a :class:`GaussianBlur` and
+    ``solarize`` a :class:`RandomSolarize` (after the grayscale coin, as
+    the self-supervised recipes order them); ``random_erasing`` a
+    :class:`RandomErasing`
     (last, as the recipes apply it after Normalize). Each sample's ops are
     its own draws, reported in :attr:`Batch.ops`. Use :meth:`train` and
     :meth:`eval` for the standard recipes.
@@ -52,6 +55,8 @@ class Augment:
     color_jitter: ColorJitter | None = None
     grayscale: float = 0.0
     random_erasing: RandomErasing | None = None
+    gaussian_blur: GaussianBlur | None = None
+    solarize: RandomSolarize | None = None
     # What the trainer does after the ops (not sent: the client applies
     # them, see ShardfeedDataset): Normalize's (mean, std) and the dtype.
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
@@ -90,6 +95,8 @@ class Augment:
         grayscale: float = 0.0,
         random_erasing: RandomErasing | None = None,
         interpolation: ResizeInterpolation = "bilinear",
+        gaussian_blur: GaussianBlur | None = None,
+        solarize: RandomSolarize | None = None,
     ) -> Augment:
         """RandomResizedCrop (``interpolation`` its resize) +
         RandomHorizontalFlip, torchvision's defaults, then the ops named
@@ -107,6 +114,8 @@ class Augment:
             color_jitter,
             grayscale,
             random_erasing,
+            gaussian_blur,
+            solarize,
         )
 
     @classmethod
@@ -136,6 +145,10 @@ class Augment:
             message.color_jitter.CopyFrom(self.color_jitter.to_message())
         if self.random_erasing is not None:
             message.random_erasing.CopyFrom(self.random_erasing.to_message())
+        if self.gaussian_blur is not None:
+            message.gaussian_blur.CopyFrom(self.gaussian_blur.to_message())
+        if self.solarize is not None:
+            message.solarize.CopyFrom(self.solarize.to_message())
         if self.crop == "center":
             message.center_crop.CopyFrom(pb.CenterCrop(resize=self.resize))
         elif self.crop == "random_resized":

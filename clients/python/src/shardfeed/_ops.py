@@ -151,7 +151,8 @@ def erase_noise_mean(mean: Any, std: Any) -> npt.NDArray[np.uint8]:
 
 def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
     """One sample's ops after its crop, in the order the server applied
-    them (the table's: flip, policy, jitter, grayscale, erasing)."""
+    them (the table's: flip, policy, jitter, grayscale, blur, solarize,
+    erasing)."""
     ops: SampleOps = []
     if crop.flipped:
         ops.append(("horizontal_flip", {}))
@@ -169,6 +170,13 @@ def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
         ops.append((name, {argument: float(step.factor)}))
     if crop.grayscale:
         ops.append(("rgb_to_grayscale", {"num_output_channels": 3}))
+    if crop.HasField("blur_sigma"):
+        blur = augmentation.gaussian_blur
+        sigma = float(crop.blur_sigma)
+        kernel = [int(blur.kernel_width), int(blur.kernel_height)]
+        ops.append(("gaussian_blur", {"kernel_size": kernel, "sigma": [sigma, sigma]}))
+    if crop.solarized:
+        ops.append(("solarize", {"threshold": float(augmentation.solarize.threshold)}))
     if crop.HasField("erased"):
         ops.append(_erase_call(crop.erased, augmentation.random_erasing))
     return ops

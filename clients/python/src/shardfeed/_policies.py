@@ -22,6 +22,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _MAX_BINS = 1024
 _MAX_OPS = 8
+# The server's bound on a blur kernel's side (kernels::MAX_BLUR_KERNEL).
+_MAX_BLUR_KERNEL = 127
 
 
 def _check_sampling(interpolation: str, fill: Fill) -> None:
@@ -176,6 +178,72 @@ class ColorJitter:
         if self.p < 1.0:
             message.p = self.p
         return message
+
+
+@dataclass(frozen=True)
+class GaussianBlur:
+    """torchvision's ``GaussianBlur(kernel_size, sigma)`` (odd sides, sigma
+    drawn per sample uniform in the range) on a share ``p`` of the samples
+    (``RandomApply([GaussianBlur(...)], p)``)."""
+
+    kernel_size: int | tuple[int, int] = 9
+    sigma: float | Range = (0.1, 2.0)
+    p: float = 1.0
+
+    def __post_init__(self) -> None:
+        width, height = self.sides()
+        for side in (width, height):
+            if side % 2 == 0 or not 1 <= side <= _MAX_BLUR_KERNEL:
+                raise ValueError(
+                    f"kernel_size sides must be odd, 1 to {_MAX_BLUR_KERNEL}, "
+                    f"not {self.kernel_size!r}"
+                )
+        low, high = self.sigma_range()
+        if not 0 < low <= high < float("inf"):
+            raise ValueError(f"sigma must be > 0 (a range: 0 < min <= max), not {self.sigma!r}")
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], not {self.p}")
+
+    def sides(self) -> tuple[int, int]:
+        """(width, height) of the kernel, as torchvision's ``kernel_size``."""
+        if isinstance(self.kernel_size, int):
+            return self.kernel_size, self.kernel_size
+        width, height = self.kernel_size
+        return int(width), int(height)
+
+    def sigma_range(self) -> Range:
+        if isinstance(self.sigma, (int, float)):
+            return float(self.sigma), float(self.sigma)
+        low, high = self.sigma
+        return float(low), float(high)
+
+    def to_message(self) -> Any:
+        width, height = self.sides()
+        low, high = self.sigma_range()
+        message = pb.GaussianBlur(
+            kernel_width=width, kernel_height=height, sigma=pb.Range(min=low, max=high)
+        )
+        if self.p < 1.0:
+            message.p = self.p
+        return message
+
+
+@dataclass(frozen=True)
+class RandomSolarize:
+    """torchvision's ``RandomSolarize(threshold, p)``: values at or above
+    ``threshold`` (in levels) inverted on a share ``p`` of the samples."""
+
+    threshold: float = 128.0
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 255.0:
+            raise ValueError(f"threshold must be in [0, 255] levels, not {self.threshold}")
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], not {self.p}")
+
+    def to_message(self) -> Any:
+        return pb.RandomSolarize(threshold=self.threshold, p=self.p)
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,17 @@ from ._policies import (
     IMAGENET_STD,
     AutoAugment,
     ColorJitter,
+    GaussianBlur,
     Interpolation,
     RandAugment,
     RandomErasing,
+    RandomSolarize,
     TrivialAugmentWide,
 )
+
+# The conversions' stage: the trainer's side applies them, between the
+# sidecar's last pixel op and RandomErasing.
+_CONVERSIONS = 7
 
 # The table's order: each transform's stage, never decreasing.
 _STAGES = {
@@ -46,13 +52,15 @@ _STAGES = {
     "AutoAugment": 2,
     "ColorJitter": 3,
     "RandomGrayscale": 4,
-    "ToImage": 5,
-    "PILToTensor": 5,
-    "ToTensor": 5,
-    "ToDtype": 5,
-    "ConvertImageDtype": 5,
-    "Normalize": 5,
-    "RandomErasing": 6,
+    "GaussianBlur": 5,
+    "RandomSolarize": 6,
+    "ToImage": _CONVERSIONS,
+    "PILToTensor": _CONVERSIONS,
+    "ToTensor": _CONVERSIONS,
+    "ToDtype": _CONVERSIONS,
+    "ConvertImageDtype": _CONVERSIONS,
+    "Normalize": _CONVERSIONS,
+    "RandomErasing": 8,
 }
 
 # Conversions without an effect on the pixels, allowed anywhere.
@@ -61,7 +69,8 @@ _NEUTRAL = frozenset({"ToPureTensor"})
 WAY_OUT = (
     "apply it to the delivered batch instead (the sidecar runs RandomResizedCrop, "
     "Resize + CenterCrop, RandomHorizontalFlip, TrivialAugmentWide, RandAugment, "
-    "AutoAugment(IMAGENET), ColorJitter, RandomGrayscale, RandomErasing)"
+    "AutoAugment(IMAGENET), ColorJitter, RandomGrayscale, GaussianBlur, RandomSolarize, "
+    "RandomErasing)"
 )
 
 _MIXING = frozenset({"MixUp", "CutMix", "Mixup", "FastCollateMixup"})
@@ -85,7 +94,16 @@ def refuse_mixing(name: str) -> TypeError:
 # The rows a probability can be put on exactly: RandomApply([t], p) of
 # these is the row with its own probability (jitter) or the product of
 # both (independent coin flips).
-_PROBABLE = frozenset({"ColorJitter", "RandomGrayscale", "RandomHorizontalFlip", "RandomErasing"})
+_PROBABLE = frozenset(
+    {
+        "ColorJitter",
+        "GaussianBlur",
+        "RandomErasing",
+        "RandomGrayscale",
+        "RandomHorizontalFlip",
+        "RandomSolarize",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -402,7 +420,8 @@ def from_torchvision(transform: Any) -> Augment:
             raise TypeError(
                 f"{name} comes after a transform the sidecar applies later "
                 f"(its order: crop, flip, policy, ColorJitter, RandomGrayscale, "
-                f"Normalize, RandomErasing): reorder it, or {WAY_OUT}"
+                f"GaussianBlur, RandomSolarize, Normalize, RandomErasing): reorder it, "
+                f"or {WAY_OUT}"
             )
         state.stage = _STAGES[name]
         _step(state, name, step, p)
@@ -414,7 +433,7 @@ def _step(state: _Conversion, name: str, step: Any, p: float) -> None:
     augment = state.augment
     if _STAGES[name] == 0:
         state.crop_step(name, step)
-    elif _STAGES[name] == 5:
+    elif _STAGES[name] == _CONVERSIONS:
         state.conversion(name, step)
     elif name == "RandomHorizontalFlip":
         state.augment = replace(augment, horizontal_flip=p * float(step.p))
@@ -427,6 +446,14 @@ def _step(state: _Conversion, name: str, step: Any, p: float) -> None:
         )
         jitter = ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=p)
         state.augment = replace(augment, color_jitter=jitter)
+    elif name == "GaussianBlur":
+        width, height = (int(side) for side in step.kernel_size)
+        low, high = (float(v) for v in step.sigma)
+        blur = GaussianBlur((width, height), (low, high), p=p)
+        state.augment = replace(augment, gaussian_blur=blur)
+    elif name == "RandomSolarize":
+        solarize = RandomSolarize(float(step.threshold), p * float(step.p))
+        state.augment = replace(augment, solarize=solarize)
     elif name == "RandomErasing":
         erasing = state.erasing(step)
         state.augment = replace(augment, random_erasing=replace(erasing, p=p * erasing.p))

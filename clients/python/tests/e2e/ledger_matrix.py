@@ -7,7 +7,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from shardfeed import Augment, ColorJitter, RandomErasing, TrivialAugmentWide
+from shardfeed import (
+    Augment,
+    ColorJitter,
+    GaussianBlur,
+    RandomErasing,
+    RandomSolarize,
+    TrivialAugmentWide,
+)
 
 # Rows marked full_only run only with SHARDFEED_LEDGER=full.
 FULL = os.environ.get("SHARDFEED_LEDGER") == "full"
@@ -21,10 +28,16 @@ ENCODED_SIZE = 32
 RECIPE = Augment.train(
     auto_augment=TrivialAugmentWide(interpolation="bilinear"), random_erasing=RandomErasing(0.1)
 )
-# The self-supervised colour recipe (SimCLR, DINO): a bicubic crop and
-# RandomApply([ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8) + grayscale 0.2.
+# The self-supervised recipe (DINOv2's second global view): a bicubic crop,
+# RandomApply([ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), grayscale 0.2,
+# RandomApply([GaussianBlur(9, (0.1, 2))], p) and RandomSolarize(128, 0.2)
+# (the blur's p raised from 0.1 so the rows see it often).
 BICUBIC_COLOUR = Augment.train(
-    interpolation="bicubic", color_jitter=ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), grayscale=0.2
+    interpolation="bicubic",
+    color_jitter=ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8),
+    grayscale=0.2,
+    gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=0.5),
+    solarize=RandomSolarize(128, 0.2),
 )
 MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
 POOLED = ("pool", "recipe_pool", "repeats_pool", "parquet_pool", "bicubic_pool")

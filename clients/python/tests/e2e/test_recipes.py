@@ -15,8 +15,10 @@ from shardfeed import (
     AutoAugment,
     Client,
     ColorJitter,
+    GaussianBlur,
     RandAugment,
     RandomErasing,
+    RandomSolarize,
     TrivialAugmentWide,
 )
 
@@ -39,6 +41,15 @@ RECIPES = {
     # no jitter steps, and replays to the unjittered pixels.
     "random_apply(color_jitter)": Augment.train(
         color_jitter=ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.5)
+    ),
+    # DINOv2's second global view's ops (blur's p raised so it is drawn
+    # often): RandomApply(ColorJitter) 0.8, grayscale 0.2, GaussianBlur(9,
+    # 0.1-2), RandomSolarize(128, 0.2).
+    "dinov2_global": Augment.train(
+        color_jitter=ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8),
+        grayscale=0.2,
+        gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=0.5),
+        solarize=RandomSolarize(128, 0.3),
     ),
 }
 

@@ -11,8 +11,10 @@ from shardfeed import (
     Augment,
     AutoAugment,
     ColorJitter,
+    GaussianBlur,
     RandAugment,
     RandomErasing,
+    RandomSolarize,
     TrivialAugmentWide,
     from_torchvision,
 )
@@ -149,6 +151,43 @@ def test_random_apply_of_a_coin_flip_multiplies_and_of_several_is_refused() -> N
         from_torchvision(both)
     with pytest.raises(TypeError, match=r"RandomApply\(\[TrivialAugmentWide\], p=0.5\)"):
         from_torchvision(v2.RandomApply([v2.TrivialAugmentWide()], p=0.5))
+
+
+def test_dinov2s_global_crop_converts_whole() -> None:
+    """facebookresearch/dinov2 ``dinov2/data/augmentations.py``'s first
+    global crop, written out: bicubic crop, flip, RandomApply(ColorJitter)
+    0.8, grayscale 0.2, GaussianBlur(9, 0.1-2) with p 1.0; the second adds
+    RandomSolarize(128, 0.2) after a blur with p 0.1."""
+    bicubic = InterpolationMode.BICUBIC
+    colour = [
+        v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+        v2.RandomGrayscale(p=0.2),
+    ]
+    common = [
+        v2.RandomResizedCrop(224, scale=(0.32, 1.0), interpolation=bicubic),
+        v2.RandomHorizontalFlip(p=0.5),
+        *colour,
+    ]
+    first = from_torchvision(
+        v2.Compose([*common, v2.RandomApply([v2.GaussianBlur(9, sigma=(0.1, 2.0))], p=1.0)])
+    )
+    assert first.gaussian_blur == GaussianBlur((9, 9), (0.1, 2.0), p=1.0)
+    assert first.color_jitter is not None and first.color_jitter.p == 0.8
+    assert (first.interpolation, first.scale, first.grayscale) == ("bicubic", (0.32, 1.0), 0.2)
+    second = from_torchvision(
+        v2.Compose(
+            [
+                *common,
+                v2.RandomApply([v2.GaussianBlur(9, sigma=(0.1, 2.0))], p=0.1),
+                v2.RandomSolarize(threshold=128, p=0.2),
+            ]
+        )
+    )
+    assert second.gaussian_blur == GaussianBlur((9, 9), (0.1, 2.0), p=0.1)
+    assert second.solarize == RandomSolarize(128.0, 0.2)
+    message = second.to_message()
+    assert message.gaussian_blur.p == pytest.approx(0.1)
+    assert message.solarize.threshold == 128.0
 
 
 def test_random_choice_and_order_are_never_one_of_them() -> None:
@@ -299,8 +338,10 @@ def test_a_compose_passed_to_augment_says_to_wrap_it() -> None:
 
 
 def test_what_the_sidecar_does_not_run_is_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="GaussianBlur is not run by the sidecar.*delivered batch"):
-        from_torchvision(v2.Compose([v2.RandomResizedCrop(224), v2.GaussianBlur(3)]))
+    with pytest.raises(
+        TypeError, match="RandomPerspective is not run by the sidecar.*delivered batch"
+    ):
+        from_torchvision(v2.Compose([v2.RandomResizedCrop(224), v2.RandomPerspective()]))
     with pytest.raises(TypeError, match="RandomHorizontalFlip comes after"):
         from_torchvision(v2.Compose([v2.TrivialAugmentWide(), v2.RandomHorizontalFlip()]))
     with pytest.raises(TypeError, match="interpolation"):

@@ -18,11 +18,13 @@
 #[macro_use]
 mod base;
 mod affine;
+mod blur;
 mod colour;
 mod erase;
 
 pub use affine::{affine, rotate, Interpolation, Sampling};
 pub use base::set_simd;
+pub use blur::{gaussian_blur, MAX_BLUR_KERNEL};
 pub use colour::{
     adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, adjust_sharpness,
     autocontrast, equalize, grayscale, invert, posterize, solarize,
@@ -73,6 +75,7 @@ mod simd_tests {
             Box::new(autocontrast),
             Box::new(equalize),
             Box::new(|p| solarize(p, 100.5)),
+            Box::new(move |p| gaussian_blur(p, width, (9, 5), 1.3)),
             Box::new(move |p| rotate(p, width, 33.0, sampling(Interpolation::Bilinear))),
             Box::new(move |p| {
                 affine(

@@ -11,17 +11,21 @@
 //! flip alone draws from the crop's generator (frozen since it shipped).
 //! The pixel work is in `../kernels/`.
 
+mod blur;
 mod erasing;
 mod flip;
 mod grayscale;
 mod jitter;
 mod policy;
+mod solarize;
 
+pub use blur::GaussianBlur;
 pub use erasing::{EraseValue, ErasedBox, RandomErasing};
 pub use flip::{flip_rows, HorizontalFlip};
 pub use grayscale::RandomGrayscale;
 pub use jitter::{ColorJitter, JitterDrawn, JitterOp};
 pub use policy::{AutoAugment, Policy, PolicyDrawn, PolicyOp, PolicyStep, MAX_POLICY_OPS};
+pub use solarize::RandomSolarize;
 
 use super::op::{AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
@@ -128,6 +132,11 @@ ops_table! {
     color_jitter: jitter::ColorJitter,
     /// RandomGrayscale (`augmentation.grayscale`).
     grayscale: grayscale::RandomGrayscale,
+    /// GaussianBlur (`augmentation.gaussian_blur`), as the self-supervised
+    /// recipes place it, after the colour ops.
+    gaussian_blur: blur::GaussianBlur,
+    /// RandomSolarize (`augmentation.solarize`).
+    solarize: solarize::RandomSolarize,
     /// RandomErasing (`augmentation.random_erasing`), last as the recipes
     /// apply it after Normalize.
     random_erasing: erasing::RandomErasing,

@@ -230,7 +230,7 @@ class SharedImages(_message.Message):
     def __init__(self, ring_token: _Optional[bytes] = ..., ring_bytes: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., holdable: _Optional[int] = ...) -> None: ...
 
 class Augmentation(_message.Message):
-    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "resize_interpolation")
+    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "resize_interpolation")
     CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
     RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
     STRETCH_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,8 @@ class Augmentation(_message.Message):
     COLOR_JITTER_FIELD_NUMBER: _ClassVar[int]
     GRAYSCALE_FIELD_NUMBER: _ClassVar[int]
     RANDOM_ERASING_FIELD_NUMBER: _ClassVar[int]
+    GAUSSIAN_BLUR_FIELD_NUMBER: _ClassVar[int]
+    SOLARIZE_FIELD_NUMBER: _ClassVar[int]
     RESIZE_INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
     center_crop: CenterCrop
     random_resized_crop: RandomResizedCrop
@@ -248,8 +250,10 @@ class Augmentation(_message.Message):
     color_jitter: ColorJitter
     grayscale: float
     random_erasing: RandomErasing
+    gaussian_blur: GaussianBlur
+    solarize: RandomSolarize
     resize_interpolation: Interpolation
-    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
 
 class AutoAugment(_message.Message):
     __slots__ = ("trivial_augment_wide", "rand_augment", "imagenet", "interpolation", "fill")
@@ -306,6 +310,26 @@ class ColorJitter(_message.Message):
     hue: Range
     p: float
     def __init__(self, brightness: _Optional[_Union[Range, _Mapping]] = ..., contrast: _Optional[_Union[Range, _Mapping]] = ..., saturation: _Optional[_Union[Range, _Mapping]] = ..., hue: _Optional[_Union[Range, _Mapping]] = ..., p: _Optional[float] = ...) -> None: ...
+
+class GaussianBlur(_message.Message):
+    __slots__ = ("kernel_width", "kernel_height", "sigma", "p")
+    KERNEL_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SIGMA_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    kernel_width: int
+    kernel_height: int
+    sigma: Range
+    p: float
+    def __init__(self, kernel_width: _Optional[int] = ..., kernel_height: _Optional[int] = ..., sigma: _Optional[_Union[Range, _Mapping]] = ..., p: _Optional[float] = ...) -> None: ...
+
+class RandomSolarize(_message.Message):
+    __slots__ = ("threshold", "p")
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    threshold: float
+    p: float
+    def __init__(self, threshold: _Optional[float] = ..., p: _Optional[float] = ...) -> None: ...
 
 class RandomErasing(_message.Message):
     __slots__ = ("p", "scale", "ratio", "colour", "mean", "random", "normalize_mean", "normalize_std")
@@ -364,7 +388,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class CropBox(_message.Message):
-    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased")
+    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized")
     LEFT_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +398,8 @@ class CropBox(_message.Message):
     JITTER_FIELD_NUMBER: _ClassVar[int]
     GRAYSCALE_FIELD_NUMBER: _ClassVar[int]
     ERASED_FIELD_NUMBER: _ClassVar[int]
+    BLUR_SIGMA_FIELD_NUMBER: _ClassVar[int]
+    SOLARIZED_FIELD_NUMBER: _ClassVar[int]
     left: float
     top: float
     width: float
@@ -383,7 +409,9 @@ class CropBox(_message.Message):
     jitter: _containers.RepeatedCompositeFieldContainer[JitterStep]
     grayscale: bool
     erased: ErasedBox
-    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ...) -> None: ...
+    blur_sigma: float
+    solarized: bool
+    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ...) -> None: ...
 
 class PolicyStep(_message.Message):
     __slots__ = ("op", "magnitude")

@@ -1,0 +1,225 @@
+//! `gaussian_blur(kernel_size, sigma)` on `uint8` as torchvision v2's
+//! tensor kernel computes it: the 1-D kernel is the softmax of
+//! `-(x / sigma)^2` over `x = linspace(-lim, lim, k)` with
+//! `lim = (k - 1) / (2 sqrt 2)` (a Gaussian of `sigma` in pixels), in
+//! float32; the image is reflect-padded by `k / 2` (no edge repeated), each
+//! channel convolved with the outer product of the two kernels in float32,
+//! then rounded half to even.
+//!
+//! The 2-D kernel is an outer product, so the convolution is done as two
+//! 1-D passes (rows, then columns) through a float32 copy: the same sums
+//! in another order, which moves a value by float32 rounding only (a
+//! level at a tie, rarely; the measured agreement is in
+//! docs/AUGMENTATION.md).
+
+use std::cell::RefCell;
+
+use super::base::{round_even, CHANNELS};
+
+/// The largest kernel side a request may name: a blur reads `k` values per
+/// output value in each pass, so this bounds a sample's time.
+pub const MAX_BLUR_KERNEL: u32 = 127;
+
+/// torchvision's `_get_gaussian_kernel1d` in float32.
+pub fn gaussian_kernel(size: usize, sigma: f32) -> Vec<f32> {
+    let lim = (size as f64 - 1.0) / (2.0 * std::f64::consts::SQRT_2);
+    let (start, end) = (-lim as f32, lim as f32);
+    let steps = size.max(1);
+    let step = if steps > 1 {
+        (end - start) / (steps - 1) as f32
+    } else {
+        0.0
+    };
+    // torch's linspace fills the first half from the start and the
+    // second from the end, so the kernel is symmetric to the bit.
+    let halfway = steps / 2;
+    let exponents: Vec<f32> = (0..steps)
+        .map(|i| {
+            let x = if i < halfway {
+                start + step * i as f32
+            } else {
+                end - step * (steps - 1 - i) as f32
+            };
+            let scaled = x / sigma;
+            -(scaled * scaled)
+        })
+        .collect();
+    let peak = exponents.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let weights: Vec<f32> = exponents.iter().map(|e| (e - peak).exp()).collect();
+    let total: f32 = weights.iter().sum();
+    weights.iter().map(|w| w / total).collect()
+}
+
+/// The index `i` of a row or column of `n` read through reflect padding
+/// (`-1` is `1`, `n` is `n - 2`; periodic past one reflection, so any
+/// offset maps inside).
+fn reflect(i: isize, n: usize) -> usize {
+    if n == 1 {
+        return 0;
+    }
+    let period = 2 * (n as isize - 1);
+    let folded = i.rem_euclid(period);
+    if folded < n as isize {
+        folded as usize
+    } else {
+        (period - folded) as usize
+    }
+}
+
+thread_local! {
+    // The row pass's float32 output and one padded source row, per decode
+    // thread, reused.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Blurs one `width`-wide packed RGB output in place with a
+/// `kernel_x x kernel_y` Gaussian of `sigma` (both odd sides).
+pub fn gaussian_blur(pixels: &mut [u8], width: u32, (kernel_x, kernel_y): (u32, u32), sigma: f32) {
+    let w = width as usize;
+    if w == 0 || pixels.is_empty() {
+        return;
+    }
+    let kx = gaussian_kernel(kernel_x as usize, sigma);
+    let ky = gaussian_kernel(kernel_y as usize, sigma);
+    SCRATCH.with(|scratch| {
+        let (rows, line) = &mut *scratch.borrow_mut();
+        blur_passes(pixels, w, &kx, &ky, rows, line);
+    });
+}
+
+simd_kernel! {
+/// The two passes, each tap a multiply-add over a whole row (which the
+/// compiler vectorizes): every output still sums its taps in ascending
+/// order, from zero, in float32.
+fn blur_passes(
+    pixels: &mut [u8],
+    w: usize,
+    kx: &[f32],
+    ky: &[f32],
+    rows: &mut Vec<f32>,
+    line: &mut Vec<f32>,
+) {
+    let stride = w * CHANNELS;
+    let h = pixels.len() / stride;
+    let (rx, ry) = ((kx.len() / 2) as isize, (ky.len() / 2) as isize);
+    rows.clear();
+    rows.resize(pixels.len(), 0.0);
+    line.clear();
+    line.resize((w + 2 * rx as usize) * CHANNELS, 0.0);
+    for y in 0..h {
+        let source = &pixels[y * stride..(y + 1) * stride];
+        for (padded, pixel) in line.chunks_exact_mut(CHANNELS).enumerate() {
+            let x = reflect(padded as isize - rx, w);
+            for (value, &level) in pixel.iter_mut().zip(&source[x * CHANNELS..]) {
+                *value = f32::from(level);
+            }
+        }
+        let out = &mut rows[y * stride..(y + 1) * stride];
+        for (tap, &weight) in kx.iter().enumerate() {
+            let shifted = &line[tap * CHANNELS..tap * CHANNELS + stride];
+            for (sum, &value) in out.iter_mut().zip(shifted) {
+                *sum += weight * value;
+            }
+        }
+    }
+    let column = &mut line[..stride];
+    for y in 0..h {
+        column.iter_mut().for_each(|v| *v = 0.0);
+        for (tap, &weight) in ky.iter().enumerate() {
+            let source = reflect(y as isize + tap as isize - ry, h);
+            let row = &rows[source * stride..(source + 1) * stride];
+            for (sum, &value) in column.iter_mut().zip(row) {
+                *sum += weight * value;
+            }
+        }
+        for (out, &value) in pixels[y * stride..(y + 1) * stride].iter_mut().zip(column.iter()) {
+            *out = round_even(value).clamp(0.0, 255.0) as u8;
+        }
+    }
+}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The direct 2-D convolution in float64: the reference the passes
+    /// are held to.
+    fn direct(pixels: &[u8], width: usize, k: usize, sigma: f32) -> Vec<u8> {
+        let kernel: Vec<f64> = gaussian_kernel(k, sigma)
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let h = pixels.len() / (3 * width);
+        let r = (k / 2) as isize;
+        let mut out = vec![0u8; pixels.len()];
+        for y in 0..h {
+            for x in 0..width {
+                for c in 0..3 {
+                    let mut sum = 0.0;
+                    for (i, wy) in kernel.iter().enumerate() {
+                        for (j, wx) in kernel.iter().enumerate() {
+                            let sy = reflect(y as isize + i as isize - r, h);
+                            let sx = reflect(x as isize + j as isize - r, width);
+                            sum += wy * wx * f64::from(pixels[(sy * width + sx) * 3 + c]);
+                        }
+                    }
+                    out[(y * width + x) * 3 + c] = sum.round_ties_even().clamp(0.0, 255.0) as u8;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_kernel_is_torchvisions_gaussian() {
+        let kernel = gaussian_kernel(9, 1.5);
+        assert!((kernel.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        // Symmetric to the bit, and exp(-d^2 / (2 sigma^2)) between taps.
+        for i in 0..4 {
+            assert_eq!(kernel[i], kernel[8 - i]);
+        }
+        let ratio = kernel[4] / kernel[5];
+        assert!(
+            (ratio - (1.0f32 / (2.0 * 1.5 * 1.5)).exp()).abs() < 1e-5,
+            "{ratio}"
+        );
+        assert_eq!(gaussian_kernel(1, 0.7), vec![1.0]);
+    }
+
+    #[test]
+    fn reflection_repeats_no_edge() {
+        let rows: Vec<usize> = (-3..8).map(|i| reflect(i, 5)).collect();
+        assert_eq!(rows, [3, 2, 1, 0, 1, 2, 3, 4, 3, 2, 1]);
+        assert_eq!(reflect(-40, 3), reflect(0, 3));
+        assert_eq!(reflect(7, 1), 0);
+    }
+
+    #[test]
+    fn the_two_passes_equal_the_direct_convolution() {
+        let (width, height) = (37usize, 23usize);
+        let pixels: Vec<u8> = (0..width * height * 3)
+            .map(|i| (crate::hash::fmix64(i as u64 / 5) % 256) as u8)
+            .collect();
+        for (k, sigma) in [(9, 0.1f32), (9, 2.0), (3, 0.8), (23, 5.0)] {
+            let mut blurred = pixels.clone();
+            gaussian_blur(&mut blurred, width as u32, (k, k), sigma);
+            let reference = direct(&pixels, width, k as usize, sigma);
+            let off = blurred
+                .iter()
+                .zip(&reference)
+                .filter(|(a, b)| a != b)
+                .count();
+            let worst = blurred
+                .iter()
+                .zip(&reference)
+                .map(|(&a, &b)| (i16::from(a) - i16::from(b)).abs())
+                .max()
+                .unwrap();
+            assert!(
+                worst <= 1 && off * 1000 <= blurred.len(),
+                "k {k}: {off} off, worst {worst}"
+            );
+        }
+    }
+}
