@@ -63,6 +63,21 @@ _STAGES = {
     "RandomErasing": 8,
 }
 
+# The server's row (``Describe.augmentation_ops``) each op transform is:
+# ordered by _STAGES, the rows must come in the server's table order (a
+# test holds the two to each other).
+SERVER_ROWS = {
+    "RandomHorizontalFlip": "horizontal_flip",
+    "TrivialAugmentWide": "auto_augment",
+    "RandAugment": "auto_augment",
+    "AutoAugment": "auto_augment",
+    "ColorJitter": "color_jitter",
+    "RandomGrayscale": "grayscale",
+    "GaussianBlur": "gaussian_blur",
+    "RandomSolarize": "solarize",
+    "RandomErasing": "random_erasing",
+}
+
 # Conversions without an effect on the pixels, allowed anywhere.
 _NEUTRAL = frozenset({"ToPureTensor"})
 

@@ -136,3 +136,24 @@ def test_a_compose_given_to_augment_is_refused_with_the_way_in(
         ShardfeedDataset(uri, target=server.target, augment=compose)
     with pytest.raises(TypeError, match=r"wrap it in shardfeed.from_torchvision"):
         Client(server.target).batches(uri, augment=compose)
+
+
+def test_the_converters_order_is_the_servers_table(
+    server: Server,
+    photos: tuple[str, dict[str, bytes]],  # noqa: F811
+) -> None:
+    """The table's order is written once on the server (``Ops::NAMES``,
+    published by Describe); the converter's stages and the client
+    decoder's ops must follow it, or an op would run out of its place."""
+    from shardfeed._ops import CLIENT_OPS
+    from shardfeed._proto import shardfeed_pb2 as pb
+    from shardfeed._torchvision import _STAGES, SERVER_ROWS
+
+    uri, _ = photos
+    client = Client(server.target)
+    client.describe(uri, world_size=1, batch_size=8)  # opens the channel
+    request = pb.DescribeRequest(dataset=uri, world_size=1, batch_size=8)
+    table = list(client._channel.stub().Describe(request, timeout=30).augmentation_ops)
+    by_stage = sorted(SERVER_ROWS, key=lambda name: _STAGES[name])
+    assert list(dict.fromkeys(SERVER_ROWS[name] for name in by_stage)) == table
+    assert [op for op in table if op in CLIENT_OPS] == list(CLIENT_OPS)
