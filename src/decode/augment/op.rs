@@ -31,6 +31,28 @@ pub struct DrawAt<'a> {
     pub height: u32,
 }
 
+/// One op's draw for sample `sample` (an identity) of `seed` and `epoch`
+/// at a `width x height` output, copy 0: what a single op's tests draw.
+#[cfg(test)]
+pub fn draw_alone<O: Op>(
+    op: &O,
+    (seed, epoch, sample): (u64, u64, u64),
+    (width, height): (u32, u32),
+) -> O::Drawn {
+    let key = SampleKey {
+        seed,
+        epoch,
+        sample,
+        copy: 0,
+    };
+    let at = DrawAt {
+        key: &key,
+        width,
+        height,
+    };
+    op.draw(&mut key.generator(), &at)
+}
+
 impl DrawAt<'_> {
     /// The op's own generator: keyed by the sample and the op's name, so
     /// its draws move with neither the crop's nor another op's, nor with

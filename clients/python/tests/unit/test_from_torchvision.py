@@ -443,3 +443,16 @@ def test_replay_takes_chw_uint8_and_says_how_to_get_it() -> None:
     np.testing.assert_array_equal(flipped, image[:, :, ::-1])
     with pytest.raises(ValueError, match=r"CHW uint8.*permute\(2, 0, 1\)"):
         replay(image.transpose(1, 2, 0), [])
+
+
+def test_the_model_input_of_a_conversion_keeps_its_scaling() -> None:
+    from shardfeed.torch import ModelInput
+
+    levels = from_torchvision(
+        v2.Compose([v2.RandomResizedCrop(8), v2.ToImage(), v2.ToDtype(torch.float32)])
+    )
+    spec = ModelInput.of(levels)
+    assert (spec.dtype, spec.to_unit_range) == (torch.float32, False)
+    unit = ModelInput.of(from_torchvision(v1.Compose([v1.RandomResizedCrop(8), v1.ToTensor()])))
+    assert unit.to_unit_range is True
+    assert ModelInput.of("train", dtype=torch.bfloat16).dtype == torch.bfloat16

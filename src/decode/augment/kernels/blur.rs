@@ -20,8 +20,10 @@ use super::base::{round_even, CHANNELS};
 /// output value in each pass, so this bounds a sample's time.
 pub const MAX_BLUR_KERNEL: u32 = 127;
 
-/// torchvision's `_get_gaussian_kernel1d` in float32.
-pub fn gaussian_kernel(size: usize, sigma: f32) -> Vec<f32> {
+/// torchvision's `_get_gaussian_kernel1d` in float32, written into
+/// `kernel` (a buffer reused sample after sample: no allocation once it
+/// has grown).
+pub fn gaussian_kernel_into(kernel: &mut Vec<f32>, size: usize, sigma: f32) {
     let lim = (size as f64 - 1.0) / (2.0 * std::f64::consts::SQRT_2);
     let (start, end) = (-lim as f32, lim as f32);
     let steps = size.max(1);
@@ -33,21 +35,29 @@ pub fn gaussian_kernel(size: usize, sigma: f32) -> Vec<f32> {
     // torch's linspace fills the first half from the start and the
     // second from the end, so the kernel is symmetric to the bit.
     let halfway = steps / 2;
-    let exponents: Vec<f32> = (0..steps)
-        .map(|i| {
-            let x = if i < halfway {
-                start + step * i as f32
-            } else {
-                end - step * (steps - 1 - i) as f32
-            };
-            let scaled = x / sigma;
-            -(scaled * scaled)
-        })
-        .collect();
-    let peak = exponents.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let weights: Vec<f32> = exponents.iter().map(|e| (e - peak).exp()).collect();
-    let total: f32 = weights.iter().sum();
-    weights.iter().map(|w| w / total).collect()
+    kernel.clear();
+    kernel.extend((0..steps).map(|i| {
+        let x = if i < halfway {
+            start + step * i as f32
+        } else {
+            end - step * (steps - 1 - i) as f32
+        };
+        let scaled = x / sigma;
+        -(scaled * scaled)
+    }));
+    // The softmax: exp(e - max), over its sum.
+    let peak = kernel.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    kernel.iter_mut().for_each(|e| *e = (*e - peak).exp());
+    let total: f32 = kernel.iter().sum();
+    kernel.iter_mut().for_each(|w| *w /= total);
+}
+
+/// [`gaussian_kernel_into`] into a new vector.
+#[cfg(test)]
+pub fn gaussian_kernel(size: usize, sigma: f32) -> Vec<f32> {
+    let mut kernel = Vec::with_capacity(size);
+    gaussian_kernel_into(&mut kernel, size, sigma);
+    kernel
 }
 
 /// The index `i` of a row or column of `n` read through reflect padding
@@ -66,10 +76,18 @@ fn reflect(i: isize, n: usize) -> usize {
     }
 }
 
+/// What a blur works in, per decode thread, reused: the row pass's
+/// float32 output, one padded source row, the two kernels.
+#[derive(Default)]
+struct Scratch {
+    rows: Vec<f32>,
+    line: Vec<f32>,
+    kx: Vec<f32>,
+    ky: Vec<f32>,
+}
+
 thread_local! {
-    // The row pass's float32 output and one padded source row, per decode
-    // thread, reused.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// Blurs one `width`-wide packed RGB output in place with a
@@ -79,11 +97,11 @@ pub fn gaussian_blur(pixels: &mut [u8], width: u32, (kernel_x, kernel_y): (u32, 
     if w == 0 || pixels.is_empty() {
         return;
     }
-    let kx = gaussian_kernel(kernel_x as usize, sigma);
-    let ky = gaussian_kernel(kernel_y as usize, sigma);
     SCRATCH.with(|scratch| {
-        let (rows, line) = &mut *scratch.borrow_mut();
-        blur_passes(pixels, w, &kx, &ky, rows, line);
+        let Scratch { rows, line, kx, ky } = &mut *scratch.borrow_mut();
+        gaussian_kernel_into(kx, kernel_x as usize, sigma);
+        gaussian_kernel_into(ky, kernel_y as usize, sigma);
+        blur_passes(pixels, w, kx, ky, rows, line);
     });
 }
 

@@ -129,22 +129,11 @@ impl Op for GaussianBlur {
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::op::draw_alone;
     use super::*;
-    use crate::decode::augment::SampleKey;
 
     fn drawn(blur: GaussianBlur, sample: u64) -> Option<f32> {
-        let key = SampleKey {
-            seed: 5,
-            epoch: 2,
-            sample: crate::hash::fmix64(sample + 7),
-            copy: 0,
-        };
-        let at = DrawAt {
-            key: &key,
-            width: 96,
-            height: 96,
-        };
-        blur.draw(&mut key.generator(), &at)
+        draw_alone(&blur, (5, 2, crate::hash::fmix64(sample + 7)), (96, 96))
     }
 
     #[test]

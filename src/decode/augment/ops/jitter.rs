@@ -252,22 +252,11 @@ impl Op for ColorJitter {
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::op::draw_alone;
     use super::*;
-    use crate::decode::augment::SampleKey;
 
     fn drawn(jitter: ColorJitter, sample: u64) -> JitterDrawn {
-        let key = SampleKey {
-            seed: 3,
-            epoch: 1,
-            sample: crate::hash::fmix64(sample + 1),
-            copy: 0,
-        };
-        let at = DrawAt {
-            key: &key,
-            width: 224,
-            height: 224,
-        };
-        jitter.draw(&mut key.generator(), &at)
+        draw_alone(&jitter, (3, 1, crate::hash::fmix64(sample + 1)), (224, 224))
     }
 
     #[test]

@@ -204,13 +204,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self.image_size = image_size
         self.seed = seed
         self.augment = augment
-        # An Augment from `from_torchvision` carries its Normalize and dtype.
-        self.model_input = ModelInput(
-            normalize if normalize is not None else getattr(augment, "normalize", None),
-            dtype if dtype is not None else getattr(augment, "dtype", None),
-            mixing,
-            to_unit_range=getattr(augment, "to_unit_range", None),
-        )
+        self.model_input = ModelInput.of(augment, mixing, normalize=normalize, dtype=dtype)
         self.layout = layout
         self.output = output
         self.rank, self.world_size = checked.rank, checked.world_size

@@ -81,6 +81,26 @@ class ModelInput:
         ):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, not {self.dtype}")
 
+    @classmethod
+    def of(
+        cls,
+        augment: Any,
+        mixing: Mixing | None = None,
+        *,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> ModelInput:
+        """What ``augment`` (from :func:`shardfeed.from_torchvision`) has
+        the trainer make of a batch: its Normalize, dtype and scaling,
+        ``normalize`` and ``dtype`` taking their place where given; any
+        other ``augment`` brings nothing."""
+        return cls(
+            normalize if normalize is not None else getattr(augment, "normalize", None),
+            dtype if dtype is not None else getattr(augment, "dtype", None),
+            mixing,
+            to_unit_range=getattr(augment, "to_unit_range", None),
+        )
+
     @property
     def active(self) -> bool:
         return self.normalize is not None or self.dtype is not None or self.mixing is not None

@@ -3,7 +3,7 @@
 //! its probability.
 
 use super::*;
-use crate::decode::augment::SampleKey;
+use crate::decode::augment::op::draw_alone;
 
 const Z_999: f64 = 3.29;
 
@@ -13,20 +13,7 @@ fn draws(policy: Policy, samples: u64) -> Vec<PolicyDrawn> {
         ..AutoAugment::OFF
     };
     (0..samples)
-        .map(|sample| {
-            let key = SampleKey {
-                seed: 11,
-                epoch: 3,
-                sample: crate::hash::fmix64(sample + 1),
-                copy: 0,
-            };
-            let at = DrawAt {
-                key: &key,
-                width: 224,
-                height: 224,
-            };
-            op.draw(&mut key.generator(), &at)
-        })
+        .map(|sample| draw_alone(&op, (11, 3, crate::hash::fmix64(sample + 1)), (224, 224)))
         .collect()
 }
 
