@@ -8,8 +8,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use shardfeed::decode::{
     decode_bounded, default_decoder, set_augment_simd, AutoAugment, ColorJitter, Crop, CropBox,
-    EraseValue, ErasedBox, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec, Policy,
-    PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, SampleKey, ScratchBudget,
+    EraseValue, ErasedBox, Grayscale, Interpolation, JitterDrawn, JitterOp, Kernel, Ops,
+    OutputSpec, Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, SampleKey, ScratchBudget,
 };
 use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
 use shardfeed::shard::splitter::SampleSplitter;
@@ -148,7 +148,35 @@ fn ops_alone(c: &mut Criterion) {
     crop.drawn.grayscale = true;
     cases.push((
         "Grayscale".into(),
-        spec(Ops::NONE.with(RandomGrayscale(1.0))),
+        spec(Ops::NONE.with(Grayscale.coin(1.0))),
+        crop,
+    ));
+    // The single-op rows with kernels of their own (the colour ones run the
+    // policies' kernels, measured above).
+    let mut crop = CropBox::whole(224, 224);
+    crop.drawn.vertical_flip = true;
+    cases.push((
+        "RandomVerticalFlip".into(),
+        spec(Ops::NONE.with(shardfeed::decode::VerticalFlip.coin(1.0))),
+        crop,
+    ));
+    let mut crop = CropBox::whole(224, 224);
+    crop.drawn.rotation = Some(17.5);
+    cases.push((
+        "RandomRotation".into(),
+        spec(Ops::NONE.with(shardfeed::decode::RandomRotation::new(-30.0, 30.0))),
+        crop,
+    ));
+    let mut crop = CropBox::whole(224, 224);
+    crop.drawn.affine = Some(shardfeed::decode::AffineDrawn {
+        angle: 12.5,
+        translate: [3, -5],
+        scale: 1.1,
+        shear: [6.0, 0.0],
+    });
+    cases.push((
+        "RandomAffine".into(),
+        spec(Ops::NONE.with(shardfeed::decode::RandomAffine::new(-30.0, 30.0))),
         crop,
     ));
     // A box of 17.5% of the output, the mean of scale U(0.02, 0.33).
@@ -230,7 +258,7 @@ fn recipes(c: &mut Criterion) {
             "color_jitter_0.4+grayscale_0.2",
             Ops::NONE
                 .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.0))
-                .with(RandomGrayscale(0.2)),
+                .with(Grayscale.coin(0.2)),
         ),
     ];
     let mut out = photo.clone();

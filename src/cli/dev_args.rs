@@ -317,7 +317,8 @@ pub struct DevS3Args {
 /// The ops after the flip of the benchmark's named recipes (`--augment`).
 fn recipe_ops(recipe: &str, flip: crate::decode::Ops) -> crate::decode::Ops {
     use crate::decode::{
-        AutoAugment, ColorJitter, EraseValue, Interpolation, Policy, RandomErasing, RandomGrayscale,
+        AutoAugment, ColorJitter, EraseValue, Grayscale, Interpolation, Kernel, Policy,
+        RandomErasing,
     };
     const MEAN: [f64; 3] = [0.485, 0.456, 0.406];
     const STD: [f64; 3] = [0.229, 0.224, 0.225];
@@ -349,7 +350,7 @@ fn recipe_ops(recipe: &str, flip: crate::decode::Ops) -> crate::decode::Ops {
         // RandomGrayscale(0.2), GaussianBlur(9, 0.1-2.0) always.
         "dino" => flip
             .with(ColorJitter::symmetric(0.4, 0.4, 0.2, 0.1).with_p(0.8))
-            .with(RandomGrayscale(0.2))
+            .with(Grayscale.coin(0.2))
             .with(crate::decode::GaussianBlur {
                 kernel: (9, 9),
                 sigma: (0.1, 2.0),
@@ -357,6 +358,6 @@ fn recipe_ops(recipe: &str, flip: crate::decode::Ops) -> crate::decode::Ops {
             }),
         _ => flip
             .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.0))
-            .with(RandomGrayscale(0.2)),
+            .with(Grayscale.coin(0.2)),
     }
 }

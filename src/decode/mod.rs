@@ -15,10 +15,12 @@ pub mod source;
 pub mod turbo;
 
 pub use augment::{
-    set_augment_simd, AugmentError, AutoAugment, ColorJitter, Crop, CropBox, Drawn, EraseValue,
-    ErasedBox, GaussianBlur, HorizontalFlip, Interpolation, JitterDrawn, JitterOp, Ops, OutputSpec,
-    Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, RandomGrayscale, RandomResizedCrop,
-    RandomSolarize, Resample, SampleKey, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
+    set_augment_simd, AffineDrawn, AugmentError, AutoAugment, Autocontrast, Coin, ColorJitter,
+    Crop, CropBox, Drawn, Equalize, EraseValue, ErasedBox, Fill, GaussianBlur, Grayscale,
+    HorizontalFlip, Interpolation, Invert, JitterDrawn, JitterOp, Kernel, Ops, OutputSpec,
+    PhotometricDrawn, Policy, PolicyDrawn, PolicyOp, PolicyStep, Posterize, RandomAffine,
+    RandomErasing, RandomPhotometricDistort, RandomResizedCrop, RandomRotation, Resample,
+    SampleKey, Sharpness, Solarize, VerticalFlip, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
 };
 pub use decoder::{
     decode_rgb, resize_rgb, resize_with, Decoder, ImageCrateDecoder, IMAGE_CRATE_DECODER,

@@ -17,7 +17,7 @@ pub const BUILD_HEADER: &str = "shardfeed-pool-build";
 /// interpolation (a build before it would resize bicubic units bilinear).
 /// Builds of one crate version on either side of a change meet in a
 /// rolling update, and must refuse each other rather than misread.
-const WIRE_REVISION: u32 = 5;
+const WIRE_REVISION: u32 = 6;
 
 /// What a unit's pixels depend on besides the unit: the crate's version
 /// (crop boxes, resize kernels), the unit's wire, the op table (a build
@@ -42,8 +42,12 @@ pub struct UnitSample {
 /// A worker's answer for one sample.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SampleAnswer {
-    Decoded(CropBox),
-    Failed { reason: String, message: String },
+    /// Boxed: a sample's decisions are most of the answer's size.
+    Decoded(Box<CropBox>),
+    Failed {
+        reason: String,
+        message: String,
+    },
 }
 
 /// A unit the worker cannot take: its message names what is wrong.
@@ -193,7 +197,7 @@ pub fn answers_from_wire(
                 let sound = numbers.iter().all(|v| v.is_finite() && *v >= 0.0)
                     && crop.width > 0.0
                     && crop.height > 0.0;
-                sound.then(|| SampleAnswer::Decoded(CropBox::from_wire(crop)))
+                sound.then(|| SampleAnswer::Decoded(Box::new(CropBox::from_wire(crop))))
             }
             Outcome::Failure(failure) => (failure.reason.len() <= MAX_FAILURE_TEXT_BYTES
                 && failure.message.len() <= MAX_FAILURE_TEXT_BYTES)
@@ -255,7 +259,9 @@ mod tests {
         let answer = pb::DecodedUnit {
             unit_id: 1,
             pixels: Bytes::from(vec![0; 10]),
-            results: vec![answer_to_wire(&SampleAnswer::Decoded(CropBox::whole(4, 4)))],
+            results: vec![answer_to_wire(&SampleAnswer::Decoded(Box::new(
+                CropBox::whole(4, 4),
+            )))],
         };
         assert!(answers_from_wire(&answer, 1, 10).is_some());
         assert!(answers_from_wire(&answer, 1, 12).is_none());
@@ -265,13 +271,13 @@ mod tests {
     #[test]
     fn answers_with_unsound_boxes_or_long_texts_are_malformed() {
         let crop = |left: f64, width: f64| {
-            answer_to_wire(&SampleAnswer::Decoded(CropBox {
+            answer_to_wire(&SampleAnswer::Decoded(Box::new(CropBox {
                 left,
                 top: 0.0,
                 width,
                 height: 10.0,
                 drawn: Drawn::default(),
-            }))
+            })))
         };
         let unit = |result: pb::SampleResult| pb::DecodedUnit {
             results: vec![result],

@@ -14,8 +14,8 @@ use prost::Message;
 use super::kernels::Interpolation;
 use super::op::Op;
 use super::ops::{
-    AutoAugment, ColorJitter, EraseValue, ErasedBox, JitterDrawn, JitterOp, Policy, PolicyDrawn,
-    PolicyOp, PolicyStep, RandomErasing, RandomGrayscale,
+    self as row, AutoAugment, ColorJitter, EraseValue, ErasedBox, Grayscale, JitterDrawn, JitterOp,
+    Kernel, Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing,
 };
 use super::{Crop, CropBox, Ops, OutputSpec, SampleKey};
 use crate::proto::v1 as pb;
@@ -196,9 +196,100 @@ fn write_golden_vectors() {
     crop.drawn.grayscale = true;
     writer.case(
         "Grayscale",
-        &spec(224, 224, Ops::NONE.with(RandomGrayscale(0.5))),
+        &spec(224, 224, Ops::NONE.with(Grayscale.coin(0.5))),
         crop,
     );
+    // The single-op transforms, each drawn alone: each row, and how a
+    // sample that drew it reports so.
+    type Ran = fn(&mut CropBox);
+    let coins: [(&str, Ops, Ran); 6] = [
+        (
+            "RandomVerticalFlip",
+            Ops::NONE.with(row::VerticalFlip.coin(0.5)),
+            |c| c.drawn.vertical_flip = true,
+        ),
+        (
+            "RandomAdjustSharpness",
+            Ops::NONE.with(row::Sharpness { factor: 2.0 }.coin(0.5)),
+            |c| c.drawn.sharpness = true,
+        ),
+        (
+            "RandomPosterize",
+            Ops::NONE.with(row::Posterize { bits: 3 }.coin(0.5)),
+            |c| c.drawn.posterize = true,
+        ),
+        (
+            "RandomEqualize",
+            Ops::NONE.with(row::Equalize.coin(0.5)),
+            |c| c.drawn.equalize = true,
+        ),
+        (
+            "RandomAutocontrast",
+            Ops::NONE.with(row::Autocontrast.coin(0.5)),
+            |c| c.drawn.autocontrast = true,
+        ),
+        ("RandomInvert", Ops::NONE.with(row::Invert.coin(0.5)), |c| {
+            c.drawn.invert = true
+        }),
+    ];
+    for (name, ops, ran) in coins {
+        let mut crop = CropBox::whole(224, 224);
+        ran(&mut crop);
+        writer.case(name, &spec(224, 224, ops), crop);
+    }
+    for &(interpolation, fill) in &samplings {
+        let rotation = row::RandomRotation {
+            interpolation: Some(interpolation),
+            fill: fill.map_or(row::Fill::default(), row::Fill::colour),
+            ..row::RandomRotation::new(-45.0, 45.0)
+        };
+        for angle in [-37.25, 12.5, 90.0, 180.0] {
+            let mut crop = CropBox::whole(224, 224);
+            crop.drawn.rotation = Some(angle);
+            let name = format!("RandomRotation-{interpolation:?}-{}", fill.is_some());
+            writer.case(&name, &spec(224, 224, Ops::NONE.with(rotation)), crop);
+        }
+    }
+    for &(interpolation, fill) in &samplings {
+        let affine = row::RandomAffine {
+            interpolation: Some(interpolation),
+            fill: fill.map_or(row::Fill::default(), row::Fill::colour),
+            ..row::RandomAffine::new(-45.0, 45.0)
+        };
+        for (angle, translate, scale, shear) in [
+            (12.5, [3, -5], 1.15, [8.0, -4.0]),
+            (-30.0, [0, 0], 0.85, [0.0, 0.0]),
+            (0.0, [10, 0], 1.0, [20.0, 0.0]),
+        ] {
+            let mut crop = CropBox::whole(224, 224);
+            crop.drawn.affine = Some(row::AffineDrawn {
+                angle,
+                translate,
+                scale,
+                shear,
+            });
+            let name = format!("RandomAffine-{interpolation:?}-{}", fill.is_some());
+            writer.case(&name, &spec(224, 224, Ops::NONE.with(affine)), crop);
+        }
+    }
+    // RandomPhotometricDistort: every adjustment, the contrast after the
+    // hue, then a shuffle; and the contrast first with no shuffle.
+    let distort = Ops::NONE.with(row::RandomPhotometricDistort::with_p(0.5));
+    for (contrast_last, permutation) in [(true, Some([2, 0, 1])), (false, None)] {
+        let (brightness, contrast) = ((JitterOp::Brightness, 1.1f32), (JitterOp::Contrast, 0.7));
+        let (saturation, hue) = ((JitterOp::Saturation, 1.3), (JitterOp::Hue, 0.04));
+        let steps = if contrast_last {
+            [brightness, saturation, hue, contrast]
+        } else {
+            [brightness, contrast, saturation, hue]
+        };
+        let mut crop = CropBox::whole(224, 224);
+        crop.drawn.photometric_distort = row::PhotometricDrawn {
+            adjustments: JitterDrawn { steps, len: 4 },
+            permutation,
+        };
+        writer.case("RandomPhotometricDistort", &spec(224, 224, distort), crop);
+    }
     for (name, value) in [
         ("EraseColour", EraseValue::Colour([10, 200, 30], 3)),
         ("EraseMean", EraseValue::Mean),
@@ -215,7 +306,7 @@ fn write_golden_vectors() {
         writer.case(name, &spec(224, 224, Ops::NONE.with(erasing(value))), crop);
     }
     // Whole recipes as drawn: several ops in sequence per sample.
-    let recipes: [(&str, Ops); 4] = [
+    let recipes: [(&str, Ops); 5] = [
         (
             "RecipeTrivialAugment",
             Ops::NONE
@@ -250,7 +341,25 @@ fn write_golden_vectors() {
             "RecipeColorJitter",
             Ops::NONE
                 .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.1))
-                .with(RandomGrayscale(0.2)),
+                .with(Grayscale.coin(0.2)),
+        ),
+        (
+            "RecipeSingleOps",
+            Ops::NONE
+                .with(row::VerticalFlip.coin(0.5))
+                .with(row::RandomRotation::new(-20.0, 20.0))
+                .with(row::RandomPhotometricDistort::with_p(0.5))
+                .with(row::RandomAffine {
+                    translate: Some((0.1, 0.1)),
+                    scale: Some((0.9, 1.1)),
+                    shear_x: Some((-10.0, 10.0)),
+                    ..row::RandomAffine::new(-10.0, 10.0)
+                })
+                .with(row::Sharpness { factor: 0.3 }.coin(0.5))
+                .with(row::Posterize { bits: 5 }.coin(0.3))
+                .with(row::Equalize.coin(0.3))
+                .with(row::Autocontrast.coin(0.3))
+                .with(row::Invert.coin(0.3)),
         ),
     ];
     for (name, ops) in recipes {

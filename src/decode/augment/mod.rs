@@ -19,8 +19,10 @@ pub use kernels::{set_simd as set_augment_simd, Interpolation};
 pub use key::{sample_identity, SampleKey};
 pub use op::{AugmentError, DrawAt, Op, CHANNELS};
 pub use ops::{
-    flip_rows, AutoAugment, ColorJitter, Drawn, EraseValue, ErasedBox, GaussianBlur,
-    HorizontalFlip, JitterDrawn, JitterOp, Ops, Policy, PolicyDrawn, PolicyOp, PolicyStep,
-    RandomErasing, RandomGrayscale, RandomSolarize, Slot, MAX_POLICY_OPS,
+    flip_rows, AffineDrawn, AutoAugment, Autocontrast, Coin, ColorJitter, Drawn, Equalize,
+    EraseValue, ErasedBox, Fill, GaussianBlur, Grayscale, HorizontalFlip, Invert, JitterDrawn,
+    JitterOp, Kernel, Ops, PhotometricDrawn, Policy, PolicyDrawn, PolicyOp, PolicyStep, Posterize,
+    RandomAffine, RandomErasing, RandomPhotometricDistort, RandomRotation, Sharpness, Slot,
+    Solarize, VerticalFlip, MAX_POLICY_OPS,
 };
 pub use spec::{CropBox, OutputSpec, Resample, DEFAULT_SIZE, MAX_SIZE};

@@ -329,7 +329,7 @@ mod tests {
     #[test]
     fn each_op_draws_from_its_own_key_and_the_crop_never_moves() {
         use crate::decode::augment::{
-            AutoAugment, ColorJitter, EraseValue, Policy, RandomErasing, RandomGrayscale,
+            AutoAugment, ColorJitter, EraseValue, Grayscale, Kernel, Policy, RandomErasing,
         };
         let policy = AutoAugment {
             policy: Policy::TrivialAugmentWide { bins: 31 },
@@ -344,7 +344,7 @@ mod tests {
             ops: with_policy
                 .ops
                 .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.1))
-                .with(RandomGrayscale(0.5))
+                .with(Grayscale.coin(0.5))
                 .with(RandomErasing::new(
                     0.5,
                     EraseValue::Random,

@@ -6,7 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from ._policies import ColorJitter, GaussianBlur, Policy, RandomErasing, RandomSolarize
+from ._policies import (
+    ColorJitter,
+    GaussianBlur,
+    Policy,
+    RandomAdjustSharpness,
+    RandomAffine,
+    RandomErasing,
+    RandomPhotometricDistort,
+    RandomPosterize,
+    RandomRotation,
+    RandomSolarize,
+)
 from ._proto import shardfeed_pb2 as pb
 
 ImageSize = Union[int, tuple[int, int]]
@@ -17,6 +28,17 @@ ResizeInterpolation = Literal["bilinear", "bicubic"]
 
 # torchvision's evaluation convention: Resize(256) + CenterCrop(224).
 _EVAL_RESIZE_RATIO = 256 / 224
+
+
+# The ops that are a probability alone (torchvision's p).
+_PROBABILITIES = (
+    "horizontal_flip",
+    "vertical_flip",
+    "grayscale",
+    "equalize",
+    "autocontrast",
+    "invert",
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +62,14 @@ class Augment:
     ``solarize`` a :class:`RandomSolarize` (after the grayscale coin, as
     the self-supervised recipes order them); ``random_erasing`` a
     :class:`RandomErasing`
-    (last, as the recipes apply it after Normalize). Each sample's ops are
+    (last, as the recipes apply it after Normalize). torchvision's other
+    single-op transforms: ``vertical_flip`` (its p, right after the
+    horizontal flip), ``rotation`` a :class:`RandomRotation` and ``affine``
+    a :class:`RandomAffine` (then), ``photometric_distort`` a
+    :class:`RandomPhotometricDistort` (after ``color_jitter``), and
+    after ``solarize``: ``sharpness`` a :class:`RandomAdjustSharpness`,
+    ``posterize`` a :class:`RandomPosterize`, then the probabilities
+    ``equalize``, ``autocontrast`` and ``invert``. Each sample's ops are
     its own draws, reported in :attr:`Batch.ops`. Use :meth:`train` and
     :meth:`eval` for the standard recipes.
     """
@@ -57,6 +86,15 @@ class Augment:
     random_erasing: RandomErasing | None = None
     gaussian_blur: GaussianBlur | None = None
     solarize: RandomSolarize | None = None
+    vertical_flip: float = 0.0
+    rotation: RandomRotation | None = None
+    affine: RandomAffine | None = None
+    photometric_distort: RandomPhotometricDistort | None = None
+    sharpness: RandomAdjustSharpness | None = None
+    posterize: RandomPosterize | None = None
+    equalize: float = 0.0
+    autocontrast: float = 0.0
+    invert: float = 0.0
     # What the trainer does after the ops (not sent: the client applies
     # them, see ShardfeedDataset): Normalize's (mean, std) and the dtype.
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
@@ -73,7 +111,7 @@ class Augment:
     size: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("horizontal_flip", "grayscale"):
+        for name in _PROBABILITIES:
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], not {p}")
@@ -97,25 +135,27 @@ class Augment:
         interpolation: ResizeInterpolation = "bilinear",
         gaussian_blur: GaussianBlur | None = None,
         solarize: RandomSolarize | None = None,
+        **single_ops: Any,
     ) -> Augment:
         """RandomResizedCrop (``interpolation`` its resize) +
         RandomHorizontalFlip, torchvision's defaults, then the ops named
         (torchvision's recipe of ResNet-50 V2 is
         ``auto_augment=TrivialAugmentWide(interpolation="bilinear"),
-        random_erasing=RandomErasing(0.1)``)."""
+        random_erasing=RandomErasing(0.1)``); ``single_ops`` are the other
+        fields of the ops (``vertical_flip=0.5``, ``rotation=...``)."""
         return cls(
-            "random_resized",
-            0,
-            scale,
-            ratio,
-            horizontal_flip,
-            interpolation,
-            auto_augment,
-            color_jitter,
-            grayscale,
-            random_erasing,
-            gaussian_blur,
-            solarize,
+            crop="random_resized",
+            scale=scale,
+            ratio=ratio,
+            horizontal_flip=horizontal_flip,
+            interpolation=interpolation,
+            auto_augment=auto_augment,
+            color_jitter=color_jitter,
+            grayscale=grayscale,
+            random_erasing=random_erasing,
+            gaussian_blur=gaussian_blur,
+            solarize=solarize,
+            **single_ops,
         )
 
     @classmethod
@@ -136,7 +176,7 @@ class Augment:
     def to_message(self) -> Any:
         """The request's ``Augmentation``: the crop, then the ops after it
         (the Python mirror of the server's op table, one field per op)."""
-        message = pb.Augmentation(horizontal_flip=self.horizontal_flip, grayscale=self.grayscale)
+        message = pb.Augmentation(**{name: getattr(self, name) for name in _PROBABILITIES})
         if self.interpolation == "bicubic":
             message.resize_interpolation = pb.INTERPOLATION_BICUBIC
         if self.auto_augment is not None:
@@ -147,8 +187,17 @@ class Augment:
             message.random_erasing.CopyFrom(self.random_erasing.to_message())
         if self.gaussian_blur is not None:
             message.gaussian_blur.CopyFrom(self.gaussian_blur.to_message())
-        if self.solarize is not None:
-            message.solarize.CopyFrom(self.solarize.to_message())
+        for name in (
+            "solarize",
+            "rotation",
+            "affine",
+            "photometric_distort",
+            "sharpness",
+            "posterize",
+        ):
+            op = getattr(self, name)
+            if op is not None:
+                getattr(message, name).CopyFrom(op.to_message())
         if self.crop == "center":
             message.center_crop.CopyFrom(pb.CenterCrop(resize=self.resize))
         elif self.crop == "random_resized":

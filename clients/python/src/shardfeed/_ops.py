@@ -70,7 +70,13 @@ def _as_tensor(levels: npt.NDArray[np.uint8]) -> Any:
 
 
 def _interpolation(augmentation: Any) -> Any:
-    name = "BILINEAR" if augmentation.auto_augment.interpolation == 1 else "NEAREST"
+    return _sampling(augmentation.auto_augment.interpolation)
+
+
+def _sampling(interpolation: int) -> Any:
+    """A geometric op's wire interpolation as torchvision's
+    ``InterpolationMode``."""
+    name = "BILINEAR" if interpolation == pb.INTERPOLATION_BILINEAR else "NEAREST"
     try:
         from torchvision.transforms import InterpolationMode
     except ImportError:  # pragma: no cover - without torchvision
@@ -151,13 +157,31 @@ def erase_noise_mean(mean: Any, std: Any) -> npt.NDArray[np.uint8]:
 
 def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
     """One sample's ops after its crop, in the order the server applied
-    them (the table's: flip, policy, jitter, grayscale, blur, solarize,
-    erasing)."""
+    them (the table's: flips, rotation, policy, jitter, grayscale, blur,
+    solarize, the single colour ops, erasing)."""
     ops: SampleOps = []
     if crop.flipped:
         ops.append(("horizontal_flip", {}))
     if augmentation is None:
         return ops
+    if crop.vertically_flipped:
+        ops.append(("vertical_flip", {}))
+    if crop.HasField("rotation"):
+        rotation = augmentation.rotation
+        fill = list(map(float, rotation.fill)) or None
+        sampling = _sampling(rotation.interpolation)
+        ops.append(("rotate", {"angle": crop.rotation, "interpolation": sampling, "fill": fill}))
+    if crop.HasField("affine"):
+        affine, drawn = augmentation.affine, crop.affine
+        arguments = {
+            "angle": drawn.angle,
+            "translate": [drawn.translate_x, drawn.translate_y],
+            "scale": drawn.scale,
+            "shear": [drawn.shear_x, drawn.shear_y],
+            "interpolation": _sampling(affine.interpolation),
+            "fill": list(map(float, affine.fill)) or None,
+        }
+        ops.append(("affine", arguments))
     if len(crop.policy):
         fill = list(map(float, augmentation.auto_augment.fill)) or None
         interpolation = _interpolation(augmentation)
@@ -168,6 +192,11 @@ def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
     for step in crop.jitter:
         name, argument = _JITTER[step.op]
         ops.append((name, {argument: float(step.factor)}))
+    for step in crop.photometric:
+        name, argument = _JITTER[step.op]
+        ops.append((name, {argument: float(step.factor)}))
+    if len(crop.channel_permutation):
+        ops.append(("permute_channels", {"permutation": list(crop.channel_permutation)}))
     if crop.grayscale:
         ops.append(("rgb_to_grayscale", {"num_output_channels": 3}))
     if crop.HasField("blur_sigma"):
@@ -177,6 +206,18 @@ def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
         ops.append(("gaussian_blur", {"kernel_size": kernel, "sigma": [sigma, sigma]}))
     if crop.solarized:
         ops.append(("solarize", {"threshold": float(augmentation.solarize.threshold)}))
+    if crop.sharpened:
+        factor = float(augmentation.sharpness.sharpness_factor)
+        ops.append(("adjust_sharpness", {"sharpness_factor": factor}))
+    if crop.posterized:
+        ops.append(("posterize", {"bits": int(augmentation.posterize.bits)}))
+    for ran, name in (
+        (crop.equalized, "equalize"),
+        (crop.autocontrasted, "autocontrast"),
+        (crop.inverted, "invert"),
+    ):
+        if ran:
+            ops.append((name, {}))
     if crop.HasField("erased"):
         ops.append(_erase_call(crop.erased, augmentation.random_erasing))
     return ops

@@ -1,10 +1,12 @@
 """The ops after the crop a request can name, as torchvision names them:
-the auto-augment policies, ColorJitter and RandomErasing. Each checks its
+the auto-augment policies, ColorJitter, the single-op transforms with
+parameters, GaussianBlur and RandomErasing. Each checks its
 arguments at construction (``ValueError`` naming the argument), the server
 checks them again (``INVALID_ARGUMENT`` naming the wire field)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
@@ -36,6 +38,15 @@ def _check_sampling(interpolation: str, fill: Fill) -> None:
         raise ValueError(f"fill must be None or three levels in 0..255, not {fill!r}")
 
 
+def _check_p(p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must be a probability in [0, 1], not {p}")
+
+
+def _interpolation_wire(interpolation: str) -> Any:
+    return pb.INTERPOLATION_BILINEAR if interpolation == "bilinear" else pb.INTERPOLATION_NEAREST
+
+
 def _check_bins(bins: int) -> None:
     if not 2 <= bins <= _MAX_BINS:
         raise ValueError(f"num_magnitude_bins must be in 2..{_MAX_BINS}, not {bins}")
@@ -47,11 +58,7 @@ class _Policy:
 
     def _message(self, policy: dict[str, Any]) -> Any:
         return pb.AutoAugment(
-            interpolation=(
-                pb.INTERPOLATION_BILINEAR
-                if self.interpolation == "bilinear"
-                else pb.INTERPOLATION_NEAREST
-            ),
+            interpolation=_interpolation_wire(self.interpolation),
             fill=list(self.fill) if self.fill is not None else [],
             **policy,
         )
@@ -181,6 +188,37 @@ class ColorJitter:
 
 
 @dataclass(frozen=True)
+class RandomPhotometricDistort:
+    """torchvision v2's ``RandomPhotometricDistort``: each of brightness,
+    contrast, saturation and hue on its own coin ``p`` with a factor
+    uniform in its range, the contrast before or after the saturation and
+    hue (a fair coin), then the channels shuffled on a coin ``p``."""
+
+    brightness: Range = (0.875, 1.125)
+    contrast: Range = (0.5, 1.5)
+    saturation: Range = (0.5, 1.5)
+    hue: Range = (-0.05, 0.05)
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("brightness", "contrast", "saturation"):
+            low, high = getattr(self, name)
+            if not 0.0 <= low <= high < float("inf"):
+                raise ValueError(f"{name} must be a range 0 <= min <= max, not {(low, high)}")
+        low, high = self.hue
+        if not -0.5 <= low <= high <= 0.5:
+            raise ValueError(f"hue must be a range within [-0.5, 0.5], not {self.hue}")
+        _check_p(self.p)
+
+    def to_message(self) -> Any:
+        ranges = {
+            name: pb.Range(min=float(getattr(self, name)[0]), max=float(getattr(self, name)[1]))
+            for name in ("brightness", "contrast", "saturation", "hue")
+        }
+        return pb.RandomPhotometricDistort(p=self.p, **ranges)
+
+
+@dataclass(frozen=True)
 class GaussianBlur:
     """torchvision's ``GaussianBlur(kernel_size, sigma)`` (odd sides, sigma
     drawn per sample uniform in the range) on a share ``p`` of the samples
@@ -244,6 +282,161 @@ class RandomSolarize:
 
     def to_message(self) -> Any:
         return pb.RandomSolarize(threshold=self.threshold, p=self.p)
+
+
+@dataclass(frozen=True)
+class RandomAdjustSharpness:
+    """torchvision's ``RandomAdjustSharpness(sharpness_factor, p)``: a blend
+    with the 3x3-smoothed sample (0 smooths, 1 leaves, 2 sharpens)."""
+
+    sharpness_factor: float
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sharpness_factor < float("inf"):
+            raise ValueError(f"sharpness_factor must be >= 0, not {self.sharpness_factor}")
+        _check_p(self.p)
+
+    def to_message(self) -> Any:
+        return pb.RandomAdjustSharpness(sharpness_factor=self.sharpness_factor, p=self.p)
+
+
+@dataclass(frozen=True)
+class RandomPosterize:
+    """torchvision's ``RandomPosterize(bits, p)``: the top ``bits`` bits of
+    each value kept."""
+
+    bits: int
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 <= int(self.bits) <= 8:
+            raise ValueError(f"bits must be 0 to 8, not {self.bits}")
+        _check_p(self.p)
+
+    def to_message(self) -> Any:
+        return pb.RandomPosterize(bits=int(self.bits), p=self.p)
+
+
+class _Geometric:
+    """What RandomRotation and RandomAffine share: an angle range, how
+    they sample and their fill (torchvision's: 0 by default, a number is
+    every channel's level, None zero padding without a mask)."""
+
+    degrees: float | Range
+    interpolation: Interpolation
+    fill: Fill | int
+
+    def range(self) -> Range:
+        return _symmetric("degrees", self.degrees)
+
+    def levels(self) -> Fill:
+        if isinstance(self.fill, int):
+            return (self.fill,) * 3
+        return self.fill
+
+    def _check(self) -> None:
+        _ordered("degrees", *self.range())
+        _check_sampling(self.interpolation, self.levels())
+
+    def _geometry(self) -> dict[str, Any]:
+        """The request fields both messages name alike."""
+        low, high = self.range()
+        fill = self.levels()
+        return {
+            "degrees": pb.Range(min=low, max=high),
+            "interpolation": _interpolation_wire(self.interpolation),
+            "fill": list(fill) if fill is not None else [],
+        }
+
+
+@dataclass(frozen=True)
+class RandomRotation(_Geometric):
+    """torchvision's ``RandomRotation(degrees, interpolation, expand=False,
+    center=None, fill)``: each sample turned counter-clockwise about its
+    centre by an angle uniform in ``degrees`` (a number d: [-d, d]), at its
+    own size. ``fill`` is torchvision's: 0 by default (black, blended
+    through a mask under bilinear), ``None`` zero padding without a mask."""
+
+    degrees: float | Range
+    interpolation: Interpolation = "nearest"
+    fill: Fill | int = 0
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def to_message(self) -> Any:
+        return pb.RandomRotation(**self._geometry())
+
+
+def _symmetric(name: str, value: float | Sequence[float]) -> Range:
+    """torchvision's ``_setup_angle``: a number d is [-d, d]."""
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"{name} as a number must be >= 0, not {value}")
+        return -float(value), float(value)
+    low, high = value
+    return float(low), float(high)
+
+
+def _ordered(name: str, low: float, high: float) -> None:
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        raise ValueError(f"{name} must be finite, min <= max, not {(low, high)}")
+
+
+@dataclass(frozen=True)
+class RandomAffine(_Geometric):
+    """torchvision's ``RandomAffine(degrees, translate, scale, shear,
+    interpolation, fill, center=None)``: per sample an angle (clockwise), a
+    translation of up to ``translate`` x the side (rounded to pixels), a
+    scale and a shear (``shear`` a number s: x in [-s, s]; two numbers: x's
+    range; four: x's and y's), each uniform. ``fill`` as
+    :class:`RandomRotation`'s."""
+
+    degrees: float | Range
+    translate: Range | None = None
+    scale: Range | None = None
+    shear: float | Sequence[float] | None = None
+    interpolation: Interpolation = "nearest"
+    fill: Fill | int = 0
+
+    def __post_init__(self) -> None:
+        self._check()
+        if self.translate is not None and not all(0.0 <= t <= 1.0 for t in self.translate):
+            raise ValueError(f"translate must be two fractions in [0, 1], not {self.translate}")
+        if self.scale is not None:
+            low, high = self.scale
+            if not 0.0 < low <= high < float("inf"):
+                raise ValueError(f"scale must be 0 < min <= max, not {self.scale}")
+        for shear in self.shears():
+            if shear is not None:
+                _ordered("shear", *shear)
+
+    def shears(self) -> tuple[Range | None, Range | None]:
+        """The x and the y shear ranges (None: none)."""
+        if self.shear is None:
+            return None, None
+        if isinstance(self.shear, (int, float)):
+            return _symmetric("shear", self.shear), None
+        values = [float(v) for v in self.shear]
+        if len(values) == 2:
+            return (values[0], values[1]), None
+        if len(values) == 4:
+            return (values[0], values[1]), (values[2], values[3])
+        raise ValueError(f"shear must be a number or 2 or 4 numbers, not {self.shear!r}")
+
+    def to_message(self) -> Any:
+        message = pb.RandomAffine(**self._geometry())
+        if self.translate is not None:
+            message.translate_x, message.translate_y = map(float, self.translate)
+        if self.scale is not None:
+            message.scale.CopyFrom(pb.Range(min=self.scale[0], max=self.scale[1]))
+        shear_x, shear_y = self.shears()
+        if shear_x is not None:
+            message.shear_x.CopyFrom(pb.Range(min=shear_x[0], max=shear_x[1]))
+        if shear_y is not None:
+            message.shear_y.CopyFrom(pb.Range(min=shear_y[0], max=shear_y[1]))
+        return message
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,18 @@ form that is served. Nothing is converted to something close: a
 ``RandomApply`` is not flattened, a ``RandomChoice`` does not become its
 last choice, a ``CenterCrop`` without a ``Resize`` is not a resize.
 
-The table's order: the crop (``RandomResizedCrop``, ``Resize`` +
-``CenterCrop``, or ``Resize((h, w))``), ``RandomHorizontalFlip``, one
-auto-augment policy, ``ColorJitter``, ``RandomGrayscale``, the conversions
-(``ToImage``/``PILToTensor``/``ToTensor``, ``ToDtype``/
-``ConvertImageDtype``, ``Normalize``: the trainer's side applies these,
-see :class:`shardfeed.torch.ModelInput`), then ``RandomErasing``.
+The table's order (``_ORDER``): the crop (``RandomResizedCrop``,
+``Resize`` + ``CenterCrop``, or ``Resize((h, w))``),
+``RandomHorizontalFlip``, ``RandomVerticalFlip``, ``RandomRotation``,
+``RandomAffine``, one
+auto-augment policy, ``ColorJitter``, ``RandomPhotometricDistort``,
+``RandomGrayscale``,
+``GaussianBlur``, ``RandomSolarize``, ``RandomAdjustSharpness``,
+``RandomPosterize``, ``RandomEqualize``, ``RandomAutocontrast``,
+``RandomInvert``, the conversions (``ToImage``/``PILToTensor``/
+``ToTensor``, ``ToDtype``/``ConvertImageDtype``, ``Normalize``: the
+trainer's side applies these, see :class:`shardfeed.torch.ModelInput`),
+then ``RandomErasing``.
 """
 
 from __future__ import annotations
@@ -32,36 +38,41 @@ from ._policies import (
     GaussianBlur,
     Interpolation,
     RandAugment,
+    RandomAdjustSharpness,
+    RandomAffine,
     RandomErasing,
+    RandomPhotometricDistort,
+    RandomPosterize,
+    RandomRotation,
     RandomSolarize,
     TrivialAugmentWide,
 )
 
-# The conversions' stage: the trainer's side applies them, between the
-# sidecar's last pixel op and RandomErasing.
-_CONVERSIONS = 7
-
-# The table's order: each transform's stage, never decreasing.
-_STAGES = {
-    "RandomResizedCrop": 0,
-    "Resize": 0,
-    "CenterCrop": 0,
-    "RandomHorizontalFlip": 1,
-    "TrivialAugmentWide": 2,
-    "RandAugment": 2,
-    "AutoAugment": 2,
-    "ColorJitter": 3,
-    "RandomGrayscale": 4,
-    "GaussianBlur": 5,
-    "RandomSolarize": 6,
-    "ToImage": _CONVERSIONS,
-    "PILToTensor": _CONVERSIONS,
-    "ToTensor": _CONVERSIONS,
-    "ToDtype": _CONVERSIONS,
-    "ConvertImageDtype": _CONVERSIONS,
-    "Normalize": _CONVERSIONS,
-    "RandomErasing": 8,
-}
+# The table's order, a stage per entry; the stages of a transform's steps
+# never decrease. The conversions' stage is the trainer's side: it applies
+# them between the sidecar's last pixel op and RandomErasing.
+_ORDER: tuple[tuple[str, ...], ...] = (
+    ("RandomResizedCrop", "Resize", "CenterCrop"),
+    ("RandomHorizontalFlip",),
+    ("RandomVerticalFlip",),
+    ("RandomRotation",),
+    ("RandomAffine",),
+    ("TrivialAugmentWide", "RandAugment", "AutoAugment"),
+    ("ColorJitter",),
+    ("RandomPhotometricDistort",),
+    ("RandomGrayscale",),
+    ("GaussianBlur",),
+    ("RandomSolarize",),
+    ("RandomAdjustSharpness",),
+    ("RandomPosterize",),
+    ("RandomEqualize",),
+    ("RandomAutocontrast",),
+    ("RandomInvert",),
+    ("ToImage", "PILToTensor", "ToTensor", "ToDtype", "ConvertImageDtype", "Normalize"),
+    ("RandomErasing",),
+)
+_STAGES = {name: stage for stage, names in enumerate(_ORDER) for name in names}
+_CONVERSIONS = _STAGES["Normalize"]
 
 # The server's row (``Describe.augmentation_ops``) each op transform is:
 # ordered by _STAGES, the rows must come in the server's table order (a
@@ -72,20 +83,67 @@ SERVER_ROWS = {
     "RandAugment": "auto_augment",
     "AutoAugment": "auto_augment",
     "ColorJitter": "color_jitter",
+    "RandomPhotometricDistort": "photometric_distort",
     "RandomGrayscale": "grayscale",
     "GaussianBlur": "gaussian_blur",
     "RandomSolarize": "solarize",
+    "RandomVerticalFlip": "vertical_flip",
+    "RandomRotation": "rotation",
+    "RandomAffine": "affine",
+    "RandomAdjustSharpness": "sharpness",
+    "RandomPosterize": "posterize",
+    "RandomEqualize": "equalize",
+    "RandomAutocontrast": "autocontrast",
+    "RandomInvert": "invert",
     "RandomErasing": "random_erasing",
 }
+
+# What a flip gives the same pixels before or after (to the level): the
+# ops that treat each pixel alike wherever it is (pointwise, a whole
+# channel's statistics, or a symmetric kernel with mirrored borders). MoCo
+# v2 writes its flip after the blur.
+_FLIPS = frozenset({"RandomHorizontalFlip", "RandomVerticalFlip"})
+_COMMUTE_WITH_FLIPS = frozenset(
+    {
+        "ColorJitter",
+        "RandomGrayscale",
+        "GaussianBlur",
+        "RandomSolarize",
+        "RandomAdjustSharpness",
+        "RandomPosterize",
+        "RandomEqualize",
+        "RandomAutocontrast",
+        "RandomInvert",
+        *_ORDER[_CONVERSIONS],
+    }
+)
+
+
+def _commutes(name: str, seen: list[str]) -> bool:
+    """Whether ``name``, written after the steps ``seen``, can run at its
+    own (earlier) place in the table with the same result: a flip after
+    ops that a flip does not change."""
+    later = [other for other in seen if _STAGES[other] > _STAGES[name]]
+    return name in _FLIPS and all(other in _COMMUTE_WITH_FLIPS for other in later)
+
 
 # Conversions without an effect on the pixels, allowed anywhere.
 _NEUTRAL = frozenset({"ToPureTensor"})
 
 WAY_OUT = (
     "apply it to the delivered batch instead (the sidecar runs RandomResizedCrop, "
-    "Resize + CenterCrop, RandomHorizontalFlip, TrivialAugmentWide, RandAugment, "
-    "AutoAugment(IMAGENET), ColorJitter, RandomGrayscale, GaussianBlur, RandomSolarize, "
-    "RandomErasing)"
+    "Resize + CenterCrop, RandomHorizontalFlip, RandomVerticalFlip, RandomRotation, "
+    "RandomAffine, "
+    "TrivialAugmentWide, RandAugment, AutoAugment(IMAGENET), ColorJitter, "
+    "RandomPhotometricDistort, RandomGrayscale, "
+    "GaussianBlur, RandomSolarize, RandomAdjustSharpness, RandomPosterize, RandomEqualize, "
+    "RandomAutocontrast, RandomInvert, RandomErasing)"
+)
+
+# The order as an error message names it.
+_ORDER_NAMED = ", ".join(
+    "crop" if stage == 0 else "the conversions" if stage == _CONVERSIONS else " / ".join(names)
+    for stage, names in enumerate(_ORDER)
 )
 
 _MIXING = frozenset({"MixUp", "CutMix", "Mixup", "FastCollateMixup"})
@@ -117,6 +175,12 @@ _PROBABLE = frozenset(
         "RandomGrayscale",
         "RandomHorizontalFlip",
         "RandomSolarize",
+        "RandomVerticalFlip",
+        "RandomAdjustSharpness",
+        "RandomPosterize",
+        "RandomEqualize",
+        "RandomAutocontrast",
+        "RandomInvert",
     }
 )
 
@@ -222,6 +286,7 @@ class _Conversion:
 
     augment: Augment = field(default_factory=Augment)
     stage: int = -1
+    seen: list[str] = field(default_factory=list)
     # The crop's steps so far: "resize" (Resize(S), waiting for its
     # CenterCrop), "crop" (an output size is set).
     crop: str | None = None
@@ -431,14 +496,13 @@ def from_torchvision(transform: Any) -> Augment:
             name = _timm.as_torchvision(step)
         if name not in _STAGES:
             raise TypeError(f"{name} is not run by the sidecar: {WAY_OUT}")
-        if _STAGES[name] < state.stage:
+        if _STAGES[name] < state.stage and not _commutes(name, state.seen):
             raise TypeError(
                 f"{name} comes after a transform the sidecar applies later "
-                f"(its order: crop, flip, policy, ColorJitter, RandomGrayscale, "
-                f"GaussianBlur, RandomSolarize, Normalize, RandomErasing): reorder it, "
-                f"or {WAY_OUT}"
+                f"(its order: {_ORDER_NAMED}): reorder it, or {WAY_OUT}"
             )
-        state.stage = _STAGES[name]
+        state.stage = max(state.stage, _STAGES[name])
+        state.seen.append(name)
         _step(state, name, step, p)
     return state.finish()
 
@@ -469,11 +533,80 @@ def _step(state: _Conversion, name: str, step: Any, p: float) -> None:
     elif name == "RandomSolarize":
         solarize = RandomSolarize(float(step.threshold), p * float(step.p))
         state.augment = replace(augment, solarize=solarize)
+    elif name == "RandomVerticalFlip":
+        state.augment = replace(augment, vertical_flip=p * float(step.p))
+    elif name == "RandomRotation":
+        state.augment = replace(augment, rotation=_rotation(step))
+    elif name == "RandomPhotometricDistort":
+        distort = RandomPhotometricDistort(
+            brightness=_pair(step.brightness),
+            contrast=_pair(step.contrast),
+            saturation=_pair(step.saturation),
+            hue=_pair(step.hue),
+            p=float(step.p),
+        )
+        state.augment = replace(augment, photometric_distort=distort)
+    elif name == "RandomAffine":
+        state.augment = replace(augment, affine=_affine(step))
+    elif name == "RandomAdjustSharpness":
+        factor = float(step.sharpness_factor)
+        state.augment = replace(augment, sharpness=RandomAdjustSharpness(factor, p * float(step.p)))
+    elif name == "RandomPosterize":
+        posterize = RandomPosterize(int(step.bits), p * float(step.p))
+        state.augment = replace(augment, posterize=posterize)
+    elif name == "RandomEqualize":
+        state.augment = replace(augment, equalize=p * float(step.p))
+    elif name == "RandomAutocontrast":
+        state.augment = replace(augment, autocontrast=p * float(step.p))
+    elif name == "RandomInvert":
+        state.augment = replace(augment, invert=p * float(step.p))
     elif name == "RandomErasing":
         erasing = state.erasing(step)
         state.augment = replace(augment, random_erasing=replace(erasing, p=p * erasing.p))
     else:
         state.augment = replace(augment, auto_augment=_policy(name, step))
+
+
+def _rotation(step: Any) -> RandomRotation:
+    if getattr(step, "expand", False):
+        raise TypeError(
+            "RandomRotation(expand=True) makes each sample's own size, which one batch "
+            f"cannot hold; drop expand, or {WAY_OUT}"
+        )
+    _about_the_centre(step)
+    low, high = (float(v) for v in step.degrees)
+    sampling: Interpolation = interpolation(step)
+    return RandomRotation((low, high), sampling, _fill(step))
+
+
+def _pair(values: Any) -> tuple[float, float]:
+    low, high = values
+    return float(low), float(high)
+
+
+def _about_the_centre(step: Any) -> None:
+    if getattr(step, "center", None) is not None:
+        raise TypeError(
+            f"{type(step).__name__}(center={list(step.center)}): the sidecar turns about the "
+            f"output's centre; drop center, or {WAY_OUT}"
+        )
+
+
+def _affine(step: Any) -> RandomAffine:
+    _about_the_centre(step)
+    low, high = (float(v) for v in step.degrees)
+    translate = None if step.translate is None else tuple(map(float, step.translate))
+    scale = None if step.scale is None else tuple(map(float, step.scale))
+    shear = None if step.shear is None else [float(v) for v in step.shear]
+    sampling: Interpolation = interpolation(step)
+    return RandomAffine(
+        (low, high),
+        translate,  # type: ignore[arg-type]
+        scale,  # type: ignore[arg-type]
+        shear,
+        sampling,
+        _fill(step),
+    )
 
 
 def _policy(name: str, step: Any) -> Any:

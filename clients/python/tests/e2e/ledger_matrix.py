@@ -11,7 +11,12 @@ from shardfeed import (
     Augment,
     ColorJitter,
     GaussianBlur,
+    RandomAdjustSharpness,
+    RandomAffine,
     RandomErasing,
+    RandomPhotometricDistort,
+    RandomPosterize,
+    RandomRotation,
     RandomSolarize,
     TrivialAugmentWide,
 )
@@ -39,8 +44,29 @@ BICUBIC_COLOUR = Augment.train(
     gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=0.5),
     solarize=RandomSolarize(128, 0.2),
 )
+# torchvision's single-op transforms, each its own coin (a rotation and an
+# affine of their own draws), in a stream the client's decoder leaves to
+# the sidecar.
+SINGLE_OPS = Augment.train(
+    vertical_flip=0.5,
+    rotation=RandomRotation(20),
+    affine=RandomAffine(10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=5),
+    photometric_distort=RandomPhotometricDistort(),
+    sharpness=RandomAdjustSharpness(2.0, 0.5),
+    posterize=RandomPosterize(4, 0.3),
+    equalize=0.3,
+    autocontrast=0.3,
+    invert=0.3,
+)
 MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
-POOLED = ("pool", "recipe_pool", "repeats_pool", "parquet_pool", "bicubic_pool")
+POOLED = (
+    "pool",
+    "recipe_pool",
+    "repeats_pool",
+    "parquet_pool",
+    "bicubic_pool",
+    "single_ops_pool",
+)
 # Repeated augmentation: every sample twice an epoch, each copy its own crop.
 REPEATS = 2
 FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -83,6 +109,10 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "bicubic_encoded": dict(augment=BICUBIC_COLOUR, decode="client", image_size=ENCODED_SIZE),
     # The unit carries the resize's interpolation (pool wire revision 5).
     "bicubic_pool": dict(augment=BICUBIC_COLOUR),
+    "single_ops": dict(augment=SINGLE_OPS),
+    # The coins and the angle travel in the pool's units (wire revision 6).
+    "single_ops_pool": dict(augment=SINGLE_OPS),
+    "single_ops_encoded": dict(augment=SINGLE_OPS, decode="client", image_size=ENCODED_SIZE),
 }
 
 
@@ -226,6 +256,11 @@ MATRIX = [
     Row("stateful", "bicubic_encoded", "break"),
     Row("plain", "bicubic_pool", "worker"),
     Row("workers", "bicubic", "none", full_only=True),
+    # The single-op transforms: each coin and angle keyed by the sample, so
+    # a kill repeats the same pixels and a pool worker draws the same.
+    Row("plain", "single_ops", "kill"),
+    Row("plain", "single_ops_pool", "worker"),
+    Row("stateful", "single_ops_encoded", "break", full_only=True),
 ]
 
 

@@ -121,7 +121,8 @@ class Case:
     # "parquet_mix": source 0 as Parquet files, alone and mixed with tar;
     # "parquet_recipe", "parquet_encoded", "parquet_tier", "parquet_pool":
     # those files through the recipe's ops, the trainer's decoder, the
-    # tier and the pool.
+    # tier and the pool; "bicubic*", "single_ops*": one dataset through
+    # those ops (FEATURE_OPTIONS), plain, encoded and pooled.
     feature: str
     ledger_dir: str
     run: str
@@ -482,10 +483,11 @@ def test_every_sample_exactly_once(
         by_server = events['shardfeed_delivered_samples_total{decoded_by="server"}']
         # The client's decoder names every op: its samples are its own.
         assert by_client > 0, (by_client, by_server)
-    if row.feature == "bicubic_encoded":
+    if row.feature in ("bicubic_encoded", "single_ops_encoded"):
         events = scrape(sidecar.servers[-1].metrics_url)
         by_client = events.get('shardfeed_delivered_samples_total{decoded_by="client"}', 0.0)
-        # The client's decoder does not name the bicubic resize.
+        # The client's decoder names neither the bicubic resize nor the
+        # single-op transforms.
         assert by_client == 0, by_client
     if row.feature.endswith("corrupt"):
         # The sidecar substituted them (in the sidecar now running: a kill

@@ -17,7 +17,12 @@ from shardfeed import (
     ColorJitter,
     GaussianBlur,
     RandAugment,
+    RandomAdjustSharpness,
+    RandomAffine,
     RandomErasing,
+    RandomPhotometricDistort,
+    RandomPosterize,
+    RandomRotation,
     RandomSolarize,
     TrivialAugmentWide,
 )
@@ -50,6 +55,27 @@ RECIPES = {
         grayscale=0.2,
         gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=0.5),
         solarize=RandomSolarize(128, 0.3),
+    ),
+    # torchvision's single-op transforms, each its own coin (raised p so
+    # each is drawn often) and a rotation of each sample's own angle.
+    "single_ops": Augment.train(
+        vertical_flip=0.5,
+        rotation=RandomRotation(30),
+        sharpness=RandomAdjustSharpness(2.0, 0.5),
+        posterize=RandomPosterize(4, 0.3),
+        equalize=0.3,
+        autocontrast=0.3,
+        invert=0.4,
+    ),
+    "affine": Augment.train(
+        affine=RandomAffine(20, translate=(0.1, 0.1), scale=(0.8, 1.2), shear=(-8, 8, -4, 4)),
+        equalize=0.5,
+    ),
+    "photometric_distort": Augment.train(
+        photometric_distort=RandomPhotometricDistort(p=0.6), vertical_flip=0.5
+    ),
+    "rotation_bilinear": Augment.train(
+        rotation=RandomRotation((-45, 45), "bilinear", fill=(124, 116, 104)), invert=0.5
     ),
 }
 

@@ -13,7 +13,12 @@ from shardfeed import (
     ColorJitter,
     GaussianBlur,
     RandAugment,
+    RandomAdjustSharpness,
+    RandomAffine,
     RandomErasing,
+    RandomPhotometricDistort,
+    RandomPosterize,
+    RandomRotation,
     RandomSolarize,
     TrivialAugmentWide,
     from_torchvision,
@@ -188,6 +193,149 @@ def test_dinov2s_global_crop_converts_whole() -> None:
     message = second.to_message()
     assert message.gaussian_blur.p == pytest.approx(0.1)
     assert message.solarize.threshold == 128.0
+
+
+@pytest.mark.parametrize("module", [v1, v2])
+def test_the_single_op_transforms_convert_with_their_arguments(module: Any) -> None:
+    augment = from_torchvision(
+        module.Compose(
+            [
+                module.RandomResizedCrop(96),
+                module.RandomHorizontalFlip(),
+                module.RandomVerticalFlip(0.3),
+                module.RandomRotation((-10, 25), interpolation=BILINEAR, fill=(1, 2, 3)),
+                module.RandomAdjustSharpness(2.0, p=0.4),
+                module.RandomPosterize(3, p=0.25),
+                module.RandomEqualize(0.2),
+                module.RandomAutocontrast(),
+                module.RandomApply([module.RandomInvert(p=0.5)], p=0.5),
+            ]
+        )
+    )
+    assert augment.vertical_flip == 0.3
+    assert augment.rotation == RandomRotation((-10.0, 25.0), "bilinear", (1, 2, 3))
+    assert augment.sharpness == RandomAdjustSharpness(2.0, 0.4)
+    assert augment.posterize == RandomPosterize(3, 0.25)
+    assert (augment.equalize, augment.autocontrast, augment.invert) == (0.2, 0.5, 0.25)
+    message = augment.to_message()
+    assert (message.vertical_flip, message.invert) == (0.3, 0.25)
+    assert (message.rotation.degrees.min, message.rotation.degrees.max) == (-10.0, 25.0)
+    assert list(message.rotation.fill) == [1, 2, 3]
+    # torchvision's defaults: nearest, fill 0 (black through a mask).
+    plain = from_torchvision(module.RandomRotation(30)).rotation
+    assert plain == RandomRotation((-30.0, 30.0), "nearest", (0, 0, 0))
+    # v2 keeps fill=None (zero padding without a mask); v1 makes it 0.
+    none = from_torchvision(module.RandomRotation(30, fill=None)).rotation  # type: ignore[arg-type]
+    assert none is not None and none.levels() == (None if module is v2 else (0, 0, 0))
+
+
+def test_the_photometric_distortion_converts_with_its_ranges() -> None:
+    distort = v2.RandomPhotometricDistort(
+        brightness=(0.8, 1.2), contrast=(0.6, 1.4), saturation=(0.7, 1.3), hue=(-0.1, 0.1), p=0.4
+    )
+    augment = from_torchvision(v2.Compose([v2.RandomResizedCrop(64), distort]))
+    assert augment.photometric_distort == RandomPhotometricDistort(
+        (0.8, 1.2), (0.6, 1.4), (0.7, 1.3), (-0.1, 0.1), 0.4
+    )
+    message = augment.to_message().photometric_distort
+    assert (message.hue.min, message.p) == (-0.1, 0.4)
+    # Its coins are its own: a RandomApply around it would be a fifth.
+    with pytest.raises(TypeError, match=r"RandomApply\(\[RandomPhotometricDistort\]"):
+        from_torchvision(v2.RandomApply([v2.RandomPhotometricDistort()], p=0.5))
+    with pytest.raises(ValueError, match="hue"):
+        RandomPhotometricDistort(hue=(-0.6, 0.0))
+
+
+@pytest.mark.parametrize("module", [v1, v2])
+def test_random_affine_converts_with_each_range(module: Any) -> None:
+    augment = from_torchvision(
+        module.Compose(
+            [
+                module.RandomResizedCrop(64),
+                module.RandomAffine(
+                    15, translate=(0.1, 0.2), scale=(0.9, 1.1), shear=(-5, 5, -2, 2), fill=7
+                ),
+            ]
+        )
+    )
+    affine = augment.affine
+    assert affine == RandomAffine(
+        (-15.0, 15.0), (0.1, 0.2), (0.9, 1.1), [-5.0, 5.0, -2.0, 2.0], "nearest", (7, 7, 7)
+    )
+    assert affine.range() == (-15.0, 15.0)
+    assert affine.shears() == ((-5.0, 5.0), (-2.0, 2.0))
+    assert (affine.translate, affine.scale, affine.levels()) == ((0.1, 0.2), (0.9, 1.1), (7,) * 3)
+    message = augment.to_message().affine
+    assert (message.translate_x, message.translate_y) == (0.1, 0.2)
+    assert (message.shear_y.min, message.shear_y.max) == (-2.0, 2.0)
+    # A shear of one number is x's only; none at all leaves both unset.
+    assert from_torchvision(module.RandomAffine(0, shear=10)).affine.shears() == (  # type: ignore[union-attr]
+        (-10.0, 10.0),
+        None,
+    )
+    plain = from_torchvision(module.RandomAffine(5)).to_message().affine
+    assert not plain.HasField("scale") and not plain.HasField("translate_x")
+    with pytest.raises(TypeError, match=r"RandomAffine\(center="):
+        from_torchvision(module.RandomAffine(5, center=(1, 2)))
+
+
+@pytest.mark.parametrize(
+    "transform, message",
+    [
+        (lambda: v2.RandomRotation(30, expand=True), r"expand=True.*size"),
+        (lambda: v2.RandomRotation(30, center=[3, 4]), r"center=\[3, 4\]"),
+        (
+            lambda: v2.RandomRotation(30, interpolation=InterpolationMode.BICUBIC),
+            "RandomRotation with interpolation bicubic",
+        ),
+        # RandomRotation has no probability of its own to put p on.
+        (lambda: v2.RandomApply([v2.RandomRotation(30)], p=0.5), r"RandomApply\(\[RandomRotation"),
+        (
+            lambda: v2.Compose([v2.TrivialAugmentWide(), v2.RandomRotation(10)]),
+            "RandomRotation comes after",
+        ),
+        # A flip and a rotation do not commute: the flip stays first.
+        (
+            lambda: v2.Compose([v2.RandomRotation(10), v2.RandomVerticalFlip()]),
+            "RandomVerticalFlip comes after",
+        ),
+        (
+            lambda: v2.Compose([v2.RandomErasing(), v2.RandomHorizontalFlip()]),
+            "RandomHorizontalFlip comes after",
+        ),
+    ],
+)
+def test_single_ops_the_sidecar_cannot_serve_as_written_are_refused(
+    transform: Any, message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        from_torchvision(transform())
+
+
+def test_a_flip_after_ops_it_commutes_with_is_served_at_its_place() -> None:
+    """MoCo v2 (facebookresearch/moco main_moco.py) writes its flip after
+    the colour ops and the blur; a flip gives the same pixels on either
+    side of them, so the sidecar runs it first."""
+    moco = from_torchvision(
+        v1.Compose(
+            [
+                v1.RandomResizedCrop(224, scale=(0.2, 1.0)),
+                v1.RandomApply([v1.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                v1.RandomGrayscale(p=0.2),
+                v1.RandomApply([v1.GaussianBlur(23, sigma=(0.1, 2.0))], p=0.5),
+                v1.RandomHorizontalFlip(),
+                v1.ToTensor(),
+                v1.Normalize(MEAN, STD),
+            ]
+        )
+    )
+    assert moco.horizontal_flip == 0.5
+    assert moco.gaussian_blur == GaussianBlur((23, 23), (0.1, 2.0), p=0.5)
+    assert moco.normalize == (MEAN, STD)
+    after_normalize = from_torchvision(
+        v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.RandomVerticalFlip(0.2)])
+    )
+    assert after_normalize.vertical_flip == 0.2
 
 
 def test_random_choice_and_order_are_never_one_of_them() -> None:

@@ -27,7 +27,15 @@ pytest.importorskip("torchvision")
 REPO = Path(__file__).resolve().parents[4]
 GOLDEN = Path(os.environ.get("SHARDFEED_AUGMENT_GOLDEN", REPO / "target" / "augment-golden"))
 
-GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+GEOMETRIC = (
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Rotate",
+    "RandomRotation",
+    "RandomAffine",
+)
 
 
 def _cases() -> list[Path]:

@@ -43,10 +43,42 @@ pub fn affine(
     center: Option<[f64; 2]>,
     sampling: Sampling,
 ) {
+    let transform = Affine {
+        angle,
+        translate,
+        scale: 1.0,
+        shear,
+        center,
+    };
+    affine_with(pixels, width, transform, sampling);
+}
+
+/// The arguments of torchvision's `affine` (angle clockwise, in degrees;
+/// translate in pixels; shear in degrees along x and y).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Affine {
+    pub angle: f64,
+    pub translate: [f64; 2],
+    pub scale: f64,
+    pub shear: [f64; 2],
+    /// In pixel coordinates; `None`: the image centre.
+    pub center: Option<[f64; 2]>,
+}
+
+/// `affine(...)` with any scale, on packed RGB rows of `width`.
+pub fn affine_with(pixels: &mut [u8], width: u32, transform: Affine, sampling: Sampling) {
     let height = pixels.len() / (width as usize * CHANNELS).max(1);
     let (w, h) = (f64::from(width), height as f64);
-    let center = center.map_or([0.0, 0.0], |[x, y]| [x - w * 0.5, y - h * 0.5]);
-    let matrix = inverse_affine_matrix(center, angle, translate, shear);
+    let center = transform
+        .center
+        .map_or([0.0, 0.0], |[x, y]| [x - w * 0.5, y - h * 0.5]);
+    let matrix = inverse_affine_matrix(
+        center,
+        transform.angle,
+        transform.translate,
+        transform.scale,
+        transform.shear,
+    );
     sample_grid(pixels, width, matrix, sampling);
 }
 
@@ -62,17 +94,32 @@ pub fn rotate(pixels: &mut [u8], width: u32, angle: f64, sampling: Sampling) {
         90.0 if square => quarter_turns(pixels, width, 1),
         270.0 if square => quarter_turns(pixels, width, 3),
         _ => {
-            let matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], [0.0, 0.0]);
+            let matrix = inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], 1.0, [0.0, 0.0]);
             sample_grid(pixels, width, matrix, sampling);
         }
     }
 }
 
-/// torchvision's `_get_inverse_affine_matrix` at scale 1, in double.
+/// `vertical_flip`: the rows in reverse order.
+pub fn vertical_flip(pixels: &mut [u8], width: u32) {
+    let row = width as usize * CHANNELS;
+    if row == 0 {
+        return;
+    }
+    let rows = pixels.len() / row;
+    for top in 0..rows / 2 {
+        let (upper, lower) = pixels.split_at_mut((rows - 1 - top) * row);
+        upper[top * row..(top + 1) * row].swap_with_slice(&mut lower[..row]);
+    }
+}
+
+/// torchvision's `_get_inverse_affine_matrix`, in double (dividing by a
+/// scale of 1 changes no bit).
 fn inverse_affine_matrix(
     center: [f64; 2],
     angle: f64,
     translate: [f64; 2],
+    scale: f64,
     shear: [f64; 2],
 ) -> [f64; 6] {
     let rot = angle.to_radians();
@@ -87,7 +134,7 @@ fn inverse_affine_matrix(
     let b = -(a * tan_sx + rot.sin());
     let c = rot_minus_sy.sin() / cos_sy;
     let d = rot.cos() - c * tan_sx;
-    let mut matrix = [d, -b, 0.0, -c, a, 0.0];
+    let mut matrix = [d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0];
     matrix[2] += cx - matrix[0] * cx_plus_tx - matrix[1] * cy_plus_ty;
     matrix[5] += cy - matrix[3] * cx_plus_tx - matrix[4] * cy_plus_ty;
     matrix

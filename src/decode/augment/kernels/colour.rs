@@ -165,6 +165,18 @@ pub fn solarize(pixels: &mut [u8], threshold: f64) {
 }
 }
 
+/// `permute_channels(permutation)`: output channel `c` is input channel
+/// `order[c]`.
+pub fn permute_channels(pixels: &mut [u8], order: [u8; 3]) {
+    let order = order.map(usize::from);
+    for pixel in pixels.chunks_exact_mut(CHANNELS) {
+        let source = [pixel[0], pixel[1], pixel[2]];
+        for (out, &from) in pixel.iter_mut().zip(&order) {
+            *out = source[from];
+        }
+    }
+}
+
 /// `invert`: `255 - x`.
 pub fn invert(pixels: &mut [u8]) {
     for value in pixels.iter_mut() {

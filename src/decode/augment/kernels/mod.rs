@@ -22,12 +22,12 @@ mod blur;
 mod colour;
 mod erase;
 
-pub use affine::{affine, rotate, Interpolation, Sampling};
+pub use affine::{affine, affine_with, rotate, vertical_flip, Affine, Interpolation, Sampling};
 pub use base::set_simd;
 pub use blur::{gaussian_blur, MAX_BLUR_KERNEL};
 pub use colour::{
     adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, adjust_sharpness,
-    autocontrast, equalize, grayscale, invert, posterize, solarize,
+    autocontrast, equalize, grayscale, invert, permute_channels, posterize, solarize,
 };
 pub use erase::{erase, noise_level, EraseFill};
 

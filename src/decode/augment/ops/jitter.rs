@@ -79,10 +79,13 @@ impl ColorJitter {
     }
 }
 
+/// The most adjustments a sample takes: each of the four once.
+const MAX_STEPS: usize = 4;
+
 /// A sample's adjustments in the order applied.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct JitterDrawn {
-    pub steps: [(JitterOp, f32); 4],
+    pub steps: [(JitterOp, f32); MAX_STEPS],
     pub len: u8,
 }
 
@@ -90,6 +93,79 @@ impl JitterDrawn {
     pub fn steps(&self) -> &[(JitterOp, f32)] {
         &self.steps[..usize::from(self.len)]
     }
+}
+
+/// Applies adjustments in order (ColorJitter's, and
+/// RandomPhotometricDistort's).
+pub(super) fn apply_steps(drawn: &JitterDrawn, out: &mut [u8]) {
+    for &(op, factor) in drawn.steps() {
+        match op {
+            JitterOp::Brightness => kernels::adjust_brightness(out, factor),
+            JitterOp::Contrast => kernels::adjust_contrast(out, factor),
+            JitterOp::Saturation => kernels::adjust_saturation(out, factor),
+            JitterOp::Hue => kernels::adjust_hue(out, factor),
+        }
+    }
+}
+
+/// Adjustments as a `CropBox` reports them (at most four; more are
+/// dropped, an unknown adjustment read as brightness).
+pub(super) fn steps_from_wire(wire: &[pb::JitterStep]) -> JitterDrawn {
+    let mut drawn = JitterDrawn::default();
+    for step in wire.iter().take(MAX_STEPS) {
+        let op = match pb::JitterOp::try_from(step.op) {
+            Ok(pb::JitterOp::Brightness) | Err(_) => JitterOp::Brightness,
+            Ok(pb::JitterOp::Contrast) => JitterOp::Contrast,
+            Ok(pb::JitterOp::Saturation) => JitterOp::Saturation,
+            Ok(pb::JitterOp::Hue) => JitterOp::Hue,
+        };
+        drawn.steps[usize::from(drawn.len)] = (op, step.factor);
+        drawn.len += 1;
+    }
+    drawn
+}
+
+pub(super) fn steps_to_wire(drawn: &JitterDrawn) -> Vec<pb::JitterStep> {
+    drawn
+        .steps()
+        .iter()
+        .map(|&(op, factor)| pb::JitterStep {
+            op: match op {
+                JitterOp::Brightness => pb::JitterOp::Brightness,
+                JitterOp::Contrast => pb::JitterOp::Contrast,
+                JitterOp::Saturation => pb::JitterOp::Saturation,
+                JitterOp::Hue => pb::JitterOp::Hue,
+            } as i32,
+            factor,
+        })
+        .collect()
+}
+
+/// Checks a probability and the four factor ranges (None: left out), the
+/// first three within [0, inf), hue's within [-0.5, 0.5], as torchvision's
+/// kernels take them; `fields` names p's and each range's request field.
+pub(super) fn check_factors(
+    fields: [&'static str; 5],
+    p: f64,
+    ranges: [Option<(f64, f64)>; 4],
+) -> Result<(), AugmentError> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(invalid(
+            fields[0],
+            format!("must be a probability in [0, 1], not {p}"),
+        ));
+    }
+    let bounds = [(0.0, f64::INFINITY); 3].into_iter().chain([(-0.5, 0.5)]);
+    for ((field, range), (low, high)) in fields[1..].iter().zip(ranges).zip(bounds) {
+        let Some((min, max)) = range else { continue };
+        if !(min.is_finite() && max.is_finite() && low <= min && min <= max && max <= high) {
+            return Err(invalid(
+                field,
+                format!("must be a range with {low} <= min <= max <= {high}, not [{min}, {max}]"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Op for ColorJitter {
@@ -106,45 +182,17 @@ impl Op for ColorJitter {
     };
 
     fn validate(&self) -> Result<(), AugmentError> {
-        if !(0.0..=1.0).contains(&self.p) {
-            return Err(invalid(
+        check_factors(
+            [
                 "augmentation.color_jitter.p",
-                format!("must be a probability in [0, 1], not {}", self.p),
-            ));
-        }
-        let fields = [
-            (
                 "augmentation.color_jitter.brightness",
-                self.brightness,
-                0.0,
-                f64::INFINITY,
-            ),
-            (
                 "augmentation.color_jitter.contrast",
-                self.contrast,
-                0.0,
-                f64::INFINITY,
-            ),
-            (
                 "augmentation.color_jitter.saturation",
-                self.saturation,
-                0.0,
-                f64::INFINITY,
-            ),
-            ("augmentation.color_jitter.hue", self.hue, -0.5, 0.5),
-        ];
-        for (field, range, low, high) in fields {
-            let Some((min, max)) = range else { continue };
-            if !(min.is_finite() && max.is_finite() && low <= min && min <= max && max <= high) {
-                return Err(invalid(
-                    field,
-                    format!(
-                        "must be a range with {low} <= min <= max <= {high}, not [{min}, {max}]"
-                    ),
-                ));
-            }
-        }
-        Ok(())
+                "augmentation.color_jitter.hue",
+            ],
+            self.p,
+            [self.brightness, self.contrast, self.saturation, self.hue],
+        )
     }
 
     fn is_random(&self) -> bool {
@@ -178,16 +226,8 @@ impl Op for ColorJitter {
         drawn
     }
 
-    fn apply(&self, drawn: &JitterDrawn, width: u32, out: &mut [u8]) {
-        let _ = width;
-        for &(op, factor) in drawn.steps() {
-            match op {
-                JitterOp::Brightness => kernels::adjust_brightness(out, factor),
-                JitterOp::Contrast => kernels::adjust_contrast(out, factor),
-                JitterOp::Saturation => kernels::adjust_saturation(out, factor),
-                JitterOp::Hue => kernels::adjust_hue(out, factor),
-            }
-        }
+    fn apply(&self, drawn: &JitterDrawn, _width: u32, out: &mut [u8]) {
+        apply_steps(drawn, out);
     }
 
     fn from_wire(wire: &pb::Augmentation) -> Self {
@@ -219,34 +259,11 @@ impl Op for ColorJitter {
     }
 
     fn drawn_from_wire(wire: &pb::CropBox) -> JitterDrawn {
-        let mut drawn = JitterDrawn::default();
-        for step in wire.jitter.iter().take(ORDER.len()) {
-            let op = match pb::JitterOp::try_from(step.op) {
-                Ok(pb::JitterOp::Brightness) | Err(_) => JitterOp::Brightness,
-                Ok(pb::JitterOp::Contrast) => JitterOp::Contrast,
-                Ok(pb::JitterOp::Saturation) => JitterOp::Saturation,
-                Ok(pb::JitterOp::Hue) => JitterOp::Hue,
-            };
-            drawn.steps[usize::from(drawn.len)] = (op, step.factor);
-            drawn.len += 1;
-        }
-        drawn
+        steps_from_wire(&wire.jitter)
     }
 
     fn drawn_to_wire(drawn: JitterDrawn, wire: &mut pb::CropBox) {
-        wire.jitter = drawn
-            .steps()
-            .iter()
-            .map(|&(op, factor)| pb::JitterStep {
-                op: match op {
-                    JitterOp::Brightness => pb::JitterOp::Brightness,
-                    JitterOp::Contrast => pb::JitterOp::Contrast,
-                    JitterOp::Saturation => pb::JitterOp::Saturation,
-                    JitterOp::Hue => pb::JitterOp::Hue,
-                } as i32,
-                factor,
-            })
-            .collect();
+        wire.jitter = steps_to_wire(&drawn);
     }
 }
 

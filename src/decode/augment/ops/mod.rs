@@ -11,21 +11,29 @@
 //! flip alone draws from the crop's generator (frozen since it shipped).
 //! The pixel work is in `../kernels/`.
 
+mod affine;
 mod blur;
+mod coin;
 mod erasing;
 mod flip;
-mod grayscale;
 mod jitter;
+mod photometric;
 mod policy;
-mod solarize;
+mod rotation;
 
+pub use affine::{AffineDrawn, RandomAffine};
 pub use blur::GaussianBlur;
+pub use coin::{
+    Autocontrast, Coin, Equalize, Grayscale, Invert, Kernel, Posterize, RandomAdjustSharpness,
+    RandomAutocontrast, RandomEqualize, RandomGrayscale, RandomInvert, RandomPosterize,
+    RandomSolarize, RandomVerticalFlip, Sharpness, Solarize, VerticalFlip,
+};
 pub use erasing::{EraseValue, ErasedBox, RandomErasing};
 pub use flip::{flip_rows, HorizontalFlip};
-pub use grayscale::RandomGrayscale;
 pub use jitter::{ColorJitter, JitterDrawn, JitterOp};
-pub use policy::{AutoAugment, Policy, PolicyDrawn, PolicyOp, PolicyStep, MAX_POLICY_OPS};
-pub use solarize::RandomSolarize;
+pub use photometric::{PhotometricDrawn, RandomPhotometricDistort};
+pub use policy::{AutoAugment, Fill, Policy, PolicyDrawn, PolicyOp, PolicyStep, MAX_POLICY_OPS};
+pub use rotation::RandomRotation;
 
 use super::op::{AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
@@ -125,18 +133,35 @@ macro_rules! ops_table {
 ops_table! {
     /// Mirrors left to right (`augmentation.horizontal_flip`).
     horizontal_flip: flip::HorizontalFlip,
+    /// RandomVerticalFlip (`augmentation.vertical_flip`).
+    vertical_flip: RandomVerticalFlip,
+    /// RandomRotation (`augmentation.rotation`): the geometric ops come
+    /// before the policy, as recipes write them.
+    rotation: RandomRotation,
+    /// RandomAffine (`augmentation.affine`).
+    affine: RandomAffine,
     /// TrivialAugmentWide, RandAugment or AutoAugment
     /// (`augmentation.auto_augment`).
     auto_augment: policy::AutoAugment,
     /// ColorJitter (`augmentation.color_jitter`).
     color_jitter: jitter::ColorJitter,
+    /// RandomPhotometricDistort (`augmentation.photometric_distort`).
+    photometric_distort: RandomPhotometricDistort,
     /// RandomGrayscale (`augmentation.grayscale`).
-    grayscale: grayscale::RandomGrayscale,
+    grayscale: RandomGrayscale,
     /// GaussianBlur (`augmentation.gaussian_blur`), as the self-supervised
     /// recipes place it, after the colour ops.
     gaussian_blur: blur::GaussianBlur,
     /// RandomSolarize (`augmentation.solarize`).
-    solarize: solarize::RandomSolarize,
+    solarize: RandomSolarize,
+    /// The other single-op colour transforms, each its own coin
+    /// (`augmentation.sharpness`, `.posterize`, `.equalize`,
+    /// `.autocontrast`, `.invert`), in the order of their field numbers.
+    sharpness: RandomAdjustSharpness,
+    posterize: RandomPosterize,
+    equalize: RandomEqualize,
+    autocontrast: RandomAutocontrast,
+    invert: RandomInvert,
     /// RandomErasing (`augmentation.random_erasing`), last as the recipes
     /// apply it after Normalize.
     random_erasing: erasing::RandomErasing,

@@ -152,7 +152,37 @@ impl Fill {
         }
     }
 
-    fn get(&self) -> Option<[u8; 3]> {
+    /// The levels as the wire sends them.
+    pub(super) fn from_wire(levels: &[u32]) -> Self {
+        let mut fill = Self {
+            levels: [0; 3],
+            count: levels.len(),
+        };
+        for (slot, &level) in fill.levels.iter_mut().zip(levels) {
+            *slot = level;
+        }
+        fill
+    }
+
+    pub(super) fn to_wire(self) -> Vec<u32> {
+        self.levels[..self.count.min(3)].to_vec()
+    }
+
+    /// Checks the levels sent, naming `field`.
+    pub(super) fn validate(&self, field: &'static str) -> Result<(), AugmentError> {
+        if !(self.count == 0 || self.count == 3) || self.levels.iter().any(|&l| l > 255) {
+            return Err(invalid(
+                field,
+                format!(
+                    "must be empty or three levels in 0..=255, not {:?}",
+                    &self.levels[..self.count.min(3)]
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn get(&self) -> Option<[u8; 3]> {
         (self.count == 3).then(|| self.levels.map(|level| level.min(255) as u8))
     }
 }
@@ -183,6 +213,25 @@ impl PolicyDrawn {
             self.len += 1;
         }
     }
+}
+
+/// A geometric op's sampling as the wire names it; None: one this server
+/// does not sample with (torchvision's tensor kernels take nearest or
+/// bilinear only).
+pub(super) fn interpolation_from_wire(wire: i32) -> Option<Interpolation> {
+    match pb::Interpolation::try_from(wire) {
+        Ok(pb::Interpolation::Nearest) => Some(Interpolation::Nearest),
+        Ok(pb::Interpolation::Bilinear) => Some(Interpolation::Bilinear),
+        Ok(pb::Interpolation::Bicubic) | Err(_) => None,
+    }
+}
+
+pub(super) fn interpolation_to_wire(interpolation: Option<Interpolation>) -> i32 {
+    let wire = match interpolation.unwrap_or_default() {
+        Interpolation::Nearest => pb::Interpolation::Nearest,
+        Interpolation::Bilinear => pb::Interpolation::Bilinear,
+    };
+    wire as i32
 }
 
 impl AutoAugment {
@@ -266,17 +315,7 @@ impl Op for AutoAugment {
                 "must be INTERPOLATION_NEAREST or INTERPOLATION_BILINEAR".into(),
             ));
         }
-        let fill = &self.fill;
-        if !(fill.count == 0 || fill.count == 3) || fill.levels.iter().any(|&l| l > 255) {
-            return Err(invalid(
-                "augmentation.auto_augment.fill",
-                format!(
-                    "must be empty or three levels in 0..=255, not {:?}",
-                    &fill.levels[..fill.count.min(3)]
-                ),
-            ));
-        }
-        Ok(())
+        self.fill.validate("augmentation.auto_augment.fill")
     }
 
     fn is_random(&self) -> bool {
@@ -351,23 +390,10 @@ impl Op for AutoAugment {
             },
             Some(Wire::Imagenet(_)) => Policy::AutoAugmentImageNet,
         };
-        let interpolation = match pb::Interpolation::try_from(auto.interpolation) {
-            Ok(pb::Interpolation::Nearest) => Some(Interpolation::Nearest),
-            Ok(pb::Interpolation::Bilinear) => Some(Interpolation::Bilinear),
-            // torchvision's tensor kernels sample nearest or bilinear only.
-            Ok(pb::Interpolation::Bicubic) | Err(_) => None,
-        };
-        let mut fill = Fill {
-            levels: [0; 3],
-            count: auto.fill.len(),
-        };
-        for (slot, &level) in fill.levels.iter_mut().zip(&auto.fill) {
-            *slot = level;
-        }
         Self {
             policy,
-            interpolation,
-            fill,
+            interpolation: interpolation_from_wire(auto.interpolation),
+            fill: Fill::from_wire(&auto.fill),
         }
     }
 
@@ -391,14 +417,10 @@ impl Op for AutoAugment {
             }),
             Policy::AutoAugmentImageNet => Wire::Imagenet(pb::AutoAugmentImageNet {}),
         };
-        let interpolation = match self.interpolation.unwrap_or_default() {
-            Interpolation::Nearest => pb::Interpolation::Nearest,
-            Interpolation::Bilinear => pb::Interpolation::Bilinear,
-        };
         wire.auto_augment = Some(pb::AutoAugment {
             policy: Some(policy),
-            interpolation: interpolation as i32,
-            fill: self.fill.levels[..self.fill.count.min(3)].to_vec(),
+            interpolation: interpolation_to_wire(self.interpolation),
+            fill: self.fill.to_wire(),
         });
     }
 

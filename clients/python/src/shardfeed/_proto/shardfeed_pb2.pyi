@@ -230,7 +230,7 @@ class SharedImages(_message.Message):
     def __init__(self, ring_token: _Optional[bytes] = ..., ring_bytes: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., holdable: _Optional[int] = ...) -> None: ...
 
 class Augmentation(_message.Message):
-    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "resize_interpolation")
+    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "vertical_flip", "sharpness", "posterize", "equalize", "autocontrast", "invert", "rotation", "affine", "photometric_distort", "resize_interpolation")
     CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
     RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
     STRETCH_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,15 @@ class Augmentation(_message.Message):
     RANDOM_ERASING_FIELD_NUMBER: _ClassVar[int]
     GAUSSIAN_BLUR_FIELD_NUMBER: _ClassVar[int]
     SOLARIZE_FIELD_NUMBER: _ClassVar[int]
+    VERTICAL_FLIP_FIELD_NUMBER: _ClassVar[int]
+    SHARPNESS_FIELD_NUMBER: _ClassVar[int]
+    POSTERIZE_FIELD_NUMBER: _ClassVar[int]
+    EQUALIZE_FIELD_NUMBER: _ClassVar[int]
+    AUTOCONTRAST_FIELD_NUMBER: _ClassVar[int]
+    INVERT_FIELD_NUMBER: _ClassVar[int]
+    ROTATION_FIELD_NUMBER: _ClassVar[int]
+    AFFINE_FIELD_NUMBER: _ClassVar[int]
+    PHOTOMETRIC_DISTORT_FIELD_NUMBER: _ClassVar[int]
     RESIZE_INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
     center_crop: CenterCrop
     random_resized_crop: RandomResizedCrop
@@ -252,8 +261,17 @@ class Augmentation(_message.Message):
     random_erasing: RandomErasing
     gaussian_blur: GaussianBlur
     solarize: RandomSolarize
+    vertical_flip: float
+    sharpness: RandomAdjustSharpness
+    posterize: RandomPosterize
+    equalize: float
+    autocontrast: float
+    invert: float
+    rotation: RandomRotation
+    affine: RandomAffine
+    photometric_distort: RandomPhotometricDistort
     resize_interpolation: Interpolation
-    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., vertical_flip: _Optional[float] = ..., sharpness: _Optional[_Union[RandomAdjustSharpness, _Mapping]] = ..., posterize: _Optional[_Union[RandomPosterize, _Mapping]] = ..., equalize: _Optional[float] = ..., autocontrast: _Optional[float] = ..., invert: _Optional[float] = ..., rotation: _Optional[_Union[RandomRotation, _Mapping]] = ..., affine: _Optional[_Union[RandomAffine, _Mapping]] = ..., photometric_distort: _Optional[_Union[RandomPhotometricDistort, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
 
 class AutoAugment(_message.Message):
     __slots__ = ("trivial_augment_wide", "rand_augment", "imagenet", "interpolation", "fill")
@@ -331,6 +349,82 @@ class RandomSolarize(_message.Message):
     p: float
     def __init__(self, threshold: _Optional[float] = ..., p: _Optional[float] = ...) -> None: ...
 
+class RandomAdjustSharpness(_message.Message):
+    __slots__ = ("sharpness_factor", "p")
+    SHARPNESS_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    sharpness_factor: float
+    p: float
+    def __init__(self, sharpness_factor: _Optional[float] = ..., p: _Optional[float] = ...) -> None: ...
+
+class RandomRotation(_message.Message):
+    __slots__ = ("degrees", "interpolation", "fill")
+    DEGREES_FIELD_NUMBER: _ClassVar[int]
+    INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
+    FILL_FIELD_NUMBER: _ClassVar[int]
+    degrees: Range
+    interpolation: Interpolation
+    fill: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, degrees: _Optional[_Union[Range, _Mapping]] = ..., interpolation: _Optional[_Union[Interpolation, str]] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RandomAffine(_message.Message):
+    __slots__ = ("degrees", "translate_x", "translate_y", "scale", "shear_x", "shear_y", "interpolation", "fill")
+    DEGREES_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATE_X_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATE_Y_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    SHEAR_X_FIELD_NUMBER: _ClassVar[int]
+    SHEAR_Y_FIELD_NUMBER: _ClassVar[int]
+    INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
+    FILL_FIELD_NUMBER: _ClassVar[int]
+    degrees: Range
+    translate_x: float
+    translate_y: float
+    scale: Range
+    shear_x: Range
+    shear_y: Range
+    interpolation: Interpolation
+    fill: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, degrees: _Optional[_Union[Range, _Mapping]] = ..., translate_x: _Optional[float] = ..., translate_y: _Optional[float] = ..., scale: _Optional[_Union[Range, _Mapping]] = ..., shear_x: _Optional[_Union[Range, _Mapping]] = ..., shear_y: _Optional[_Union[Range, _Mapping]] = ..., interpolation: _Optional[_Union[Interpolation, str]] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AffineDrawn(_message.Message):
+    __slots__ = ("angle", "translate_x", "translate_y", "scale", "shear_x", "shear_y")
+    ANGLE_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATE_X_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATE_Y_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    SHEAR_X_FIELD_NUMBER: _ClassVar[int]
+    SHEAR_Y_FIELD_NUMBER: _ClassVar[int]
+    angle: float
+    translate_x: int
+    translate_y: int
+    scale: float
+    shear_x: float
+    shear_y: float
+    def __init__(self, angle: _Optional[float] = ..., translate_x: _Optional[int] = ..., translate_y: _Optional[int] = ..., scale: _Optional[float] = ..., shear_x: _Optional[float] = ..., shear_y: _Optional[float] = ...) -> None: ...
+
+class RandomPhotometricDistort(_message.Message):
+    __slots__ = ("brightness", "contrast", "saturation", "hue", "p")
+    BRIGHTNESS_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_FIELD_NUMBER: _ClassVar[int]
+    SATURATION_FIELD_NUMBER: _ClassVar[int]
+    HUE_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    brightness: Range
+    contrast: Range
+    saturation: Range
+    hue: Range
+    p: float
+    def __init__(self, brightness: _Optional[_Union[Range, _Mapping]] = ..., contrast: _Optional[_Union[Range, _Mapping]] = ..., saturation: _Optional[_Union[Range, _Mapping]] = ..., hue: _Optional[_Union[Range, _Mapping]] = ..., p: _Optional[float] = ...) -> None: ...
+
+class RandomPosterize(_message.Message):
+    __slots__ = ("bits", "p")
+    BITS_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    bits: int
+    p: float
+    def __init__(self, bits: _Optional[int] = ..., p: _Optional[float] = ...) -> None: ...
+
 class RandomErasing(_message.Message):
     __slots__ = ("p", "scale", "ratio", "colour", "mean", "random", "normalize_mean", "normalize_std")
     P_FIELD_NUMBER: _ClassVar[int]
@@ -388,7 +482,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class CropBox(_message.Message):
-    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized")
+    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized", "vertically_flipped", "sharpened", "posterized", "equalized", "autocontrasted", "inverted", "rotation", "affine", "photometric", "channel_permutation")
     LEFT_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +494,16 @@ class CropBox(_message.Message):
     ERASED_FIELD_NUMBER: _ClassVar[int]
     BLUR_SIGMA_FIELD_NUMBER: _ClassVar[int]
     SOLARIZED_FIELD_NUMBER: _ClassVar[int]
+    VERTICALLY_FLIPPED_FIELD_NUMBER: _ClassVar[int]
+    SHARPENED_FIELD_NUMBER: _ClassVar[int]
+    POSTERIZED_FIELD_NUMBER: _ClassVar[int]
+    EQUALIZED_FIELD_NUMBER: _ClassVar[int]
+    AUTOCONTRASTED_FIELD_NUMBER: _ClassVar[int]
+    INVERTED_FIELD_NUMBER: _ClassVar[int]
+    ROTATION_FIELD_NUMBER: _ClassVar[int]
+    AFFINE_FIELD_NUMBER: _ClassVar[int]
+    PHOTOMETRIC_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_PERMUTATION_FIELD_NUMBER: _ClassVar[int]
     left: float
     top: float
     width: float
@@ -411,7 +515,17 @@ class CropBox(_message.Message):
     erased: ErasedBox
     blur_sigma: float
     solarized: bool
-    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ...) -> None: ...
+    vertically_flipped: bool
+    sharpened: bool
+    posterized: bool
+    equalized: bool
+    autocontrasted: bool
+    inverted: bool
+    rotation: float
+    affine: AffineDrawn
+    photometric: _containers.RepeatedCompositeFieldContainer[JitterStep]
+    channel_permutation: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ..., vertically_flipped: _Optional[bool] = ..., sharpened: _Optional[bool] = ..., posterized: _Optional[bool] = ..., equalized: _Optional[bool] = ..., autocontrasted: _Optional[bool] = ..., inverted: _Optional[bool] = ..., rotation: _Optional[float] = ..., affine: _Optional[_Union[AffineDrawn, _Mapping]] = ..., photometric: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., channel_permutation: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PolicyStep(_message.Message):
     __slots__ = ("op", "magnitude")
