@@ -62,6 +62,21 @@ pub(super) fn round_even(x: f32) -> f32 {
     (x + MAGIC) - MAGIC
 }
 
+/// A float level to `uint8`: truncated toward zero after `clamp_(0, 255)`,
+/// as torchvision's `.to(uint8)` does (the caller rounds first where
+/// torchvision does).
+#[inline(always)]
+#[allow(clippy::manual_clamp)] // `clamp` keeps a NaN, which the cast must not see
+pub(super) fn clamp_cast(value: f32) -> u8 {
+    // `max` then `min` take the number over a NaN (a factor from a
+    // hostile wire), so the value is always in range: the unchecked cast
+    // is a plain truncation the compiler vectorizes, where `as u8`'s
+    // saturation kept these loops scalar.
+    let clamped = value.max(0.0).min(255.0);
+    // SAFETY: `clamped` is finite and within 0..=255.
+    unsafe { clamped.to_int_unchecked::<i32>() as u8 }
+}
+
 /// `x.floor()` for `|x| < 2^31` without a library call (NaN gives 0).
 #[inline(always)]
 pub(super) fn floor(x: f32) -> f32 {

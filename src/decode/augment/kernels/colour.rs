@@ -5,23 +5,10 @@
 //! which truncates (no rounding) after clamping; the kernels do the same in
 //! `f32`, so the last level agrees wherever float32 does.
 
-use super::base::{floor, CHANNELS};
+use super::base::{clamp_cast, floor, CHANNELS};
 
 /// torchvision's luma weights (ITU-R 601-2, as PIL's "L" conversion).
 const LUMA: [f32; 3] = [0.2989, 0.587, 0.114];
-
-#[inline(always)]
-#[allow(clippy::manual_clamp)] // `clamp` keeps a NaN, which the cast must not see
-fn clamp_cast(value: f32) -> u8 {
-    // Truncated toward zero after `clamp_(0, 255)`, as `.to(uint8)` does.
-    // `max` then `min` take the number over a NaN (a factor from a
-    // hostile wire), so the value is always in range: the unchecked cast
-    // is a plain truncation the compiler vectorizes, where `as u8`'s
-    // saturation kept these loops scalar.
-    let clamped = value.max(0.0).min(255.0);
-    // SAFETY: `clamped` is finite and within 0..=255.
-    unsafe { clamped.to_int_unchecked::<i32>() as u8 }
-}
 
 /// Each value through a table of what a per-value formula gives each of
 /// the 256 levels: the formula runs 256 times instead of once a value,
@@ -255,26 +242,59 @@ pub fn equalize(pixels: &mut [u8]) {
 }
 }
 
+/// Pixels per block of [`adjust_hue`]: each step runs over a block's
+/// lanes as a plain loop, which the compiler turns into vector code.
+const HUE_LANES: usize = 16;
+
 simd_kernel! {
 /// `adjust_hue(factor)`, `factor` in `[-0.5, 0.5]`: through HSV in float32
 /// as torchvision's `_rgb_to_hsv` / `_hsv_to_rgb`, back to `uint8` by its
-/// `to_dtype` (`x * 255.999`, truncated).
+/// `to_dtype` (`x * 255.999`, truncated). A block of pixels at a time, each
+/// step branch-free over the block (selects where torchvision masks), so
+/// the lanes are vector lanes; every value takes the float32 operations of
+/// [`hue_pixel`], in its order.
 pub fn adjust_hue(pixels: &mut [u8], factor: f32) {
-    let to_float = (1.0f64 / 255.0) as f32;
-    let to_byte = (255.0f64 + 1.0 - 1e-3) as f32;
-    for pixel in pixels.chunks_exact_mut(CHANNELS) {
-        let [r, g, b] = [0, 1, 2].map(|c| f32::from(pixel[c]) * to_float);
-        let (hue, saturation, value) = rgb_to_hsv(r, g, b);
-        let shifted = hue + factor;
-        let hue = shifted - floor(shifted);
-        let rgb = hsv_to_rgb(hue, saturation, value);
-        for (out, channel) in pixel.iter_mut().zip(rgb) {
-            *out = clamp_cast(channel * to_byte);
+    let mut blocks = pixels.chunks_exact_mut(HUE_LANES * CHANNELS);
+    for block in &mut blocks {
+        let mut rgb = [[0.0f32; HUE_LANES]; CHANNELS];
+        for (lane, pixel) in block.chunks_exact(CHANNELS).enumerate() {
+            for c in 0..CHANNELS {
+                rgb[c][lane] = f32::from(pixel[c]);
+            }
         }
+        let mut out = [[0u8; HUE_LANES]; CHANNELS];
+        for lane in 0..HUE_LANES {
+            let shifted = hue_pixel([rgb[0][lane], rgb[1][lane], rgb[2][lane]], factor);
+            for c in 0..CHANNELS {
+                out[c][lane] = shifted[c];
+            }
+        }
+        for (lane, pixel) in block.chunks_exact_mut(CHANNELS).enumerate() {
+            for c in 0..CHANNELS {
+                pixel[c] = out[c][lane];
+            }
+        }
+    }
+    for pixel in blocks.into_remainder().chunks_exact_mut(CHANNELS) {
+        let levels = [0, 1, 2].map(|c| f32::from(pixel[c]));
+        pixel.copy_from_slice(&hue_pixel(levels, factor));
     }
 }
 }
 
+/// One pixel's hue shift (its levels as floats), branch-free.
+#[inline(always)]
+fn hue_pixel(levels: [f32; CHANNELS], factor: f32) -> [u8; CHANNELS] {
+    let to_float = (1.0f64 / 255.0) as f32;
+    let to_byte = (255.0f64 + 1.0 - 1e-3) as f32;
+    let [r, g, b] = levels.map(|level| level * to_float);
+    let (hue, saturation, value) = rgb_to_hsv(r, g, b);
+    let shifted = hue + factor;
+    let hue = shifted - floor(shifted);
+    hsv_to_rgb(hue, saturation, value).map(|channel| clamp_cast(channel * to_byte))
+}
+
+#[inline(always)]
 fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
     let high = r.max(g).max(b);
     let low = r.min(g).min(b);
@@ -287,12 +307,17 @@ fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
         (high - g) / divisor,
         (high - b) / divisor,
     );
+    // torchvision's masks: red where the maximum is red, green where it is
+    // green and not red, blue elsewhere.
+    let from_red = bc - gc;
+    let from_green = rc + 2.0 - bc;
+    let from_blue = gc + 4.0 - rc;
     let hue = if high == r {
-        bc - gc
+        from_red
     } else if high == g {
-        rc + 2.0 - bc
+        from_green
     } else {
-        gc + 4.0 - rc
+        from_blue
     };
     // torchvision: `(h / 6 + 1) fmod 1`, with the sixth taken in float32;
     // the sum is in [0, 2), where the remainder is exact as a subtraction.
@@ -301,6 +326,7 @@ fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
     (hue, saturation, high)
 }
 
+#[inline(always)]
 fn hsv_to_rgb(hue: f32, saturation: f32, value: f32) -> [f32; 3] {
     let sixths = hue * 6.0;
     let sector = floor(sixths);
@@ -310,19 +336,95 @@ fn hsv_to_rgb(hue: f32, saturation: f32, value: f32) -> [f32; 3] {
     let q = ((1.0 - sxf) * value).clamp(0.0, 1.0);
     let t = ((sxf + one_minus_s) * value).clamp(0.0, 1.0);
     let p = (one_minus_s * value).clamp(0.0, 1.0);
-    let vpqt = [value, p, q, t];
-    const SELECT: [[usize; 6]; 3] = [[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]];
-    let sector = (sector as i32).rem_euclid(6) as usize;
-    [
-        vpqt[SELECT[0][sector]],
-        vpqt[SELECT[1][sector]],
-        vpqt[SELECT[2][sector]],
-    ]
+    // torchvision's `i % 6` of the sector in [0, 6]: 6 is 0.
+    let sector = if sector >= 6.0 { sector - 6.0 } else { sector };
+    // Its table, sector by sector: red v q p p t v, green t v v q p p,
+    // blue p p t v v q.
+    let red = if sector == 0.0 || sector == 5.0 {
+        value
+    } else if sector == 1.0 {
+        q
+    } else if sector == 4.0 {
+        t
+    } else {
+        p
+    };
+    let green = if sector == 1.0 || sector == 2.0 {
+        value
+    } else if sector == 0.0 {
+        t
+    } else if sector == 3.0 {
+        q
+    } else {
+        p
+    };
+    let blue = if sector == 3.0 || sector == 4.0 {
+        value
+    } else if sector == 2.0 {
+        t
+    } else if sector == 5.0 {
+        q
+    } else {
+        p
+    };
+    [red, green, blue]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hue shift as it was written before its blocks: the sector's
+    /// table looked up, the sector taken by `rem_euclid`.
+    fn hue_by_table(pixel: &mut [u8], factor: f32) {
+        let to_float = (1.0f64 / 255.0) as f32;
+        let to_byte = (255.0f64 + 1.0 - 1e-3) as f32;
+        let [r, g, b] = [0, 1, 2].map(|c| f32::from(pixel[c]) * to_float);
+        let (hue, saturation, value) = rgb_to_hsv(r, g, b);
+        let shifted = hue + factor;
+        let hue = shifted - shifted.floor();
+        let sixths = hue * 6.0;
+        let sector = sixths.floor();
+        let fraction = sixths - sector;
+        let sxf = saturation * fraction;
+        let one_minus_s = 1.0 - saturation;
+        let q = ((1.0 - sxf) * value).clamp(0.0, 1.0);
+        let t = ((sxf + one_minus_s) * value).clamp(0.0, 1.0);
+        let p = (one_minus_s * value).clamp(0.0, 1.0);
+        let vpqt = [value, p, q, t];
+        const SELECT: [[usize; 6]; 3] =
+            [[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]];
+        let sector = (sector as i32).rem_euclid(6) as usize;
+        for c in 0..CHANNELS {
+            pixel[c] = clamp_cast(vpqt[SELECT[c][sector]] * to_byte);
+        }
+    }
+
+    /// Every colour, through the blocks (both builds) and the remainder,
+    /// takes the bytes of the table form.
+    #[test]
+    fn the_hue_blocks_give_the_table_forms_bytes_for_every_colour() {
+        let colours: Vec<u8> = (0..1u32 << 24)
+            .flat_map(|c| [(c >> 16) as u8, (c >> 8) as u8, c as u8])
+            .collect();
+        for factor in [-0.5f32, -0.137, 0.02, 0.5] {
+            let mut expected = colours.clone();
+            for pixel in expected.chunks_exact_mut(CHANNELS) {
+                hue_by_table(pixel, factor);
+            }
+            for simd in [true, false] {
+                super::super::base::set_simd(simd);
+                let mut blocks = colours.clone();
+                adjust_hue(&mut blocks, factor);
+                // 7 pixels: the remainder path alone.
+                let mut short = colours[..21].to_vec();
+                adjust_hue(&mut short, factor);
+                super::super::base::set_simd(true);
+                assert!(blocks == expected, "factor {factor}, simd {simd}");
+                assert_eq!(short[..], expected[..21]);
+            }
+        }
+    }
 
     #[test]
     fn colour_kernels_truncate_as_torchvision_does() {
