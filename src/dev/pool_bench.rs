@@ -52,7 +52,7 @@ fn wire_bytes(jpegs: &[bytes::Bytes], unit_samples: usize) -> (f64, f64) {
             results: unit
                 .iter()
                 .map(|_| {
-                    wire::answer_to_wire(&wire::SampleAnswer::Decoded(Box::new(decode::CropBox {
+                    wire::answer_to_wire(&wire::SampleAnswer::Decoded(decode::CropBox {
                         left: 1.5,
                         top: 2.5,
                         width: 100.25,
@@ -61,7 +61,7 @@ fn wire_bytes(jpegs: &[bytes::Bytes], unit_samples: usize) -> (f64, f64) {
                             horizontal_flip: true,
                             ..decode::Drawn::default()
                         },
-                    })))
+                    }))
                 })
                 .collect(),
         };

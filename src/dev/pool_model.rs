@@ -400,13 +400,13 @@ fn answer(unit: &pb::DecodeUnit) -> pb::DecodedUnit {
             .iter()
             .map(|_| {
                 crate::pool::wire::answer_to_wire(&crate::pool::wire::SampleAnswer::Decoded(
-                    Box::new(crate::decode::CropBox {
+                    crate::decode::CropBox {
                         left: 0.0,
                         top: 0.0,
                         width: 1.0,
                         height: 1.0,
                         drawn: crate::decode::Drawn::default(),
-                    }),
+                    },
                 ))
             })
             .collect(),

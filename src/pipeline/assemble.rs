@@ -222,7 +222,7 @@ impl BatchWork {
                 let pixels = &answer.pixels[i * placement.length..(i + 1) * placement.length];
                 self.images()[placement.offset..placement.offset + placement.length]
                     .copy_from_slice(pixels);
-                self.outcomes[slot] = Some(Ok(**crop));
+                self.outcomes[slot] = Some(Ok(*crop));
                 self.remote += 1;
             }
         }

@@ -40,14 +40,16 @@ pub struct UnitSample {
 }
 
 /// A worker's answer for one sample.
+///
+/// Not boxed, though a `CropBox` (every op's decision) is a few hundred
+/// bytes beside a failure's two strings: answers live in a unit's `Vec`,
+/// one per sample, where a box would be a heap allocation per sample on
+/// the pool's path to save bytes that the vector holds for a moment.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum SampleAnswer {
-    /// Boxed: a sample's decisions are most of the answer's size.
-    Decoded(Box<CropBox>),
-    Failed {
-        reason: String,
-        message: String,
-    },
+    Decoded(CropBox),
+    Failed { reason: String, message: String },
 }
 
 /// A unit the worker cannot take: its message names what is wrong.
@@ -197,7 +199,7 @@ pub fn answers_from_wire(
                 let sound = numbers.iter().all(|v| v.is_finite() && *v >= 0.0)
                     && crop.width > 0.0
                     && crop.height > 0.0;
-                sound.then(|| SampleAnswer::Decoded(Box::new(CropBox::from_wire(crop))))
+                sound.then(|| SampleAnswer::Decoded(CropBox::from_wire(crop)))
             }
             Outcome::Failure(failure) => (failure.reason.len() <= MAX_FAILURE_TEXT_BYTES
                 && failure.message.len() <= MAX_FAILURE_TEXT_BYTES)
@@ -259,9 +261,7 @@ mod tests {
         let answer = pb::DecodedUnit {
             unit_id: 1,
             pixels: Bytes::from(vec![0; 10]),
-            results: vec![answer_to_wire(&SampleAnswer::Decoded(Box::new(
-                CropBox::whole(4, 4),
-            )))],
+            results: vec![answer_to_wire(&SampleAnswer::Decoded(CropBox::whole(4, 4)))],
         };
         assert!(answers_from_wire(&answer, 1, 10).is_some());
         assert!(answers_from_wire(&answer, 1, 12).is_none());
@@ -271,13 +271,13 @@ mod tests {
     #[test]
     fn answers_with_unsound_boxes_or_long_texts_are_malformed() {
         let crop = |left: f64, width: f64| {
-            answer_to_wire(&SampleAnswer::Decoded(Box::new(CropBox {
+            answer_to_wire(&SampleAnswer::Decoded(CropBox {
                 left,
                 top: 0.0,
                 width,
                 height: 10.0,
                 drawn: Drawn::default(),
-            })))
+            }))
         };
         let unit = |result: pb::SampleResult| pb::DecodedUnit {
             results: vec![result],

@@ -351,7 +351,7 @@ pub(crate) fn decode_unit(
                 copy: sample.copy,
             };
             match decode::decode_bounded(decoder, scratch, format, &sample.data, spec, &key, out) {
-                Ok(crop) => SampleAnswer::Decoded(Box::new(crop)),
+                Ok(crop) => SampleAnswer::Decoded(crop),
                 Err(error) => {
                     out.fill(0);
                     SampleAnswer::Failed {

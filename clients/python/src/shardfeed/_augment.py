@@ -41,6 +41,21 @@ _PROBABILITIES = (
 )
 
 
+# The ops that are a message of their own (None: off).
+_MESSAGES = (
+    "auto_augment",
+    "color_jitter",
+    "random_erasing",
+    "gaussian_blur",
+    "solarize",
+    "rotation",
+    "affine",
+    "photometric_distort",
+    "sharpness",
+    "posterize",
+)
+
+
 @dataclass(frozen=True)
 class Augment:
     """How each source image becomes a sample, decided by the server per
@@ -179,22 +194,7 @@ class Augment:
         message = pb.Augmentation(**{name: getattr(self, name) for name in _PROBABILITIES})
         if self.interpolation == "bicubic":
             message.resize_interpolation = pb.INTERPOLATION_BICUBIC
-        if self.auto_augment is not None:
-            message.auto_augment.CopyFrom(self.auto_augment.to_message())
-        if self.color_jitter is not None:
-            message.color_jitter.CopyFrom(self.color_jitter.to_message())
-        if self.random_erasing is not None:
-            message.random_erasing.CopyFrom(self.random_erasing.to_message())
-        if self.gaussian_blur is not None:
-            message.gaussian_blur.CopyFrom(self.gaussian_blur.to_message())
-        for name in (
-            "solarize",
-            "rotation",
-            "affine",
-            "photometric_distort",
-            "sharpness",
-            "posterize",
-        ):
+        for name in _MESSAGES:
             op = getattr(self, name)
             if op is not None:
                 getattr(message, name).CopyFrom(op.to_message())

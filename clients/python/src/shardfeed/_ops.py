@@ -189,10 +189,9 @@ def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
             call = _policy_call(step, interpolation, fill)
             if call is not None:
                 ops.append(call)
-    for step in crop.jitter:
-        name, argument = _JITTER[step.op]
-        ops.append((name, {argument: float(step.factor)}))
-    for step in crop.photometric:
+    # ColorJitter's adjustments, then RandomPhotometricDistort's (the same
+    # four kernels).
+    for step in (*crop.jitter, *crop.photometric):
         name, argument = _JITTER[step.op]
         ops.append((name, {argument: float(step.factor)}))
     if len(crop.channel_permutation):

@@ -26,7 +26,7 @@ then ``RandomErasing``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from . import _timm
 from ._augment import Augment
@@ -507,64 +507,84 @@ def from_torchvision(transform: Any) -> Augment:
     return state.finish()
 
 
+# The rows that are a probability alone: the Augment field each sets, to
+# the transform's p times the RandomApply's around it.
+_COINS = {
+    "RandomHorizontalFlip": "horizontal_flip",
+    "RandomVerticalFlip": "vertical_flip",
+    "RandomGrayscale": "grayscale",
+    "RandomEqualize": "equalize",
+    "RandomAutocontrast": "autocontrast",
+    "RandomInvert": "invert",
+}
+
+
 def _step(state: _Conversion, name: str, step: Any, p: float) -> None:
     """One step into ``state``; ``p``: the RandomApply around it."""
-    augment = state.augment
     if _STAGES[name] == 0:
         state.crop_step(name, step)
     elif _STAGES[name] == _CONVERSIONS:
         state.conversion(name, step)
-    elif name == "RandomHorizontalFlip":
-        state.augment = replace(augment, horizontal_flip=p * float(step.p))
-    elif name == "RandomGrayscale":
-        state.augment = replace(augment, grayscale=p * float(step.p))
-    elif name == "ColorJitter":
-        b, c, s, h = (
-            tuple(r) if r is not None else 0.0
-            for r in (step.brightness, step.contrast, step.saturation, step.hue)
-        )
-        jitter = ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=p)
-        state.augment = replace(augment, color_jitter=jitter)
-    elif name == "GaussianBlur":
-        width, height = (int(side) for side in step.kernel_size)
-        low, high = (float(v) for v in step.sigma)
-        blur = GaussianBlur((width, height), (low, high), p=p)
-        state.augment = replace(augment, gaussian_blur=blur)
-    elif name == "RandomSolarize":
-        solarize = RandomSolarize(float(step.threshold), p * float(step.p))
-        state.augment = replace(augment, solarize=solarize)
-    elif name == "RandomVerticalFlip":
-        state.augment = replace(augment, vertical_flip=p * float(step.p))
-    elif name == "RandomRotation":
-        state.augment = replace(augment, rotation=_rotation(step))
-    elif name == "RandomPhotometricDistort":
-        distort = RandomPhotometricDistort(
-            brightness=_pair(step.brightness),
-            contrast=_pair(step.contrast),
-            saturation=_pair(step.saturation),
-            hue=_pair(step.hue),
-            p=float(step.p),
-        )
-        state.augment = replace(augment, photometric_distort=distort)
-    elif name == "RandomAffine":
-        state.augment = replace(augment, affine=_affine(step))
-    elif name == "RandomAdjustSharpness":
-        factor = float(step.sharpness_factor)
-        state.augment = replace(augment, sharpness=RandomAdjustSharpness(factor, p * float(step.p)))
-    elif name == "RandomPosterize":
-        posterize = RandomPosterize(int(step.bits), p * float(step.p))
-        state.augment = replace(augment, posterize=posterize)
-    elif name == "RandomEqualize":
-        state.augment = replace(augment, equalize=p * float(step.p))
-    elif name == "RandomAutocontrast":
-        state.augment = replace(augment, autocontrast=p * float(step.p))
-    elif name == "RandomInvert":
-        state.augment = replace(augment, invert=p * float(step.p))
+    elif name in _COINS:
+        probability: dict[str, Any] = {_COINS[name]: p * float(step.p)}
+        state.augment = replace(state.augment, **probability)
     elif name == "RandomErasing":
         erasing = state.erasing(step)
-        state.augment = replace(augment, random_erasing=replace(erasing, p=p * erasing.p))
+        state.augment = replace(state.augment, random_erasing=replace(erasing, p=p * erasing.p))
+    elif name in _ROWS:
+        field_name, build = _ROWS[name]
+        row: dict[str, Any] = {field_name: build(step, p)}
+        state.augment = replace(state.augment, **row)
     else:
-        state.augment = replace(augment, auto_augment=_policy(name, step))
+        state.augment = replace(state.augment, auto_augment=_policy(name, step))
+
+
+def _jitter(step: Any, p: float) -> ColorJitter:
+    b, c, s, h = (
+        tuple(r) if r is not None else 0.0
+        for r in (step.brightness, step.contrast, step.saturation, step.hue)
+    )
+    return ColorJitter(brightness=b, contrast=c, saturation=s, hue=h, p=p)
+
+
+def _blur(step: Any, p: float) -> GaussianBlur:
+    width, height = (int(side) for side in step.kernel_size)
+    low, high = (float(v) for v in step.sigma)
+    return GaussianBlur((width, height), (low, high), p=p)
+
+
+def _distort(step: Any, p: float) -> RandomPhotometricDistort:
+    del p  # not in _PROBABLE: a RandomApply around it is refused
+    return RandomPhotometricDistort(
+        brightness=_pair(step.brightness),
+        contrast=_pair(step.contrast),
+        saturation=_pair(step.saturation),
+        hue=_pair(step.hue),
+        p=float(step.p),
+    )
+
+
+# The rows built from the step: the Augment field and the builder, which
+# takes the RandomApply's p around it (1 where _PROBABLE does not name it).
+_ROWS: dict[str, tuple[str, Callable[[Any, float], Any]]] = {
+    "ColorJitter": ("color_jitter", _jitter),
+    "GaussianBlur": ("gaussian_blur", _blur),
+    "RandomSolarize": (
+        "solarize",
+        lambda step, p: RandomSolarize(float(step.threshold), p * float(step.p)),
+    ),
+    "RandomRotation": ("rotation", lambda step, p: _rotation(step)),
+    "RandomAffine": ("affine", lambda step, p: _affine(step)),
+    "RandomPhotometricDistort": ("photometric_distort", _distort),
+    "RandomAdjustSharpness": (
+        "sharpness",
+        lambda step, p: RandomAdjustSharpness(float(step.sharpness_factor), p * float(step.p)),
+    ),
+    "RandomPosterize": (
+        "posterize",
+        lambda step, p: RandomPosterize(int(step.bits), p * float(step.p)),
+    ),
+}
 
 
 def _rotation(step: Any) -> RandomRotation:

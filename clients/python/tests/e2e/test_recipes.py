@@ -130,13 +130,17 @@ def test_reported_ops_replay_on_the_same_request_without_them(
     assert len(ran) >= 3, ran
 
 
+@pytest.mark.parametrize(
+    "recipe_name", ["trivial_augment+erasing", "single_ops", "affine", "photometric_distort"]
+)
 def test_decisions_are_the_samples_own_at_any_world_size(
     server: Server,
     photos: tuple[str, dict[str, bytes]],  # noqa: F811
+    recipe_name: str,
 ) -> None:
     uri, _ = photos
     client = Client(server.target)
-    recipe = RECIPES["trivial_augment+erasing"]
+    recipe = RECIPES[recipe_name]
     one = _by_key(client, uri, recipe, world_size=1)
     two = _by_key(client, uri, recipe, world_size=2)
     assert one.keys() == two.keys()
