@@ -8,8 +8,9 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use shardfeed::decode::{
     decode_bounded, default_decoder, set_augment_simd, AutoAugment, ColorJitter, Crop, CropBox,
-    EraseValue, ErasedBox, Grayscale, Interpolation, JitterDrawn, JitterOp, Kernel, Ops,
-    OutputSpec, Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, SampleKey, ScratchBudget,
+    EraseValue, ErasedBox, Fill, Grayscale, Interpolation, JitterDrawn, JitterOp, Kernel, Ops,
+    OutputSpec, PilResample, Policy, PolicyDrawn, PolicyOp, PolicyStep, RandomErasing, SampleKey,
+    ScratchBudget, TimmDrawn, TimmOp, TimmRandAugment, TimmStep,
 };
 use shardfeed::dev::synthetic::{synthesize_shards, SyntheticSpec};
 use shardfeed::shard::splitter::SampleSplitter;
@@ -195,6 +196,7 @@ fn ops_alone(c: &mut Criterion) {
         let erasing = RandomErasing::new(1.0, value, MEAN, STD);
         cases.push((name.into(), spec(Ops::NONE.with(erasing)), crop));
     }
+    cases.extend(timm_cases());
     let mut out = photo.clone();
     for (name, spec, crop) in &cases {
         // The kernels' AVX2 build (where the CPU has it), then the baseline.
@@ -217,6 +219,61 @@ fn ops_alone(c: &mut Criterion) {
         })
     });
     group.finish();
+}
+
+/// DeiT's timm RandAugment (rand-m9-mstd0.5-inc1, bicubic, the ImageNet
+/// mean as fill), each op alone at magnitude 9.
+fn deit() -> TimmRandAugment {
+    TimmRandAugment {
+        fill: Fill::colour([124, 116, 104]),
+        ..TimmRandAugment::new(9.0, 2, 0.5, true)
+    }
+}
+
+/// timm's ops alone: the geometric ones with both samplings.
+fn timm_cases() -> Vec<(String, OutputSpec, CropBox)> {
+    use TimmOp::*;
+    let mut cases = Vec::new();
+    let ops = [
+        (Rotate, 27.0),
+        (ShearX, 0.27),
+        (TranslateXRel, 0.405),
+        (AutoContrast, 0.0),
+        (Equalize, 0.0),
+        (Invert, 0.0),
+        (PosterizeIncreasing, 1.0),
+        (SolarizeIncreasing, 26.0),
+        (SolarizeAdd, 99.0),
+        (ColorIncreasing, 1.81),
+        (ContrastIncreasing, 1.81),
+        (BrightnessIncreasing, 1.81),
+        (SharpnessIncreasing, 1.81),
+    ];
+    for (op, argument) in ops {
+        let samplings: &[PilResample] = if op.is_geometric() {
+            &[PilResample::Bilinear, PilResample::Bicubic]
+        } else {
+            &[PilResample::Bicubic]
+        };
+        for &resample in samplings {
+            let mut crop = CropBox::whole(224, 224);
+            let mut drawn = TimmDrawn::default();
+            drawn.steps[0] = TimmStep {
+                op,
+                argument,
+                resample,
+            };
+            drawn.len = 1;
+            crop.drawn.timm_rand_augment = drawn;
+            let name = if op.is_geometric() {
+                format!("Timm{op:?}/{resample:?}")
+            } else {
+                format!("Timm{op:?}")
+            };
+            cases.push((name, spec(Ops::NONE.with(deit())), crop));
+        }
+    }
+    cases
 }
 
 /// The recipes' own draws over 256 samples: the mean cost of the ops a
@@ -253,6 +310,14 @@ fn recipes(c: &mut Criterion) {
                     ..AutoAugment::default()
                 })
                 .with(erase(0.2)),
+        ),
+        (
+            "timm_rand_m9_mstd0.5_inc1+erasing_0.25_pixel",
+            Ops::NONE.with(deit()).with(RandomErasing {
+                scale: (0.02, 1.0 / 3.0),
+                ratio: (0.3, 1.0 / 0.3),
+                ..RandomErasing::new(0.25, EraseValue::Random, MEAN, STD)
+            }),
         ),
         (
             "color_jitter_0.4+grayscale_0.2",

@@ -73,9 +73,12 @@ pub struct BenchArgs {
     /// ViT), `auto` (AutoAugment ImageNet + RandomErasing 0.2: its
     /// MobileNetV3), `jitter` (ColorJitter(0.4, 0.4, 0.4) + grayscale 0.2),
     /// `dino` (DINOv2's global crop's ops: RandomApply(ColorJitter) 0.8,
-    /// grayscale 0.2, GaussianBlur(9, 0.1-2)).
+    /// grayscale 0.2, GaussianBlur(9, 0.1-2)), `deit` (timm's
+    /// rand-m9-mstd0.5-inc1 + RandomErasing(0.25, pixel): DeiT's, with
+    /// `--interpolation bicubic`).
     #[arg(long, default_value = "center",
-          value_parser = ["center", "eval", "train", "trivial", "rand", "auto", "jitter", "dino"])]
+          value_parser = ["center", "eval", "train", "trivial", "rand", "auto", "jitter", "dino",
+                          "deit"])]
     pub augment: String,
     /// How the crop is resized (antialiased, as torchvision's and PIL's).
     #[arg(long, default_value = "bilinear", value_parser = ["bilinear", "bicubic"])]
@@ -104,7 +107,7 @@ impl BenchArgs {
         };
         match self.augment.as_str() {
             "train" => train,
-            recipe @ ("trivial" | "rand" | "auto" | "jitter" | "dino") => OutputSpec {
+            recipe @ ("trivial" | "rand" | "auto" | "jitter" | "dino" | "deit") => OutputSpec {
                 ops: recipe_ops(recipe, train.ops),
                 ..train
             },
@@ -355,6 +358,19 @@ fn recipe_ops(recipe: &str, flip: crate::decode::Ops) -> crate::decode::Ops {
                 kernel: (9, 9),
                 sigma: (0.1, 2.0),
                 p: 1.0,
+            }),
+        // DeiT's, as timm's create_transform builds it for 224²: the
+        // policy's fill is the ImageNet mean in levels, the erasing timm's
+        // (area to 1/3, aspect 0.3 to 1/0.3, per-value normal noise).
+        "deit" => flip
+            .with(crate::decode::TimmRandAugment {
+                fill: crate::decode::Fill::colour([124, 116, 104]),
+                ..crate::decode::TimmRandAugment::new(9.0, 2, 0.5, true)
+            })
+            .with(RandomErasing {
+                scale: (0.02, 1.0 / 3.0),
+                ratio: (0.3, 1.0 / 0.3),
+                ..RandomErasing::new(0.25, EraseValue::Random, MEAN, STD)
             }),
         _ => flip
             .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.0))

@@ -22,6 +22,7 @@ pub use augment::{
     RandomErasing, RandomPhotometricDistort, RandomResizedCrop, RandomRotation, Resample,
     SampleKey, Sharpness, Solarize, VerticalFlip, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
 };
+pub use augment::{PilResample, TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
 pub use decoder::{
     decode_rgb, resize_rgb, resize_with, Decoder, ImageCrateDecoder, IMAGE_CRATE_DECODER,
 };

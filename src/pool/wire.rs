@@ -14,10 +14,11 @@ pub const BUILD_HEADER: &str = "shardfeed-pool-build";
 /// The unit's wire revision: 2 carries the service's `Augmentation` and
 /// `CropBox`; 3 their policy, jitter, grayscale and erasing fields; 4 the
 /// sample's copy index (repeated augmentation); 5 the crop's resize
-/// interpolation (a build before it would resize bicubic units bilinear).
+/// interpolation (a build before it would resize bicubic units bilinear);
+/// 6 the single-op rows; 7 timm's RandAugment.
 /// Builds of one crate version on either side of a change meet in a
 /// rolling update, and must refuse each other rather than misread.
-const WIRE_REVISION: u32 = 6;
+const WIRE_REVISION: u32 = 7;
 
 /// What a unit's pixels depend on besides the unit: the crate's version
 /// (crop boxes, resize kernels), the unit's wire, the op table (a build

@@ -374,5 +374,93 @@ fn write_golden_vectors() {
             writer.case(name, &spec, spec.crop_box(224, 224, &key));
         }
     }
+    write_timm_cases(&mut writer);
     assert!(writer.cases > 150, "{} cases", writer.cases);
+}
+
+/// timm's RandAugment: each op alone at arguments across its range (the
+/// geometric ones with both samplings), then whole recipes as drawn.
+fn write_timm_cases(writer: &mut Writer) {
+    use row::TimmOp::*;
+    let timm = |op| row::TimmRandAugment {
+        fill: row::Fill::colour([124, 116, 104]),
+        ..row::TimmRandAugment::new(9.0, 2, 0.5, true).with_op_list(&[op])
+    };
+    let singles: &[(row::TimmOp, &[f64])] = &[
+        (AutoContrast, &[0.0]),
+        (Equalize, &[0.0]),
+        (Invert, &[0.0]),
+        (Rotate, &[27.0, -13.4, 3.0, -30.0]),
+        (ShearX, &[0.27, -0.131]),
+        (ShearY, &[-0.27, 0.05]),
+        (TranslateXRel, &[0.405, -0.2]),
+        (TranslateYRel, &[-0.405, 0.133]),
+        (TranslateX, &[100.0, -37.5]),
+        (TranslateY, &[-100.0]),
+        (Posterize, &[0.0, 1.0, 3.0, 4.0]),
+        (Solarize, &[0.0, 128.0, 230.0, 256.0]),
+        (SolarizeAdd, &[99.0, 17.0]),
+        (Color, &[0.1, 0.55, 1.9, 1.37]),
+        (Contrast, &[0.1, 0.55, 1.9, 1.37]),
+        (Brightness, &[0.1, 0.55, 1.9, 1.37]),
+        (Sharpness, &[0.1, 0.55, 1.9, 1.37]),
+    ];
+    for (op, arguments) in singles {
+        let samplings: &[row::PilResample] = if op.is_geometric() {
+            &[row::PilResample::Bilinear, row::PilResample::Bicubic]
+        } else {
+            &[row::PilResample::Bilinear]
+        };
+        for &argument in *arguments {
+            for &resample in samplings {
+                let mut drawn = row::TimmDrawn::default();
+                drawn.steps[0] = row::TimmStep {
+                    op: *op,
+                    argument,
+                    resample,
+                };
+                drawn.len = 1;
+                let mut crop = CropBox::whole(224, 224);
+                crop.drawn.timm_rand_augment = drawn;
+                let name = if op.is_geometric() {
+                    format!("Timm{op:?}-{resample:?}")
+                } else {
+                    format!("Timm{op:?}")
+                };
+                writer.case(&name, &spec(224, 224, Ops::NONE.with(timm(*op))), crop);
+            }
+        }
+    }
+    let recipes = [
+        (
+            "RecipeTimmDeiT",
+            Ops::NONE
+                .with(row::TimmRandAugment {
+                    fill: row::Fill::colour([124, 116, 104]),
+                    ..row::TimmRandAugment::new(9.0, 2, 0.5, true)
+                })
+                .with(erasing(EraseValue::Random)),
+        ),
+        (
+            "RecipeTimmRandomSampling",
+            Ops::NONE.with(row::TimmRandAugment {
+                prob: 1.0,
+                random_resample: true,
+                magnitude_std: f64::INFINITY,
+                ..row::TimmRandAugment::new(10.0, 3, 0.0, false)
+            }),
+        ),
+    ];
+    for (name, ops) in recipes {
+        let spec = spec(224, 224, ops);
+        for sample in 0..24u64 {
+            let key = SampleKey {
+                seed: 11,
+                epoch: 0,
+                sample: crate::hash::fmix64(sample + 300),
+                copy: 0,
+            };
+            writer.case(name, &spec, spec.crop_box(224, 224, &key));
+        }
+    }
 }

@@ -25,4 +25,5 @@ pub use ops::{
     RandomAffine, RandomErasing, RandomPhotometricDistort, RandomRotation, Sharpness, Slot,
     Solarize, VerticalFlip, MAX_POLICY_OPS,
 };
+pub use ops::{PilResample, TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
 pub use spec::{CropBox, OutputSpec, Resample, DEFAULT_SIZE, MAX_SIZE};

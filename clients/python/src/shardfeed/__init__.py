@@ -20,6 +20,7 @@ from ._policies import (
 )
 from ._server import PackReport, Server, SkippedFile, pack, serve
 from ._stats import InputStats
+from ._timm import TimmRandAugment
 from ._torchvision import from_torchvision
 from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
 
@@ -36,6 +37,7 @@ __all__ = [
     "RandomPosterize",
     "RandomRotation",
     "RandomSolarize",
+    "TimmRandAugment",
     "TrivialAugmentWide",
     "Batch",
     "Client",

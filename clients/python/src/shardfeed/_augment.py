@@ -19,6 +19,7 @@ from ._policies import (
     RandomSolarize,
 )
 from ._proto import shardfeed_pb2 as pb
+from ._timm import TimmRandAugment
 
 ImageSize = Union[int, tuple[int, int]]
 
@@ -51,6 +52,7 @@ _MESSAGES = (
     "rotation",
     "affine",
     "photometric_distort",
+    "timm_rand_augment",
     "sharpness",
     "posterize",
 )
@@ -72,6 +74,7 @@ class Augment:
     the server's table order: ``horizontal_flip`` is the probability of
     mirroring a sample; ``auto_augment`` one of
     :class:`TrivialAugmentWide`, :class:`RandAugment`, :class:`AutoAugment`;
+    ``timm_rand_augment`` a :class:`TimmRandAugment` (timm's, after it);
     ``color_jitter`` a :class:`ColorJitter`; ``grayscale`` the probability
     of ``RandomGrayscale``; ``gaussian_blur`` a :class:`GaussianBlur` and
     ``solarize`` a :class:`RandomSolarize` (after the grayscale coin, as
@@ -110,6 +113,7 @@ class Augment:
     equalize: float = 0.0
     autocontrast: float = 0.0
     invert: float = 0.0
+    timm_rand_augment: TimmRandAugment | None = None
     # What the trainer does after the ops (not sent: the client applies
     # them, see ShardfeedDataset): Normalize's (mean, std) and the dtype.
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None

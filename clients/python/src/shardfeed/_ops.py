@@ -130,6 +130,66 @@ _JITTER = {
 }
 
 
+# timm's op functions (``timm.data.auto_augment``) by wire op, with the
+# name of the argument each takes; None: no argument.
+_TIMM: dict[int, tuple[str, str | None]] = {
+    pb.TIMM_OP_AUTO_CONTRAST: ("auto_contrast", None),
+    pb.TIMM_OP_EQUALIZE: ("equalize", None),
+    pb.TIMM_OP_INVERT: ("invert", None),
+    pb.TIMM_OP_ROTATE: ("rotate", "degrees"),
+    pb.TIMM_OP_POSTERIZE: ("posterize", "bits_to_keep"),
+    pb.TIMM_OP_POSTERIZE_INCREASING: ("posterize", "bits_to_keep"),
+    pb.TIMM_OP_POSTERIZE_ORIGINAL: ("posterize", "bits_to_keep"),
+    pb.TIMM_OP_SOLARIZE: ("solarize", "thresh"),
+    pb.TIMM_OP_SOLARIZE_INCREASING: ("solarize", "thresh"),
+    pb.TIMM_OP_SOLARIZE_ADD: ("solarize_add", "add"),
+    pb.TIMM_OP_COLOR: ("color", "factor"),
+    pb.TIMM_OP_COLOR_INCREASING: ("color", "factor"),
+    pb.TIMM_OP_CONTRAST: ("contrast", "factor"),
+    pb.TIMM_OP_CONTRAST_INCREASING: ("contrast", "factor"),
+    pb.TIMM_OP_BRIGHTNESS: ("brightness", "factor"),
+    pb.TIMM_OP_BRIGHTNESS_INCREASING: ("brightness", "factor"),
+    pb.TIMM_OP_SHARPNESS: ("sharpness", "factor"),
+    pb.TIMM_OP_SHARPNESS_INCREASING: ("sharpness", "factor"),
+    pb.TIMM_OP_SHEAR_X: ("shear_x", "factor"),
+    pb.TIMM_OP_SHEAR_Y: ("shear_y", "factor"),
+    pb.TIMM_OP_TRANSLATE_X_REL: ("translate_x_rel", "pct"),
+    pb.TIMM_OP_TRANSLATE_Y_REL: ("translate_y_rel", "pct"),
+    pb.TIMM_OP_TRANSLATE_X: ("translate_x_abs", "pixels"),
+    pb.TIMM_OP_TRANSLATE_Y: ("translate_y_abs", "pixels"),
+}
+_TIMM_INTEGERS = frozenset({"bits_to_keep", "thresh", "add"})
+_TIMM_FILL = (128, 128, 128)
+
+
+def _timm_call(step: Any, fill: tuple[int, ...]) -> tuple[str, dict[str, Any]]:
+    """One timm op as ``timm.data.auto_augment.<name>(pil_image, **kwargs)``
+    runs it; the name is prefixed ``timm.`` (``replay`` runs it on PIL)."""
+    name, argument = _TIMM[step.op]
+    kwargs: dict[str, Any] = {}
+    if argument is not None:
+        value = float(step.argument)
+        kwargs[argument] = int(value) if argument in _TIMM_INTEGERS else value
+    if step.op in _TIMM_GEOMETRIC:
+        bicubic = step.resample == pb.INTERPOLATION_BICUBIC
+        kwargs["resample"] = "bicubic" if bicubic else "bilinear"
+        kwargs["fillcolor"] = fill
+    return f"timm.{name}", kwargs
+
+
+_TIMM_GEOMETRIC = frozenset(
+    {
+        pb.TIMM_OP_ROTATE,
+        pb.TIMM_OP_SHEAR_X,
+        pb.TIMM_OP_SHEAR_Y,
+        pb.TIMM_OP_TRANSLATE_X_REL,
+        pb.TIMM_OP_TRANSLATE_Y_REL,
+        pb.TIMM_OP_TRANSLATE_X,
+        pb.TIMM_OP_TRANSLATE_Y,
+    }
+)
+
+
 def _erase_call(box: Any, erasing: Any) -> tuple[str, dict[str, Any]]:
     value = erasing.WhichOneof("value")
     mean, std = list(erasing.normalize_mean), list(erasing.normalize_std)
@@ -157,7 +217,7 @@ def erase_noise_mean(mean: Any, std: Any) -> npt.NDArray[np.uint8]:
 
 def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
     """One sample's ops after its crop, in the order the server applied
-    them (the table's: flips, rotation, policy, jitter, grayscale, blur,
+    them (the table's: flips, rotation, policy, timm's RandAugment, jitter, grayscale, blur,
     solarize, the single colour ops, erasing)."""
     ops: SampleOps = []
     if crop.flipped:
@@ -189,6 +249,9 @@ def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
             call = _policy_call(step, interpolation, fill)
             if call is not None:
                 ops.append(call)
+    if len(crop.timm_steps):
+        levels = tuple(augmentation.timm_rand_augment.fill) or _TIMM_FILL
+        ops.extend(_timm_call(step, levels) for step in crop.timm_steps)
     # ColorJitter's adjustments, then RandomPhotometricDistort's (the same
     # four kernels).
     for step in (*crop.jitter, *crop.photometric):
@@ -248,5 +311,28 @@ def replay(image: Any, ops: SampleOps) -> Any:
             f"{image.dtype} (an NHWC batch's image i is batch.images[i].permute(2, 0, 1))"
         )
     for name, kwargs in ops:
-        image = getattr(F, name)(image, **kwargs)
+        if name.startswith("timm."):
+            image = _replay_timm(image, name.removeprefix("timm."), kwargs)
+        else:
+            image = getattr(F, name)(image, **kwargs)
     return image.numpy() if as_numpy else image
+
+
+def _replay_timm(image: Any, name: str, kwargs: dict[str, Any]) -> Any:
+    """One timm op with timm's own function, on the PIL image of a CHW
+    ``uint8`` tensor, as timm's RandAugment runs it."""
+    import torch
+    from PIL import Image
+    from timm.data import auto_augment
+
+    if "resample" in kwargs:
+        resampling = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+        kwargs = {**kwargs, "resample": resampling[kwargs["resample"]]}
+    if name == "posterize" and kwargs["bits_to_keep"] == 0:
+        # PosterizeIncreasing at magnitude 10 keeps no bits: Pillow's mask
+        # gave black, and Pillow 13 raises instead (a timm run on it
+        # stops); the sidecar serves the mask's black.
+        return torch.zeros_like(image)
+    picture = Image.fromarray(image.permute(1, 2, 0).contiguous().numpy(), mode="RGB")
+    result = getattr(auto_augment, name)(picture, **kwargs)
+    return torch.from_numpy(np.asarray(result, dtype=np.uint8).copy()).permute(2, 0, 1).contiguous()

@@ -58,6 +58,7 @@ _ORDER: tuple[tuple[str, ...], ...] = (
     ("RandomRotation",),
     ("RandomAffine",),
     ("TrivialAugmentWide", "RandAugment", "AutoAugment"),
+    ("TimmRandAugment",),
     ("ColorJitter",),
     ("RandomPhotometricDistort",),
     ("RandomGrayscale",),
@@ -82,6 +83,7 @@ SERVER_ROWS = {
     "TrivialAugmentWide": "auto_augment",
     "RandAugment": "auto_augment",
     "AutoAugment": "auto_augment",
+    "TimmRandAugment": "timm_rand_augment",
     "ColorJitter": "color_jitter",
     "RandomPhotometricDistort": "photometric_distort",
     "RandomGrayscale": "grayscale",
@@ -134,7 +136,7 @@ WAY_OUT = (
     "apply it to the delivered batch instead (the sidecar runs RandomResizedCrop, "
     "Resize + CenterCrop, RandomHorizontalFlip, RandomVerticalFlip, RandomRotation, "
     "RandomAffine, "
-    "TrivialAugmentWide, RandAugment, AutoAugment(IMAGENET), ColorJitter, "
+    "TrivialAugmentWide, RandAugment, AutoAugment(IMAGENET), timm's RandAugment, ColorJitter, "
     "RandomPhotometricDistort, RandomGrayscale, "
     "GaussianBlur, RandomSolarize, RandomAdjustSharpness, RandomPosterize, RandomEqualize, "
     "RandomAutocontrast, RandomInvert, RandomErasing)"
@@ -576,6 +578,7 @@ _ROWS: dict[str, tuple[str, Callable[[Any, float], Any]]] = {
     "RandomRotation": ("rotation", lambda step, p: _rotation(step)),
     "RandomAffine": ("affine", lambda step, p: _affine(step)),
     "RandomPhotometricDistort": ("photometric_distort", _distort),
+    "TimmRandAugment": ("timm_rand_augment", lambda step, p: _timm.rand_augment(step)),
     "RandomAdjustSharpness": (
         "sharpness",
         lambda step, p: RandomAdjustSharpness(float(step.sharpness_factor), p * float(step.p)),

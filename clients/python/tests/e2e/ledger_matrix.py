@@ -18,6 +18,7 @@ from shardfeed import (
     RandomPosterize,
     RandomRotation,
     RandomSolarize,
+    TimmRandAugment,
     TrivialAugmentWide,
 )
 
@@ -58,6 +59,13 @@ SINGLE_OPS = Augment.train(
     autocontrast=0.3,
     invert=0.3,
 )
+# DeiT's recipe as timm builds it: rand-m9-mstd0.5-inc1, bicubic, pixel
+# erasing.
+TIMM_DEIT = Augment.train(
+    interpolation="bicubic",
+    timm_rand_augment=TimmRandAugment(fill=(124, 116, 104)),
+    random_erasing=RandomErasing(0.25, scale=(0.02, 1 / 3), ratio=(0.3, 1 / 0.3), value="random"),
+)
 MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
 POOLED = (
     "pool",
@@ -66,6 +74,7 @@ POOLED = (
     "parquet_pool",
     "bicubic_pool",
     "single_ops_pool",
+    "timm_deit_pool",
 )
 # Repeated augmentation: every sample twice an epoch, each copy its own crop.
 REPEATS = 2
@@ -113,6 +122,10 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     # The coins and the angle travel in the pool's units (wire revision 6).
     "single_ops_pool": dict(augment=SINGLE_OPS),
     "single_ops_encoded": dict(augment=SINGLE_OPS, decode="client", image_size=ENCODED_SIZE),
+    "timm_deit": dict(augment=TIMM_DEIT),
+    # timm's steps travel in the pool's units (wire revision 7).
+    "timm_deit_pool": dict(augment=TIMM_DEIT),
+    "timm_deit_encoded": dict(augment=TIMM_DEIT, decode="client", image_size=ENCODED_SIZE),
 }
 
 
@@ -261,6 +274,11 @@ MATRIX = [
     Row("plain", "single_ops", "kill"),
     Row("plain", "single_ops_pool", "worker"),
     Row("stateful", "single_ops_encoded", "break", full_only=True),
+    # timm's RandAugment: its ops, magnitudes and samplings keyed by the
+    # sample, so a kill repeats the same pixels and a worker draws the same.
+    Row("plain", "timm_deit", "kill"),
+    Row("plain", "timm_deit_pool", "worker"),
+    Row("stateful", "timm_deit_encoded", "break", full_only=True),
 ]
 
 

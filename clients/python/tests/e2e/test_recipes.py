@@ -24,6 +24,7 @@ from shardfeed import (
     RandomPosterize,
     RandomRotation,
     RandomSolarize,
+    TimmRandAugment,
     TrivialAugmentWide,
 )
 
@@ -73,6 +74,11 @@ RECIPES = {
     ),
     "photometric_distort": Augment.train(
         photometric_distort=RandomPhotometricDistort(p=0.6), vertical_flip=0.5
+    ),
+    # timm's RandAugment with its ops more often than DeiT's 0.5 and the
+    # random sampling, so that every kind of op runs in a small dataset.
+    "timm_rand_augment": Augment.train(
+        timm_rand_augment=TimmRandAugment(prob=0.9, interpolation="random", fill=(124, 116, 104))
     ),
     "rotation_bilinear": Augment.train(
         rotation=RandomRotation((-45, 45), "bilinear", fill=(124, 116, 104)), invert=0.5
@@ -131,7 +137,14 @@ def test_reported_ops_replay_on_the_same_request_without_them(
 
 
 @pytest.mark.parametrize(
-    "recipe_name", ["trivial_augment+erasing", "single_ops", "affine", "photometric_distort"]
+    "recipe_name",
+    [
+        "trivial_augment+erasing",
+        "single_ops",
+        "affine",
+        "photometric_distort",
+        "timm_rand_augment",
+    ],
 )
 def test_decisions_are_the_samples_own_at_any_world_size(
     server: Server,

@@ -3,6 +3,7 @@ anything the sidecar does not run is refused, naming the transform."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -540,9 +541,15 @@ class TestTimm:
         "keywords, message",
         [
             (
-                dict(auto_augment="rand-m9-mstd0.5-inc1", interpolation="bilinear"),
-                "timm's RandAugment.*not served.*torchvision's",
+                dict(auto_augment="rand-m9-mstd0.5-tweights", interpolation="bicubic"),
+                "timm's RandAugment with weighted op choice",
             ),
+            (
+                dict(auto_augment="rand-m9-mmax15", interpolation="bicubic"),
+                "magnitude_max.*above 10 is not served",
+            ),
+            (dict(auto_augment="rand-m9-t3a", interpolation="bicubic"), "'Desaturate' op"),
+            (dict(auto_augment="original", interpolation="bicubic"), "timm's AutoAugment"),
             (
                 dict(auto_augment="augmix-m5-w4-d2", interpolation="bilinear"),
                 "timm's AugMixAugment",
@@ -559,6 +566,55 @@ class TestTimm:
 
         with pytest.raises(TypeError, match=message):
             from_torchvision(create_transform(224, is_training=True, **keywords))
+
+    def test_deits_training_transform_converts_whole(self) -> None:
+        """DeiT's: create_transform(auto_augment='rand-m9-mstd0.5-inc1',
+        interpolation='bicubic', re_prob=0.25, re_mode='pixel')."""
+        from timm.data import create_transform
+
+        from shardfeed import TimmRandAugment
+
+        transform = create_transform(
+            224,
+            is_training=True,
+            auto_augment="rand-m9-mstd0.5-inc1",
+            interpolation="bicubic",
+            re_prob=0.25,
+            re_mode="pixel",
+        )
+        augment = from_torchvision(transform)
+        assert augment.crop == "random_resized" and augment.interpolation == "bicubic"
+        assert augment.horizontal_flip == 0.5 and augment.color_jitter is None
+        timm = augment.timm_rand_augment
+        assert timm == TimmRandAugment(fill=(124, 116, 104))
+        assert timm == TimmRandAugment.from_config("rand-m9-mstd0.5-inc1")
+        assert augment.random_erasing is not None and augment.random_erasing.p == 0.25
+        message = augment.to_message().timm_rand_augment
+        assert (message.num_layers, message.magnitude, message.magnitude_std) == (2, 9.0, 0.5)
+        assert len(message.ops) == 15 and list(message.fill) == [124, 116, 104]
+
+    def test_timms_random_interpolation_and_uniform_magnitude(self) -> None:
+        from timm.data import create_transform
+
+        transform = create_transform(
+            224, is_training=True, auto_augment="rand-m7-n3-mstd101", interpolation="bilinear"
+        )
+        # Random interpolation for the crop is refused; the ops' own
+        # random sampling (aa_params without an interpolation) is served.
+        timm = from_torchvision(transform).timm_rand_augment
+        assert timm is not None
+        assert (timm.num_layers, timm.magnitude, timm.magnitude_std) == (3, 7.0, math.inf)
+        assert timm.interpolation == "bilinear" and timm.ops[4] == "Posterize"
+        from timm.data.auto_augment import rand_augment_transform
+
+        from shardfeed._timm import rand_augment
+
+        assert rand_augment(rand_augment_transform("rand-m9", {})).interpolation == "random"
+        from PIL import Image
+
+        nearest = rand_augment_transform("rand-m9", {"interpolation": Image.Resampling.NEAREST})
+        with pytest.raises(TypeError, match="resample=.*NEAREST.*bilinear, bicubic or randomly"):
+            rand_augment(nearest)
 
     def test_the_prefetchers_transform_is_uint8_chw(self) -> None:
         from timm.data import create_transform

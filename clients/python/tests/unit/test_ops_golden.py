@@ -2,7 +2,8 @@
 vector the Rust suite writes (``src/decode/augment/golden.rs``: an input,
 the server's decisions and output as a one-sample ``Batch``) is parsed by
 the client, its ``Batch.ops`` replayed with
-``torchvision.transforms.v2.functional`` on the input, and the two outputs
+``torchvision.transforms.v2.functional`` on the input (timm's RandAugment
+ops with ``timm.data.auto_augment``'s functions on PIL images), and the two outputs
 held to the bounds of the recipes issue: colour ops >= 99.9% of values
 within one level; geometric ops >= 99% equal with nearest sampling and
 >= 40 dB with bilinear; whole recipes (several ops chained) >= 99% within
@@ -28,6 +29,13 @@ REPO = Path(__file__).resolve().parents[4]
 GOLDEN = Path(os.environ.get("SHARDFEED_AUGMENT_GOLDEN", REPO / "target" / "augment-golden"))
 
 GEOMETRIC = (
+    "TimmRotate",
+    "TimmShearX",
+    "TimmShearY",
+    "TimmTranslateXRel",
+    "TimmTranslateYRel",
+    "TimmTranslateX",
+    "TimmTranslateY",
     "ShearX",
     "ShearY",
     "TranslateX",
@@ -105,7 +113,21 @@ def test_ops_name_torchvision_functions_in_table_order() -> None:
     for case in _cases():
         batch = _batch_from_wire(case.read_bytes())
         for name, _ in batch.ops[0]:
-            assert hasattr(F, name), name
+            if name.startswith("timm."):
+                from timm.data import auto_augment
+
+                assert callable(getattr(auto_augment, name.removeprefix("timm."))), name
+            else:
+                assert hasattr(F, name), name
             seen.add(name)
-    for name in ("affine", "rotate", "adjust_hue", "equalize", "erase", "rgb_to_grayscale"):
+    for name in (
+        "affine",
+        "rotate",
+        "adjust_hue",
+        "equalize",
+        "erase",
+        "rgb_to_grayscale",
+        "timm.rotate",
+        "timm.solarize_add",
+    ):
         assert name in seen, name

@@ -21,6 +21,7 @@ mod affine;
 mod blur;
 mod colour;
 mod erase;
+pub mod pil;
 
 pub use affine::{affine, affine_with, rotate, vertical_flip, Affine, Interpolation, Sampling};
 pub use base::set_simd;
@@ -30,6 +31,7 @@ pub use colour::{
     autocontrast, equalize, grayscale, invert, permute_channels, posterize, solarize,
 };
 pub use erase::{erase, noise_level, EraseFill};
+pub use pil::PilResample;
 
 #[cfg(test)]
 mod tests {
@@ -87,6 +89,20 @@ mod simd_tests {
                     Some([0.0, 0.0]),
                     sampling(Interpolation::Nearest),
                 )
+            }),
+            // PIL's bicubic (timm's ops): a rotation, a shear (one row a
+            // pixel) and a shift along y (one column a pixel).
+            Box::new(move |p| {
+                let matrix = pil::rotate_matrix(-23.7, width, height as u32).unwrap();
+                pil::affine(p, width, matrix, PilResample::Bicubic, [1, 2, 3])
+            }),
+            Box::new(move |p| {
+                let shear = [1.0, 0.27, 0.0, 0.0, 1.0, 0.0];
+                pil::affine(p, width, shear, PilResample::Bicubic, [1, 2, 3])
+            }),
+            Box::new(move |p| {
+                let shift = [1.0, 0.0, 0.0, 0.0, 1.0, -13.3];
+                pil::affine(p, width, shift, PilResample::Bicubic, [1, 2, 3])
             }),
         ];
         for (index, run) in runs.iter().enumerate() {

@@ -20,7 +20,9 @@ mod jitter;
 mod photometric;
 mod policy;
 mod rotation;
+mod timm;
 
+pub use super::kernels::PilResample;
 pub use affine::{AffineDrawn, RandomAffine};
 pub use blur::GaussianBlur;
 pub use coin::{
@@ -34,6 +36,7 @@ pub use jitter::{ColorJitter, JitterDrawn, JitterOp};
 pub use photometric::{PhotometricDrawn, RandomPhotometricDistort};
 pub use policy::{AutoAugment, Fill, Policy, PolicyDrawn, PolicyOp, PolicyStep, MAX_POLICY_OPS};
 pub use rotation::RandomRotation;
+pub use timm::{TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
 
 use super::op::{AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
@@ -143,6 +146,9 @@ ops_table! {
     /// TrivialAugmentWide, RandAugment or AutoAugment
     /// (`augmentation.auto_augment`).
     auto_augment: policy::AutoAugment,
+    /// timm's RandAugment with PIL's kernels
+    /// (`augmentation.timm_rand_augment`), at the policies' place.
+    timm_rand_augment: TimmRandAugment,
     /// ColorJitter (`augmentation.color_jitter`).
     color_jitter: jitter::ColorJitter,
     /// RandomPhotometricDistort (`augmentation.photometric_distort`).

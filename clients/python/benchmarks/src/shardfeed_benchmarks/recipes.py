@@ -15,6 +15,13 @@ delivers ``uint8`` batches; its second figure adds the trainer's normalize
 to float32 NCHW on this process's CPU (a GPU trainer does it on the GPU).
 Both crop + flip alone for reference. Rounds alternate; the median of each
 is printed as JSON lines and a ratio.
+
+``--recipe deit`` runs DeiT's instead, as timm builds it and its users run
+it: ``timm.data.create_transform(224, is_training=True,
+auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic", re_prob=0.25,
+re_mode="pixel")`` in the same ``ImageFolder`` + ``DataLoader``, against
+the sidecar serving ``from_torchvision`` of that same transform (bicubic
+crop + flip alone for reference).
 """
 
 from __future__ import annotations
@@ -66,18 +73,70 @@ def _image_folder(endpoint: str, root: Path) -> int:
     return count
 
 
-def _torchvision_rate(root: Path, recipe: bool, batch_size: int, workers: int) -> float:
+def _baseline_transform(recipe: str, augmented: bool) -> Any:
     import torch
-    from torchvision import datasets
     from torchvision.transforms import InterpolationMode, v2
 
+    if recipe == "deit":
+        from timm.data.transforms_factory import create_transform
+
+        _posterize_zero_bits_as_black()
+
+        extra: dict[str, Any] = (
+            dict(auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, re_mode="pixel")
+            if augmented
+            else dict(color_jitter=None)
+        )
+        return create_transform(224, is_training=True, interpolation="bicubic", **extra)
     steps: list[Any] = [v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()]
-    if recipe:
+    if augmented:
         steps.append(v2.TrivialAugmentWide(interpolation=InterpolationMode.BILINEAR))
     steps += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
-    if recipe:
+    if augmented:
         steps.append(v2.RandomErasing(0.1))
-    dataset = datasets.ImageFolder(str(root), transform=v2.Compose(steps))
+    return v2.Compose(steps)
+
+
+def _posterize_zero_bits_as_black() -> None:
+    """timm's PosterizeIncreasing at magnitude 10 keeps 0 bits, which
+    Pillow 13 refuses (``ValueError`` in a loader worker stops the run);
+    Pillow's mask made it black before, and the sidecar serves that. The
+    baseline gets the same, so that it runs at all."""
+    from PIL import Image, ImageOps
+
+    posterize = ImageOps.posterize
+    if getattr(posterize, "zero_bits_as_black", False):
+        return
+
+    def patched(image: Any, bits: int) -> Any:
+        if bits == 0:
+            return Image.new(image.mode, image.size, 0)
+        return posterize(image, bits)
+
+    patched.zero_bits_as_black = True  # type: ignore[attr-defined]
+    ImageOps.posterize = patched
+
+
+def _augment(recipe: str, augmented: bool) -> Any:
+    from shardfeed import Augment, RandomErasing, TrivialAugmentWide, from_torchvision
+
+    if recipe == "deit":
+        return from_torchvision(_baseline_transform(recipe, augmented))
+    if augmented:
+        return Augment.train(
+            auto_augment=TrivialAugmentWide(interpolation="bilinear"),
+            random_erasing=RandomErasing(0.1),
+        )
+    return Augment.train()
+
+
+def _torchvision_rate(
+    root: Path, recipe: str, augmented: bool, batch_size: int, workers: int
+) -> float:
+    import torch
+    from torchvision import datasets
+
+    dataset = datasets.ImageFolder(str(root), transform=_baseline_transform(recipe, augmented))
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True
     )
@@ -89,18 +148,17 @@ def _torchvision_rate(root: Path, recipe: bool, batch_size: int, workers: int) -
 
 
 def _shardfeed_rate(
-    target: str, dataset: str, recipe: bool, batch_size: int, normalize: bool, epoch: int
+    target: str,
+    dataset: str,
+    recipe: str,
+    augmented: bool,
+    batch_size: int,
+    normalize: bool,
+    epoch: int,
 ) -> float:
-    from shardfeed import Augment, Client, RandomErasing, TrivialAugmentWide
+    from shardfeed import Client
 
-    augment = (
-        Augment.train(
-            auto_augment=TrivialAugmentWide(interpolation="bilinear"),
-            random_erasing=RandomErasing(0.1),
-        )
-        if recipe
-        else Augment.train()
-    )
+    augment = _augment(recipe, augmented)
     if normalize:
         import torch
 
@@ -119,6 +177,9 @@ def _shardfeed_rate(
     return samples / (time.perf_counter() - started)
 
 
+_NAMES = {"trivial": "trivial_augment+erasing", "deit": "timm_rand_m9_mstd0.5_inc1+erasing"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -129,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--recipe", choices=sorted(_NAMES), default="trivial")
     args = parser.parse_args(argv)
+    names = {True: _NAMES[args.recipe], False: "crop+flip"}
     setup = synthetic_setup(args.binary, args.shards, args.per_shard, 0)
     results: dict[str, list[float]] = {}
     try:
@@ -137,12 +200,23 @@ def main(argv: list[str] | None = None) -> int:
             images = _image_folder(setup["endpoint"], Path(folder))
             print(json.dumps({"images": images, "cores": os.cpu_count()}), flush=True)
             for round_index in range(args.rounds):
-                for recipe in (True, False):
-                    name = "trivial_augment+erasing" if recipe else "crop+flip"
-                    feed = (setup["target"], setup["dataset"], recipe, args.batch_size)
+                for augmented in (True, False):
+                    name = names[augmented]
+                    feed = (
+                        setup["target"],
+                        setup["dataset"],
+                        args.recipe,
+                        augmented,
+                        args.batch_size,
+                    )
                     runs = {
                         f"torchvision/{name}": partial(
-                            _torchvision_rate, Path(folder), recipe, args.batch_size, args.workers
+                            _torchvision_rate,
+                            Path(folder),
+                            args.recipe,
+                            augmented,
+                            args.batch_size,
+                            args.workers,
                         ),
                         f"shardfeed/{name}": partial(_shardfeed_rate, *feed, False, round_index),
                         f"shardfeed+normalize/{name}": partial(
@@ -161,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             process.terminate()
             process.wait(timeout=30)
     median = {label: statistics.median(rates) for label, rates in results.items()}
-    for name in ("trivial_augment+erasing", "crop+flip"):
+    for name in names.values():
         base = median[f"torchvision/{name}"]
         print(
             json.dumps(

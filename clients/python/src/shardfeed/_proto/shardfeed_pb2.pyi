@@ -33,6 +33,34 @@ class Interpolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INTERPOLATION_BILINEAR: _ClassVar[Interpolation]
     INTERPOLATION_BICUBIC: _ClassVar[Interpolation]
 
+class TimmOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIMM_OP_UNSPECIFIED: _ClassVar[TimmOp]
+    TIMM_OP_AUTO_CONTRAST: _ClassVar[TimmOp]
+    TIMM_OP_EQUALIZE: _ClassVar[TimmOp]
+    TIMM_OP_INVERT: _ClassVar[TimmOp]
+    TIMM_OP_ROTATE: _ClassVar[TimmOp]
+    TIMM_OP_POSTERIZE: _ClassVar[TimmOp]
+    TIMM_OP_POSTERIZE_INCREASING: _ClassVar[TimmOp]
+    TIMM_OP_POSTERIZE_ORIGINAL: _ClassVar[TimmOp]
+    TIMM_OP_SOLARIZE: _ClassVar[TimmOp]
+    TIMM_OP_SOLARIZE_INCREASING: _ClassVar[TimmOp]
+    TIMM_OP_SOLARIZE_ADD: _ClassVar[TimmOp]
+    TIMM_OP_COLOR: _ClassVar[TimmOp]
+    TIMM_OP_COLOR_INCREASING: _ClassVar[TimmOp]
+    TIMM_OP_CONTRAST: _ClassVar[TimmOp]
+    TIMM_OP_CONTRAST_INCREASING: _ClassVar[TimmOp]
+    TIMM_OP_BRIGHTNESS: _ClassVar[TimmOp]
+    TIMM_OP_BRIGHTNESS_INCREASING: _ClassVar[TimmOp]
+    TIMM_OP_SHARPNESS: _ClassVar[TimmOp]
+    TIMM_OP_SHARPNESS_INCREASING: _ClassVar[TimmOp]
+    TIMM_OP_SHEAR_X: _ClassVar[TimmOp]
+    TIMM_OP_SHEAR_Y: _ClassVar[TimmOp]
+    TIMM_OP_TRANSLATE_X_REL: _ClassVar[TimmOp]
+    TIMM_OP_TRANSLATE_Y_REL: _ClassVar[TimmOp]
+    TIMM_OP_TRANSLATE_X: _ClassVar[TimmOp]
+    TIMM_OP_TRANSLATE_Y: _ClassVar[TimmOp]
+
 class PolicyOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     POLICY_OP_IDENTITY: _ClassVar[PolicyOp]
@@ -74,6 +102,31 @@ TRANSPORT_SHARED_MEMORY: Transport
 INTERPOLATION_NEAREST: Interpolation
 INTERPOLATION_BILINEAR: Interpolation
 INTERPOLATION_BICUBIC: Interpolation
+TIMM_OP_UNSPECIFIED: TimmOp
+TIMM_OP_AUTO_CONTRAST: TimmOp
+TIMM_OP_EQUALIZE: TimmOp
+TIMM_OP_INVERT: TimmOp
+TIMM_OP_ROTATE: TimmOp
+TIMM_OP_POSTERIZE: TimmOp
+TIMM_OP_POSTERIZE_INCREASING: TimmOp
+TIMM_OP_POSTERIZE_ORIGINAL: TimmOp
+TIMM_OP_SOLARIZE: TimmOp
+TIMM_OP_SOLARIZE_INCREASING: TimmOp
+TIMM_OP_SOLARIZE_ADD: TimmOp
+TIMM_OP_COLOR: TimmOp
+TIMM_OP_COLOR_INCREASING: TimmOp
+TIMM_OP_CONTRAST: TimmOp
+TIMM_OP_CONTRAST_INCREASING: TimmOp
+TIMM_OP_BRIGHTNESS: TimmOp
+TIMM_OP_BRIGHTNESS_INCREASING: TimmOp
+TIMM_OP_SHARPNESS: TimmOp
+TIMM_OP_SHARPNESS_INCREASING: TimmOp
+TIMM_OP_SHEAR_X: TimmOp
+TIMM_OP_SHEAR_Y: TimmOp
+TIMM_OP_TRANSLATE_X_REL: TimmOp
+TIMM_OP_TRANSLATE_Y_REL: TimmOp
+TIMM_OP_TRANSLATE_X: TimmOp
+TIMM_OP_TRANSLATE_Y: TimmOp
 POLICY_OP_IDENTITY: PolicyOp
 POLICY_OP_SHEAR_X: PolicyOp
 POLICY_OP_SHEAR_Y: PolicyOp
@@ -230,7 +283,7 @@ class SharedImages(_message.Message):
     def __init__(self, ring_token: _Optional[bytes] = ..., ring_bytes: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., holdable: _Optional[int] = ...) -> None: ...
 
 class Augmentation(_message.Message):
-    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "vertical_flip", "sharpness", "posterize", "equalize", "autocontrast", "invert", "rotation", "affine", "photometric_distort", "resize_interpolation")
+    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "vertical_flip", "sharpness", "posterize", "equalize", "autocontrast", "invert", "rotation", "affine", "photometric_distort", "timm_rand_augment", "resize_interpolation")
     CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
     RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
     STRETCH_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +303,7 @@ class Augmentation(_message.Message):
     ROTATION_FIELD_NUMBER: _ClassVar[int]
     AFFINE_FIELD_NUMBER: _ClassVar[int]
     PHOTOMETRIC_DISTORT_FIELD_NUMBER: _ClassVar[int]
+    TIMM_RAND_AUGMENT_FIELD_NUMBER: _ClassVar[int]
     RESIZE_INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
     center_crop: CenterCrop
     random_resized_crop: RandomResizedCrop
@@ -270,8 +324,9 @@ class Augmentation(_message.Message):
     rotation: RandomRotation
     affine: RandomAffine
     photometric_distort: RandomPhotometricDistort
+    timm_rand_augment: TimmRandAugment
     resize_interpolation: Interpolation
-    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., vertical_flip: _Optional[float] = ..., sharpness: _Optional[_Union[RandomAdjustSharpness, _Mapping]] = ..., posterize: _Optional[_Union[RandomPosterize, _Mapping]] = ..., equalize: _Optional[float] = ..., autocontrast: _Optional[float] = ..., invert: _Optional[float] = ..., rotation: _Optional[_Union[RandomRotation, _Mapping]] = ..., affine: _Optional[_Union[RandomAffine, _Mapping]] = ..., photometric_distort: _Optional[_Union[RandomPhotometricDistort, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., vertical_flip: _Optional[float] = ..., sharpness: _Optional[_Union[RandomAdjustSharpness, _Mapping]] = ..., posterize: _Optional[_Union[RandomPosterize, _Mapping]] = ..., equalize: _Optional[float] = ..., autocontrast: _Optional[float] = ..., invert: _Optional[float] = ..., rotation: _Optional[_Union[RandomRotation, _Mapping]] = ..., affine: _Optional[_Union[RandomAffine, _Mapping]] = ..., photometric_distort: _Optional[_Union[RandomPhotometricDistort, _Mapping]] = ..., timm_rand_augment: _Optional[_Union[TimmRandAugment, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
 
 class AutoAugment(_message.Message):
     __slots__ = ("trivial_augment_wide", "rand_augment", "imagenet", "interpolation", "fill")
@@ -482,7 +537,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class CropBox(_message.Message):
-    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized", "vertically_flipped", "sharpened", "posterized", "equalized", "autocontrasted", "inverted", "rotation", "affine", "photometric", "channel_permutation")
+    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized", "vertically_flipped", "sharpened", "posterized", "equalized", "autocontrasted", "inverted", "rotation", "affine", "photometric", "channel_permutation", "timm_steps")
     LEFT_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -504,6 +559,7 @@ class CropBox(_message.Message):
     AFFINE_FIELD_NUMBER: _ClassVar[int]
     PHOTOMETRIC_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_PERMUTATION_FIELD_NUMBER: _ClassVar[int]
+    TIMM_STEPS_FIELD_NUMBER: _ClassVar[int]
     left: float
     top: float
     width: float
@@ -525,7 +581,44 @@ class CropBox(_message.Message):
     affine: AffineDrawn
     photometric: _containers.RepeatedCompositeFieldContainer[JitterStep]
     channel_permutation: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ..., vertically_flipped: _Optional[bool] = ..., sharpened: _Optional[bool] = ..., posterized: _Optional[bool] = ..., equalized: _Optional[bool] = ..., autocontrasted: _Optional[bool] = ..., inverted: _Optional[bool] = ..., rotation: _Optional[float] = ..., affine: _Optional[_Union[AffineDrawn, _Mapping]] = ..., photometric: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., channel_permutation: _Optional[_Iterable[int]] = ...) -> None: ...
+    timm_steps: _containers.RepeatedCompositeFieldContainer[TimmStep]
+    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ..., vertically_flipped: _Optional[bool] = ..., sharpened: _Optional[bool] = ..., posterized: _Optional[bool] = ..., equalized: _Optional[bool] = ..., autocontrasted: _Optional[bool] = ..., inverted: _Optional[bool] = ..., rotation: _Optional[float] = ..., affine: _Optional[_Union[AffineDrawn, _Mapping]] = ..., photometric: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., channel_permutation: _Optional[_Iterable[int]] = ..., timm_steps: _Optional[_Iterable[_Union[TimmStep, _Mapping]]] = ...) -> None: ...
+
+class TimmRandAugment(_message.Message):
+    __slots__ = ("ops", "num_layers", "magnitude", "magnitude_std", "magnitude_max", "prob", "translate_pct", "translate_const", "resample", "random_resample", "fill")
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
+    MAGNITUDE_STD_FIELD_NUMBER: _ClassVar[int]
+    MAGNITUDE_MAX_FIELD_NUMBER: _ClassVar[int]
+    PROB_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATE_PCT_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATE_CONST_FIELD_NUMBER: _ClassVar[int]
+    RESAMPLE_FIELD_NUMBER: _ClassVar[int]
+    RANDOM_RESAMPLE_FIELD_NUMBER: _ClassVar[int]
+    FILL_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedScalarFieldContainer[TimmOp]
+    num_layers: int
+    magnitude: float
+    magnitude_std: float
+    magnitude_max: float
+    prob: float
+    translate_pct: float
+    translate_const: float
+    resample: Interpolation
+    random_resample: bool
+    fill: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ops: _Optional[_Iterable[_Union[TimmOp, str]]] = ..., num_layers: _Optional[int] = ..., magnitude: _Optional[float] = ..., magnitude_std: _Optional[float] = ..., magnitude_max: _Optional[float] = ..., prob: _Optional[float] = ..., translate_pct: _Optional[float] = ..., translate_const: _Optional[float] = ..., resample: _Optional[_Union[Interpolation, str]] = ..., random_resample: _Optional[bool] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TimmStep(_message.Message):
+    __slots__ = ("op", "argument", "resample")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENT_FIELD_NUMBER: _ClassVar[int]
+    RESAMPLE_FIELD_NUMBER: _ClassVar[int]
+    op: TimmOp
+    argument: float
+    resample: Interpolation
+    def __init__(self, op: _Optional[_Union[TimmOp, str]] = ..., argument: _Optional[float] = ..., resample: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
 
 class PolicyStep(_message.Message):
     __slots__ = ("op", "magnitude")
