@@ -87,3 +87,15 @@ pub(super) fn floor(x: f32) -> f32 {
         truncated
     }
 }
+
+/// `x.floor()` in double without a library call; exact for |x| < 2^63
+/// (pixel coordinates and levels many times over).
+#[inline(always)]
+pub(super) fn floor_f64(x: f64) -> f64 {
+    let truncated = x as i64 as f64;
+    if truncated > x {
+        truncated - 1.0
+    } else {
+        truncated
+    }
+}

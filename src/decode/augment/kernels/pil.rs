@@ -11,7 +11,7 @@
 //! each with timm's own op functions on PIL images (docs/AUGMENTATION.md
 //! has the agreement).
 
-use super::base::CHANNELS;
+use super::base::{floor_f64, CHANNELS};
 
 /// How timm's geometric ops sample (PIL's `resample`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -274,23 +274,10 @@ fn each_source_point(
     }
 }
 
-/// `x.floor()` without a library call (the baseline x86-64 target has no
-/// rounding instruction); exact for |x| < 2^63, the source coordinates'
-/// range many times over.
-#[inline(always)]
-fn floor(x: f64) -> f64 {
-    let truncated = x as i64 as f64;
-    if truncated > x {
-        truncated - 1.0
-    } else {
-        truncated
-    }
-}
-
 /// A sample point's whole part and step (PIL's `FLOOR` and `xin - x`).
 #[inline(always)]
 fn split(v: f64) -> (i64, f64) {
-    let whole = floor(v);
+    let whole = floor_f64(v);
     (whole as i64, v - whole)
 }
 
