@@ -107,6 +107,11 @@ SERVER_ROWS = {
 _FLIPS = frozenset({"RandomHorizontalFlip", "RandomVerticalFlip"})
 _COMMUTE_WITH_FLIPS = frozenset(
     {
+        # A mirror and the other axis's mirror give the same image in
+        # either order; the photometric distortion is pointwise, whole-image
+        # statistics and a channel shuffle.
+        *_FLIPS,
+        "RandomPhotometricDistort",
         "ColorJitter",
         "RandomGrayscale",
         "GaussianBlur",

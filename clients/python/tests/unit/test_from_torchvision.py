@@ -337,6 +337,20 @@ def test_a_flip_after_ops_it_commutes_with_is_served_at_its_place() -> None:
         v2.Compose([v2.RandomResizedCrop(64), v2.ToImage(), v2.RandomVerticalFlip(0.2)])
     )
     assert after_normalize.vertical_flip == 0.2
+    # The two mirrors commute, and a flip commutes with the photometric
+    # distortion (pointwise, global statistics, a channel shuffle).
+    both = from_torchvision(
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(64),
+                v2.RandomVerticalFlip(0.3),
+                v2.RandomPhotometricDistort(),
+                v2.RandomHorizontalFlip(0.6),
+            ]
+        )
+    )
+    assert (both.vertical_flip, both.horizontal_flip) == (0.3, 0.6)
+    assert both.photometric_distort is not None
 
 
 def test_random_choice_and_order_are_never_one_of_them() -> None:
