@@ -92,6 +92,23 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// A recipe as 24 samples draw it at 224²: the seed, the epoch, and
+    /// where the samples' identities start.
+    fn whole_draws(&mut self, name: &str, ops: Ops, (seed, epoch, first): (u64, u64, u64)) {
+        let spec = spec(224, 224, ops);
+        for sample in 0..24u64 {
+            let key = SampleKey {
+                seed,
+                epoch,
+                sample: crate::hash::fmix64(sample + first),
+                copy: 0,
+            };
+            self.case(name, &spec, spec.crop_box(224, 224, &key));
+        }
+    }
+}
+
 fn spec(height: u32, width: u32, ops: Ops) -> OutputSpec {
     OutputSpec {
         height,
@@ -363,16 +380,7 @@ fn write_golden_vectors() {
         ),
     ];
     for (name, ops) in recipes {
-        let spec = spec(224, 224, ops);
-        for sample in 0..24u64 {
-            let key = SampleKey {
-                seed: 5,
-                epoch: 1,
-                sample: crate::hash::fmix64(sample + 100),
-                copy: 0,
-            };
-            writer.case(name, &spec, spec.crop_box(224, 224, &key));
-        }
+        writer.whole_draws(name, ops, (5, 1, 100));
     }
     write_timm_cases(&mut writer);
     assert!(writer.cases > 150, "{} cases", writer.cases);
@@ -452,15 +460,6 @@ fn write_timm_cases(writer: &mut Writer) {
         ),
     ];
     for (name, ops) in recipes {
-        let spec = spec(224, 224, ops);
-        for sample in 0..24u64 {
-            let key = SampleKey {
-                seed: 11,
-                epoch: 0,
-                sample: crate::hash::fmix64(sample + 300),
-                copy: 0,
-            };
-            writer.case(name, &spec, spec.crop_box(224, 224, &key));
-        }
+        writer.whole_draws(name, ops, (11, 0, 300));
     }
 }

@@ -484,7 +484,8 @@ pub fn rotate_matrix(degrees: f64, width: u32, height: u32) -> Option<[f64; 6]> 
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{split, Source, CHANNELS};
+    use crate::decode::augment::kernels::base::CHANNELS;
+    use crate::decode::augment::kernels::pil::{each_source_point, split, Source};
 
     /// A source pixel's three levels (and the next byte, unused) as i32
     /// lanes.
@@ -532,7 +533,7 @@ mod x86 {
         fill: [u8; 3],
     ) {
         let base = image.pixels.as_ptr();
-        super::each_source_point(image, pixels, matrix, fill, |xin, yin, out| {
+        each_source_point(image, pixels, matrix, fill, |xin, yin, out| {
             let ((x, dx), (y, dy)) = (split(xin - 0.5), split(yin - 0.5));
             let (x, y) = (x - 1, y - 1);
             let columns = [0, 1, 2, 3].map(|i| image.column(x + i));
