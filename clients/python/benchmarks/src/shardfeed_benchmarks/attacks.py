@@ -516,11 +516,20 @@ def unauthenticated_units(setup: Setup) -> Outcome:
             started = time.monotonic()
             connection = _h2.Connection(_h2.connect(process.target))
             body = _h2.grpc_prefix(32 << 20) + bytes(1 << 20)
-            for stream in range(1, 201, 2):
-                connection.send(_h2.open_call(stream, DECODE))
-                connection.send_body(stream, body, wait=0.2)
-            time.sleep(1)
-            answer = f"{len(connection.reset)} of 100 refused at once"
+            sent = 0
+            try:
+                for stream in range(1, 201, 2):
+                    connection.send(_h2.open_call(stream, DECODE))
+                    connection.send_body(stream, body, wait=0.2)
+                    sent += 1
+                time.sleep(1)
+                closed = ""
+            except (BrokenPipeError, ConnectionResetError):
+                # The worker may close the whole connection on a flood of
+                # refused calls (a loaded machine lets them pile up): a
+                # defence, reported, not a failure of the run.
+                closed = f", connection closed by the worker after {sent} calls"
+            answer = f"{len(connection.reset)} of {max(sent, 1)} refused at once{closed}"
             connection.close()
         return _outcome(
             "100 units without the token", "pool-worker", process, answer, probes, started
