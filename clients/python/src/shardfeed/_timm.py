@@ -227,18 +227,12 @@ def rand_augment(step: Any) -> TimmRandAugment:
                 f"timm's RandAugment whose ops differ in hparams ({op.name}): the sidecar "
                 "takes one set for all ops, as rand_augment_transform builds them"
             )
-    try:
-        names = tuple(op.name for op in step.ops)
-        for name in names:
-            _op_wire(name)
-    except ValueError as error:
-        raise TypeError(f"{error}; {_WAY_OUT}") from None
     fill = first.kwargs.get("fillcolor", (128, 128, 128))
     if not (isinstance(fill, (tuple, list)) and len(fill) == 3):
         raise TypeError(f"timm's RandAugment with fillcolor={fill!r}: three levels are served")
     try:
         return TimmRandAugment(
-            ops=names,
+            ops=tuple(op.name for op in step.ops),
             num_layers=int(step.num_layers),
             magnitude=float(first.magnitude),
             magnitude_std=float(first.magnitude_std or 0.0),
@@ -250,7 +244,7 @@ def rand_augment(step: Any) -> TimmRandAugment:
             fill=(int(fill[0]), int(fill[1]), int(fill[2])),
         )
     except ValueError as error:
-        raise TypeError(f"timm's RandAugment: {error}") from None
+        raise TypeError(f"timm's RandAugment: {error}; {_WAY_OUT}") from None
 
 
 _AS_TORCHVISION = {

@@ -13,7 +13,7 @@ const LUMA: [f32; 3] = [0.2989, 0.587, 0.114];
 /// Each value through a table of what a per-value formula gives each of
 /// the 256 levels: the formula runs 256 times instead of once a value,
 /// with the same float32 steps, so the bytes are the formula's.
-fn through_table(pixels: &mut [u8], formula: impl Fn(u8) -> u8) {
+pub(super) fn through_table(pixels: &mut [u8], formula: impl Fn(u8) -> u8) {
     let table: [u8; 256] = std::array::from_fn(|level| formula(level as u8));
     for value in pixels.iter_mut() {
         *value = table[usize::from(*value)];

@@ -12,6 +12,7 @@
 //! has the agreement).
 
 use super::base::{floor_f64, CHANNELS};
+use super::colour::through_table;
 
 /// How timm's geometric ops sample (PIL's `resample`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -55,10 +56,7 @@ fn luma(pixel: &[u8]) -> u8 {
 pub fn brightness(pixels: &mut [u8], factor: f64) {
     let alpha = factor as f32;
     let outside = extrapolates(alpha);
-    let table: [u8; 256] = std::array::from_fn(|level| blend(0, level as u8, alpha, outside));
-    for value in pixels.iter_mut() {
-        *value = table[usize::from(*value)];
-    }
+    through_table(pixels, |level| blend(0, level, alpha, outside));
 }
 
 /// `ImageEnhance.Color(image).enhance(factor)`: a blend with the image's
@@ -89,10 +87,7 @@ pub fn contrast(pixels: &mut [u8], factor: f64) {
     let mean = ((sum as f64) / (count as f64) + 0.5) as u8;
     let alpha = factor as f32;
     let outside = extrapolates(alpha);
-    let table: [u8; 256] = std::array::from_fn(|level| blend(mean, level as u8, alpha, outside));
-    for value in pixels.iter_mut() {
-        *value = table[usize::from(*value)];
-    }
+    through_table(pixels, |level| blend(mean, level, alpha, outside));
 }
 
 /// `ImageEnhance.Sharpness(image).enhance(factor)`: a blend with
@@ -163,36 +158,16 @@ pub fn autocontrast(pixels: &mut [u8]) {
     }
 }
 
-/// `ImageOps.posterize(image, bits)`: each value's top `bits` kept (none
-/// at 0); 8 or more is timm's no-op.
-pub fn posterize(pixels: &mut [u8], bits: u8) {
-    if bits >= 8 {
-        return;
-    }
-    let mask = !((1u16 << (8 - bits)) - 1) as u8;
-    for value in pixels.iter_mut() {
-        *value &= mask;
-    }
-}
-
-/// `ImageOps.solarize(image, threshold)`: values at or above `threshold`
-/// inverted (256: none).
-pub fn solarize(pixels: &mut [u8], threshold: u32) {
-    for value in pixels.iter_mut() {
-        if u32::from(*value) >= threshold {
-            *value = 255 - *value;
-        }
-    }
-}
-
 /// timm's `solarize_add(image, add, thresh=128)`: `min(255, x + add)` for
 /// values below the threshold.
 pub fn solarize_add(pixels: &mut [u8], add: u32, threshold: u32) {
-    for value in pixels.iter_mut() {
-        if u32::from(*value) < threshold {
-            *value = (u32::from(*value) + add).min(255) as u8;
+    through_table(pixels, |level| {
+        if u32::from(level) < threshold {
+            (u32::from(level) + add).min(255) as u8
+        } else {
+            level
         }
-    }
+    });
 }
 
 /// PIL's `Image.transform(size, AFFINE, matrix, resample, fillcolor)`:
@@ -634,11 +609,13 @@ mod tests {
 
     #[test]
     fn the_lookup_ops_follow_imageops() {
+        // timm's 0 bits (PosterizeIncreasing at magnitude 10) and threshold
+        // 256 through the shared kernels: black, and nothing inverted.
         let mut levels: Vec<u8> = (0..=255).collect();
-        posterize(&mut levels, 0);
+        super::super::posterize(&mut levels, 0);
         assert!(levels.iter().all(|&v| v == 0));
         let mut levels: Vec<u8> = (0..=255).collect();
-        solarize(&mut levels, 256);
+        super::super::solarize(&mut levels, 256.0);
         assert!(levels.iter().enumerate().all(|(i, &v)| usize::from(v) == i));
         let mut levels: Vec<u8> = (0..=255).collect();
         solarize_add(&mut levels, 110, 128);

@@ -552,12 +552,12 @@ pub fn apply_step(step: TimmStep, fill: [u8; 3], width: u32, out: &mut [u8]) {
                 affine(out, matrix);
             }
         }
+        // ImageOps' posterize and solarize are torchvision's tables on
+        // whole-number arguments (0 bits: black; threshold 256: none).
         Posterize | PosterizeIncreasing | PosterizeOriginal => {
-            kernels::pil::posterize(out, argument.clamp(0.0, 8.0) as u8)
+            kernels::posterize(out, argument.clamp(0.0, 8.0) as u8)
         }
-        Solarize | SolarizeIncreasing => {
-            kernels::pil::solarize(out, argument.clamp(0.0, 256.0) as u32)
-        }
+        Solarize | SolarizeIncreasing => kernels::solarize(out, argument.clamp(0.0, 256.0)),
         SolarizeAdd => kernels::pil::solarize_add(out, argument.clamp(0.0, 255.0) as u32, 128),
         Color | ColorIncreasing => kernels::pil::color(out, argument),
         Contrast | ContrastIncreasing => kernels::pil::contrast(out, argument),
