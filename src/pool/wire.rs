@@ -15,10 +15,11 @@ pub const BUILD_HEADER: &str = "shardfeed-pool-build";
 /// `CropBox`; 3 their policy, jitter, grayscale and erasing fields; 4 the
 /// sample's copy index (repeated augmentation); 5 the crop's resize
 /// interpolation (a build before it would resize bicubic units bilinear);
-/// 6 the single-op rows; 7 timm's RandAugment.
+/// 6 the single-op rows; 7 timm's RandAugment; 8 the groups over rows
+/// (RandomApply / RandomChoice / RandomOrder) and the rows each sample ran.
 /// Builds of one crate version on either side of a change meet in a
 /// rolling update, and must refuse each other rather than misread.
-const WIRE_REVISION: u32 = 7;
+const WIRE_REVISION: u32 = 8;
 
 /// What a unit's pixels depend on besides the unit: the crate's version
 /// (crop boxes, resize kernels), the unit's wire, the op table (a build

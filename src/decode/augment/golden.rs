@@ -382,8 +382,91 @@ fn write_golden_vectors() {
     for (name, ops) in recipes {
         writer.whole_draws(name, ops, (5, 1, 100));
     }
+    write_group_cases(&mut writer);
     write_timm_cases(&mut writer);
     assert!(writer.cases > 150, "{} cases", writer.cases);
+}
+
+/// RandomChoice, RandomOrder and RandomApply of several rows, as drawn:
+/// the report's order is the order the rows ran in.
+fn write_group_cases(writer: &mut Writer) {
+    use row::{Group, GroupKind::*, Groups};
+    let at = |name: &str| Ops::NAMES.iter().position(|known| *known == name).unwrap();
+    let group = |kind, rows: &[&str], p, weights: &[f64]| {
+        let rows: Vec<usize> = rows.iter().map(|name| at(name)).collect();
+        Group::new(kind, &rows, p, weights)
+    };
+    let blur = row::GaussianBlur {
+        kernel: (9, 9),
+        sigma: (0.1, 2.0),
+        p: 1.0,
+    };
+    let cases = [
+        (
+            // DeiT III's three augmentations, after a jitter.
+            "RecipeGroupChoice",
+            Ops {
+                groups: Groups::NONE.with(group(
+                    Choice,
+                    &["grayscale", "gaussian_blur", "solarize"],
+                    0.0,
+                    &[],
+                )),
+                ..Ops::NONE
+                    .with(ColorJitter::symmetric(0.3, 0.3, 0.3, 0.0))
+                    .with(Grayscale.coin(1.0))
+                    .with(blur)
+                    .with(row::Solarize { threshold: 128.0 }.coin(1.0))
+            },
+        ),
+        (
+            "RecipeGroupOrder",
+            Ops {
+                groups: Groups::NONE
+                    .with(group(Order, &["color_jitter", "grayscale"], 0.0, &[]))
+                    .with(group(Apply, &["gaussian_blur"], 0.5, &[]))
+                    .with(group(
+                        Order,
+                        &["solarize", "sharpness", "posterize"],
+                        0.0,
+                        &[],
+                    )),
+                ..Ops::NONE
+                    .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.1))
+                    .with(Grayscale.coin(0.5))
+                    .with(blur)
+                    .with(row::Solarize { threshold: 128.0 }.coin(1.0))
+                    .with(row::Sharpness { factor: 2.0 }.coin(1.0))
+                    .with(row::Posterize { bits: 3 }.coin(1.0))
+            },
+        ),
+        (
+            "RecipeGroupApply",
+            Ops {
+                groups: Groups::NONE
+                    .with(group(Apply, &["rotation", "affine"], 0.5, &[]))
+                    .with(group(
+                        Choice,
+                        &["equalize", "autocontrast", "invert"],
+                        0.0,
+                        &[2.0, 1.0, 1.0],
+                    )),
+                ..Ops::NONE
+                    .with(row::RandomRotation::new(-20.0, 20.0))
+                    .with(row::RandomAffine {
+                        translate: Some((0.1, 0.1)),
+                        ..row::RandomAffine::new(-10.0, 10.0)
+                    })
+                    .with(row::Equalize.coin(1.0))
+                    .with(row::Autocontrast.coin(1.0))
+                    .with(row::Invert.coin(1.0))
+            },
+        ),
+    ];
+    for (name, ops) in cases {
+        ops.validate().unwrap();
+        writer.whole_draws(name, ops, (7, 3, 200));
+    }
 }
 
 /// timm's RandAugment: each op alone at arguments across its range (the

@@ -263,7 +263,7 @@ impl OutputSpec {
             width,
             crop,
             resample: Resample::from_wire(wire)?,
-            ops: Ops::from_wire(wire),
+            ops: Ops::from_wire(wire)?,
         })
     }
 }

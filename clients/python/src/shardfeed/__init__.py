@@ -1,6 +1,6 @@
 """shardfeed: decoded, batched images from S3 tar shards, streamed over gRPC."""
 
-from ._augment import Augment
+from ._augment import Augment, OpGroup
 from ._client import Client, Source, distributed_rank_and_world
 from ._ops import replay
 from ._options import Delivery, MixHistory, SampleLayout, Shuffle, StreamOptions
@@ -29,6 +29,7 @@ __all__ = [
     "AutoAugment",
     "ColorJitter",
     "GaussianBlur",
+    "OpGroup",
     "RandAugment",
     "RandomAdjustSharpness",
     "RandomAffine",

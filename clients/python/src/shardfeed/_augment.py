@@ -58,6 +58,53 @@ _MESSAGES = (
 )
 
 
+GroupKind = Literal["apply", "choice", "order"]
+
+_GROUP_KINDS = {
+    "apply": pb.OP_GROUP_KIND_APPLY,
+    "choice": pb.OP_GROUP_KIND_CHOICE,
+    "order": pb.OP_GROUP_KIND_ORDER,
+}
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """torchvision's containers over ops of an :class:`Augment`, by the
+    server's row names (``Describe.augmentation_ops``: ``"grayscale"``,
+    ``"gaussian_blur"``, ...): ``"apply"`` is ``RandomApply([...], p)``
+    (one coin for all the rows), ``"choice"`` ``RandomChoice([...], p)``
+    (exactly one row runs, by ``weights``; None: equal), ``"order"``
+    ``RandomOrder([...])`` (every row runs, in an order drawn per sample).
+    The rows must be on in the ``Augment`` and next to each other in the
+    table's order (the server refuses the rest, naming the row); each
+    group draws from its own key, so its decisions are the sample's own."""
+
+    kind: GroupKind
+    rows: tuple[str, ...]
+    p: float = 0.5
+    weights: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _GROUP_KINDS:
+            raise ValueError(f"kind must be 'apply', 'choice' or 'order', not {self.kind!r}")
+        if not self.rows:
+            raise ValueError("a group names at least one row")
+        if self.kind == "apply" and not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], not {self.p}")
+        if self.weights is not None and (
+            self.kind != "choice" or len(self.weights) != len(self.rows)
+        ):
+            raise ValueError("weights are for a 'choice' group, one per row")
+
+    def to_message(self) -> Any:
+        return pb.OpGroup(
+            kind=_GROUP_KINDS[self.kind],
+            rows=list(self.rows),
+            p=self.p if self.kind == "apply" else 0.0,
+            weights=list(self.weights or ()),
+        )
+
+
 @dataclass(frozen=True)
 class Augment:
     """How each source image becomes a sample, decided by the server per
@@ -88,8 +135,10 @@ class Augment:
     after ``solarize``: ``sharpness`` a :class:`RandomAdjustSharpness`,
     ``posterize`` a :class:`RandomPosterize`, then the probabilities
     ``equalize``, ``autocontrast`` and ``invert``. Each sample's ops are
-    its own draws, reported in :attr:`Batch.ops`. Use :meth:`train` and
-    :meth:`eval` for the standard recipes.
+    its own draws, reported in :attr:`Batch.ops`. ``groups`` puts
+    torchvision's containers (RandomApply of several, RandomChoice,
+    RandomOrder) over rows that are on, each an :class:`OpGroup`. Use
+    :meth:`train` and :meth:`eval` for the standard recipes.
     """
 
     crop: Crop = "center"
@@ -114,6 +163,7 @@ class Augment:
     autocontrast: float = 0.0
     invert: float = 0.0
     timm_rand_augment: TimmRandAugment | None = None
+    groups: tuple[OpGroup, ...] = ()
     # What the trainer does after the ops (not sent: the client applies
     # them, see ShardfeedDataset): Normalize's (mean, std) and the dtype.
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
@@ -202,6 +252,7 @@ class Augment:
             op = getattr(self, name)
             if op is not None:
                 getattr(message, name).CopyFrom(op.to_message())
+        message.groups.extend(group.to_message() for group in self.groups)
         if self.crop == "center":
             message.center_crop.CopyFrom(pb.CenterCrop(resize=self.resize))
         elif self.crop == "random_resized":

@@ -217,20 +217,36 @@ def erase_noise_mean(mean: Any, std: Any) -> npt.NDArray[np.uint8]:
 
 def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
     """One sample's ops after its crop, in the order the server applied
-    them (the table's: flips, rotation, policy, timm's RandAugment, jitter, grayscale, blur,
-    solarize, the single colour ops, erasing)."""
-    ops: SampleOps = []
+    them: the table's (flips, rotation, policy, timm's RandAugment, jitter,
+    grayscale, blur, solarize, the single colour ops, erasing), or where
+    the stream has groups (RandomChoice, RandomOrder, RandomApply of
+    several), the order the sample's ``applied_rows`` report."""
+    calls = _row_calls(crop, augmentation)
+    if not len(crop.applied_rows):
+        return [call for _, call in calls]
+    ran = list(crop.applied_rows)
+    by_row: dict[str, SampleOps] = {}
+    for row, call in calls:
+        by_row.setdefault(row, []).append(call)
+    return [call for row in ran for call in by_row.get(row, [])]
+
+
+def _row_calls(crop: Any, augmentation: Any) -> list[tuple[str, tuple[str, dict[str, Any]]]]:
+    """Each decision as a call, with the server's row it belongs to, in
+    the table's order."""
+    ops: list[tuple[str, tuple[str, dict[str, Any]]]] = []
     if crop.flipped:
-        ops.append(("horizontal_flip", {}))
+        ops.append(("horizontal_flip", ("horizontal_flip", {})))
     if augmentation is None:
         return ops
     if crop.vertically_flipped:
-        ops.append(("vertical_flip", {}))
+        ops.append(("vertical_flip", ("vertical_flip", {})))
     if crop.HasField("rotation"):
         rotation = augmentation.rotation
         fill = list(map(float, rotation.fill)) or None
         sampling = _sampling(rotation.interpolation)
-        ops.append(("rotate", {"angle": crop.rotation, "interpolation": sampling, "fill": fill}))
+        arguments = {"angle": crop.rotation, "interpolation": sampling, "fill": fill}
+        ops.append(("rotation", ("rotate", arguments)))
     if crop.HasField("affine"):
         affine, drawn = augmentation.affine, crop.affine
         arguments = {
@@ -241,47 +257,51 @@ def sample_ops(crop: Any, augmentation: Any) -> SampleOps:
             "interpolation": _sampling(affine.interpolation),
             "fill": list(map(float, affine.fill)) or None,
         }
-        ops.append(("affine", arguments))
+        ops.append(("affine", ("affine", arguments)))
     if len(crop.policy):
         fill = list(map(float, augmentation.auto_augment.fill)) or None
         interpolation = _interpolation(augmentation)
         for step in crop.policy:
             call = _policy_call(step, interpolation, fill)
             if call is not None:
-                ops.append(call)
+                ops.append(("auto_augment", call))
     if len(crop.timm_steps):
         levels = tuple(augmentation.timm_rand_augment.fill) or _TIMM_FILL
-        ops.extend(_timm_call(step, levels) for step in crop.timm_steps)
+        ops.extend(("timm_rand_augment", _timm_call(step, levels)) for step in crop.timm_steps)
     # ColorJitter's adjustments, then RandomPhotometricDistort's (the same
     # four kernels).
-    for step in (*crop.jitter, *crop.photometric):
-        name, argument = _JITTER[step.op]
-        ops.append((name, {argument: float(step.factor)}))
+    for row, steps in (("color_jitter", crop.jitter), ("photometric_distort", crop.photometric)):
+        for step in steps:
+            name, argument = _JITTER[step.op]
+            ops.append((row, (name, {argument: float(step.factor)})))
     if len(crop.channel_permutation):
-        ops.append(("permute_channels", {"permutation": list(crop.channel_permutation)}))
+        permutation = {"permutation": list(crop.channel_permutation)}
+        ops.append(("photometric_distort", ("permute_channels", permutation)))
     if crop.grayscale:
-        ops.append(("rgb_to_grayscale", {"num_output_channels": 3}))
+        ops.append(("grayscale", ("rgb_to_grayscale", {"num_output_channels": 3})))
     if crop.HasField("blur_sigma"):
         blur = augmentation.gaussian_blur
         sigma = float(crop.blur_sigma)
         kernel = [int(blur.kernel_width), int(blur.kernel_height)]
-        ops.append(("gaussian_blur", {"kernel_size": kernel, "sigma": [sigma, sigma]}))
+        arguments = {"kernel_size": kernel, "sigma": [sigma, sigma]}
+        ops.append(("gaussian_blur", ("gaussian_blur", arguments)))
     if crop.solarized:
-        ops.append(("solarize", {"threshold": float(augmentation.solarize.threshold)}))
+        threshold = {"threshold": float(augmentation.solarize.threshold)}
+        ops.append(("solarize", ("solarize", threshold)))
     if crop.sharpened:
         factor = float(augmentation.sharpness.sharpness_factor)
-        ops.append(("adjust_sharpness", {"sharpness_factor": factor}))
+        ops.append(("sharpness", ("adjust_sharpness", {"sharpness_factor": factor})))
     if crop.posterized:
-        ops.append(("posterize", {"bits": int(augmentation.posterize.bits)}))
-    for ran, name in (
-        (crop.equalized, "equalize"),
-        (crop.autocontrasted, "autocontrast"),
-        (crop.inverted, "invert"),
+        ops.append(("posterize", ("posterize", {"bits": int(augmentation.posterize.bits)})))
+    for ran, name, row in (
+        (crop.equalized, "equalize", "equalize"),
+        (crop.autocontrasted, "autocontrast", "autocontrast"),
+        (crop.inverted, "invert", "invert"),
     ):
         if ran:
-            ops.append((name, {}))
+            ops.append((row, (name, {})))
     if crop.HasField("erased"):
-        ops.append(_erase_call(crop.erased, augmentation.random_erasing))
+        ops.append(("random_erasing", _erase_call(crop.erased, augmentation.random_erasing)))
     return ops
 
 

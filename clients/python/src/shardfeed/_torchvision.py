@@ -7,7 +7,9 @@ interpolation, antialiasing, dtype, scaling, layout), or the conversion
 raises ``TypeError`` naming the transform, the argument and the nearest
 form that is served. Nothing is converted to something close: a
 ``RandomApply`` is not flattened, a ``RandomChoice`` does not become its
-last choice, a ``CenterCrop`` without a ``Resize`` is not a resize.
+last choice (containers over rows are the sidecar's groups, drawn as
+torchvision draws them), a ``CenterCrop`` without a ``Resize`` is not a
+resize.
 
 The table's order (``_ORDER``): the crop (``RandomResizedCrop``,
 ``Resize`` + ``CenterCrop``, or ``Resize((h, w))``),
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from . import _timm
-from ._augment import Augment
+from ._augment import Augment, OpGroup
 from ._policies import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -200,12 +202,26 @@ class _Applied:
     p: float
 
 
+@dataclass(frozen=True)
+class _Grouped:
+    """A container over rows (RandomApply of several, RandomChoice,
+    RandomOrder): each member one step (possibly ``_Applied``)."""
+
+    kind: str
+    container: str
+    members: list[Any]
+    p: float = 0.5
+    weights: tuple[float, ...] | None = None
+
+
 def _leaves(transform: Any) -> list[Any]:
     """The steps a transform runs, containers opened where that is exact:
     a Compose (v1 or v2) or a reference preset holding one, a
     ``RandomApply`` with p 1 (always) or 0 (never) or around one row that
     takes a probability, a ``RandomChoice`` or ``RandomOrder`` of one
-    transform. Any other container is refused."""
+    transform. ``RandomApply`` of other rows, ``RandomChoice`` and
+    ``RandomOrder`` become a group (``_Grouped``) over their rows. Any
+    other container is refused."""
     name = type(transform).__name__
     inner: Any = getattr(transform, "transforms", None)
     if name == "RandomApply":
@@ -217,22 +233,25 @@ def _leaves(transform: Any) -> list[Any]:
             return []
         if len(steps) == 1 and type(steps[0]).__name__ in _PROBABLE:
             return [_Applied(steps[0], p)]
-        names = ", ".join(type(t).__name__ for t in steps)
-        raise TypeError(
-            f"RandomApply([{names}], p={p}): the sidecar puts a probability on one "
-            f"transform of {', '.join(sorted(_PROBABLE))}, and will not drop p or split "
-            f"one coin into several. The nearest served forms are one RandomApply per "
-            f"transform (independent coins: another recipe) or RandomApply(p=1); or " + WAY_OUT
-        )
+        return [_Grouped("apply", _listed(name, steps), steps, p=p)]
     if name in ("RandomChoice", "RandomOrder"):
         if len(inner) == 1:
             return _leaves(inner[0])
-        listed = ", ".join(type(t).__name__ for t in inner)
-        raise TypeError(
-            f"{name}([{listed}]): the sidecar runs one fixed sequence of ops per stream and "
-            f"will not pick one of them for you. The nearest served form is one of the "
-            f"transforms alone; or {WAY_OUT}"
-        )
+        members = []
+        for member in inner:
+            steps = _leaves(member)
+            if len(steps) != 1 or isinstance(steps[0], _Grouped):
+                raise TypeError(
+                    f"{_listed(name, inner)}: a member that is itself several transforms "
+                    f"({type(member).__name__}) is not one op of the sidecar's table; "
+                    f"make each member one transform, or {WAY_OUT}"
+                )
+            members.append(steps[0])
+        if name == "RandomOrder":
+            return [_Grouped("order", _listed(name, inner), members)]
+        weights = getattr(transform, "p", None)
+        weights = None if weights is None else tuple(float(w) for w in weights)
+        return [_Grouped("choice", _listed(name, inner), members, weights=weights)]
     if isinstance(inner, (list, tuple)):
         if name != "Compose":
             raise TypeError(f"{name} holds transforms the sidecar cannot order: {WAY_OUT}")
@@ -240,6 +259,12 @@ def _leaves(transform: Any) -> list[Any]:
     if inner is not None and inner is not transform:
         return _leaves(inner)  # a preset: ClassificationPresetTrain/Eval
     return [transform]
+
+
+def _listed(container: str, steps: list[Any]) -> str:
+    """A container as an error message names it: ``RandomChoice([A, B])``."""
+    names = (type(getattr(t, "step", t)).__name__ for t in steps)
+    return f"{container}([{', '.join(names)}])"
 
 
 def interpolation(step: Any, *, allowed: tuple[str, ...] = ("nearest", "bilinear")) -> Any:
@@ -493,16 +518,13 @@ def from_torchvision(transform: Any) -> Augment:
     [0, 255]."""
     state = _Conversion()
     for leaf in _leaves(transform):
-        step, p = (leaf.step, leaf.p) if isinstance(leaf, _Applied) else (leaf, 1.0)
-        name = type(step).__name__
-        if name in _MIXING:
-            raise refuse_mixing(name)
-        if name in _NEUTRAL:
+        if isinstance(leaf, _Grouped):
+            _group(state, leaf)
             continue
-        if _timm.is_timm(step):
-            name = _timm.as_torchvision(step)
-        if name not in _STAGES:
-            raise TypeError(f"{name} is not run by the sidecar: {WAY_OUT}")
+        step, p = _unwrapped(leaf)
+        name = _row_name(step)
+        if name is None:
+            continue
         if _STAGES[name] < state.stage and not _commutes(name, state.seen):
             raise TypeError(
                 f"{name} comes after a transform the sidecar applies later "
@@ -512,6 +534,69 @@ def from_torchvision(transform: Any) -> Augment:
         state.seen.append(name)
         _step(state, name, step, p)
     return state.finish()
+
+
+def _unwrapped(leaf: Any) -> tuple[Any, float]:
+    return (leaf.step, leaf.p) if isinstance(leaf, _Applied) else (leaf, 1.0)
+
+
+def _row_name(step: Any) -> str | None:
+    """The table's name of a step (torchvision's), None for a step without
+    an effect, or ``TypeError`` for one the sidecar does not run."""
+    name = type(step).__name__
+    if name in _MIXING:
+        raise refuse_mixing(name)
+    if name in _NEUTRAL:
+        return None
+    if _timm.is_timm(step):
+        name = _timm.as_torchvision(step)
+    if name not in _STAGES:
+        raise TypeError(f"{name} is not run by the sidecar: {WAY_OUT}")
+    return name
+
+
+def _group(state: _Conversion, group: _Grouped) -> None:
+    """A container over rows: each member set as its row, the group placed
+    where its rows sit in the table's order (they run at one place, as the
+    container does in the Compose)."""
+    named = []
+    for member in group.members:
+        if isinstance(member, _Grouped):
+            raise TypeError(
+                f"{group.container} holds {member.container}: the sidecar's groups do not "
+                f"nest; or {WAY_OUT}"
+            )
+        step, p = _unwrapped(member)
+        name = _row_name(step)
+        if name is None or name not in SERVER_ROWS or name == "RandomErasing":
+            raise TypeError(
+                f"{group.container}: {type(step).__name__} is not an op of the sidecar's "
+                "table, which is what a container holds there (RandomErasing runs after "
+                f"the trainer's conversions, apart); or {WAY_OUT}"
+            )
+        named.append((name, step, p))
+    rows = [SERVER_ROWS[name] for name, _, _ in named]
+    if len(set(rows)) != len(rows):
+        raise TypeError(
+            f"{group.container}: two of its transforms are one row of the sidecar's table "
+            f"({', '.join(rows)}), which a stream runs once; the nearest served form is "
+            f"one of them alone; or {WAY_OUT}"
+        )
+    for name, _, _ in named:
+        if name in state.seen:
+            raise TypeError(f"{group.container}: {name} also appears outside it; {WAY_OUT}")
+    stages = [_STAGES[name] for name, _, _ in named]
+    if min(stages) < state.stage:
+        raise TypeError(
+            f"{group.container} comes after a transform the sidecar applies later "
+            f"(its order: {_ORDER_NAMED}): reorder it, or {WAY_OUT}"
+        )
+    state.stage = max(stages)
+    for name, step, p in named:
+        state.seen.append(name)
+        _step(state, name, step, p)
+    op_group = OpGroup(group.kind, tuple(rows), p=group.p, weights=group.weights)  # type: ignore[arg-type]
+    state.augment = replace(state.augment, groups=(*state.augment.groups, op_group))
 
 
 # The rows that are a probability alone: the Augment field each sets, to

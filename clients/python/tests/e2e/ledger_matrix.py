@@ -11,6 +11,7 @@ from shardfeed import (
     Augment,
     ColorJitter,
     GaussianBlur,
+    OpGroup,
     RandomAdjustSharpness,
     RandomAffine,
     RandomErasing,
@@ -66,6 +67,22 @@ TIMM_DEIT = Augment.train(
     timm_rand_augment=TimmRandAugment(fill=(124, 116, 104)),
     random_erasing=RandomErasing(0.25, scale=(0.02, 1 / 3), ratio=(0.3, 1 / 0.3), value="random"),
 )
+# DeiT III's three augmentations (RandomChoice) after a RandomOrder of
+# the jitter and the grayscale coin, and a RandomApply over two coins.
+GROUPS = Augment.train(
+    color_jitter=ColorJitter(0.3, 0.3, 0.3, 0.0),
+    grayscale=0.5,
+    gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=1.0),
+    solarize=RandomSolarize(128, 1.0),
+    sharpness=RandomAdjustSharpness(2.0, 1.0),
+    equalize=1.0,
+    invert=1.0,
+    groups=(
+        OpGroup("order", ("color_jitter", "grayscale")),
+        OpGroup("choice", ("gaussian_blur", "solarize", "sharpness")),
+        OpGroup("apply", ("equalize", "invert"), p=0.5),
+    ),
+)
 MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
 POOLED = (
     "pool",
@@ -75,6 +92,7 @@ POOLED = (
     "bicubic_pool",
     "single_ops_pool",
     "timm_deit_pool",
+    "groups_pool",
 )
 # Repeated augmentation: every sample twice an epoch, each copy its own crop.
 REPEATS = 2
@@ -126,6 +144,12 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     # timm's steps travel in the pool's units (wire revision 7).
     "timm_deit_pool": dict(augment=TIMM_DEIT),
     "timm_deit_encoded": dict(augment=TIMM_DEIT, decode="client", image_size=ENCODED_SIZE),
+    "groups": dict(augment=GROUPS),
+    # The groups and each sample's rows travel in the pool's units (wire
+    # revision 8).
+    "groups_pool": dict(augment=GROUPS),
+    # The client's decoder runs no groups: the sidecar decodes the stream.
+    "groups_encoded": dict(augment=GROUPS, decode="client", image_size=ENCODED_SIZE),
 }
 
 
@@ -279,6 +303,9 @@ MATRIX = [
     Row("plain", "timm_deit", "kill"),
     Row("plain", "timm_deit_pool", "worker"),
     Row("stateful", "timm_deit_encoded", "break", full_only=True),
+    Row("plain", "groups", "kill"),
+    Row("plain", "groups_pool", "worker"),
+    Row("stateful", "groups_encoded", "break", full_only=True),
 ]
 
 

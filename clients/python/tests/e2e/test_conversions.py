@@ -107,8 +107,8 @@ def test_the_crop_size_is_the_streams_output_size(
     "transform, message",
     [
         (
-            v2.RandomApply([v2.ColorJitter(0.4), v2.RandomGrayscale()], p=0.8),
-            "RandomApply",
+            v2.RandomOrder([v2.RandomRotation(5), v2.RandomResizedCrop(40)]),
+            "RandomResizedCrop is not an op of the sidecar's table",
         ),
         (v2.RandomChoice([v2.TrivialAugmentWide(), v2.RandAugment()]), "RandomChoice"),
         (v2.CenterCrop(40), "without a Resize"),
@@ -124,6 +124,26 @@ def test_what_is_not_served_is_refused_before_a_stream(
     uri, _ = photos
     with pytest.raises(TypeError, match=message):
         ShardfeedDataset(uri, target=server.target, augment=from_torchvision(transform))
+
+
+def test_random_choice_runs_one_of_its_transforms_per_sample(
+    server: Server,
+    photos: tuple[str, dict[str, bytes]],  # noqa: F811
+) -> None:
+    """DeiT III's three augmentations: each sample reports exactly one."""
+    uri, _ = photos
+    three = v2.RandomChoice(
+        [v2.RandomGrayscale(p=1.0), v2.RandomSolarize(128, p=1.0), v2.GaussianBlur(9, (0.1, 2.0))]
+    )
+    augment = from_torchvision(v2.Compose([v2.RandomResizedCrop(36), three]))
+    chosen = []
+    for batch in Client(server.target).batches(uri, batch_size=4, augment=augment):
+        for ops in batch.ops:
+            names = [name for name, _ in ops if name != "horizontal_flip"]
+            assert len(names) == 1, ops
+            chosen.append(names[0])
+    assert set(chosen) <= {"rgb_to_grayscale", "solarize", "gaussian_blur"}
+    assert len(set(chosen)) >= 2, chosen
 
 
 def test_a_compose_given_to_augment_is_refused_with_the_way_in(

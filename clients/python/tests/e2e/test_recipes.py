@@ -16,6 +16,7 @@ from shardfeed import (
     Client,
     ColorJitter,
     GaussianBlur,
+    OpGroup,
     RandAugment,
     RandomAdjustSharpness,
     RandomAffine,
@@ -24,6 +25,7 @@ from shardfeed import (
     RandomPosterize,
     RandomRotation,
     RandomSolarize,
+    ShardfeedError,
     TimmRandAugment,
     TrivialAugmentWide,
 )
@@ -79,6 +81,22 @@ RECIPES = {
     # random sampling, so that every kind of op runs in a small dataset.
     "timm_rand_augment": Augment.train(
         timm_rand_augment=TimmRandAugment(prob=0.9, interpolation="random", fill=(124, 116, 104))
+    ),
+    # RandomOrder(jitter, grayscale), RandomChoice(blur, solarize) by
+    # weight, RandomApply(equalize, invert): each sample's rows in the
+    # order it ran them.
+    "groups": Augment.train(
+        color_jitter=ColorJitter(0.4, 0.4, 0.2, 0.1),
+        grayscale=1.0,
+        gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=1.0),
+        solarize=RandomSolarize(128, 1.0),
+        equalize=1.0,
+        invert=1.0,
+        groups=(
+            OpGroup("order", ("color_jitter", "grayscale")),
+            OpGroup("choice", ("gaussian_blur", "solarize"), weights=(1.0, 2.0)),
+            OpGroup("apply", ("equalize", "invert"), p=0.5),
+        ),
     ),
     "rotation_bilinear": Augment.train(
         rotation=RandomRotation((-45, 45), "bilinear", fill=(124, 116, 104)), invert=0.5
@@ -144,6 +162,7 @@ def test_reported_ops_replay_on_the_same_request_without_them(
         "affine",
         "photometric_distort",
         "timm_rand_augment",
+        "groups",
     ],
 )
 def test_decisions_are_the_samples_own_at_any_world_size(
@@ -160,6 +179,27 @@ def test_decisions_are_the_samples_own_at_any_world_size(
     for key in one:
         np.testing.assert_array_equal(one[key][0], two[key][0])
         assert repr(one[key][2]) == repr(two[key][2])
+
+
+def test_a_group_the_table_cannot_run_is_invalid_argument_naming_the_row(
+    server: Server,
+    photos: tuple[str, dict[str, bytes]],  # noqa: F811
+) -> None:
+    uri, _ = photos
+    client = Client(server.target)
+    # The blur is on and sits between grayscale and solarize in the table.
+    apart = Augment.train(
+        grayscale=1.0,
+        gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=1.0),
+        solarize=RandomSolarize(128, 1.0),
+        groups=(OpGroup("choice", ("grayscale", "solarize")),),
+    )
+    off = Augment.train(grayscale=0.5, groups=(OpGroup("order", ("grayscale", "invert")),))
+    for augment, says in ((apart, "`gaussian_blur` runs between"), (off, "`invert` is off")):
+        with pytest.raises(ShardfeedError) as error:
+            next(iter(client.batches(uri, batch_size=4, image_size=32, augment=augment)))
+        assert error.value.code == "INVALID_ARGUMENT"
+        assert error.value.field == "augmentation.groups" and says in error.value.message
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from shardfeed import (
     AutoAugment,
     ColorJitter,
     GaussianBlur,
+    OpGroup,
     RandAugment,
     RandomAdjustSharpness,
     RandomAffine,
@@ -24,6 +25,7 @@ from shardfeed import (
     TrivialAugmentWide,
     from_torchvision,
 )
+from shardfeed._proto import shardfeed_pb2 as pb
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
@@ -141,7 +143,7 @@ def test_random_apply_keeps_its_probability(transform: Any, p: float) -> None:
     assert from_torchvision(v2.RandomApply([v2.ColorJitter(0.4)], p=0.0)).color_jitter is None
 
 
-def test_random_apply_of_a_coin_flip_multiplies_and_of_several_is_refused() -> None:
+def test_random_apply_of_a_coin_flip_multiplies_and_of_several_is_one_coin() -> None:
     augment = from_torchvision(
         v2.Compose(
             [
@@ -152,11 +154,19 @@ def test_random_apply_of_a_coin_flip_multiplies_and_of_several_is_refused() -> N
         )
     )
     assert (augment.horizontal_flip, augment.grayscale) == (0.25, 0.2)
-    both = v2.RandomApply([v2.ColorJitter(0.4), v2.RandomGrayscale(1.0)], p=0.8)
-    with pytest.raises(TypeError, match=r"RandomApply\(\[ColorJitter, RandomGrayscale\], p=0.8\)"):
-        from_torchvision(both)
-    with pytest.raises(TypeError, match=r"RandomApply\(\[TrivialAugmentWide\], p=0.5\)"):
-        from_torchvision(v2.RandomApply([v2.TrivialAugmentWide()], p=0.5))
+    # Several rows under one coin: a group, each row as written.
+    both = from_torchvision(v2.RandomApply([v2.ColorJitter(0.4), v2.RandomGrayscale(1.0)], p=0.8))
+    assert both.groups == (OpGroup("apply", ("color_jitter", "grayscale"), p=0.8),)
+    assert (both.color_jitter, both.grayscale) == (ColorJitter((0.6, 1.4)), 1.0)
+    # A row without a probability of its own: a group of one.
+    policy = from_torchvision(v2.RandomApply([v2.TrivialAugmentWide()], p=0.5))
+    assert policy.groups == (OpGroup("apply", ("auto_augment",), p=0.5),)
+    message = policy.to_message().groups[0]
+    assert (message.kind, list(message.rows), message.p) == (
+        pb.OP_GROUP_KIND_APPLY,
+        ["auto_augment"],
+        0.5,
+    )
 
 
 def test_dinov2s_global_crop_converts_whole() -> None:
@@ -240,9 +250,9 @@ def test_the_photometric_distortion_converts_with_its_ranges() -> None:
     )
     message = augment.to_message().photometric_distort
     assert (message.hue.min, message.p) == (-0.1, 0.4)
-    # Its coins are its own: a RandomApply around it would be a fifth.
-    with pytest.raises(TypeError, match=r"RandomApply\(\[RandomPhotometricDistort\]"):
-        from_torchvision(v2.RandomApply([v2.RandomPhotometricDistort()], p=0.5))
+    # A RandomApply around it is one more coin: a group of one.
+    applied = from_torchvision(v2.RandomApply([v2.RandomPhotometricDistort()], p=0.5))
+    assert applied.groups == (OpGroup("apply", ("photometric_distort",), p=0.5),)
     with pytest.raises(ValueError, match="hue"):
         RandomPhotometricDistort(hue=(-0.6, 0.0))
 
@@ -289,8 +299,6 @@ def test_random_affine_converts_with_each_range(module: Any) -> None:
             lambda: v2.RandomRotation(30, interpolation=InterpolationMode.BICUBIC),
             "RandomRotation with interpolation bicubic",
         ),
-        # RandomRotation has no probability of its own to put p on.
-        (lambda: v2.RandomApply([v2.RandomRotation(30)], p=0.5), r"RandomApply\(\[RandomRotation"),
         (
             lambda: v2.Compose([v2.TrivialAugmentWide(), v2.RandomRotation(10)]),
             "RandomRotation comes after",
@@ -353,13 +361,84 @@ def test_a_flip_after_ops_it_commutes_with_is_served_at_its_place() -> None:
     assert both.photometric_distort is not None
 
 
-def test_random_choice_and_order_are_never_one_of_them() -> None:
-    with pytest.raises(TypeError, match=r"RandomChoice\(\[TrivialAugmentWide, RandAugment\]\)"):
-        from_torchvision(v2.RandomChoice([v2.TrivialAugmentWide(), v2.RandAugment()]))
-    with pytest.raises(TypeError, match=r"RandomOrder\(\[ColorJitter, RandomGrayscale\]\)"):
-        from_torchvision(v2.RandomOrder([v2.ColorJitter(0.4), v2.RandomGrayscale()]))
+def test_random_choice_and_order_are_groups_over_their_rows() -> None:
+    # DeiT III's three augmentations (v2 normalizes the weights).
+    three = from_torchvision(
+        v2.Compose(
+            [
+                v2.RandomResizedCrop(64),
+                v2.RandomChoice(
+                    [
+                        v2.RandomGrayscale(p=1.0),
+                        v2.RandomSolarize(128, p=1.0),
+                        v2.GaussianBlur(9, (0.1, 2.0)),
+                    ]
+                ),
+            ]
+        )
+    )
+    assert three.groups == (
+        OpGroup("choice", ("grayscale", "solarize", "gaussian_blur"), weights=(1 / 3,) * 3),
+    )
+    assert (three.grayscale, three.solarize) == (1.0, RandomSolarize(128, 1.0))
+    weighted = from_torchvision(
+        v1.RandomChoice([v1.RandomGrayscale(p=1.0), v1.RandomInvert(p=1.0)], p=[3, 1])
+    )
+    assert weighted.groups[0].weights == (3.0, 1.0)
+    order = from_torchvision(v2.RandomOrder([v2.ColorJitter(0.4), v2.RandomGrayscale(0.3)]))
+    assert order.groups == (OpGroup("order", ("color_jitter", "grayscale")),)
     one = from_torchvision(v2.RandomChoice([v2.TrivialAugmentWide()]))
-    assert one.auto_augment == TrivialAugmentWide()
+    assert (one.auto_augment, one.groups) == (TrivialAugmentWide(), ())
+
+
+@pytest.mark.parametrize(
+    "transform, message",
+    [
+        # Two policies are one row, which a stream runs once.
+        (
+            lambda: v2.RandomChoice([v2.TrivialAugmentWide(), v2.RandAugment()]),
+            r"RandomChoice\(\[TrivialAugmentWide, RandAugment\]\): two of its transforms",
+        ),
+        (
+            lambda: v2.RandomOrder([v2.RandomRotation(5), v2.RandomResizedCrop(64)]),
+            r"RandomResizedCrop is not an op of the sidecar's table",
+        ),
+        (
+            lambda: v2.RandomChoice(
+                [v2.Compose([v2.RandomInvert(), v2.RandomEqualize()]), v2.RandomGrayscale()]
+            ),
+            r"a member that is itself several transforms \(Compose\)",
+        ),
+        (
+            lambda: v2.RandomApply(
+                [v2.RandomOrder([v2.RandomInvert(), v2.RandomEqualize()]), v2.RandomGrayscale()],
+                p=0.5,
+            ),
+            "do not nest",
+        ),
+        # The blur runs between the group's rows in the table's order.
+        (
+            lambda: v2.Compose(
+                [
+                    v2.RandomChoice([v2.RandomGrayscale(1.0), v2.RandomSolarize(128, 1.0)]),
+                    v2.GaussianBlur(9),
+                ]
+            ),
+            "GaussianBlur comes after",
+        ),
+        (
+            lambda: v2.Compose(
+                [v2.RandomGrayscale(0.2), v2.RandomOrder([v2.RandomGrayscale(), v2.RandomInvert()])]
+            ),
+            "RandomGrayscale also appears outside it",
+        ),
+    ],
+)
+def test_groups_that_cannot_run_as_written_are_refused_by_name(
+    transform: Any, message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        from_torchvision(transform())
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ mod blur;
 mod coin;
 mod erasing;
 mod flip;
+mod group;
 mod jitter;
 mod photometric;
 mod policy;
@@ -32,6 +33,9 @@ pub use coin::{
 };
 pub use erasing::{EraseValue, ErasedBox, RandomErasing};
 pub use flip::{flip_rows, HorizontalFlip};
+pub use group::{Applied, Groups};
+#[cfg(test)]
+pub use group::{Group, GroupKind};
 pub use jitter::{ColorJitter, JitterDrawn, JitterOp};
 pub use photometric::{PhotometricDrawn, RandomPhotometricDistort};
 pub use policy::{AutoAugment, Fill, Policy, PolicyDrawn, PolicyOp, PolicyStep, MAX_POLICY_OPS};
@@ -53,12 +57,18 @@ macro_rules! ops_table {
         #[derive(Debug, Clone, Copy, PartialEq, Default)]
         pub struct Ops {
             $($(#[doc = $doc])* pub $name: $op,)+
+            /// RandomApply / RandomChoice / RandomOrder over the rows
+            /// (`augmentation.groups`); none: every row on runs.
+            pub groups: Groups,
         }
 
         /// What each op decided for one sample.
         #[derive(Debug, Clone, Copy, PartialEq, Default)]
         pub struct Drawn {
             $(pub $name: <$op as Op>::Drawn,)+
+            /// With groups: the rows that ran, in the order they ran
+            /// (those a group skipped have their decision cleared).
+            pub applied: Option<Applied>,
         }
 
         $(impl Slot for $op {
@@ -71,23 +81,44 @@ macro_rules! ops_table {
             /// Every op off (usable in a `const`, with `..Ops::NONE`).
             pub const NONE: Ops = Ops {
                 $($name: <$op as Op>::OFF,)+
+                groups: Groups::NONE,
             };
 
             /// The table's op names, in its order.
             pub const NAMES: &'static [&'static str] = &[$(<$op as Op>::NAME),+];
 
+            /// Which rows this stream turns on, by table index.
+            fn on(&self) -> [bool; group::MAX_ROWS] {
+                let rows = [$(self.$name.is_random()),+];
+                let mut on = [false; group::MAX_ROWS];
+                on[..rows.len()].copy_from_slice(&rows);
+                on
+            }
+
+            /// Applies row `row`'s decision (see [`Self::apply`]).
+            fn apply_row(&self, row: usize, drawn: &Drawn, width: u32, out: &mut [u8]) {
+                let mut index = 0usize;
+                $(
+                    if index == row {
+                        self.$name.apply(&drawn.$name, width, out);
+                    }
+                    index += 1;
+                )+
+                debug_assert!(row < index);
+            }
+
             /// Whether a client that decodes, applying the ops named in
             /// `client_ops`, applies every op this stream runs (else the
             /// server decodes all of its samples).
             pub fn client_replays(&self, client_ops: &[String]) -> bool {
-                true $(&& (!self.$name.is_random()
+                self.groups.is_empty() $(&& (!self.$name.is_random()
                     || <$op as Op>::CLIENT_REPLAYS
                     || client_ops.iter().any(|name| name == <$op as Op>::NAME)))+
             }
 
             pub fn validate(&self) -> Result<(), AugmentError> {
                 $(self.$name.validate()?;)+
-                Ok(())
+                self.groups.validate(&self.on()[..Self::NAMES.len()], Self::NAMES)
             }
 
             pub fn is_random(&self) -> bool {
@@ -95,41 +126,88 @@ macro_rules! ops_table {
             }
 
             /// Each op's decision, drawn in table order (a struct
-            /// expression evaluates its fields in the order written).
+            /// expression evaluates its fields in the order written), then
+            /// the groups' (which rows run, in which order).
             pub fn draw(&self, sample: &mut Rng, at: &DrawAt) -> Drawn {
-                Drawn {
+                let mut drawn = Drawn {
                     $($name: self.$name.draw(sample, at),)+
+                    applied: None,
+                };
+                if !self.groups.is_empty() {
+                    let on = self.on();
+                    let applied = self.groups.draw(&on[..Self::NAMES.len()], at);
+                    for row in (0..Self::NAMES.len()).filter(|&row| on[row]) {
+                        if !applied.rows().any(|ran| ran == row) {
+                            drawn.clear_row(row);
+                        }
+                    }
+                    drawn.applied = Some(applied);
                 }
+                drawn
             }
 
-            /// Applies each decision, in table order, to one output of
-            /// `width` pixels per row.
+            /// Applies each decision to one output of `width` pixels per
+            /// row: in table order, or as the sample's groups drew it.
             pub fn apply(&self, drawn: &Drawn, width: u32, out: &mut [u8]) {
-                $(self.$name.apply(&drawn.$name, width, out);)+
+                match &drawn.applied {
+                    None => {
+                        $(self.$name.apply(&drawn.$name, width, out);)+
+                    }
+                    Some(applied) => {
+                        for row in applied.rows() {
+                            self.apply_row(row, drawn, width, out);
+                        }
+                    }
+                }
             }
 
-            pub fn from_wire(wire: &pb::Augmentation) -> Self {
-                Self {
+            /// The rows a request names; its groups are read apart
+            /// ([`Groups::from_wire`]), as they can be refused here.
+            pub fn from_wire(wire: &pb::Augmentation) -> Result<Self, AugmentError> {
+                Ok(Self {
                     $($name: <$op as Op>::from_wire(wire),)+
-                }
+                    groups: Groups::from_wire(&wire.groups, Self::NAMES)?,
+                })
             }
 
             pub fn to_wire(&self, wire: &mut pb::Augmentation) {
                 $(self.$name.to_wire(wire);)+
+                wire.groups = self.groups.wire(Self::NAMES);
             }
         }
 
         impl Drawn {
+            /// Row `row`'s decision as a sample that did not draw it.
+            fn clear_row(&mut self, row: usize) {
+                let mut index = 0usize;
+                $(
+                    if index == row {
+                        self.$name = Default::default();
+                    }
+                    index += 1;
+                )+
+                debug_assert!(row < index);
+            }
+
             pub fn from_wire(wire: &pb::CropBox) -> Self {
                 Self {
                     $($name: <$op as Op>::drawn_from_wire(wire),)+
+                    applied: (!wire.applied_rows.is_empty())
+                        .then(|| Applied::from_names(&wire.applied_rows, Ops::NAMES)),
                 }
             }
 
             pub fn to_wire(&self, wire: &mut pb::CropBox) {
                 $(<$op as Op>::drawn_to_wire(self.$name, wire);)+
+                if let Some(applied) = &self.applied {
+                    wire.applied_rows =
+                        applied.rows().map(|row| Ops::NAMES[row].to_string()).collect();
+                }
             }
         }
+
+        // The per-sample order holds every row.
+        const _: () = assert!(Ops::NAMES.len() <= group::MAX_ROWS);
     };
 }
 

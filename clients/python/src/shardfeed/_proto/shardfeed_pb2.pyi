@@ -27,6 +27,13 @@ class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSPORT_INLINE: _ClassVar[Transport]
     TRANSPORT_SHARED_MEMORY: _ClassVar[Transport]
 
+class OpGroupKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OP_GROUP_KIND_UNSPECIFIED: _ClassVar[OpGroupKind]
+    OP_GROUP_KIND_APPLY: _ClassVar[OpGroupKind]
+    OP_GROUP_KIND_CHOICE: _ClassVar[OpGroupKind]
+    OP_GROUP_KIND_ORDER: _ClassVar[OpGroupKind]
+
 class Interpolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     INTERPOLATION_NEAREST: _ClassVar[Interpolation]
@@ -99,6 +106,10 @@ DELIVERY_DECODED: Delivery
 DELIVERY_ENCODED: Delivery
 TRANSPORT_INLINE: Transport
 TRANSPORT_SHARED_MEMORY: Transport
+OP_GROUP_KIND_UNSPECIFIED: OpGroupKind
+OP_GROUP_KIND_APPLY: OpGroupKind
+OP_GROUP_KIND_CHOICE: OpGroupKind
+OP_GROUP_KIND_ORDER: OpGroupKind
 INTERPOLATION_NEAREST: Interpolation
 INTERPOLATION_BILINEAR: Interpolation
 INTERPOLATION_BICUBIC: Interpolation
@@ -283,7 +294,7 @@ class SharedImages(_message.Message):
     def __init__(self, ring_token: _Optional[bytes] = ..., ring_bytes: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., holdable: _Optional[int] = ...) -> None: ...
 
 class Augmentation(_message.Message):
-    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "vertical_flip", "sharpness", "posterize", "equalize", "autocontrast", "invert", "rotation", "affine", "photometric_distort", "timm_rand_augment", "resize_interpolation")
+    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "vertical_flip", "sharpness", "posterize", "equalize", "autocontrast", "invert", "rotation", "affine", "photometric_distort", "timm_rand_augment", "groups", "resize_interpolation")
     CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
     RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
     STRETCH_FIELD_NUMBER: _ClassVar[int]
@@ -304,6 +315,7 @@ class Augmentation(_message.Message):
     AFFINE_FIELD_NUMBER: _ClassVar[int]
     PHOTOMETRIC_DISTORT_FIELD_NUMBER: _ClassVar[int]
     TIMM_RAND_AUGMENT_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     RESIZE_INTERPOLATION_FIELD_NUMBER: _ClassVar[int]
     center_crop: CenterCrop
     random_resized_crop: RandomResizedCrop
@@ -325,8 +337,21 @@ class Augmentation(_message.Message):
     affine: RandomAffine
     photometric_distort: RandomPhotometricDistort
     timm_rand_augment: TimmRandAugment
+    groups: _containers.RepeatedCompositeFieldContainer[OpGroup]
     resize_interpolation: Interpolation
-    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., vertical_flip: _Optional[float] = ..., sharpness: _Optional[_Union[RandomAdjustSharpness, _Mapping]] = ..., posterize: _Optional[_Union[RandomPosterize, _Mapping]] = ..., equalize: _Optional[float] = ..., autocontrast: _Optional[float] = ..., invert: _Optional[float] = ..., rotation: _Optional[_Union[RandomRotation, _Mapping]] = ..., affine: _Optional[_Union[RandomAffine, _Mapping]] = ..., photometric_distort: _Optional[_Union[RandomPhotometricDistort, _Mapping]] = ..., timm_rand_augment: _Optional[_Union[TimmRandAugment, _Mapping]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., vertical_flip: _Optional[float] = ..., sharpness: _Optional[_Union[RandomAdjustSharpness, _Mapping]] = ..., posterize: _Optional[_Union[RandomPosterize, _Mapping]] = ..., equalize: _Optional[float] = ..., autocontrast: _Optional[float] = ..., invert: _Optional[float] = ..., rotation: _Optional[_Union[RandomRotation, _Mapping]] = ..., affine: _Optional[_Union[RandomAffine, _Mapping]] = ..., photometric_distort: _Optional[_Union[RandomPhotometricDistort, _Mapping]] = ..., timm_rand_augment: _Optional[_Union[TimmRandAugment, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[OpGroup, _Mapping]]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
+
+class OpGroup(_message.Message):
+    __slots__ = ("kind", "rows", "p", "weights")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    kind: OpGroupKind
+    rows: _containers.RepeatedScalarFieldContainer[str]
+    p: float
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, kind: _Optional[_Union[OpGroupKind, str]] = ..., rows: _Optional[_Iterable[str]] = ..., p: _Optional[float] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class AutoAugment(_message.Message):
     __slots__ = ("trivial_augment_wide", "rand_augment", "imagenet", "interpolation", "fill")
@@ -537,7 +562,7 @@ class RandomResizedCrop(_message.Message):
     def __init__(self, scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class CropBox(_message.Message):
-    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized", "vertically_flipped", "sharpened", "posterized", "equalized", "autocontrasted", "inverted", "rotation", "affine", "photometric", "channel_permutation", "timm_steps")
+    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized", "vertically_flipped", "sharpened", "posterized", "equalized", "autocontrasted", "inverted", "rotation", "affine", "photometric", "channel_permutation", "timm_steps", "applied_rows")
     LEFT_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -560,6 +585,7 @@ class CropBox(_message.Message):
     PHOTOMETRIC_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_PERMUTATION_FIELD_NUMBER: _ClassVar[int]
     TIMM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_ROWS_FIELD_NUMBER: _ClassVar[int]
     left: float
     top: float
     width: float
@@ -582,7 +608,8 @@ class CropBox(_message.Message):
     photometric: _containers.RepeatedCompositeFieldContainer[JitterStep]
     channel_permutation: _containers.RepeatedScalarFieldContainer[int]
     timm_steps: _containers.RepeatedCompositeFieldContainer[TimmStep]
-    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ..., vertically_flipped: _Optional[bool] = ..., sharpened: _Optional[bool] = ..., posterized: _Optional[bool] = ..., equalized: _Optional[bool] = ..., autocontrasted: _Optional[bool] = ..., inverted: _Optional[bool] = ..., rotation: _Optional[float] = ..., affine: _Optional[_Union[AffineDrawn, _Mapping]] = ..., photometric: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., channel_permutation: _Optional[_Iterable[int]] = ..., timm_steps: _Optional[_Iterable[_Union[TimmStep, _Mapping]]] = ...) -> None: ...
+    applied_rows: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ..., vertically_flipped: _Optional[bool] = ..., sharpened: _Optional[bool] = ..., posterized: _Optional[bool] = ..., equalized: _Optional[bool] = ..., autocontrasted: _Optional[bool] = ..., inverted: _Optional[bool] = ..., rotation: _Optional[float] = ..., affine: _Optional[_Union[AffineDrawn, _Mapping]] = ..., photometric: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., channel_permutation: _Optional[_Iterable[int]] = ..., timm_steps: _Optional[_Iterable[_Union[TimmStep, _Mapping]]] = ..., applied_rows: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TimmRandAugment(_message.Message):
     __slots__ = ("ops", "num_layers", "magnitude", "magnitude_std", "magnitude_max", "prob", "translate_pct", "translate_const", "resample", "random_resample", "fill")
