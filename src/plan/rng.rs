@@ -19,6 +19,13 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Output `position` (from 0) of the generator whose state is `seed`,
+/// without running the outputs before it: for draws that must be made one
+/// value at a time in any order (the erasing noise, which numpy replays).
+pub fn output_at(seed: u64, position: u64) -> u64 {
+    mix(seed.wrapping_add(position.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA)))
+}
+
 impl Rng {
     /// A generator for one purpose, keyed by every input that must change the
     /// stream (e.g. `[seed, epoch, PURPOSE_SHARDS]`).
@@ -63,6 +70,14 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_at_a_position_is_the_streams() {
+        let mut rng = Rng { state: 42 };
+        for position in 0..5 {
+            assert_eq!(output_at(42, position), rng.next_u64());
+        }
+    }
 
     #[test]
     fn stream_is_frozen() {

@@ -28,12 +28,18 @@ SampleOps = list[tuple[str, dict[str, Any]]]
 # leaves those streams' JPEGs to the client.
 CLIENT_OPS = ("horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing")
 
-_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+# The server's generator (SplitMix64, src/plan/rng.rs), written once for
+# the client: its increment and its finalizer's multipliers. numpy uses
+# them here, torch on the batch's device in torch/ops/random_erasing.py.
+SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
+SPLITMIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+_GOLDEN_GAMMA = np.uint64(SPLITMIX_GAMMA)
 
 
 def _mix(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    first, second = (np.uint64(m) for m in SPLITMIX_MULTIPLIERS)
+    z = (z ^ (z >> np.uint64(30))) * first
+    z = (z ^ (z >> np.uint64(27))) * second
     return z ^ (z >> np.uint64(31))
 
 

@@ -11,8 +11,7 @@
 //! `shardfeed._ops.erase_noise`).
 
 use super::base::CHANNELS;
-
-const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+use crate::plan::rng::output_at;
 
 /// What an erased box is filled with, in `uint8` levels.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,17 +71,12 @@ pub fn noise_level(z: f64, mean: f32, std: f32) -> u8 {
         .clamp(0.0, 255.0) as u8
 }
 
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The `index`-th standard normal of the seed: Box–Muller over two
-/// SplitMix64 outputs at positions `2 index` and `2 index + 1`, the cosine
+/// outputs of the crate's generator (SplitMix64, `plan::rng`) at positions
+/// `2 index` and `2 index + 1`, the cosine
 /// branch. Stateless, so any value can be made alone (and in numpy).
 fn standard_normal(seed: u64, index: u64) -> f64 {
-    let at = |k: u64| mix(seed.wrapping_add(k.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA)));
+    let at = |k: u64| output_at(seed, k);
     let unit = 1.0 / (1u64 << 53) as f64;
     // (0, 1]: the logarithm never sees 0.
     let u1 = ((at(2 * index) >> 11) + 1) as f64 * unit;

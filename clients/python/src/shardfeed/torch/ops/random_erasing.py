@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
+from ..._ops import SPLITMIX_GAMMA, SPLITMIX_MULTIPLIERS
+
 NAME = "random_erasing"
 
-_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
-_MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+_GOLDEN_GAMMA = SPLITMIX_GAMMA
+_MIX = SPLITMIX_MULTIPLIERS
 
 
 def _signed(value: int) -> int:
