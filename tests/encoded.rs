@@ -442,6 +442,7 @@ fn search(center: f64, hold: u32) -> pb::ShareSearch {
         step: 1.0 / 16.0,
         hold,
         next_hold: 64,
+        loop_id: 0,
     }
 }
 
@@ -535,6 +536,7 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
             rank: 0,
             decoded: 1 << 40,
             failures: Vec::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -554,6 +556,7 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
             rank: 0,
             decoded: 11,
             failures: vec![failure.clone()],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -568,11 +571,33 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
                 };
                 5000
             ],
+            ..Default::default()
         })
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("5000 failures"), "{status:?}");
+    // A loop's totals that cannot be one's are named; a stream that ended
+    // hears nothing, which is no error.
+    let loop_report = |waited_seconds, stepped_seconds| pb::ClientDecodeReport {
+        loop_waits: Some(pb::LoopWaits {
+            loop_id: 12345,
+            waited_seconds,
+            stepped_seconds,
+        }),
+        ..Default::default()
+    };
+    let backwards = client
+        .report_client_decodes(loop_report(5.0, 1.0))
+        .await
+        .unwrap_err();
+    assert_eq!(backwards.code(), tonic::Code::InvalidArgument);
+    assert_eq!(bad_field(&backwards), "loop_waits");
+    assert!(backwards.message().contains("exceeds"), "{backwards:?}");
+    client
+        .report_client_decodes(loop_report(0.5, 10.0))
+        .await
+        .unwrap();
     assert_eq!(bad_field(&status), "failures");
 }
 
@@ -669,6 +694,11 @@ async fn a_tuned_share_seeks_the_rate_the_trainer_takes_batches_at() {
     // start, which it would hold otherwise.
     let state = fast.last().unwrap().server_decode_search.unwrap();
     assert_eq!(state.center, *settled.last().unwrap());
+    // Where the stream heard its loop's waits: one place for its batches.
+    assert_ne!(state.loop_id, 0);
+    assert!(fast
+        .iter()
+        .all(|b| b.server_decode_search.unwrap().loop_id == state.loop_id));
     let going_on = pb::StreamBatchesRequest {
         tune_server_decode: true,
         server_decode_search: Some(search(0.25, 20)),

@@ -602,6 +602,20 @@ impl Shardfeed for ShardfeedService {
             metrics::request("ReportClientDecodes", error.code());
             return Err(error.into());
         }
+        if let Some(waits) = &report.loop_waits {
+            // A loop's totals for its stream's share search; a stream that
+            // ended hears nothing, which is no error (reports race its end).
+            let heard = crate::pipeline::encoded::loop_waits::report(
+                waits.loop_id,
+                waits.waited_seconds,
+                waits.stepped_seconds,
+            );
+            if let Err(bad) = heard {
+                let error = ServiceError::invalid("loop_waits", bad.to_string());
+                metrics::request("ReportClientDecodes", error.code());
+                return Err(error.into());
+            }
+        }
         let reported = report.decoded.saturating_add(report.failures.len() as u64);
         if let Err(left) = metrics::take_client_reports(reported) {
             let error = ServiceError::invalid(

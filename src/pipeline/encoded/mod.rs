@@ -24,6 +24,7 @@
 
 mod delivery;
 mod error;
+pub mod loop_waits;
 mod mode;
 mod modes;
 mod placement;

@@ -28,8 +28,24 @@
 //! feeding ResNet-50 held share 0 at 0.77x its synthetic rate). So when
 //! neither fine probe beat the center by the margin but one beat it at
 //! all, the search leaps `FIRST_STEP` that way before it holds.
+//!
+//! Under a model that caps the rate, every share that keeps the training
+//! loop fed gives the same rate. Where the client reports its loop's waits
+//! (`loop_waits.rs`), a window also measures the share of the loop's time
+//! spent waiting, and the objective follows the loop: a share whose loop
+//! waits at most `LOOP_FED` beats one whose loop waits more; of two that
+//! both keep it fed, the higher share wins (the trainer's device spared);
+//! of two that both leave it waiting, the rate decides as above. So a
+//! fed loop's search climbs until the loop would wait, and a waiting
+//! loop's search goes where the rate is best. A settled search watches the
+//! loop while it holds: when the loop's state leaves the one it settled
+//! with by a margin (waiting over `2 LOOP_FED` where it was fed, under
+//! `LOOP_FED / 2` where it waited), it searches again, from fine steps.
+//! The margin between the thresholds is what keeps it from oscillating.
 
 use std::time::Duration;
+
+use super::loop_waits::LoopTotals;
 
 /// Batches timed at one share. With ~1 ms of jitter on a ~100 ms batch,
 /// six of them put a window's rate within a percent or two.
@@ -46,6 +62,8 @@ pub const MIN_STEP: f64 = 1.0 / 16.0;
 /// Batches held at a settled center before probing again, first and most.
 const FIRST_HOLD: u32 = 32;
 const MAX_HOLD: u32 = 512;
+/// A loop that waits for at most this share of its time is fed.
+pub const LOOP_FED: f64 = 0.02;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
@@ -69,6 +87,8 @@ struct Window {
     batches: u32,
     samples: usize,
     seconds: f64,
+    /// The loop's totals when the window's first batch was timed.
+    loop_start: Option<LoopTotals>,
 }
 
 impl Window {
@@ -79,8 +99,50 @@ impl Window {
             batches: 0,
             samples: 0,
             seconds: 0.0,
+            loop_start: None,
         }
     }
+}
+
+/// What a window measured: the rate, and where the client reported its
+/// loop's waits over it, the share of the loop's time spent waiting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Measured {
+    rate: f64,
+    waiting: Option<f64>,
+}
+
+impl Measured {
+    fn fed(&self) -> Option<bool> {
+        self.waiting.map(|waiting| waiting <= LOOP_FED)
+    }
+
+    /// Whether `self`, measured `direction` of `center`, beats it.
+    fn beats(&self, center: &Measured, direction: f64) -> bool {
+        match (self.fed(), center.fed()) {
+            (Some(true), Some(false)) => true,
+            (Some(false), Some(true)) => false,
+            // Both fed: the higher share spares the trainer.
+            (Some(true), Some(true)) => direction > 0.0,
+            _ => self.rate > center.rate * (1.0 + MARGIN),
+        }
+    }
+
+    /// Whether the loop's state the window saw is not the rate alone's
+    /// (where a probe that gained less than the margin may be leapt to).
+    fn by_rate(&self, center: &Measured) -> bool {
+        !matches!((self.fed(), center.fed()), (Some(_), Some(_)))
+            || (self.fed() == Some(false) && center.fed() == Some(false))
+    }
+}
+
+/// A settled search's watch on the loop while it holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Watch {
+    /// Whether the loop was fed when the center was last measured.
+    settled_fed: Option<bool>,
+    batches: u32,
+    start: Option<LoopTotals>,
 }
 
 /// Where a search stands, for a next stream of the same client to go on
@@ -94,6 +156,9 @@ pub struct SearchState {
     /// Batches still to hold the center; 0: it was measuring.
     pub hold: u32,
     pub next_hold: u32,
+    /// Where the stream hears its loop's waits (0: nowhere); not carried
+    /// to the next stream, which listens anew.
+    pub loop_id: u64,
 }
 
 impl SearchState {
@@ -125,7 +190,7 @@ impl SearchState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateSeeker {
     center: f64,
-    center_rate: Option<f64>,
+    center_rate: Option<Measured>,
     step: f64,
     phase: Phase,
     window: Window,
@@ -137,7 +202,14 @@ pub struct RateSeeker {
     next_hold: u32,
     /// Whether a batch was handed on yet.
     started: bool,
+    watch: Watch,
 }
+
+const UNWATCHED: Watch = Watch {
+    settled_fed: None,
+    batches: 0,
+    start: None,
+};
 
 impl RateSeeker {
     /// From `start` when the request gives one (a share that an earlier
@@ -164,6 +236,7 @@ impl RateSeeker {
             leaning: None,
             next_hold: FIRST_HOLD,
             started: false,
+            watch: UNWATCHED,
         }
     }
 
@@ -184,6 +257,7 @@ impl RateSeeker {
             leaning: None,
             next_hold: state.next_hold,
             started: false,
+            watch: UNWATCHED,
         }
     }
 
@@ -197,6 +271,7 @@ impl RateSeeker {
                 _ => 0,
             },
             next_hold: self.next_hold,
+            loop_id: 0,
         }
     }
 
@@ -209,16 +284,32 @@ impl RateSeeker {
     }
 
     /// One batch of `samples` handed on, `interval` after the one before;
-    /// `in_flight`: batches placed and not yet taken by the client.
-    pub fn handed(&mut self, samples: usize, interval: Duration, in_flight: usize) {
+    /// `in_flight`: batches placed and not yet taken by the client;
+    /// `loop_totals`: the client's latest report of its loop's waits.
+    pub fn handed(
+        &mut self,
+        samples: usize,
+        interval: Duration,
+        in_flight: usize,
+        loop_totals: Option<LoopTotals>,
+    ) {
         if !std::mem::replace(&mut self.started, true) {
             // A stream's buffers first fill at the producer's pace, not the
             // client's: twice what they hold goes by untimed.
             self.window.let_through = 2 * in_flight;
         }
-        if let Phase::Hold { batches } = &mut self.phase {
-            *batches = batches.saturating_sub(1);
-            if *batches == 0 {
+        if let Phase::Hold { batches } = self.phase {
+            let batches = batches.saturating_sub(1);
+            self.phase = Phase::Hold { batches };
+            let changed = self.loop_changed(loop_totals);
+            if batches == 0 || changed {
+                if batches > 0 {
+                    // The loop left the state the center settled with: a
+                    // fresh search, from fine steps.
+                    self.step = 2.0 * MIN_STEP;
+                    self.next_hold = FIRST_HOLD;
+                    self.failed = 0;
+                }
                 self.measure(Phase::Center, self.center, in_flight);
             }
             return;
@@ -228,31 +319,74 @@ impl RateSeeker {
             window.let_through -= 1;
             return;
         }
+        if window.batches == 0 {
+            window.loop_start = loop_totals;
+        }
         window.batches += 1;
         window.samples += samples;
         window.seconds += interval.as_secs_f64();
         if window.batches < WINDOW_BATCHES {
             return;
         }
-        let rate = window.samples as f64 / window.seconds.max(1e-9);
-        self.conclude(rate, in_flight);
+        let measured = Measured {
+            rate: window.samples as f64 / window.seconds.max(1e-9),
+            waiting: window
+                .loop_start
+                .zip(loop_totals)
+                .and_then(|(start, end)| end.waiting_since(&start)),
+        };
+        self.conclude(measured, in_flight);
     }
 
-    fn conclude(&mut self, rate: f64, in_flight: usize) {
+    /// While holding: whether the loop, over the last window's worth of
+    /// batches, left the state the center settled with by the margin.
+    fn loop_changed(&mut self, loop_totals: Option<LoopTotals>) -> bool {
+        let watch = &mut self.watch;
+        let Some(settled_fed) = watch.settled_fed else {
+            return false;
+        };
+        if watch.start.is_none() {
+            watch.start = loop_totals;
+            watch.batches = 0;
+            return false;
+        }
+        watch.batches += 1;
+        if watch.batches < WINDOW_BATCHES {
+            return false;
+        }
+        let waiting = watch
+            .start
+            .zip(loop_totals)
+            .and_then(|(start, end)| end.waiting_since(&start));
+        watch.start = loop_totals;
+        watch.batches = 0;
+        match waiting {
+            Some(waiting) if settled_fed => waiting > 2.0 * LOOP_FED,
+            Some(waiting) => waiting < LOOP_FED / 2.0,
+            None => false,
+        }
+    }
+
+    fn conclude(&mut self, measured: Measured, in_flight: usize) {
         match self.phase {
             Phase::Center => {
-                self.center_rate = Some(rate);
+                self.center_rate = Some(measured);
                 self.probe_next(1.0, in_flight);
             }
             Phase::Probe { direction } => {
-                let center_rate = self.center_rate.unwrap_or(0.0);
-                if rate > center_rate * (1.0 + MARGIN) {
+                let center = self.center_rate.unwrap_or(Measured {
+                    rate: 0.0,
+                    waiting: None,
+                });
+                if measured.beats(&center, direction) {
                     // A far start reaches the best in a few moves.
-                    self.move_to(rate, (self.step * 2.0).min(FIRST_STEP));
+                    self.move_to(measured, (self.step * 2.0).min(FIRST_STEP));
                     self.probe_next(direction, in_flight);
                 } else {
+                    let rate = measured.rate;
                     if self.step <= MIN_STEP
-                        && rate > center_rate
+                        && measured.by_rate(&center)
+                        && rate > center.rate
                         && self.leaning.is_none_or(|(_, best)| rate > best)
                     {
                         self.leaning = Some((direction, rate));
@@ -262,8 +396,12 @@ impl RateSeeker {
                 }
             }
             Phase::Leap { direction } => {
-                if rate > self.center_rate.unwrap_or(0.0) * (1.0 + MARGIN) {
-                    self.move_to(rate, FIRST_STEP);
+                let center = self.center_rate.unwrap_or(Measured {
+                    rate: 0.0,
+                    waiting: None,
+                });
+                if measured.beats(&center, direction) {
+                    self.move_to(measured, FIRST_STEP);
                     self.probe_next(direction, in_flight);
                 } else {
                     self.hold();
@@ -303,16 +441,17 @@ impl RateSeeker {
     }
 
     /// The measured window's share becomes the center.
-    fn move_to(&mut self, rate: f64, step: f64) {
+    fn move_to(&mut self, measured: Measured, step: f64) {
         tracing::debug!(
             from = self.center,
             to = self.window.share,
-            rate,
-            center_rate = self.center_rate,
+            rate = measured.rate,
+            loop_waiting = measured.waiting,
+            center_rate = self.center_rate.map(|center| center.rate),
             "the server's decode share moved"
         );
         self.center = self.window.share;
-        self.center_rate = Some(rate);
+        self.center_rate = Some(measured);
         self.failed = 0;
         self.leaning = None;
         self.next_hold = FIRST_HOLD;
@@ -321,6 +460,10 @@ impl RateSeeker {
 
     fn hold(&mut self) {
         self.leaning = None;
+        self.watch = Watch {
+            settled_fed: self.center_rate.and_then(|center| center.fed()),
+            ..UNWATCHED
+        };
         self.phase = Phase::Hold {
             batches: self.next_hold,
         };
@@ -387,7 +530,7 @@ mod tests {
                 late_samples += 128.0;
                 late_seconds += seconds;
             }
-            seeker.handed(128, Duration::from_secs_f64(seconds), lag);
+            seeker.handed(128, Duration::from_secs_f64(seconds), lag, None);
         }
         (seeker, shares, late_samples / late_seconds)
     }
@@ -463,6 +606,7 @@ mod tests {
             step: MIN_STEP,
             hold: 0,
             next_hold: FIRST_HOLD,
+            loop_id: 0,
         };
         assert_eq!(good.invalid(), None);
         for (bad, what) in [
@@ -536,6 +680,123 @@ mod tests {
         assert!(late > 0.95 * shared_cpu(1.0), "{late}");
         let (seeker, _, _) = run(separate_cores, Some(0.0), 400, 0.05);
         assert!((seeker.state().center - 0.8).abs() <= MIN_STEP + 1e-9);
+    }
+
+    /// A trainer that decodes on its own device, ahead of its loop, with
+    /// the sidecar decoding `share` of each batch: the supply of samples
+    /// a second, capped by the sidecar's capacity and the device's.
+    fn supply(share: f64) -> f64 {
+        (660.0 / share.max(1e-6)).min(1000.0 / (1.0 - share).max(1e-6))
+    }
+
+    struct LoopRun {
+        seeker: RateSeeker,
+        /// The search's center after each batch.
+        centers: Vec<f64>,
+        /// (share placed, the loop's waiting share) per batch taken.
+        taken: Vec<(f64, f64)>,
+    }
+
+    /// Runs a loop whose model takes `model(batch)` samples a second at
+    /// most: each batch's step is its work and, where the supply at the
+    /// batch's share is short of the model, a wait. The client reports its
+    /// loop's totals every other batch, as the client does.
+    fn run_loop(
+        mut seeker: RateSeeker,
+        model: impl Fn(usize) -> f64,
+        batches: usize,
+        noise: f64,
+    ) -> LoopRun {
+        let lag = 7;
+        let mut placed = std::collections::VecDeque::new();
+        let (mut taken, mut centers) = (Vec::new(), Vec::new());
+        let (mut waited, mut stepped) = (0.0, 0.0);
+        let mut reported = None;
+        let mut jitter = 0x2545_f491_u32;
+        for batch in 0..batches {
+            placed.push_back(seeker.share());
+            centers.push(seeker.state().center);
+            if placed.len() <= lag {
+                continue;
+            }
+            let share = placed.pop_front().unwrap();
+            jitter ^= jitter << 13;
+            jitter ^= jitter >> 17;
+            jitter ^= jitter << 5;
+            let wobble = 1.0 + noise * (2.0 * f64::from(jitter) / f64::from(u32::MAX) - 1.0);
+            let work = 128.0 / model(batch);
+            let step = (128.0 / supply(share)).max(work) * wobble;
+            let wait = (step - work).max(0.0);
+            waited += wait;
+            stepped += step;
+            taken.push((share, wait / step));
+            if batch % 2 == 0 {
+                reported = Some(LoopTotals { waited, stepped });
+            }
+            seeker.handed(128, Duration::from_secs_f64(step), lag, reported);
+        }
+        LoopRun {
+            seeker,
+            centers,
+            taken,
+        }
+    }
+
+    fn late_waiting(run: &LoopRun) -> f64 {
+        let late = &run.taken[run.taken.len() / 2..];
+        late.iter().map(|(_, waiting)| waiting).sum::<f64>() / late.len() as f64
+    }
+
+    #[test]
+    fn a_fed_loop_raises_the_share_to_the_sidecars_capacity() {
+        // A slow model (300 samples/s): the sidecar alone feeds it, so
+        // the search spares the trainer's device entirely.
+        let slow = run_loop(RateSeeker::new(None), |_| 300.0, 600, 0.02);
+        assert_eq!(slow.seeker.state().center, 1.0);
+        assert!(late_waiting(&slow) <= LOOP_FED, "{}", late_waiting(&slow));
+        // By the rate alone every share here gives 300/s: it would stay.
+        let (blind, _, _) = run(|share| supply(share).min(300.0), None, 600, 0.02);
+        assert!(blind.state().center < 1.0, "{:?}", blind.state());
+    }
+
+    #[test]
+    fn a_fast_loop_lowers_the_share_until_it_is_fed() {
+        // 800 samples/s: the sidecar feeds it up to 660/0.825.
+        let run = run_loop(RateSeeker::new(Some(1.0)), |_| 800.0, 800, 0.02);
+        let center = run.seeker.state().center;
+        assert!((0.6875..=0.8125).contains(&center), "{center}");
+        assert!(
+            late_waiting(&run) <= 2.0 * LOOP_FED,
+            "{}",
+            late_waiting(&run)
+        );
+    }
+
+    #[test]
+    fn the_share_follows_a_model_whose_step_changes() {
+        // Slow for 600 batches (settles at 1.0), then fast: the loop
+        // starts to wait, and the held search starts again.
+        let change = 600;
+        let model = |batch: usize| if batch < change { 300.0 } else { 800.0 };
+        let run = run_loop(RateSeeker::new(None), model, 1400, 0.02);
+        assert_eq!(run.centers[change - 1], 1.0);
+        let center = run.seeker.state().center;
+        assert!((0.6875..=0.8125).contains(&center), "{center}");
+        // The center moves to a share that feeds the loop within this many
+        // batches of the change (the watch's window, a window at 1.0 and
+        // one a step down, each behind the batches in flight), and stays
+        // at one while the search settles.
+        let fed = |share: f64| share <= 0.8125 + 1e-9;
+        let followed = (change..run.centers.len())
+            .find(|&batch| fed(run.centers[batch]))
+            .unwrap();
+        println!(
+            "model 300 -> 800 samples/s at batch {change}: center fed {} batches later, \
+             settled at {center}",
+            followed - change
+        );
+        assert!(followed - change <= 80, "{} batches", followed - change);
+        assert!(run.centers[followed..].iter().all(|&c| fed(c)));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::delivery::Delivery;
+use super::loop_waits::Listener;
 use super::modes::ClientMode;
 use super::seek::{RateSeeker, SearchState};
 
@@ -18,11 +19,14 @@ pub struct BatchShare {
 /// or (tuned) sought for the client's rate by a [`RateSeeker`]. One per
 /// stream, owned by its dispatch: each batch is placed with the share at
 /// its submission.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct ServerShare {
     mode: ClientMode,
     fixed: f64,
     seeker: Option<RateSeeker>,
+    /// Where a tuned stream hears its client's loop (None: fixed, or too
+    /// many streams listen: the search goes by the rate alone).
+    listener: Option<Listener>,
 }
 
 impl ServerShare {
@@ -41,6 +45,7 @@ impl ServerShare {
                 seeker: tuned.then(|| {
                     search.map_or_else(|| RateSeeker::new(server_fraction), RateSeeker::resume)
                 }),
+                listener: tuned.then(Listener::open).flatten(),
             }),
         }
     }
@@ -60,13 +65,18 @@ impl ServerShare {
 
     /// Where a tuned share's search stands (None: fixed).
     pub fn search(&self) -> Option<SearchState> {
-        self.seeker.as_ref().map(RateSeeker::state)
+        let loop_id = self.listener.as_ref().map_or(0, Listener::id);
+        self.seeker.as_ref().map(|seeker| SearchState {
+            loop_id,
+            ..seeker.state()
+        })
     }
 
     /// After each batch handed on (see [`RateSeeker::handed`]).
     pub(crate) fn handed(&mut self, samples: usize, interval: Duration, in_flight: usize) {
         if let Some(seeker) = &mut self.seeker {
-            seeker.handed(samples, interval, in_flight);
+            let loop_totals = self.listener.as_ref().and_then(Listener::totals);
+            seeker.handed(samples, interval, in_flight, loop_totals);
         }
     }
 }
@@ -100,6 +110,7 @@ mod tests {
             step: 0.125,
             hold: 10,
             next_hold: 64,
+            loop_id: 0,
         };
         let going_on = ServerShare::of(Delivery::Encoded {
             mode: ClientMode::BaselineJpeg,
@@ -109,7 +120,15 @@ mod tests {
         })
         .unwrap();
         assert_eq!(going_on.get(), 0.25);
-        assert_eq!(going_on.search(), Some(carried));
+        let search = going_on.search().unwrap();
+        assert_ne!(search.loop_id, 0, "a tuned stream listens for its loop");
+        assert_eq!(
+            SearchState {
+                loop_id: 0,
+                ..search
+            },
+            carried
+        );
         assert_eq!(ServerShare::of(Delivery::Decoded), None);
     }
 }

@@ -116,6 +116,7 @@ pub fn search_to_wire(search: &SearchState) -> pb::ShareSearch {
         step: search.step,
         hold: search.hold,
         next_hold: search.next_hold,
+        loop_id: search.loop_id,
     }
 }
 
@@ -126,5 +127,7 @@ fn search_from_wire(search: &pb::ShareSearch) -> SearchState {
         step: search.step,
         hold: search.hold,
         next_hold: search.next_hold,
+        // A new stream listens anew.
+        loop_id: 0,
     }
 }

@@ -80,6 +80,9 @@ class WaitMeter:
         self._first_waits: deque[float] = deque(maxlen=16)
         self._asked: float | None = None
         self._last_received: float | None = None
+        # Running totals over every step, for the server's share search.
+        self._waited_total = 0.0
+        self._stepped_total = 0.0
 
     def begin_pass(self) -> None:
         """A new pass over the data: its first batch starts no step."""
@@ -101,8 +104,17 @@ class WaitMeter:
             if self._last_received is None:
                 self._first_waits.append(wait)
             else:
-                self._steps.append((wait, now - self._last_received))
+                step = now - self._last_received
+                self._steps.append((wait, step))
+                self._waited_total += wait
+                self._stepped_total += step
         self._last_received = now
+
+    def totals(self) -> tuple[float, float]:
+        """Seconds waited and stepped over every step so far (each wait is
+        part of its step): what a tuned stream's search is told."""
+        with self._lock:
+            return self._waited_total, self._stepped_total
 
     def stats(self, last: int | None = None) -> InputStats:
         """Over the last ``last`` steps kept (default: all of the window)."""

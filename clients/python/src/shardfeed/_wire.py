@@ -291,6 +291,9 @@ class ShareSearch:
     step: float
     hold: int
     next_hold: int
+    # Where this stream's loop reports its waits (``Client.report_loop_waits``);
+    # 0: the server listens for none. Not carried to the next stream.
+    loop_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -433,6 +436,7 @@ def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
                 step=message.server_decode_search.step,
                 hold=message.server_decode_search.hold,
                 next_hold=message.server_decode_search.next_hold,
+                loop_id=message.server_decode_search.loop_id,
             )
             if message.HasField("server_decode_search")
             else None

@@ -113,6 +113,9 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     # The client's decoder applies the ops too (shardfeed.torch.ops).
     "recipe_encoded": dict(augment=RECIPE, decode="client", image_size=ENCODED_SIZE),
     "encoded": dict(decode="client", image_size=ENCODED_SIZE),
+    # The loop tells the stream's search its waits every other batch
+    # (ShareSearch.loop_id): across a kill, a break and workers, the
+    # reports go to the stream that asks, and lose nothing.
     "encoded_auto": dict(decode="client", server_decode_fraction="auto", image_size=ENCODED_SIZE),
     # Epoch 0 from the original while the tier fills in the background,
     # epoch 1 from the stored source (the default first stored epoch).
@@ -227,6 +230,7 @@ MATRIX = [
     Row("plain", "encoded_auto", "kill"),
     Row("stateful", "encoded_auto", "break"),
     Row("workers", "encoded_auto", "none", full_only=True),
+    Row("plain", "encoded_auto", "break", full_only=True),
     # Loose objects, their readers' GETs in flight sized per stream.
     Row("plain", "loose", "kill"),
     Row("stateful", "loose", "break", full_only=True),

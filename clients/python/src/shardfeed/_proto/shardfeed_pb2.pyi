@@ -222,16 +222,18 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., repeats: _Optional[int] = ..., client_ops: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ShareSearch(_message.Message):
-    __slots__ = ("center", "step", "hold", "next_hold")
+    __slots__ = ("center", "step", "hold", "next_hold", "loop_id")
     CENTER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
     NEXT_HOLD_FIELD_NUMBER: _ClassVar[int]
+    LOOP_ID_FIELD_NUMBER: _ClassVar[int]
     center: float
     step: float
     hold: int
     next_hold: int
-    def __init__(self, center: _Optional[float] = ..., step: _Optional[float] = ..., hold: _Optional[int] = ..., next_hold: _Optional[int] = ...) -> None: ...
+    loop_id: int
+    def __init__(self, center: _Optional[float] = ..., step: _Optional[float] = ..., hold: _Optional[int] = ..., next_hold: _Optional[int] = ..., loop_id: _Optional[int] = ...) -> None: ...
 
 class DecodedSource(_message.Message):
     __slots__ = ("shorter_side", "stored_from_epoch")
@@ -776,14 +778,26 @@ class EncodedSample(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., decoded: _Optional[bool] = ..., source_width: _Optional[int] = ..., source_height: _Optional[int] = ..., form: _Optional[_Union[SampleForm, str]] = ...) -> None: ...
 
 class ClientDecodeReport(_message.Message):
-    __slots__ = ("rank", "decoded", "failures")
+    __slots__ = ("rank", "decoded", "failures", "loop_waits")
     RANK_FIELD_NUMBER: _ClassVar[int]
     DECODED_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LOOP_WAITS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     decoded: int
     failures: _containers.RepeatedCompositeFieldContainer[ClientDecodeFailure]
-    def __init__(self, rank: _Optional[int] = ..., decoded: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[ClientDecodeFailure, _Mapping]]] = ...) -> None: ...
+    loop_waits: LoopWaits
+    def __init__(self, rank: _Optional[int] = ..., decoded: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[ClientDecodeFailure, _Mapping]]] = ..., loop_waits: _Optional[_Union[LoopWaits, _Mapping]] = ...) -> None: ...
+
+class LoopWaits(_message.Message):
+    __slots__ = ("loop_id", "waited_seconds", "stepped_seconds")
+    LOOP_ID_FIELD_NUMBER: _ClassVar[int]
+    WAITED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEPPED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    loop_id: int
+    waited_seconds: float
+    stepped_seconds: float
+    def __init__(self, loop_id: _Optional[int] = ..., waited_seconds: _Optional[float] = ..., stepped_seconds: _Optional[float] = ...) -> None: ...
 
 class ClientDecodeFailure(_message.Message):
     __slots__ = ("shard", "key", "reason")

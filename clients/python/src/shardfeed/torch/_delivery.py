@@ -5,13 +5,23 @@ epoch's) to the next."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+from typing import Any
 
 import torch
 
 from .._modes import CLIENT_DEFAULT
 from .._options import StreamOptions
+from .._stats import WaitMeter
 from .._wire import Batch, ShareSearch
 from ._device import CudaHostPinning
+
+_log = logging.getLogger("shardfeed")
+
+# Batches between the loop's reports to its stream's search: the search
+# times windows of 6, so every other batch keeps a window's start and end
+# within a batch or two of its own.
+LOOP_REPORT_EVERY = 2
 
 
 class ShareCarry:
@@ -22,6 +32,7 @@ class ShareCarry:
     def __init__(self) -> None:
         self.share: float | None = None
         self.search: ShareSearch | None = None
+        self._batches = 0
 
     def observe(self, batch: Batch) -> None:
         """Each batch of a tuned stream: its search so far."""
@@ -31,6 +42,21 @@ class ShareCarry:
         settled = encoded.server_settled
         self.share = settled if settled is not None else float(encoded.decoded.mean())
         self.search = encoded.server_search
+
+    def tell_loop(self, client: Any, meter: WaitMeter) -> None:
+        """After each batch the loop received: every other one, its
+        running waits to the stream's search (best effort: a server before
+        the field, or one that is gone, costs the search its signal, not
+        the training)."""
+        self._batches += 1
+        loop_id = self.search.loop_id if self.search is not None else 0
+        if loop_id == 0 or self._batches % LOOP_REPORT_EVERY:
+            return
+        waited, stepped = meter.totals()
+        try:
+            client.report_loop_waits(loop_id, waited, stepped)
+        except Exception as exc:
+            _log.debug("could not tell the share search the loop's waits: %s", exc)
 
     def start(self, decode: str) -> float:
         """Where the next stream's search starts: where the last settled,

@@ -152,6 +152,8 @@ class Pass:
                     progress.set_completed()
                 if meter is not None:
                     meter.received()
+                    if tuned:
+                        self.share.tell_loop(spec.client, meter)
                 if spec.output == "tuple":
                     yield images, labels
                 else:
