@@ -584,6 +584,7 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
             loop_id: 12345,
             waited_seconds,
             stepped_seconds,
+            steps: 10,
         }),
         ..Default::default()
     };

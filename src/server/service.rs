@@ -609,6 +609,7 @@ impl Shardfeed for ShardfeedService {
                 waits.loop_id,
                 waits.waited_seconds,
                 waits.stepped_seconds,
+                waits.steps,
             );
             if let Err(bad) = heard {
                 let error = ServiceError::invalid("loop_waits", bad.to_string());

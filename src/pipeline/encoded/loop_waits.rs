@@ -25,9 +25,18 @@ pub const MAX_LISTENING: usize = 4096;
 pub struct LoopTotals {
     pub waited: f64,
     pub stepped: f64,
+    pub steps: u64,
 }
 
 impl LoopTotals {
+    /// Steps a second from `earlier` to these totals; None over fewer
+    /// than `at_least` steps.
+    pub fn steps_per_second_since(&self, earlier: &LoopTotals, at_least: u64) -> Option<f64> {
+        let steps = self.steps.checked_sub(earlier.steps)?;
+        let stepped = self.stepped - earlier.stepped;
+        (steps >= at_least && stepped > 1e-6).then(|| steps as f64 / stepped)
+    }
+
     /// The share of the loop's time spent waiting from `earlier` to these
     /// totals; None when the loop stepped no measurable time between.
     pub fn waiting_since(&self, earlier: &LoopTotals) -> Option<f64> {
@@ -42,6 +51,7 @@ impl LoopTotals {
 struct Latest {
     waited_us: AtomicU64,
     stepped_us: AtomicU64,
+    steps: AtomicU64,
     reports: AtomicU64,
 }
 
@@ -95,6 +105,7 @@ impl Listener {
         Some(LoopTotals {
             waited: seconds(&self.latest.waited_us),
             stepped: seconds(&self.latest.stepped_us),
+            steps: self.latest.steps.load(Ordering::Relaxed),
         })
     }
 }
@@ -115,7 +126,7 @@ pub struct BadTotals(pub String);
 
 /// Takes a client's report for stream `id`: Ok(false) when no stream
 /// listens there (it ended: a report racing the stream's end is no error).
-pub fn report(id: u64, waited: f64, stepped: f64) -> Result<bool, BadTotals> {
+pub fn report(id: u64, waited: f64, stepped: f64, steps: u64) -> Result<bool, BadTotals> {
     // A year of loop time: a bound that keeps microseconds exact in u64.
     const MOST: f64 = 366.0 * 86_400.0;
     for (name, value) in [("waited_seconds", waited), ("stepped_seconds", stepped)] {
@@ -144,6 +155,7 @@ pub fn report(id: u64, waited: f64, stepped: f64) -> Result<bool, BadTotals> {
     latest
         .stepped_us
         .store((stepped * 1e6) as u64, Ordering::Relaxed);
+    latest.steps.store(steps, Ordering::Relaxed);
     latest.reports.fetch_add(1, Ordering::Release);
     Ok(true)
 }
@@ -158,26 +170,29 @@ mod tests {
         let second = Listener::open().unwrap();
         assert_ne!(first.id(), second.id());
         assert_eq!(first.totals(), None, "nothing reported yet");
-        assert_eq!(report(first.id(), 0.5, 10.0), Ok(true));
+        assert_eq!(report(first.id(), 0.5, 10.0, 40), Ok(true));
         let totals = first.totals().unwrap();
         assert_eq!((totals.waited, totals.stepped), (0.5, 10.0));
         assert_eq!(second.totals(), None);
         let earlier = LoopTotals {
             waited: 0.3,
             stepped: 6.0,
+            steps: 20,
         };
         assert!((totals.waiting_since(&earlier).unwrap() - 0.05).abs() < 1e-9);
+        assert_eq!(totals.steps_per_second_since(&earlier, 3), Some(5.0));
+        assert_eq!(totals.steps_per_second_since(&earlier, 30), None);
         assert_eq!(totals.waiting_since(&totals), None);
         let id = first.id();
         drop(first);
-        assert_eq!(report(id, 1.0, 20.0), Ok(false), "the stream ended");
+        assert_eq!(report(id, 1.0, 20.0, 80), Ok(false), "the stream ended");
     }
 
     #[test]
     fn totals_that_cannot_be_a_loops_are_refused() {
         let listener = Listener::open().unwrap();
         for (waited, stepped) in [(-1.0, 2.0), (f64::NAN, 2.0), (3.0, 2.0), (0.0, 1e12)] {
-            assert!(report(listener.id(), waited, stepped).is_err());
+            assert!(report(listener.id(), waited, stepped, 1).is_err());
         }
         assert_eq!(listener.totals(), None);
     }

@@ -64,6 +64,9 @@ const FIRST_HOLD: u32 = 32;
 const MAX_HOLD: u32 = 512;
 /// A loop that waits for at most this share of its time is fed.
 pub const LOOP_FED: f64 = 0.02;
+/// Steps a loop's reports must span for a window to take its rate from
+/// them (its reports come every other batch).
+const LOOP_RATE_STEPS: u64 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
@@ -328,12 +331,17 @@ impl RateSeeker {
         if window.batches < WINDOW_BATCHES {
             return;
         }
+        let over_window = window.loop_start.zip(loop_totals);
+        let samples_per_batch = window.samples as f64 / f64::from(window.batches);
+        // The rate the loop took batches at, where it says: buffers
+        // between the two sides (a transport window holding many small
+        // encoded batches) can hand batches on faster than it takes them.
+        let loop_rate = over_window
+            .and_then(|(start, end)| end.steps_per_second_since(&start, LOOP_RATE_STEPS))
+            .map(|steps| steps * samples_per_batch);
         let measured = Measured {
-            rate: window.samples as f64 / window.seconds.max(1e-9),
-            waiting: window
-                .loop_start
-                .zip(loop_totals)
-                .and_then(|(start, end)| end.waiting_since(&start)),
+            rate: loop_rate.unwrap_or(window.samples as f64 / window.seconds.max(1e-9)),
+            waiting: over_window.and_then(|(start, end)| end.waiting_since(&start)),
         };
         self.conclude(measured, in_flight);
     }
@@ -731,7 +739,11 @@ mod tests {
             stepped += step;
             taken.push((share, wait / step));
             if batch % 2 == 0 {
-                reported = Some(LoopTotals { waited, stepped });
+                reported = Some(LoopTotals {
+                    waited,
+                    stepped,
+                    steps: taken.len() as u64,
+                });
             }
             seeker.handed(128, Duration::from_secs_f64(step), lag, reported);
         }

@@ -152,15 +152,17 @@ class Client:
         except grpc.RpcError as exc:
             raise self._channel.unreachable(_error(exc)) from None
 
-    def report_loop_waits(self, loop_id: int, waited: float, stepped: float) -> None:
+    def report_loop_waits(self, loop_id: int, waited: float, stepped: float, steps: int) -> None:
         """Tells a tuned stream's share search how its training loop fares:
         ``waited`` and ``stepped`` seconds since the loop began (its waits
-        for batches, and its steps: work and wait), running totals, sent
+        for batches, and its ``steps``: work and wait), running totals, sent
         to the stream's ``ShareSearch.loop_id``. With the loop not waiting,
-        the search raises the server's share while the loop stays fed."""
-        request = pb.ClientDecodeReport(
-            loop_waits=pb.LoopWaits(loop_id=loop_id, waited_seconds=waited, stepped_seconds=stepped)
+        the search raises the server's share while the loop stays fed; the
+        steps a second are the rate it times otherwise."""
+        waits = pb.LoopWaits(
+            loop_id=loop_id, waited_seconds=waited, stepped_seconds=stepped, steps=steps
         )
+        request = pb.ClientDecodeReport(loop_waits=waits)
         try:
             self._channel.stub().ReportClientDecodes(request, timeout=self._call_timeout)
         except grpc.RpcError as exc:

@@ -83,6 +83,7 @@ class WaitMeter:
         # Running totals over every step, for the server's share search.
         self._waited_total = 0.0
         self._stepped_total = 0.0
+        self._steps_total = 0
 
     def begin_pass(self) -> None:
         """A new pass over the data: its first batch starts no step."""
@@ -108,13 +109,15 @@ class WaitMeter:
                 self._steps.append((wait, step))
                 self._waited_total += wait
                 self._stepped_total += step
+                self._steps_total += 1
         self._last_received = now
 
-    def totals(self) -> tuple[float, float]:
+    def totals(self) -> tuple[float, float, int]:
         """Seconds waited and stepped over every step so far (each wait is
-        part of its step): what a tuned stream's search is told."""
+        part of its step), and the steps: what a tuned stream's search is
+        told."""
         with self._lock:
-            return self._waited_total, self._stepped_total
+            return self._waited_total, self._stepped_total, self._steps_total
 
     def stats(self, last: int | None = None) -> InputStats:
         """Over the last ``last`` steps kept (default: all of the window)."""

@@ -78,8 +78,9 @@ def test_the_running_totals_outlast_the_window(clock: Clock) -> None:
     # What a tuned stream's search is told: every step's wait and length
     # since the meter began, whatever its window keeps.
     meter = WaitMeter(window=2)
-    assert meter.totals() == (0.0, 0.0)
+    assert meter.totals() == (0.0, 0.0, 0)
     _loop(meter, clock, [(9.0, 0.5)] + [(0.25, 0.75)] * 4)
-    waited, stepped = meter.totals()
+    waited, stepped, steps = meter.totals()
+    assert steps == 4
     assert waited == pytest.approx(4 * 0.25)
     assert stepped == pytest.approx(0.5 + 0.25 + 3 * 1.0)

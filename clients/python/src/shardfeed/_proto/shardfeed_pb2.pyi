@@ -790,14 +790,16 @@ class ClientDecodeReport(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., decoded: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[ClientDecodeFailure, _Mapping]]] = ..., loop_waits: _Optional[_Union[LoopWaits, _Mapping]] = ...) -> None: ...
 
 class LoopWaits(_message.Message):
-    __slots__ = ("loop_id", "waited_seconds", "stepped_seconds")
+    __slots__ = ("loop_id", "waited_seconds", "stepped_seconds", "steps")
     LOOP_ID_FIELD_NUMBER: _ClassVar[int]
     WAITED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STEPPED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     loop_id: int
     waited_seconds: float
     stepped_seconds: float
-    def __init__(self, loop_id: _Optional[int] = ..., waited_seconds: _Optional[float] = ..., stepped_seconds: _Optional[float] = ...) -> None: ...
+    steps: int
+    def __init__(self, loop_id: _Optional[int] = ..., waited_seconds: _Optional[float] = ..., stepped_seconds: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class ClientDecodeFailure(_message.Message):
     __slots__ = ("shard", "key", "reason")

@@ -52,9 +52,8 @@ class ShareCarry:
         loop_id = self.search.loop_id if self.search is not None else 0
         if loop_id == 0 or self._batches % LOOP_REPORT_EVERY:
             return
-        waited, stepped = meter.totals()
         try:
-            client.report_loop_waits(loop_id, waited, stepped)
+            client.report_loop_waits(loop_id, *meter.totals())
         except Exception as exc:
             _log.debug("could not tell the share search the loop's waits: %s", exc)
 
