@@ -74,6 +74,11 @@ def test_the_gpu_host_script_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert check["trainer_decoder_failures"] == 0
     assert set(cores["sweep"]) >= {"decoded", "share 0", "share 1", "default (auto)", "summary"}
     assert cores["resnet"]["decoded"]["images_per_second"] > 0
+    # The search told the loop's waits, and by the rate alone beside it.
+    for told in ("default decode=gpu", "default, rate alone"):
+        row = cores["resnet"][told]
+        assert row["images_per_second"] > 0 and 0.0 <= row["share_at_end"] <= 1.0
+        assert "device_utilisation" in row  # None on CPU
     assert report["resize"]["images_per_second"]["batched_matmul"] > 0
 
 

@@ -26,7 +26,11 @@ cores past the largest N, the same for every N) and writes one JSON file:
   sidecar's CPU-ms per sample, per sidecar core count.
 - ``resnet``: ResNet-50 (``--small``: ResNet-18 at 96 px) images/s and the
   loop's waiting fraction, for synthetic input already on the device,
-  decoded delivery and the default ``decode="gpu"``, per core count.
+  decoded delivery and the default ``decode="gpu"``, per core count; the
+  default twice: its search told the loop's waits (what the dataset does)
+  and by the rate alone (the search before the loop told it), each with
+  the share it settled at and the device's mean utilisation while timed
+  (``nvidia-smi``; None without it).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.request
@@ -485,6 +490,39 @@ def _model(run: Run) -> tuple[Any, Any, Any]:
     return model, optimizer, step
 
 
+class DeviceUtilisation:
+    """The GPU's mean utilisation (percent) between ``start`` and ``stop``,
+    polled from ``nvidia-smi`` twice a second on a thread; None on CPU or
+    without ``nvidia-smi``."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._command = shutil.which("nvidia-smi") if cuda else None
+        self._samples: list[float] = []
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _poll(self) -> None:
+        assert self._command is not None
+        query = [self._command, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        while not self._done.wait(0.5):
+            try:
+                line = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout
+                self._samples.append(float(line.split()[0]))
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                continue
+
+    def start(self) -> None:
+        if self._command is not None:
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> float | None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        return statistics.fmean(self._samples) if self._samples else None
+
+
 def resnet(run: Run, server: Any | None, steps: int, warmup: int) -> dict[str, Any]:
     """Images/s and the loop's waiting fraction: synthetic input (``server``
     None) or fed by decoded delivery and by the default ``decode="gpu"``."""
@@ -504,14 +542,21 @@ def resnet(run: Run, server: Any | None, steps: int, warmup: int) -> dict[str, A
         run.synchronize()
         return {"images_per_second": steps * batch / (time.perf_counter() - started)}
     out: dict[str, Any] = {}
-    for name, options in (("decoded", {}), ("default decode=gpu", {"decode": run.decode})):
+    settings: list[tuple[str, dict[str, Any], bool]] = [
+        ("decoded", {}, True),
+        ("default decode=gpu", {"decode": run.decode}, True),
+        ("default, rate alone", {"decode": run.decode}, False),
+    ]
+    for name, options, tells_loop in settings:
         if options and run.decode == "client":
             options = dict(options, server_decode_fraction="auto")
         ds = run.dataset(server.target, "photos", **options)
+        ds._share.tells_loop = tells_loop
         # Timed once "auto" settled: after the first epoch (its figure is
         # the sweep's), as in a run of thousands of steps an epoch.
         untimed = warmup + len(ds)
         done, started, epoch = 0, 0.0, 0
+        utilisation = DeviceUtilisation(run.cuda)
         while done < untimed + steps:
             ds.set_epoch(epoch)
             for images, labels in ds:
@@ -520,6 +565,7 @@ def resnet(run: Run, server: Any | None, steps: int, warmup: int) -> dict[str, A
                 if done == untimed:
                     run.synchronize()
                     started = time.perf_counter()
+                    utilisation.start()
                 if done == untimed + steps:
                     break
             epoch += 1
@@ -529,6 +575,7 @@ def resnet(run: Run, server: Any | None, steps: int, warmup: int) -> dict[str, A
             "images_per_second": steps * batch / (time.perf_counter() - started),
             "waiting_fraction": stats.waiting_fraction,
             "share_at_end": ds._share.share,
+            "device_utilisation": utilisation.stop(),
         }
         print(f"  resnet {name:<20} {out[name]}", file=sys.stderr)
     return out

@@ -32,6 +32,9 @@ class ShareCarry:
     def __init__(self) -> None:
         self.share: float | None = None
         self.search: ShareSearch | None = None
+        # Whether the loop tells the search its waits (False: the search
+        # goes by the rate alone, as a benchmark's baseline).
+        self.tells_loop = True
         self._batches = 0
 
     def observe(self, batch: Batch) -> None:
@@ -50,7 +53,7 @@ class ShareCarry:
         the training)."""
         self._batches += 1
         loop_id = self.search.loop_id if self.search is not None else 0
-        if loop_id == 0 or self._batches % LOOP_REPORT_EVERY:
+        if not self.tells_loop or loop_id == 0 or self._batches % LOOP_REPORT_EVERY:
             return
         try:
             client.report_loop_waits(loop_id, *meter.totals())
