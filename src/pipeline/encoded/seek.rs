@@ -529,10 +529,7 @@ mod tests {
                 continue;
             }
             let taken = placed.pop_front().unwrap();
-            jitter ^= jitter << 13;
-            jitter ^= jitter >> 17;
-            jitter ^= jitter << 5;
-            let wobble = 1.0 + noise * (2.0 * f64::from(jitter) / f64::from(u32::MAX) - 1.0);
+            let wobble = wobble(&mut jitter, noise);
             let seconds = 128.0 / curve(taken) * wobble;
             if batch >= batches / 2 {
                 late_samples += 128.0;
@@ -541,6 +538,15 @@ mod tests {
             seeker.handed(128, Duration::from_secs_f64(seconds), lag, None);
         }
         (seeker, shares, late_samples / late_seconds)
+    }
+
+    /// A batch's time factor, 1 ± `noise`, from a xorshift of `jitter`
+    /// (deterministic).
+    fn wobble(jitter: &mut u32, noise: f64) -> f64 {
+        *jitter ^= *jitter << 13;
+        *jitter ^= *jitter >> 17;
+        *jitter ^= *jitter << 5;
+        1.0 + noise * (2.0 * f64::from(*jitter) / f64::from(u32::MAX) - 1.0)
     }
 
     /// This machine's CPU-shared curve (docs/benchmarks.md): the trainer's
@@ -728,10 +734,7 @@ mod tests {
                 continue;
             }
             let share = placed.pop_front().unwrap();
-            jitter ^= jitter << 13;
-            jitter ^= jitter >> 17;
-            jitter ^= jitter << 5;
-            let wobble = 1.0 + noise * (2.0 * f64::from(jitter) / f64::from(u32::MAX) - 1.0);
+            let wobble = wobble(&mut jitter, noise);
             let work = 128.0 / model(batch);
             let step = (128.0 / supply(share)).max(work) * wobble;
             let wait = (step - work).max(0.0);
