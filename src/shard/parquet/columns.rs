@@ -121,10 +121,21 @@ impl Projection {
                     kind => LabelColumn::Integer { column, kind },
                 })
             }
-            None if names.label_named => {
-                return Err(missing(schema, &names.label, "an integer or string column"))
+            None => {
+                // A label name over nested columns (a list, a struct) is no
+                // label: taken for absent, every sample would go unlabelled
+                // (-1) without a word.
+                let nested = columns
+                    .iter()
+                    .find(|c| c.path().parts().first() == Some(&names.label));
+                if let Some(nested) = nested {
+                    return Err(wrong_type(nested, "an integer, or a string naming a class"));
+                }
+                if names.label_named {
+                    return Err(missing(schema, &names.label, "an integer or string column"));
+                }
+                None
             }
-            None => None,
         };
         let all = [
             ValueKind::Bytes,
@@ -224,5 +235,36 @@ fn missing(schema: &SchemaDescriptor, name: &str, wanted: &str) -> ParquetError 
         column: name.to_string(),
         wanted: wanted.to_string(),
         found: found.join(", "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use parquet::schema::parser::parse_message_type;
+
+    use super::*;
+
+    fn schema(message: &str) -> SchemaDescriptor {
+        SchemaDescriptor::new(Arc::new(parse_message_type(message).unwrap()))
+    }
+
+    #[test]
+    fn a_label_column_that_is_a_list_is_an_error_naming_it() {
+        let listed = schema(
+            "message m { required binary image; optional group label (LIST) { \
+             repeated group list { optional int64 element; } } }",
+        );
+        let error = Projection::resolve(&listed, &ColumnNames::default(), &[]).unwrap_err();
+        let ParquetError::ColumnType { column, found, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(column, "label.list.element");
+        assert!(found.starts_with("a list of INT64"), "{found}");
+        // Without a label column at all, the samples are unlabelled.
+        let bare = schema("message m { required binary image; }");
+        let projection = Projection::resolve(&bare, &ColumnNames::default(), &[]).unwrap();
+        assert_eq!(projection.label, None);
     }
 }

@@ -225,6 +225,28 @@ def test_a_missing_column_is_named(server: Server, s3: S3, images: list[bytes]) 
     assert '"jpg"' in str(raised.value) and "image.bytes" in str(raised.value)
 
 
+def test_a_label_column_of_lists_is_an_error_naming_it(
+    server: Server, s3: S3, images: list[bytes]
+) -> None:
+    """A `label` of lists is no label: refused, not every sample -1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "image": [{"bytes": data, "path": f"{i}.jpg"} for i, data in enumerate(images)],
+            "label": [[i, i + 1] for i in range(len(images))],
+        }
+    )
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    uri = _publish(s3, "pq-list-label", [out.getvalue()])
+    with pytest.raises(ShardfeedError) as raised:
+        list(Client(server.target).batches(uri, batch_size=8, image_size=16, rank=0, world_size=1))
+    assert raised.value.code == "FAILED_PRECONDITION"
+    assert "label.list.element" in str(raised.value) and "a list of INT64" in str(raised.value)
+
+
 def test_a_resume_at_another_world_size_inside_row_groups_loses_and_repeats_nothing(
     server: Server, s3: S3
 ) -> None:
