@@ -602,16 +602,12 @@ impl Shardfeed for ShardfeedService {
             metrics::request("ReportClientDecodes", error.code());
             return Err(error.into());
         }
+        // Every part checked before any is taken: a refused report
+        // changes nothing.
         if let Some(waits) = &report.loop_waits {
-            // A loop's totals for its stream's share search; a stream that
-            // ended hears nothing, which is no error (reports race its end).
-            let heard = crate::pipeline::encoded::loop_waits::report(
-                waits.loop_id,
-                waits.waited_seconds,
-                waits.stepped_seconds,
-                waits.steps,
-            );
-            if let Err(bad) = heard {
+            if let Err(bad) =
+                encoded::loop_waits::check(waits.waited_seconds, waits.stepped_seconds)
+            {
                 let error = ServiceError::invalid("loop_waits", bad.to_string());
                 metrics::request("ReportClientDecodes", error.code());
                 return Err(error.into());
@@ -630,6 +626,16 @@ impl Shardfeed for ShardfeedService {
             return Err(error.into());
         }
         metrics::client_decodes(report.decoded);
+        if let Some(waits) = &report.loop_waits {
+            // A loop's totals for its stream's share search; a stream that
+            // ended hears nothing, which is no error (reports race its end).
+            let _ = encoded::loop_waits::report(
+                waits.loop_id,
+                waits.waited_seconds,
+                waits.stepped_seconds,
+                waits.steps,
+            );
+        }
         let mut unlogged = 0usize;
         for failure in &report.failures {
             metrics::substituted("client_decode");

@@ -13,6 +13,7 @@
 //! [`MAX_LISTENING`] at once, 40 bytes each and the map's slot.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
@@ -79,10 +80,13 @@ impl Listener {
         if listening.len() >= MAX_LISTENING {
             return None;
         }
-        // Not a count a client could guess its neighbour's from: the
-        // count mixed (a bijection, so ids never collide), never 0.
+        // Not a number another client on the host could compute from
+        // its own: the count hashed under keys this process drew at
+        // random (a mixed count alone is a public bijection of 1, 2, 3...).
+        static KEYS: LazyLock<std::collections::hash_map::RandomState> =
+            LazyLock::new(std::collections::hash_map::RandomState::new);
         let id = loop {
-            let id = crate::hash::fmix64(NEXT.fetch_add(1, Ordering::Relaxed));
+            let id = KEYS.hash_one(NEXT.fetch_add(1, Ordering::Relaxed));
             if id != 0 && !listening.contains_key(&id) {
                 break id;
             }
@@ -124,9 +128,9 @@ impl Drop for Listener {
 #[error("{0}")]
 pub struct BadTotals(pub String);
 
-/// Takes a client's report for stream `id`: Ok(false) when no stream
-/// listens there (it ended: a report racing the stream's end is no error).
-pub fn report(id: u64, waited: f64, stepped: f64, steps: u64) -> Result<bool, BadTotals> {
+/// Why `waited` and `stepped` cannot be a loop's running totals, if
+/// they cannot (checked before any part of a report is taken).
+pub fn check(waited: f64, stepped: f64) -> Result<(), BadTotals> {
     // A year of loop time: a bound that keeps microseconds exact in u64.
     const MOST: f64 = 366.0 * 86_400.0;
     for (name, value) in [("waited_seconds", waited), ("stepped_seconds", stepped)] {
@@ -141,6 +145,13 @@ pub fn report(id: u64, waited: f64, stepped: f64, steps: u64) -> Result<bool, Ba
             "waited_seconds {waited} exceeds stepped_seconds {stepped}: a wait is part of its step"
         )));
     }
+    Ok(())
+}
+
+/// Takes a client's report for stream `id`: Ok(false) when no stream
+/// listens there (it ended: a report racing the stream's end is no error).
+pub fn report(id: u64, waited: f64, stepped: f64, steps: u64) -> Result<bool, BadTotals> {
+    check(waited, stepped)?;
     let latest = LISTENING
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
