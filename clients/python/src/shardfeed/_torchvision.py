@@ -574,6 +574,13 @@ def _group(state: _Conversion, group: _Grouped) -> None:
                 "table, which is what a container holds there (RandomErasing runs after "
                 f"the trainer's conversions, apart); or {WAY_OUT}"
             )
+        if p * float(getattr(step, "p", 1.0)) == 0.0:
+            # torchvision would pick it and do nothing; the sidecar's
+            # groups hold rows that run, so the member is named instead.
+            raise TypeError(
+                f"{group.container}: {name} with p=0 never runs, and a group holds ops "
+                f"that run; drop it from the container (picking it does nothing), or {WAY_OUT}"
+            )
         named.append((name, step, p))
     rows = [SERVER_ROWS[name] for name, _, _ in named]
     if len(set(rows)) != len(rows):

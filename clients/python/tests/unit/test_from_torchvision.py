@@ -432,6 +432,11 @@ def test_random_choice_and_order_are_groups_over_their_rows() -> None:
             ),
             "RandomGrayscale also appears outside it",
         ),
+        # A member that never runs: the server's groups hold rows that run.
+        (
+            lambda: v2.RandomChoice([v2.RandomGrayscale(p=0.0), v2.RandomInvert(p=1.0)]),
+            "RandomGrayscale with p=0 never runs",
+        ),
     ],
 )
 def test_groups_that_cannot_run_as_written_are_refused_by_name(
