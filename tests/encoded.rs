@@ -443,6 +443,7 @@ fn search(center: f64, hold: u32) -> pb::ShareSearch {
         hold,
         next_hold: 64,
         loop_id: 0,
+        noise: None,
     }
 }
 
@@ -509,6 +510,17 @@ async fn bad_delivery_requests_and_reports_name_their_field() {
                 ..encoded(train(&uri), None)
             },
             "server_decode_search: center NaN is outside",
+        ),
+        (
+            pb::StreamBatchesRequest {
+                tune_server_decode: true,
+                server_decode_search: Some(pb::ShareSearch {
+                    noise: Some(2.0),
+                    ..search(0.5, 0)
+                }),
+                ..encoded(train(&uri), None)
+            },
+            "server_decode_search: noise 2 is outside",
         ),
     ];
     for (request, message) in cases {
@@ -618,7 +630,9 @@ fn server_counts(batches: &[pb::Batch]) -> Vec<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tuned_share_seeks_the_rate_the_trainer_takes_batches_at() {
     let harness = Harness::start(Options::default()).await;
-    let shards: Vec<Vec<Sample>> = (0..60)
+    // 250 batches of 8: each batch's compressed count is drawn per sample,
+    // so the trainer's times are noisy and the search times longer windows.
+    let shards: Vec<Vec<Sample>> = (0..100)
         .map(|s| {
             (0..20)
                 .map(|i| {

@@ -22,12 +22,28 @@
 //! between probes, so a settled stream spends little time at worse shares
 //! but still follows a trainer whose pace changes.
 //!
+//! A window's rate is noisy: on a CPU shared by trainer and sidecar, two
+//! windows at the same share differed by 20-40% (the loop's Python, its
+//! collector, the reports), far past the margin. So the search measures
+//! its noise, each time it times one share twice (the center again after
+//! a hold or a finer step, or after a probe that seemed to win), as the
+//! relative gap of the two timings, averaged. A probe's gain is believed
+//! at once only past `NOISE_TIMES` that noise (and the margin); below it,
+//! or before any noise is known, the center is timed again and the probe
+//! must beat both of its timings. A win the noise made is then mostly a
+//! second center timing that is higher, and nothing moves; a loss needs
+//! no second look, as staying is safe. Noisy windows are also made longer
+//! (`window_batches`), up to four times. The noise goes on with the
+//! search to the next stream.
+//!
 //! A gentle slope defeats fine probes: where a trainer's GPU both decodes
 //! and trains, each sixteenth of the share the sidecar takes over gains
 //! ~1.5%, under the margin, though three quarters gain ~20% (an H200
 //! feeding ResNet-50 held share 0 at 0.77x its synthetic rate). So when
 //! neither fine probe beat the center by the margin but one beat it at
-//! all, the search leaps `FIRST_STEP` that way before it holds.
+//! all, and by more than the center's two timings differ (the gain is
+//! above the windows' noise), the search leaps `FIRST_STEP` that way
+//! before it holds; a leap that wins is checked the same way.
 //!
 //! Under a model that caps the rate, every share that keeps the training
 //! loop fed gives the same rate. Where the client reports its loop's waits
@@ -67,6 +83,14 @@ pub const LOOP_FED: f64 = 0.02;
 /// Steps a loop's reports must span for a window to take its rate from
 /// them (its reports come every other batch).
 const LOOP_RATE_STEPS: u64 = 3;
+/// A gain past this many times the measured noise is believed from one
+/// timing of each share.
+const NOISE_TIMES: f64 = 2.0;
+/// Windows as noisy as this, or less, are `WINDOW_BATCHES` long; noisier
+/// ones longer by the square of how much (the gap of two averages
+/// shrinks with the root of their length), at most `MAX_WINDOW_TIMES`.
+const QUIET_NOISE: f64 = 0.05;
+const MAX_WINDOW_TIMES: f64 = 4.0;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
@@ -77,6 +101,9 @@ enum Phase {
     /// Measuring `center + direction * FIRST_STEP`, where a fine probe
     /// gained less than the margin.
     Leap { direction: f64 },
+    /// Timing the center again after a probe (or a leap) that seemed to
+    /// beat it.
+    Recheck { direction: f64, leap: bool },
     /// At the center, `batches` more before the next measurement.
     Hold { batches: u32 },
 }
@@ -131,6 +158,15 @@ impl Measured {
         }
     }
 
+    /// How much higher `self`'s rate is than `center`'s, relative.
+    fn gain_over(&self, center: &Measured) -> f64 {
+        if center.rate > 0.0 {
+            self.rate / center.rate - 1.0
+        } else {
+            f64::INFINITY
+        }
+    }
+
     /// Whether the loop's state the window saw is not the rate alone's
     /// (where a probe that gained less than the margin may be leapt to).
     fn by_rate(&self, center: &Measured) -> bool {
@@ -162,6 +198,8 @@ pub struct SearchState {
     /// Where the stream hears its loop's waits (0: nowhere); not carried
     /// to the next stream, which listens anew.
     pub loop_id: u64,
+    /// The windows' relative noise (None: not measured yet).
+    pub noise: Option<f64>,
 }
 
 impl SearchState {
@@ -178,6 +216,9 @@ impl SearchState {
         }
         if self.hold > MAX_HOLD {
             return Some(format!("hold {} is over {MAX_HOLD}", self.hold));
+        }
+        if let Some(noise) = self.noise.filter(|noise| !(0.0..=1.0).contains(noise)) {
+            return Some(format!("noise {noise} is outside 0..=1"));
         }
         if !(FIRST_HOLD..=MAX_HOLD).contains(&self.next_hold) {
             return Some(format!(
@@ -202,11 +243,22 @@ pub struct RateSeeker {
     /// The fine probe that beat the center by less than the margin, and
     /// its rate: where to leap before holding.
     leaning: Option<(f64, f64)>,
+    /// The share and measurement of a probe or leap that seemed to win,
+    /// while the center is timed again.
+    pending: Option<(f64, Measured)>,
+    /// The windows' relative noise, from shares timed twice.
+    noise: Option<f64>,
     next_hold: u32,
     /// Whether a batch was handed on yet.
     started: bool,
     watch: Watch,
 }
+
+/// A center not measured yet: anything beats it.
+const UNMEASURED: Measured = Measured {
+    rate: 0.0,
+    waiting: None,
+};
 
 const UNWATCHED: Watch = Watch {
     settled_fed: None,
@@ -237,6 +289,8 @@ impl RateSeeker {
             window: Window::at(center, 0),
             failed: 0,
             leaning: None,
+            pending: None,
+            noise: None,
             next_hold: FIRST_HOLD,
             started: false,
             watch: UNWATCHED,
@@ -258,6 +312,8 @@ impl RateSeeker {
             window: Window::at(state.center, 0),
             failed: 0,
             leaning: None,
+            pending: None,
+            noise: state.noise.filter(|noise| (0.0..=1.0).contains(noise)),
             next_hold: state.next_hold,
             started: false,
             watch: UNWATCHED,
@@ -275,6 +331,7 @@ impl RateSeeker {
             },
             next_hold: self.next_hold,
             loop_id: 0,
+            noise: self.noise,
         }
     }
 
@@ -282,7 +339,9 @@ impl RateSeeker {
     pub fn share(&self) -> f64 {
         match self.phase {
             Phase::Hold { .. } => self.center,
-            Phase::Center | Phase::Probe { .. } | Phase::Leap { .. } => self.window.share,
+            Phase::Center | Phase::Probe { .. } | Phase::Leap { .. } | Phase::Recheck { .. } => {
+                self.window.share
+            }
         }
     }
 
@@ -312,6 +371,8 @@ impl RateSeeker {
                     self.step = 2.0 * MIN_STEP;
                     self.next_hold = FIRST_HOLD;
                     self.failed = 0;
+                    // Timed at the loop's old pace: no measure of noise.
+                    self.center_rate = None;
                 }
                 self.measure(Phase::Center, self.center, in_flight);
             }
@@ -328,7 +389,7 @@ impl RateSeeker {
         window.batches += 1;
         window.samples += samples;
         window.seconds += interval.as_secs_f64();
-        if window.batches < WINDOW_BATCHES {
+        if window.batches < window_batches(self.noise) {
             return;
         }
         let over_window = window.loop_start.zip(loop_totals);
@@ -376,44 +437,87 @@ impl RateSeeker {
     }
 
     fn conclude(&mut self, measured: Measured, in_flight: usize) {
+        tracing::debug!(
+            phase = ?self.phase,
+            share = self.window.share,
+            rate = measured.rate,
+            loop_waiting = measured.waiting,
+            in_flight,
+            "a share's window measured"
+        );
         match self.phase {
             Phase::Center => {
+                if let Some(earlier) = self.center_rate {
+                    self.learn_noise(&earlier, &measured);
+                }
                 self.center_rate = Some(measured);
                 self.probe_next(1.0, in_flight);
             }
             Phase::Probe { direction } => {
-                let center = self.center_rate.unwrap_or(Measured {
-                    rate: 0.0,
-                    waiting: None,
-                });
+                let center = self.center_rate.unwrap_or(UNMEASURED);
+                let gain = measured.gain_over(&center);
+                let leans = self.step <= MIN_STEP && measured.by_rate(&center) && gain > 0.0;
                 if measured.beats(&center, direction) {
-                    // A far start reaches the best in a few moves.
-                    self.move_to(measured, (self.step * 2.0).min(FIRST_STEP));
-                    self.probe_next(direction, in_flight);
+                    if self.believed(&measured, &center) {
+                        // A far start reaches the best in a few moves.
+                        let step = (self.step * 2.0).min(FIRST_STEP);
+                        self.move_to(self.window.share, measured, step);
+                        self.probe_next(direction, in_flight);
+                    } else {
+                        self.recheck(direction, false, measured, in_flight);
+                    }
+                } else if leans && self.noise.is_none() {
+                    self.recheck(direction, false, measured, in_flight);
                 } else {
-                    let rate = measured.rate;
-                    if self.step <= MIN_STEP
-                        && measured.by_rate(&center)
-                        && rate > center.rate
-                        && self.leaning.is_none_or(|(_, best)| rate > best)
-                    {
-                        self.leaning = Some((direction, rate));
+                    if leans && self.noise.is_some_and(|noise| gain > noise) {
+                        self.lean(direction, measured.rate);
                     }
                     self.failed |= bit(direction);
                     self.probe_next(-direction, in_flight);
                 }
             }
             Phase::Leap { direction } => {
-                let center = self.center_rate.unwrap_or(Measured {
-                    rate: 0.0,
-                    waiting: None,
-                });
-                if measured.beats(&center, direction) {
-                    self.move_to(measured, FIRST_STEP);
+                let center = self.center_rate.unwrap_or(UNMEASURED);
+                if !measured.beats(&center, direction) {
+                    self.hold();
+                } else if self.believed(&measured, &center) {
+                    self.move_to(self.window.share, measured, FIRST_STEP);
                     self.probe_next(direction, in_flight);
                 } else {
-                    self.hold();
+                    self.recheck(direction, true, measured, in_flight);
                 }
+            }
+            Phase::Recheck { direction, leap } => {
+                let first = self.center_rate.unwrap_or(UNMEASURED);
+                self.learn_noise(&first, &measured);
+                self.center_rate = Some(measured);
+                let Some((share, probe)) = self.pending.take() else {
+                    self.hold();
+                    return;
+                };
+                if probe.beats(&first, direction) && probe.beats(&measured, direction) {
+                    let step = if leap {
+                        FIRST_STEP
+                    } else {
+                        (self.step * 2.0).min(FIRST_STEP)
+                    };
+                    self.move_to(share, probe, step);
+                    self.probe_next(direction, in_flight);
+                    return;
+                }
+                if leap {
+                    self.hold();
+                    return;
+                }
+                // Gained over both timings of the center by more than they
+                // differ: a gentle slope, not the windows' noise.
+                let noise = (first.rate - measured.rate).abs();
+                let gain = probe.rate - first.rate.max(measured.rate);
+                if self.step <= MIN_STEP && probe.by_rate(&measured) && gain > noise {
+                    self.lean(direction, probe.rate);
+                }
+                self.failed |= bit(direction);
+                self.probe_next(-direction, in_flight);
             }
             Phase::Hold { .. } => unreachable!("a hold measures nothing"),
         }
@@ -448,17 +552,51 @@ impl RateSeeker {
         self.hold();
     }
 
-    /// The measured window's share becomes the center.
-    fn move_to(&mut self, measured: Measured, step: f64) {
+    /// Whether `measured`'s win over `center` stands on one timing each:
+    /// decided by the loop's state (its thresholds keep their own
+    /// margins), or a gain past the measured noise.
+    fn believed(&self, measured: &Measured, center: &Measured) -> bool {
+        !measured.by_rate(center)
+            || self
+                .noise
+                .is_some_and(|noise| measured.gain_over(center) > NOISE_TIMES * noise)
+    }
+
+    /// One share timed twice: the relative gap between the two, averaged
+    /// with what was measured before.
+    fn learn_noise(&mut self, earlier: &Measured, later: &Measured) {
+        let high = earlier.rate.max(later.rate);
+        if high <= 0.0 {
+            return;
+        }
+        let gap = ((earlier.rate - later.rate).abs() / high).min(1.0);
+        self.noise = Some(self.noise.map_or(gap, |noise| (noise + gap) / 2.0));
+    }
+
+    fn lean(&mut self, direction: f64, rate: f64) {
+        if self.leaning.is_none_or(|(_, best)| rate > best) {
+            self.leaning = Some((direction, rate));
+        }
+    }
+
+    /// Times the center again before a probe's (or leap's) seeming win
+    /// at the window's share is believed.
+    fn recheck(&mut self, direction: f64, leap: bool, measured: Measured, in_flight: usize) {
+        self.pending = Some((self.window.share, measured));
+        self.measure(Phase::Recheck { direction, leap }, self.center, in_flight);
+    }
+
+    /// `share`, measured as `measured`, becomes the center.
+    fn move_to(&mut self, share: f64, measured: Measured, step: f64) {
         tracing::debug!(
             from = self.center,
-            to = self.window.share,
+            to = share,
             rate = measured.rate,
             loop_waiting = measured.waiting,
             center_rate = self.center_rate.map(|center| center.rate),
             "the server's decode share moved"
         );
-        self.center = self.window.share;
+        self.center = share;
         self.center_rate = Some(measured);
         self.failed = 0;
         self.leaning = None;
@@ -482,6 +620,17 @@ impl RateSeeker {
         self.phase = phase;
         self.window = Window::at(share, in_flight);
     }
+}
+
+/// Batches timed at one share, where the windows' noise is `noise`.
+fn window_batches(noise: Option<f64>) -> u32 {
+    let times = noise.map_or(1.0, |noise| {
+        (noise / QUIET_NOISE)
+            .powi(2)
+            .ceil()
+            .clamp(1.0, MAX_WINDOW_TIMES)
+    });
+    WINDOW_BATCHES * times as u32
 }
 
 fn bit(direction: f64) -> u8 {

@@ -111,6 +111,7 @@ mod tests {
             hold: 10,
             next_hold: 64,
             loop_id: 0,
+            noise: Some(0.1),
         };
         let going_on = ServerShare::of(Delivery::Encoded {
             mode: ClientMode::BaselineJpeg,

@@ -117,6 +117,7 @@ pub fn search_to_wire(search: &SearchState) -> pb::ShareSearch {
         hold: search.hold,
         next_hold: search.next_hold,
         loop_id: search.loop_id,
+        noise: search.noise,
     }
 }
 
@@ -129,5 +130,6 @@ fn search_from_wire(search: &pb::ShareSearch) -> SearchState {
         next_hold: search.next_hold,
         // A new stream listens anew.
         loop_id: 0,
+        noise: search.noise,
     }
 }

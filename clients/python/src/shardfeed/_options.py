@@ -130,6 +130,8 @@ class Delivery:
                 search.step = self.server_search.step
                 search.hold = self.server_search.hold
                 search.next_hold = self.server_search.next_hold
+                if self.server_search.noise is not None:
+                    search.noise = self.server_search.noise
         elif self.server_fraction is not None:
             request.server_decode_fraction = float(self.server_fraction)
 

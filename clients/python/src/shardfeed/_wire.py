@@ -294,6 +294,8 @@ class ShareSearch:
     # Where this stream's loop reports its waits (``Client.report_loop_waits``);
     # 0: the server listens for none. Not carried to the next stream.
     loop_id: int = 0
+    # The windows' relative noise the search measured (None: not yet).
+    noise: float | None = None
 
 
 @dataclass(frozen=True)
@@ -437,6 +439,11 @@ def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
                 hold=message.server_decode_search.hold,
                 next_hold=message.server_decode_search.next_hold,
                 loop_id=message.server_decode_search.loop_id,
+                noise=(
+                    message.server_decode_search.noise
+                    if message.server_decode_search.HasField("noise")
+                    else None
+                ),
             )
             if message.HasField("server_decode_search")
             else None

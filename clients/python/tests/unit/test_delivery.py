@@ -56,3 +56,18 @@ def test_the_next_stream_goes_on_with_the_last_search() -> None:
     given = ShareSearch(center=0.9, step=0.0625, hold=0, next_hold=32)
     asked = StreamOptions().with_keywords(server_decode_fraction="auto", server_decode_search=given)
     assert stream_options(asked, "gpu", None, carry).delivery.server_search == given
+
+
+def test_the_searchs_measured_noise_goes_back_with_it() -> None:
+    from shardfeed._options import Delivery
+    from shardfeed._proto import shardfeed_pb2 as pb
+
+    for noise in (0.12, None):
+        search = ShareSearch(center=0.5, step=0.0625, hold=3, next_hold=64, noise=noise)
+        request = pb.StreamBatchesRequest()
+        Delivery("encoded", "auto", server_search=search).apply(request)
+        sent = request.server_decode_search
+        assert (sent.center, sent.hold, sent.next_hold) == (0.5, 3, 64)
+        # Unset, not 0: a search that has measured no noise yet.
+        assert sent.HasField("noise") == (noise is not None)
+        assert not sent.HasField("noise") or abs(sent.noise - 0.12) < 1e-12

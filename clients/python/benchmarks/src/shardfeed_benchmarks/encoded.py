@@ -16,7 +16,8 @@ a Unix socket (shared memory) as training batches (RandomResizedCrop + flip,
 cores, so the figures say how the decode work splits between the two
 processes. ``--cores split``: the server (and dev-s3) run on the first core,
 this process and its one torch thread on the second, as a trainer with
-cores of its own. On a GPU host the client's share runs on the GPU
+cores of its own. ``--recipe trivial``: TrivialAugment + erasing after the
+crop, applied by whichever side decodes the sample. On a GPU host the client's share runs on the GPU
 (``decode="gpu"``) and the same sweep applies there.
 
 Settings are interleaved ``--repeats`` times, each ``--epochs`` epochs of
@@ -52,7 +53,7 @@ def _epochs(
         target=target,
         batch_size=args.batch_size,
         image_size=args.image_size,
-        augment="train",
+        augment=_augment(args.recipe),
         rank=0,
         world_size=1,
         **options,
@@ -65,6 +66,20 @@ def _epochs(
     return runs
 
 
+def _augment(recipe: str) -> Any:
+    """The training recipe: RandomResizedCrop + flip, or with TrivialAugment
+    and erasing after it (each side then pays for the ops of the samples it
+    decodes, and the search sees that in the rate)."""
+    if recipe == "plain":
+        return "train"
+    from shardfeed import Augment, RandomErasing, TrivialAugmentWide
+
+    return Augment.train(
+        auto_augment=TrivialAugmentWide(interpolation="bilinear"),
+        random_erasing=RandomErasing(0.25),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=16)
@@ -75,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--fractions", default="0,0.25,0.5,0.75,1")
     parser.add_argument("--cores", choices=("shared", "split"), default="shared")
+    parser.add_argument("--recipe", choices=("plain", "trivial"), default="plain")
     args = parser.parse_args(argv)
     binary = os.environ.get("SHARDFEED_BIN", "shardfeed")
     import torch
@@ -126,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     best = max(fixed, key=lambda n: fixed[n]["samples_per_second"])
     auto = medians["encoded auto"]["samples_per_second"]
     print(
-        f"{os.cpu_count()} cores ({args.cores}), torch {torch.__version__} with "
+        f"{os.cpu_count()} cores ({args.cores}), recipe {args.recipe}, "
+        f"torch {torch.__version__} with "
         f"{torch.get_num_threads()} threads, {args.shards * args.per_shard} samples an epoch, "
         f"medians of {args.repeats} x {max(args.epochs - 1, 1)} epochs:",
         file=sys.stderr,

@@ -222,18 +222,20 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., repeats: _Optional[int] = ..., client_ops: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ShareSearch(_message.Message):
-    __slots__ = ("center", "step", "hold", "next_hold", "loop_id")
+    __slots__ = ("center", "step", "hold", "next_hold", "loop_id", "noise")
     CENTER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     HOLD_FIELD_NUMBER: _ClassVar[int]
     NEXT_HOLD_FIELD_NUMBER: _ClassVar[int]
     LOOP_ID_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     center: float
     step: float
     hold: int
     next_hold: int
     loop_id: int
-    def __init__(self, center: _Optional[float] = ..., step: _Optional[float] = ..., hold: _Optional[int] = ..., next_hold: _Optional[int] = ..., loop_id: _Optional[int] = ...) -> None: ...
+    noise: float
+    def __init__(self, center: _Optional[float] = ..., step: _Optional[float] = ..., hold: _Optional[int] = ..., next_hold: _Optional[int] = ..., loop_id: _Optional[int] = ..., noise: _Optional[float] = ...) -> None: ...
 
 class DecodedSource(_message.Message):
     __slots__ = ("shorter_side", "stored_from_epoch")
