@@ -462,3 +462,54 @@ async fn a_saved_index_plans_row_groups_without_reading_the_footers_again() {
     assert_eq!(labels, stored);
     harness.shutdown().await;
 }
+
+/// `file` with the first data page of column `leaf` claiming the most
+/// decompressed bytes its header's varint can say in as many bytes (the
+/// red team's P3: a page that makes a decompressor size its buffer by a
+/// claim the footer never charged).
+fn with_a_page_claiming_more(file: &[u8], leaf: &str) -> Vec<u8> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(bytes::Bytes::copy_from_slice(file)).unwrap();
+    let group = reader.metadata().row_group(0);
+    let column = (0..group.num_columns())
+        .map(|c| group.column(c))
+        .find(|c| c.column_path().string() == leaf)
+        .expect("the leaf");
+    let at = column.data_page_offset() as usize;
+    let mut patched = file.to_vec();
+    // Field 1 (the page type, DATA_PAGE), then field 2, the claim.
+    assert_eq!(&patched[at..at + 3], &[0x15, 0x00, 0x15], "a v1 data page");
+    let varint = &mut patched[at + 3..];
+    let width = varint.iter().position(|b| b & 0x80 == 0).unwrap() + 1;
+    for byte in &mut varint[..width - 1] {
+        *byte = 0xFF;
+    }
+    // The last byte's top bits, less the zigzag sign bit's: positive.
+    varint[width - 1] = 0x7F;
+    varint[0] = 0xFE;
+    patched
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_claiming_more_than_its_footer_is_refused_before_it_is_decompressed() {
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(1, 12);
+    let layout = Layout {
+        dictionary: false,
+        ..groups_of(12)
+    };
+    let file = with_a_page_claiming_more(&parquet_of(&shards[0], &layout), "image.bytes");
+    let uri = upload_files(&harness, "claims", vec![file]).await;
+    let mut client = harness.client().await;
+    let status = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::DataLoss, "{}", status.message());
+    assert!(
+        status.message().contains("row group 0")
+            && status.message().contains("image.bytes")
+            && status.message().contains("more than the")
+            && status.message().contains("footer"),
+        "{}",
+        status.message()
+    );
+    harness.shutdown().await;
+}

@@ -11,6 +11,7 @@ use super::index::{
     DatasetLayout, DatasetLocation, ShardIndex, MAX_SHARD_INDEX_BYTES, MAX_SUMMARY_BYTES,
 };
 use super::parquet::{row_group_index, FooterCache};
+use crate::shard::parquet::ClassNames;
 use crate::shard::BadShardPolicy;
 use crate::store::read::{get_all, ReadConfig};
 use crate::store::{ObjectMeta, ObjectStore, StoreError};
@@ -32,6 +33,8 @@ pub struct Dataset {
     resident: bool,
     /// Footers of the Parquet files being read.
     footers: FooterCache,
+    /// `index.classes` by name, built on a stream's first string label read.
+    class_names: std::sync::OnceLock<Arc<ClassNames>>,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +96,7 @@ impl Dataset {
             shard_indexes: Mutex::new(cache),
             resident,
             footers: FooterCache::default(),
+            class_names: std::sync::OnceLock::new(),
         })
     }
 
@@ -131,6 +135,15 @@ impl Dataset {
     /// under the prefix: a label for logs, not an object).
     pub fn shard_key(&self, shard: u32) -> String {
         format!("{}{}", self.prefix, self.index.shards[shard as usize].name)
+    }
+
+    /// The dataset's classes by name, one lookup shared by every stream
+    /// and row group (a label column of 10^6 names scanned the list per
+    /// row and copied it per row group).
+    pub fn class_names(&self) -> Arc<ClassNames> {
+        self.class_names
+            .get_or_init(|| Arc::new(ClassNames::new(&self.index.classes)))
+            .clone()
     }
 
     /// What reading the dataset's largest Parquet row group holds, all its

@@ -10,7 +10,8 @@ use tokio::sync::OnceCell;
 use super::index::{DatasetError, RowGroupRef, ShardEntry, ShardIndex, INDEX_VERSION};
 use crate::shard::parquet::columns::LabelColumn;
 use crate::shard::parquet::{
-    label_names, ChunkBytes, ColumnNames, Footer, ParquetError, Projection, RowGroupInput,
+    label_names, ChunkBytes, ClassNames, ColumnNames, Footer, ParquetError, Projection,
+    RowGroupInput,
 };
 use crate::shard::ShardError;
 use crate::store::read::read_range;
@@ -127,7 +128,7 @@ async fn string_labels(
             first_row: 0,
             projection: &projection,
             chunks: vec![(column, ChunkBytes::whole(range.start, data))],
-            classes: &[],
+            classes: &ClassNames::default(),
             max_field_bytes: 0,
         };
         names.extend(label_names(&input).map_err(damaged)?);

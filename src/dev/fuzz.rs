@@ -248,7 +248,7 @@ pub fn check_request(request: &pb::StreamBatchesRequest) {
 /// column names (and the path as a field), as a reader would read them.
 pub fn parquet_file(data: &[u8]) {
     use crate::shard::parquet::{
-        footer, read_rows, ChunkBytes, ColumnNames, Footer, Projection, RowGroupInput,
+        footer, read_rows, ChunkBytes, ClassNames, ColumnNames, Footer, Projection, RowGroupInput,
     };
     let size = data.len() as u64;
     let Ok(range) = footer::metadata_range(data, size) else {
@@ -292,7 +292,7 @@ pub fn parquet_file(data: &[u8]) {
             first_row: 0,
             projection: &projection,
             chunks,
-            classes: &[],
+            classes: &ClassNames::default(),
             max_field_bytes: 1 << 20,
         };
         if let Ok(rows) = read_rows(&input, 0, span.rows.min(1024)) {

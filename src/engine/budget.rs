@@ -132,6 +132,9 @@ pub struct StreamCost {
     pub shuffle_buffer: u64,
     /// `(decode_ahead + ready_batches + 3) * batch_size * H * W * 3`
     pub batches: u64,
+    /// What one reader holds for the largest Parquet row group (0: none):
+    /// part of `readers`, kept apart because no request field shrinks it.
+    pub row_group: u64,
 }
 
 /// The inputs of [`StreamCost`] a request chooses.
@@ -168,6 +171,7 @@ impl StreamCost {
                 .saturating_mul(s),
             shuffle_buffer: u64::from(shape.shuffle_buffer).saturating_mul(s),
             batches: batches.saturating_mul(shape.batch_bytes),
+            row_group: shape.row_group_bytes,
         }
     }
 
@@ -180,6 +184,7 @@ impl StreamCost {
             reader_queues: 0,
             shuffle_buffer: 0,
             batches: 0,
+            row_group: 0,
         };
         for (k, shape) in sources.iter().enumerate() {
             let one = Self::new(config, *shape);
@@ -189,6 +194,7 @@ impl StreamCost {
                 .saturating_add(one.reader_queues)
                 .saturating_add(u64::from(batch_size).saturating_mul(shape.mean_sample_bytes));
             total.shuffle_buffer = total.shuffle_buffer.saturating_add(one.shuffle_buffer);
+            total.row_group = total.row_group.max(one.row_group);
             if k == 0 {
                 total.batches = one.batches;
             }
@@ -249,6 +255,13 @@ pub enum BudgetError {
         budget: String,
         field: &'static str,
     },
+    #[error(
+        "the dataset's largest Parquet row group needs {bytes} bytes in memory to read \
+         (compressed + 2 x uncompressed of its columns), more than the {budget} all streams \
+         may use (--memory-limit); write smaller row groups (pyarrow: row_group_size) or \
+         raise --memory-limit"
+    )]
+    RowGroupNeverFits { bytes: u64, budget: String },
     #[error(
         "this stream needs {cost}; {free} of the {budget} stream memory budget is free \
          (--memory-limit). Retry when a stream ends, or lower {field}"
@@ -329,6 +342,13 @@ impl MemoryBudget {
         let bytes = cost.total();
         let units = bytes.div_ceil(UNIT);
         let field = cost.dominant_field();
+        if cost.row_group > self.total {
+            // No request field shrinks a row group: the file is what to change.
+            return Err(BudgetError::RowGroupNeverFits {
+                bytes: cost.row_group,
+                budget: mib(self.total),
+            });
+        }
         if bytes > self.total {
             return Err(BudgetError::NeverFits {
                 cost,
@@ -431,6 +451,31 @@ mod tests {
         assert!(budget.reserve(one).is_ok());
         drop(third);
         assert_eq!(budget.free(), budget.total());
+    }
+
+    #[test]
+    fn a_row_group_no_budget_holds_is_the_files_fault_not_a_fields() {
+        let budget = MemoryBudget::new(512 << 20);
+        let config = PipelineConfig::default();
+        let parquet = |row_group_bytes| StreamShape {
+            interleave: 1,
+            row_group_bytes,
+            ..shape(0, 16 * 224 * 224 * 3)
+        };
+        // One reader cannot hold it at any interleave: write smaller groups.
+        match budget.reserve(StreamCost::new(&config, parquet(600 << 20))) {
+            Err(BudgetError::RowGroupNeverFits { bytes, .. }) => assert_eq!(bytes, 600 << 20),
+            other => panic!("{other:?}"),
+        }
+        // One reader holds it, the request's readers do not: a lower interleave.
+        let wide = StreamShape {
+            interleave: 8,
+            ..parquet(100 << 20)
+        };
+        match budget.reserve(StreamCost::new(&config, wide)) {
+            Err(BudgetError::NeverFits { field, .. }) => assert_eq!(field, "interleave"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// The sidecar chart's default memory limit, in bytes.

@@ -11,7 +11,7 @@ pub mod connections;
 pub mod handshake;
 pub mod metrics_listener;
 pub mod peers;
-mod refusals;
+pub(crate) mod refusals;
 pub mod requests;
 pub mod tls;
 

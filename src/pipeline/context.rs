@@ -123,6 +123,7 @@ impl SharedTarget {
             .await
             .map_err(|e| match e {
                 shm::ShmError::Refused { .. } => PipelineError::SharedMemoryBusy(e.to_string()),
+                shm::ShmError::ClientGone => PipelineError::ClientLeft,
                 _ => PipelineError::SharedMemory(e.to_string()),
             })
     }

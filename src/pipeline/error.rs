@@ -38,6 +38,10 @@ pub enum PipelineError {
     /// The shared-memory socket is at its client limit.
     #[error("{0}")]
     SharedMemoryBusy(String),
+    /// The client closed its shared-memory connection: it left the stream
+    /// (an abandoned iterator, a finished job), which is not a fault.
+    #[error("the client closed its shared-memory connection")]
+    ClientLeft,
     #[error("internal pipeline error: {0}")]
     Internal(String),
 }

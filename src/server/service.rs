@@ -28,7 +28,7 @@ pub use crate::engine::EngineDropped;
 use crate::engine::{Engine, StreamGeometry};
 use crate::metrics::{self, ActiveStream, StreamMetrics};
 use crate::pipeline::shm::ShmError;
-use crate::pipeline::{encoded, BatchReceiver, DecodedBatch};
+use crate::pipeline::{encoded, BatchReceiver, DecodedBatch, PipelineError};
 use crate::plan::{EpochPosition, Phase};
 
 /// Settings of the service itself (the engine has its own).
@@ -155,7 +155,9 @@ impl ShardfeedService {
     pub fn into_server(self) -> ShardfeedServer<Self> {
         ShardfeedServer::new(self)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            .max_decoding_message_size(4 << 20)
+            // The bound the listener enforces on the body and publishes
+            // (`shardfeed_listener_bound{bound="request_bytes"}`): one figure.
+            .max_decoding_message_size(super::limits::REQUESTS.max_body_bytes)
     }
 
     /// Whether `--allow` admits `dataset`; a local folder comes back held
@@ -487,9 +489,15 @@ impl Stream for BatchStream {
             Poll::Ready(None) => self.poll_end(cx),
             Poll::Ready(Some(Err(error))) => {
                 self.state = StreamState::Ended { completed: false };
+                let left = matches!(error, PipelineError::ClientLeft);
                 let error = ServiceError::from(error);
                 let _entered = self.span.enter();
-                tracing::error!(%error, next_batch = self.next_index, "stream failed");
+                if left {
+                    // A trainer that stopped reading (an abandoned iterator).
+                    tracing::info!(next_batch = self.next_index, "the client left the stream");
+                } else {
+                    tracing::error!(%error, next_batch = self.next_index, "stream failed");
+                }
                 let code = error.code();
                 metrics::request("StreamBatches", code);
                 // Every batch before this one was delivered: say where to resume.

@@ -20,6 +20,7 @@ use tokio::io::AsyncReadExt;
 
 use super::pb;
 use crate::net::bounds::{FirstBytes, HandshakeBounds, ListenerBounds};
+use crate::net::refusals::Refusals;
 use crate::pipeline::shm::{Ring, CONNECT_TIMEOUT, TOKEN_BYTES};
 use crate::pipeline::BatchImages;
 
@@ -207,6 +208,8 @@ pub async fn serve_fd_socket(
 ) {
     let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let handshakes = Arc::new(std::sync::Mutex::new(Handshakes::default()));
+    // Clients past the connection places: counted each, logged once a minute.
+    let refusals = Arc::new(Refusals::new("shm_clients"));
     let mut sweep = tokio::time::interval(Duration::from_secs(5));
     loop {
         let accepted = tokio::select! {
@@ -218,8 +221,12 @@ pub async fn serve_fd_socket(
         };
         match accepted {
             Ok((stream, _)) => {
-                let (registry, connections, handshakes) =
-                    (registry.clone(), connections.clone(), handshakes.clone());
+                let (registry, connections, handshakes, refusals) = (
+                    registry.clone(),
+                    connections.clone(),
+                    handshakes.clone(),
+                    refusals.clone(),
+                );
                 let (id, pushed_out) = lock(&handshakes).begin();
                 tokio::spawn(async move {
                     // Only the wait for the token can be cut short: once a
@@ -233,8 +240,8 @@ pub async fn serve_fd_socket(
                     lock(&handshakes).end(id);
                     let result = match token {
                         Ok(token) => {
-                            serve_token(stream, &registry, (&connections, max_connections), &token)
-                                .await
+                            let places = (&connections, max_connections, &*refusals);
+                            serve_token(stream, &registry, places, &token).await
                         }
                         Err(error) => Err(error),
                     };
@@ -258,17 +265,20 @@ pub async fn serve_fd_socket(
 async fn serve_token(
     stream: tokio::net::UnixStream,
     registry: &RingRegistry,
-    (connections, limit): (&Arc<tokio::sync::Semaphore>, usize),
+    (connections, limit, refusals): (&Arc<tokio::sync::Semaphore>, usize, &Refusals),
     token: &[u8; TOKEN_BYTES],
 ) -> std::io::Result<()> {
     let Ok(permit) = connections.clone().try_acquire_owned() else {
         if let Some(ring) = registry.collect(token) {
             ring.refuse(limit);
         }
-        tracing::warn!(
-            limit,
-            "refused a shared-memory client: too many connected; its stream fails"
-        );
+        refusals.close(stream, |_, left_out| {
+            tracing::warn!(
+                limit,
+                left_out,
+                "refused a shared-memory client: too many connected; its stream fails"
+            );
+        });
         return Ok(());
     };
     let ring = hand_over(&stream, registry, token).await?;

@@ -302,6 +302,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             }
             PipelineError::SharedMemory(_) => Some(Code::FailedPrecondition),
             PipelineError::SharedMemoryBusy(_) => Some(Code::ResourceExhausted),
+            PipelineError::ClientLeft => Some(Code::Cancelled),
             PipelineError::Internal(_) => Some(Code::Internal),
             PipelineError::Dataset(_) | PipelineError::Store(_) => None,
         };
@@ -315,6 +316,7 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
     if let Some(error) = error.downcast_ref::<BudgetError>() {
         return Some(match error {
             BudgetError::NeverFits { .. } => Code::InvalidArgument,
+            BudgetError::RowGroupNeverFits { .. } => Code::FailedPrecondition,
             BudgetError::Busy { .. } => Code::ResourceExhausted,
         });
     }
@@ -380,6 +382,11 @@ mod tests {
         assert_eq!(
             ServiceError::Pipeline(PipelineError::Internal("x".into())).code(),
             Code::Internal
+        );
+        // A trainer that stopped reading left; nothing failed.
+        assert_eq!(
+            ServiceError::Pipeline(PipelineError::ClientLeft).code(),
+            Code::Cancelled
         );
     }
 

@@ -71,7 +71,7 @@ impl ReadJob {
         drop(parts);
         let (from, to) = (*next, self.end);
         let layout = self.layout.clone();
-        let classes = self.dataset.index.classes.clone();
+        let classes = self.dataset.class_names();
         let decoded = tokio::task::spawn_blocking(move || {
             let input = RowGroupInput {
                 footer: &footer,

@@ -30,7 +30,10 @@ pub enum ParquetError {
     },
     #[error(
         "row {row}: its image has no bytes, only the path {path:?} (the images live outside \
-         the file); shardfeed reads images embedded in Parquet files"
+         the file); shardfeed reads images embedded in Parquet files: embed them as \
+         push_to_hub does (datasets: ds.with_format(\"arrow\").map(datasets.table.\
+         embed_table_storage, batched=True) before to_parquet), or pack the image folder \
+         with `shardfeed pack`"
     )]
     ImageNotEmbedded { row: u64, path: String },
     #[error(

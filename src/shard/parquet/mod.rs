@@ -20,6 +20,7 @@
 
 mod checked_pages;
 mod chunk;
+mod classes;
 pub mod columns;
 mod error;
 pub mod footer;
@@ -29,6 +30,7 @@ mod thrift_guard;
 use std::ops::Range;
 
 pub use chunk::ChunkBytes;
+pub use classes::ClassNames;
 pub use columns::{ColumnNames, Projection};
 pub use error::ParquetError;
 pub use footer::{Footer, RowGroupSpan};

@@ -20,6 +20,7 @@ use parquet::schema::types::ColumnDescriptor;
 
 use super::checked_pages::CheckedPages;
 use super::chunk::ChunkBytes;
+use super::classes::ClassNames;
 use super::columns::{ImageColumn, LabelColumn, Projection, ValueKind};
 use super::error::ParquetError;
 use super::footer::Footer;
@@ -35,7 +36,7 @@ pub struct RowGroupInput<'a> {
     /// them.
     pub chunks: Vec<(usize, ChunkBytes)>,
     /// The dataset's class names, for string labels and the label range.
-    pub classes: &'a [String],
+    pub classes: &'a ClassNames,
     pub max_field_bytes: u64,
 }
 
@@ -156,7 +157,7 @@ pub fn read_rows(input: &RowGroupInput<'_>, from: u64, to: u64) -> Result<Vec<Ro
     Ok(samples)
 }
 
-fn label_of(values: &Values, at: usize, classes: &[String]) -> RowLabel {
+fn label_of(values: &Values, at: usize, classes: &ClassNames) -> RowLabel {
     match values {
         Values::Integers(labels) => match labels[at] {
             None => RowLabel::Missing,
@@ -170,8 +171,8 @@ fn label_of(values: &Values, at: usize, classes: &[String]) -> RowLabel {
         },
         Values::Text(labels) => match &labels[at] {
             None => RowLabel::Missing,
-            Some(text) => match classes.iter().position(|class| class == text) {
-                Some(index) => RowLabel::Value(index as i64),
+            Some(text) => match classes.index_of(text) {
+                Some(index) => RowLabel::Value(index),
                 None => RowLabel::Invalid(format!("{text:?} is none of the dataset's classes")),
             },
         },
@@ -192,9 +193,23 @@ fn pages(
         .ok_or_else(|| ParquetError::Internal(format!("column {column} was not fetched")))?;
     // Page headers that would keep the crate's page reader looping are
     // refused before it reads them.
-    super::thrift_guard::check_page_headers(&chunk)
+    let claimed = super::thrift_guard::check_page_headers(&chunk)
         .map_err(|why| page_error(input, column, why))?;
     let meta = input.footer.metadata.row_group(input.group).column(column);
+    // What the row group was charged for (the budget and the row group
+    // limit read the footer): pages that claim more are refused before a
+    // decompressor sizes a buffer by their claim.
+    let charged = u64::try_from(meta.uncompressed_size()).unwrap_or(0);
+    if claimed > charged {
+        return Err(page_error(
+            input,
+            column,
+            format!(
+                "its pages claim {claimed} bytes decompressed, more than the {charged} the \
+                 footer gives the column chunk"
+            ),
+        ));
+    }
     let reader = SerializedPageReader::new(Arc::new(chunk), meta, rows as usize, None)
         .map_err(|e| page_error(input, column, e))?;
     Ok(Box::new(CheckedPages::new(

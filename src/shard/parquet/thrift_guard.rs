@@ -263,6 +263,8 @@ struct Walk<'s, S> {
     source: &'s mut S,
     /// The page header's compressed size (field 3 at the top level).
     compressed_size: Option<i64>,
+    /// The page header's uncompressed size (field 2 at the top level).
+    uncompressed_size: Option<i64>,
 }
 
 impl<S: Source> Walk<'_, S> {
@@ -324,8 +326,10 @@ impl<S: Source> Walk<'_, S> {
             match fields.iter().find(|field| i64::from(field.0) == id) {
                 Some(&Field(_, kind)) => {
                     let value = self.field(kind, code, depth)?;
-                    if top && id == 3 {
-                        self.compressed_size = value;
+                    match (top, id) {
+                        (true, 2) => self.uncompressed_size = value,
+                        (true, 3) => self.compressed_size = value,
+                        _ => {}
                     }
                 }
                 None => self.skip(code, depth + 1)?,
@@ -437,6 +441,7 @@ pub fn check_footer(metadata: &[u8]) -> Result<(), String> {
     let mut walk = Walk {
         source: &mut source,
         compressed_size: None,
+        uncompressed_size: None,
     };
     walk.structure(FILE_META_DATA, 0, false)
         .map_err(|why| format!("the footer's metadata is malformed: {why}"))
@@ -472,25 +477,34 @@ impl Source for ChunkSource<'_> {
 }
 
 /// Checks every page header of a column chunk, each where the one before
-/// says its page ends. A page size the crate cannot follow either stops
-/// the walk: the crate reports that itself, in bytes it reads.
-pub fn check_page_headers(chunk: &ChunkBytes) -> Result<(), String> {
+/// says its page ends, and returns the bytes its pages claim decompressed
+/// (their headers not counted: the footer's figure counts them, and a
+/// writer that leaves them out is still within it): the caller holds them
+/// to the footer's figure before a page is decompressed, since a
+/// decompressor sizes its output by the claim. A page size the crate cannot follow
+/// either stops the walk: the crate reports that itself, in bytes it reads.
+pub fn check_page_headers(chunk: &ChunkBytes) -> Result<u64, String> {
     let mut source = ChunkSource { chunk, at: 0 };
+    let mut claimed = 0u64;
     while source.remaining() > 0 {
         let mut walk = Walk {
             source: &mut source,
             compressed_size: None,
+            uncompressed_size: None,
         };
         walk.structure(PAGE_HEADER, 0, true)
             .map_err(|why| format!("a page header is malformed: {why}"))?;
-        let Some(size) = walk.compressed_size.and_then(|s| u64::try_from(s).ok()) else {
-            return Ok(());
+        let (compressed, uncompressed) = (walk.compressed_size, walk.uncompressed_size);
+        let page = uncompressed.map_or(0, |size| u64::try_from(size).unwrap_or(u64::MAX));
+        claimed = claimed.saturating_add(page);
+        let Some(size) = compressed.and_then(|s| u64::try_from(s).ok()) else {
+            return Ok(claimed);
         };
         if source.skip(size).is_err() {
-            return Ok(());
+            return Ok(claimed);
         }
     }
-    Ok(())
+    Ok(claimed)
 }
 
 #[cfg(test)]
@@ -579,7 +593,8 @@ mod tests {
     #[test]
     fn every_page_header_of_a_chunk_is_walked_where_the_one_before_ends() {
         let good = chunk(&[page(b"abcd", &[]), page(b"efghij", &[])]);
-        check_page_headers(&good).unwrap();
+        // The pages' claimed (here: their real) data.
+        assert_eq!(check_page_headers(&good).unwrap(), 10);
         // The second page's header carries the booleans.
         let booleans = list_of_booleans_field(0xC8);
         let bad = chunk(&[page(b"abcd", &[]), page(b"efgh", &booleans)]);

@@ -202,3 +202,20 @@ def test_metrics_are_exported(server: Server, colors) -> None:  # type: ignore[n
     import shardfeed
 
     assert f'shardfeed_build_info{{version="{shardfeed.__version__}"}} 1' in text
+
+
+def test_bytes_that_are_not_the_request_are_the_callers_fault(server: Server) -> None:
+    """A `string` field that is not UTF-8 (here `client_ops`) is the
+    caller's error, INVALID_ARGUMENT, not the server's (INTERNAL)."""
+    valid = pb.StreamBatchesRequest(dataset="s3://bucket/x/").SerializeToString()
+    not_utf8 = valid + bytes([0xE2, 0x01, 0x02, 0xFF, 0xFE])  # field 28, 2 bytes
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_stream(
+            "/shardfeed.v1.Shardfeed/StreamBatches",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call(not_utf8, timeout=30))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not valid protobuf" in (refused.value.details() or "")
