@@ -33,7 +33,9 @@
 //! must beat both of its timings. A win the noise made is then mostly a
 //! second center timing that is higher, and nothing moves; a loss needs
 //! no second look, as staying is safe. Noisy windows are also made longer
-//! (`window_batches`), up to four times. The noise goes on with the
+//! (`window_batches`), up to four times, but a probe that is worse than
+//! the center by more than the noise after the shortest window ends there:
+//! its batches are the dear ones. The noise goes on with the
 //! search to the next stream.
 //!
 //! A gentle slope defeats fine probes: where a trainer's GPU both decodes
@@ -389,7 +391,7 @@ impl RateSeeker {
         window.batches += 1;
         window.samples += samples;
         window.seconds += interval.as_secs_f64();
-        if window.batches < window_batches(self.noise) {
+        if window.batches < WINDOW_BATCHES {
             return;
         }
         let over_window = window.loop_start.zip(loop_totals);
@@ -404,7 +406,22 @@ impl RateSeeker {
             rate: loop_rate.unwrap_or(window.samples as f64 / window.seconds.max(1e-9)),
             waiting: over_window.and_then(|(start, end)| end.waiting_since(&start)),
         };
-        self.conclude(measured, in_flight);
+        if window.batches >= window_batches(self.noise) || self.clearly_losing(&measured) {
+            self.conclude(measured, in_flight);
+        }
+    }
+
+    /// A probe or leap whose window, so far, is worse than the center by
+    /// more than the noise: it ends at the shortest window, as a loss needs
+    /// no precision (staying is safe) and its batches cost the most where
+    /// the share is worst (a trainer's full-size decode on its CPU).
+    fn clearly_losing(&self, so_far: &Measured) -> bool {
+        let (Some(center), Some(noise)) = (self.center_rate, self.noise) else {
+            return false;
+        };
+        matches!(self.phase, Phase::Probe { .. } | Phase::Leap { .. })
+            && so_far.by_rate(&center)
+            && so_far.rate < center.rate * (1.0 - noise)
     }
 
     /// While holding: whether the loop, over the last window's worth of

@@ -229,10 +229,10 @@ fn windows_far_noisier_than_the_margin_move_nothing_the_noise_made() {
         shared_cpu(1.0)
     );
     assert!(lowest >= 1.0 - MIN_STEP, "{lowest}");
-    // Five probes, each a window (longer where noisy) and the batches in
-    // flight behind it.
-    let window = window_batches(Some(noise)) as usize;
-    assert!(away <= 5 * (window + 7), "{away}");
+    // Five probes, each the shortest window (a clear loss ends there,
+    // though noisy windows are longer) and the batches in flight behind it.
+    assert!(window_batches(Some(noise)) > WINDOW_BATCHES);
+    assert!(away <= 5 * (WINDOW_BATCHES as usize + 7), "{away}");
     assert!(noise > 0.03, "{noise}");
 }
 
