@@ -155,9 +155,12 @@ impl ShardfeedService {
     pub fn into_server(self) -> ShardfeedServer<Self> {
         ShardfeedServer::new(self)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            // The bound the listener enforces on the body and publishes
-            // (`shardfeed_listener_bound{bound="request_bytes"}`): one figure.
-            .max_decoding_message_size(super::limits::REQUESTS.max_body_bytes)
+            // Above the listener's body bound (`REQUESTS.max_body_bytes`,
+            // published as `shardfeed_listener_bound{bound="request_bytes"}`),
+            // which cuts a larger request first, RESOURCE_EXHAUSTED and
+            // counted; at that bound tonic would refuse it OUT_OF_RANGE on
+            // its length prefix, uncounted.
+            .max_decoding_message_size(4 << 20)
     }
 
     /// Whether `--allow` admits `dataset`; a local folder comes back held
