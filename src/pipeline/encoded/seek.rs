@@ -103,9 +103,14 @@ enum Phase {
     /// Measuring `center + direction * FIRST_STEP`, where a fine probe
     /// gained less than the margin.
     Leap { direction: f64 },
-    /// Timing the center again after a probe (or a leap) that seemed to
-    /// beat it.
-    Recheck { direction: f64, leap: bool },
+    /// Timing the center again after a probe (or a leap) at `share`,
+    /// measured as `probe`, seemed to beat it.
+    Recheck {
+        direction: f64,
+        leap: bool,
+        share: f64,
+        probe: Measured,
+    },
     /// At the center, `batches` more before the next measurement.
     Hold { batches: u32 },
 }
@@ -245,9 +250,6 @@ pub struct RateSeeker {
     /// The fine probe that beat the center by less than the margin, and
     /// its rate: where to leap before holding.
     leaning: Option<(f64, f64)>,
-    /// The share and measurement of a probe or leap that seemed to win,
-    /// while the center is timed again.
-    pending: Option<(f64, Measured)>,
     /// The windows' relative noise, from shares timed twice.
     noise: Option<f64>,
     next_hold: u32,
@@ -291,7 +293,6 @@ impl RateSeeker {
             window: Window::at(center, 0),
             failed: 0,
             leaning: None,
-            pending: None,
             noise: None,
             next_hold: FIRST_HOLD,
             started: false,
@@ -314,8 +315,7 @@ impl RateSeeker {
             window: Window::at(state.center, 0),
             failed: 0,
             leaning: None,
-            pending: None,
-            noise: state.noise.filter(|noise| (0.0..=1.0).contains(noise)),
+            noise: state.noise,
             next_hold: state.next_hold,
             started: false,
             watch: UNWATCHED,
@@ -504,14 +504,15 @@ impl RateSeeker {
                     self.recheck(direction, true, measured, in_flight);
                 }
             }
-            Phase::Recheck { direction, leap } => {
+            Phase::Recheck {
+                direction,
+                leap,
+                share,
+                probe,
+            } => {
                 let first = self.center_rate.unwrap_or(UNMEASURED);
                 self.learn_noise(&first, &measured);
                 self.center_rate = Some(measured);
-                let Some((share, probe)) = self.pending.take() else {
-                    self.hold();
-                    return;
-                };
                 if probe.beats(&first, direction) && probe.beats(&measured, direction) {
                     let step = if leap {
                         FIRST_STEP
@@ -599,8 +600,13 @@ impl RateSeeker {
     /// Times the center again before a probe's (or leap's) seeming win
     /// at the window's share is believed.
     fn recheck(&mut self, direction: f64, leap: bool, measured: Measured, in_flight: usize) {
-        self.pending = Some((self.window.share, measured));
-        self.measure(Phase::Recheck { direction, leap }, self.center, in_flight);
+        let phase = Phase::Recheck {
+            direction,
+            leap,
+            share: self.window.share,
+            probe: measured,
+        };
+        self.measure(phase, self.center, in_flight);
     }
 
     /// `share`, measured as `measured`, becomes the center.
