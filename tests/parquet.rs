@@ -95,7 +95,7 @@ async fn every_codec_page_version_and_encoding_reads_the_same_pixels() {
     let tar = upload(&harness.s3, "tarref", "t/", &shards).await;
     let mut client = harness.client().await;
     let mut bucket = 0;
-    for codec in ["none", "snappy", "zstd", "gzip", "lz4_raw"] {
+    for codec in ["none", "snappy", "zstd", "gzip", "lz4_raw", "lz4"] {
         // v2 without a dictionary: the crate's writer falls back to the delta
         // encodings (DELTA_BYTE_ARRAY images, DELTA_BINARY_PACKED labels).
         for (page_v2, dictionary) in [(false, false), (true, true), (false, true), (true, false)] {
@@ -511,5 +511,127 @@ async fn a_page_claiming_more_than_its_footer_is_refused_before_it_is_decompress
         "{}",
         status.message()
     );
+    harness.shutdown().await;
+}
+
+/// `file` with the body of column `leaf`'s one data page replaced by
+/// `body(length)`, `length` bytes: the header and footer are left as
+/// written, so every claim still says what the honest page held.
+fn with_a_page_body(file: &[u8], leaf: &str, body: impl Fn(usize) -> Vec<u8>) -> Vec<u8> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(bytes::Bytes::copy_from_slice(file)).unwrap();
+    let group = reader.metadata().row_group(0);
+    let column = (0..group.num_columns())
+        .map(|c| group.column(c))
+        .find(|c| c.column_path().string() == leaf)
+        .expect("the leaf");
+    let at = column.data_page_offset() as usize;
+    let end = at + column.compressed_size() as usize;
+    // Field 1 (DATA_PAGE), field 2 (the claim), field 3 (the body's size).
+    assert_eq!(&file[at..at + 3], &[0x15, 0x00, 0x15], "a v1 data page");
+    let varint = |from: usize| {
+        let width = file[from..].iter().position(|b| b & 0x80 == 0).unwrap() + 1;
+        let raw = file[from..from + width]
+            .iter()
+            .rev()
+            .fold(0u64, |value, byte| value << 7 | u64::from(byte & 0x7f));
+        (raw >> 1, from + width)
+    };
+    let (_claim, next) = varint(at + 3);
+    assert_eq!(file[next], 0x15, "field 3 follows");
+    let (stored, _) = varint(next + 1);
+    let start = end - stored as usize;
+    let mut patched = file.to_vec();
+    let replacement = body(stored as usize);
+    assert_eq!(replacement.len(), stored as usize);
+    patched[start..end].copy_from_slice(&replacement);
+    patched
+}
+
+/// This process's peak resident set, from /proc.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `inflated` zero bytes in as few bytes as `codec` allows, padded with
+/// zeros to `length` (past the stream: the decompressor never gets there).
+fn bomb(codec: &str, inflated: usize, length: usize) -> Vec<u8> {
+    use std::io::Write;
+    let chunk = vec![0u8; 16 << 20];
+    let mut out = match codec {
+        // Members of 16 MiB each: a multi-member stream, read whole.
+        "gzip" => {
+            let mut encoder =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            encoder.write_all(&chunk).unwrap();
+            encoder.finish().unwrap().repeat(inflated / chunk.len())
+        }
+        "lz4" => {
+            let mut encoder = lz4_flex::frame::FrameEncoder::new(Vec::new());
+            for _ in 0..inflated / chunk.len() {
+                encoder.write_all(&chunk).unwrap();
+            }
+            encoder.finish().unwrap()
+        }
+        other => unreachable!("{other}"),
+    };
+    assert!(out.len() <= length, "{codec}: {} > {length}", out.len());
+    out.resize(length, 0);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_that_expands_past_its_claim_is_refused_before_the_crate_reads_it() {
+    // The red team's P1 at its size (1.2 GB from one page), through the
+    // codecs the crate reads to their end: GZIP, and the LZ4 frame it
+    // falls back to where an LZ4 page is not Hadoop-framed.
+    let harness = Harness::start(Options::default()).await;
+    let inflated = 1_200 << 20;
+    for (codec, image_bytes) in [("gzip", 1_500_000), ("lz4", 5_000_000)] {
+        // Incompressible: the honest page is as long as the image.
+        let image: Vec<u8> = (0..image_bytes as u64)
+            .map(|i| (shardfeed::hash::fmix64(i) >> 56) as u8)
+            .collect();
+        // The first of a batch's rows, each in its own row group.
+        let rows: Vec<Row> = std::iter::once(image)
+            .chain((0..7).map(|i| vec![i; 64]))
+            .enumerate()
+            .map(|(i, image)| Row {
+                image: Some(image),
+                path: Some(format!("{i}.jpg")),
+                label: Some(0),
+            })
+            .collect();
+        let layout = Layout {
+            codec: codec.into(),
+            dictionary: false,
+            ..groups_of(1)
+        };
+        let honest = parquet_files::write(&rows, &layout).unwrap();
+        let file = with_a_page_body(&honest, "image.bytes", |length| {
+            bomb(codec, inflated, length)
+        });
+        let uri = upload_files(&harness, &format!("bomb-{codec}"), vec![file]).await;
+        let mut client = harness.client().await;
+        let status = collect(&mut client, unshuffled(&uri)).await.unwrap_err();
+        // The crate's unbounded read would have held the 1.2 GB (36 MB
+        // peak for this test with the check).
+        let peak = peak_rss_kib();
+        assert!(peak < 1 << 20, "{codec}: peak RSS {peak} KiB");
+        assert_eq!(
+            status.code(),
+            tonic::Code::DataLoss,
+            "{codec}: {}",
+            status.message()
+        );
+        assert!(
+            status.message().contains("image.bytes")
+                && status.message().contains("decompresses past"),
+            "{codec}: {}",
+            status.message()
+        );
+    }
     harness.shutdown().await;
 }

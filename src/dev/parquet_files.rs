@@ -25,7 +25,7 @@ pub struct Row {
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub rows_per_group: usize,
-    /// `none`, `snappy`, `zstd`, `gzip` or `lz4_raw`.
+    /// `none`, `snappy`, `zstd`, `gzip`, `lz4_raw` or `lz4`.
     pub codec: String,
     /// Dictionary-encoded pages where the writer finds them worth it.
     pub dictionary: bool,
@@ -62,9 +62,11 @@ pub fn codec(name: &str) -> Result<Compression, String> {
         "zstd" => Compression::ZSTD(ZstdLevel::default()),
         "gzip" => Compression::GZIP(GzipLevel::default()),
         "lz4_raw" => Compression::LZ4_RAW,
+        // The deprecated LZ4 codec id, Hadoop-framed: what older Arrow wrote.
+        "lz4" => Compression::LZ4,
         other => {
             return Err(format!(
-                "codec {other:?}: none, snappy, zstd, gzip or lz4_raw"
+                "codec {other:?}: none, snappy, zstd, gzip, lz4_raw or lz4"
             ))
         }
     })

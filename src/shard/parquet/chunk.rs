@@ -57,6 +57,13 @@ impl ChunkBytes {
         self.len
     }
 
+    /// The chunk's bytes from `at` (from its start) on, without a copy;
+    /// empty past its end.
+    pub fn read_from(&self, at: u64) -> PartsReader {
+        self.get_read(self.offset.saturating_add(at))
+            .unwrap_or_default()
+    }
+
     /// The part holding chunk byte `at` and where in it.
     fn locate(&self, at: u64) -> (usize, usize) {
         let part = self.starts.partition_point(|&s| s <= at).saturating_sub(1);

@@ -23,6 +23,7 @@ mod chunk;
 mod classes;
 pub mod columns;
 mod error;
+mod expansion;
 pub mod footer;
 pub mod rows;
 mod thrift_guard;

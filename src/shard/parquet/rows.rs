@@ -191,25 +191,26 @@ fn pages(
         .find(|(c, _)| *c == column)
         .map(|(_, chunk)| chunk.clone())
         .ok_or_else(|| ParquetError::Internal(format!("column {column} was not fetched")))?;
-    // Page headers that would keep the crate's page reader looping are
-    // refused before it reads them.
-    let claimed = super::thrift_guard::check_page_headers(&chunk)
-        .map_err(|why| page_error(input, column, why))?;
     let meta = input.footer.metadata.row_group(input.group).column(column);
     // What the row group was charged for (the budget and the row group
-    // limit read the footer): pages that claim more are refused before a
-    // decompressor sizes a buffer by their claim.
+    // limit read the footer): pages that claim more, or a body that
+    // expands past its page's claim, are refused before a decompressor
+    // sizes a buffer by the claim. Headers that would keep the crate's
+    // page reader looping are refused before it reads them.
     let charged = u64::try_from(meta.uncompressed_size()).unwrap_or(0);
-    if claimed > charged {
-        return Err(page_error(
-            input,
-            column,
-            format!(
-                "its pages claim {claimed} bytes decompressed, more than the {charged} the \
-                 footer gives the column chunk"
-            ),
-        ));
-    }
+    let codec = meta.compression();
+    let mut claimed = 0u64;
+    super::thrift_guard::check_page_headers(&chunk, |page| {
+        claimed = claimed.saturating_add(page.decompressed);
+        if claimed > charged {
+            return Err(format!(
+                "its pages claim at least {claimed} bytes decompressed, more than the {charged} \
+                 the footer gives the column chunk"
+            ));
+        }
+        super::expansion::check_page_body(&chunk, codec, page)
+    })
+    .map_err(|why| page_error(input, column, why))?;
     let reader = SerializedPageReader::new(Arc::new(chunk), meta, rows as usize, None)
         .map_err(|e| page_error(input, column, e))?;
     Ok(Box::new(CheckedPages::new(

@@ -265,6 +265,23 @@ struct Walk<'s, S> {
     compressed_size: Option<i64>,
     /// The page header's uncompressed size (field 2 at the top level).
     uncompressed_size: Option<i64>,
+    /// A v2 data page's definition and repetition level bytes (its fields
+    /// 5 and 6), stored uncompressed ahead of its values.
+    levels: i64,
+    /// A v2 data page's `is_compressed` (field 7; absent means true).
+    values_compressed: bool,
+}
+
+impl<'s, S> Walk<'s, S> {
+    fn new(source: &'s mut S) -> Self {
+        Self {
+            source,
+            compressed_size: None,
+            uncompressed_size: None,
+            levels: 0,
+            values_compressed: true,
+        }
+    }
 }
 
 impl<S: Source> Walk<'_, S> {
@@ -326,9 +343,14 @@ impl<S: Source> Walk<'_, S> {
             match fields.iter().find(|field| i64::from(field.0) == id) {
                 Some(&Field(_, kind)) => {
                     let value = self.field(kind, code, depth)?;
-                    match (top, id) {
-                        (true, 2) => self.uncompressed_size = value,
-                        (true, 3) => self.compressed_size = value,
+                    let v2 = std::ptr::eq(fields, DATA_PAGE_V2);
+                    match (top, v2, id) {
+                        (true, _, 2) => self.uncompressed_size = value,
+                        (true, _, 3) => self.compressed_size = value,
+                        (false, true, 5 | 6) => {
+                            self.levels = self.levels.saturating_add(value.unwrap_or(0));
+                        }
+                        (false, true, 7) => self.values_compressed = code == wire::BOOL_TRUE,
                         _ => {}
                     }
                 }
@@ -438,11 +460,7 @@ pub fn check_footer(metadata: &[u8]) -> Result<(), String> {
         bytes: metadata,
         at: 0,
     };
-    let mut walk = Walk {
-        source: &mut source,
-        compressed_size: None,
-        uncompressed_size: None,
-    };
+    let mut walk = Walk::new(&mut source);
     walk.structure(FILE_META_DATA, 0, false)
         .map_err(|why| format!("the footer's metadata is malformed: {why}"))
 }
@@ -476,35 +494,57 @@ impl Source for ChunkSource<'_> {
     }
 }
 
+/// One page as its header describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageClaim {
+    /// Its bytes decompressed, v2 levels included (the header's field 2).
+    pub decompressed: u64,
+    /// Where its body lies in the chunk, `(start, length)`; `None` where
+    /// the header gives no length or the body runs past the chunk (the
+    /// crate reports either itself, in bytes it reads).
+    pub body: Option<(u64, u64)>,
+    /// Level bytes stored uncompressed at the body's start (v2 pages).
+    pub levels: u64,
+    /// Whether the rest of the body goes through the chunk's codec.
+    pub compressed: bool,
+}
+
 /// Checks every page header of a column chunk, each where the one before
-/// says its page ends, and returns the bytes its pages claim decompressed
-/// (their headers not counted: the footer's figure counts them, and a
-/// writer that leaves them out is still within it): the caller holds them
-/// to the footer's figure before a page is decompressed, since a
-/// decompressor sizes its output by the claim. A page size the crate cannot follow
-/// either stops the walk: the crate reports that itself, in bytes it reads.
-pub fn check_page_headers(chunk: &ChunkBytes) -> Result<u64, String> {
+/// says its page ends, and hands each page's claim to `each` before the
+/// next header is read: the caller holds the claims to the footer's
+/// figure (headers not counted: the footer's figure counts them, and a
+/// writer that leaves them out is still within it) and bounds what the
+/// body expands to, before any page is decompressed, since a decompressor
+/// sizes its output by the claim. A page size the crate cannot follow
+/// stops the walk: the crate reports that itself, in bytes it reads.
+pub fn check_page_headers(
+    chunk: &ChunkBytes,
+    mut each: impl FnMut(&PageClaim) -> Result<(), String>,
+) -> Result<(), String> {
     let mut source = ChunkSource { chunk, at: 0 };
-    let mut claimed = 0u64;
     while source.remaining() > 0 {
-        let mut walk = Walk {
-            source: &mut source,
-            compressed_size: None,
-            uncompressed_size: None,
-        };
+        let mut walk = Walk::new(&mut source);
         walk.structure(PAGE_HEADER, 0, true)
             .map_err(|why| format!("a page header is malformed: {why}"))?;
-        let (compressed, uncompressed) = (walk.compressed_size, walk.uncompressed_size);
-        let page = uncompressed.map_or(0, |size| u64::try_from(size).unwrap_or(u64::MAX));
-        claimed = claimed.saturating_add(page);
-        let Some(size) = compressed.and_then(|s| u64::try_from(s).ok()) else {
-            return Ok(claimed);
-        };
-        if source.skip(size).is_err() {
-            return Ok(claimed);
+        let claim = |size: Option<i64>| size.map(|size| u64::try_from(size).unwrap_or(u64::MAX));
+        let decompressed = claim(walk.uncompressed_size).unwrap_or(0);
+        let stored = claim(walk.compressed_size);
+        let levels = u64::try_from(walk.levels).unwrap_or(u64::MAX);
+        let compressed = walk.values_compressed;
+        let start = source.at;
+        let body = stored.filter(|&size| size <= source.remaining());
+        each(&PageClaim {
+            decompressed,
+            body: body.map(|size| (start, size)),
+            levels,
+            compressed,
+        })?;
+        match body {
+            Some(size) => source.skip(size)?,
+            None => return Ok(()),
         }
     }
-    Ok(claimed)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -593,12 +633,29 @@ mod tests {
     #[test]
     fn every_page_header_of_a_chunk_is_walked_where_the_one_before_ends() {
         let good = chunk(&[page(b"abcd", &[]), page(b"efghij", &[])]);
-        // The pages' claimed (here: their real) data.
-        assert_eq!(check_page_headers(&good).unwrap(), 10);
+        // The pages' claimed (here: their real) data, and where each lies.
+        let mut claims = Vec::new();
+        check_page_headers(&good, |page| {
+            claims.push((page.decompressed, page.body));
+            Ok(())
+        })
+        .unwrap();
+        let second = page(b"abcd", &[]).len() as u64;
+        assert_eq!(
+            claims,
+            [(4, Some((second - 4, 4))), (6, Some((2 * second - 4, 6)))]
+        );
+        // A caller's refusal stops the walk there.
+        let mut seen = 0;
+        let why = check_page_headers(&good, |_| {
+            seen += 1;
+            Err("held".into())
+        });
+        assert_eq!((why, seen), (Err("held".into()), 1));
         // The second page's header carries the booleans.
         let booleans = list_of_booleans_field(0xC8);
         let bad = chunk(&[page(b"abcd", &[]), page(b"efgh", &booleans)]);
-        let why = check_page_headers(&bad).unwrap_err();
+        let why = check_page_headers(&bad, |_| Ok(())).unwrap_err();
         assert!(
             why.contains("page header") && why.contains("claims"),
             "{why}"
@@ -607,7 +664,7 @@ mod tests {
             page(b"abcd", &[]),
             page(b"efgh", &[0x09, 0xC8, 0x01, 0x21, 1, 0]),
         ]);
-        let why = check_page_headers(&short).unwrap_err();
+        let why = check_page_headers(&short, |_| Ok(())).unwrap_err();
         assert!(why.contains("list of 2 booleans"), "{why}");
     }
 
