@@ -238,7 +238,14 @@ pub fn describe() {
     for event in TIER_EVENTS {
         counter!(DECODED_TIER, "event" => event).absolute(0);
     }
-    for reason in ["limit", "idle", "handshakes", "handshake", "shm_clients"] {
+    for reason in [
+        "limit",
+        "evicted",
+        "idle",
+        "handshakes",
+        "handshake",
+        "shm_clients",
+    ] {
         counter!(CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
     }
     for reason in ["deadline", "size", "budget"] {

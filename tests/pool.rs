@@ -744,33 +744,30 @@ async fn a_connection_holds_no_more_streams_than_the_worker_admits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_holds_its_connection_limit_and_closes_idle_connections() {
-    use tokio::io::AsyncReadExt;
     let limits = shardfeed::net::connections::ConnectionLimits {
         max_connections: 2,
         idle: Duration::from_secs(1),
     };
     let worker = Worker::start_with([127, 0, 0, 1], TOKEN, None, limits).await;
-    // Two connections: one with a call open (its body still coming), one
-    // with none.
-    let mut busy = raw_h2(worker.addr).await;
-    let (response, _body) = open_unit_call(&mut busy, worker.addr, TOKEN, 1 << 20, 1024).await;
+    // Two connections: one with a call whose request never finishes, then
+    // one with no call.
+    let mut waiting = raw_h2(worker.addr).await;
+    let (response, _body) = open_unit_call(&mut waiting, worker.addr, TOKEN, 1 << 20, 1024).await;
     let idle = raw_h2(worker.addr).await;
-    // A third is closed as it comes, before a byte is read.
-    let mut third = tokio::net::TcpStream::connect(worker.addr).await.unwrap();
-    let mut byte = [0u8; 1];
-    let read = tokio::time::timeout(Duration::from_secs(2), third.read(&mut byte))
+    // The listener is full and neither is in service: a third takes the
+    // place of the one longest without progress, the waiting call's.
+    let _third = raw_h2(worker.addr).await;
+    let ended = tokio::time::timeout(Duration::from_secs(2), response)
         .await
-        .expect("closed at once");
-    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-    // Past the idle bound the connection without a call is gone and the
-    // one with a call is still served.
+        .expect("the waiting call ended with its connection");
+    assert!(ended.is_err(), "{ended:?}");
+    assert!(idle.clone().ready().await.is_ok(), "the idle one is open");
+    // Past the idle bound the connection without a call is gone.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         idle.clone().ready().await.is_err(),
         "the idle connection was closed"
     );
-    assert!(busy.clone().ready().await.is_ok(), "the busy one is open");
-    drop(response);
     // Its place is free: an honest client is served.
     let mut client = shardfeed::pool::wire::pb::decode_pool_client::DecodePoolClient::connect(
         format!("http://{}", worker.addr),

@@ -2,30 +2,35 @@
 //! bounds each server sets: how many connections it holds at once, and how
 //! long one may stay open with no call on it.
 //!
-//! [`limit`] wraps a listener's accepted connections: past
-//! `max_connections` a new one is closed at once (counted, logged once a
-//! minute), so a client that opens thousands of sockets costs file
-//! descriptors for an instant, not the server's memory. Each admitted
-//! connection is a [`Tracked`], whose [`Activity`] counts its open calls
-//! (the [`CountCalls`] layer, via the request's connect info); one with no
-//! call for `idle` is closed, which frees its place for the next client.
-//! A trainer's connection always has its stream open, and a client's
-//! channel reconnects on its next call, so only abandoned or hostile
-//! connections meet the idle bound.
+//! [`limit`] wraps a listener's accepted connections: it holds at most
+//! `max_connections`, and when they are all held a newcomer takes the
+//! place of the one longest without progress that has no call in service
+//! ([`super::places`]); only when every one is in service is the newcomer
+//! closed at once (counted, logged once a minute), so a client that opens
+//! thousands of sockets costs file descriptors for an instant, not the
+//! server's memory, and one that holds places without using them holds
+//! them only until someone needs one. Each admitted connection is a
+//! [`Tracked`], whose [`Activity`] counts its open calls and those whose
+//! request arrived whole (the [`CountCalls`] layer, via the request's
+//! connect info); one with no call for `idle` is closed too. A trainer's
+//! connection always has its stream open, and a client's channel
+//! reconnects on its next call, so only abandoned or hostile connections
+//! give their places up.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt};
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
+use super::places::{Admitted, Place, Places};
 use super::refusals::Refusals;
 use crate::metrics::log_gate::LogGate;
 
@@ -53,23 +58,49 @@ impl ConnectionLimits {
     }
 }
 
-/// What one connection is doing: its open calls, and since when it has had
-/// none.
+/// What one connection is doing: its open calls, those in service (their
+/// request arrived whole), since when it has had none, and when it last
+/// made progress.
 #[derive(Debug)]
 pub struct Activity {
     open_calls: AtomicUsize,
+    in_service: AtomicUsize,
     /// Millis since `epoch` when the last call ended (or the connection
     /// opened).
     idle_since_ms: AtomicU64,
+    /// Millis since the process's first connection when the connection
+    /// opened, a request of it arrived whole or a call in service ended:
+    /// comparable across connections.
+    progress_ms: AtomicU64,
     epoch: Instant,
+    /// Told to close: its place went to a newcomer.
+    evicted: AtomicBool,
+    wake: AtomicWaker,
+}
+
+/// The clock connections' progress is compared on.
+fn progress_clock() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Activity {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             open_calls: AtomicUsize::new(0),
+            in_service: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
+            progress_ms: AtomicU64::new(progress_clock()),
             epoch: Instant::now(),
+            evicted: AtomicBool::new(false),
+            wake: AtomicWaker::new(),
         }
     }
 
@@ -77,10 +108,38 @@ impl Activity {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A call opened; it is open until the returned guard is dropped.
+    /// A call opened, its request still to arrive; it is open until the
+    /// returned guard and its clones are dropped.
     pub fn begin_call(self: &Arc<Self>) -> CallGuard {
         self.open_calls.fetch_add(1, Ordering::AcqRel);
-        CallGuard(self.clone())
+        CallGuard(Arc::new(Call {
+            activity: self.clone(),
+            arrived: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether a call of it is in service.
+    pub(super) fn in_service(&self) -> bool {
+        self.in_service.load(Ordering::Acquire) > 0
+    }
+
+    pub(super) fn progress_ms(&self) -> u64 {
+        self.progress_ms.load(Ordering::Acquire)
+    }
+
+    fn progressed(&self) {
+        self.progress_ms
+            .fetch_max(progress_clock(), Ordering::AcqRel);
+    }
+
+    /// Tells the connection to close: its place went to a newcomer.
+    pub(super) fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.wake.wake();
+    }
+
+    pub(super) fn evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
     }
 
     /// When the connection went idle, if it is.
@@ -93,17 +152,39 @@ impl Activity {
     }
 }
 
-/// An open call on a connection.
-#[derive(Debug)]
-pub struct CallGuard(Arc<Activity>);
+/// An open call on a connection (cloned where its request and its
+/// response are held apart).
+#[derive(Debug, Clone)]
+pub struct CallGuard(Arc<Call>);
 
-impl Drop for CallGuard {
+impl CallGuard {
+    /// The call's request arrived whole: it is in service.
+    pub fn arrived(&self) {
+        if !self.0.arrived.swap(true, Ordering::AcqRel) {
+            self.0.activity.in_service.fetch_add(1, Ordering::AcqRel);
+            self.0.activity.progressed();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Call {
+    activity: Arc<Activity>,
+    arrived: AtomicBool,
+}
+
+impl Drop for Call {
     fn drop(&mut self) {
+        let activity = &self.activity;
+        if self.arrived.load(Ordering::Acquire) {
+            activity.progressed();
+            activity.in_service.fetch_sub(1, Ordering::AcqRel);
+        }
         // The stamp first: a check between the two sees a call still open.
-        self.0
+        activity
             .idle_since_ms
-            .store(self.0.now_ms(), Ordering::Release);
-        self.0.open_calls.fetch_sub(1, Ordering::AcqRel);
+            .store(activity.now_ms(), Ordering::Release);
+        activity.open_calls.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -121,7 +202,7 @@ pub struct Tracked<IO> {
     activity: Arc<Activity>,
     idle: Duration,
     check: Pin<Box<Sleep>>,
-    _place: OwnedSemaphorePermit,
+    _place: Place,
 }
 
 impl<IO> Tracked<IO> {
@@ -131,10 +212,10 @@ impl<IO> Tracked<IO> {
         self.activity.clone()
     }
 
-    fn new(inner: IO, place: OwnedSemaphorePermit, idle: Duration) -> Self {
+    fn new(inner: IO, activity: Arc<Activity>, place: Place, idle: Duration) -> Self {
         Self {
             inner,
-            activity: Arc::new(Activity::new()),
+            activity,
             idle,
             check: Box::pin(tokio::time::sleep(idle)),
             _place: place,
@@ -164,6 +245,16 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Tracked<IO> {
         let this = self.get_mut();
         if let Poll::Ready(read) = Pin::new(&mut this.inner).poll_read(cx, buf) {
             return Poll::Ready(read);
+        }
+        // Registered before the check: an eviction after it wakes this read.
+        this.activity.wake.register(cx.waker());
+        if this.activity.evicted() {
+            metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "evicted")
+                .increment(1);
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the listener was full and this connection had gone longest without use",
+            )));
         }
         ready!(this.poll_idle(cx));
         metrics::counter!(crate::metrics::CONNECTIONS_CLOSED, "reason" => "idle").increment(1);
@@ -235,21 +326,39 @@ pub fn limit<IO, S>(
 where
     S: Stream<Item = io::Result<IO>>,
 {
-    let places = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let places = Places::new(limits.max_connections);
     let refusals = Arc::new(Refusals::new("limit"));
+    let evictions = Arc::new(crate::metrics::log_gate::LogGate::new(Duration::from_secs(
+        60,
+    )));
     pause_on_accept_errors(incoming, listener).filter_map(move |connection| {
-        let place = places.clone().try_acquire_owned();
-        let refusals = refusals.clone();
+        let activity = Arc::new(Activity::new());
+        let place = places.take(&activity);
+        let (refusals, evictions) = (refusals.clone(), evictions.clone());
         async move {
             match place {
-                Ok(place) => Some(Ok(Tracked::new(connection, place, limits.idle))),
-                Err(_) => {
+                Some((place, admitted)) => {
+                    if admitted == Admitted::Evicted {
+                        if let Some(left_out) = evictions.open() {
+                            tracing::warn!(
+                                listener,
+                                limit = limits.max_connections,
+                                left_out,
+                                "the listener is full: the connection longest without use \
+                                 gave its place to a new one"
+                            );
+                        }
+                    }
+                    Some(Ok(Tracked::new(connection, activity, place, limits.idle)))
+                }
+                None => {
                     refusals.close(connection, |_, left_out| {
                         tracing::warn!(
                             listener,
                             limit = limits.max_connections,
                             left_out,
-                            "closed a new connection: the listener holds its limit"
+                            "closed a new connection: every connection the listener holds \
+                             is in use"
                         );
                     });
                     None
@@ -304,6 +413,20 @@ where
                     .map(|tls| tls.get_ref())
             })
             .map(|info| info.activity.begin_call());
+        // The call is in service once its request arrived whole: until
+        // then its connection may give its place up (see `places`).
+        let request = match &guard {
+            Some(call) => {
+                let call = call.clone();
+                request.map(|body| {
+                    tonic::body::Body::new(ArrivingBody {
+                        body,
+                        call: Some(call),
+                    })
+                })
+            }
+            None => request,
+        };
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -317,6 +440,44 @@ where
                 None => response,
             })
         })
+    }
+}
+
+/// A request body that marks its call in service at its end.
+struct ArrivingBody {
+    body: tonic::body::Body,
+    call: Option<CallGuard>,
+}
+
+impl http_body::Body for ArrivingBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        let ended = match &frame {
+            None => true,
+            Some(Ok(_)) => this.body.is_end_stream(),
+            Some(Err(_)) => false,
+        };
+        if ended {
+            if let Some(call) = this.call.take() {
+                call.arrived();
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -353,10 +514,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_without_calls_closes_after_the_idle_bound_and_one_with_a_call_does_not() {
-        let places = Arc::new(Semaphore::new(1));
+        let places = Places::new(1);
         let (server, mut client) = tokio::io::duplex(64);
         let idle = Duration::from_secs(60);
-        let mut tracked = Tracked::new(server, places.clone().try_acquire_owned().unwrap(), idle);
+        let activity = Arc::new(Activity::new());
+        let (place, _) = places.take(&activity).unwrap();
+        let mut tracked = Tracked::new(server, activity, place, idle);
         let activity = tracked.activity.clone();
         let call = activity.begin_call();
         let mut buf = [0u8; 8];
@@ -370,9 +533,9 @@ mod tests {
         let error = tracked.read(&mut buf).await.unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::TimedOut);
         assert!(started.elapsed() >= idle, "{:?}", started.elapsed());
-        assert_eq!(places.available_permits(), 0);
+        assert_eq!(places.held(), 1);
         drop(tracked);
-        assert_eq!(places.available_permits(), 1, "its place is free again");
+        assert_eq!(places.held(), 0, "its place is free again");
     }
 
     #[tokio::test(start_paused = true)]
@@ -391,30 +554,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn connections_past_the_limit_are_closed_as_they_come() {
+    async fn past_the_limit_a_newcomer_takes_an_unused_place_or_is_closed() {
         let (sender, receiver) = futures::channel::mpsc::unbounded::<io::Result<_>>();
         let limits = ConnectionLimits {
             max_connections: 2,
             idle: Duration::from_secs(60),
         };
         let mut admitted = Box::pin(limit(receiver, limits, "test"));
-        let mut clients = Vec::new();
-        for _ in 0..3 {
+        let connect = || {
             let (server, client) = tokio::io::duplex(64);
             sender.unbounded_send(Ok(server)).unwrap();
-            clients.push(client);
-        }
-        let first = admitted.next().await.unwrap().unwrap();
-        let _second = admitted.next().await.unwrap().unwrap();
-        // The third was closed: its client reads the end.
+            client
+        };
+        let _clients = [connect(), connect()];
+        let mut first = admitted.next().await.unwrap().unwrap();
+        let second = admitted.next().await.unwrap().unwrap();
+        // Full, neither in service: the newcomer takes the first's place,
+        // and the first closes on its next read.
+        let _third_client = connect();
+        let third = admitted.next().await.unwrap().unwrap();
         let mut byte = [0u8; 1];
-        let third = tokio::time::timeout(Duration::from_secs(1), admitted.next()).await;
-        assert!(third.is_err(), "not handed to the server");
-        assert_eq!(clients[2].read(&mut byte).await.unwrap(), 0);
-        // A place freed is taken by the next.
+        let error = first.read(&mut byte).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
         drop(first);
-        let (server, _client) = tokio::io::duplex(64);
-        sender.unbounded_send(Ok(server)).unwrap();
+        // Both held in service: the next newcomer is closed at once.
+        let calls = [
+            second.activity().begin_call(),
+            third.activity().begin_call(),
+        ];
+        calls.iter().for_each(CallGuard::arrived);
+        let mut fourth = connect();
+        let refused = tokio::time::timeout(Duration::from_secs(1), admitted.next()).await;
+        assert!(refused.is_err(), "not handed to the server");
+        assert_eq!(fourth.read(&mut byte).await.unwrap(), 0);
+        // A place freed is taken by the next.
+        drop(second);
+        let _fifth = connect();
         assert!(admitted.next().await.unwrap().is_ok());
     }
 }

@@ -106,8 +106,12 @@ pub fn serve(
                 let service = hyper::service::service_fn(move |request| {
                     // Counted while it is answered: a connection between
                     // scrapes meets the idle bound, one mid-scrape does not.
-                    let _call = activity.begin_call();
+                    // hyper calls this once the request head arrived whole:
+                    // the call is in service at once.
+                    let call = activity.begin_call();
+                    call.arrived();
                     let response = answer(&request, &handle);
+                    drop(call);
                     async move { Ok::<_, Infallible>(response) }
                 });
                 let served = hyper::server::conn::http1::Builder::new()

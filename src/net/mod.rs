@@ -11,6 +11,7 @@ pub mod connections;
 pub mod handshake;
 pub mod metrics_listener;
 pub mod peers;
+pub mod places;
 pub(crate) mod refusals;
 pub mod requests;
 pub mod tls;

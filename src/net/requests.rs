@@ -12,7 +12,11 @@
 //! request bytes a listener buffers are bounded by the budget whatever the
 //! number of connections and streams. A call past any bound ends with a
 //! status saying which (`DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`), and
-//! its place and bytes are free again.
+//! its place and bytes are free again. A message whose gRPC length prefix
+//! declares more than the bound is refused on its prefix (`OUT_OF_RANGE`,
+//! counted like any cut), before tonic reads the claim: the server's
+//! decode cap is [`RequestBounds::max_message_bytes`], so the size a
+//! listener publishes is the size it takes, and every refusal is counted.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,6 +39,18 @@ pub struct RequestBounds {
     pub max_body_bytes: usize,
     /// The most all the listener's unfinished requests hold together.
     pub in_flight_bytes: usize,
+}
+
+/// gRPC's length prefix: a compression flag and the message's length.
+const PREFIX_BYTES: usize = 5;
+
+impl RequestBounds {
+    /// The largest message a request may carry: the body bound less gRPC's
+    /// prefix. A server's decode cap (tonic's `max_decoding_message_size`)
+    /// is this figure, so the bound published is the bound enforced.
+    pub const fn max_message_bytes(&self) -> usize {
+        self.max_body_bytes.saturating_sub(PREFIX_BYTES)
+    }
 }
 
 /// The shared state of one listener's bounds: its byte budget.
@@ -94,6 +110,8 @@ where
                 held: None,
                 deadline: Box::pin(tokio::time::sleep(layer.bounds.deadline)),
                 whole: false,
+                prefix: [0; PREFIX_BYTES],
+                prefix_seen: 0,
                 layer,
             })
         }))
@@ -110,9 +128,40 @@ struct BoundedBody {
     held: Option<OwnedSemaphorePermit>,
     deadline: Pin<Box<Sleep>>,
     whole: bool,
+    /// The first message's length prefix, as far as it has arrived.
+    prefix: [u8; PREFIX_BYTES],
+    prefix_seen: usize,
 }
 
 impl BoundedBody {
+    /// Reads the first message's prefix from `data` and refuses a declared
+    /// length past the bound the moment it is known.
+    fn check_prefix(&mut self, data: &[u8]) -> Result<(), tonic::Status> {
+        if self.prefix_seen == PREFIX_BYTES {
+            return Ok(());
+        }
+        let take = (PREFIX_BYTES - self.prefix_seen).min(data.len());
+        self.prefix[self.prefix_seen..self.prefix_seen + take].copy_from_slice(&data[..take]);
+        self.prefix_seen += take;
+        if self.prefix_seen < PREFIX_BYTES {
+            return Ok(());
+        }
+        let declared = u32::from_be_bytes([
+            self.prefix[1],
+            self.prefix[2],
+            self.prefix[3],
+            self.prefix[4],
+        ]);
+        let most = self.layer.bounds.max_message_bytes();
+        if usize::try_from(declared).map_or(true, |declared| declared > most) {
+            metrics::counter!(crate::metrics::REQUESTS_CUT, "reason" => "size").increment(1);
+            return Err(tonic::Status::out_of_range(format!(
+                "the request declares a {declared}-byte message; this listener takes at most {most}"
+            )));
+        }
+        Ok(())
+    }
+
     fn count(&mut self, bytes: usize) -> Result<(), tonic::Status> {
         let bounds = &self.layer.bounds;
         self.received = self.received.saturating_add(bytes);
@@ -156,7 +205,10 @@ impl Body for BoundedBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    if let Err(status) = this.count(data.len()) {
+                    let checked = this
+                        .check_prefix(data)
+                        .and_then(|()| this.count(data.len()));
+                    if let Err(status) = checked {
                         return Poll::Ready(Some(Err(status)));
                     }
                 }
@@ -318,6 +370,35 @@ mod tests {
             assert_eq!(whole(&layer, 90).await, Ok(90));
         }
         assert_eq!(layer.budget.available_permits(), 150);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_declared_past_the_bound_is_refused_on_its_prefix() {
+        let layer = BoundRequestsLayer::new(bounds());
+        let most = bounds().max_message_bytes() as u32;
+        for (declared, answer) in [
+            (most, Err(tonic::Code::DeadlineExceeded)),
+            (most + 1, Err(tonic::Code::OutOfRange)),
+            (u32::MAX, Err(tonic::Code::OutOfRange)),
+        ] {
+            // The prefix in two frames, the message never sent: only the
+            // claim can refuse it before the deadline.
+            let (sender, body) = open_body();
+            let prefix = [&[0u8][..], &declared.to_be_bytes()].concat();
+            sender
+                .unbounded_send(Bytes::copy_from_slice(&prefix[..2]))
+                .unwrap();
+            sender
+                .unbounded_send(Bytes::copy_from_slice(&prefix[2..]))
+                .unwrap();
+            let read = layer
+                .clone()
+                .layer(ReadsBody { hold: false })
+                .oneshot(request(body));
+            let read = tokio::time::timeout(Duration::from_secs(15), read).await;
+            let got = read.map_or(Err(tonic::Code::DeadlineExceeded), Result::unwrap);
+            assert_eq!(got, answer, "declared {declared}");
+        }
     }
 
     #[tokio::test]

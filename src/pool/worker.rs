@@ -541,7 +541,7 @@ impl BoundWorker {
             .add_service(health_service)
             .add_service(InterceptedService::new(
                 pb::decode_pool_server::DecodePoolServer::new(service)
-                    .max_decoding_message_size(config.max_unit_bytes)
+                    .max_decoding_message_size(config.request_bounds().max_message_bytes())
                     .max_encoding_message_size(config.max_unit_output_bytes + (1 << 20)),
                 gate,
             ))

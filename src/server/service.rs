@@ -155,12 +155,11 @@ impl ShardfeedService {
     pub fn into_server(self) -> ShardfeedServer<Self> {
         ShardfeedServer::new(self)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
-            // Above the listener's body bound (`REQUESTS.max_body_bytes`,
-            // published as `shardfeed_listener_bound{bound="request_bytes"}`),
-            // which cuts a larger request first, RESOURCE_EXHAUSTED and
-            // counted; at that bound tonic would refuse it OUT_OF_RANGE on
-            // its length prefix, uncounted.
-            .max_decoding_message_size(4 << 20)
+            // The listener's bound (published as
+            // `shardfeed_listener_bound{bound="request_bytes"}`), less the
+            // prefix: the listener refuses a larger claim on the prefix,
+            // counted, before tonic reads it.
+            .max_decoding_message_size(super::limits::REQUESTS.max_message_bytes())
     }
 
     /// Whether `--allow` admits `dataset`; a local folder comes back held

@@ -76,7 +76,8 @@ def published(metrics_url: str) -> dict[tuple[str, str], float]:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PoolWorker, str]]:
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PoolWorker, str, str]]:
+    """The worker, its metrics URL and its health listener's address."""
     # The pool's certificates are issued by the benchmarks package's
     # helper, which the lowest-versions venv does not install.
     pytest.importorskip("shardfeed_benchmarks")
@@ -93,12 +94,12 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PoolWorke
         *("--max-units", str(WORKER_FLAGS["max_units"])),
         *("--max-unit-bytes", str(WORKER_FLAGS["max_unit_bytes"])),
     )
-    yield started, started.metrics
+    yield started, started.metrics, f"127.0.0.1:{health}"
     stop(started.process)
 
 
 def test_every_listener_publishes_the_bounds_the_docs_state(
-    s3: S3, unix_server: Server, server: Server, worker: tuple[PoolWorker, str]
+    s3: S3, unix_server: Server, server: Server, worker: tuple[PoolWorker, str, str]
 ) -> None:
     del s3
     processes = {
@@ -129,3 +130,65 @@ def test_every_listener_publishes_the_bounds_the_docs_state(
     assert checked == len(cells) * len(processes) >= 90
     # The metrics listener of every process publishes alike.
     assert published(worker[1])[("metrics", "connections")] == 32
+
+
+REQUEST_BYTES = "request_bytes"
+CUT_FOR_SIZE = 'shardfeed_requests_cut_total{reason="size"}'
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _message_of(length: int) -> bytes:
+    """A message of exactly ``length`` bytes that every request type
+    decodes: one unknown length-delimited field (15), which protobuf skips."""
+    for payload in range(length, -1, -1):
+        field = b"\x7a" + _varint(payload) + bytes(payload)
+        if len(field) == length:
+            return field
+    raise AssertionError(length)
+
+
+def test_the_request_size_a_listener_publishes_is_the_size_it_takes(
+    s3: S3, unix_server: Server, server: Server, worker: tuple[PoolWorker, str, str]
+) -> None:
+    """A body of exactly the published ``request_bytes`` (gRPC's 5-byte
+    prefix and the message) is taken; one byte more is refused on its
+    prefix, ``OUT_OF_RANGE``, and counted: the caps the process enforces
+    (the listener's and tonic's decode cap) are the figure it publishes."""
+    import grpc
+
+    del s3
+    cases = [
+        ("unix", unix_server.target, unix_server.metrics_url, "/shardfeed.v1.Shardfeed/Describe"),
+        ("tcp", server.target, server.metrics_url, "/shardfeed.v1.Shardfeed/Describe"),
+        ("pool-worker-health", worker[2], worker[1], "/grpc.health.v1.Health/Check"),
+    ]
+    for listener, target, metrics_url, path in cases:
+        bound = int(published(metrics_url)[(listener, REQUEST_BYTES)])
+        options: list[tuple[str, object]] = [("grpc.use_local_subchannel_pool", 1)]
+        if target.startswith("unix:"):
+            options.append(("grpc.default_authority", "localhost"))
+            address = "unix://" + target.removeprefix("unix:")
+        else:
+            address = target
+        with grpc.insecure_channel(address, options=options) as channel:
+            call = channel.unary_unary(path)
+            before = scrape(metrics_url).get(CUT_FOR_SIZE, 0.0)
+            try:
+                call(_message_of(bound - 5), timeout=10)
+            except grpc.RpcError as error:
+                # Describe without a dataset: refused for what it says.
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (listener, error)
+            assert scrape(metrics_url).get(CUT_FOR_SIZE, 0.0) == before, listener
+            with pytest.raises(grpc.RpcError) as refused:
+                call(_message_of(bound - 4), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.OUT_OF_RANGE, (listener, refused.value)
+            assert f"at most {bound - 5}" in str(refused.value.details()), refused.value
+            assert scrape(metrics_url).get(CUT_FOR_SIZE, 0.0) == before + 1, listener

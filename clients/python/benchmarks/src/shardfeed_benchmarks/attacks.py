@@ -91,10 +91,18 @@ class Outcome:
     honest_after: bool
     seconds: float
     alive: bool
+    # The share of honest probes the attack must leave served while it runs
+    # (0: not asked of it; the place-holding attacks ask 95%).
+    during_floor: float = 0.0
 
     @property
     def held(self) -> bool:
-        return self.alive and self.honest_after and self.peak_rss_mib <= self.bound_mib
+        return (
+            self.alive
+            and self.honest_after
+            and self.peak_rss_mib <= self.bound_mib
+            and self.honest_during >= self.during_floor
+        )
 
 
 def _drain_log(process: Process) -> None:
@@ -246,6 +254,7 @@ def _outcome(
     probes: Probes,
     started: float,
     after: Callable[[], bool] | None = None,
+    during_floor: float = 0.0,
 ) -> Outcome:
     """The attack's row; ``after`` probes the honest client (default: a
     health check over a fresh connection) until it is served, 10 s at most."""
@@ -267,7 +276,72 @@ def _outcome(
         served_after,
         round(seconds, 2),
         process.alive(),
+        during_floor,
     )
+
+
+# The place-holding attacks run this long, refilling every connection the
+# server closes, with the honest client probing throughout.
+HOLD_SECONDS = 45.0
+# The share of those probes that must be served.
+SERVED_WHILE_HELD = 0.95
+
+
+class Refilled:
+    """Connections that ``open_one(index)`` opens and that are opened again
+    at once whenever the server closes one, for as long as the block runs:
+    what an attacker who wants to keep a listener's places does."""
+
+    def __init__(self, count: int, open_one: Callable[[int], socket.socket]) -> None:
+        self.open_one = open_one
+        self.count = count
+        self.socks: dict[int, socket.socket] = {}
+        self.failed_opens = 0
+        self.refills = 0
+        for index in range(count):
+            self._open(index)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self, index: int) -> None:
+        try:
+            self.socks[index] = self.open_one(index)
+        except OSError:
+            self.failed_opens += 1
+
+    def _run(self) -> None:
+        import selectors
+
+        while not self.stop.is_set():
+            with selectors.DefaultSelector() as selector:
+                for index, sock in self.socks.items():
+                    sock.setblocking(False)
+                    selector.register(sock, selectors.EVENT_READ, index)
+                closed = []
+                for key, _ in selector.select(timeout=0.05):
+                    try:
+                        if not key.fileobj.recv(1 << 16):  # type: ignore[union-attr]
+                            closed.append(key.data)
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        closed.append(key.data)
+            for index in closed:
+                self.socks.pop(index).close()
+            for index in range(self.count):
+                if index not in self.socks and not self.stop.is_set():
+                    self.refills += 1
+                    self._open(index)
+
+    def __enter__(self) -> Refilled:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        for sock in self.socks.values():
+            sock.close()
 
 
 # ---- the sidecar -----------------------------------------------------------
@@ -343,25 +417,76 @@ def unfinished_bodies(setup: Setup) -> Outcome:
         return _outcome("unfinished request bodies (D5)", "tcp", process, answer, probes, started)
 
 
+def _held_call(target: str, path: str, source: str | None = None) -> socket.socket:
+    """A connection holding one call whose request never comes."""
+    sock = _h2.connect(target, source=source)
+    sock.sendall(_h2.open_call(1, path))
+    return sock
+
+
 def held_calls(setup: Setup) -> Outcome:
-    """D7: 256 connections on the Unix socket, each holding one call whose
-    body never comes."""
+    """D7: 1,024 connections on the Unix socket (the listener's every
+    place), each holding one call whose body never comes, each reopened at
+    once when the server closes it, for 45 s."""
     with sidecar(setup.binary, setup.endpoint) as process:
         with Probes(lambda: _healthy(process)) as probes:
             started = time.monotonic()
-            socks = []
-            for _ in range(256):
-                sock = _h2.connect(process.target)
-                sock.sendall(_h2.open_call(1, STREAM_BATCHES))
-                socks.append(sock)
-            time.sleep(12)  # past the 10 s request deadline
-            answered = 0
-            for sock in socks:
-                read, closed = _h2.drain(sock, 0.05)
-                answered += read > 0 or closed
-                sock.close()
-        answer = f"{answered} of 256 held calls answered within 12 s"
-        return _outcome("calls held open (D7)", "unix", process, answer, probes, started)
+            attack = Refilled(1_024, lambda _: _held_call(process.target, STREAM_BATCHES))
+            with attack:
+                time.sleep(HOLD_SECONDS)
+        answer = (
+            f"1,024 held calls, {attack.refills} reopened after the server closed them "
+            f"({attack.failed_opens} opens failed) over {HOLD_SECONDS:.0f} s"
+        )
+        return _outcome(
+            "calls held open (D7)",
+            "unix",
+            process,
+            answer,
+            probes,
+            started,
+            during_floor=SERVED_WHILE_HELD,
+        )
+
+
+def _attacker(index: int) -> str:
+    """One of 8 loopback addresses, 8 connections each."""
+    return f"127.0.0.{2 + index % 8}"
+
+
+def metrics_refill(setup: Setup) -> Outcome:
+    """L1: 8 addresses x 8 connections on /metrics, each sending an
+    unfinished request head, reopened at once when closed, for 45 s."""
+    with sidecar(setup.binary, setup.endpoint) as process:
+        address = process.metrics.removeprefix("http://").split("/")[0]
+        host, port = address.split(":")
+
+        def slow_head(index: int) -> socket.socket:
+            sock = socket.create_connection(
+                (host, int(port)), timeout=2, source_address=(_attacker(index), 0)
+            )
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100)
+            return sock
+
+        with Probes(lambda: _scraped(process)) as probes:
+            started = time.monotonic()
+            attack = Refilled(64, slow_head)
+            with attack:
+                time.sleep(HOLD_SECONDS)
+        answer = (
+            f"64 unfinished heads from 8 addresses, {attack.refills} reopened "
+            f"({attack.failed_opens} opens refused) over {HOLD_SECONDS:.0f} s"
+        )
+        return _outcome(
+            "refilled slow /metrics heads (L1)",
+            "metrics",
+            process,
+            answer,
+            probes,
+            started,
+            lambda: _scraped(process),
+            during_floor=SERVED_WHILE_HELD,
+        )
 
 
 def metrics_hold(setup: Setup) -> Outcome:
@@ -622,6 +747,35 @@ def health_hold(setup: Setup) -> Outcome:
         )
 
 
+def health_refill(setup: Setup) -> Outcome:
+    """D3a: on the worker's health listener, 8 addresses x 8 connections
+    (its every place) each holding a header-only Check, reopened at once
+    when closed, for 45 s: the kubelet's probes must still be answered."""
+    with worker(setup.binary, setup.tls) as process:
+        probe = Process(process.popen, process.health, process.metrics, process.bound_bytes)
+        with Probes(lambda: _healthy(probe)) as probes:
+            started = time.monotonic()
+            attack = Refilled(
+                64, lambda index: _held_call(process.health, HEALTH_CHECK, _attacker(index))
+            )
+            with attack:
+                time.sleep(HOLD_SECONDS)
+        answer = (
+            f"64 held checks from 8 addresses, {attack.refills} reopened "
+            f"({attack.failed_opens} opens refused) over {HOLD_SECONDS:.0f} s"
+        )
+        return _outcome(
+            "refilled health checks (D3a)",
+            "pool-worker-health",
+            process,
+            answer,
+            probes,
+            started,
+            lambda: _healthy(probe),
+            during_floor=SERVED_WHILE_HELD,
+        )
+
+
 ATTACKS: dict[str, Callable[[Setup], Outcome]] = {
     "hpack": hpack_bomb,
     "streams": stream_flood,
@@ -635,6 +789,8 @@ ATTACKS: dict[str, Callable[[Setup], Outcome]] = {
     "frame": huge_headers_frame,
     "handshakes": stalled_handshakes,
     "health": health_hold,
+    "health-refill": health_refill,
+    "metrics-refill": metrics_refill,
 }
 
 
