@@ -635,3 +635,86 @@ async fn a_page_that_expands_past_its_claim_is_refused_before_the_crate_reads_it
     }
     harness.shutdown().await;
 }
+
+/// `file` with its footer written again, the leaf `leaf`'s chunk in row
+/// group 0 saying it decompresses to `uncompressed` bytes (pages as
+/// written).
+fn with_a_chunk_claiming(file: &[u8], leaf: &str, uncompressed: i64) -> Vec<u8> {
+    use parquet::file::metadata::ParquetMetaDataWriter;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(bytes::Bytes::copy_from_slice(file)).unwrap();
+    let metadata = reader.metadata().clone();
+    let mut groups: Vec<_> = metadata.row_groups().to_vec();
+    let columns = groups[0]
+        .columns()
+        .iter()
+        .map(|column| match column.column_path().string() == leaf {
+            true => column
+                .clone()
+                .into_builder()
+                .set_total_uncompressed_size(uncompressed)
+                .build()
+                .unwrap(),
+            false => column.clone(),
+        })
+        .collect();
+    groups[0] = groups[0]
+        .clone()
+        .into_builder()
+        .set_column_metadata(columns)
+        .build()
+        .unwrap();
+    let metadata = metadata.into_builder().set_row_groups(groups).build();
+    let footer_length =
+        u32::from_le_bytes(file[file.len() - 8..file.len() - 4].try_into().unwrap());
+    let mut out = file[..file.len() - 8 - footer_length as usize].to_vec();
+    ParquetMetaDataWriter::new(&mut out, &metadata)
+        .finish()
+        .unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_label_chunk_past_plannings_bound_is_refused_before_it_is_read() {
+    // The red team's P6 with a footer that says what its pages hold: 1.2 GB
+    // of label pages planning would have decompressed before any budget.
+    let harness = Harness::start(Options::default()).await;
+    let shards = simple_dataset(1, 6);
+    let mut rows = rows_of(&shards[0]);
+    for (i, row) in rows.iter_mut().enumerate() {
+        row.label = Some(i as i64 % 2);
+    }
+    let layout = Layout {
+        classes: vec!["ant".into(), "bee".into()],
+        text_labels: true,
+        class_metadata: false,
+        ..groups_of(6)
+    };
+    let honest = parquet_files::write(&rows, &layout).unwrap();
+    let file = with_a_chunk_claiming(&honest, "label", 1_200 << 20);
+    let uri = upload_files(&harness, "labelclaim", vec![file]).await;
+    let mut client = harness.client().await;
+    let status = client
+        .describe(pb::DescribeRequest {
+            dataset: uri.clone(),
+            world_size: 1,
+            batch_size: Some(6),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        tonic::Code::FailedPrecondition,
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("row group 0")
+            && status.message().contains("string label column")
+            && status.message().contains(&(256u64 << 20).to_string()),
+        "{}",
+        status.message()
+    );
+    harness.shutdown().await;
+}

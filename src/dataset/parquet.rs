@@ -53,6 +53,11 @@ pub struct ScannedFile {
 /// Distinct string labels a dataset may have: past this, its label column
 /// is not a class name (a caption, a file name) and indexing says so.
 pub const MAX_LABEL_NAMES: usize = 1 << 20;
+/// The most memory planning reads one row group's string label chunk with
+/// (its bytes fetched, decompressed, and the names copied out): a million
+/// 32-byte names is ~100 MB by that count. Planning runs before any
+/// stream's budget, so a label chunk is held to this before it is fetched.
+pub const MAX_LABEL_CHUNK_BYTES: u64 = 256 << 20;
 
 /// Indexes one Parquet file from its footer; string labels without class
 /// names in the metadata cost one small GET per row group (its label
@@ -121,6 +126,24 @@ async fn string_labels(
     let mut names = BTreeSet::new();
     for group in 0..footer.row_groups() {
         let range = footer.chunk_range(group, column).map_err(damaged)?;
+        // The footer's figures, which the page walk holds the pages to.
+        let uncompressed = footer
+            .metadata
+            .row_group(group)
+            .column(column)
+            .uncompressed_size();
+        let need = (range.end - range.start).saturating_add(
+            u64::try_from(uncompressed)
+                .unwrap_or(u64::MAX)
+                .saturating_mul(2),
+        );
+        if need > MAX_LABEL_CHUNK_BYTES {
+            return Err(damaged(ParquetError::LabelChunkTooLarge {
+                group,
+                bytes: need,
+                limit: MAX_LABEL_CHUNK_BYTES,
+            }));
+        }
         let data = read_range(store, &object.key, range.clone(), object.etag.as_deref()).await?;
         let input = RowGroupInput {
             footer,

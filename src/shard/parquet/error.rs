@@ -56,6 +56,17 @@ pub enum ParquetError {
         bytes: u64,
         limit: u64,
     },
+    #[error(
+        "row group {group}: its string label column needs {bytes} bytes to read (compressed + \
+         2 x uncompressed), over the {limit} the dataset's planning reads a label chunk with; \
+         write smaller row groups, or integer labels with the class names in the file's \
+         metadata (datasets' ClassLabel)"
+    )]
+    LabelChunkTooLarge {
+        group: usize,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("Parquet reader: {0}")]
     Internal(String),
 }
@@ -71,6 +82,7 @@ impl ParquetError {
                 | Self::ImageNotEmbedded { .. }
                 | Self::FieldTooLarge { .. }
                 | Self::RowGroupTooLarge { .. }
+                | Self::LabelChunkTooLarge { .. }
                 | Self::Unsupported { .. }
         )
     }
