@@ -290,3 +290,66 @@ def test_a_resume_at_another_world_size_inside_row_groups_loses_and_repeats_noth
     rest = [label for _, labels in single for label in labels.tolist()]
     assert len(done) == 16 and len(rest) == 24
     assert sorted(done + rest) == list(range(rows))
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    import os
+    from pathlib import Path
+
+    # Fields after the command name: utime and stime are the 12th and 13th.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_million_string_labels_stream_and_the_work_stops_when_the_client_leaves(
+    server: Server, s3: S3
+) -> None:
+    """The red team's P13: 10^6 distinct string labels (one name to index
+    map per dataset, O(1) a row) give a first batch at once, and the
+    server's CPU is back to idle within a second of the client leaving."""
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 1_000_000
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    # The first batches' rows hold an image; the rest are null (substituted,
+    # counted): the work measured is the rows' and their labels'.
+    image = noise_jpeg(0, 8, 8)
+    images = [image] * 1_024 + [None] * (rows - 1_024)
+    images_column = pa.StructArray.from_arrays(
+        [pa.array(images, pa.binary()), pa.nulls(rows, pa.string())], fields=list(image_type)
+    )
+    labels = pa.array([f"name-{i:07d}" for i in range(rows)], pa.string())
+    table = pa.Table.from_arrays([images_column, labels], names=["image", "label"])
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=100_000, compression="snappy")
+    uri = _publish(s3, "million-labels", [out.getvalue()])
+
+    pid = server.process.pid
+    cpu_at_start = _cpu_seconds(pid)
+    started = time.monotonic()
+    with Client(server.target) as client:
+        stream = client.batches(
+            uri, batch_size=128, image_size=16, rank=0, world_size=1, shuffle=False
+        )
+        first = next(iter(stream))
+        first_batch_s = time.monotonic() - started
+        assert len(first.labels) == 128
+        # The measure reads the server's work (planning 10^6 names is some).
+        assert _cpu_seconds(pid) - cpu_at_start > 0.05
+        # The names sort as their row numbers: row i is class i.
+        assert first.labels.tolist() == list(range(128))
+        # The stream is left with its readers and decoders busy ahead.
+        del stream
+    left = time.monotonic()
+    time.sleep(1.0)
+    before = _cpu_seconds(pid)
+    time.sleep(2.0)
+    busy = _cpu_seconds(pid) - before
+    print(f"first batch {first_batch_s:.1f} s; CPU 1-3 s after the client left: {busy:.2f} s")
+    assert first_batch_s < 60, first_batch_s
+    # Idle: metrics upkeep and timers, not a reader or a decoder.
+    assert busy < 0.1, f"{busy:.2f} s of CPU over 2 s, from {time.monotonic() - left - 2:.1f} s"
