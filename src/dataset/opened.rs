@@ -157,6 +157,7 @@ impl Dataset {
                 Some(crate::shard::parquet::row_group_cost(
                     entry.size,
                     group.uncompressed,
+                    entry.samples,
                 ))
             })
             .max()

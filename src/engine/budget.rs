@@ -257,9 +257,10 @@ pub enum BudgetError {
     },
     #[error(
         "the dataset's largest Parquet row group needs {bytes} bytes in memory to read \
-         (compressed + 2 x uncompressed of its columns), more than the {budget} all streams \
-         may use (--memory-limit); write smaller row groups (pyarrow: row_group_size) or \
-         raise --memory-limit"
+         (compressed + 2 x uncompressed of its columns, + {per_row} a row), more than the \
+         {budget} all streams may use (--memory-limit); write smaller row groups (pyarrow: \
+         row_group_size) or raise --memory-limit",
+        per_row = crate::shard::parquet::BYTES_PER_ROW
     )]
     RowGroupNeverFits { bytes: u64, budget: String },
     #[error(

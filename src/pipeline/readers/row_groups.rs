@@ -49,7 +49,7 @@ impl ReadJob {
             uncompressed += u64::try_from(meta.uncompressed_size()).unwrap_or(u64::MAX);
             chunks.push((column, range));
         }
-        let cost = row_group_cost(compressed, uncompressed);
+        let cost = row_group_cost(compressed, uncompressed, entry.samples);
         let limit = row_group_limit(self.max_member);
         if cost > limit {
             return Err(shard_error(ParquetError::RowGroupTooLarge {

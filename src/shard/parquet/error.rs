@@ -8,6 +8,12 @@ pub enum ParquetError {
     Footer { why: String },
     #[error("Parquet footer is {bytes} bytes, over the limit of {max}")]
     FooterTooLarge { bytes: u64, max: u64 },
+    #[error(
+        "Parquet footer lists {chunks} column chunks (row groups x columns), over the {max} a \
+         footer may: it is parsed whole into memory; write fewer, larger row groups \
+         (pyarrow: row_group_size)"
+    )]
+    FooterTooManyChunks { chunks: u64, max: u64 },
     #[error("Parquet file uses {what}, which shardfeed does not read")]
     Unsupported { what: String },
     #[error("Parquet row group {group}, column {column}: {why}")]
@@ -48,8 +54,10 @@ pub enum ParquetError {
     },
     #[error(
         "row group {group} needs {bytes} bytes in memory to read (compressed + 2 x \
-         uncompressed of its columns), over the limit of {limit} a reader may hold \
-         (--max-member-bytes x 8); write smaller row groups (pyarrow: row_group_size)"
+         uncompressed of its columns, + {per_row} a row), over the limit of {limit} a reader \
+         may hold (--max-member-bytes x 8); write smaller row groups (pyarrow: \
+         row_group_size)",
+        per_row = super::BYTES_PER_ROW
     )]
     RowGroupTooLarge {
         group: usize,
@@ -83,6 +91,7 @@ impl ParquetError {
                 | Self::FieldTooLarge { .. }
                 | Self::RowGroupTooLarge { .. }
                 | Self::LabelChunkTooLarge { .. }
+                | Self::FooterTooManyChunks { .. }
                 | Self::Unsupported { .. }
         )
     }

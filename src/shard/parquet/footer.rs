@@ -24,6 +24,12 @@ pub const MAX_FOOTER_BYTES: u64 = 16 << 20;
 /// a footer claiming more than this is refused before its index (a key
 /// per row) is made.
 pub const MAX_ROW_GROUP_ROWS: u64 = 1 << 22;
+/// The most column chunks (row groups x columns) a footer may list: it is
+/// parsed whole, each chunk's metadata a few hundred bytes in memory, so
+/// 2^17 is tens of MB. The review's 16 MiB footers listed 705,000 each
+/// (3.76 M row groups in 16 files) and held 2 GB; the Hub's image files
+/// list a few hundred.
+pub const MAX_FOOTER_COLUMN_CHUNKS: u64 = 1 << 17;
 /// `metadata length: u32 LE | "PAR1"`.
 const TRAILER_BYTES: u64 = 8;
 const MAGIC: &[u8; 4] = b"PAR1";
@@ -98,8 +104,16 @@ impl Footer {
     /// Parses `metadata` (the bytes [`metadata_range`] named) and checks
     /// it against the file's size.
     pub fn parse(metadata: &[u8], file_size: u64) -> Result<Self, ParquetError> {
-        // Bytes that would keep the crate's decoder looping are refused first.
-        super::thrift_guard::check_footer(metadata).map_err(|why| ParquetError::Footer { why })?;
+        // Bytes that would keep the crate's decoder looping are refused
+        // first, and so is more metadata than a footer may hold parsed.
+        let chunks = super::thrift_guard::check_footer(metadata)
+            .map_err(|why| ParquetError::Footer { why })?;
+        if chunks > MAX_FOOTER_COLUMN_CHUNKS {
+            return Err(ParquetError::FooterTooManyChunks {
+                chunks,
+                max: MAX_FOOTER_COLUMN_CHUNKS,
+            });
+        }
         // The crate's decoder is third-party code over untrusted bytes: a
         // panic in it is a damaged footer, not a dead reader.
         let decoded = std::panic::catch_unwind(|| ParquetMetaDataReader::decode_metadata(metadata))

@@ -270,6 +270,16 @@ struct Walk<'s, S> {
     levels: i64,
     /// A v2 data page's `is_compressed` (field 7; absent means true).
     values_compressed: bool,
+    /// Column chunks the footer's row groups list, counted from their
+    /// lists' headers.
+    column_chunks: u64,
+    /// The next list header read is a row group's column chunks.
+    counting_chunks: bool,
+    /// The id of the field being read: a structure's parent, for those it
+    /// holds. (The field tables are consts, whose addresses are not
+    /// theirs alone: a structure is known by where it sits, not by
+    /// pointer.)
+    field_id: i64,
 }
 
 impl<'s, S> Walk<'s, S> {
@@ -280,6 +290,9 @@ impl<'s, S> Walk<'s, S> {
             uncompressed_size: None,
             levels: 0,
             values_compressed: true,
+            column_chunks: 0,
+            counting_chunks: false,
+            field_id: 0,
         }
     }
 }
@@ -326,6 +339,11 @@ impl<S: Source> Walk<'_, S> {
         if depth > MAX_DEPTH {
             return Err("structures nest deeper than 64".into());
         }
+        let parent = self.field_id;
+        // A page header's DataPageHeaderV2 (its field 8), and a footer's
+        // RowGroup (an element of its field 4).
+        let v2_page = depth == 1 && parent == 8;
+        let row_group = depth == 2 && parent == 4;
         let mut last_id = 0i64;
         loop {
             let header = self.source.byte()?;
@@ -342,9 +360,10 @@ impl<S: Source> Walk<'_, S> {
             last_id = id;
             match fields.iter().find(|field| i64::from(field.0) == id) {
                 Some(&Field(_, kind)) => {
+                    self.counting_chunks = row_group && id == 1;
+                    self.field_id = id;
                     let value = self.field(kind, code, depth)?;
-                    let v2 = std::ptr::eq(fields, DATA_PAGE_V2);
-                    match (top, v2, id) {
+                    match (top, v2_page, id) {
                         (true, _, 2) => self.uncompressed_size = value,
                         (true, _, 3) => self.compressed_size = value,
                         (false, true, 5 | 6) => {
@@ -392,10 +411,16 @@ impl<S: Source> Walk<'_, S> {
             Kind::Struct(fields) => self.structure(fields, depth + 1, false)?,
             Kind::List(element) => {
                 let (code, count) = self.list_header()?;
+                if std::mem::take(&mut self.counting_chunks) {
+                    self.column_chunks = self.column_chunks.saturating_add(count);
+                }
                 if count > 0 && code != element.element_code() {
                     return Err(format!("a known list holds type {code}"));
                 }
+                // Each element is held by the list's field.
+                let list_field = self.field_id;
                 for _ in 0..count {
+                    self.field_id = list_field;
                     self.value(*element, depth + 1)?;
                 }
             }
@@ -454,15 +479,18 @@ impl<S: Source> Walk<'_, S> {
     }
 }
 
-/// Checks a footer's metadata (the Thrift `FileMetaData`).
-pub fn check_footer(metadata: &[u8]) -> Result<(), String> {
+/// Checks a footer's metadata (the Thrift `FileMetaData`) and returns the
+/// column chunks its row groups list: what parsing it will hold in
+/// memory, known before it is parsed.
+pub fn check_footer(metadata: &[u8]) -> Result<u64, String> {
     let mut source = Slice {
         bytes: metadata,
         at: 0,
     };
     let mut walk = Walk::new(&mut source);
     walk.structure(FILE_META_DATA, 0, false)
-        .map_err(|why| format!("the footer's metadata is malformed: {why}"))
+        .map_err(|why| format!("the footer's metadata is malformed: {why}"))?;
+    Ok(walk.column_chunks)
 }
 
 /// Reads a column chunk front to back as the page reader will.
@@ -666,6 +694,59 @@ mod tests {
         ]);
         let why = check_page_headers(&short, |_| Ok(())).unwrap_err();
         assert!(why.contains("list of 2 booleans"), "{why}");
+    }
+
+    #[test]
+    fn a_v2_pages_level_bytes_and_compression_flag_are_read_from_its_header() {
+        let body = b"lvlsdfvalues";
+        let size = (body.len() as u8) << 1;
+        // DATA_PAGE_V2 (3), sizes, then field 8: num_values 1, nulls 0,
+        // rows 1, encoding 0, definition levels 4 bytes, repetition 2,
+        // is_compressed false.
+        let mut v2 = vec![0x15, 0x06, 0x15, size, 0x15, size, 0x5C];
+        v2.extend([0x15, 0x02, 0x15, 0x00, 0x15, 0x02, 0x15, 0x00]);
+        v2.extend([0x15, 0x08, 0x15, 0x04, 0x12, 0x00, 0x00]);
+        v2.extend(body);
+        let mut claims = Vec::new();
+        check_page_headers(&chunk(&[v2]), |claim| {
+            claims.push(*claim);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(claims.len(), 1);
+        assert_eq!((claims[0].levels, claims[0].compressed), (6, false));
+        assert_eq!(claims[0].decompressed, body.len() as u64);
+        // A v1 page's own fields 5 and 6 are not levels.
+        let mut claims = Vec::new();
+        check_page_headers(&chunk(&[page(b"abcd", &[])]), |claim| {
+            claims.push(*claim);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((claims[0].levels, claims[0].compressed), (0, true));
+    }
+
+    #[test]
+    fn a_footers_column_chunks_are_counted_before_it_is_parsed() {
+        use crate::dev::parquet_files::{self, Layout, Row};
+        let rows: Vec<Row> = (0..7)
+            .map(|i| Row {
+                image: Some(vec![i; 10]),
+                path: Some(format!("{i}.jpg")),
+                label: Some(i64::from(i)),
+            })
+            .collect();
+        // 3 row groups (3, 3, 1 rows) of 3 columns: image.bytes,
+        // image.path, label.
+        let layout = Layout {
+            rows_per_group: 3,
+            ..Layout::default()
+        };
+        let file = parquet_files::write(&rows, &layout).unwrap();
+        let size = file.len() as u64;
+        let range = crate::shard::parquet::footer::metadata_range(&file, size).unwrap();
+        let metadata = &file[range.start as usize..range.end as usize];
+        assert_eq!(check_footer(metadata), Ok(9));
     }
 
     #[test]

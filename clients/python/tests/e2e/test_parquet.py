@@ -353,3 +353,75 @@ def test_a_million_string_labels_stream_and_the_work_stops_when_the_client_leave
     assert first_batch_s < 60, first_batch_s
     # Idle: metrics upkeep and timers, not a reader or a decoder.
     assert busy < 0.1, f"{busy:.2f} s of CPU over 2 s, from {time.monotonic() - left - 2:.1f} s"
+
+
+def test_millions_of_empty_rows_are_charged_and_refused_within_the_limit(s3: S3) -> None:
+    """The red team's P8: 2^22 empty images in one row group (a file of
+    tens of KB) held 1,424 MiB under a 1 GiB limit; each row is now
+    charged, and the group is refused naming it, the process within its
+    limit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..conftest import free_port, start_server, stop
+
+    rows = 1 << 22
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    empty = pa.array([b""], pa.binary())
+    images_column = pa.StructArray.from_arrays(
+        [pa.repeat(empty[0], rows), pa.nulls(rows, pa.string())], fields=list(image_type)
+    )
+    table = pa.Table.from_arrays([images_column], names=["image"])
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=rows, compression="zstd")
+    assert len(out.getvalue()) < 1 << 20
+    uri = _publish(s3, "empty-rows", [out.getvalue()])
+    server = start_server(s3, f"127.0.0.1:{free_port()}", "--memory-limit", "1Gi")
+    try:
+        with Client(server.target) as client:
+            with pytest.raises(ShardfeedError) as refused:
+                for _ in client.batches(uri, batch_size=128, image_size=16, rank=0, world_size=1):
+                    pass
+        message = str(refused.value)
+        # At admission: the group can never fit the streams' budget.
+        assert "FAILED_PRECONDITION" in message and "largest Parquet row group" in message
+        assert "+ 384 a row" in message, message
+        peak = _status_kib(server.process.pid, "VmHWM")
+        assert peak < 1 << 20, f"peak RSS {peak} KiB under a 1 GiB limit"
+    finally:
+        stop(server.process)
+
+
+def _status_kib(pid: int, field: str) -> int:
+    from pathlib import Path
+
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def test_a_footer_listing_more_column_chunks_than_a_footer_may_is_refused_unparsed(
+    server: Server, s3: S3
+) -> None:
+    """The red team's P10 in one file: a footer of 2^17 + 3 column chunks
+    (one-row groups; 16 such footers held 2 GB) is refused naming the
+    count before it is parsed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    groups = (1 << 17) // 2 + 2
+    table = pa.table(
+        {
+            "image": pa.array([b"x"] * groups, pa.binary()),
+            "label": pa.array(range(groups), pa.int64()),
+        }
+    )
+    out = io.BytesIO()
+    pq.write_table(table, out, row_group_size=1, compression="none", write_statistics=False)
+    uri = _publish(s3, "many-chunks", [out.getvalue()])
+    with pytest.raises(ShardfeedError) as refused:
+        Client(server.target).describe(uri, world_size=1, batch_size=8)
+    message = str(refused.value)
+    assert "FAILED_PRECONDITION" in message, message
+    assert f"lists {2 * groups} column chunks" in message and "131072" in message, message
