@@ -8,6 +8,8 @@ mod common;
 use common::*;
 use shardfeed::dev::parquet_files::{self, Layout, Row};
 use shardfeed::server::pb;
+use shardfeed::server::pb::shardfeed_client::ShardfeedClient;
+use tonic::transport::Channel;
 
 /// The rows of `shards`' samples, in order (label = the `.cls` text).
 fn rows_of(samples: &[Sample]) -> Vec<Row> {
@@ -33,6 +35,24 @@ async fn upload_files(harness: &Harness, bucket: &str, files: Vec<Vec<u8>>) -> S
         .map(|(i, file)| (format!("data/train-{i:05}-of-00042.parquet"), file));
     put_objects(&harness.s3, bucket, objects).await;
     format!("s3://{bucket}/data/")
+}
+
+/// The status a Describe of `uri` (one rank, batches of `batch`) is
+/// refused with.
+async fn describe_refused(
+    client: &mut ShardfeedClient<Channel>,
+    uri: &str,
+    batch: u32,
+) -> tonic::Status {
+    client
+        .describe(pb::DescribeRequest {
+            dataset: uri.to_string(),
+            world_size: 1,
+            batch_size: Some(batch),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err()
 }
 
 fn groups_of(rows: usize) -> Layout {
@@ -283,15 +303,7 @@ async fn a_file_that_is_not_parquet_or_is_cut_short_is_named() {
         ("looping", with_boolean_lists_in_its_footer(&whole, 1_000)),
     ] {
         let uri = upload_files(&harness, bucket, vec![file]).await;
-        let status = client
-            .describe(pb::DescribeRequest {
-                dataset: uri.clone(),
-                world_size: 1,
-                batch_size: Some(4),
-                ..Default::default()
-            })
-            .await
-            .unwrap_err();
+        let status = describe_refused(&mut client, &uri, 4).await;
         assert_eq!(status.code(), tonic::Code::DataLoss, "{bucket}");
         assert!(
             status.message().contains("train-00000-of-00042.parquet")
@@ -694,15 +706,7 @@ async fn a_string_label_chunk_past_plannings_bound_is_refused_before_it_is_read(
     let file = with_a_chunk_claiming(&honest, "label", 1_200 << 20);
     let uri = upload_files(&harness, "labelclaim", vec![file]).await;
     let mut client = harness.client().await;
-    let status = client
-        .describe(pb::DescribeRequest {
-            dataset: uri.clone(),
-            world_size: 1,
-            batch_size: Some(6),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let status = describe_refused(&mut client, &uri, 6).await;
     assert_eq!(
         status.code(),
         tonic::Code::FailedPrecondition,

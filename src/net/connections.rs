@@ -419,9 +419,10 @@ where
             Some(call) => {
                 let call = call.clone();
                 request.map(|body| {
-                    tonic::body::Body::new(ArrivingBody {
+                    tonic::body::Body::new(CallBody {
                         body,
                         call: Some(call),
+                        request: true,
                     })
                 })
             }
@@ -432,9 +433,10 @@ where
             let response = response.await?;
             Ok(match guard {
                 Some(guard) => response.map(|body| {
-                    tonic::body::Body::new(GuardedBody {
+                    tonic::body::Body::new(CallBody {
                         body,
-                        _guard: guard,
+                        call: Some(guard),
+                        request: false,
                     })
                 }),
                 None => response,
@@ -443,13 +445,16 @@ where
     }
 }
 
-/// A request body that marks its call in service at its end.
-struct ArrivingBody {
+/// A call's request or its response body, holding the call open: the
+/// request's marks the call in service at its end (and lets go of it),
+/// the response's keeps it counted until it is dropped.
+struct CallBody {
     body: tonic::body::Body,
     call: Option<CallGuard>,
+    request: bool,
 }
 
-impl http_body::Body for ArrivingBody {
+impl http_body::Body for CallBody {
     type Data = bytes::Bytes;
     type Error = tonic::Status;
 
@@ -459,43 +464,17 @@ impl http_body::Body for ArrivingBody {
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
         let this = self.get_mut();
         let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        let ended = match &frame {
-            None => true,
-            Some(Ok(_)) => this.body.is_end_stream(),
-            Some(Err(_)) => false,
-        };
-        if ended {
-            if let Some(call) = this.call.take() {
+        if this.request {
+            let ended = match &frame {
+                None => true,
+                Some(Ok(_)) => this.body.is_end_stream(),
+                Some(Err(_)) => false,
+            };
+            if let Some(call) = this.call.take_if(|_| ended) {
                 call.arrived();
             }
         }
         Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// A response body that keeps its call counted until it is dropped.
-struct GuardedBody {
-    body: tonic::body::Body,
-    _guard: CallGuard,
-}
-
-impl http_body::Body for GuardedBody {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

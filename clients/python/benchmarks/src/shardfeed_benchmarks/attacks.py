@@ -219,27 +219,42 @@ def _scraped(process: Process, timeout: float = 2.0) -> bool:
         return False
 
 
-class Probes:
-    """Honest requests every half second while an attack runs."""
+class _Background:
+    """Work a thread does, in ``_run`` until ``stop`` is set, for as long as
+    the ``with`` block runs."""
 
-    def __init__(self, probe: Callable[[], bool]) -> None:
-        self.probe = probe
-        self.results: list[bool] = []
+    def __init__(self) -> None:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self.stop.is_set():
-            self.results.append(self.probe())
-            self.stop.wait(0.5)
+        raise NotImplementedError
 
-    def __enter__(self) -> Probes:
+    def _closed(self) -> None:
+        """What is left to let go of once the thread has stopped."""
+
+    def __enter__(self) -> Any:
         self.thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop.set()
         self.thread.join()
+        self._closed()
+
+
+class Probes(_Background):
+    """Honest requests every half second while an attack runs."""
+
+    def __init__(self, probe: Callable[[], bool]) -> None:
+        super().__init__()
+        self.probe = probe
+        self.results: list[bool] = []
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.results.append(self.probe())
+            self.stop.wait(0.5)
 
     @property
     def share(self) -> float:
@@ -287,7 +302,7 @@ HOLD_SECONDS = 45.0
 SERVED_WHILE_HELD = 0.95
 
 
-class Refilled:
+class Refilled(_Background):
     """Connections that ``open_one(index)`` opens and that are opened again
     at once whenever the server closes one, for as long as the block runs:
     what an attacker who wants to keep a listener's places does."""
@@ -300,8 +315,7 @@ class Refilled:
         self.refills = 0
         for index in range(count):
             self._open(index)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _open(self, index: int) -> None:
         try:
@@ -333,13 +347,7 @@ class Refilled:
                     self.refills += 1
                     self._open(index)
 
-    def __enter__(self) -> Refilled:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self.thread.join()
+    def _closed(self) -> None:
         for sock in self.socks.values():
             sock.close()
 
