@@ -414,7 +414,7 @@ fn read_field(
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "dev"))] // files written by the dev writer
 mod tests {
     use super::super::{footer, ChunkBytes, ColumnNames, Footer, Projection};
     use super::*;

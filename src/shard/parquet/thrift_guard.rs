@@ -727,6 +727,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "dev")] // files written by the dev writer
     fn a_footers_column_chunks_are_counted_before_it_is_parsed() {
         use crate::dev::parquet_files::{self, Layout, Row};
         let rows: Vec<Row> = (0..7)
