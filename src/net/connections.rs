@@ -30,7 +30,7 @@ use futures::{Stream, StreamExt};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use super::places::{Admitted, Place, Places};
+use super::places::{Admitted, Occupant, Place, Places};
 use super::refusals::Refusals;
 use crate::metrics::log_gate::LogGate;
 
@@ -118,24 +118,9 @@ impl Activity {
         }))
     }
 
-    /// Whether a call of it is in service.
-    pub(super) fn in_service(&self) -> bool {
-        self.in_service.load(Ordering::Acquire) > 0
-    }
-
-    pub(super) fn progress_ms(&self) -> u64 {
-        self.progress_ms.load(Ordering::Acquire)
-    }
-
     fn progressed(&self) {
         self.progress_ms
             .fetch_max(progress_clock(), Ordering::AcqRel);
-    }
-
-    /// Tells the connection to close: its place went to a newcomer.
-    pub(super) fn evict(&self) {
-        self.evicted.store(true, Ordering::Release);
-        self.wake.wake();
     }
 
     pub(super) fn evicted(&self) -> bool {
@@ -149,6 +134,21 @@ impl Activity {
         }
         let ms = self.idle_since_ms.load(Ordering::Acquire);
         Some(self.epoch + Duration::from_millis(ms))
+    }
+}
+
+impl Occupant for Activity {
+    fn in_service(&self) -> bool {
+        self.in_service.load(Ordering::Acquire) > 0
+    }
+
+    fn progress_ms(&self) -> u64 {
+        self.progress_ms.load(Ordering::Acquire)
+    }
+
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.wake.wake();
     }
 }
 
@@ -202,7 +202,7 @@ pub struct Tracked<IO> {
     activity: Arc<Activity>,
     idle: Duration,
     check: Pin<Box<Sleep>>,
-    _place: Place,
+    _place: Place<Activity>,
 }
 
 impl<IO> Tracked<IO> {
@@ -212,7 +212,7 @@ impl<IO> Tracked<IO> {
         self.activity.clone()
     }
 
-    fn new(inner: IO, activity: Arc<Activity>, place: Place, idle: Duration) -> Self {
+    fn new(inner: IO, activity: Arc<Activity>, place: Place<Activity>, idle: Duration) -> Self {
         Self {
             inner,
             activity,

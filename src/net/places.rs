@@ -18,19 +18,27 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::connections::Activity;
+/// What a place needs to know of the connection holding it.
+pub trait Occupant {
+    /// Whether a call of it is in service (its request arrived whole).
+    fn in_service(&self) -> bool;
+    /// When it last made progress, on a clock shared by all connections.
+    fn progress_ms(&self) -> u64;
+    /// Tells it to close: its place went to a newcomer.
+    fn evict(&self);
+}
 
 /// The listener's held connections.
 #[derive(Debug)]
-pub struct Places {
+pub struct Places<O> {
     max: usize,
-    held: Mutex<Held>,
+    held: Mutex<Held<O>>,
 }
 
-#[derive(Debug, Default)]
-struct Held {
+#[derive(Debug)]
+struct Held<O> {
     next_id: u64,
-    connections: HashMap<u64, Arc<Activity>>,
+    connections: HashMap<u64, Arc<O>>,
 }
 
 /// How a newcomer was admitted.
@@ -42,11 +50,14 @@ pub enum Admitted {
     Evicted,
 }
 
-impl Places {
+impl<O: Occupant> Places<O> {
     pub fn new(max: usize) -> Arc<Self> {
         Arc::new(Self {
             max: max.max(1),
-            held: Mutex::new(Held::default()),
+            held: Mutex::new(Held {
+                next_id: 0,
+                connections: HashMap::new(),
+            }),
         })
     }
 
@@ -54,7 +65,7 @@ impl Places {
     /// of the held connection longest without progress and with no call
     /// in service, which is told to close; `None` when every held
     /// connection is in service.
-    pub fn take(self: &Arc<Self>, activity: &Arc<Activity>) -> Option<(Place, Admitted)> {
+    pub fn take(self: &Arc<Self>, activity: &Arc<O>) -> Option<(Place<O>, Admitted)> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let admitted = if held.connections.len() < self.max {
             Admitted::Free
@@ -96,12 +107,12 @@ impl Places {
 /// One connection's place, given back when it is dropped (unless it was
 /// given to a newcomer already).
 #[derive(Debug)]
-pub struct Place {
-    places: Arc<Places>,
+pub struct Place<O> {
+    places: Arc<Places<O>>,
     id: u64,
 }
 
-impl Drop for Place {
+impl<O> Drop for Place<O> {
     fn drop(&mut self) {
         let mut held = self.places.held.lock().unwrap_or_else(|e| e.into_inner());
         held.connections.remove(&self.id);
@@ -111,7 +122,7 @@ impl Drop for Place {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::connections::CallGuard;
+    use crate::net::connections::{Activity, CallGuard};
 
     #[tokio::test(start_paused = true)]
     async fn the_connection_longest_without_progress_and_not_in_service_gives_its_place_up() {

@@ -12,7 +12,7 @@ use super::{ReadJob, SampleResult};
 use crate::pipeline::error::PipelineError;
 use crate::shard::parquet::{
     fetch_ranges, read_rows, row_group_cost, row_group_limit, ChunkBytes, ParquetError, Projection,
-    RowGroupInput,
+    RowGroupInput, BYTES_PER_ROW,
 };
 use crate::shard::ShardError;
 use crate::store::read::read_parts;
@@ -56,6 +56,7 @@ impl ReadJob {
                 group,
                 bytes: cost,
                 limit,
+                per_row: BYTES_PER_ROW,
             }));
         }
         let ranges = fetch_ranges(chunks.iter().map(|(_, r)| r.clone()).collect());

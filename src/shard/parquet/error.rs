@@ -56,13 +56,14 @@ pub enum ParquetError {
         "row group {group} needs {bytes} bytes in memory to read (compressed + 2 x \
          uncompressed of its columns, + {per_row} a row), over the limit of {limit} a reader \
          may hold (--max-member-bytes x 8); write smaller row groups (pyarrow: \
-         row_group_size)",
-        per_row = super::BYTES_PER_ROW
+         row_group_size)"
     )]
     RowGroupTooLarge {
         group: usize,
         bytes: u64,
         limit: u64,
+        /// The cost charged a row (`BYTES_PER_ROW`).
+        per_row: u64,
     },
     #[error(
         "row group {group}: its string label column needs {bytes} bytes to read (compressed + \

@@ -414,80 +414,85 @@ fn read_field(
     })
 }
 
-#[cfg(all(test, feature = "dev"))] // files written by the dev writer
+#[cfg(test)]
 mod tests {
-    use super::super::{footer, ChunkBytes, ColumnNames, Footer, Projection};
-    use super::*;
-    use crate::dev::parquet_files::{self, Layout, Row as FileRow};
+    /// Files written by the dev writer, which the image's build leaves out.
+    #[cfg(feature = "dev")]
+    mod written {
+        use super::super::super::{footer, ChunkBytes, ColumnNames, Footer, Projection};
+        use super::super::*;
+        use crate::dev::parquet_files::{self, Layout, Row as FileRow};
 
-    /// The image column's bytes of every row of a file's first row group.
-    fn images(rows: &[FileRow], layout: &Layout) -> Vec<Bytes> {
-        let data = parquet_files::write(rows, layout).unwrap();
-        let size = data.len() as u64;
-        let range = footer::metadata_range(&data, size).unwrap();
-        let footer = Footer::parse(&data[range.start as usize..range.end as usize], size).unwrap();
-        let schema = footer.metadata.file_metadata().schema_descr();
-        let projection = Projection::resolve(schema, &ColumnNames::default(), &[]).unwrap();
-        let chunks = projection
-            .leaves()
-            .into_iter()
-            .map(|column| {
-                let r = footer.chunk_range(0, column).unwrap();
-                let bytes = Bytes::copy_from_slice(&data[r.start as usize..r.end as usize]);
-                (column, ChunkBytes::whole(r.start, bytes))
-            })
-            .collect();
-        let input = RowGroupInput {
-            footer: &footer,
-            group: 0,
-            first_row: 0,
-            projection: &projection,
-            chunks,
-            classes: &ClassNames::default(),
-            max_field_bytes: 1 << 20,
-        };
-        read_rows(&input, 0, rows.len() as u64)
-            .unwrap()
-            .into_iter()
-            .map(|row| row.image.unwrap())
-            .collect()
-    }
+        /// The image column's bytes of every row of a file's first row group.
+        fn images(rows: &[FileRow], layout: &Layout) -> Vec<Bytes> {
+            let data = parquet_files::write(rows, layout).unwrap();
+            let size = data.len() as u64;
+            let range = footer::metadata_range(&data, size).unwrap();
+            let footer =
+                Footer::parse(&data[range.start as usize..range.end as usize], size).unwrap();
+            let schema = footer.metadata.file_metadata().schema_descr();
+            let projection = Projection::resolve(schema, &ColumnNames::default(), &[]).unwrap();
+            let chunks = projection
+                .leaves()
+                .into_iter()
+                .map(|column| {
+                    let r = footer.chunk_range(0, column).unwrap();
+                    let bytes = Bytes::copy_from_slice(&data[r.start as usize..r.end as usize]);
+                    (column, ChunkBytes::whole(r.start, bytes))
+                })
+                .collect();
+            let input = RowGroupInput {
+                footer: &footer,
+                group: 0,
+                first_row: 0,
+                projection: &projection,
+                chunks,
+                classes: &ClassNames::default(),
+                max_field_bytes: 1 << 20,
+            };
+            read_rows(&input, 0, rows.len() as u64)
+                .unwrap()
+                .into_iter()
+                .map(|row| row.image.unwrap())
+                .collect()
+        }
 
-    #[test]
-    fn a_dictionary_value_is_copied_once_however_many_rows_name_it() {
-        let (a, b) = (vec![1u8; 64 << 10], vec![2u8; 64 << 10]);
-        let rows: Vec<FileRow> = (0..6)
-            .map(|i| FileRow {
-                image: Some(if i % 2 == 0 { a.clone() } else { b.clone() }),
-                path: None,
-                label: Some(0),
-            })
-            .collect();
-        let layout = Layout {
-            dictionary: true,
-            ..Layout::default()
-        };
-        let read = images(&rows, &layout);
-        assert!(read.iter().step_by(2).all(|image| image[..] == a[..]));
-        assert!(read
-            .iter()
-            .skip(1)
-            .step_by(2)
-            .all(|image| image[..] == b[..]));
-        // Rows naming one value share one copy of it.
-        let at = |i: usize| read[i].as_ptr();
-        assert_eq!((at(0), at(0)), (at(2), at(4)));
-        assert_eq!((at(1), at(1)), (at(3), at(5)));
-        assert_ne!(at(0), at(1));
-        // Plain pages: a copy each, as before.
-        let plain = images(
-            &rows,
-            &Layout {
-                dictionary: false,
+        #[test]
+        fn a_dictionary_value_is_copied_once_however_many_rows_name_it() {
+            let (a, b) = (vec![1u8; 64 << 10], vec![2u8; 64 << 10]);
+            let rows: Vec<FileRow> = (0..6)
+                .map(|i| FileRow {
+                    image: Some(if i % 2 == 0 { a.clone() } else { b.clone() }),
+                    path: None,
+                    label: Some(0),
+                })
+                .collect();
+            let layout = Layout {
+                dictionary: true,
                 ..Layout::default()
-            },
-        );
-        assert_ne!(plain[0].as_ptr(), plain[2].as_ptr());
-        assert_eq!(plain[0], read[0]);
+            };
+            let read = images(&rows, &layout);
+            assert!(read.iter().step_by(2).all(|image| image[..] == a[..]));
+            assert!(read
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .all(|image| image[..] == b[..]));
+            // Rows naming one value share one copy of it.
+            let at = |i: usize| read[i].as_ptr();
+            assert_eq!((at(0), at(0)), (at(2), at(4)));
+            assert_eq!((at(1), at(1)), (at(3), at(5)));
+            assert_ne!(at(0), at(1));
+            // Plain pages: a copy each, as before.
+            let plain = images(
+                &rows,
+                &Layout {
+                    dictionary: false,
+                    ..Layout::default()
+                },
+            );
+            assert_ne!(plain[0].as_ptr(), plain[2].as_ptr());
+            assert_eq!(plain[0], read[0]);
+        }
     }
 }
