@@ -320,6 +320,9 @@ async fn index(args: IndexArgs) -> Result<(), CliError> {
         &location,
         registry.read_config(),
         args.read.on_bad_shard.into(),
+        // The tool has the machine to itself; a server opening the index it
+        // writes holds the summary to its own share of its memory limit.
+        u64::MAX,
         &|p| {
             progress::set_total(&bar, p.bytes_done, p.bytes);
             bar.set_message(format!("{}/{} shards", p.shards_done, p.shards));

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
+use super::charge::{entry_bytes, shard_index_bytes, FooterBytes, IndexCharge};
 use super::index::{
     shard_index_key, summary_key, to_json, DatasetError, DatasetIndex, DatasetLayout,
     DatasetLocation, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
@@ -45,7 +46,8 @@ fn index_scan_window(read: &ReadConfig) -> (usize, ReadConfig) {
     (scans, scan)
 }
 /// Parquet footers read at once when indexing a dataset of Parquet files:
-/// each scan holds a 256 KiB tail and one parsed footer.
+/// each scan holds a 256 KiB tail and one parsed footer, all of them
+/// together held to [`super::charge::FOOTER_SCAN_BYTES`].
 const FOOTER_SCANS: usize = 64;
 /// HEADs in flight for a listing without ETags (small requests: latency-bound).
 const HEAD_CONCURRENCY: usize = 32;
@@ -59,7 +61,7 @@ pub async fn build_index(
     read: &ReadConfig,
     on_bad_shard: BadShardPolicy,
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
-    build_index_reporting(store, location, read, on_bad_shard, &|_| {}).await
+    build_index_reporting(store, location, read, on_bad_shard, u64::MAX, &|_| {}).await
 }
 
 /// Progress of an index build: shards scanned of all, and their bytes.
@@ -72,12 +74,14 @@ pub struct IndexProgress {
 }
 
 /// [`build_index`], calling `progress` as each shard's scan ends (the
-/// listing of loose objects, read in one go, reports nothing).
+/// listing of loose objects, read in one go, reports nothing), and refusing
+/// an index that would hold more than `max_index_bytes` ([`IndexCharge`]).
 pub async fn build_index_reporting(
     store: Arc<dyn ObjectStore>,
     location: &DatasetLocation,
     read: &ReadConfig,
     on_bad_shard: BadShardPolicy,
+    max_index_bytes: u64,
     progress: &(dyn Fn(IndexProgress) + Send + Sync),
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
     let prefix = location.prefix.as_str();
@@ -142,14 +146,19 @@ pub async fn build_index_reporting(
     } else {
         concurrent_scans
     };
+    let charge = IndexCharge::new(store.location(prefix), max_index_bytes);
+    let footers = FooterBytes::default();
     let scans = futures::stream::iter(shards.into_iter().map(|object| {
         let store = store.clone();
         let read = scan_read.clone();
         let name = object.key[prefix.len()..].to_string();
+        let (charge, footers) = (charge.clone(), footers.clone());
         async move {
             let scanned = if ShardFormat::from_name(&object.key) == Some(ShardFormat::Parquet) {
                 // Planned from the footer: no byte of row data is read.
-                let file = super::parquet::scan_file(store.as_ref(), &object, name).await?;
+                let file =
+                    super::parquet::scan_file(store.as_ref(), &object, name, (&footers, &charge))
+                        .await?;
                 Scanned {
                     indexes: vec![ShardIndex::default(); file.entries.len()],
                     entries: file.entries,
@@ -166,6 +175,10 @@ pub async fn build_index_reporting(
                     on_bad_shard,
                 )
                 .await?;
+                charge.charge(
+                    1,
+                    entry_bytes(&name, object.etag.as_deref()) + shard_index_bytes(&index),
+                )?;
                 let entry = ShardEntry {
                     name,
                     size: object.size,

@@ -53,6 +53,19 @@ pub enum DatasetError {
         #[source]
         source: ShardError,
     },
+    #[error(
+        "{location}: its index would hold {bytes} bytes of memory for {entries} shards or row \
+         groups, past the {limit} bytes this server keeps for indexes (1/8 of --memory-limit). \
+         Write fewer, larger row groups or shards (pyarrow's row_group_size: the Hub's files \
+         hold ~100 MB row groups), split the files across datasets read as a mix, or raise \
+         --memory-limit"
+    )]
+    IndexTooLarge {
+        location: String,
+        entries: u64,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("opening the dataset failed inside the server: {0}")]
     Internal(String),
 }

@@ -10,6 +10,7 @@
 //! ([`loose`]): its listing, grouped into virtual shards, is the index.
 
 mod build;
+mod charge;
 mod index;
 pub mod loose;
 pub mod manifest;

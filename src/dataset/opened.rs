@@ -5,7 +5,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::build::build_index;
+use super::build::build_index_reporting;
+use super::charge::{check, shard_index_bytes, summary_bytes};
 use super::index::{
     parse_shard_index, parse_summary, shard_index_key, summary_key, DatasetError, DatasetIndex,
     DatasetLayout, DatasetLocation, ShardIndex, MAX_SHARD_INDEX_BYTES, MAX_SUMMARY_BYTES,
@@ -44,13 +45,15 @@ struct ShardIndexCache {
 }
 
 impl Dataset {
-    /// Opens the dataset, building the index by a scan when none is stored.
+    /// Opens the dataset, building the index by a scan when none is stored;
+    /// an index that would hold more than `max_index_bytes` is refused
+    /// (see [`super::charge`]).
     pub async fn open(
         uri: &str,
         store: Arc<dyn ObjectStore>,
         location: DatasetLocation,
         read: &ReadConfig,
-        on_bad_shard: BadShardPolicy,
+        (on_bad_shard, max_index_bytes): (BadShardPolicy, u64),
     ) -> Result<Self, DatasetError> {
         let index_root = location.index_root();
         let summary_key = summary_key(&index_root);
@@ -60,12 +63,21 @@ impl Dataset {
                 Ok(bytes) => {
                     let summary = store.location(&summary_key);
                     let index = parse_summary(&bytes, &summary)?;
+                    let held = summary_bytes(&index);
+                    check(&summary, index.shards.len() as u64, held, max_index_bytes)?;
                     (index, ShardIndexCache::default(), false)
                 }
                 Err(StoreError::NotFound { .. }) => {
                     let started = Instant::now();
-                    let (index, shard_indexes) =
-                        build_index(store.clone(), &location, read, on_bad_shard).await?;
+                    let (index, shard_indexes) = build_index_reporting(
+                        store.clone(),
+                        &location,
+                        read,
+                        on_bad_shard,
+                        max_index_bytes,
+                        &|_| {},
+                    )
+                    .await?;
                     crate::metrics::index_built();
                     tracing::warn!(
                         dataset = uri,
@@ -103,28 +115,13 @@ impl Dataset {
     /// Memory this dataset's index holds, roughly: the summary and the
     /// per-shard indexes in memory (keys, ranges, labels, ETags).
     pub fn index_bytes(&self) -> u64 {
-        let summary: u64 = self
-            .index
-            .shards
-            .iter()
-            .map(|s| 64 + s.name.len() as u64 + s.etag.as_ref().map_or(0, |e| e.len() as u64))
-            .sum();
         let shards: u64 = self
             .lock_cache()
             .map
             .values()
-            .map(|index| {
-                let keys: u64 = index.keys.iter().map(|k| 24 + k.len() as u64).sum();
-                let etags: u64 = index
-                    .etags
-                    .iter()
-                    .map(|e| 24 + e.as_ref().map_or(0, |e| e.len() as u64))
-                    .sum();
-                keys + etags
-                    + 8 * (index.starts.len() + index.ends.len() + index.labels.len()) as u64
-            })
+            .map(|index| shard_index_bytes(index))
             .sum();
-        summary + shards
+        summary_bytes(&self.index) + shards
     }
 
     pub fn shard_samples(&self) -> Vec<u64> {

@@ -5,8 +5,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, OwnedSemaphorePermit};
 
+use super::charge::{entry_bytes, FooterBytes, IndexCharge};
 use super::index::{DatasetError, RowGroupRef, ShardEntry, ShardIndex, INDEX_VERSION};
 use crate::shard::parquet::columns::LabelColumn;
 use crate::shard::parquet::{
@@ -17,26 +18,39 @@ use crate::shard::ShardError;
 use crate::store::read::read_range;
 use crate::store::{ObjectMeta, ObjectStore};
 
-/// Reads and checks the footer of the Parquet file `object`.
+/// A footer read under a [`FooterBytes`] bound, holding its share of it
+/// until dropped.
+pub struct HeldFooter {
+    pub footer: Footer,
+    pub held: OwnedSemaphorePermit,
+}
+
+/// Reads and checks the footer of the Parquet file `object`, its bytes and
+/// its parsed form held to `bound` before they are read.
 pub async fn read_footer(
     store: &dyn ObjectStore,
     object: &ObjectMeta,
-) -> Result<Footer, DatasetError> {
+    bound: &FooterBytes,
+) -> Result<HeldFooter, DatasetError> {
     let damaged = |source: ParquetError| DatasetError::Shard {
         location: store.location(&object.key),
         source: ShardError::Parquet(source),
     };
     let tail_range = crate::shard::parquet::footer::tail_range(object.size);
+    let mut held = bound.hold(tail_range.end - tail_range.start).await;
     let etag = object.etag.as_deref();
     let tail = read_range(store, &object.key, tail_range, etag).await?;
-    match Footer::from_tail(&tail, object.size) {
-        Ok(footer) => Ok(footer),
-        Err(Err(error)) => Err(damaged(error)),
+    let footer = match Footer::from_tail(&tail, object.size) {
+        Ok(footer) => footer,
+        Err(Err(error)) => return Err(damaged(error)),
         Err(Ok(longer)) => {
+            drop(tail);
+            held.merge(bound.hold(longer.end - longer.start).await);
             let metadata = read_range(store, &object.key, longer, etag).await?;
-            Footer::parse(&metadata, object.size).map_err(damaged)
+            Footer::parse(&metadata, object.size).map_err(damaged)?
         }
-    }
+    };
+    Ok(HeldFooter { footer, held })
 }
 
 /// What indexing one Parquet file gives.
@@ -66,12 +80,19 @@ pub async fn scan_file(
     store: &dyn ObjectStore,
     object: &ObjectMeta,
     name: String,
+    (footers, charge): (&FooterBytes, &IndexCharge),
 ) -> Result<ScannedFile, DatasetError> {
-    let footer = read_footer(store, object).await?;
+    let HeldFooter { footer, held } = read_footer(store, object, footers).await?;
     let damaged = |source: ParquetError| DatasetError::Shard {
         location: store.location(&object.key),
         source: ShardError::Parquet(source),
     };
+    // Charged before it is made: every row group at most one entry, and
+    // the build's empty per-shard index beside it until the build ends.
+    let groups = footer.row_groups() as u64;
+    let per_group =
+        entry_bytes(&name, object.etag.as_deref()) + std::mem::size_of::<ShardIndex>() as u64;
+    charge.charge(groups, groups.saturating_mul(per_group))?;
     let mut entries = Vec::with_capacity(footer.row_groups());
     let mut first_row = 0u64;
     for group in 0..footer.row_groups() {
@@ -99,6 +120,12 @@ pub async fn scan_file(
         true => string_labels(store, object, &footer).await?,
         false => BTreeSet::new(),
     };
+    let names: u64 = label_names
+        .iter()
+        .map(|n| (std::mem::size_of::<String>() + n.len()) as u64)
+        .sum();
+    charge.charge(0, names)?;
+    drop((footer, held));
     Ok(ScannedFile {
         entries,
         classes,
@@ -192,6 +219,7 @@ pub fn row_group_index(entry: &ShardEntry, group: &RowGroupRef) -> ShardIndex {
 #[derive(Debug, Default)]
 pub struct FooterCache {
     inner: Mutex<FooterCacheInner>,
+    reading: FooterBytes,
 }
 
 /// Parsed footers kept per dataset, in memory bytes (of the quarter of the
@@ -225,8 +253,14 @@ impl FooterCache {
                 }
             }
         };
+        // Held to the bound while read and parsed; once kept, the cache's
+        // own byte bound holds it.
         let footer = cell
-            .get_or_try_init(|| async { read_footer(store, object).await.map(Arc::new) })
+            .get_or_try_init(|| async {
+                read_footer(store, object, &self.reading)
+                    .await
+                    .map(|held| Arc::new(held.footer))
+            })
             .await?
             .clone();
         self.trim();

@@ -204,7 +204,8 @@ impl DatasetRegistry {
                     prefix,
                     manifest: parsed.manifest().map(str::to_string),
                 };
-                let (read, policy, owned_uri) = (self.read.clone(), self.on_bad_shard, key.clone());
+                let (read, owned_uri) = (self.read.clone(), key.clone());
+                let policy = (self.on_bad_shard, self.index_budget);
                 let mut datasets = self.lock_datasets();
                 datasets.clock += 1;
                 let clock = datasets.clock;

@@ -288,7 +288,9 @@ fn own_code(error: &(dyn Error + 'static)) -> Option<Code> {
             DatasetError::Manifest { .. } | DatasetError::MixedLayout { .. } => {
                 Some(Code::FailedPrecondition)
             }
-            DatasetError::CorruptIndex { .. } => Some(Code::FailedPrecondition),
+            DatasetError::CorruptIndex { .. } | DatasetError::IndexTooLarge { .. } => {
+                Some(Code::FailedPrecondition)
+            }
             DatasetError::Shard { .. } => Some(Code::DataLoss),
             DatasetError::Internal(_) => Some(Code::Internal),
             DatasetError::Store(_) => None,

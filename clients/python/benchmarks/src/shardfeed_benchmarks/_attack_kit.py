@@ -79,11 +79,15 @@ class Outcome:
     # The share of honest probes the attack must leave served while it runs
     # (0: not asked of it; the place-holding attacks ask 95%).
     during_floor: float = 0.0
+    # False when the attacker was answered other than the attack expects
+    # (a file served that must be refused, or the reverse).
+    answer_as_expected: bool = True
 
     @property
     def held(self) -> bool:
         return (
-            self.alive
+            self.answer_as_expected
+            and self.alive
             and self.honest_after
             and self.peak_rss_mib <= self.bound_mib
             and self.honest_during >= self.during_floor

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from . import _h2
+from . import _h2, parquet_attacks
 from ._attack_kit import (
     ATTACKER,
     DATASET,
@@ -463,6 +463,7 @@ ATTACKS: dict[str, Callable[[Setup], Outcome]] = {
     "health": health_hold,
     "health-refill": health_refill,
     "metrics-refill": metrics_refill,
+    **parquet_attacks.attacks(),
 }
 
 
