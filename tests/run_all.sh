@@ -30,6 +30,8 @@ cargo clippy --locked --all-targets -- -D warnings
 cargo check --locked --no-default-features --all-targets
 # No cycles between files, no module importing one above it (docs/ARCHITECTURE.md).
 python3 tests/tools/module_graph.py
+# The Python client reads top-down: no circle between its files or its rooms.
+python3 tests/tools/python_graph.py
 # Every file and folder the map names exists; every module has its row.
 python3 tests/tools/architecture_map.py
 

@@ -289,7 +289,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         also with workers (see the class's notes on workers). Other
         keywords go to the loader (``pin_memory``, ``prefetch_factor`` ...).
         """
-        return make_dataloader(self, stateful, num_workers, options)
+        return make_dataloader(self, self.batch_size, stateful, num_workers, options)
 
     def __iter__(self) -> Iterator[Sample]:
         spec = StreamSpec(

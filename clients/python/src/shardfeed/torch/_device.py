@@ -152,7 +152,7 @@ def on_device(
         device = torch.device("cuda", torch.cuda.current_device())
     decoder = None
     if decode != "server":
-        from ..decode import BatchDecoder
+        from ._decode import BatchDecoder
 
         decoder = BatchDecoder(device or "cpu", client=client, rank=rank)
     if device is not None and device.type == "cuda":

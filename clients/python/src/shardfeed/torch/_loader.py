@@ -5,14 +5,11 @@ the training loop's waits in the process running it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from .._stats import WaitMeter
-
-if TYPE_CHECKING:
-    from ._dataset import ShardfeedDataset
 
 _CLASSES: dict[tuple[bool, bool], type[Any]] = {}
 
@@ -58,13 +55,18 @@ def loader_class(stateful: bool, *, measured: bool) -> type[Any]:
 
 
 def make_dataloader(
-    dataset: ShardfeedDataset, stateful: bool, num_workers: int, options: dict[str, Any]
+    dataset: IterableDataset[Any],
+    own_batch_size: int,
+    stateful: bool,
+    num_workers: int,
+    options: dict[str, Any],
 ) -> DataLoader[Any]:
-    """``ShardfeedDataset.dataloader``: the checks, then the loader."""
+    """``ShardfeedDataset.dataloader``: the checks, then the loader for
+    ``dataset``, which yields whole batches of ``own_batch_size``."""
     if options.get("batch_size") is not None:
         raise ValueError(
             f"batch_size={options['batch_size']!r}: this dataset yields whole batches of "
-            f"its own batch_size ({dataset.batch_size}); the loader must not batch again"
+            f"its own batch_size ({own_batch_size}); the loader must not batch again"
         )
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, not {num_workers}")
