@@ -1,5 +1,7 @@
 """docs/ARCHITECTURE.md's map against the tree: every file and folder it
-names exists where it says, and every module of `src/` has its row.
+names exists where it says, every module of `src/` has its row, and every
+file under `src/` is named (in its module's row, or in the table of files
+the rows leave unnamed; a folder's `mod.rs` by the folder's name).
 
     python3 tests/tools/architecture_map.py   # exits 1 naming what drifted
 
@@ -41,6 +43,26 @@ def below(name: str, under: Path) -> bool:
     return any(p.as_posix().endswith("/" + name) for p in under.rglob(Path(name).name))
 
 
+def named_paths(name: str, under: Path) -> set[Path]:
+    """The files `name` names below `under` (a folder: its `mod.rs`)."""
+    out: set[Path] = set()
+    for where in (under, REPO / "src", REPO):
+        direct = where / name
+        if direct.is_file():
+            out.add(direct)
+        elif direct.is_dir():
+            out.add(direct / "mod.rs")
+        if where == REPO or out:
+            continue
+        if name.endswith("/"):
+            out |= {p / "mod.rs" for p in where.rglob(name.rstrip("/")) if p.is_dir()}
+        else:
+            out |= {p for p in where.rglob(Path(name).name) if p.as_posix().endswith("/" + name)}
+        if out:
+            break
+    return out
+
+
 def rows(text: str) -> list[tuple[str, list[str]]]:
     out = []
     for line in text.splitlines():
@@ -71,6 +93,18 @@ def main() -> int:
         # `metrics.rs` and its folder `metrics/` are one module.
         if module not in named and f"{module}.rs" not in named:
             problems.append(f"{module}: a module without a row in the map")
+    covered: set[Path] = set()
+    for module, names in table:
+        path = REPO / module
+        under = path if path.is_dir() else path.parent
+        covered |= {path / "mod.rs"} if path.is_dir() else {path}
+        for name in names:
+            covered |= named_paths(name, under)
+    for listed in re.findall(r"^\|\s*`(src/[\w./]+\.rs)`", text, re.M):
+        covered.add(REPO / listed)
+    for file in sorted((REPO / "src").rglob("*.rs")):
+        if file not in covered and file.name != "lib.rs":
+            problems.append(f"{file.relative_to(REPO)}: a file the map does not name")
     after = text.split("Outside `src/`", 1)[-1].split("\n## ", 1)[0]
     for name in NAME.findall(after):
         if not found(name, REPO / "clients"):
