@@ -61,10 +61,10 @@ step "python: stubs are current, lints, types"
 .venv/bin/ruff check clients/python clients/python-server
 .venv/bin/ruff format --check clients/python clients/python-server
 .venv/bin/mypy --config-file clients/python/pyproject.toml clients/python/src clients/python/benchmarks/src \
-  clients/python-server helm/check_chart.py
+  clients/python-server helm/check_chart.py helm/chart_checks
 # The chart check keeps the client's style (helm/ has no pyproject of its own).
-.venv/bin/ruff check --config clients/python/pyproject.toml helm/check_chart.py tests/tools
-.venv/bin/ruff format --check --config clients/python/pyproject.toml helm/check_chart.py tests/tools
+.venv/bin/ruff check --config clients/python/pyproject.toml helm/check_chart.py helm/chart_checks tests/tools
+.venv/bin/ruff format --check --config clients/python/pyproject.toml helm/check_chart.py helm/chart_checks tests/tools
 
 step "docs: the generated reference pages are current, the site builds, every internal link resolves"
 python3 tests/tools/docs_reference.py --check
