@@ -129,6 +129,29 @@ pub async fn build_index_reporting(
         false => Vec::new(),
     };
     drop(objects);
+    let charge = IndexCharge::new(store.location(prefix), max_index_bytes);
+    let scans = scan_every_object(
+        &store,
+        shards,
+        prefix,
+        (read, on_bad_shard),
+        &charge,
+        progress,
+    )
+    .await?;
+    Ok(merged(scans, classes))
+}
+
+/// Scans every shard, several at once, each charging what it keeps to
+/// `charge`; `progress` is told as each scan ends.
+async fn scan_every_object(
+    store: &Arc<dyn ObjectStore>,
+    shards: Vec<crate::store::ObjectMeta>,
+    prefix: &str,
+    (read, on_bad_shard): (&ReadConfig, BadShardPolicy),
+    charge: &Arc<IndexCharge>,
+    progress: &(dyn Fn(IndexProgress) + Send + Sync),
+) -> Result<Vec<Scanned>, DatasetError> {
     let mut done = IndexProgress {
         shards: shards.len() as u64,
         bytes: shards.iter().map(|s| s.size).sum(),
@@ -146,73 +169,104 @@ pub async fn build_index_reporting(
     } else {
         concurrent_scans
     };
-    let charge = IndexCharge::new(store.location(prefix), max_index_bytes);
     let footers = FooterBytes::default();
-    let scans = futures::stream::iter(shards.into_iter().map(|object| {
-        let store = store.clone();
-        let read = scan_read.clone();
+    futures::stream::iter(shards.into_iter().map(|object| {
         let name = object.key[prefix.len()..].to_string();
-        let (charge, footers) = (charge.clone(), footers.clone());
+        let scan = ScanOf {
+            store: store.clone(),
+            read: scan_read.clone(),
+            on_bad_shard,
+            footers: footers.clone(),
+            charge: charge.clone(),
+        };
         async move {
-            let scanned = if ShardFormat::from_name(&object.key) == Some(ShardFormat::Parquet) {
-                // Planned from the footer: no byte of row data is read.
-                let file =
-                    super::parquet::scan_file(store.as_ref(), &object, name, (&footers, &charge))
-                        .await?;
-                Scanned {
-                    indexes: vec![ShardIndex::default(); file.entries.len()],
-                    entries: file.entries,
-                    classes: file.classes,
-                    label_names: file.label_names,
-                }
-            } else {
-                let index = scan_shard(
-                    store,
-                    &object.key,
-                    object.size,
-                    object.etag.clone(),
-                    read,
-                    on_bad_shard,
-                )
-                .await?;
-                charge.charge(
-                    1,
-                    entry_bytes(&name, object.etag.as_deref()) + shard_index_bytes(&index),
-                )?;
-                let entry = ShardEntry {
-                    name,
-                    size: object.size,
-                    etag: object.etag.clone(),
-                    samples: index.keys.len() as u64,
-                    digest: None,
-                    row_group: None,
-                };
-                Scanned {
-                    entries: vec![entry],
-                    indexes: vec![index],
-                    classes: Vec::new(),
-                    label_names: Default::default(),
-                }
-            };
+            let scanned = scan.object(&object, name).await?;
             Ok::<_, DatasetError>((object.size, scanned))
         }
     }))
     .buffered(concurrent_scans)
-    .inspect_ok(|(size, _)| {
+    .map_ok(|(size, scanned)| {
         done.shards_done += 1;
         done.bytes_done += size;
         progress(done);
+        scanned
     })
-    .try_collect::<Vec<_>>()
-    .await?;
+    .try_collect()
+    .await
+}
+
+/// What one object's scan is given.
+struct ScanOf {
+    store: Arc<dyn ObjectStore>,
+    read: ReadConfig,
+    on_bad_shard: BadShardPolicy,
+    footers: FooterBytes,
+    charge: Arc<IndexCharge>,
+}
+
+impl ScanOf {
+    /// A Parquet file's row groups from its footer, or a tar or TFRecord
+    /// shard's samples from its bytes.
+    async fn object(
+        self,
+        object: &crate::store::ObjectMeta,
+        name: String,
+    ) -> Result<Scanned, DatasetError> {
+        if ShardFormat::from_name(&object.key) == Some(ShardFormat::Parquet) {
+            // Planned from the footer: no byte of row data is read.
+            let file = super::parquet::scan_file(
+                self.store.as_ref(),
+                object,
+                name,
+                (&self.footers, &self.charge),
+            )
+            .await?;
+            return Ok(Scanned {
+                indexes: vec![ShardIndex::default(); file.entries.len()],
+                entries: file.entries,
+                classes: file.classes,
+                label_names: file.label_names,
+            });
+        }
+        let index = scan_shard(
+            self.store,
+            &object.key,
+            object.size,
+            object.etag.clone(),
+            self.read,
+            self.on_bad_shard,
+        )
+        .await?;
+        self.charge.charge(
+            1,
+            entry_bytes(&name, object.etag.as_deref()) + shard_index_bytes(&index),
+        )?;
+        let entry = ShardEntry {
+            name,
+            size: object.size,
+            etag: object.etag.clone(),
+            samples: index.keys.len() as u64,
+            digest: None,
+            row_group: None,
+        };
+        Ok(Scanned {
+            entries: vec![entry],
+            indexes: vec![index],
+            classes: Vec::new(),
+            label_names: Default::default(),
+        })
+    }
+}
+
+/// The scans' entries and indexes in listing order, and the dataset's
+/// classes: a `classes.txt` beside the files wins over their own metadata;
+/// else the first file that names its classes names them; else string
+/// labels are their own classes, in sorted order.
+fn merged(scans: Vec<Scanned>, mut classes: Vec<String>) -> (DatasetIndex, Vec<ShardIndex>) {
     let mut entries = Vec::with_capacity(scans.len());
     let mut indexes = Vec::with_capacity(scans.len());
-    let mut classes = classes;
     let mut label_names = std::collections::BTreeSet::new();
-    for (_, scanned) in scans {
-        // A `classes.txt` beside the files wins over their own metadata;
-        // else the first file that names its classes names them; else
-        // string labels are their own classes, in sorted order.
+    for scanned in scans {
         if classes.is_empty() {
             classes = scanned.classes;
         }
@@ -223,7 +277,7 @@ pub async fn build_index_reporting(
     if classes.is_empty() {
         classes = label_names.into_iter().collect();
     }
-    Ok((
+    (
         DatasetIndex {
             version: INDEX_VERSION,
             layout: DatasetLayout::Shards,
@@ -231,7 +285,7 @@ pub async fn build_index_reporting(
             classes,
         },
         indexes,
-    ))
+    )
 }
 
 /// What scanning one object gave: a tar or TFRecord shard's entry and

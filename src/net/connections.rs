@@ -44,7 +44,7 @@ pub struct ConnectionLimits {
 }
 
 /// What one open connection with no call costs the server: hyper's and
-/// h2's state and buffers, and the socket's. `tests/hostile_listeners.rs`
+/// h2's state and buffers, and the socket's. `tests/hostile_listeners/`
 /// measures it (RSS over a listener's whole limit of connections that sent
 /// their preface and SETTINGS): 16-17 KiB on the sidecar and the worker;
 /// this leaves room for a connection's first buffers. Calls are counted in
