@@ -146,68 +146,29 @@ pub async fn pack(
     let total_shards = shards.len();
     let uploads = futures::stream::iter(shards.into_iter().enumerate())
         .map(|(number, inputs)| {
-            let store = store.clone();
-            let name = shard_name(number, total_shards);
-            let key = format!("{prefix}{name}");
             let source = match &config.source {
                 PackSource::Objects(dataset) => Some(dataset.store.clone()),
                 PackSource::Folder(_) => None,
             };
-            async move {
-                let input_bytes: u64 = inputs.iter().map(|i| i.size).sum();
-                let input_files = inputs.len();
-                let fetched = match source {
-                    Some(store) => {
-                        fetch_objects(store, &inputs, config.object_requests_in_flight).await?
-                    }
-                    None => Vec::new(),
-                };
-                let built = tokio::task::spawn_blocking(move || build_shard(&inputs, fetched))
-                    .await
-                    .map_err(|e| PackError::Layout(format!("building {name} failed: {e}")))?;
-                let written = match &built.tar {
-                    Some(tar) => {
-                        store.put(&key, tar.clone()).await?;
-                        let etag = store.head(&key).await?.etag;
-                        let index = index_shard_bytes(tar, etag.clone())?;
-                        Some((
-                            ShardEntry {
-                                name,
-                                size: tar.len() as u64,
-                                etag,
-                                samples: index.keys.len() as u64,
-                                digest: None,
-                                row_group: None,
-                            },
-                            index,
-                        ))
-                    }
-                    None => None,
-                };
-                Ok::<_, PackError>((
-                    written,
-                    built.skipped,
-                    built.labels,
-                    input_files,
-                    input_bytes,
-                ))
-            }
+            let name = shard_name(number, total_shards);
+            let to = (store.clone(), format!("{prefix}{name}"), name);
+            pack_shard(to, inputs, source, config.object_requests_in_flight)
         })
         .buffered(SHARDS_IN_FLIGHT);
     let mut uploads = std::pin::pin!(uploads);
     let mut entries: Vec<ShardEntry> = Vec::new();
     let mut indexes: Vec<ShardIndex> = Vec::new();
     let mut labels_written = BTreeSet::new();
-    while let Some(result) = uploads.next().await {
-        let (written, shard_skipped, labels, input_files, input_bytes) = result?;
-        skipped.extend(shard_skipped);
-        labels_written.extend(labels);
-        if let Some((entry, index)) = written {
+    while let Some(packed) = uploads.next().await {
+        let packed = packed?;
+        skipped.extend(packed.skipped);
+        labels_written.extend(packed.labels);
+        if let Some((entry, index)) = packed.written {
             entries.push(entry);
             indexes.push(index);
         }
-        done.files_done += input_files;
-        done.bytes_done += input_bytes;
+        done.files_done += packed.files;
+        done.bytes_done += packed.bytes;
         done.shards_done += 1;
         progress(done);
     }
@@ -217,18 +178,99 @@ pub async fn pack(
             config.source.describe()
         )));
     }
-    // An empty class keeps its label, so the others do not shift: say so.
-    for (label, class) in classes.iter().enumerate() {
-        if !labels_written.contains(&(label as i64)) {
-            skipped.push(Skipped {
-                path: PathBuf::from(class),
-                reason: format!(
-                    "class {label} has no usable images; it keeps its label and \
-                     classes.txt line, so the other labels do not shift"
-                ),
-            });
+    skipped.extend(empty_classes(&classes, &labels_written));
+    let index = write_dataset(store.as_ref(), prefix, &classes, entries, &indexes).await?;
+    skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(PackReport {
+        shards: index.shards.len(),
+        samples: index.samples(),
+        bytes: index.bytes(),
+        seconds: started.elapsed().as_secs_f64(),
+        classes,
+        skipped,
+    })
+}
+
+/// One shard packed: its entry and index when it holds a readable image,
+/// what was skipped, the labels it holds, and the inputs it covered.
+struct PackedShard {
+    written: Option<(ShardEntry, ShardIndex)>,
+    skipped: Vec<Skipped>,
+    labels: BTreeSet<i64>,
+    files: usize,
+    bytes: u64,
+}
+
+/// Fetches a shard's inputs (loose objects; a folder's are read while
+/// building), builds its tar off the runtime, uploads it to `key` and
+/// indexes what was uploaded.
+async fn pack_shard(
+    (store, key, name): (Arc<dyn ObjectStore>, String, String),
+    inputs: Vec<Input>,
+    source: Option<Arc<dyn ObjectStore>>,
+    requests_in_flight: usize,
+) -> Result<PackedShard, PackError> {
+    let bytes: u64 = inputs.iter().map(|i| i.size).sum();
+    let files = inputs.len();
+    let fetched = match source {
+        Some(source) => fetch_objects(source, &inputs, requests_in_flight).await?,
+        None => Vec::new(),
+    };
+    let built = tokio::task::spawn_blocking(move || build_shard(&inputs, fetched))
+        .await
+        .map_err(|e| PackError::Layout(format!("building {name} failed: {e}")))?;
+    let written = match &built.tar {
+        Some(tar) => {
+            store.put(&key, tar.clone()).await?;
+            let etag = store.head(&key).await?.etag;
+            let index = index_shard_bytes(tar, etag.clone())?;
+            let entry = ShardEntry {
+                name,
+                size: tar.len() as u64,
+                etag,
+                samples: index.keys.len() as u64,
+                digest: None,
+                row_group: None,
+            };
+            Some((entry, index))
         }
-    }
+        None => None,
+    };
+    Ok(PackedShard {
+        written,
+        skipped: built.skipped,
+        labels: built.labels,
+        files,
+        bytes,
+    })
+}
+
+/// An empty class keeps its label, so the others do not shift: each is
+/// reported with the files skipped.
+fn empty_classes(classes: &[String], labels_written: &BTreeSet<i64>) -> Vec<Skipped> {
+    classes
+        .iter()
+        .enumerate()
+        .filter(|(label, _)| !labels_written.contains(&(*label as i64)))
+        .map(|(label, class)| Skipped {
+            path: PathBuf::from(class),
+            reason: format!(
+                "class {label} has no usable images; it keeps its label and \
+                 classes.txt line, so the other labels do not shift"
+            ),
+        })
+        .collect()
+}
+
+/// `classes.txt`, the per-shard index files, then the summary: the dataset
+/// appears whole or not at all.
+async fn write_dataset(
+    store: &dyn ObjectStore,
+    prefix: &str,
+    classes: &[String],
+    entries: Vec<ShardEntry>,
+    indexes: &[ShardIndex],
+) -> Result<DatasetIndex, PackError> {
     if !classes.is_empty() {
         let mut text = classes.join("\n");
         text.push('\n');
@@ -241,20 +283,11 @@ pub async fn pack(
         layout: DatasetLayout::Shards,
         shards: entries,
         // Also in classes.txt, which `shardfeed index` reads back.
-        classes: classes.clone(),
+        classes: classes.to_vec(),
     };
-    // Per-shard files, then the summary: the dataset appears whole or not at all.
     let location = DatasetLocation::prefix(prefix);
-    write_index(store.as_ref(), &location, &index, &indexes).await?;
-    skipped.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(PackReport {
-        shards: index.shards.len(),
-        samples: index.samples(),
-        bytes: index.bytes(),
-        seconds: started.elapsed().as_secs_f64(),
-        classes,
-        skipped,
-    })
+    write_index(store, &location, &index, indexes).await?;
+    Ok(index)
 }
 
 /// The objects of a loose-object dataset, keyed by their keys without
