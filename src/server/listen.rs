@@ -209,24 +209,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), ServeError> {
-    // Beside a Unix socket, the companion socket that hands out
-    // shared-memory rings (trainers on this host map batches from it).
-    let (service, fd_server) = match &listener {
-        Listener::Unix(_, path) => {
-            let fd_path = super::shm::fd_socket_path(path);
-            let fd_listener = bind_unix(&fd_path)?;
-            let rings = std::sync::Arc::new(super::shm::RingRegistry::new(fd_path));
-            super::shm::BOUNDS.publish();
-            let task = tokio::spawn(super::shm::serve_fd_socket(
-                fd_listener,
-                rings.clone(),
-                super::shm::BOUNDS.max_connections,
-            ));
-            (service.with_shared_memory(rings), Some(AbortOnDrop(task)))
-        }
-        Listener::Tcp(_) => (service, None),
-    };
-    let _fd_server = fd_server;
+    let (service, _fd_server) = with_ring_socket(&listener, service)?;
     let lifecycle = service.lifecycle();
     // However `serve` ends, the engine is let go of with it.
     let _release_engine = ReleaseEngine(lifecycle.clone());
@@ -301,14 +284,49 @@ pub async fn serve(
         () = &mut shutdown => {}
         result = &mut server => return result.map_err(ServeError::from),
     }
-    // Drain: report NOT_SERVING (probes and new connections still get
-    // answers), refuse new streams, let open ones send their batch in flight.
+    drain(&lifecycle, &health_reporter, grace, server, drain_tx).await
+}
+
+/// Beside a Unix socket, the companion socket that hands out shared-memory
+/// rings (trainers on this host map batches from it), served for as long
+/// as the returned task is held.
+fn with_ring_socket(
+    listener: &Listener,
+    service: ShardfeedService,
+) -> Result<(ShardfeedService, Option<AbortOnDrop>), ServeError> {
+    match listener {
+        Listener::Unix(_, path) => {
+            let fd_path = super::shm::fd_socket_path(path);
+            let fd_listener = bind_unix(&fd_path)?;
+            let rings = std::sync::Arc::new(super::shm::RingRegistry::new(fd_path));
+            super::shm::BOUNDS.publish();
+            let task = tokio::spawn(super::shm::serve_fd_socket(
+                fd_listener,
+                rings.clone(),
+                super::shm::BOUNDS.max_connections,
+            ));
+            Ok((service.with_shared_memory(rings), Some(AbortOnDrop(task))))
+        }
+        Listener::Tcp(_) => Ok((service, None)),
+    }
+}
+
+/// Drain: report NOT_SERVING (probes and new connections still get
+/// answers), refuse new streams, let open ones send their batch in flight
+/// for `grace` at most, then close the connections.
+async fn drain<Server: Future<Output = Result<(), tonic::transport::Error>>>(
+    lifecycle: &super::service::Lifecycle,
+    health_reporter: &tonic_health::server::HealthReporter,
+    grace: Duration,
+    mut server: std::pin::Pin<&mut Server>,
+    drain_tx: tokio::sync::oneshot::Sender<()>,
+) -> Result<(), ServeError> {
     tracing::info!(
         grace_seconds = grace.as_secs_f64(),
         open_streams = lifecycle.open_streams(),
         "shutting down: NOT_SERVING, draining open streams"
     );
-    set_health(&health_reporter, tonic_health::ServingStatus::NotServing).await;
+    set_health(health_reporter, tonic_health::ServingStatus::NotServing).await;
     lifecycle.drain.cancel();
     // Every open stream holds a token of the tracker: once closed, `wait`
     // resolves when the last one is dropped.
