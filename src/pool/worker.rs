@@ -486,48 +486,10 @@ impl BoundWorker {
             .set_serving::<pb::decode_pool_server::DecodePoolServer<WorkerService>>()
             .await;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let _health_server = self.health_listener.map(|listener| {
-            HEALTH_BOUNDS.publish();
-            let health_service = health_service.clone();
-            AbortOnDrop(tokio::spawn(async move {
-                let served = HEALTH_HTTP2
-                    .configure(tonic::transport::Server::builder())
-                    .layer(CountCallsLayer)
-                    .layer(BoundRequestsLayer::new(HEALTH_REQUESTS))
-                    .add_service(health_service)
-                    .serve_with_incoming(limit(
-                        limit_per_peer(
-                            tonic::transport::server::TcpIncoming::from(listener),
-                            HEALTH_PER_PEER,
-                            HEALTH_BOUNDS.name,
-                        ),
-                        HEALTH_CONNECTION_LIMITS,
-                        HEALTH_BOUNDS.name,
-                    ))
-                    .await;
-                if let Err(error) = served {
-                    tracing::error!(%error, "the pool worker's health listener failed");
-                }
-            }))
-        });
-        let bounds = config.bounds();
-        bounds.publish();
-        let tcp =
-            tonic::transport::server::TcpIncoming::from(self.listener).with_nodelay(Some(true));
-        // Under TLS a connection shakes hands before it takes a place.
-        let incoming: ConnectionStream = match &config.tls {
-            Some(tls) => Box::pin(limit(
-                accept_tls(tcp, tls.server_acceptor()?, HandshakeLimits::DEFAULT)
-                    .map(|tls| tls.map(|tls| Box::new(tls) as Box<dyn Connection>)),
-                config.connections,
-                bounds.name,
-            )),
-            None => Box::pin(limit(
-                tcp.map(|tcp| tcp.map(|tcp| Box::new(tcp) as Box<dyn Connection>)),
-                config.connections,
-                bounds.name,
-            )),
-        };
+        let _health_server = self
+            .health_listener
+            .map(|listener| serve_health(listener, health_service.clone()));
+        let incoming = incoming(self.listener, &config)?;
         let server = config
             .http2()
             .configure(tonic::transport::Server::builder())
@@ -574,6 +536,61 @@ impl BoundWorker {
         tracing::info!("pool worker stopped");
         Ok(())
     }
+}
+
+/// The worker's health listener, apart from its units' (the kubelet's
+/// probes are never queued behind units), served while the task is held.
+fn serve_health(
+    listener: tokio::net::TcpListener,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> AbortOnDrop {
+    HEALTH_BOUNDS.publish();
+    AbortOnDrop(tokio::spawn(async move {
+        let served = HEALTH_HTTP2
+            .configure(tonic::transport::Server::builder())
+            .layer(CountCallsLayer)
+            .layer(BoundRequestsLayer::new(HEALTH_REQUESTS))
+            .add_service(health_service)
+            .serve_with_incoming(limit(
+                limit_per_peer(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    HEALTH_PER_PEER,
+                    HEALTH_BOUNDS.name,
+                ),
+                HEALTH_CONNECTION_LIMITS,
+                HEALTH_BOUNDS.name,
+            ))
+            .await;
+        if let Err(error) = served {
+            tracing::error!(%error, "the pool worker's health listener failed");
+        }
+    }))
+}
+
+/// The units' connections, held to the listener's places; under TLS a
+/// connection shakes hands before it takes a place.
+fn incoming(
+    listener: tokio::net::TcpListener,
+    config: &WorkerConfig,
+) -> Result<ConnectionStream, WorkerError> {
+    let bounds = config.bounds();
+    bounds.publish();
+    let tcp = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    Ok(match &config.tls {
+        Some(tls) => Box::pin(limit(
+            accept_tls(tcp, tls.server_acceptor()?, HandshakeLimits::DEFAULT)
+                .map(|tls| tls.map(|tls| Box::new(tls) as Box<dyn Connection>)),
+            config.connections,
+            bounds.name,
+        )),
+        None => Box::pin(limit(
+            tcp.map(|tcp| tcp.map(|tcp| Box::new(tcp) as Box<dyn Connection>)),
+            config.connections,
+            bounds.name,
+        )),
+    })
 }
 
 /// The health listener's bounds: the kubelet probes every few seconds.
