@@ -18,6 +18,10 @@ import ast
 import sys
 from pathlib import Path
 
+# Beside this file: the crate's import graph, whose cycle search serves here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import module_graph  # noqa: E402
+
 DEFAULT = Path(__file__).resolve().parents[2] / "clients/python/src/shardfeed"
 GENERATED = "_proto"
 
@@ -89,38 +93,9 @@ def graph(root: Path) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
 
 
 def circles(edges: dict[tuple[str, ...], set[tuple[str, ...]]]) -> list[list[tuple[str, ...]]]:
-    """Strongly connected components of more than one node (Tarjan)."""
-    index: dict[tuple[str, ...], int] = {}
-    low: dict[tuple[str, ...], int] = {}
-    stack: list[tuple[str, ...]] = []
-    on_stack: set[tuple[str, ...]] = set()
-    found: list[list[tuple[str, ...]]] = []
-
-    def visit(node: tuple[str, ...]) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for target in sorted(edges.get(node, ())):
-            if target not in index:
-                visit(target)
-                low[node] = min(low[node], low[target])
-            elif target in on_stack:
-                low[node] = min(low[node], index[target])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    sys.setrecursionlimit(10_000)
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
+    """Strongly connected components of more than one node: the crate's
+    check's own search (`module_graph.cycles`), over these edges."""
+    found: list[list[tuple[str, ...]]] = module_graph.cycles(edges)
     return found
 
 
