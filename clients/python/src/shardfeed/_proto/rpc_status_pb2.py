@@ -5,7 +5,6 @@
 # source: shardfeed/v1/rpc_status.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import symbol_database as _symbol_database
@@ -15,31 +14,31 @@ from google.protobuf.internal import builder as _builder
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x1dshardfeed/v1/rpc_status.proto\x12\x10shardfeed.v1.rpc"O\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12&\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x15.shardfeed.v1.rpc.Any"&\n\x03\x41ny\x12\x10\n\x08type_url\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c"\x99\x01\n\tErrorInfo\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x64omain\x18\x02 \x01(\t\x12;\n\x08metadata\x18\x03 \x03(\x0b\x32).shardfeed.v1.rpc.ErrorInfo.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"\x89\x01\n\nBadRequest\x12\x45\n\x10\x66ield_violations\x18\x01 \x03(\x0b\x32+.shardfeed.v1.rpc.BadRequest.FieldViolation\x1a\x34\n\x0e\x46ieldViolation\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t"<\n\tRetryInfo\x12/\n\x0bretry_delay\x18\x01 \x01(\x0b\x32\x1a.shardfeed.v1.rpc.Duration"*\n\x08\x44uration\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\x62\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dshardfeed/v1/rpc_status.proto\x12\x10shardfeed.v1.rpc\"O\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12&\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x15.shardfeed.v1.rpc.Any\"&\n\x03\x41ny\x12\x10\n\x08type_url\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x99\x01\n\tErrorInfo\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x64omain\x18\x02 \x01(\t\x12;\n\x08metadata\x18\x03 \x03(\x0b\x32).shardfeed.v1.rpc.ErrorInfo.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x01\n\nBadRequest\x12\x45\n\x10\x66ield_violations\x18\x01 \x03(\x0b\x32+.shardfeed.v1.rpc.BadRequest.FieldViolation\x1a\x34\n\x0e\x46ieldViolation\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\"<\n\tRetryInfo\x12/\n\x0bretry_delay\x18\x01 \x01(\x0b\x32\x1a.shardfeed.v1.rpc.Duration\"*\n\x08\x44uration\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "shardfeed.v1.rpc_status_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'shardfeed.v1.rpc_status_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_ERRORINFO_METADATAENTRY"]._loaded_options = None
-    _globals["_ERRORINFO_METADATAENTRY"]._serialized_options = b"8\001"
-    _globals["_STATUS"]._serialized_start = 51
-    _globals["_STATUS"]._serialized_end = 130
-    _globals["_ANY"]._serialized_start = 132
-    _globals["_ANY"]._serialized_end = 170
-    _globals["_ERRORINFO"]._serialized_start = 173
-    _globals["_ERRORINFO"]._serialized_end = 326
-    _globals["_ERRORINFO_METADATAENTRY"]._serialized_start = 279
-    _globals["_ERRORINFO_METADATAENTRY"]._serialized_end = 326
-    _globals["_BADREQUEST"]._serialized_start = 329
-    _globals["_BADREQUEST"]._serialized_end = 466
-    _globals["_BADREQUEST_FIELDVIOLATION"]._serialized_start = 414
-    _globals["_BADREQUEST_FIELDVIOLATION"]._serialized_end = 466
-    _globals["_RETRYINFO"]._serialized_start = 468
-    _globals["_RETRYINFO"]._serialized_end = 528
-    _globals["_DURATION"]._serialized_start = 530
-    _globals["_DURATION"]._serialized_end = 572
+  DESCRIPTOR._loaded_options = None
+  _globals['_ERRORINFO_METADATAENTRY']._loaded_options = None
+  _globals['_ERRORINFO_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_STATUS']._serialized_start=51
+  _globals['_STATUS']._serialized_end=130
+  _globals['_ANY']._serialized_start=132
+  _globals['_ANY']._serialized_end=170
+  _globals['_ERRORINFO']._serialized_start=173
+  _globals['_ERRORINFO']._serialized_end=326
+  _globals['_ERRORINFO_METADATAENTRY']._serialized_start=279
+  _globals['_ERRORINFO_METADATAENTRY']._serialized_end=326
+  _globals['_BADREQUEST']._serialized_start=329
+  _globals['_BADREQUEST']._serialized_end=466
+  _globals['_BADREQUEST_FIELDVIOLATION']._serialized_start=414
+  _globals['_BADREQUEST_FIELDVIOLATION']._serialized_end=466
+  _globals['_RETRYINFO']._serialized_start=468
+  _globals['_RETRYINFO']._serialized_end=528
+  _globals['_DURATION']._serialized_start=530
+  _globals['_DURATION']._serialized_end=572
 # @@protoc_insertion_point(module_scope)

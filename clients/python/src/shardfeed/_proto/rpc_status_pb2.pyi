@@ -14,12 +14,7 @@ class Status(_message.Message):
     code: int
     message: str
     details: _containers.RepeatedCompositeFieldContainer[Any]
-    def __init__(
-        self,
-        code: _Optional[int] = ...,
-        message: _Optional[str] = ...,
-        details: _Optional[_Iterable[_Union[Any, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[_Iterable[_Union[Any, _Mapping]]] = ...) -> None: ...
 
 class Any(_message.Message):
     __slots__ = ("type_url", "value")
@@ -38,19 +33,13 @@ class ErrorInfo(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-
     REASON_FIELD_NUMBER: _ClassVar[int]
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     reason: str
     domain: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(
-        self,
-        reason: _Optional[str] = ...,
-        domain: _Optional[str] = ...,
-        metadata: _Optional[_Mapping[str, str]] = ...,
-    ) -> None: ...
+    def __init__(self, reason: _Optional[str] = ..., domain: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class BadRequest(_message.Message):
     __slots__ = ("field_violations",)
@@ -60,16 +49,10 @@ class BadRequest(_message.Message):
         DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
         field: str
         description: str
-        def __init__(
-            self, field: _Optional[str] = ..., description: _Optional[str] = ...
-        ) -> None: ...
-
+        def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
     FIELD_VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
     field_violations: _containers.RepeatedCompositeFieldContainer[BadRequest.FieldViolation]
-    def __init__(
-        self,
-        field_violations: _Optional[_Iterable[_Union[BadRequest.FieldViolation, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, field_violations: _Optional[_Iterable[_Union[BadRequest.FieldViolation, _Mapping]]] = ...) -> None: ...
 
 class RetryInfo(_message.Message):
     __slots__ = ("retry_delay",)

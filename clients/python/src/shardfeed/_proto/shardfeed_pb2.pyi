@@ -98,7 +98,6 @@ class SampleForm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SAMPLE_FORM_UNSPECIFIED: _ClassVar[SampleForm]
     SAMPLE_FORM_PIXELS: _ClassVar[SampleForm]
     SAMPLE_FORM_JPEG: _ClassVar[SampleForm]
-
 PARTITION_DROP_LAST: Partition
 PARTITION_PAD: Partition
 RESIZE_MODE_CENTER_CROP: ResizeMode
@@ -163,36 +162,7 @@ SAMPLE_FORM_PIXELS: SampleForm
 SAMPLE_FORM_JPEG: SampleForm
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = (
-        "dataset",
-        "seed",
-        "epoch",
-        "rank",
-        "world_size",
-        "batch_size",
-        "height",
-        "width",
-        "start_batch",
-        "shuffle",
-        "partition",
-        "resize",
-        "shuffle_buffer",
-        "interleave",
-        "resume_from",
-        "augmentation",
-        "transport",
-        "layout",
-        "sources",
-        "weight_changes",
-        "decoded_source",
-        "delivery",
-        "server_decode_fraction",
-        "tune_server_decode",
-        "weights_from_step",
-        "server_decode_search",
-        "repeats",
-        "client_ops",
-    )
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source", "delivery", "server_decode_fraction", "tune_server_decode", "weights_from_step", "server_decode_search", "repeats", "client_ops")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -249,37 +219,7 @@ class StreamBatchesRequest(_message.Message):
     server_decode_search: ShareSearch
     repeats: int
     client_ops: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        dataset: _Optional[str] = ...,
-        seed: _Optional[int] = ...,
-        epoch: _Optional[int] = ...,
-        rank: _Optional[int] = ...,
-        world_size: _Optional[int] = ...,
-        batch_size: _Optional[int] = ...,
-        height: _Optional[int] = ...,
-        width: _Optional[int] = ...,
-        start_batch: _Optional[int] = ...,
-        shuffle: _Optional[bool] = ...,
-        partition: _Optional[_Union[Partition, str]] = ...,
-        resize: _Optional[_Union[ResizeMode, str]] = ...,
-        shuffle_buffer: _Optional[int] = ...,
-        interleave: _Optional[int] = ...,
-        resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ...,
-        augmentation: _Optional[_Union[Augmentation, _Mapping]] = ...,
-        transport: _Optional[_Union[Transport, str]] = ...,
-        layout: _Optional[_Union[SampleLayout, _Mapping]] = ...,
-        sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ...,
-        weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ...,
-        decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ...,
-        delivery: _Optional[_Union[Delivery, str]] = ...,
-        server_decode_fraction: _Optional[float] = ...,
-        tune_server_decode: _Optional[bool] = ...,
-        weights_from_step: _Optional[int] = ...,
-        server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ...,
-        repeats: _Optional[int] = ...,
-        client_ops: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., repeats: _Optional[int] = ..., client_ops: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ShareSearch(_message.Message):
     __slots__ = ("center", "step", "hold", "next_hold", "loop_id", "noise")
@@ -295,15 +235,7 @@ class ShareSearch(_message.Message):
     next_hold: int
     loop_id: int
     noise: float
-    def __init__(
-        self,
-        center: _Optional[float] = ...,
-        step: _Optional[float] = ...,
-        hold: _Optional[int] = ...,
-        next_hold: _Optional[int] = ...,
-        loop_id: _Optional[int] = ...,
-        noise: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, center: _Optional[float] = ..., step: _Optional[float] = ..., hold: _Optional[int] = ..., next_hold: _Optional[int] = ..., loop_id: _Optional[int] = ..., noise: _Optional[float] = ...) -> None: ...
 
 class DecodedSource(_message.Message):
     __slots__ = ("shorter_side", "stored_from_epoch")
@@ -311,9 +243,7 @@ class DecodedSource(_message.Message):
     STORED_FROM_EPOCH_FIELD_NUMBER: _ClassVar[int]
     shorter_side: int
     stored_from_epoch: int
-    def __init__(
-        self, shorter_side: _Optional[int] = ..., stored_from_epoch: _Optional[int] = ...
-    ) -> None: ...
+    def __init__(self, shorter_side: _Optional[int] = ..., stored_from_epoch: _Optional[int] = ...) -> None: ...
 
 class MixSource(_message.Message):
     __slots__ = ("dataset", "weight", "layout")
@@ -323,12 +253,7 @@ class MixSource(_message.Message):
     dataset: str
     weight: float
     layout: SampleLayout
-    def __init__(
-        self,
-        dataset: _Optional[str] = ...,
-        weight: _Optional[float] = ...,
-        layout: _Optional[_Union[SampleLayout, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, dataset: _Optional[str] = ..., weight: _Optional[float] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ...) -> None: ...
 
 class WeightChange(_message.Message):
     __slots__ = ("from_step", "weights")
@@ -336,20 +261,10 @@ class WeightChange(_message.Message):
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     from_step: int
     weights: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(
-        self, from_step: _Optional[int] = ..., weights: _Optional[_Iterable[float]] = ...
-    ) -> None: ...
+    def __init__(self, from_step: _Optional[int] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SampleLayout(_message.Message):
-    __slots__ = (
-        "fields",
-        "label_json_key",
-        "image_feature",
-        "label_feature",
-        "max_field_bytes",
-        "label_offset",
-        "key_feature",
-    )
+    __slots__ = ("fields", "label_json_key", "image_feature", "label_feature", "max_field_bytes", "label_offset", "key_feature")
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     LABEL_JSON_KEY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FEATURE_FIELD_NUMBER: _ClassVar[int]
@@ -364,16 +279,7 @@ class SampleLayout(_message.Message):
     max_field_bytes: int
     label_offset: int
     key_feature: str
-    def __init__(
-        self,
-        fields: _Optional[_Iterable[str]] = ...,
-        label_json_key: _Optional[str] = ...,
-        image_feature: _Optional[str] = ...,
-        label_feature: _Optional[str] = ...,
-        max_field_bytes: _Optional[int] = ...,
-        label_offset: _Optional[int] = ...,
-        key_feature: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, fields: _Optional[_Iterable[str]] = ..., label_json_key: _Optional[str] = ..., image_feature: _Optional[str] = ..., label_feature: _Optional[str] = ..., max_field_bytes: _Optional[int] = ..., label_offset: _Optional[int] = ..., key_feature: _Optional[str] = ...) -> None: ...
 
 class SharedImages(_message.Message):
     __slots__ = ("ring_token", "ring_bytes", "slot", "offset", "length", "holdable")
@@ -389,41 +295,10 @@ class SharedImages(_message.Message):
     offset: int
     length: int
     holdable: int
-    def __init__(
-        self,
-        ring_token: _Optional[bytes] = ...,
-        ring_bytes: _Optional[int] = ...,
-        slot: _Optional[int] = ...,
-        offset: _Optional[int] = ...,
-        length: _Optional[int] = ...,
-        holdable: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, ring_token: _Optional[bytes] = ..., ring_bytes: _Optional[int] = ..., slot: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., holdable: _Optional[int] = ...) -> None: ...
 
 class Augmentation(_message.Message):
-    __slots__ = (
-        "center_crop",
-        "random_resized_crop",
-        "stretch",
-        "horizontal_flip",
-        "auto_augment",
-        "color_jitter",
-        "grayscale",
-        "random_erasing",
-        "gaussian_blur",
-        "solarize",
-        "vertical_flip",
-        "sharpness",
-        "posterize",
-        "equalize",
-        "autocontrast",
-        "invert",
-        "rotation",
-        "affine",
-        "photometric_distort",
-        "timm_rand_augment",
-        "groups",
-        "resize_interpolation",
-    )
+    __slots__ = ("center_crop", "random_resized_crop", "stretch", "horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing", "gaussian_blur", "solarize", "vertical_flip", "sharpness", "posterize", "equalize", "autocontrast", "invert", "rotation", "affine", "photometric_distort", "timm_rand_augment", "groups", "resize_interpolation")
     CENTER_CROP_FIELD_NUMBER: _ClassVar[int]
     RANDOM_RESIZED_CROP_FIELD_NUMBER: _ClassVar[int]
     STRETCH_FIELD_NUMBER: _ClassVar[int]
@@ -468,31 +343,7 @@ class Augmentation(_message.Message):
     timm_rand_augment: TimmRandAugment
     groups: _containers.RepeatedCompositeFieldContainer[OpGroup]
     resize_interpolation: Interpolation
-    def __init__(
-        self,
-        center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ...,
-        random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ...,
-        stretch: _Optional[_Union[Stretch, _Mapping]] = ...,
-        horizontal_flip: _Optional[float] = ...,
-        auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ...,
-        color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ...,
-        grayscale: _Optional[float] = ...,
-        random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ...,
-        gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ...,
-        solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ...,
-        vertical_flip: _Optional[float] = ...,
-        sharpness: _Optional[_Union[RandomAdjustSharpness, _Mapping]] = ...,
-        posterize: _Optional[_Union[RandomPosterize, _Mapping]] = ...,
-        equalize: _Optional[float] = ...,
-        autocontrast: _Optional[float] = ...,
-        invert: _Optional[float] = ...,
-        rotation: _Optional[_Union[RandomRotation, _Mapping]] = ...,
-        affine: _Optional[_Union[RandomAffine, _Mapping]] = ...,
-        photometric_distort: _Optional[_Union[RandomPhotometricDistort, _Mapping]] = ...,
-        timm_rand_augment: _Optional[_Union[TimmRandAugment, _Mapping]] = ...,
-        groups: _Optional[_Iterable[_Union[OpGroup, _Mapping]]] = ...,
-        resize_interpolation: _Optional[_Union[Interpolation, str]] = ...,
-    ) -> None: ...
+    def __init__(self, center_crop: _Optional[_Union[CenterCrop, _Mapping]] = ..., random_resized_crop: _Optional[_Union[RandomResizedCrop, _Mapping]] = ..., stretch: _Optional[_Union[Stretch, _Mapping]] = ..., horizontal_flip: _Optional[float] = ..., auto_augment: _Optional[_Union[AutoAugment, _Mapping]] = ..., color_jitter: _Optional[_Union[ColorJitter, _Mapping]] = ..., grayscale: _Optional[float] = ..., random_erasing: _Optional[_Union[RandomErasing, _Mapping]] = ..., gaussian_blur: _Optional[_Union[GaussianBlur, _Mapping]] = ..., solarize: _Optional[_Union[RandomSolarize, _Mapping]] = ..., vertical_flip: _Optional[float] = ..., sharpness: _Optional[_Union[RandomAdjustSharpness, _Mapping]] = ..., posterize: _Optional[_Union[RandomPosterize, _Mapping]] = ..., equalize: _Optional[float] = ..., autocontrast: _Optional[float] = ..., invert: _Optional[float] = ..., rotation: _Optional[_Union[RandomRotation, _Mapping]] = ..., affine: _Optional[_Union[RandomAffine, _Mapping]] = ..., photometric_distort: _Optional[_Union[RandomPhotometricDistort, _Mapping]] = ..., timm_rand_augment: _Optional[_Union[TimmRandAugment, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[OpGroup, _Mapping]]] = ..., resize_interpolation: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
 
 class OpGroup(_message.Message):
     __slots__ = ("kind", "rows", "p", "weights")
@@ -504,13 +355,7 @@ class OpGroup(_message.Message):
     rows: _containers.RepeatedScalarFieldContainer[str]
     p: float
     weights: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(
-        self,
-        kind: _Optional[_Union[OpGroupKind, str]] = ...,
-        rows: _Optional[_Iterable[str]] = ...,
-        p: _Optional[float] = ...,
-        weights: _Optional[_Iterable[float]] = ...,
-    ) -> None: ...
+    def __init__(self, kind: _Optional[_Union[OpGroupKind, str]] = ..., rows: _Optional[_Iterable[str]] = ..., p: _Optional[float] = ..., weights: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class AutoAugment(_message.Message):
     __slots__ = ("trivial_augment_wide", "rand_augment", "imagenet", "interpolation", "fill")
@@ -524,14 +369,7 @@ class AutoAugment(_message.Message):
     imagenet: AutoAugmentImageNet
     interpolation: Interpolation
     fill: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        trivial_augment_wide: _Optional[_Union[TrivialAugmentWide, _Mapping]] = ...,
-        rand_augment: _Optional[_Union[RandAugment, _Mapping]] = ...,
-        imagenet: _Optional[_Union[AutoAugmentImageNet, _Mapping]] = ...,
-        interpolation: _Optional[_Union[Interpolation, str]] = ...,
-        fill: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, trivial_augment_wide: _Optional[_Union[TrivialAugmentWide, _Mapping]] = ..., rand_augment: _Optional[_Union[RandAugment, _Mapping]] = ..., imagenet: _Optional[_Union[AutoAugmentImageNet, _Mapping]] = ..., interpolation: _Optional[_Union[Interpolation, str]] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrivialAugmentWide(_message.Message):
     __slots__ = ("num_magnitude_bins",)
@@ -547,12 +385,7 @@ class RandAugment(_message.Message):
     num_ops: int
     magnitude: int
     num_magnitude_bins: int
-    def __init__(
-        self,
-        num_ops: _Optional[int] = ...,
-        magnitude: _Optional[int] = ...,
-        num_magnitude_bins: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, num_ops: _Optional[int] = ..., magnitude: _Optional[int] = ..., num_magnitude_bins: _Optional[int] = ...) -> None: ...
 
 class AutoAugmentImageNet(_message.Message):
     __slots__ = ()
@@ -578,14 +411,7 @@ class ColorJitter(_message.Message):
     saturation: Range
     hue: Range
     p: float
-    def __init__(
-        self,
-        brightness: _Optional[_Union[Range, _Mapping]] = ...,
-        contrast: _Optional[_Union[Range, _Mapping]] = ...,
-        saturation: _Optional[_Union[Range, _Mapping]] = ...,
-        hue: _Optional[_Union[Range, _Mapping]] = ...,
-        p: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, brightness: _Optional[_Union[Range, _Mapping]] = ..., contrast: _Optional[_Union[Range, _Mapping]] = ..., saturation: _Optional[_Union[Range, _Mapping]] = ..., hue: _Optional[_Union[Range, _Mapping]] = ..., p: _Optional[float] = ...) -> None: ...
 
 class GaussianBlur(_message.Message):
     __slots__ = ("kernel_width", "kernel_height", "sigma", "p")
@@ -597,13 +423,7 @@ class GaussianBlur(_message.Message):
     kernel_height: int
     sigma: Range
     p: float
-    def __init__(
-        self,
-        kernel_width: _Optional[int] = ...,
-        kernel_height: _Optional[int] = ...,
-        sigma: _Optional[_Union[Range, _Mapping]] = ...,
-        p: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, kernel_width: _Optional[int] = ..., kernel_height: _Optional[int] = ..., sigma: _Optional[_Union[Range, _Mapping]] = ..., p: _Optional[float] = ...) -> None: ...
 
 class RandomSolarize(_message.Message):
     __slots__ = ("threshold", "p")
@@ -619,9 +439,7 @@ class RandomAdjustSharpness(_message.Message):
     P_FIELD_NUMBER: _ClassVar[int]
     sharpness_factor: float
     p: float
-    def __init__(
-        self, sharpness_factor: _Optional[float] = ..., p: _Optional[float] = ...
-    ) -> None: ...
+    def __init__(self, sharpness_factor: _Optional[float] = ..., p: _Optional[float] = ...) -> None: ...
 
 class RandomRotation(_message.Message):
     __slots__ = ("degrees", "interpolation", "fill")
@@ -631,24 +449,10 @@ class RandomRotation(_message.Message):
     degrees: Range
     interpolation: Interpolation
     fill: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        degrees: _Optional[_Union[Range, _Mapping]] = ...,
-        interpolation: _Optional[_Union[Interpolation, str]] = ...,
-        fill: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, degrees: _Optional[_Union[Range, _Mapping]] = ..., interpolation: _Optional[_Union[Interpolation, str]] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RandomAffine(_message.Message):
-    __slots__ = (
-        "degrees",
-        "translate_x",
-        "translate_y",
-        "scale",
-        "shear_x",
-        "shear_y",
-        "interpolation",
-        "fill",
-    )
+    __slots__ = ("degrees", "translate_x", "translate_y", "scale", "shear_x", "shear_y", "interpolation", "fill")
     DEGREES_FIELD_NUMBER: _ClassVar[int]
     TRANSLATE_X_FIELD_NUMBER: _ClassVar[int]
     TRANSLATE_Y_FIELD_NUMBER: _ClassVar[int]
@@ -665,17 +469,7 @@ class RandomAffine(_message.Message):
     shear_y: Range
     interpolation: Interpolation
     fill: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        degrees: _Optional[_Union[Range, _Mapping]] = ...,
-        translate_x: _Optional[float] = ...,
-        translate_y: _Optional[float] = ...,
-        scale: _Optional[_Union[Range, _Mapping]] = ...,
-        shear_x: _Optional[_Union[Range, _Mapping]] = ...,
-        shear_y: _Optional[_Union[Range, _Mapping]] = ...,
-        interpolation: _Optional[_Union[Interpolation, str]] = ...,
-        fill: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, degrees: _Optional[_Union[Range, _Mapping]] = ..., translate_x: _Optional[float] = ..., translate_y: _Optional[float] = ..., scale: _Optional[_Union[Range, _Mapping]] = ..., shear_x: _Optional[_Union[Range, _Mapping]] = ..., shear_y: _Optional[_Union[Range, _Mapping]] = ..., interpolation: _Optional[_Union[Interpolation, str]] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AffineDrawn(_message.Message):
     __slots__ = ("angle", "translate_x", "translate_y", "scale", "shear_x", "shear_y")
@@ -691,15 +485,7 @@ class AffineDrawn(_message.Message):
     scale: float
     shear_x: float
     shear_y: float
-    def __init__(
-        self,
-        angle: _Optional[float] = ...,
-        translate_x: _Optional[int] = ...,
-        translate_y: _Optional[int] = ...,
-        scale: _Optional[float] = ...,
-        shear_x: _Optional[float] = ...,
-        shear_y: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, angle: _Optional[float] = ..., translate_x: _Optional[int] = ..., translate_y: _Optional[int] = ..., scale: _Optional[float] = ..., shear_x: _Optional[float] = ..., shear_y: _Optional[float] = ...) -> None: ...
 
 class RandomPhotometricDistort(_message.Message):
     __slots__ = ("brightness", "contrast", "saturation", "hue", "p")
@@ -713,14 +499,7 @@ class RandomPhotometricDistort(_message.Message):
     saturation: Range
     hue: Range
     p: float
-    def __init__(
-        self,
-        brightness: _Optional[_Union[Range, _Mapping]] = ...,
-        contrast: _Optional[_Union[Range, _Mapping]] = ...,
-        saturation: _Optional[_Union[Range, _Mapping]] = ...,
-        hue: _Optional[_Union[Range, _Mapping]] = ...,
-        p: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, brightness: _Optional[_Union[Range, _Mapping]] = ..., contrast: _Optional[_Union[Range, _Mapping]] = ..., saturation: _Optional[_Union[Range, _Mapping]] = ..., hue: _Optional[_Union[Range, _Mapping]] = ..., p: _Optional[float] = ...) -> None: ...
 
 class RandomPosterize(_message.Message):
     __slots__ = ("bits", "p")
@@ -731,16 +510,7 @@ class RandomPosterize(_message.Message):
     def __init__(self, bits: _Optional[int] = ..., p: _Optional[float] = ...) -> None: ...
 
 class RandomErasing(_message.Message):
-    __slots__ = (
-        "p",
-        "scale",
-        "ratio",
-        "colour",
-        "mean",
-        "random",
-        "normalize_mean",
-        "normalize_std",
-    )
+    __slots__ = ("p", "scale", "ratio", "colour", "mean", "random", "normalize_mean", "normalize_std")
     P_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -757,17 +527,7 @@ class RandomErasing(_message.Message):
     random: EraseNoise
     normalize_mean: _containers.RepeatedScalarFieldContainer[float]
     normalize_std: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(
-        self,
-        p: _Optional[float] = ...,
-        scale: _Optional[_Union[Range, _Mapping]] = ...,
-        ratio: _Optional[_Union[Range, _Mapping]] = ...,
-        colour: _Optional[_Union[Colour, _Mapping]] = ...,
-        mean: _Optional[_Union[EraseMean, _Mapping]] = ...,
-        random: _Optional[_Union[EraseNoise, _Mapping]] = ...,
-        normalize_mean: _Optional[_Iterable[float]] = ...,
-        normalize_std: _Optional[_Iterable[float]] = ...,
-    ) -> None: ...
+    def __init__(self, p: _Optional[float] = ..., scale: _Optional[_Union[Range, _Mapping]] = ..., ratio: _Optional[_Union[Range, _Mapping]] = ..., colour: _Optional[_Union[Colour, _Mapping]] = ..., mean: _Optional[_Union[EraseMean, _Mapping]] = ..., random: _Optional[_Union[EraseNoise, _Mapping]] = ..., normalize_mean: _Optional[_Iterable[float]] = ..., normalize_std: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Colour(_message.Message):
     __slots__ = ("levels",)
@@ -803,40 +563,10 @@ class RandomResizedCrop(_message.Message):
     scale_max: float
     ratio_min: float
     ratio_max: float
-    def __init__(
-        self,
-        scale_min: _Optional[float] = ...,
-        scale_max: _Optional[float] = ...,
-        ratio_min: _Optional[float] = ...,
-        ratio_max: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, scale_min: _Optional[float] = ..., scale_max: _Optional[float] = ..., ratio_min: _Optional[float] = ..., ratio_max: _Optional[float] = ...) -> None: ...
 
 class CropBox(_message.Message):
-    __slots__ = (
-        "left",
-        "top",
-        "width",
-        "height",
-        "flipped",
-        "policy",
-        "jitter",
-        "grayscale",
-        "erased",
-        "blur_sigma",
-        "solarized",
-        "vertically_flipped",
-        "sharpened",
-        "posterized",
-        "equalized",
-        "autocontrasted",
-        "inverted",
-        "rotation",
-        "affine",
-        "photometric",
-        "channel_permutation",
-        "timm_steps",
-        "applied_rows",
-    )
+    __slots__ = ("left", "top", "width", "height", "flipped", "policy", "jitter", "grayscale", "erased", "blur_sigma", "solarized", "vertically_flipped", "sharpened", "posterized", "equalized", "autocontrasted", "inverted", "rotation", "affine", "photometric", "channel_permutation", "timm_steps", "applied_rows")
     LEFT_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -883,47 +613,10 @@ class CropBox(_message.Message):
     channel_permutation: _containers.RepeatedScalarFieldContainer[int]
     timm_steps: _containers.RepeatedCompositeFieldContainer[TimmStep]
     applied_rows: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        left: _Optional[float] = ...,
-        top: _Optional[float] = ...,
-        width: _Optional[float] = ...,
-        height: _Optional[float] = ...,
-        flipped: _Optional[bool] = ...,
-        policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ...,
-        jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ...,
-        grayscale: _Optional[bool] = ...,
-        erased: _Optional[_Union[ErasedBox, _Mapping]] = ...,
-        blur_sigma: _Optional[float] = ...,
-        solarized: _Optional[bool] = ...,
-        vertically_flipped: _Optional[bool] = ...,
-        sharpened: _Optional[bool] = ...,
-        posterized: _Optional[bool] = ...,
-        equalized: _Optional[bool] = ...,
-        autocontrasted: _Optional[bool] = ...,
-        inverted: _Optional[bool] = ...,
-        rotation: _Optional[float] = ...,
-        affine: _Optional[_Union[AffineDrawn, _Mapping]] = ...,
-        photometric: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ...,
-        channel_permutation: _Optional[_Iterable[int]] = ...,
-        timm_steps: _Optional[_Iterable[_Union[TimmStep, _Mapping]]] = ...,
-        applied_rows: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, left: _Optional[float] = ..., top: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ..., flipped: _Optional[bool] = ..., policy: _Optional[_Iterable[_Union[PolicyStep, _Mapping]]] = ..., jitter: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., grayscale: _Optional[bool] = ..., erased: _Optional[_Union[ErasedBox, _Mapping]] = ..., blur_sigma: _Optional[float] = ..., solarized: _Optional[bool] = ..., vertically_flipped: _Optional[bool] = ..., sharpened: _Optional[bool] = ..., posterized: _Optional[bool] = ..., equalized: _Optional[bool] = ..., autocontrasted: _Optional[bool] = ..., inverted: _Optional[bool] = ..., rotation: _Optional[float] = ..., affine: _Optional[_Union[AffineDrawn, _Mapping]] = ..., photometric: _Optional[_Iterable[_Union[JitterStep, _Mapping]]] = ..., channel_permutation: _Optional[_Iterable[int]] = ..., timm_steps: _Optional[_Iterable[_Union[TimmStep, _Mapping]]] = ..., applied_rows: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TimmRandAugment(_message.Message):
-    __slots__ = (
-        "ops",
-        "num_layers",
-        "magnitude",
-        "magnitude_std",
-        "magnitude_max",
-        "prob",
-        "translate_pct",
-        "translate_const",
-        "resample",
-        "random_resample",
-        "fill",
-    )
+    __slots__ = ("ops", "num_layers", "magnitude", "magnitude_std", "magnitude_max", "prob", "translate_pct", "translate_const", "resample", "random_resample", "fill")
     OPS_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
@@ -946,20 +639,7 @@ class TimmRandAugment(_message.Message):
     resample: Interpolation
     random_resample: bool
     fill: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        ops: _Optional[_Iterable[_Union[TimmOp, str]]] = ...,
-        num_layers: _Optional[int] = ...,
-        magnitude: _Optional[float] = ...,
-        magnitude_std: _Optional[float] = ...,
-        magnitude_max: _Optional[float] = ...,
-        prob: _Optional[float] = ...,
-        translate_pct: _Optional[float] = ...,
-        translate_const: _Optional[float] = ...,
-        resample: _Optional[_Union[Interpolation, str]] = ...,
-        random_resample: _Optional[bool] = ...,
-        fill: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, ops: _Optional[_Iterable[_Union[TimmOp, str]]] = ..., num_layers: _Optional[int] = ..., magnitude: _Optional[float] = ..., magnitude_std: _Optional[float] = ..., magnitude_max: _Optional[float] = ..., prob: _Optional[float] = ..., translate_pct: _Optional[float] = ..., translate_const: _Optional[float] = ..., resample: _Optional[_Union[Interpolation, str]] = ..., random_resample: _Optional[bool] = ..., fill: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TimmStep(_message.Message):
     __slots__ = ("op", "argument", "resample")
@@ -969,12 +649,7 @@ class TimmStep(_message.Message):
     op: TimmOp
     argument: float
     resample: Interpolation
-    def __init__(
-        self,
-        op: _Optional[_Union[TimmOp, str]] = ...,
-        argument: _Optional[float] = ...,
-        resample: _Optional[_Union[Interpolation, str]] = ...,
-    ) -> None: ...
+    def __init__(self, op: _Optional[_Union[TimmOp, str]] = ..., argument: _Optional[float] = ..., resample: _Optional[_Union[Interpolation, str]] = ...) -> None: ...
 
 class PolicyStep(_message.Message):
     __slots__ = ("op", "magnitude")
@@ -982,9 +657,7 @@ class PolicyStep(_message.Message):
     MAGNITUDE_FIELD_NUMBER: _ClassVar[int]
     op: PolicyOp
     magnitude: float
-    def __init__(
-        self, op: _Optional[_Union[PolicyOp, str]] = ..., magnitude: _Optional[float] = ...
-    ) -> None: ...
+    def __init__(self, op: _Optional[_Union[PolicyOp, str]] = ..., magnitude: _Optional[float] = ...) -> None: ...
 
 class JitterStep(_message.Message):
     __slots__ = ("op", "factor")
@@ -992,9 +665,7 @@ class JitterStep(_message.Message):
     FACTOR_FIELD_NUMBER: _ClassVar[int]
     op: JitterOp
     factor: float
-    def __init__(
-        self, op: _Optional[_Union[JitterOp, str]] = ..., factor: _Optional[float] = ...
-    ) -> None: ...
+    def __init__(self, op: _Optional[_Union[JitterOp, str]] = ..., factor: _Optional[float] = ...) -> None: ...
 
 class ErasedBox(_message.Message):
     __slots__ = ("top", "left", "height", "width", "noise")
@@ -1008,14 +679,7 @@ class ErasedBox(_message.Message):
     height: int
     width: int
     noise: int
-    def __init__(
-        self,
-        top: _Optional[int] = ...,
-        left: _Optional[int] = ...,
-        height: _Optional[int] = ...,
-        width: _Optional[int] = ...,
-        noise: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, top: _Optional[int] = ..., left: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., noise: _Optional[int] = ...) -> None: ...
 
 class EpochPosition(_message.Message):
     __slots__ = ("segments", "dataset", "before_epoch")
@@ -1025,12 +689,7 @@ class EpochPosition(_message.Message):
     segments: _containers.RepeatedCompositeFieldContainer[PositionSegment]
     dataset: str
     before_epoch: _containers.RepeatedCompositeFieldContainer[PositionSegment]
-    def __init__(
-        self,
-        segments: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ...,
-        dataset: _Optional[str] = ...,
-        before_epoch: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, segments: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ..., dataset: _Optional[str] = ..., before_epoch: _Optional[_Iterable[_Union[PositionSegment, _Mapping]]] = ...) -> None: ...
 
 class PositionSegment(_message.Message):
     __slots__ = ("world_size", "batches")
@@ -1050,41 +709,10 @@ class Shape(_message.Message):
     height: int
     width: int
     channels: int
-    def __init__(
-        self,
-        n: _Optional[int] = ...,
-        height: _Optional[int] = ...,
-        width: _Optional[int] = ...,
-        channels: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = (
-        "epoch",
-        "index",
-        "shape",
-        "images",
-        "labels",
-        "keys",
-        "substituted",
-        "substitution_reasons",
-        "position",
-        "global_samples",
-        "shards",
-        "substitute_sources",
-        "crops",
-        "shared",
-        "fields",
-        "padded",
-        "epoch_steps",
-        "sample_sources",
-        "sample_source_epochs",
-        "encoded",
-        "server_decode_settled",
-        "server_decode_search",
-        "augmentation",
-        "copies",
-    )
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled", "server_decode_search", "augmentation", "copies")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -1133,33 +761,7 @@ class Batch(_message.Message):
     server_decode_search: ShareSearch
     augmentation: Augmentation
     copies: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        epoch: _Optional[int] = ...,
-        index: _Optional[int] = ...,
-        shape: _Optional[_Union[Shape, _Mapping]] = ...,
-        images: _Optional[bytes] = ...,
-        labels: _Optional[_Iterable[int]] = ...,
-        keys: _Optional[_Iterable[str]] = ...,
-        substituted: _Optional[_Iterable[int]] = ...,
-        substitution_reasons: _Optional[_Iterable[str]] = ...,
-        position: _Optional[_Union[EpochPosition, _Mapping]] = ...,
-        global_samples: _Optional[int] = ...,
-        shards: _Optional[_Iterable[str]] = ...,
-        substitute_sources: _Optional[_Iterable[int]] = ...,
-        crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ...,
-        shared: _Optional[_Union[SharedImages, _Mapping]] = ...,
-        fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ...,
-        padded: _Optional[_Iterable[int]] = ...,
-        epoch_steps: _Optional[int] = ...,
-        sample_sources: _Optional[_Iterable[int]] = ...,
-        sample_source_epochs: _Optional[_Iterable[int]] = ...,
-        encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ...,
-        server_decode_settled: _Optional[float] = ...,
-        server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ...,
-        augmentation: _Optional[_Union[Augmentation, _Mapping]] = ...,
-        copies: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., copies: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EncodedSample(_message.Message):
     __slots__ = ("offset", "length", "decoded", "source_width", "source_height", "form")
@@ -1175,15 +777,7 @@ class EncodedSample(_message.Message):
     source_width: int
     source_height: int
     form: SampleForm
-    def __init__(
-        self,
-        offset: _Optional[int] = ...,
-        length: _Optional[int] = ...,
-        decoded: _Optional[bool] = ...,
-        source_width: _Optional[int] = ...,
-        source_height: _Optional[int] = ...,
-        form: _Optional[_Union[SampleForm, str]] = ...,
-    ) -> None: ...
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ..., decoded: _Optional[bool] = ..., source_width: _Optional[int] = ..., source_height: _Optional[int] = ..., form: _Optional[_Union[SampleForm, str]] = ...) -> None: ...
 
 class ClientDecodeReport(_message.Message):
     __slots__ = ("rank", "decoded", "failures", "loop_waits")
@@ -1195,13 +789,7 @@ class ClientDecodeReport(_message.Message):
     decoded: int
     failures: _containers.RepeatedCompositeFieldContainer[ClientDecodeFailure]
     loop_waits: LoopWaits
-    def __init__(
-        self,
-        rank: _Optional[int] = ...,
-        decoded: _Optional[int] = ...,
-        failures: _Optional[_Iterable[_Union[ClientDecodeFailure, _Mapping]]] = ...,
-        loop_waits: _Optional[_Union[LoopWaits, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, rank: _Optional[int] = ..., decoded: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[ClientDecodeFailure, _Mapping]]] = ..., loop_waits: _Optional[_Union[LoopWaits, _Mapping]] = ...) -> None: ...
 
 class LoopWaits(_message.Message):
     __slots__ = ("loop_id", "waited_seconds", "stepped_seconds", "steps")
@@ -1213,13 +801,7 @@ class LoopWaits(_message.Message):
     waited_seconds: float
     stepped_seconds: float
     steps: int
-    def __init__(
-        self,
-        loop_id: _Optional[int] = ...,
-        waited_seconds: _Optional[float] = ...,
-        stepped_seconds: _Optional[float] = ...,
-        steps: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, loop_id: _Optional[int] = ..., waited_seconds: _Optional[float] = ..., stepped_seconds: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class ClientDecodeFailure(_message.Message):
     __slots__ = ("shard", "key", "reason")
@@ -1229,9 +811,7 @@ class ClientDecodeFailure(_message.Message):
     shard: str
     key: str
     reason: str
-    def __init__(
-        self, shard: _Optional[str] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ...
-    ) -> None: ...
+    def __init__(self, shard: _Optional[str] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ClientDecodeReportResponse(_message.Message):
     __slots__ = ()
@@ -1245,12 +825,7 @@ class FieldValues(_message.Message):
     name: str
     values: _containers.RepeatedScalarFieldContainer[bytes]
     missing: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        values: _Optional[_Iterable[bytes]] = ...,
-        missing: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., values: _Optional[_Iterable[bytes]] = ..., missing: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ("dataset", "world_size", "batch_size", "partition", "repeats")
@@ -1264,27 +839,10 @@ class DescribeRequest(_message.Message):
     batch_size: int
     partition: Partition
     repeats: int
-    def __init__(
-        self,
-        dataset: _Optional[str] = ...,
-        world_size: _Optional[int] = ...,
-        batch_size: _Optional[int] = ...,
-        partition: _Optional[_Union[Partition, str]] = ...,
-        repeats: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, dataset: _Optional[str] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., partition: _Optional[_Union[Partition, str]] = ..., repeats: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = (
-        "shards",
-        "samples",
-        "batches_per_rank",
-        "dropped_per_epoch",
-        "padded_per_epoch",
-        "total_bytes",
-        "decoder",
-        "classes",
-        "augmentation_ops",
-    )
+    __slots__ = ("shards", "samples", "batches_per_rank", "dropped_per_epoch", "padded_per_epoch", "total_bytes", "decoder", "classes", "augmentation_ops")
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BATCHES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -1303,15 +861,4 @@ class DescribeResponse(_message.Message):
     decoder: str
     classes: _containers.RepeatedScalarFieldContainer[str]
     augmentation_ops: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        shards: _Optional[int] = ...,
-        samples: _Optional[int] = ...,
-        batches_per_rank: _Optional[int] = ...,
-        dropped_per_epoch: _Optional[int] = ...,
-        padded_per_epoch: _Optional[int] = ...,
-        total_bytes: _Optional[int] = ...,
-        decoder: _Optional[str] = ...,
-        classes: _Optional[_Iterable[str]] = ...,
-        augmentation_ops: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, shards: _Optional[int] = ..., samples: _Optional[int] = ..., batches_per_rank: _Optional[int] = ..., dropped_per_epoch: _Optional[int] = ..., padded_per_epoch: _Optional[int] = ..., total_bytes: _Optional[int] = ..., decoder: _Optional[str] = ..., classes: _Optional[_Iterable[str]] = ..., augmentation_ops: _Optional[_Iterable[str]] = ...) -> None: ...
