@@ -120,26 +120,36 @@ pub const FOOTER_SCAN_BYTES: u64 = 256 << 20;
 /// Permits count KiB so that the bound fits the semaphore's `u32`.
 const UNIT: u64 = 1 << 10;
 
-/// The byte bound the footer scans of one build share.
+/// The byte bound the footer scans of one build share. A scan holds one
+/// share at a time (its tail's, then, for a longer footer, that footer's
+/// alone), so a scan waiting for a share holds none: waiters cannot keep
+/// each other waiting.
 #[derive(Debug, Clone)]
 pub struct FooterBytes {
     permits: Arc<Semaphore>,
+    units: u64,
 }
 
 impl Default for FooterBytes {
     fn default() -> Self {
-        Self {
-            permits: Arc::new(Semaphore::new((FOOTER_SCAN_BYTES / UNIT) as usize)),
-        }
+        Self::with_bytes(FOOTER_SCAN_BYTES)
     }
 }
 
 impl FooterBytes {
+    pub fn with_bytes(bytes: u64) -> Self {
+        let units = (bytes / UNIT).max(1);
+        Self {
+            permits: Arc::new(Semaphore::new(units as usize)),
+            units,
+        }
+    }
+
     /// Waits until `metadata` bytes of footer, read and parsed, fit the
     /// bound (one larger than the bound waits for all of it).
     pub async fn hold(&self, metadata: u64) -> OwnedSemaphorePermit {
         let bytes = metadata.saturating_mul(1 + PARSED_PER_METADATA_BYTE);
-        let units = bytes.div_ceil(UNIT).clamp(1, FOOTER_SCAN_BYTES / UNIT);
+        let units = bytes.div_ceil(UNIT).clamp(1, self.units);
         self.permits
             .clone()
             .acquire_many_owned(units as u32)
@@ -207,6 +217,47 @@ mod tests {
         use crate::dev::parquet_files::{self, Layout, Row};
         use crate::shard::parquet::footer::metadata_range;
         use crate::shard::parquet::Footer;
+
+        /// A footer longer than the tail read, under a bound smaller than
+        /// the tail's share and the footer's together: the scan gives the
+        /// tail's share back before it asks the footer's, so it ends.
+        #[tokio::test]
+        async fn a_long_footer_is_read_under_a_bound_it_fills_alone() {
+            use crate::dataset::parquet::read_footer;
+            use crate::store::local::LocalStore;
+            use crate::store::ObjectMeta;
+            let rows: Vec<Row> = (0..2_000)
+                .map(|i| Row {
+                    image: Some(vec![i as u8; 16]),
+                    path: Some(format!("{i}.jpg")),
+                    label: Some(i),
+                })
+                .collect();
+            let layout = Layout {
+                rows_per_group: 1,
+                ..Layout::default()
+            };
+            let file = parquet_files::write(&rows, &layout).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("long.parquet"), &file).unwrap();
+            let store = LocalStore::new(dir.path());
+            let object = ObjectMeta {
+                key: "long.parquet".into(),
+                size: file.len() as u64,
+                etag: None,
+            };
+            // The tail's share alone is 13 × 256 KiB; the footer's, 13 ×
+            // ~700 KB, clamped to the whole bound.
+            let bound = FooterBytes::with_bytes(4 << 20);
+            let read = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                read_footer(&store, &object, &bound),
+            )
+            .await
+            .expect("the scan waited on its own share")
+            .unwrap();
+            assert_eq!(read.footer.row_groups(), 2_000);
+        }
 
         #[test]
         fn footer_memory_per_metadata_byte() {

@@ -37,20 +37,22 @@ pub async fn read_footer(
         source: ShardError::Parquet(source),
     };
     let tail_range = crate::shard::parquet::footer::tail_range(object.size);
-    let mut held = bound.hold(tail_range.end - tail_range.start).await;
+    let held = bound.hold(tail_range.end - tail_range.start).await;
     let etag = object.etag.as_deref();
     let tail = read_range(store, &object.key, tail_range, etag).await?;
-    let footer = match Footer::from_tail(&tail, object.size) {
-        Ok(footer) => footer,
-        Err(Err(error)) => return Err(damaged(error)),
+    match Footer::from_tail(&tail, object.size) {
+        Ok(footer) => Ok(HeldFooter { footer, held }),
+        Err(Err(error)) => Err(damaged(error)),
         Err(Ok(longer)) => {
-            drop(tail);
-            held.merge(bound.hold(longer.end - longer.start).await);
+            // The tail's share goes back before the longer one is asked:
+            // a scan that waits holds nothing.
+            drop((tail, held));
+            let held = bound.hold(longer.end - longer.start).await;
             let metadata = read_range(store, &object.key, longer, etag).await?;
-            Footer::parse(&metadata, object.size).map_err(damaged)?
+            let footer = Footer::parse(&metadata, object.size).map_err(damaged)?;
+            Ok(HeldFooter { footer, held })
         }
-    };
-    Ok(HeldFooter { footer, held })
+    }
 }
 
 /// What indexing one Parquet file gives.
