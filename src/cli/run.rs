@@ -167,7 +167,8 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
     let registry = Arc::new(
         DatasetRegistry::new(config.s3.clone(), config.retry.clone(), config.read)
             .with_bad_shard_policy(config.engine.pipeline.on_bad_shard)
-            .with_index_budget(config.engine.memory.idle_indexes),
+            .with_index_budget(config.engine.memory.idle_indexes)
+            .with_index_limit(config.engine.memory.idle_indexes),
     );
     let engine = Engine::new(registry.clone(), config.engine.clone())
         .map_err(|e| format!("starting the decode pool: {e}"))?;

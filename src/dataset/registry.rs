@@ -37,6 +37,9 @@ pub struct DatasetRegistry {
     /// holds are let go beyond `index_budget` bytes of indexes.
     datasets: Mutex<Opened>,
     index_budget: u64,
+    /// The most one dataset's index may hold, in use or not: a build past
+    /// it is refused (`super::charge`).
+    index_limit: u64,
     /// Set once, before the first dataset is opened: the server opens a
     /// large cache after it starts listening (see [`Self::set_cache`]).
     cache: std::sync::OnceLock<Arc<DiskCache>>,
@@ -118,6 +121,7 @@ impl DatasetRegistry {
             limiter: RequestLimiter::new(DEFAULT_INITIAL_LIMIT),
             datasets: Mutex::default(),
             index_budget: DEFAULT_INDEX_BUDGET,
+            index_limit: DEFAULT_INDEX_BUDGET,
             cache: std::sync::OnceLock::new(),
             on_bad_shard: BadShardPolicy::Fail,
         }
@@ -127,6 +131,14 @@ impl DatasetRegistry {
     /// [`DEFAULT_INDEX_BUDGET`]).
     pub fn with_index_budget(mut self, bytes: u64) -> Self {
         self.index_budget = bytes;
+        self
+    }
+
+    /// The most memory one dataset's index may hold, whether a stream uses
+    /// it or not (default [`DEFAULT_INDEX_BUDGET`]); a larger one is refused
+    /// when it is built or loaded, naming the way out.
+    pub fn with_index_limit(mut self, bytes: u64) -> Self {
+        self.index_limit = bytes;
         self
     }
 
@@ -205,7 +217,7 @@ impl DatasetRegistry {
                     manifest: parsed.manifest().map(str::to_string),
                 };
                 let (read, owned_uri) = (self.read.clone(), key.clone());
-                let policy = (self.on_bad_shard, self.index_budget);
+                let policy = (self.on_bad_shard, self.index_limit);
                 let mut datasets = self.lock_datasets();
                 datasets.clock += 1;
                 let clock = datasets.clock;
