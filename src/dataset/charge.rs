@@ -218,15 +218,9 @@ mod tests {
         use crate::shard::parquet::footer::metadata_range;
         use crate::shard::parquet::Footer;
 
-        /// A footer longer than the tail read, under a bound smaller than
-        /// the tail's share and the footer's together: the scan gives the
-        /// tail's share back before it asks the footer's, so it ends.
-        #[tokio::test]
-        async fn a_long_footer_is_read_under_a_bound_it_fills_alone() {
-            use crate::dataset::parquet::read_footer;
-            use crate::store::local::LocalStore;
-            use crate::store::ObjectMeta;
-            let rows: Vec<Row> = (0..2_000)
+        /// A file of `groups` one-row groups: its footer lists them all.
+        fn one_row_groups(groups: i64) -> Vec<u8> {
+            let rows: Vec<Row> = (0..groups)
                 .map(|i| Row {
                     image: Some(vec![i as u8; 16]),
                     path: Some(format!("{i}.jpg")),
@@ -237,7 +231,18 @@ mod tests {
                 rows_per_group: 1,
                 ..Layout::default()
             };
-            let file = parquet_files::write(&rows, &layout).unwrap();
+            parquet_files::write(&rows, &layout).unwrap()
+        }
+
+        /// A footer longer than the tail read, under a bound smaller than
+        /// the tail's share and the footer's together: the scan gives the
+        /// tail's share back before it asks the footer's, so it ends.
+        #[tokio::test]
+        async fn a_long_footer_is_read_under_a_bound_it_fills_alone() {
+            use crate::dataset::parquet::read_footer;
+            use crate::store::local::LocalStore;
+            use crate::store::ObjectMeta;
+            let file = one_row_groups(2_000);
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("long.parquet"), &file).unwrap();
             let store = LocalStore::new(dir.path());
@@ -261,18 +266,7 @@ mod tests {
 
         #[test]
         fn footer_memory_per_metadata_byte() {
-            let rows: Vec<Row> = (0..2_000)
-                .map(|i| Row {
-                    image: Some(vec![i as u8; 16]),
-                    path: Some(format!("{i}.jpg")),
-                    label: Some(i),
-                })
-                .collect();
-            let layout = Layout {
-                rows_per_group: 1,
-                ..Layout::default()
-            };
-            let file = parquet_files::write(&rows, &layout).unwrap();
+            let file = one_row_groups(2_000);
             let range = metadata_range(&file, file.len() as u64).unwrap();
             let metadata = &file[range.start as usize..range.end as usize];
             let footer = Footer::parse(metadata, file.len() as u64).unwrap();
