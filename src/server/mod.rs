@@ -16,6 +16,7 @@
 mod allow;
 mod authority;
 pub mod client;
+mod delivery;
 mod layout;
 mod limits;
 pub mod listen;

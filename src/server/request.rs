@@ -9,7 +9,6 @@ use super::pb;
 use super::status::ServiceError;
 use crate::decode::{self, Crop, OutputSpec};
 use crate::engine::{OutputRequest, Sources, StreamRequest};
-use crate::pipeline::encoded;
 use crate::plan::{EpochPosition, Partition, Phase, PlanRequest, ShuffleConfig};
 
 /// The engine's request for a `StreamBatches` call, of one dataset or a
@@ -126,7 +125,7 @@ pub fn stream_request(
         decoded_by_default: request.decoded_source.is_none(),
         // A stream with an op the client's decoder does not name is the
         // server's to decode, whatever the share.
-        delivery: encoded::wire::delivery_from_wire(request)
+        delivery: super::delivery::delivery_from_wire(request)
             .map_err(|e| ServiceError::invalid(e.field, e.message))?
             .for_ops(client_replays),
     };

@@ -336,9 +336,9 @@ impl BatchStream {
                     values: values.into_iter().map(Option::unwrap_or_default).collect(),
                 })
                 .collect(),
-            encoded: encoded::wire::placements_to_wire(&batch.encoded),
+            encoded: super::delivery::placements_to_wire(&batch.encoded),
             server_decode_settled: batch.search.map(|search| search.center),
-            server_decode_search: batch.search.as_ref().map(encoded::wire::search_to_wire),
+            server_decode_search: batch.search.as_ref().map(super::delivery::search_to_wire),
             augmentation: self
                 .output
                 .is_random()

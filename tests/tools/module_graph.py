@@ -3,9 +3,10 @@
 Reads `src/` as text (no build): every `crate::…`, `super::…` and
 `use crate::{…}` path is resolved to the file of the longest module
 prefix it names. Prints the edges' count, the cycles between files (strongly
-connected components of more than one file) and the imports that go up the
-layers of `LAYERS` (a module importing one above it). Exits 1 when there is
-a cycle or an upward import, so CI keeps the house as it is drawn in
+connected components of more than one file), the imports that go up the
+layers of `LAYERS` (a module importing one above it) and the files below
+the server that import the generated wire types outside `WIRE_READERS`.
+Exits 1 when there is any, so CI keeps the house as it is drawn in
 docs/ARCHITECTURE.md.
 
     python3 tests/tools/module_graph.py [--edges] [SRC]
@@ -47,6 +48,17 @@ LAYERS: list[set[str]] = [
 
 # The dev feature's doubles and tools use anything; nothing but cli uses dev.
 ASIDE = {"dev"}
+
+# Below the server, proto is read in one place per wire: the augmentation
+# (a request's and a pool unit's `Augmentation`, a batch's `CropBox`) in
+# decode's wire module, the decode pool's own messages in its wire file.
+# Every other file below the edge takes the library's types.
+EDGE = "server"
+WIRE_READERS = {
+    ("decode", "augment", "wire", "rows"),
+    ("decode", "augment", "wire", "spec"),
+    ("pool", "wire"),
+}
 
 PATH = re.compile(r"\b(crate|super)((?:::\w+)+|::\{)")
 
@@ -126,8 +138,29 @@ def resolve(path: str, here: tuple[str, ...], modules: set) -> tuple | None:
     return None
 
 
+TEST_ONLY = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[path\s*=\s*\"([\w.]+)\"\]\s*)?mod\s+(\w+)\s*;")
+
+
+def test_only_files(src: Path) -> set[Path]:
+    """Files a parent declares under `#[cfg(test)]` (`mod golden;`, or a
+    `#[path]` tests file): test code as a test module inside a file is."""
+    found = set()
+    for file in src.rglob("*.rs"):
+        parent = file.name in ("mod.rs", "lib.rs", "main.rs")
+        folder = file.parent if parent else file.with_suffix("")
+        for path, module in TEST_ONLY.findall(strip_comments(file.read_text())):
+            if path:
+                found.add(file.parent / path)
+            else:
+                found.update({folder / f"{module}.rs", folder / module / "mod.rs"})
+    return found
+
+
 def graph(src: Path) -> dict[tuple, set[tuple]]:
-    files = {module_of(f, src): f for f in src.rglob("*.rs") if f.name != "main.rs"}
+    tests = test_only_files(src)
+    files = {
+        module_of(f, src): f for f in src.rglob("*.rs") if f.name != "main.rs" and f not in tests
+    }
     modules = set(files)
     edges: dict[tuple, set[tuple]] = {m: set() for m in modules}
     for module, file in files.items():
@@ -208,6 +241,22 @@ def upward(edges: dict[tuple, set[tuple]]) -> list[tuple[tuple, tuple]]:
     return sorted(bad)
 
 
+def wire_below_edge(edges: dict[tuple, set[tuple]]) -> list[tuple]:
+    """Files below the server, other than the wire modules, that import proto."""
+    edge = layer((EDGE,))
+    assert edge is not None
+    return sorted(
+        a
+        for a, targets in edges.items()
+        if a
+        and a[0] not in ASIDE
+        and (layer(a) or 0) < edge
+        and a[0] != "proto"
+        and a not in WIRE_READERS
+        and any(b and b[0] == "proto" for b in targets)
+    )
+
+
 def unplaced(edges: dict[tuple, set[tuple]]) -> list[str]:
     """Top-level modules on no layer: their imports would go unchecked."""
     placed = set().union(*LAYERS) | ASIDE
@@ -236,11 +285,16 @@ def main() -> int:
     print(f"imports up the layers: {len(up)}")
     for a, b in up:
         print(f"  {name(a)} -> {name(b)}")
+    wires = wire_below_edge(edges)
+    print(f"files below the server reading proto outside the wire modules: {len(wires)}")
+    readers = ", ".join(map(name, sorted(WIRE_READERS)))
+    for module in wires:
+        print(f"  {name(module)} (translate at the edge, or in {readers})")
     missing = unplaced(edges)
     print(f"modules on no layer: {len(missing)}")
     for module in missing:
         print(f"  {module} (add it to LAYERS)")
-    return 1 if loops or up or missing else 0
+    return 1 if loops or up or wires or missing else 0
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@
 use super::key::uniform_in;
 use super::op::{invalid, AugmentError};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// torchvision's number of box attempts before the fallback.
 const RANDOM_CROP_ATTEMPTS: usize = 10;
@@ -140,50 +139,6 @@ impl Crop {
             }
             Crop::RandomResized(params) => random_resized_box(&params, width, height, rng),
         }
-    }
-
-    /// The crop a request's augmentation names; `None` when it names none
-    /// (the caller decides, e.g. from the legacy `resize` mode).
-    pub fn from_wire(wire: &pb::Augmentation) -> Option<Self> {
-        use pb::augmentation::Crop as Wire;
-        Some(match wire.crop.as_ref()? {
-            Wire::CenterCrop(center) => Crop::Center {
-                resize: (center.resize != 0).then_some(center.resize),
-            },
-            Wire::Stretch(_) => Crop::Stretch,
-            Wire::RandomResizedCrop(random) => {
-                let defaults = RandomResizedCrop::default();
-                Crop::RandomResized(RandomResizedCrop {
-                    scale: (
-                        random.scale_min.unwrap_or(defaults.scale.0),
-                        random.scale_max.unwrap_or(defaults.scale.1),
-                    ),
-                    ratio: (
-                        random.ratio_min.unwrap_or(defaults.ratio.0),
-                        random.ratio_max.unwrap_or(defaults.ratio.1),
-                    ),
-                })
-            }
-        })
-    }
-
-    /// The crop as a request names it, every bound set.
-    pub fn to_wire(&self, wire: &mut pb::Augmentation) {
-        use pb::augmentation::Crop as Wire;
-        wire.crop = Some(match *self {
-            Crop::Center { resize } => Wire::CenterCrop(pb::CenterCrop {
-                resize: resize.unwrap_or(0),
-            }),
-            Crop::Stretch => Wire::Stretch(pb::Stretch {}),
-            Crop::RandomResized(RandomResizedCrop { scale, ratio }) => {
-                Wire::RandomResizedCrop(pb::RandomResizedCrop {
-                    scale_min: Some(scale.0),
-                    scale_max: Some(scale.1),
-                    ratio_min: Some(ratio.0),
-                    ratio_max: Some(ratio.1),
-                })
-            }
-        });
     }
 }
 

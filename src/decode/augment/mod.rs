@@ -13,6 +13,7 @@ mod key;
 mod op;
 mod ops;
 mod spec;
+mod wire;
 
 pub use crop::{Crop, RandomResizedCrop};
 pub use kernels::{set_simd as set_augment_simd, Interpolation};

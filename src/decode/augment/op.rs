@@ -5,7 +5,6 @@
 
 use super::key::SampleKey;
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// Bytes per output pixel: RGB.
 pub const CHANNELS: usize = 3;
@@ -96,12 +95,4 @@ pub trait Op: Copy + Default + PartialEq + std::fmt::Debug {
 
     /// Applies the decision to one output of `width` RGB pixels per row.
     fn apply(&self, drawn: &Self::Drawn, width: u32, out: &mut [u8]);
-
-    /// The op's parameters as a request names them (absent: the default).
-    fn from_wire(wire: &pb::Augmentation) -> Self;
-    fn to_wire(&self, wire: &mut pb::Augmentation);
-
-    /// The op's decision as a batch's `CropBox` reports it.
-    fn drawn_from_wire(wire: &pb::CropBox) -> Self::Drawn;
-    fn drawn_to_wire(drawn: Self::Drawn, wire: &mut pb::CropBox);
 }

@@ -19,7 +19,6 @@ use super::crop::Crop;
 use super::key::SampleKey;
 use super::op::{AugmentError, DrawAt, CHANNELS};
 use super::ops::{Drawn, Ops};
-use crate::proto::v1 as pb;
 
 /// The output side when a request names none.
 pub const DEFAULT_SIZE: u32 = 224;
@@ -46,29 +45,6 @@ impl CropBox {
             width: f64::from(width),
             height: f64::from(height),
             drawn: Drawn::default(),
-        }
-    }
-
-    /// As a batch reports it (single precision, the wire's).
-    pub fn to_wire(&self) -> pb::CropBox {
-        let mut wire = pb::CropBox {
-            left: self.left as f32,
-            top: self.top as f32,
-            width: self.width as f32,
-            height: self.height as f32,
-            ..Default::default()
-        };
-        self.drawn.to_wire(&mut wire);
-        wire
-    }
-
-    pub fn from_wire(wire: &pb::CropBox) -> Self {
-        Self {
-            left: f64::from(wire.left),
-            top: f64::from(wire.top),
-            width: f64::from(wire.width),
-            height: f64::from(wire.height),
-            drawn: Drawn::from_wire(wire),
         }
     }
 }
@@ -110,30 +86,6 @@ impl Resample {
             Resample::Bilinear => None,
             Resample::Bicubic => Some("resize_bicubic"),
         }
-    }
-
-    fn from_wire(wire: &pb::Augmentation) -> Result<Self, AugmentError> {
-        let Some(value) = wire.resize_interpolation else {
-            return Ok(Resample::Bilinear);
-        };
-        match pb::Interpolation::try_from(value) {
-            Ok(pb::Interpolation::Bilinear) => Ok(Resample::Bilinear),
-            Ok(pb::Interpolation::Bicubic) => Ok(Resample::Bicubic),
-            _ => Err(super::op::invalid(
-                "augmentation.resize_interpolation",
-                format!(
-                    "{value} is not served: the crop is resized with INTERPOLATION_BILINEAR or \
-                     INTERPOLATION_BICUBIC (antialiased, as torchvision's and PIL's resize)"
-                ),
-            )),
-        }
-    }
-
-    fn to_wire(self, wire: &mut pb::Augmentation) {
-        wire.resize_interpolation = Some(match self {
-            Resample::Bilinear => pb::Interpolation::Bilinear,
-            Resample::Bicubic => pb::Interpolation::Bicubic,
-        } as i32);
     }
 }
 
@@ -237,41 +189,13 @@ impl OutputSpec {
         self.ops
             .apply(&crop.drawn, self.width, &mut out[..self.bytes()]);
     }
-
-    /// The augmentation a request or a pool unit carries for this spec:
-    /// its crop set and every bound resolved.
-    pub fn augmentation_to_wire(&self) -> pb::Augmentation {
-        let mut wire = pb::Augmentation::default();
-        self.crop.to_wire(&mut wire);
-        self.resample.to_wire(&mut wire);
-        self.ops.to_wire(&mut wire);
-        wire
-    }
-
-    /// The spec a request or a unit names, its ranges not yet checked
-    /// ([`Self::validate`]); the caller has resolved the crop (a request
-    /// may name it by its legacy `resize` mode). An interpolation the
-    /// server does not resize with is refused here.
-    pub fn from_wire(
-        height: u32,
-        width: u32,
-        crop: Crop,
-        wire: &pb::Augmentation,
-    ) -> Result<Self, AugmentError> {
-        Ok(Self {
-            height,
-            width,
-            crop,
-            resample: Resample::from_wire(wire)?,
-            ops: Ops::from_wire(wire)?,
-        })
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::decode::augment::{sample_identity, Drawn, HorizontalFlip, RandomResizedCrop};
+    use crate::proto::v1 as pb;
 
     fn train(height: u32, width: u32) -> OutputSpec {
         OutputSpec {

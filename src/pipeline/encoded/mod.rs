@@ -14,13 +14,13 @@
 //! longer than a decoded slot, an encoded batch is never larger than a
 //! decoded one: it fits the same ring slot and memory formula.
 //!
-//! Everything of the feature is here: the modes (`mode.rs`, `modes/`), the
-//! placement (this file, of the [`Placement`] in `placement.rs`), the share
-//! a stream decodes (`share.rs`) and its tuner (`seek.rs`), and its wire
-//! both ways (`wire.rs`: a request's delivery checked, a batch's placements
-//! and search written); the pipeline calls [`place`] for each batch, fills
-//! each client slot by its [`ClientMode`], and hands [`ServerShare`] each
-//! batch's pace; the server calls `wire`.
+//! Everything of the feature but its wire is here: the modes (`mode.rs`,
+//! `modes/`), the placement (this file, of the [`Placement`] in
+//! `placement.rs`), the share a stream decodes (`share.rs`) and its tuner
+//! (`seek.rs`); the pipeline calls [`place`] for each batch, fills each
+//! client slot by its [`ClientMode`], and hands [`ServerShare`] each
+//! batch's pace. The server reads a request's delivery into a [`Delivery`]
+//! and writes a batch's placements and search (`server/delivery.rs`).
 
 mod delivery;
 mod error;
@@ -30,15 +30,14 @@ mod modes;
 mod placement;
 mod seek;
 mod share;
-pub mod wire;
 
 use super::sample::EmittedSample;
 use crate::decode::OutputSpec;
 use crate::hash::fmix64;
-use crate::proto::v1 as pb;
 
 pub use delivery::Delivery;
 pub use error::DeliveryError;
+pub use mode::ClientForm;
 pub use modes::ClientMode;
 pub use placement::{ClientSlot, Placement};
 pub use seek::SearchState;
@@ -104,13 +103,10 @@ fn client_slot(
     }
     let (format, data) = emitted.sample.image.as_ref()?;
     let sample = mode.client_form(*format, data, limits)?;
-    // A mode's promises, kept whatever a mode says: a batch within a decoded
-    // one, and a client slot the client can tell from pixels.
-    let client_form = !matches!(
-        sample.form,
-        pb::SampleForm::Pixels | pb::SampleForm::Unspecified
-    );
-    (sample.length <= limits.slot_bytes && client_form).then_some(ClientSlot { mode, sample })
+    // A mode's promise, kept whatever a mode says: a batch within a decoded
+    // one. (A client slot is told from pixels by its form, which has no
+    // pixels value.)
+    (sample.length <= limits.slot_bytes).then_some(ClientSlot { mode, sample })
 }
 
 /// Salts a sample's identity for the share, so that which side decodes a

@@ -1,8 +1,6 @@
 //! What a delivery where the client decodes must say: the rules each mode
 //! of `modes/` follows.
 
-use super::error::DeliveryError;
-use crate::proto::v1 as pb;
 use crate::shard::ImageFormat;
 
 /// What bounds a client form: the server's own decode's, so that a batch
@@ -16,10 +14,17 @@ pub struct FormLimits {
     pub scratch_limit: u64,
 }
 
+/// The bytes a client-form sample is (its `SampleForm` on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientForm {
+    /// A baseline JPEG, as read.
+    Jpeg,
+}
+
 /// A sample as its mode sends it to the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientSample {
-    pub form: pb::SampleForm,
+    pub form: ClientForm,
     /// The size the client decodes it to (the crop box is in these pixels).
     pub source_width: u32,
     pub source_height: u32,
@@ -29,16 +34,6 @@ pub struct ClientSample {
 
 /// One delivery where the client decodes.
 pub trait ClientDecodes {
-    /// The request's `delivery` value that asks for it.
-    const WIRE: pb::Delivery;
-
-    /// What the request asks of this mode beyond the share. The share's
-    /// fields, and the conflict with `decoded_source`, are checked for
-    /// every mode.
-    fn check(_request: &pb::StreamBatchesRequest) -> Result<(), DeliveryError> {
-        Ok(())
-    }
-
     /// The sample in the client's form, or None when the server decodes it.
     /// Admits only what the server's own decode would take (an image it
     /// would refuse is left to it, to be substituted exactly as a decoded

@@ -6,9 +6,8 @@
 use super::super::kernels::{self, Affine, Interpolation, Sampling};
 use super::super::key::uniform_in;
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
-use super::policy::{interpolation_from_wire, interpolation_to_wire, Fill};
+use super::policy::Fill;
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 type Range = (f64, f64);
 
@@ -181,71 +180,14 @@ impl Op for RandomAffine {
             kernels::affine_with(out, width, transform, self.sampling());
         }
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let Some(affine) = &wire.affine else {
-            return Self::OFF;
-        };
-        let range = |r: &Option<pb::Range>| r.map(|r| (r.min, r.max));
-        let translate = (affine.translate_x.is_some() || affine.translate_y.is_some()).then(|| {
-            (
-                affine.translate_x.unwrap_or(0.0),
-                affine.translate_y.unwrap_or(0.0),
-            )
-        });
-        Self {
-            degrees: Some(range(&affine.degrees).unwrap_or((0.0, 0.0))),
-            translate,
-            scale: range(&affine.scale),
-            shear_x: range(&affine.shear_x),
-            shear_y: range(&affine.shear_y),
-            interpolation: interpolation_from_wire(affine.interpolation),
-            fill: Fill::from_wire(&affine.fill),
-        }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        let Some(degrees) = self.degrees else {
-            return;
-        };
-        let range = |r: Option<Range>| r.map(|(min, max)| pb::Range { min, max });
-        wire.affine = Some(pb::RandomAffine {
-            degrees: range(Some(degrees)),
-            translate_x: self.translate.map(|(x, _)| x),
-            translate_y: self.translate.map(|(_, y)| y),
-            scale: range(self.scale),
-            shear_x: range(self.shear_x),
-            shear_y: range(self.shear_y),
-            interpolation: interpolation_to_wire(self.interpolation),
-            fill: self.fill.to_wire(),
-        });
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> Option<AffineDrawn> {
-        wire.affine.map(|drawn| AffineDrawn {
-            angle: drawn.angle,
-            translate: [drawn.translate_x, drawn.translate_y],
-            scale: drawn.scale,
-            shear: [drawn.shear_x, drawn.shear_y],
-        })
-    }
-
-    fn drawn_to_wire(drawn: Option<AffineDrawn>, wire: &mut pb::CropBox) {
-        wire.affine = drawn.map(|drawn| pb::AffineDrawn {
-            angle: drawn.angle,
-            translate_x: drawn.translate[0],
-            translate_y: drawn.translate[1],
-            scale: drawn.scale,
-            shear_x: drawn.shear[0],
-            shear_y: drawn.shear[1],
-        });
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::super::op::draw_alone;
     use super::*;
+    use crate::decode::augment::wire::OpWire;
+    use crate::proto::v1 as pb;
 
     fn full() -> RandomAffine {
         RandomAffine {

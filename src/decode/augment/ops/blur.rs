@@ -8,7 +8,6 @@ use super::super::kernels::{self, MAX_BLUR_KERNEL};
 use super::super::key::{uniform, uniform_in};
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// The kernel's sides (odd; 0: off), the sigma range and the probability.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,50 +86,14 @@ impl Op for GaussianBlur {
             kernels::gaussian_blur(out, width, self.kernel, sigma);
         }
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let Some(blur) = &wire.gaussian_blur else {
-            return Self::OFF;
-        };
-        let sigma = blur
-            .sigma
-            .as_ref()
-            .map_or(Self::OFF.sigma, |r| (r.min, r.max));
-        Self {
-            kernel: (blur.kernel_width, blur.kernel_height),
-            sigma,
-            p: blur.p.unwrap_or(1.0),
-        }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        if !self.is_random() {
-            return;
-        }
-        wire.gaussian_blur = Some(pb::GaussianBlur {
-            kernel_width: self.kernel.0,
-            kernel_height: self.kernel.1,
-            sigma: Some(pb::Range {
-                min: self.sigma.0,
-                max: self.sigma.1,
-            }),
-            p: (self.p < 1.0).then_some(self.p),
-        });
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> Option<f32> {
-        wire.blur_sigma
-    }
-
-    fn drawn_to_wire(drawn: Option<f32>, wire: &mut pb::CropBox) {
-        wire.blur_sigma = drawn;
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::super::op::draw_alone;
     use super::*;
+    use crate::decode::augment::wire::OpWire;
+    use crate::proto::v1 as pb;
 
     fn drawn(blur: GaussianBlur, sample: u64) -> Option<f32> {
         draw_alone(&blur, (5, 2, crate::hash::fmix64(sample + 7)), (96, 96))

@@ -12,7 +12,6 @@ use super::super::kernels;
 use super::super::key::uniform;
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// What a coin op does when its coin comes up, and where it is on the wire.
 pub trait Kernel: Copy + PartialEq + std::fmt::Debug {
@@ -30,14 +29,6 @@ pub trait Kernel: Copy + PartialEq + std::fmt::Debug {
 
     /// Runs on one output of `width` RGB pixels per row.
     fn run(&self, width: u32, out: &mut [u8]);
-
-    /// The parameters and probability a request names (p 0: off).
-    fn from_wire(wire: &pb::Augmentation) -> (Self, f64);
-    fn to_wire(&self, p: f64, wire: &mut pb::Augmentation);
-
-    /// Whether a batch's `CropBox` says the op ran.
-    fn ran(wire: &pb::CropBox) -> bool;
-    fn set_ran(wire: &mut pb::CropBox, ran: bool);
 
     /// This op run on a share `p` of the samples.
     fn coin(self, p: f64) -> Coin<Self> {
@@ -93,31 +84,12 @@ impl<K: Kernel> Op for Coin<K> {
             self.kernel.run(width, out);
         }
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let (kernel, p) = K::from_wire(wire);
-        Self { kernel, p }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        if self.is_random() {
-            self.kernel.to_wire(self.p, wire);
-        }
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> bool {
-        K::ran(wire)
-    }
-
-    fn drawn_to_wire(ran: bool, wire: &mut pb::CropBox) {
-        K::set_ran(wire, ran);
-    }
 }
 
 /// Kernels without parameters, their probability a `double` field of the
 /// request and their decision a `bool` of the `CropBox`.
 macro_rules! plain_kernels {
-    ($($(#[doc = $doc:literal])* $kernel:ident: $name:literal, $field:ident, $ran:ident,
+    ($($(#[doc = $doc:literal])* $kernel:ident: $name:literal, $field:ident,
        |$width:ident, $out:ident| $run:expr;)+) => {$(
         $(#[doc = $doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -131,39 +103,23 @@ macro_rules! plain_kernels {
             fn run(&self, $width: u32, $out: &mut [u8]) {
                 $run
             }
-
-            fn from_wire(wire: &pb::Augmentation) -> (Self, f64) {
-                (Self, wire.$field)
-            }
-
-            fn to_wire(&self, p: f64, wire: &mut pb::Augmentation) {
-                wire.$field = p;
-            }
-
-            fn ran(wire: &pb::CropBox) -> bool {
-                wire.$ran
-            }
-
-            fn set_ran(wire: &mut pb::CropBox, ran: bool) {
-                wire.$ran = ran;
-            }
         }
     )+};
 }
 
 plain_kernels! {
     /// RandomGrayscale: the luma in all three channels.
-    Grayscale: "grayscale", grayscale, grayscale, |_width, out| kernels::grayscale(out);
+    Grayscale: "grayscale", grayscale, |_width, out| kernels::grayscale(out);
     /// RandomVerticalFlip: mirrored top to bottom.
-    VerticalFlip: "vertical_flip", vertical_flip, vertically_flipped,
+    VerticalFlip: "vertical_flip", vertical_flip,
         |width, out| kernels::vertical_flip(out, width);
     /// RandomEqualize: each channel's histogram equalized.
-    Equalize: "equalize", equalize, equalized, |_width, out| kernels::equalize(out);
+    Equalize: "equalize", equalize, |_width, out| kernels::equalize(out);
     /// RandomAutocontrast: each channel stretched to 0..255.
-    Autocontrast: "autocontrast", autocontrast, autocontrasted,
+    Autocontrast: "autocontrast", autocontrast,
         |_width, out| kernels::autocontrast(out);
     /// RandomInvert: `255 - x`.
-    Invert: "invert", invert, inverted, |_width, out| kernels::invert(out);
+    Invert: "invert", invert, |_width, out| kernels::invert(out);
 }
 
 /// RandomSolarize: every value at or above the threshold (in levels,
@@ -191,32 +147,6 @@ impl Kernel for Solarize {
 
     fn run(&self, _: u32, out: &mut [u8]) {
         kernels::solarize(out, self.threshold);
-    }
-
-    fn from_wire(wire: &pb::Augmentation) -> (Self, f64) {
-        wire.solarize.as_ref().map_or((Self::DEFAULT, 0.0), |s| {
-            (
-                Self {
-                    threshold: s.threshold,
-                },
-                s.p,
-            )
-        })
-    }
-
-    fn to_wire(&self, p: f64, wire: &mut pb::Augmentation) {
-        wire.solarize = Some(pb::RandomSolarize {
-            threshold: self.threshold,
-            p,
-        });
-    }
-
-    fn ran(wire: &pb::CropBox) -> bool {
-        wire.solarized
-    }
-
-    fn set_ran(wire: &mut pb::CropBox, ran: bool) {
-        wire.solarized = ran;
     }
 }
 
@@ -249,32 +179,6 @@ impl Kernel for Sharpness {
         // factor enters the arithmetic as float32.
         kernels::adjust_sharpness(out, width, self.factor as f32);
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> (Self, f64) {
-        wire.sharpness.as_ref().map_or((Self::DEFAULT, 0.0), |s| {
-            (
-                Self {
-                    factor: s.sharpness_factor,
-                },
-                s.p,
-            )
-        })
-    }
-
-    fn to_wire(&self, p: f64, wire: &mut pb::Augmentation) {
-        wire.sharpness = Some(pb::RandomAdjustSharpness {
-            sharpness_factor: self.factor,
-            p,
-        });
-    }
-
-    fn ran(wire: &pb::CropBox) -> bool {
-        wire.sharpened
-    }
-
-    fn set_ran(wire: &mut pb::CropBox, ran: bool) {
-        wire.sharpened = ran;
-    }
 }
 
 /// RandomPosterize: the top `bits` bits of each value kept (0 to 8).
@@ -304,24 +208,6 @@ impl Kernel for Posterize {
     fn run(&self, _: u32, out: &mut [u8]) {
         kernels::posterize(out, self.bits as u8);
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> (Self, f64) {
-        wire.posterize
-            .as_ref()
-            .map_or((Self::DEFAULT, 0.0), |s| (Self { bits: s.bits }, s.p))
-    }
-
-    fn to_wire(&self, p: f64, wire: &mut pb::Augmentation) {
-        wire.posterize = Some(pb::RandomPosterize { bits: self.bits, p });
-    }
-
-    fn ran(wire: &pb::CropBox) -> bool {
-        wire.posterized
-    }
-
-    fn set_ran(wire: &mut pb::CropBox, ran: bool) {
-        wire.posterized = ran;
-    }
 }
 
 /// The table's coin ops by their torchvision names.
@@ -338,8 +224,10 @@ pub type RandomInvert = Coin<Invert>;
 mod tests {
     use super::super::super::op::draw_alone;
     use super::*;
+    use crate::decode::augment::wire::{KernelWire, OpWire};
+    use crate::proto::v1 as pb;
 
-    fn round_trip<K: Kernel>(op: Coin<K>) {
+    fn round_trip<K: Kernel + KernelWire>(op: Coin<K>) {
         assert!(op.validate().is_ok(), "{op:?}");
         let mut wire = pb::Augmentation::default();
         op.to_wire(&mut wire);

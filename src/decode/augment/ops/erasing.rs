@@ -8,11 +8,10 @@ use super::super::kernels::{self, EraseFill};
 use super::super::key::{uniform, uniform_in};
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 const ATTEMPTS: usize = 10;
-const DEFAULT_SCALE: (f64, f64) = (0.02, 0.33);
-const DEFAULT_RATIO: (f64, f64) = (0.3, 3.3);
+pub const DEFAULT_SCALE: (f64, f64) = (0.02, 0.33);
+pub const DEFAULT_RATIO: (f64, f64) = (0.3, 3.3);
 
 /// What an erased box holds.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -220,80 +219,5 @@ impl Op for RandomErasing {
                 self.fill(b.noise),
             );
         }
-    }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let Some(erasing) = &wire.random_erasing else {
-            return Self::OFF;
-        };
-        use pb::random_erasing::Value;
-        let triple = |values: &[f64]| {
-            let mut out = [0.0; 3];
-            for (slot, v) in out.iter_mut().zip(values) {
-                *slot = *v;
-            }
-            (out, values.len())
-        };
-        let range = |r: &Option<pb::Range>, default| r.as_ref().map_or(default, |r| (r.min, r.max));
-        Self {
-            p: erasing.p,
-            scale: range(&erasing.scale, DEFAULT_SCALE),
-            ratio: range(&erasing.ratio, DEFAULT_RATIO),
-            value: match &erasing.value {
-                Some(Value::Colour(colour)) => {
-                    let mut levels = [0u32; 3];
-                    for (slot, l) in levels.iter_mut().zip(&colour.levels) {
-                        *slot = *l;
-                    }
-                    EraseValue::Colour(levels, colour.levels.len())
-                }
-                Some(Value::Random(_)) => EraseValue::Random,
-                Some(Value::Mean(_)) | None => EraseValue::Mean,
-            },
-            mean: triple(&erasing.normalize_mean),
-            std: triple(&erasing.normalize_std),
-        }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        if !self.is_random() {
-            return;
-        }
-        use pb::random_erasing::Value;
-        let range = |(min, max)| Some(pb::Range { min, max });
-        wire.random_erasing = Some(pb::RandomErasing {
-            p: self.p,
-            scale: range(self.scale),
-            ratio: range(self.ratio),
-            value: Some(match self.value {
-                EraseValue::Colour(levels, count) => Value::Colour(pb::Colour {
-                    levels: levels[..count.min(3)].to_vec(),
-                }),
-                EraseValue::Mean => Value::Mean(pb::EraseMean {}),
-                EraseValue::Random => Value::Random(pb::EraseNoise {}),
-            }),
-            normalize_mean: self.mean.0[..self.mean.1.min(3)].to_vec(),
-            normalize_std: self.std.0[..self.std.1.min(3)].to_vec(),
-        });
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> Option<ErasedBox> {
-        wire.erased.as_ref().map(|b| ErasedBox {
-            top: b.top,
-            left: b.left,
-            height: b.height,
-            width: b.width,
-            noise: b.noise,
-        })
-    }
-
-    fn drawn_to_wire(drawn: Option<ErasedBox>, wire: &mut pb::CropBox) {
-        wire.erased = drawn.map(|b| pb::ErasedBox {
-            top: b.top,
-            left: b.left,
-            height: b.height,
-            width: b.width,
-            noise: b.noise,
-        });
     }
 }

@@ -3,7 +3,6 @@
 use super::super::key::uniform;
 use super::super::op::{invalid, AugmentError, DrawAt, Op, CHANNELS};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// Mirrors a sample left to right with this probability, in `[0, 1]`
 /// (torchvision's `RandomHorizontalFlip(p)`).
@@ -40,22 +39,6 @@ impl Op for HorizontalFlip {
         if flipped {
             flip_rows(out, width);
         }
-    }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        Self(wire.horizontal_flip)
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        wire.horizontal_flip = self.0;
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> bool {
-        wire.flipped
-    }
-
-    fn drawn_to_wire(flipped: bool, wire: &mut pb::CropBox) {
-        wire.flipped = flipped;
     }
 }
 

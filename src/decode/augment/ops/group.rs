@@ -14,7 +14,6 @@
 
 use super::super::key::uniform;
 use super::super::op::{invalid, AugmentError, DrawAt};
-use crate::proto::v1 as pb;
 
 /// At most this many groups per stream, each of at most this many rows:
 /// bounds that keep a stream's ops a fixed-size value (`Copy`).
@@ -81,7 +80,7 @@ impl Group {
             .map(|&row| row as usize)
     }
 
-    fn weights(&self) -> &[f64] {
+    pub fn weights(&self) -> &[f64] {
         &self.weights[..self.len as usize]
     }
 
@@ -288,79 +287,6 @@ impl Groups {
             .filter(|&row| !skipped[row])
             .for_each(|row| applied.push(row));
         applied
-    }
-
-    /// The groups a request names, by row name; unknown names and the
-    /// bounds are refused here, the rest in [`Self::validate`].
-    pub fn from_wire(wire: &[pb::OpGroup], names: &[&str]) -> Result<Self, AugmentError> {
-        if wire.len() > MAX_GROUPS {
-            return Err(invalid(
-                FIELD,
-                format!("at most {MAX_GROUPS} groups, not {}", wire.len()),
-            ));
-        }
-        let mut groups = Self::NONE;
-        for (place, group) in wire.iter().enumerate() {
-            let at = |message: String| invalid(FIELD, format!("group {place}: {message}"));
-            let kind = match pb::OpGroupKind::try_from(group.kind) {
-                Ok(pb::OpGroupKind::Apply) => GroupKind::Apply,
-                Ok(pb::OpGroupKind::Choice) => GroupKind::Choice,
-                Ok(pb::OpGroupKind::Order) => GroupKind::Order,
-                _ => return Err(at("kind must be APPLY, CHOICE or ORDER".into())),
-            };
-            if group.rows.len() > MAX_GROUP_ROWS {
-                return Err(at(format!(
-                    "at most {MAX_GROUP_ROWS} rows, not {}",
-                    group.rows.len()
-                )));
-            }
-            let mut rows = Vec::with_capacity(group.rows.len());
-            for name in &group.rows {
-                let row = names
-                    .iter()
-                    .position(|known| known == name)
-                    .ok_or_else(|| {
-                        at(format!(
-                            "no row is named {name:?} (Describe.augmentation_ops lists them)"
-                        ))
-                    })?;
-                rows.push(row);
-            }
-            if kind != GroupKind::Choice && !group.weights.is_empty() {
-                return Err(at("weights are for CHOICE groups".into()));
-            }
-            if kind != GroupKind::Apply && group.p != 0.0 {
-                return Err(at("p is for APPLY groups".into()));
-            }
-            if !group.weights.is_empty() && group.weights.len() != rows.len() {
-                return Err(at(format!(
-                    "{} weights for {} rows: name one per row, or none",
-                    group.weights.len(),
-                    rows.len()
-                )));
-            }
-            groups = groups.with(Group::new(kind, &rows, group.p, &group.weights));
-        }
-        Ok(groups)
-    }
-
-    pub fn wire(&self, names: &[&str]) -> Vec<pb::OpGroup> {
-        self.iter()
-            .map(|group| pb::OpGroup {
-                kind: match group.kind {
-                    GroupKind::Apply => pb::OpGroupKind::Apply,
-                    GroupKind::Choice => pb::OpGroupKind::Choice,
-                    GroupKind::Order => pb::OpGroupKind::Order,
-                } as i32,
-                rows: group.rows().map(|row| names[row].to_string()).collect(),
-                p: group.p,
-                weights: if group.kind == GroupKind::Choice {
-                    group.weights().to_vec()
-                } else {
-                    Vec::new()
-                },
-            })
-            .collect()
     }
 }
 

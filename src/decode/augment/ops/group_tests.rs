@@ -6,6 +6,7 @@ use super::super::{
     ColorJitter, Drawn, GaussianBlur, Grayscale, Invert, Kernel, Ops, Posterize, Solarize,
 };
 use super::*;
+use crate::proto::v1 as pb;
 
 fn row(name: &str) -> usize {
     Ops::NAMES.iter().position(|known| *known == name).unwrap()

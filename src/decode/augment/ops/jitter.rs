@@ -10,7 +10,6 @@ use super::super::kernels;
 use super::super::key::{uniform, uniform_in};
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// The four adjustments, in torchvision's numbering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,7 +79,7 @@ impl ColorJitter {
 }
 
 /// The most adjustments a sample takes: each of the four once.
-const MAX_STEPS: usize = 4;
+pub const MAX_STEPS: usize = 4;
 
 /// A sample's adjustments in the order applied.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -106,39 +105,6 @@ pub(super) fn apply_steps(drawn: &JitterDrawn, out: &mut [u8]) {
             JitterOp::Hue => kernels::adjust_hue(out, factor),
         }
     }
-}
-
-/// Adjustments as a `CropBox` reports them (at most four; more are
-/// dropped, an unknown adjustment read as brightness).
-pub(super) fn steps_from_wire(wire: &[pb::JitterStep]) -> JitterDrawn {
-    let mut drawn = JitterDrawn::default();
-    for step in wire.iter().take(MAX_STEPS) {
-        let op = match pb::JitterOp::try_from(step.op) {
-            Ok(pb::JitterOp::Brightness) | Err(_) => JitterOp::Brightness,
-            Ok(pb::JitterOp::Contrast) => JitterOp::Contrast,
-            Ok(pb::JitterOp::Saturation) => JitterOp::Saturation,
-            Ok(pb::JitterOp::Hue) => JitterOp::Hue,
-        };
-        drawn.steps[usize::from(drawn.len)] = (op, step.factor);
-        drawn.len += 1;
-    }
-    drawn
-}
-
-pub(super) fn steps_to_wire(drawn: &JitterDrawn) -> Vec<pb::JitterStep> {
-    drawn
-        .steps()
-        .iter()
-        .map(|&(op, factor)| pb::JitterStep {
-            op: match op {
-                JitterOp::Brightness => pb::JitterOp::Brightness,
-                JitterOp::Contrast => pb::JitterOp::Contrast,
-                JitterOp::Saturation => pb::JitterOp::Saturation,
-                JitterOp::Hue => pb::JitterOp::Hue,
-            } as i32,
-            factor,
-        })
-        .collect()
 }
 
 /// Checks a probability and the four factor ranges (None: left out), the
@@ -229,48 +195,14 @@ impl Op for ColorJitter {
     fn apply(&self, drawn: &JitterDrawn, _width: u32, out: &mut [u8]) {
         apply_steps(drawn, out);
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let Some(jitter) = &wire.color_jitter else {
-            return Self::OFF;
-        };
-        let range = |r: &Option<pb::Range>| r.as_ref().map(|r| (r.min, r.max));
-        Self {
-            brightness: range(&jitter.brightness),
-            contrast: range(&jitter.contrast),
-            saturation: range(&jitter.saturation),
-            hue: range(&jitter.hue),
-            p: jitter.p.unwrap_or(1.0),
-        }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        if !self.is_random() {
-            return;
-        }
-        let range = |r: Option<(f64, f64)>| r.map(|(min, max)| pb::Range { min, max });
-        wire.color_jitter = Some(pb::ColorJitter {
-            brightness: range(self.brightness),
-            contrast: range(self.contrast),
-            saturation: range(self.saturation),
-            hue: range(self.hue),
-            p: (self.p < 1.0).then_some(self.p),
-        });
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> JitterDrawn {
-        steps_from_wire(&wire.jitter)
-    }
-
-    fn drawn_to_wire(drawn: JitterDrawn, wire: &mut pb::CropBox) {
-        wire.jitter = steps_to_wire(&drawn);
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::super::op::draw_alone;
     use super::*;
+    use crate::decode::augment::wire::OpWire;
+    use crate::proto::v1 as pb;
 
     fn drawn(jitter: ColorJitter, sample: u64) -> JitterDrawn {
         draw_alone(&jitter, (3, 1, crate::hash::fmix64(sample + 1)), (224, 224))

@@ -32,19 +32,19 @@ pub use coin::{
     RandomSolarize, RandomVerticalFlip, Sharpness, Solarize, VerticalFlip,
 };
 pub use erasing::{EraseValue, ErasedBox, RandomErasing};
+pub(super) use erasing::{DEFAULT_RATIO as ERASE_RATIO, DEFAULT_SCALE as ERASE_SCALE};
 pub use flip::{flip_rows, HorizontalFlip};
-pub use group::{Applied, Groups};
-#[cfg(test)]
-pub use group::{Group, GroupKind};
-pub use jitter::{ColorJitter, JitterDrawn, JitterOp};
+pub use group::{Applied, Group, GroupKind, Groups, MAX_GROUPS, MAX_GROUP_ROWS};
+pub use jitter::{ColorJitter, JitterDrawn, JitterOp, MAX_STEPS as MAX_JITTER_STEPS};
 pub use photometric::{PhotometricDrawn, RandomPhotometricDistort};
-pub use policy::{AutoAugment, Fill, Policy, PolicyDrawn, PolicyOp, PolicyStep, MAX_POLICY_OPS};
+pub use policy::{
+    AutoAugment, Fill, Policy, PolicyDrawn, PolicyOp, PolicyStep, DEFAULT_BINS, MAX_POLICY_OPS,
+};
 pub use rotation::RandomRotation;
-pub use timm::{TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
+pub use timm::{TimmDrawn, TimmOp, TimmRandAugment, TimmStep, MAX_TIMM_OPS};
 
 use super::op::{AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// Sets one op in a stream's [`Ops`] (see [`Ops::with`]).
 pub trait Slot: Op {
@@ -160,20 +160,6 @@ macro_rules! ops_table {
                     }
                 }
             }
-
-            /// The rows a request names; its groups are read apart
-            /// ([`Groups::from_wire`]), as they can be refused here.
-            pub fn from_wire(wire: &pb::Augmentation) -> Result<Self, AugmentError> {
-                Ok(Self {
-                    $($name: <$op as Op>::from_wire(wire),)+
-                    groups: Groups::from_wire(&wire.groups, Self::NAMES)?,
-                })
-            }
-
-            pub fn to_wire(&self, wire: &mut pb::Augmentation) {
-                $(self.$name.to_wire(wire);)+
-                wire.groups = self.groups.wire(Self::NAMES);
-            }
         }
 
         impl Drawn {
@@ -187,22 +173,6 @@ macro_rules! ops_table {
                     index += 1;
                 )+
                 debug_assert!(row < index);
-            }
-
-            pub fn from_wire(wire: &pb::CropBox) -> Self {
-                Self {
-                    $($name: <$op as Op>::drawn_from_wire(wire),)+
-                    applied: (!wire.applied_rows.is_empty())
-                        .then(|| Applied::from_names(&wire.applied_rows, Ops::NAMES)),
-                }
-            }
-
-            pub fn to_wire(&self, wire: &mut pb::CropBox) {
-                $(<$op as Op>::drawn_to_wire(self.$name, wire);)+
-                if let Some(applied) = &self.applied {
-                    wire.applied_rows =
-                        applied.rows().map(|row| Ops::NAMES[row].to_string()).collect();
-                }
             }
         }
 

@@ -8,11 +8,8 @@
 use super::super::kernels;
 use super::super::key::{uniform, uniform_in};
 use super::super::op::{AugmentError, DrawAt, Op};
-use super::jitter::{
-    apply_steps, check_factors, steps_from_wire, steps_to_wire, JitterDrawn, JitterOp,
-};
+use super::jitter::{apply_steps, check_factors, JitterDrawn, JitterOp};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 type Range = (f64, f64);
 
@@ -127,58 +124,14 @@ impl Op for RandomPhotometricDistort {
             kernels::permute_channels(out, order);
         }
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let Some(distort) = &wire.photometric_distort else {
-            return Self::OFF;
-        };
-        let range = |r: &Option<pb::Range>, default: Range| r.map_or(default, |r| (r.min, r.max));
-        Self {
-            brightness: range(&distort.brightness, Self::OFF.brightness),
-            contrast: range(&distort.contrast, Self::OFF.contrast),
-            saturation: range(&distort.saturation, Self::OFF.saturation),
-            hue: range(&distort.hue, Self::OFF.hue),
-            p: distort.p,
-        }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        if !self.is_random() {
-            return;
-        }
-        let range = |(min, max): Range| Some(pb::Range { min, max });
-        wire.photometric_distort = Some(pb::RandomPhotometricDistort {
-            brightness: range(self.brightness),
-            contrast: range(self.contrast),
-            saturation: range(self.saturation),
-            hue: range(self.hue),
-            p: self.p,
-        });
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> PhotometricDrawn {
-        let permutation = match wire.channel_permutation[..] {
-            [a, b, c] if [a, b, c].iter().all(|&v| v < 3) => Some([a as u8, b as u8, c as u8]),
-            _ => None,
-        };
-        PhotometricDrawn {
-            adjustments: steps_from_wire(&wire.photometric),
-            permutation,
-        }
-    }
-
-    fn drawn_to_wire(drawn: PhotometricDrawn, wire: &mut pb::CropBox) {
-        wire.photometric = steps_to_wire(&drawn.adjustments);
-        wire.channel_permutation = drawn
-            .permutation
-            .map_or_else(Vec::new, |order| order.map(u32::from).to_vec());
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::super::op::draw_alone;
     use super::*;
+    use crate::decode::augment::wire::OpWire;
+    use crate::proto::v1 as pb;
 
     #[test]
     fn the_ranges_are_checked_and_survive_the_wire() {

@@ -13,13 +13,12 @@ use super::super::kernels::{self, Interpolation, Sampling};
 use super::super::key::uniform;
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// Most ops one sample goes through (RandAugment's `num_ops`): bounds the
 /// decisions a sample carries.
 pub const MAX_POLICY_OPS: usize = 8;
 const MAX_BINS: u32 = 1024;
-const DEFAULT_BINS: u32 = 31;
+pub const DEFAULT_BINS: u32 = 31;
 
 /// An op of the policies, with torchvision's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -153,7 +152,7 @@ impl Fill {
     }
 
     /// The levels as the wire sends them.
-    pub(super) fn from_wire(levels: &[u32]) -> Self {
+    pub fn from_levels(levels: &[u32]) -> Self {
         let mut fill = Self {
             levels: [0; 3],
             count: levels.len(),
@@ -164,7 +163,7 @@ impl Fill {
         fill
     }
 
-    pub(super) fn to_wire(self) -> Vec<u32> {
+    pub fn to_levels(self) -> Vec<u32> {
         self.levels[..self.count.min(3)].to_vec()
     }
 
@@ -207,31 +206,12 @@ impl PolicyDrawn {
         &self.steps[..usize::from(self.len)]
     }
 
-    fn push(&mut self, step: PolicyStep) {
+    pub fn push(&mut self, step: PolicyStep) {
         if let Some(slot) = self.steps.get_mut(usize::from(self.len)) {
             *slot = step;
             self.len += 1;
         }
     }
-}
-
-/// A geometric op's sampling as the wire names it; None: one this server
-/// does not sample with (torchvision's tensor kernels take nearest or
-/// bilinear only).
-pub(super) fn interpolation_from_wire(wire: i32) -> Option<Interpolation> {
-    match pb::Interpolation::try_from(wire) {
-        Ok(pb::Interpolation::Nearest) => Some(Interpolation::Nearest),
-        Ok(pb::Interpolation::Bilinear) => Some(Interpolation::Bilinear),
-        Ok(pb::Interpolation::Bicubic) | Err(_) => None,
-    }
-}
-
-pub(super) fn interpolation_to_wire(interpolation: Option<Interpolation>) -> i32 {
-    let wire = match interpolation.unwrap_or_default() {
-        Interpolation::Nearest => pb::Interpolation::Nearest,
-        Interpolation::Bilinear => pb::Interpolation::Bilinear,
-    };
-    wire as i32
 }
 
 impl AutoAugment {
@@ -372,80 +352,6 @@ impl Op for AutoAugment {
             apply_step(*step, self.sampling(), width, out);
         }
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let Some(auto) = &wire.auto_augment else {
-            return Self::OFF;
-        };
-        use pb::auto_augment::Policy as Wire;
-        let policy = match &auto.policy {
-            None => Policy::Off,
-            Some(Wire::TrivialAugmentWide(t)) => Policy::TrivialAugmentWide {
-                bins: t.num_magnitude_bins.unwrap_or(DEFAULT_BINS),
-            },
-            Some(Wire::RandAugment(r)) => Policy::RandAugment {
-                num_ops: r.num_ops.unwrap_or(2),
-                magnitude: r.magnitude.unwrap_or(9),
-                bins: r.num_magnitude_bins.unwrap_or(DEFAULT_BINS),
-            },
-            Some(Wire::Imagenet(_)) => Policy::AutoAugmentImageNet,
-        };
-        Self {
-            policy,
-            interpolation: interpolation_from_wire(auto.interpolation),
-            fill: Fill::from_wire(&auto.fill),
-        }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        use pb::auto_augment::Policy as Wire;
-        let policy = match self.policy {
-            Policy::Off => return,
-            Policy::TrivialAugmentWide { bins } => {
-                Wire::TrivialAugmentWide(pb::TrivialAugmentWide {
-                    num_magnitude_bins: Some(bins),
-                })
-            }
-            Policy::RandAugment {
-                num_ops,
-                magnitude,
-                bins,
-            } => Wire::RandAugment(pb::RandAugment {
-                num_ops: Some(num_ops),
-                magnitude: Some(magnitude),
-                num_magnitude_bins: Some(bins),
-            }),
-            Policy::AutoAugmentImageNet => Wire::Imagenet(pb::AutoAugmentImageNet {}),
-        };
-        wire.auto_augment = Some(pb::AutoAugment {
-            policy: Some(policy),
-            interpolation: interpolation_to_wire(self.interpolation),
-            fill: self.fill.to_wire(),
-        });
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> PolicyDrawn {
-        let mut drawn = PolicyDrawn::default();
-        for step in &wire.policy {
-            let op = pb::PolicyOp::try_from(step.op).map_or(Identity, op_from_wire);
-            drawn.push(PolicyStep {
-                op,
-                magnitude: step.magnitude,
-            });
-        }
-        drawn
-    }
-
-    fn drawn_to_wire(drawn: PolicyDrawn, wire: &mut pb::CropBox) {
-        wire.policy = drawn
-            .steps()
-            .iter()
-            .map(|step| pb::PolicyStep {
-                op: op_to_wire(step.op) as i32,
-                magnitude: step.magnitude,
-            })
-            .collect();
-    }
 }
 
 /// One op's magnitude from its table (None for ops without one), then its
@@ -576,37 +482,6 @@ pub fn apply_step(step: PolicyStep, sampling: Sampling, width: u32, out: &mut [u
         Equalize => kernels::equalize(out),
         Invert => kernels::invert(out),
     }
-}
-
-/// Each op and its wire value.
-const WIRE: [(PolicyOp, pb::PolicyOp); 15] = [
-    (Identity, pb::PolicyOp::Identity),
-    (ShearX, pb::PolicyOp::ShearX),
-    (ShearY, pb::PolicyOp::ShearY),
-    (TranslateX, pb::PolicyOp::TranslateX),
-    (TranslateY, pb::PolicyOp::TranslateY),
-    (Rotate, pb::PolicyOp::Rotate),
-    (Brightness, pb::PolicyOp::Brightness),
-    (Color, pb::PolicyOp::Color),
-    (Contrast, pb::PolicyOp::Contrast),
-    (Sharpness, pb::PolicyOp::Sharpness),
-    (Posterize, pb::PolicyOp::Posterize),
-    (Solarize, pb::PolicyOp::Solarize),
-    (AutoContrast, pb::PolicyOp::AutoContrast),
-    (Equalize, pb::PolicyOp::Equalize),
-    (Invert, pb::PolicyOp::Invert),
-];
-
-fn op_to_wire(op: PolicyOp) -> pb::PolicyOp {
-    WIRE.iter()
-        .find(|(ours, _)| *ours == op)
-        .map_or(pb::PolicyOp::Identity, |(_, wire)| *wire)
-}
-
-fn op_from_wire(wire: pb::PolicyOp) -> PolicyOp {
-    WIRE.iter()
-        .find(|(_, theirs)| *theirs == wire)
-        .map_or(Identity, |(ours, _)| *ours)
 }
 
 #[cfg(test)]

@@ -5,9 +5,8 @@
 use super::super::kernels::{self, Interpolation, Sampling};
 use super::super::key::uniform_in;
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
-use super::policy::{interpolation_from_wire, interpolation_to_wire, Fill};
+use super::policy::Fill;
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// The angle range (degrees; None: off) and how the turned sample is
 /// sampled.
@@ -95,41 +94,14 @@ impl Op for RandomRotation {
             kernels::rotate(out, width, angle, self.sampling());
         }
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        wire.rotation.as_ref().map_or(Self::OFF, |rotation| {
-            let degrees = rotation.degrees.unwrap_or_default();
-            Self {
-                degrees: Some((degrees.min, degrees.max)),
-                interpolation: interpolation_from_wire(rotation.interpolation),
-                fill: Fill::from_wire(&rotation.fill),
-            }
-        })
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        if let Some((min, max)) = self.degrees {
-            wire.rotation = Some(pb::RandomRotation {
-                degrees: Some(pb::Range { min, max }),
-                interpolation: interpolation_to_wire(self.interpolation),
-                fill: self.fill.to_wire(),
-            });
-        }
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> Option<f64> {
-        wire.rotation
-    }
-
-    fn drawn_to_wire(angle: Option<f64>, wire: &mut pb::CropBox) {
-        wire.rotation = angle;
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::super::op::draw_alone;
     use super::*;
+    use crate::decode::augment::wire::OpWire;
+    use crate::proto::v1 as pb;
 
     #[test]
     fn the_parameters_are_checked_and_survive_the_wire() {
@@ -163,7 +135,7 @@ mod tests {
         );
         assert_eq!(
             field(RandomRotation {
-                fill: Fill::from_wire(&[1, 2]),
+                fill: Fill::from_levels(&[1, 2]),
                 ..rotation
             }),
             "augmentation.rotation.fill"

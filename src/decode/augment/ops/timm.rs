@@ -13,7 +13,6 @@ use super::super::key::uniform;
 use super::super::op::{invalid, AugmentError, DrawAt, Op};
 use super::policy::Fill;
 use crate::plan::rng::Rng;
-use crate::proto::v1 as pb;
 
 /// Most ops a stream draws from (timm's lists have 15).
 pub const MAX_TIMM_OPS: usize = 32;
@@ -66,46 +65,6 @@ impl TimmOp {
     }
 }
 
-/// Each op and its wire value.
-const WIRE: [(TimmOp, pb::TimmOp); 24] = [
-    (AutoContrast, pb::TimmOp::AutoContrast),
-    (Equalize, pb::TimmOp::Equalize),
-    (Invert, pb::TimmOp::Invert),
-    (Rotate, pb::TimmOp::Rotate),
-    (Posterize, pb::TimmOp::Posterize),
-    (PosterizeIncreasing, pb::TimmOp::PosterizeIncreasing),
-    (PosterizeOriginal, pb::TimmOp::PosterizeOriginal),
-    (Solarize, pb::TimmOp::Solarize),
-    (SolarizeIncreasing, pb::TimmOp::SolarizeIncreasing),
-    (SolarizeAdd, pb::TimmOp::SolarizeAdd),
-    (Color, pb::TimmOp::Color),
-    (ColorIncreasing, pb::TimmOp::ColorIncreasing),
-    (Contrast, pb::TimmOp::Contrast),
-    (ContrastIncreasing, pb::TimmOp::ContrastIncreasing),
-    (Brightness, pb::TimmOp::Brightness),
-    (BrightnessIncreasing, pb::TimmOp::BrightnessIncreasing),
-    (Sharpness, pb::TimmOp::Sharpness),
-    (SharpnessIncreasing, pb::TimmOp::SharpnessIncreasing),
-    (ShearX, pb::TimmOp::ShearX),
-    (ShearY, pb::TimmOp::ShearY),
-    (TranslateXRel, pb::TimmOp::TranslateXRel),
-    (TranslateYRel, pb::TimmOp::TranslateYRel),
-    (TranslateX, pb::TimmOp::TranslateX),
-    (TranslateY, pb::TimmOp::TranslateY),
-];
-
-fn op_from_wire(wire: i32) -> Option<TimmOp> {
-    WIRE.iter()
-        .find(|(_, theirs)| *theirs as i32 == wire)
-        .map(|(ours, _)| *ours)
-}
-
-fn op_to_wire(op: TimmOp) -> pb::TimmOp {
-    WIRE.iter()
-        .find(|(ours, _)| *ours == op)
-        .map_or(pb::TimmOp::Unspecified, |(_, wire)| *wire)
-}
-
 /// A stream's timm RandAugment (off: no ops).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TimmRandAugment {
@@ -148,7 +107,7 @@ impl TimmDrawn {
         &self.steps[..usize::from(self.len)]
     }
 
-    fn push(&mut self, step: TimmStep) {
+    pub fn push(&mut self, step: TimmStep) {
         if let Some(slot) = self.steps.get_mut(usize::from(self.len)) {
             *slot = step;
             self.len += 1;
@@ -189,7 +148,7 @@ impl TimmRandAugment {
         }
     }
 
-    fn ops(&self) -> &[TimmOp] {
+    pub fn ops(&self) -> &[TimmOp] {
         &self.ops[..self.op_count.min(MAX_TIMM_OPS)]
     }
 
@@ -442,99 +401,6 @@ impl Op for TimmRandAugment {
             apply_step(*step, self.fill(), width, out);
         }
     }
-
-    fn from_wire(wire: &pb::Augmentation) -> Self {
-        let Some(timm) = &wire.timm_rand_augment else {
-            return Self::OFF;
-        };
-        let mut ops = [AutoContrast; MAX_TIMM_OPS];
-        let mut unknown_op = false;
-        for (slot, &op) in ops.iter_mut().zip(&timm.ops) {
-            match op_from_wire(op) {
-                Some(op) => *slot = op,
-                None => unknown_op = true,
-            }
-        }
-        let resample = match pb::Interpolation::try_from(timm.resample) {
-            Ok(pb::Interpolation::Bilinear) => Some(PilResample::Bilinear),
-            Ok(pb::Interpolation::Bicubic) => Some(PilResample::Bicubic),
-            _ => None,
-        };
-        Self {
-            ops,
-            op_count: timm.ops.len(),
-            unknown_op,
-            num_layers: timm.num_layers,
-            magnitude: timm.magnitude,
-            magnitude_std: timm.magnitude_std,
-            magnitude_max: timm.magnitude_max,
-            prob: timm.prob,
-            translate_pct: timm.translate_pct,
-            translate_const: timm.translate_const,
-            resample,
-            random_resample: timm.random_resample,
-            fill: Fill::from_wire(&timm.fill),
-        }
-    }
-
-    fn to_wire(&self, wire: &mut pb::Augmentation) {
-        if !self.is_random() {
-            return;
-        }
-        wire.timm_rand_augment = Some(pb::TimmRandAugment {
-            ops: self.ops().iter().map(|&op| op_to_wire(op) as i32).collect(),
-            num_layers: self.num_layers,
-            magnitude: self.magnitude,
-            magnitude_std: self.magnitude_std,
-            magnitude_max: self.magnitude_max,
-            prob: self.prob,
-            translate_pct: self.translate_pct,
-            translate_const: self.translate_const,
-            resample: resample_to_wire(self.resample.unwrap_or_default()) as i32,
-            random_resample: self.random_resample,
-            fill: self.fill.to_wire(),
-        });
-    }
-
-    fn drawn_from_wire(wire: &pb::CropBox) -> TimmDrawn {
-        let mut drawn = TimmDrawn::default();
-        for step in &wire.timm_steps {
-            let resample = if step.resample == pb::Interpolation::Bicubic as i32 {
-                PilResample::Bicubic
-            } else {
-                PilResample::Bilinear
-            };
-            drawn.push(TimmStep {
-                op: op_from_wire(step.op).unwrap_or_default(),
-                argument: step.argument,
-                resample,
-            });
-        }
-        drawn
-    }
-
-    fn drawn_to_wire(drawn: TimmDrawn, wire: &mut pb::CropBox) {
-        wire.timm_steps = drawn
-            .steps()
-            .iter()
-            .map(|step| pb::TimmStep {
-                op: op_to_wire(step.op) as i32,
-                argument: step.argument,
-                resample: if step.op.is_geometric() {
-                    resample_to_wire(step.resample) as i32
-                } else {
-                    0
-                },
-            })
-            .collect();
-    }
-}
-
-fn resample_to_wire(resample: PilResample) -> pb::Interpolation {
-    match resample {
-        PilResample::Bilinear => pb::Interpolation::Bilinear,
-        PilResample::Bicubic => pb::Interpolation::Bicubic,
-    }
 }
 
 /// One step as timm's op function runs it on a PIL image.
@@ -577,6 +443,8 @@ pub fn apply_step(step: TimmStep, fill: [u8; 3], width: u32, out: &mut [u8]) {
 mod tests {
     use super::super::super::op::draw_alone;
     use super::*;
+    use crate::decode::augment::wire::OpWire;
+    use crate::proto::v1 as pb;
 
     fn deit() -> TimmRandAugment {
         TimmRandAugment::new(9.0, 2, 0.5, true)

@@ -8,16 +8,13 @@
 //! not see it), it is within the server's pixel and scratch limits and it
 //! is no longer than its decoded pixels.
 
-use super::super::mode::{ClientDecodes, ClientSample, FormLimits};
+use super::super::mode::{ClientDecodes, ClientForm, ClientSample, FormLimits};
 use crate::decode::{self, JpegFrame};
-use crate::proto::v1 as pb;
 use crate::shard::ImageFormat;
 
 pub struct BaselineJpeg;
 
 impl ClientDecodes for BaselineJpeg {
-    const WIRE: pb::Delivery = pb::Delivery::Encoded;
-
     fn client_form(format: ImageFormat, data: &[u8], limits: FormLimits) -> Option<ClientSample> {
         if format != ImageFormat::Jpeg || data.len() > limits.slot_bytes {
             return None;
@@ -28,7 +25,7 @@ impl ClientDecodes for BaselineJpeg {
             && pixels * decode::SCRATCH_BYTES_PER_PIXEL <= limits.scratch_limit;
         (frame.is_baseline() && within && decode::check_jpeg_complete(data).is_ok()).then_some(
             ClientSample {
-                form: pb::SampleForm::Jpeg,
+                form: ClientForm::Jpeg,
                 source_width: frame.width,
                 source_height: frame.height,
                 length: data.len(),

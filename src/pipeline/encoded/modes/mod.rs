@@ -1,21 +1,21 @@
 //! The deliveries where the client decodes: one file per mode, declared
 //! and given its row here. A mode ([`ClientDecodes`], in `../mode.rs`) says
-//! what its request asks beyond the share, which samples it sends in a
-//! client form (and in which form, how long), and how such a sample's slot
-//! is filled. Everything else of an encoded delivery is the same for every
-//! mode and written once in the parent folder: the share and its tuner,
-//! the placement, the wire, the substitution of failures and the metrics.
+//! which samples it sends in a client form (and in which form, how long),
+//! and how such a sample's slot is filled. Everything else of an encoded
+//! delivery is the same for every mode and written once in the parent
+//! folder: the share and its tuner, the placement, the substitution of
+//! failures and the metrics; the wire is the server's
+//! (`server/delivery.rs`).
 //!
 //! A new mode touches its file here, its `mod` line and row below, its
 //! `Delivery` value (and a `SampleForm` value if its bytes are a new form)
-//! in `shardfeed.proto`, and its rows in the Python client's `_modes.py`
-//! (its name, and its form's decoder).
+//! in `shardfeed.proto` and their rows in `server/delivery.rs` (a
+//! [`super::ClientForm`] value too, for a new form), and its rows in the
+//! Python client's `_modes.py` (its name, and its form's decoder).
 
 mod baseline_jpeg;
 
-use super::error::DeliveryError;
 use super::mode::{ClientDecodes, ClientSample, FormLimits};
-use crate::proto::v1 as pb;
 use crate::shard::ImageFormat;
 
 /// The table of modes: one row each, `Variant => its type`.
@@ -28,33 +28,9 @@ macro_rules! client_modes {
         }
 
         impl ClientMode {
-            /// Every mode, in table order (the table's own test).
-            #[cfg(test)]
-            const ALL: &'static [ClientMode] = &[$(ClientMode::$variant),+];
-
-            /// The mode a request's `delivery` asks for; None for decoded
-            /// delivery.
-            pub fn from_wire(delivery: pb::Delivery) -> Option<Self> {
-                $(if delivery == <$mode as ClientDecodes>::WIRE {
-                    return Some(Self::$variant);
-                })+
-                None
-            }
-
-            /// The request's `delivery` value (the table's own test).
-            #[cfg(test)]
-            fn wire(self) -> pb::Delivery {
-                match self {
-                    $(Self::$variant => <$mode as ClientDecodes>::WIRE),+
-                }
-            }
-
-            /// See [`ClientDecodes::check`].
-            pub fn check(self, request: &pb::StreamBatchesRequest) -> Result<(), DeliveryError> {
-                match self {
-                    $(Self::$variant => <$mode as ClientDecodes>::check(request)),+
-                }
-            }
+            /// Every mode, in table order (the wire's table is checked
+            /// against it).
+            pub const ALL: &'static [ClientMode] = &[$(ClientMode::$variant),+];
 
             /// See [`ClientDecodes::client_form`].
             pub fn client_form(
@@ -80,27 +56,4 @@ macro_rules! client_modes {
 
 client_modes! {
     BaselineJpeg => baseline_jpeg::BaselineJpeg,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_delivery_value_is_decoded_or_one_mode() {
-        let mut seen = Vec::new();
-        for value in 0..64 {
-            let Ok(delivery) = pb::Delivery::try_from(value) else {
-                continue;
-            };
-            match ClientMode::from_wire(delivery) {
-                None => assert_eq!(delivery, pb::Delivery::Decoded, "{delivery:?} has no row"),
-                Some(mode) => {
-                    assert_eq!(mode.wire(), delivery);
-                    seen.push(mode);
-                }
-            }
-        }
-        assert_eq!(seen, ClientMode::ALL, "each row has its own delivery value");
-    }
 }

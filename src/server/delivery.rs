@@ -1,13 +1,26 @@
 //! Encoded delivery on the wire, both ways: a request's delivery, share
-//! and search checked into a [`Delivery`], and a batch's placements and
-//! search state written into its message.
+//! and search checked into the pipeline's [`Delivery`], and a batch's
+//! placements and search state written into its message. The delivery
+//! values' table ([`mode_of`]) is here: a new mode is a row of it and of
+//! [`form_to_wire`] when its bytes are a new form.
 
-use super::delivery::Delivery;
-use super::error::DeliveryError;
-use super::modes::ClientMode;
-use super::placement::Placement;
-use super::seek::SearchState;
-use crate::proto::v1 as pb;
+use super::pb;
+use crate::pipeline::encoded::{ClientForm, ClientMode, Delivery, DeliveryError};
+use crate::pipeline::encoded::{Placement, SearchState};
+
+/// The mode a request's `delivery` asks for; None for decoded delivery.
+fn mode_of(delivery: pb::Delivery) -> Option<ClientMode> {
+    match delivery {
+        pb::Delivery::Decoded => None,
+        pb::Delivery::Encoded => Some(ClientMode::BaselineJpeg),
+    }
+}
+
+fn form_to_wire(form: ClientForm) -> pb::SampleForm {
+    match form {
+        ClientForm::Jpeg => pb::SampleForm::Jpeg,
+    }
+}
 
 /// The request's delivery, checked.
 pub fn delivery_from_wire(request: &pb::StreamBatchesRequest) -> Result<Delivery, DeliveryError> {
@@ -16,7 +29,7 @@ pub fn delivery_from_wire(request: &pb::StreamBatchesRequest) -> Result<Delivery
     let Ok(delivery) = pb::Delivery::try_from(request.delivery) else {
         return invalid("delivery", format!("unknown delivery {}", request.delivery));
     };
-    let Some(mode) = ClientMode::from_wire(delivery) else {
+    let Some(mode) = mode_of(delivery) else {
         if server_fraction.is_some()
             || request.tune_server_decode
             || request.server_decode_search.is_some()
@@ -74,7 +87,6 @@ pub fn delivery_from_wire(request: &pb::StreamBatchesRequest) -> Result<Delivery
             );
         }
     }
-    mode.check(request)?;
     Ok(Delivery::Encoded {
         mode,
         server_fraction,
@@ -90,7 +102,7 @@ pub fn placements_to_wire(placements: &[Placement]) -> Vec<pb::EncodedSample> {
         .map(|placement| {
             let (form, source_width, source_height) = match placement.client {
                 Some(slot) => (
-                    slot.sample.form,
+                    form_to_wire(slot.sample.form),
                     slot.sample.source_width,
                     slot.sample.source_height,
                 ),
@@ -131,5 +143,29 @@ fn search_from_wire(search: &pb::ShareSearch) -> SearchState {
         // A new stream listens anew.
         loop_id: 0,
         noise: search.noise,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_delivery_value_is_decoded_or_one_mode() {
+        let mut seen = Vec::new();
+        for value in 0..64 {
+            let Ok(delivery) = pb::Delivery::try_from(value) else {
+                continue;
+            };
+            match mode_of(delivery) {
+                None => assert_eq!(delivery, pb::Delivery::Decoded, "{delivery:?} has no row"),
+                Some(mode) => seen.push(mode),
+            }
+        }
+        assert_eq!(
+            seen,
+            ClientMode::ALL,
+            "each mode has its own delivery value"
+        );
     }
 }
