@@ -7,10 +7,13 @@
 mod args;
 #[cfg(feature = "dev")]
 mod dev_args;
+#[cfg(feature = "dev")]
+mod dev_run;
 mod pool_args;
 mod progress;
 mod run;
 mod settings;
+mod signals;
 mod store_args;
 mod values;
 

@@ -3,8 +3,11 @@
 use std::sync::Arc;
 
 use super::args::{Command, IndexArgs, PackArgs, ServeArgs, WarmArgs};
+#[cfg(feature = "dev")]
+use super::dev_run;
 use super::pool_args::PoolWorkerArgs;
 use super::progress;
+use super::signals;
 use super::values::CliError;
 use crate::dataset::{
     build_index_reporting, write_index, DatasetLayout, DatasetLocation, DatasetRegistry, DatasetUri,
@@ -36,129 +39,35 @@ pub async fn run(command: Command) -> Result<(), CliError> {
             Ok(())
         }
         #[cfg(feature = "dev")]
-        Command::Demo(args) => {
-            use crate::dev::demo::DemoOptions;
-            let defaults = DemoOptions::default();
-            crate::dev::demo::run(DemoOptions {
-                data: crate::dev::synthetic::SyntheticSpec {
-                    shards: args.shards,
-                    samples_per_shard: args.samples_per_shard,
-                    ..defaults.data
-                },
-                epochs: args.epochs,
-                batch_size: args.batch_size,
-                image_size: args.image_size,
-                decode_threads: args.decode_threads.unwrap_or(defaults.decode_threads),
-                cache_dir: args.cache_dir,
-            })
-            .await
-        }
+        Command::Demo(args) => dev_run::demo(args).await,
         #[cfg(feature = "dev")]
-        Command::Bench(args) => crate::dev::bench::run(args.source()?, &args.spec()).await,
+        Command::Bench(args) => dev_run::bench(args).await,
         #[cfg(feature = "dev")]
-        Command::CacheBench => {
-            crate::dev::bench::cache_policy(&crate::dev::bench::CacheBenchSpec::default()).await
-        }
+        Command::CacheBench => dev_run::cache_bench().await,
         #[cfg(feature = "dev")]
-        Command::MixBench(args) => {
-            crate::dev::mix_bench::run(&crate::dev::mix_bench::MixBenchSpec {
-                data: args.stream.data(),
-                batch_size: args.stream.batch_size,
-                decode_threads: args.stream.decode_threads(),
-                rounds: args.rounds,
-            })
-            .await
-        }
+        Command::MixBench(args) => dev_run::mix_bench(args).await,
         #[cfg(feature = "dev")]
-        Command::ParquetBench(args) => {
-            crate::dev::parquet_bench::run(&crate::dev::parquet_bench::ParquetBenchSpec {
-                data: args.stream.data(),
-                batch_size: args.stream.batch_size,
-                decode_threads: args.stream.decode_threads(),
-                rounds: args.rounds,
-                get_delay: std::time::Duration::from_millis(args.get_delay_ms),
-                plan_files: args.plan_files,
-            })
-            .await
-        }
+        Command::ParquetBench(args) => dev_run::parquet_bench(args).await,
         #[cfg(feature = "dev")]
-        Command::PoolBench(args) => {
-            let mut problems = Vec::new();
-            let pool = args.pool.config(&mut problems);
-            let Some(pool) = pool else {
-                if args.pool.pool.is_empty() {
-                    problems.push("pool-bench needs --pool".into());
-                }
-                return Err(super::values::ConfigError(problems).into());
-            };
-            crate::dev::pool_bench::run(&crate::dev::pool_bench::PoolBenchSpec {
-                data: args.stream.data(),
-                batch_size: args.stream.batch_size,
-                decode_threads: args.stream.decode_threads(),
-                rounds: args.rounds,
-                pool,
-            })
-            .await
-        }
+        Command::PoolBench(args) => dev_run::pool_bench(args).await,
         #[cfg(feature = "dev")]
-        Command::DeliveryBench(args) => {
-            crate::dev::delivery_bench::run(&crate::dev::delivery_bench::DeliveryBenchSpec {
-                data: args.stream.data(),
-                batch_size: args.stream.batch_size,
-                decode_threads: args.stream.decode_threads(),
-                rounds: args.rounds,
-            })
-            .await
-        }
+        Command::DeliveryBench(args) => dev_run::delivery_bench(args).await,
         #[cfg(feature = "dev")]
-        Command::TierStreamBench(args) => {
-            crate::dev::tier_stream::run(&crate::dev::tier_stream::TierStreamSpec {
-                data: args.stream.data(),
-                batch_size: args.stream.batch_size,
-                decode_threads: args.stream.decode_threads(),
-                shorter_side: args.shorter_side,
-            })
-            .await
-        }
+        Command::TierStreamBench(args) => dev_run::tier_stream_bench(args).await,
         #[cfg(feature = "dev")]
-        Command::TierBench(args) => {
-            let spec = crate::dev::tier::TierSpec {
-                samples: args.samples,
-                rounds: args.rounds,
-            };
-            tokio::task::spawn_blocking(move || crate::dev::tier::run(&spec))
-                .await
-                .map_err(|e| e.to_string())?
-        }
+        Command::TierBench(args) => dev_run::tier_bench(args).await,
         #[cfg(feature = "dev")]
-        Command::CacheScaleBench(args) => {
-            crate::dev::cache_scale::run(&crate::dev::cache_scale::CacheScaleSpec {
-                entries: args.entries as usize,
-                object_bytes: args.object_bytes as usize,
-                dir: args.dir,
-                readers: args.readers.max(1),
-                seconds: args.seconds,
-            })
-            .await
-        }
+        Command::CacheScaleBench(args) => dev_run::cache_scale_bench(args).await,
         #[cfg(feature = "dev")]
-        Command::ShuffleQuality(args) => {
-            let dataset = crate::dev::shuffle_quality::SortedDataset {
-                classes: args.classes,
-                samples_per_class: args.samples_per_class,
-                samples_per_shard: args.samples_per_shard,
-            };
-            crate::dev::shuffle_quality::run(&dataset, args.batch_size, args.seed);
-            Ok(())
-        }
+        Command::ShuffleQuality(args) => dev_run::shuffle_quality(args).await,
         #[cfg(feature = "dev")]
-        Command::DevS3(args) => dev_s3(args).await,
+        Command::DevS3(args) => dev_run::dev_s3(args).await,
     }
 }
 
 async fn serve(args: ServeArgs) -> Result<(), CliError> {
     if let Some(parent) = args.exit_with_parent {
-        exit_with_parent(parent)?;
+        signals::exit_with_parent(parent)?;
     }
     let config = args.config()?;
     let metrics_listen = install_metrics(config.metrics_listen).await?;
@@ -241,7 +150,7 @@ async fn serve(args: ServeArgs) -> Result<(), CliError> {
         listener,
         service,
         startup,
-        shutdown_signal(),
+        signals::shutdown_signal(),
         config.shutdown_grace,
     )
     .await?;
@@ -274,32 +183,8 @@ async fn pool_worker(args: PoolWorkerArgs) -> Result<(), CliError> {
     let config = args.config()?;
     let metrics_listen = install_metrics(args.metrics_listen).await?;
     tracing::info!(metrics = %metrics_listen, "pool worker metrics");
-    crate::pool::serve_worker(config, shutdown_signal()).await?;
+    crate::pool::serve_worker(config, signals::shutdown_signal()).await?;
     Ok(())
-}
-
-/// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers, never start shutdown from here.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting now");
-        std::process::exit(1);
-    });
 }
 
 async fn index(args: IndexArgs) -> Result<(), CliError> {
@@ -516,69 +401,6 @@ fn write_pack_report(
     });
     std::fs::write(path, format!("{json:#}\n"))
         .map_err(|e| format!("writing the report to {}: {e}", path.display()))?;
-    Ok(())
-}
-
-#[cfg(feature = "dev")]
-async fn dev_s3(args: super::dev_args::DevS3Args) -> Result<(), CliError> {
-    use std::sync::atomic::Ordering;
-    use std::time::Duration;
-    let server = crate::dev::s3mem::start_on(args.listen)
-        .await
-        .map_err(|e| format!("listening on {}: {e}", args.listen))?;
-    if args.synthetic_shards > 0 {
-        let spec = crate::dev::synthetic::SyntheticSpec {
-            shards: args.synthetic_shards,
-            samples_per_shard: args.samples_per_shard,
-            ..Default::default()
-        };
-        let uri = crate::dev::synthetic::publish(&server, &spec).await?;
-        eprintln!("published {uri}");
-        if args.synthetic_loose {
-            let uri = crate::dev::synthetic::publish_loose(&server, &spec).await?;
-            eprintln!("published {uri}");
-        }
-    }
-    // Faults start after publishing, which goes through the same server.
-    let faults = &server.state.faults;
-    faults.set_get_delay(Duration::from_millis(args.get_delay_ms));
-    faults
-        .slow_down_every
-        .store(args.slow_down_every, Ordering::Relaxed);
-    faults
-        .get_bytes_per_second
-        .store(args.get_mib_per_second << 20, Ordering::Relaxed);
-    faults
-        .fail_percent
-        .store(args.fail_percent, Ordering::Relaxed);
-    faults
-        .list_without_etags
-        .store(args.list_without_etags, Ordering::Relaxed);
-    // Tests read this line to learn the port.
-    println!("listening on {}", server.endpoint());
-    std::io::Write::flush(&mut std::io::stdout())?;
-    shutdown_signal().await;
-    Ok(())
-}
-
-/// Has the kernel send SIGTERM (the graceful shutdown) when the parent
-/// exits, however it exits; fails if `parent` is already gone.
-fn exit_with_parent(parent: u32) -> Result<(), CliError> {
-    // SAFETY: prctl(PR_SET_PDEATHSIG) takes plain integers and touches no memory.
-    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
-    if set != 0 {
-        return Err(format!(
-            "prctl(PR_SET_PDEATHSIG): {}",
-            std::io::Error::last_os_error()
-        )
-        .into());
-    }
-    // The parent may have exited before the signal was armed.
-    // SAFETY: getppid has no preconditions.
-    let current = unsafe { libc::getppid() };
-    if current as u32 != parent {
-        return Err(format!("--exit-with-parent {parent}: that process has already exited").into());
-    }
     Ok(())
 }
 

@@ -316,23 +316,11 @@ pub async fn entitlement(
     spec: &EntitlementSpec,
 ) -> Result<serde_json::Value, BenchError> {
     use crate::decode::{default_decoder, default_decoder_name};
-    use std::io::Write;
 
     let dataset = registry.open(uri).await?;
     let output = spec.output;
-    // Kernel rate: one thread, decode + resize of the first shard's JPEGs.
-    let jpegs = first_jpegs(&dataset, KERNEL_SAMPLES).await?;
     let decoder = default_decoder();
-    let (kernel_rate, psnr) = if jpegs.is_empty() {
-        (0.0, 0.0)
-    } else {
-        let kernel = decoder.clone();
-        let jpegs = Arc::new(jpegs);
-        let figures =
-            tokio::task::spawn_blocking(move || decode_kernel(kernel.as_ref(), &jpegs, &output, 2))
-                .await?;
-        (figures.rate, figures.psnr)
-    };
+    let (kernel_rate, psnr) = kernel_figures(&dataset, decoder.clone(), output).await?;
     let mean_sample_bytes = dataset.index.bytes() as f64 / dataset.index.samples().max(1) as f64;
 
     let plan_request = crate::plan::PlanRequest {
@@ -363,29 +351,8 @@ pub async fn entitlement(
         .open_stream(StreamRequest::one(uri, plan_request, output))
         .await?
         .batches;
-    let (mut samples, mut batches, mut payload) = (0u64, 0u64, 0u64);
-    let mut first_batch = None;
-    let mut last_print = std::time::Instant::now();
-    while let Some(batch) = receiver.recv().await {
-        let batch = batch?;
-        first_batch.get_or_insert_with(|| started.elapsed());
-        samples += batch.size as u64;
-        payload += (batch.size * spec.output.bytes()) as u64;
-        batches += 1;
-        if last_print.elapsed().as_millis() >= 500 {
-            last_print = std::time::Instant::now();
-            eprint!(
-                "\r{batches} batches, {samples} samples, {:.0} samples/s   ",
-                samples as f64 / started.elapsed().as_secs_f64()
-            );
-            std::io::stderr().flush()?;
-        }
-        if spec.max_batches > 0 && batches >= spec.max_batches {
-            break;
-        }
-    }
+    let (samples, payload, first_batch) = drain(&mut receiver, spec, started).await?;
     drop(receiver);
-    eprintln!();
     let wall = started.elapsed().as_secs_f64();
     let (cpu_after, peak_rss) = cpu_and_peak_rss();
     let cpu = cpu_after - cpu_before;
@@ -421,6 +388,58 @@ pub async fn entitlement(
         "peak_rss_bytes": peak_rss,
     });
     Ok(summary)
+}
+
+/// The kernel's rate: one thread, decode + resize of the first shard's
+/// JPEGs, and their PSNR against a full decode (0 and 0 without JPEGs).
+async fn kernel_figures(
+    dataset: &crate::dataset::Dataset,
+    decoder: Arc<dyn crate::decode::Decoder>,
+    output: crate::decode::OutputSpec,
+) -> Result<(f64, f64), BenchError> {
+    let jpegs = first_jpegs(dataset, KERNEL_SAMPLES).await?;
+    if jpegs.is_empty() {
+        return Ok((0.0, 0.0));
+    }
+    let jpegs = Arc::new(jpegs);
+    let figures =
+        tokio::task::spawn_blocking(move || decode_kernel(decoder.as_ref(), &jpegs, &output, 2))
+            .await?;
+    Ok((figures.rate, figures.psnr))
+}
+
+/// Takes the stream's batches (up to `spec.max_batches`), printing the
+/// rate every half second: its samples, output bytes and first batch's
+/// time.
+async fn drain(
+    receiver: &mut crate::pipeline::BatchReceiver,
+    spec: &EntitlementSpec,
+    started: std::time::Instant,
+) -> Result<(u64, u64, Option<std::time::Duration>), BenchError> {
+    use std::io::Write;
+    let (mut samples, mut batches, mut payload) = (0u64, 0u64, 0u64);
+    let mut first_batch = None;
+    let mut last_print = std::time::Instant::now();
+    while let Some(batch) = receiver.recv().await {
+        let batch = batch?;
+        first_batch.get_or_insert_with(|| started.elapsed());
+        samples += batch.size as u64;
+        payload += (batch.size * spec.output.bytes()) as u64;
+        batches += 1;
+        if last_print.elapsed().as_millis() >= 500 {
+            last_print = std::time::Instant::now();
+            eprint!(
+                "\r{batches} batches, {samples} samples, {:.0} samples/s   ",
+                samples as f64 / started.elapsed().as_secs_f64()
+            );
+            std::io::stderr().flush()?;
+        }
+        if spec.max_batches > 0 && batches >= spec.max_batches {
+            break;
+        }
+    }
+    eprintln!();
+    Ok((samples, payload, first_batch))
 }
 
 /// Where `shardfeed bench` reads from.

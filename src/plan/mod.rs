@@ -317,103 +317,16 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
     if rank >= world_size {
         return Err(PlanError::RankOutOfRange { rank, world_size });
     }
-    let global_batch = counts.global_batch;
     let resume = resume_from.normalized();
-    // Planning walks every rank of every phase: the phase count is bounded
-    // here and each phase's world size by the global batch (which the
-    // dataset bounds), so a request cannot make planning arbitrarily long.
-    if resume.phases.len() > MAX_RESUME_PHASES {
-        return Err(PlanError::TooManyResumePhases(resume.phases.len()));
-    }
-    for phase in &resume.phases {
-        if phase.world_size > MAX_WORLD_SIZE {
-            return Err(PlanError::WorldTooLarge(phase.world_size));
-        }
-        if phase.world_size == 0 || global_batch % u64::from(phase.world_size) != 0 {
-            return Err(PlanError::ResumeWorldSize {
-                world_size: phase.world_size,
-                global_batch,
-            });
-        }
-    }
-    if resume.steps() > counts.steps {
-        return Err(PlanError::ResumePastEnd {
-            steps: resume.steps(),
-            total: counts.steps,
-        });
-    }
-
-    let make_rank_plan = |world_size: u32, rank: u32| -> RankPlan {
-        let per_rank = counts.steps * (global_batch / u64::from(world_size));
-        let from = u64::from(rank) * per_rank;
-        let segments = layout.segments(from, from + per_rank);
-        RankPlan {
-            world_size,
-            rank,
-            len: per_rank,
-            segments,
-            shuffle,
-            rng_key: [
-                seed,
-                epoch,
-                u64::from(world_size),
-                u64::from(rank),
-                PURPOSE_RANK_ORDER,
-            ],
-        }
+    check_resume(&resume, &counts)?;
+    let split = RankSplit {
+        layout: &layout,
+        counts: &counts,
+        seed,
+        epoch,
+        shuffle,
     };
-
-    // Phase one: the partition at the world size the epoch started with.
-    let first_world = resume.phases.first().map_or(world_size, |p| p.world_size);
-    let mut rank_plans: Vec<RankPlan> = Vec::new();
-    let mut plan_index = std::collections::HashMap::new();
-    let mut rank_parts = |rank: u32, rank_plans: &mut Vec<RankPlan>| -> Vec<Slice> {
-        let index = *plan_index.entry(rank).or_insert_with(|| {
-            rank_plans.push(make_rank_plan(first_world, rank));
-            rank_plans.len() - 1
-        });
-        vec![Slice {
-            rank_plan: index,
-            from: 0,
-            to: rank_plans[index].len,
-        }]
-    };
-
-    // Each completed phase consumes a prefix of every rank's sequence; the
-    // remainders, concatenated in rank order, are split over the next world.
-    let mut world = first_world;
-    let mut current: Option<Vec<Vec<Slice>>> = None; // per-rank slices, phase >= 2
-    for (i, phase) in resume.phases.iter().enumerate() {
-        let next_world = resume
-            .phases
-            .get(i + 1)
-            .map_or(world_size, |p| p.world_size);
-        let per_rank_batch = global_batch / u64::from(phase.world_size);
-        let skip = phase.batches * per_rank_batch;
-        // The universe after this phase, as one list of slices.
-        let mut universe: Vec<Slice> = Vec::new();
-        for r in 0..phase.world_size {
-            let parts = match &current {
-                Some(per_rank) => per_rank[r as usize].clone(),
-                None => rank_parts(r, &mut rank_plans),
-            };
-            universe.extend(slice_parts(&parts, skip, u64::MAX));
-        }
-        let remaining: u64 = universe.iter().map(|p| p.to - p.from).sum();
-        let per_rank = remaining / u64::from(next_world);
-        current = Some(
-            (0..u64::from(next_world))
-                .map(|r| slice_parts(&universe, r * per_rank, (r + 1) * per_rank))
-                .collect(),
-        );
-        world = next_world;
-    }
-    debug_assert_eq!(world, world_size);
-    let _ = world;
-    let own_parts = match current {
-        Some(mut per_rank) => per_rank.swap_remove(rank as usize),
-        None => rank_parts(rank, &mut rank_plans),
-    };
+    let (rank_plans, own_parts) = split.parts_of(rank, world_size, &resume);
 
     let available = counts.steps - resume.steps();
     if start_batch > available {
@@ -435,6 +348,126 @@ pub fn plan_stream(shard_samples: &[u64], request: &PlanRequest) -> Result<Strea
         world_size,
         rank,
     })
+}
+
+/// Checks a resume position against the epoch: planning walks every rank
+/// of every phase, so the phase count is bounded here and each phase's
+/// world size by the global batch (which the dataset bounds), and a
+/// request cannot make planning arbitrarily long.
+fn check_resume(resume: &EpochPosition, counts: &EpochCounts) -> Result<(), PlanError> {
+    let global_batch = counts.global_batch;
+    if resume.phases.len() > MAX_RESUME_PHASES {
+        return Err(PlanError::TooManyResumePhases(resume.phases.len()));
+    }
+    for phase in &resume.phases {
+        if phase.world_size > MAX_WORLD_SIZE {
+            return Err(PlanError::WorldTooLarge(phase.world_size));
+        }
+        if phase.world_size == 0 || !global_batch.is_multiple_of(u64::from(phase.world_size)) {
+            return Err(PlanError::ResumeWorldSize {
+                world_size: phase.world_size,
+                global_batch,
+            });
+        }
+    }
+    if resume.steps() > counts.steps {
+        return Err(PlanError::ResumePastEnd {
+            steps: resume.steps(),
+            total: counts.steps,
+        });
+    }
+    Ok(())
+}
+
+/// One epoch's samples split over ranks, phase after phase of a resume.
+struct RankSplit<'a> {
+    layout: &'a EpochLayout,
+    counts: &'a EpochCounts,
+    seed: u64,
+    epoch: u64,
+    shuffle: ShuffleConfig,
+}
+
+impl RankSplit<'_> {
+    /// Rank `rank`'s share of the epoch at `world_size`.
+    fn rank_plan(&self, world_size: u32, rank: u32) -> RankPlan {
+        let per_rank = self.counts.steps * (self.counts.global_batch / u64::from(world_size));
+        let from = u64::from(rank) * per_rank;
+        let segments = self.layout.segments(from, from + per_rank);
+        RankPlan {
+            world_size,
+            rank,
+            len: per_rank,
+            segments,
+            shuffle: self.shuffle,
+            rng_key: [
+                self.seed,
+                self.epoch,
+                u64::from(world_size),
+                u64::from(rank),
+                PURPOSE_RANK_ORDER,
+            ],
+        }
+    }
+
+    /// The rank plans the stream reads from, and rank `rank`'s sequence as
+    /// slices of them, at `world_size` after the phases of `resume`.
+    fn parts_of(
+        &self,
+        rank: u32,
+        world_size: u32,
+        resume: &EpochPosition,
+    ) -> (Vec<RankPlan>, Vec<Slice>) {
+        // Phase one: the partition at the world size the epoch started with.
+        let first_world = resume.phases.first().map_or(world_size, |p| p.world_size);
+        let mut rank_plans: Vec<RankPlan> = Vec::new();
+        let mut plan_index = std::collections::HashMap::new();
+        let mut rank_parts = |rank: u32, rank_plans: &mut Vec<RankPlan>| -> Vec<Slice> {
+            let index = *plan_index.entry(rank).or_insert_with(|| {
+                rank_plans.push(self.rank_plan(first_world, rank));
+                rank_plans.len() - 1
+            });
+            vec![Slice {
+                rank_plan: index,
+                from: 0,
+                to: rank_plans[index].len,
+            }]
+        };
+
+        // Each completed phase consumes a prefix of every rank's sequence;
+        // the remainders, concatenated in rank order, are split over the
+        // next world.
+        let mut current: Option<Vec<Vec<Slice>>> = None; // per-rank slices, phase >= 2
+        for (i, phase) in resume.phases.iter().enumerate() {
+            let next_world = resume
+                .phases
+                .get(i + 1)
+                .map_or(world_size, |p| p.world_size);
+            let per_rank_batch = self.counts.global_batch / u64::from(phase.world_size);
+            let skip = phase.batches * per_rank_batch;
+            // The universe after this phase, as one list of slices.
+            let mut universe: Vec<Slice> = Vec::new();
+            for r in 0..phase.world_size {
+                let parts = match &current {
+                    Some(per_rank) => per_rank[r as usize].clone(),
+                    None => rank_parts(r, &mut rank_plans),
+                };
+                universe.extend(slice_parts(&parts, skip, u64::MAX));
+            }
+            let remaining: u64 = universe.iter().map(|p| p.to - p.from).sum();
+            let per_rank = remaining / u64::from(next_world);
+            current = Some(
+                (0..u64::from(next_world))
+                    .map(|r| slice_parts(&universe, r * per_rank, (r + 1) * per_rank))
+                    .collect(),
+            );
+        }
+        let own_parts = match current {
+            Some(mut per_rank) => per_rank.swap_remove(rank as usize),
+            None => rank_parts(rank, &mut rank_plans),
+        };
+        (rank_plans, own_parts)
+    }
 }
 
 /// The sub-sequence `[from, to)` of the concatenation of `parts`.

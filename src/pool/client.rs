@@ -370,51 +370,20 @@ impl PoolClient {
                 Some((order, worker, outcome)) = attempts.next() => match outcome {
                     Ok(answer) => {
                         worker.succeeded();
-                        // A worker that had a head start and is still at
-                        // it lost to a later attempt: it sits out a backoff
-                        // as a failing one would, so a worker cut off by a
-                        // partition (calls hang, nothing fails) stops
-                        // costing every unit a hedge delay.
-                        let now = self.now_nanos();
-                        for earlier in (0..order).filter(|&earlier| !returned[earlier]) {
-                            ranked[earlier].failed(now);
-                            self.count("outpaced");
-                        }
-                        self.record_latency(started.elapsed());
-                        self.count("answered");
-                        self.inner.counts.lock().unwrap_or_else(|e| e.into_inner()).remote_samples +=
-                            samples.len() as u64;
-                        pool_metrics::unit_time(started.elapsed());
+                        self.outpaced(&ranked[..order], &returned[..order]);
+                        self.answered(started, samples.len());
                         return Some(answer);
                     }
                     Err(error) => {
                         returned[order] = true;
-                        match error {
-                            AttemptError::Refused(status) => {
-                                self.count("refused");
-                                worker.refused(self.now_nanos(), &status);
+                        if !self.attempt_failed(&worker, error) {
+                            // Others may still be decoding it (a hedge
+                            // sent first): only without one is it ours.
+                            if attempts.is_empty() {
+                                self.count("local");
+                                return None;
                             }
-                            AttemptError::Rejected(status) => {
-                                self.count("rejected");
-                                self.log_rejection(&worker, &status);
-                                // Others may still be decoding it (a hedge
-                                // sent first): only without one is it ours.
-                                if attempts.is_empty() {
-                                    self.count("local");
-                                    return None;
-                                }
-                                continue;
-                            }
-                            AttemptError::Busy => {
-                                self.count("failed");
-                                worker.busy(self.now_nanos());
-                            }
-                            AttemptError::Failed(message) => {
-                                self.count("failed");
-                                tracing::debug!(worker = %worker.addr, %message, "pool attempt failed");
-                                worker.failed(self.now_nanos());
-                                self.inner.membership.reresolve();
-                            }
+                            continue;
                         }
                         if next < ranked.len().min(MAX_ATTEMPTS) {
                             attempts.push(attempt(next));
@@ -443,6 +412,57 @@ impl PoolClient {
                 }
             }
         }
+    }
+
+    /// The workers that had a head start and are still at the unit lost to
+    /// a later attempt: each sits out a backoff as a failing one would, so
+    /// a worker cut off by a partition (calls hang, nothing fails) stops
+    /// costing every unit a hedge delay.
+    fn outpaced(&self, earlier: &[Arc<Worker>], returned: &[bool]) {
+        let now = self.now_nanos();
+        for (worker, _) in earlier.iter().zip(returned).filter(|(_, &back)| !back) {
+            worker.failed(now);
+            self.count("outpaced");
+        }
+    }
+
+    fn answered(&self, started: Instant, samples: usize) {
+        self.record_latency(started.elapsed());
+        self.count("answered");
+        self.inner
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remote_samples += samples as u64;
+        pool_metrics::unit_time(started.elapsed());
+    }
+
+    /// Counts a failed attempt against its worker; whether another worker
+    /// may take the unit (false: the unit itself was rejected, so no
+    /// worker would decode it).
+    fn attempt_failed(&self, worker: &Worker, error: AttemptError) -> bool {
+        match error {
+            AttemptError::Refused(status) => {
+                self.count("refused");
+                worker.refused(self.now_nanos(), &status);
+            }
+            AttemptError::Rejected(status) => {
+                self.count("rejected");
+                self.log_rejection(worker, &status);
+                return false;
+            }
+            AttemptError::Busy => {
+                self.count("failed");
+                worker.busy(self.now_nanos());
+            }
+            AttemptError::Failed(message) => {
+                self.count("failed");
+                tracing::debug!(worker = %worker.addr, %message, "pool attempt failed");
+                worker.failed(self.now_nanos());
+                self.inner.membership.reresolve();
+            }
+        }
+        true
     }
 
     /// Logs a rejected unit at most once a minute per process: a sidecar

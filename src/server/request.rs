@@ -51,7 +51,36 @@ pub fn stream_request(
         super::mix::check_counts(request)?;
     }
     let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
-    let world_size = request.world_size.max(1);
+    let spec = output_spec(request, batch_size)?;
+    let plan = plan_request(request, defaults, batch_size)?;
+    let layout = sample_layout(request.layout.as_ref())?;
+    let output = output_request(request, spec)?;
+    let sources = if mixed {
+        Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)
+    } else {
+        Sources::One {
+            dataset: request.dataset.clone(),
+            layout,
+        }
+    };
+    Ok(StreamRequest {
+        sources,
+        plan,
+        output,
+        resume_dataset: request
+            .resume_from
+            .as_ref()
+            .map(|position| position.dataset.clone())
+            .filter(|identity| !identity.is_empty()),
+    })
+}
+
+/// The output's size, crop and ops, checked, and a batch of them within
+/// the largest batch a stream may send.
+fn output_spec(
+    request: &pb::StreamBatchesRequest,
+    batch_size: u32,
+) -> Result<OutputSpec, ServiceError> {
     let height = nonzero_or(request.height, decode::DEFAULT_SIZE);
     let width = nonzero_or(request.width, decode::DEFAULT_SIZE);
     if height > decode::MAX_SIZE || width > decode::MAX_SIZE {
@@ -77,10 +106,20 @@ pub fn stream_request(
         return Err(ServiceError::invalid(
             "batch_size",
             format!(
-            "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
-        ),
+                "a batch of {batch_size} images of {height}x{width} exceeds {MAX_BATCH_BYTES} bytes"
+            ),
         ));
     }
+    Ok(output)
+}
+
+/// The plan's parameters: the order, the partition and where the stream
+/// resumes.
+fn plan_request(
+    request: &pb::StreamBatchesRequest,
+    defaults: ShuffleConfig,
+    batch_size: u32,
+) -> Result<PlanRequest, ServiceError> {
     let shuffle = ShuffleConfig {
         enabled: request.shuffle.unwrap_or(true),
         interleave: nonzero_or(request.interleave, defaults.interleave),
@@ -102,50 +141,38 @@ pub fn stream_request(
             })
             .unwrap_or_default(),
     };
-    let plan = PlanRequest {
+    Ok(PlanRequest {
         seed: request.seed,
         epoch: request.epoch,
         rank: request.rank,
-        world_size,
+        world_size: request.world_size.max(1),
         batch_size,
         shuffle,
         partition: partition(request.partition)?,
         repeats: request.repeats.max(1),
         start_batch: request.start_batch,
         resume_from,
-    };
-    let layout = sample_layout(request.layout.as_ref())?;
+    })
+}
+
+/// What the stream delivers of `spec`: the decoded-source form, and which
+/// side decodes (a stream with an op the client's decoder does not name
+/// is the server's to decode, whatever the share).
+fn output_request(
+    request: &pb::StreamBatchesRequest,
+    spec: OutputSpec,
+) -> Result<OutputRequest, ServiceError> {
     let (decoded_source, decoded_from_epoch) = decoded_source(request.decoded_source.as_ref())?;
-    let client_replays = output.client_replays(client_ops(request)?);
-    let output = OutputRequest {
-        spec: output,
+    let client_replays = spec.client_replays(client_ops(request)?);
+    Ok(OutputRequest {
+        spec,
         shared_memory: None,
         decoded_source,
         decoded_from_epoch,
         decoded_by_default: request.decoded_source.is_none(),
-        // A stream with an op the client's decoder does not name is the
-        // server's to decode, whatever the share.
         delivery: super::delivery::delivery_from_wire(request)
             .map_err(|e| ServiceError::invalid(e.field, e.message))?
             .for_ops(client_replays),
-    };
-    let sources = if mixed {
-        Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)
-    } else {
-        Sources::One {
-            dataset: request.dataset.clone(),
-            layout,
-        }
-    };
-    Ok(StreamRequest {
-        sources,
-        plan,
-        output,
-        resume_dataset: request
-            .resume_from
-            .as_ref()
-            .map(|position| position.dataset.clone())
-            .filter(|identity| !identity.is_empty()),
     })
 }
 

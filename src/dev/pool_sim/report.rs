@@ -124,36 +124,7 @@ pub(super) fn report(
         report.losses += log.lost;
         report.misplaced += log.misplaced;
     }
-    let mut windows: Vec<(String, f64, f64)> = vec![("all".into(), WARM_UP, spec.seconds)];
-    let mut marks: Vec<(f64, String)> = spec
-        .resizes
-        .iter()
-        .map(|(at, factor)| (*at, format!("after resize x{factor}")))
-        .chain(spec.partitions.iter().map(|(at, share, seconds)| {
-            (
-                *at,
-                format!("partition {:.0}% for {seconds}s", share * 100.0),
-            )
-        }))
-        .chain(
-            spec.demand
-                .iter()
-                .skip(1)
-                .map(|(at, rate)| (*at, format!("demand {rate:.0}/s"))),
-        )
-        .collect();
-    marks.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let first = marks.first().map_or(spec.seconds, |(at, _)| *at);
-    windows.push(("steady".into(), WARM_UP, first));
-    for (i, (at, label)) in marks.iter().enumerate() {
-        let end = marks.get(i + 1).map_or(spec.seconds, |(next, _)| *next);
-        windows.push((label.clone(), *at, end));
-        // Once the autoscaler has had a minute to follow a demand step.
-        if spec.autoscaling.is_some() && label.starts_with("demand") && at + 60.0 < end {
-            windows.push((format!("{label}, from +60 s"), at + 60.0, end));
-        }
-    }
-    for (label, from, to) in windows {
+    for (label, from, to) in windows(spec) {
         let mut shares: Vec<f64> = logs
             .iter()
             .flat_map(|log| log.waits.iter())
@@ -209,6 +180,43 @@ pub(super) fn report(
             .clone();
     }
     report
+}
+
+/// The spans the waits are reported over: all of the run, the steady part
+/// before the first event, and from each event (a resize, a partition, a
+/// demand step) to the next, with a demand step's span again from a
+/// minute on when an autoscaler follows it.
+fn windows(spec: &SimSpec) -> Vec<(String, f64, f64)> {
+    let mut windows: Vec<(String, f64, f64)> = vec![("all".into(), WARM_UP, spec.seconds)];
+    let mut marks: Vec<(f64, String)> = spec
+        .resizes
+        .iter()
+        .map(|(at, factor)| (*at, format!("after resize x{factor}")))
+        .chain(spec.partitions.iter().map(|(at, share, seconds)| {
+            (
+                *at,
+                format!("partition {:.0}% for {seconds}s", share * 100.0),
+            )
+        }))
+        .chain(
+            spec.demand
+                .iter()
+                .skip(1)
+                .map(|(at, rate)| (*at, format!("demand {rate:.0}/s"))),
+        )
+        .collect();
+    marks.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let first = marks.first().map_or(spec.seconds, |(at, _)| *at);
+    windows.push(("steady".into(), WARM_UP, first));
+    for (i, (at, label)) in marks.iter().enumerate() {
+        let end = marks.get(i + 1).map_or(spec.seconds, |(next, _)| *next);
+        windows.push((label.clone(), *at, end));
+        // Once the autoscaler has had a minute to follow a demand step.
+        if spec.autoscaling.is_some() && label.starts_with("demand") && at + 60.0 < end {
+            windows.push((format!("{label}, from +60 s"), at + 60.0, end));
+        }
+    }
+    windows
 }
 
 /// How the autoscaling rule followed one demand step.

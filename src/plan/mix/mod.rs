@@ -425,7 +425,6 @@ pub fn plan_mix_unless(
     validate_changes(request)?;
     let MixRequest {
         seed,
-        epoch,
         rank,
         world_size,
         batch_size,
@@ -436,18 +435,45 @@ pub fn plan_mix_unless(
     if rank >= world_size {
         return Err(PlanError::RankOutOfRange { rank, world_size }.into());
     }
-    let mut samples = Vec::with_capacity(request.sources.len());
-    // Every rank of every world the stream ran at reads each source.
+    let samples = source_samples(request)?;
+    let first_step = first_step(request, &stream)?;
+    check_history(request, &stream, first_step)?;
+    let (queues, counts) = queues_at(request, &stream, &samples, first_step, abandoned)?;
+    let seeds = request
+        .sources
+        .iter()
+        .map(|source| Rng::derive(&[seed, source.key, PURPOSE_SOURCE_SEED]).next_u64())
+        .collect();
+    Ok(MixPlan {
+        steps_per_epoch: stream.steps,
+        first_step,
+        batches: stream.steps - request.start_batch,
+        world_size,
+        rank,
+        batch_size,
+        sources: request.sources.clone(),
+        seeds,
+        samples,
+        repeats,
+        queues,
+        counts,
+    })
+}
+
+/// Each source's samples an epoch (its copies counted), checked: every
+/// rank of every world the stream ran at reads each source.
+fn source_samples(request: &MixRequest) -> Result<Vec<u64>, MixError> {
     let largest_world = request
         .history
         .iter()
         .map(|p| p.world_size)
-        .chain([world_size])
+        .chain([request.world_size])
         .max()
-        .unwrap_or(world_size);
+        .unwrap_or(request.world_size);
+    let mut samples = Vec::with_capacity(request.sources.len());
     for (index, source) in request.sources.iter().enumerate() {
         super::validate_shuffle(source.shuffle)?;
-        let total = source.shard_samples.iter().sum::<u64>() * u64::from(repeats);
+        let total = source.shard_samples.iter().sum::<u64>() * u64::from(request.repeats);
         if total < u64::from(largest_world) {
             return Err(MixError::SourceTooSmall {
                 index,
@@ -457,28 +483,48 @@ pub fn plan_mix_unless(
         }
         samples.push(total);
     }
+    Ok(samples)
+}
+
+/// The stream's step of the request's first batch, counted from epoch 0,
+/// within what a plan walks.
+fn first_step(request: &MixRequest, stream: &super::EpochCounts) -> Result<u64, MixError> {
     if request.start_batch > stream.steps {
         return Err(MixError::StartPastEnd {
             start: request.start_batch,
             steps: stream.steps,
         });
     }
-    let first_step = epoch
+    let first_step = request
+        .epoch
         .saturating_mul(stream.steps)
         .saturating_add(request.start_batch);
     if first_step > MAX_PLANNED_STEPS {
         return Err(MixError::TooFarToPlan {
-            epoch,
+            epoch: request.epoch,
             first_step,
             steps: stream.steps,
         });
     }
-    let history: u64 = request.history.iter().map(|p| p.batches).sum();
+    Ok(first_step)
+}
+
+/// The world sizes the stream ran at, bounded and each dividing the
+/// global batch, and no more batches than lie before the first step.
+fn check_history(
+    request: &MixRequest,
+    stream: &super::EpochCounts,
+    first_step: u64,
+) -> Result<(), MixError> {
     if request.history.len() > super::MAX_RESUME_PHASES {
         return Err(PlanError::TooManyResumePhases(request.history.len()).into());
     }
     for phase in &request.history {
-        if phase.world_size == 0 || stream.global_batch % u64::from(phase.world_size) != 0 {
+        if phase.world_size == 0
+            || !stream
+                .global_batch
+                .is_multiple_of(u64::from(phase.world_size))
+        {
             return Err(PlanError::ResumeWorldSize {
                 world_size: phase.world_size,
                 global_batch: stream.global_batch,
@@ -486,6 +532,7 @@ pub fn plan_mix_unless(
             .into());
         }
     }
+    let history: u64 = request.history.iter().map(|p| p.batches).sum();
     if history > first_step {
         return Err(PlanError::ResumePastEnd {
             steps: history,
@@ -493,8 +540,20 @@ pub fn plan_mix_unless(
         }
         .into());
     }
+    Ok(())
+}
 
-    // Every rank's queues through the history, regrouped at each resize.
+/// Where this rank stands in each source at `first_step`, and the global
+/// counts there: every rank's queues walked through the history (regrouped
+/// at each resize), then this rank's alone at its world size.
+fn queues_at(
+    request: &MixRequest,
+    stream: &super::EpochCounts,
+    samples: &[u64],
+    first_step: u64,
+    abandoned: &std::sync::atomic::AtomicBool,
+) -> Result<(Vec<SourceQueue>, GlobalCounts), MixError> {
+    let (rank, world_size) = (request.rank, request.world_size);
     let mut counts = GlobalCounts::new(&request.weights, stream.global_batch);
     let sources = request.sources.len();
     let first_world = request.history.first().map_or(world_size, |p| p.world_size);
@@ -520,7 +579,6 @@ pub fn plan_mix_unless(
             }
         }
     }
-    // Then this rank alone, at its world size, to the first batch.
     let mut queues: Vec<SourceQueue> = all
         .into_iter()
         .map(|mut per_rank| per_rank.swap_remove(rank as usize))
@@ -540,28 +598,10 @@ pub fn plan_mix_unless(
             *sum += count;
         }
     }
-    for (queue, (&count, &total)) in queues.iter_mut().zip(taken.iter().zip(&samples)) {
+    for (queue, (&count, &total)) in queues.iter_mut().zip(taken.iter().zip(samples)) {
         queue.take(count, total);
     }
-    let seeds = request
-        .sources
-        .iter()
-        .map(|source| Rng::derive(&[seed, source.key, PURPOSE_SOURCE_SEED]).next_u64())
-        .collect();
-    Ok(MixPlan {
-        steps_per_epoch: stream.steps,
-        first_step,
-        batches: stream.steps - request.start_batch,
-        world_size,
-        rank,
-        batch_size,
-        sources: request.sources.clone(),
-        seeds,
-        samples,
-        repeats,
-        queues,
-        counts,
-    })
+    Ok((queues, counts))
 }
 
 impl MixPlan {
