@@ -15,7 +15,7 @@ decoders import torchvision when a decoder is built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -90,3 +90,26 @@ def form_name(form: int) -> str:
         return str(pb.SampleForm.Name(form))
     except ValueError:
         return f"form {form}"
+
+
+def decode_forms(
+    decoders: Mapping[int, FormDecoder], forms: list[int], datas: list[npt.NDArray[np.uint8]]
+) -> tuple[list[torch.Tensor | None], list[str | None]]:
+    """Decodes each sample (``datas[i]``, in form ``forms[i]``) with its
+    form's decoder, one batched call per form; a form with no decoder here
+    fails its samples (they are substituted and reported like any failure)."""
+    images: list[torch.Tensor | None] = [None] * len(datas)
+    errors: list[str | None] = [None] * len(datas)
+    by_form: dict[int, list[int]] = {}
+    for index, form in enumerate(forms):
+        by_form.setdefault(form, []).append(index)
+    for form, indices in by_form.items():
+        decoder = decoders.get(form)
+        if decoder is None:
+            for index in indices:
+                errors[index] = f"{form_name(form)}: this client has no decoder for it"
+            continue
+        got, why = decoder([datas[index] for index in indices])
+        for index, image, error in zip(indices, got, why):
+            images[index], errors[index] = image, error
+    return images, errors

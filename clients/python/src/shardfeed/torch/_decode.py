@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,38 +14,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from .._modes import FORM_DECODERS, form_name
+from .._modes import FORM_DECODERS, decode_forms
 from .._resize import crop_resize, crop_resize_batch
-from .._wire import Batch, EncodedImages
+from .._wire import Batch
+from ._substitute import fill_substitutes, substitute_source
 from .ops import apply_decisions
 
 __all__ = ["BatchDecoder", "ClientDecoded", "crop_resize", "substitute_source"]
 
 _log = logging.getLogger("shardfeed")
-
-_FNV_OFFSET = 0xCBF29CE484222325
-_FNV_PRIME = 0x100000001B3
-_MASK = (1 << 64) - 1
-
-
-def _fmix64(value: int) -> int:
-    value ^= value >> 33
-    value = (value * 0xFF51AFD7ED558CCD) & _MASK
-    value ^= value >> 33
-    value = (value * 0xC4CEB9FE1A85EC53) & _MASK
-    return value ^ (value >> 33)
-
-
-def substitute_source(key: str, good: Sequence[int]) -> int | None:
-    """The slot standing in for the failed sample ``key`` among a batch's
-    ``good`` slots: the server's rule (FNV-1a of the key, MurmurHash3's
-    finalizer, modulo), so either side substitutes alike."""
-    if not good:
-        return None
-    value = _FNV_OFFSET
-    for byte in key.encode():
-        value = ((value ^ byte) * _FNV_PRIME) & _MASK
-    return good[_fmix64(value) % len(good)]
 
 
 @dataclass
@@ -92,15 +68,23 @@ class BatchDecoder:
         self._unreported: tuple[int, list[tuple[str, str, str]], int] = (0, [], 0)
 
     def decode(self, batch: Batch) -> ClientDecoded:
+        """One pass down: the batch's parts read once, then its compressed
+        samples decoded by form, cropped and resized, the ops replayed, the
+        failures substituted by the server's rule and counted."""
         encoded = batch.encoded
         if encoded is None:
             raise ValueError("the batch was delivered decoded: use batch.images")
         n = len(batch.keys)
         height, width = encoded.height, encoded.width
-        out = torch.empty((n, height, width, 3), dtype=torch.uint8, device=self.device)
+        slot_bytes = [encoded.bytes_of(slot) for slot in range(n)]
+        keys, shards = batch.keys, batch.shards
         labels = torch.from_numpy(batch.labels.copy())
         boxes, flipped = batch.crop_boxes.copy(), batch.flipped.copy()
+        crops, augmentation = batch.decisions or ((), None)
         server_failed = set(batch.substituted)
+        server = (batch.substituted, batch.substitute_sources)
+
+        out = torch.empty((n, height, width, 3), dtype=torch.uint8, device=self.device)
         compressed = [
             slot for slot in range(n) if not encoded.decoded[slot] and slot not in server_failed
         ]
@@ -109,9 +93,12 @@ class BatchDecoder:
             warnings.simplefilter("ignore", UserWarning)
             for slot in range(n):
                 if encoded.decoded[slot] and slot not in server_failed:
-                    pixels = torch.from_numpy(encoded.bytes_of(slot))
+                    pixels = torch.from_numpy(slot_bytes[slot])
                     out[slot] = pixels.view(height, width, 3).to(self.device, non_blocking=True)
-            images, errors = self._decode_forms(encoded, compressed)
+            forms = [int(encoded.forms[slot]) for slot in compressed]
+            images, errors = decode_forms(
+                self._decoders, forms, [slot_bytes[slot] for slot in compressed]
+            )
         failed: list[tuple[int, str]] = []
         decoded_slots: list[int] = []
         decoded_images: list[torch.Tensor] = []
@@ -127,92 +114,37 @@ class BatchDecoder:
         if decoded_images:
             crop_resize_batch(
                 decoded_images,
-                batch.crop_boxes[decoded_slots],
-                batch.flipped[decoded_slots],
+                boxes[decoded_slots],
+                flipped[decoded_slots],
                 height,
                 width,
                 out=out,
                 slots=decoded_slots,
             )
-            crops, augmentation = batch.decisions or ((), None)
             apply_decisions(out, decoded_slots, crops, augmentation)
-        self._substitute(batch, out, labels, (boxes, flipped), server_failed, failed)
-        self._count(batch, len(compressed) - len(failed), failed)
+        fill_substitutes(out, labels, (boxes, flipped), keys, server, {slot for slot, _ in failed})
+        named = [
+            (shards[slot] if slot < len(shards) else "", keys[slot], reason)
+            for slot, reason in failed
+        ]
+        self._count(len(compressed) - len(failed), named)
         substituted = sorted(server_failed | {slot for slot, _ in failed})
         return ClientDecoded(out, labels, boxes, flipped, substituted, failed)
 
-    def _decode_forms(
-        self, encoded: EncodedImages, slots: list[int]
-    ) -> tuple[list[torch.Tensor | None], list[str | None]]:
-        """Decodes each slot with its form's decoder, one batched call per
-        form in the batch; a form this client has no decoder for fails its
-        samples (they are substituted and reported like any failure)."""
-        images: list[torch.Tensor | None] = [None] * len(slots)
-        errors: list[str | None] = [None] * len(slots)
-        by_form: dict[int, list[int]] = {}
-        for index, slot in enumerate(slots):
-            by_form.setdefault(int(encoded.forms[slot]), []).append(index)
-        for form, indices in by_form.items():
-            decoder = self._decoders.get(form)
-            if decoder is None:
-                for index in indices:
-                    errors[index] = f"{form_name(form)}: this client has no decoder for it"
-                continue
-            got, why = decoder([encoded.bytes_of(slots[index]) for index in indices])
-            for index, image, error in zip(indices, got, why):
-                images[index], errors[index] = image, error
-        return images, errors
-
-    @staticmethod
-    def _substitute(
-        batch: Batch,
-        out: torch.Tensor,
-        labels: torch.Tensor,
-        crops: tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]],
-        server_failed: set[int],
-        failed: list[tuple[int, str]],
-    ) -> None:
-        """Fills the failed slots by the server's rule. With no failure here
-        the server's choices stand; otherwise every failed slot (either
-        side's) is chosen again among the slots that decoded, as the server
-        would have had it decoded them all."""
-        if not failed:
-            for slot, source in zip(batch.substituted, batch.substitute_sources):
-                if source >= 0:
-                    out[slot] = out[source]
-                else:
-                    out[slot].zero_()
-            return
-        boxes, flipped = crops
-        bad = server_failed | {slot for slot, _ in failed}
-        good = [slot for slot in range(len(batch.keys)) if slot not in bad]
-        for slot in sorted(bad):
-            chosen = substitute_source(batch.keys[slot], good)
-            if chosen is None:
-                out[slot].zero_()
-                labels[slot] = -1
-                boxes[slot], flipped[slot] = 0, False
-            else:
-                out[slot] = out[chosen]
-                labels[slot] = labels[chosen]
-                boxes[slot], flipped[slot] = boxes[chosen], flipped[chosen]
-
-    def _count(self, batch: Batch, decoded: int, failed: list[tuple[int, str]]) -> None:
+    def _count(self, decoded: int, failed: list[tuple[str, str, str]]) -> None:
+        """Counts a batch's decodes and its failures (shard, key, reason),
+        logs each failure, and reports when due (at once on a failure)."""
         self.decoded += decoded
         self.failures += len(failed)
-        for slot, reason in failed:
+        for shard, key, reason in failed:
             _log.warning(
                 "substituted a sample this process could not decode: shard %s key %s: %s",
-                batch.shards[slot] if slot < len(batch.shards) else "?",
-                batch.keys[slot],
+                shard or "?",
+                key,
                 reason,
             )
         count, failures, batches = self._unreported
-        failures = failures + [
-            (batch.shards[slot] if slot < len(batch.shards) else "", batch.keys[slot], reason)
-            for slot, reason in failed
-        ]
-        self._unreported = (count + decoded, failures, batches + 1)
+        self._unreported = (count + decoded, failures + failed, batches + 1)
         if failed or batches + 1 >= self.report_every:
             self.flush()
 
