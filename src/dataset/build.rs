@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use super::charge::{entry_bytes, shard_index_bytes, FooterBytes, IndexCharge};
+use super::format::ShardKind;
 use super::index::{
     shard_index_key, summary_key, to_json, DatasetError, DatasetIndex, DatasetLayout,
     DatasetLocation, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
@@ -246,8 +247,7 @@ impl ScanOf {
             size: object.size,
             etag: object.etag.clone(),
             samples: index.keys.len() as u64,
-            digest: None,
-            row_group: None,
+            kind: ShardKind::streamed(&object.key).unwrap_or(ShardKind::Streamed(ShardFormat::Tar)),
         };
         Ok(Scanned {
             entries: vec![entry],
@@ -501,8 +501,8 @@ pub async fn write_index(
     let root = location.index_root();
     // Per-shard files first: a reader that finds the summary finds them too.
     for (entry, shard) in index.shards.iter().zip(shard_indexes) {
-        if entry.row_group.is_some() {
-            // A row group's index is its entry (`parquet::row_group_index`).
+        if entry.derived_index().is_some() {
+            // Its index is its entry (a row group's).
             continue;
         }
         store

@@ -31,10 +31,7 @@ pub fn summary_bytes(index: &DatasetIndex) -> u64 {
     let entries: u64 = index
         .shards
         .iter()
-        .map(|s| {
-            entry_bytes(&s.name, s.etag.as_deref())
-                + s.digest.as_ref().map_or(0, |d| d.len() as u64)
-        })
+        .map(|s| entry_bytes(&s.name, s.etag.as_deref()) + s.held_bytes())
         .sum();
     let classes: u64 = index
         .classes

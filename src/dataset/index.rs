@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::format::{RowGroupRef, ShardKind};
 use crate::shard::ShardError;
 use crate::store::StoreError;
 
@@ -97,46 +98,110 @@ impl DatasetLocation {
     }
 }
 
+/// One shard of the index: its object (or a group's name), size, ETag and
+/// samples, and what it is ([`ShardKind`], whose table answers what differs
+/// between formats). Its JSON is the summary's entry as shardfeed has
+/// always written it (`super::format`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "EntryRecord", into = "EntryRecord")]
 pub struct ShardEntry {
     /// Object key relative to the dataset prefix.
     pub name: String,
     pub size: u64,
     pub etag: Option<String>,
     pub samples: u64,
-    /// A virtual group of loose objects: a digest of its members' keys,
-    /// ETags and labels, so the summary changes when its membership does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-    /// A row group of a Parquet file (`name`): each is a shard of its own,
-    /// `size` its column chunks' bytes, `samples` its rows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub row_group: Option<RowGroupRef>,
+    pub kind: ShardKind,
 }
 
-/// Where a Parquet row group lies in its file, from the file's footer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RowGroupRef {
-    /// Its number in the file.
-    pub group: u32,
-    /// The file's row number of its first row (rows are keyed by theirs).
-    pub first_row: u64,
-    /// Its first byte in the file (its column chunks are `size` bytes on).
-    pub offset: u64,
-    /// Its column chunks' bytes once decompressed: with `size`, what a
-    /// reader holds to read it (`shard::parquet::row_group_cost`).
-    pub uncompressed: u64,
-    /// The whole file's size: where its footer is.
-    pub file_size: u64,
+/// An entry as the summary's JSON holds it.
+#[derive(Serialize, Deserialize)]
+struct EntryRecord {
+    name: String,
+    size: u64,
+    etag: Option<String>,
+    samples: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    row_group: Option<RowGroupRef>,
 }
 
-impl ShardEntry {
-    /// The bytes of its object the shard is: a row group's, or all.
-    pub fn byte_range(&self) -> std::ops::Range<u64> {
-        match &self.row_group {
-            Some(group) => group.offset..group.offset + self.size,
-            None => 0..self.size,
+impl From<EntryRecord> for ShardEntry {
+    fn from(record: EntryRecord) -> Self {
+        let kind = ShardKind::from_record(&record.name, record.digest, record.row_group);
+        Self {
+            name: record.name,
+            size: record.size,
+            etag: record.etag,
+            samples: record.samples,
+            kind,
         }
+    }
+}
+
+impl From<ShardEntry> for EntryRecord {
+    fn from(entry: ShardEntry) -> Self {
+        let (digest, row_group) = entry.kind.into_record();
+        Self {
+            name: entry.name,
+            size: entry.size,
+            etag: entry.etag,
+            samples: entry.samples,
+            digest,
+            row_group,
+        }
+    }
+}
+
+/// What differs between formats, asked of an entry (answered by
+/// [`ShardKind`]'s table).
+impl ShardEntry {
+    /// The bytes of its object the shard is.
+    pub fn byte_range(&self) -> std::ops::Range<u64> {
+        self.kind.byte_range(self.size)
+    }
+
+    /// The size of the object the shard is part of.
+    pub fn object_size(&self) -> u64 {
+        self.kind.object_size(self.size)
+    }
+
+    /// What one reader holds to read the shard beyond the stream's terms.
+    pub fn read_cost(&self) -> u64 {
+        self.kind.read_cost(self.size, self.samples)
+    }
+
+    /// What tells a changed shard from the one indexed: its object's ETag,
+    /// else what the kind keeps.
+    pub fn version(&self) -> Option<&String> {
+        self.etag.as_ref().or(self.kind.version())
+    }
+
+    /// Memory the entry holds beyond its struct, name and ETag.
+    pub fn held_bytes(&self) -> u64 {
+        self.kind.held_bytes()
+    }
+
+    /// The shard's per-shard index when the entry alone makes it (its
+    /// samples keyed by row number, each spanning the shard's bytes); None
+    /// when it is a file of the index (or the scan's, held in memory).
+    pub fn derived_index(&self) -> Option<ShardIndex> {
+        let rows = self.kind.rows(self.samples)?;
+        let range = self.byte_range();
+        Some(ShardIndex {
+            version: INDEX_VERSION,
+            etag: self.etag.clone(),
+            keys: rows.map(|row| row.to_string()).collect(),
+            starts: vec![range.start; self.samples as usize],
+            ends: vec![range.end; self.samples as usize],
+            labels: Vec::new(),
+            etags: Vec::new(),
+        })
+    }
+
+    /// Whether the shard cache holds the shard as its object whole.
+    pub fn cached_whole(&self) -> bool {
+        self.kind.cached_whole()
     }
 }
 

@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::format::ShardKind;
 use super::index::{check_shard_name, ShardEntry, ShardIndex, INDEX_DIR, INDEX_VERSION};
 use super::manifest::ManifestEntry;
 use crate::plan::rng::Rng;
@@ -173,9 +174,10 @@ pub fn group(mut objects: Vec<LooseObject>) -> (Vec<ShardEntry>, Vec<ShardIndex>
             size: offset,
             etag: None,
             samples: members.len() as u64,
-            digest: versioned
-                .then(|| format!("{:016x}", crate::hash::fmix64(crate::hash::fnv1a(digest)))),
-            row_group: None,
+            kind: ShardKind::Objects {
+                digest: versioned
+                    .then(|| format!("{:016x}", crate::hash::fmix64(crate::hash::fnv1a(digest)))),
+            },
         });
         indexes.push(index);
     }

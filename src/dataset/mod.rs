@@ -11,6 +11,7 @@
 
 mod build;
 mod charge;
+mod format;
 mod index;
 pub mod loose;
 pub mod manifest;
@@ -23,9 +24,10 @@ pub use build::{
     build_index, build_index_reporting, index_shard_bytes, parse_classes, write_index,
     IndexProgress,
 };
+pub use format::{RowGroupRef, ShardKind};
 pub use index::{
     parse_shard_index, parse_summary, DatasetError, DatasetIndex, DatasetLayout, DatasetLocation,
-    RowGroupRef, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
+    ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
 };
 pub use opened::Dataset;
 pub use registry::DatasetRegistry;

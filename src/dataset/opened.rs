@@ -11,7 +11,7 @@ use super::index::{
     parse_shard_index, parse_summary, shard_index_key, summary_key, DatasetError, DatasetIndex,
     DatasetLayout, DatasetLocation, ShardIndex, MAX_SHARD_INDEX_BYTES, MAX_SUMMARY_BYTES,
 };
-use super::parquet::{row_group_index, FooterCache};
+use super::parquet::FooterCache;
 use crate::shard::parquet::ClassNames;
 use crate::shard::BadShardPolicy;
 use crate::store::read::{get_all, ReadConfig};
@@ -90,7 +90,7 @@ impl Dataset {
                         map: shard_indexes
                             .into_iter()
                             .enumerate()
-                            .filter(|(i, _)| index.shards[*i].row_group.is_none())
+                            .filter(|(i, _)| index.shards[*i].derived_index().is_none())
                             .map(|(i, s)| (i as u32, Arc::new(s)))
                             .collect(),
                         order: VecDeque::new(),
@@ -143,20 +143,14 @@ impl Dataset {
             .clone()
     }
 
-    /// What reading the dataset's largest Parquet row group holds, all its
-    /// columns counted (`shard::parquet::row_group_cost`); 0 without any.
-    pub fn largest_row_group_cost(&self) -> u64 {
+    /// What one reader holds to read the dataset's costliest shard beyond
+    /// the stream's own terms ([`ShardEntry::read_cost`]: a Parquet row
+    /// group's columns); 0 when no shard holds more.
+    pub fn largest_read_cost(&self) -> u64 {
         self.index
             .shards
             .iter()
-            .filter_map(|entry| {
-                let group = entry.row_group?;
-                Some(crate::shard::parquet::row_group_cost(
-                    entry.size,
-                    group.uncompressed,
-                    entry.samples,
-                ))
-            })
+            .map(super::index::ShardEntry::read_cost)
             .max()
             .unwrap_or(0)
     }
@@ -176,9 +170,9 @@ impl Dataset {
 
     pub async fn shard_index(&self, shard: u32) -> Result<Arc<ShardIndex>, DatasetError> {
         let entry = &self.index.shards[shard as usize];
-        if let Some(group) = &entry.row_group {
+        if let Some(derived) = entry.derived_index() {
             // Known from the entry: nothing to load, nothing worth keeping.
-            return Ok(Arc::new(row_group_index(entry, group)));
+            return Ok(Arc::new(derived));
         }
         if let Some(found) = self.lock_cache().map.get(&shard) {
             return Ok(found.clone());
@@ -210,7 +204,7 @@ impl Dataset {
         let entry = &self.index.shards[shard as usize];
         let object = ObjectMeta {
             key: self.shard_key(shard),
-            size: entry.row_group.map_or(entry.size, |group| group.file_size),
+            size: entry.object_size(),
             etag: entry.etag.clone(),
         };
         self.footers.get(self.store.as_ref(), &object).await

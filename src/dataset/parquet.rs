@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OnceCell, OwnedSemaphorePermit};
 
 use super::charge::{entry_bytes, FooterBytes, IndexCharge};
-use super::index::{DatasetError, RowGroupRef, ShardEntry, ShardIndex, INDEX_VERSION};
+use super::format::{RowGroupRef, ShardKind};
+use super::index::{DatasetError, ShardEntry, ShardIndex};
 use crate::shard::parquet::columns::LabelColumn;
 use crate::shard::parquet::{
     label_names, ChunkBytes, ClassNames, ColumnNames, Footer, ParquetError, Projection,
@@ -105,8 +106,7 @@ pub async fn scan_file(
                 size: span.bytes.end - span.bytes.start,
                 etag: object.etag.clone(),
                 samples: span.rows,
-                digest: None,
-                row_group: Some(RowGroupRef {
+                kind: ShardKind::RowGroup(RowGroupRef {
                     group: group as u32,
                     first_row,
                     offset: span.bytes.start,
@@ -196,23 +196,6 @@ async fn string_labels(
         }
     }
     Ok(names)
-}
-
-/// A row group's per-shard index, from its entry alone: a row's key is
-/// its row number in the file. (Rows have no byte ranges of their own:
-/// theirs is the row group's.)
-pub fn row_group_index(entry: &ShardEntry, group: &RowGroupRef) -> ShardIndex {
-    let rows = group.first_row..group.first_row + entry.samples;
-    let range = entry.byte_range();
-    ShardIndex {
-        version: INDEX_VERSION,
-        etag: entry.etag.clone(),
-        keys: rows.map(|row| row.to_string()).collect(),
-        starts: vec![range.start; entry.samples as usize],
-        ends: vec![range.end; entry.samples as usize],
-        labels: Vec::new(),
-        etags: Vec::new(),
-    }
 }
 
 /// Footers of the files a dataset's streams are reading, each read once

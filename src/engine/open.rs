@@ -128,7 +128,7 @@ impl Engine {
                     .bytes()
                     .div_ceil(dataset.index.samples().max(1)),
                 loose_objects: dataset.is_loose(),
-                row_group_bytes: dataset.largest_row_group_cost(),
+                row_group_bytes: dataset.largest_read_cost(),
             })
             .collect();
         match &request.sources {
@@ -344,7 +344,7 @@ fn warn_unversioned_once(dataset: &Dataset) {
         .index
         .shards
         .iter()
-        .filter(|shard| shard.etag.is_none() && shard.digest.is_none())
+        .filter(|shard| shard.version().is_none())
         .count();
     if unversioned == 0 {
         return;

@@ -164,12 +164,9 @@ pub async fn warm(
         let location = dataset.store.location(&key);
         // A row group is part of its file: the file's cached bytes do not
         // say whether its own are.
-        let cached = match entry.row_group {
-            Some(_) => 0,
-            None => entry
-                .etag
-                .as_deref()
-                .map_or(0, |etag| cache.cached_bytes(&location, etag)),
+        let cached = match &entry.etag {
+            Some(etag) if entry.cached_whole() => cache.cached_bytes(&location, etag),
+            _ => 0,
         };
         if cached >= entry.size {
             // Already cached (an earlier warm, or the index scan just now).

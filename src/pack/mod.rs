@@ -31,10 +31,10 @@ use futures::StreamExt;
 use rayon::prelude::*;
 
 use crate::dataset::{index_shard_bytes, write_index, Dataset, DatasetIndex, ShardEntry};
-use crate::dataset::{DatasetLayout, DatasetLocation, ShardIndex, INDEX_VERSION};
+use crate::dataset::{DatasetLayout, DatasetLocation, ShardIndex, ShardKind, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
-use crate::shard::{ImageFormat, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{ImageFormat, ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::read::read_object;
 use crate::store::{ObjectStore, StoreError};
 use folder::{list_inputs, read_record_image};
@@ -229,8 +229,7 @@ async fn pack_shard(
                 size: tar.len() as u64,
                 etag,
                 samples: index.keys.len() as u64,
-                digest: None,
-                row_group: None,
+                kind: ShardKind::Streamed(ShardFormat::Tar),
             };
             Some((entry, index))
         }

@@ -32,7 +32,7 @@ fn tier_sample<'a>(
     emitted: &'a EmittedSample,
 ) -> Option<crate::tier::output::SampleVersion<'a>> {
     let shard = &dataset.index.shards[emitted.shard as usize];
-    let version = shard.etag.as_ref().or(shard.digest.as_ref())?;
+    let version = shard.version()?;
     Some(crate::tier::output::SampleVersion {
         location,
         version,

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use super::config::PipelineConfig;
 use super::context::Source;
 use super::error::PipelineError;
-use crate::dataset::{Dataset, ShardIndex};
+use crate::dataset::{Dataset, ShardIndex, ShardKind};
 use crate::metrics;
 use crate::plan::{RankPlan, SampleRef};
 use crate::shard::splitter::SampleSplitter;
@@ -200,13 +200,12 @@ struct ReadJob {
 impl ReadJob {
     async fn run(self, tx: &mpsc::Sender<SampleResult>) -> Result<(), PipelineError> {
         let index = self.dataset.shard_index(self.shard).await?;
-        if self.dataset.is_loose() {
-            return self.read_objects(&index, tx).await;
-        }
         let mut next = self.first;
-        let result = match self.dataset.index.shards[self.shard as usize].row_group {
-            Some(_) => self.read_row_group(tx, &mut next).await,
-            None => self.read(&index, tx, &mut next).await,
+        // Each kind of shard's reader (`dataset::ShardKind` names them).
+        let result = match &self.dataset.index.shards[self.shard as usize].kind {
+            ShardKind::Objects { .. } => return self.read_objects(&index, tx).await,
+            ShardKind::RowGroup(_) => self.read_row_group(tx, &mut next).await,
+            &ShardKind::Streamed(format) => self.read(format, &index, tx, &mut next).await,
         };
         // A field over the request's cap, or a Parquet file whose columns
         // are not what the request reads, is not damage.
@@ -314,6 +313,7 @@ impl ReadJob {
     /// Sends samples from `*next` on, advancing it past each one sent.
     async fn read(
         &self,
+        format: ShardFormat,
         index: &ShardIndex,
         tx: &mpsc::Sender<SampleResult>,
         next: &mut u64,
@@ -322,7 +322,6 @@ impl ReadJob {
         let key = self.dataset.shard_key(self.shard);
         let location = self.dataset.store.location(&key);
         let range = index.starts[self.first as usize]..index.ends[self.end as usize - 1];
-        let format = ShardFormat::from_name(&entry.name).unwrap_or(ShardFormat::Tar);
         let mut splitter = SampleSplitter::for_format(
             format,
             range.start,

@@ -59,8 +59,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             size: tar.len() as u64,
             etag: Some("\"0a1b\"".into()),
             samples: 3,
-            digest: None,
-            row_group: None,
+            kind: shardfeed::dataset::ShardKind::streamed("shard-00000.tar").unwrap(),
         }],
         classes: vec!["cat".into(), "dog".into()],
     };

@@ -9,6 +9,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::{ReadJob, SampleResult};
+use crate::dataset::ShardKind;
 use crate::pipeline::error::PipelineError;
 use crate::shard::parquet::{
     fetch_ranges, read_rows, row_group_cost, row_group_limit, ChunkBytes, ParquetError, Projection,
@@ -26,7 +27,7 @@ impl ReadJob {
         next: &mut u64,
     ) -> Result<(), PipelineError> {
         let entry = &self.dataset.index.shards[self.shard as usize];
-        let Some(group_ref) = entry.row_group else {
+        let ShardKind::RowGroup(group_ref) = entry.kind else {
             return Err(PipelineError::Internal("not a row group".into()));
         };
         let key = self.dataset.shard_key(self.shard);
