@@ -5,7 +5,8 @@
 //! parameters) and [`Drawn`] (one sample's decisions). Everything that
 //! handles ops (checks, draws, the output's last step, both wires) goes
 //! through these two structs, so a new op is its own file in this folder,
-//! its `mod` line and row here, its proto fields and its Python mirror.
+//! its `mod` line and row here, its `OpWire` impl (`../wire/rows.rs`), its
+//! proto fields and its Python mirror.
 //! A row's place is the order ops apply in; what each draws is keyed by
 //! its name (`Op::NAME`), not its place, so rows may be inserted. The
 //! flip alone draws from the crop's generator (frozen since it shipped).
@@ -181,45 +182,55 @@ macro_rules! ops_table {
     };
 }
 
-ops_table! {
-    /// Mirrors left to right (`augmentation.horizontal_flip`).
-    horizontal_flip: flip::HorizontalFlip,
-    /// RandomVerticalFlip (`augmentation.vertical_flip`).
-    vertical_flip: RandomVerticalFlip,
-    /// RandomRotation (`augmentation.rotation`): the geometric ops come
-    /// before the policy, as recipes write them.
-    rotation: RandomRotation,
-    /// RandomAffine (`augmentation.affine`).
-    affine: RandomAffine,
-    /// TrivialAugmentWide, RandAugment or AutoAugment
-    /// (`augmentation.auto_augment`).
-    auto_augment: policy::AutoAugment,
-    /// timm's RandAugment with PIL's kernels
-    /// (`augmentation.timm_rand_augment`), at the policies' place.
-    timm_rand_augment: TimmRandAugment,
-    /// ColorJitter (`augmentation.color_jitter`).
-    color_jitter: jitter::ColorJitter,
-    /// RandomPhotometricDistort (`augmentation.photometric_distort`).
-    photometric_distort: RandomPhotometricDistort,
-    /// RandomGrayscale (`augmentation.grayscale`).
-    grayscale: RandomGrayscale,
-    /// GaussianBlur (`augmentation.gaussian_blur`), as the self-supervised
-    /// recipes place it, after the colour ops.
-    gaussian_blur: blur::GaussianBlur,
-    /// RandomSolarize (`augmentation.solarize`).
-    solarize: RandomSolarize,
-    /// The other single-op colour transforms, each its own coin
-    /// (`augmentation.sharpness`, `.posterize`, `.equalize`,
-    /// `.autocontrast`, `.invert`), in the order of their field numbers.
-    sharpness: RandomAdjustSharpness,
-    posterize: RandomPosterize,
-    equalize: RandomEqualize,
-    autocontrast: RandomAutocontrast,
-    invert: RandomInvert,
-    /// RandomErasing (`augmentation.random_erasing`), last as the recipes
-    /// apply it after Normalize.
-    random_erasing: erasing::RandomErasing,
+/// The table's rows, handed to `$callback!`: the table itself
+/// (`ops_table!`) and the wire's rows (`wire/spec.rs`) are built from this
+/// one list.
+macro_rules! op_table_rows {
+    ($callback:ident) => {
+        $callback! {
+            /// Mirrors left to right (`augmentation.horizontal_flip`).
+            horizontal_flip: HorizontalFlip,
+            /// RandomVerticalFlip (`augmentation.vertical_flip`).
+            vertical_flip: RandomVerticalFlip,
+            /// RandomRotation (`augmentation.rotation`): the geometric ops come
+            /// before the policy, as recipes write them.
+            rotation: RandomRotation,
+            /// RandomAffine (`augmentation.affine`).
+            affine: RandomAffine,
+            /// TrivialAugmentWide, RandAugment or AutoAugment
+            /// (`augmentation.auto_augment`).
+            auto_augment: AutoAugment,
+            /// timm's RandAugment with PIL's kernels
+            /// (`augmentation.timm_rand_augment`), at the policies' place.
+            timm_rand_augment: TimmRandAugment,
+            /// ColorJitter (`augmentation.color_jitter`).
+            color_jitter: ColorJitter,
+            /// RandomPhotometricDistort (`augmentation.photometric_distort`).
+            photometric_distort: RandomPhotometricDistort,
+            /// RandomGrayscale (`augmentation.grayscale`).
+            grayscale: RandomGrayscale,
+            /// GaussianBlur (`augmentation.gaussian_blur`), as the self-supervised
+            /// recipes place it, after the colour ops.
+            gaussian_blur: GaussianBlur,
+            /// RandomSolarize (`augmentation.solarize`).
+            solarize: RandomSolarize,
+            /// The other single-op colour transforms, each its own coin
+            /// (`augmentation.sharpness`, `.posterize`, `.equalize`,
+            /// `.autocontrast`, `.invert`), in the order of their field numbers.
+            sharpness: RandomAdjustSharpness,
+            posterize: RandomPosterize,
+            equalize: RandomEqualize,
+            autocontrast: RandomAutocontrast,
+            invert: RandomInvert,
+            /// RandomErasing (`augmentation.random_erasing`), last as the recipes
+            /// apply it after Normalize.
+            random_erasing: RandomErasing,
+        }
+    };
 }
+pub(crate) use op_table_rows;
+
+op_table_rows!(ops_table);
 
 impl Ops {
     /// These ops with `op` set.

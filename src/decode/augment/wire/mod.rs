@@ -6,9 +6,9 @@
 //! wire (`crate::pool::wire`) call it; the crop, the op rows, the pipeline
 //! and the engine take the library's types only.
 //!
-//! An op's row here is its [`OpWire`] (`rows.rs`, one impl per op) and its
-//! line in `spec.rs`'s table of rows, which the compiler holds to the ops
-//! table's.
+//! An op's row here is its [`OpWire`] (`rows.rs`, one impl per op); the
+//! rows' translation (`spec.rs`) is built from the ops table's own list, so
+//! the compiler asks every row's type for one.
 
 mod rows;
 mod spec;

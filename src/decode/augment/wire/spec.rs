@@ -1,10 +1,11 @@
 //! The stream's spec on the wire: its crop, its resize, the ops table's
-//! rows (one line each in [`op_rows!`]; the compiler refuses a table row
-//! with none, as the structs are built field by field) and their groups,
-//! and a sample's `CropBox`.
+//! rows (built from the table's own list, each through its type's
+//! `OpWire`, which the compiler asks of every row) and their groups, and a
+//! sample's `CropBox`.
 
 use super::super::crop::{Crop, RandomResizedCrop};
 use super::super::op::{invalid, AugmentError};
+use super::super::ops::op_table_rows;
 use super::super::ops::{
     AutoAugment, ColorJitter, Drawn, GaussianBlur, Group, GroupKind, Groups, HorizontalFlip, Ops,
     RandomAdjustSharpness, RandomAffine, RandomAutocontrast, RandomEqualize, RandomErasing,
@@ -15,9 +16,10 @@ use super::super::spec::{CropBox, OutputSpec, Resample};
 use super::rows::OpWire;
 use crate::proto::v1 as pb;
 
-/// One line per row of the ops table (`../ops/mod.rs`), in its order.
+/// The ops table's rows (`../ops/mod.rs`, `op_table_rows!`) on the wire:
+/// each row's type answers through its [`OpWire`] impl.
 macro_rules! op_rows {
-    ($($name:ident: $op:ty,)+) => {
+    ($($(#[doc = $doc:literal])* $name:ident: $op:ty,)+) => {
         impl Ops {
             /// The rows a request names, its groups checked against them.
             pub fn from_wire(wire: &pb::Augmentation) -> Result<Self, AugmentError> {
@@ -54,25 +56,7 @@ macro_rules! op_rows {
     };
 }
 
-op_rows! {
-    horizontal_flip: HorizontalFlip,
-    vertical_flip: RandomVerticalFlip,
-    rotation: RandomRotation,
-    affine: RandomAffine,
-    auto_augment: AutoAugment,
-    timm_rand_augment: TimmRandAugment,
-    color_jitter: ColorJitter,
-    photometric_distort: RandomPhotometricDistort,
-    grayscale: RandomGrayscale,
-    gaussian_blur: GaussianBlur,
-    solarize: RandomSolarize,
-    sharpness: RandomAdjustSharpness,
-    posterize: RandomPosterize,
-    equalize: RandomEqualize,
-    autocontrast: RandomAutocontrast,
-    invert: RandomInvert,
-    random_erasing: RandomErasing,
-}
+op_table_rows!(op_rows);
 
 impl OutputSpec {
     /// The spec a request or a unit names, its ranges not yet checked
