@@ -501,7 +501,7 @@ pub async fn write_index(
     let root = location.index_root();
     // Per-shard files first: a reader that finds the summary finds them too.
     for (entry, shard) in index.shards.iter().zip(shard_indexes) {
-        if entry.derived_index().is_some() {
+        if entry.indexes_itself() {
             // Its index is its entry (a row group's).
             continue;
         }

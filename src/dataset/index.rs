@@ -182,6 +182,12 @@ impl ShardEntry {
         self.kind.held_bytes()
     }
 
+    /// Whether the entry alone makes the shard's per-shard index (asked
+    /// without making it: a row group's may hold millions of keys).
+    pub fn indexes_itself(&self) -> bool {
+        self.kind.rows(self.samples).is_some()
+    }
+
     /// The shard's per-shard index when the entry alone makes it (its
     /// samples keyed by row number, each spanning the shard's bytes); None
     /// when it is a file of the index (or the scan's, held in memory).

@@ -90,7 +90,7 @@ impl Dataset {
                         map: shard_indexes
                             .into_iter()
                             .enumerate()
-                            .filter(|(i, _)| index.shards[*i].derived_index().is_none())
+                            .filter(|(i, _)| !index.shards[*i].indexes_itself())
                             .map(|(i, s)| (i as u32, Arc::new(s)))
                             .collect(),
                         order: VecDeque::new(),
