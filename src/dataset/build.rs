@@ -517,6 +517,44 @@ pub async fn write_index(
 mod tests {
     use super::*;
 
+    /// A row group's index is its entry: writing the index asks whether an
+    /// entry makes its own index without making it (this group claims 2^40
+    /// rows, terabytes of keys were they made).
+    #[test]
+    fn writing_the_index_makes_no_row_group_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::local::LocalStore::new(dir.path());
+        let group = super::super::format::RowGroupRef {
+            group: 0,
+            first_row: 0,
+            offset: 4,
+            uncompressed: 10,
+            file_size: 100,
+        };
+        let index = DatasetIndex {
+            version: INDEX_VERSION,
+            layout: DatasetLayout::Shards,
+            shards: vec![ShardEntry {
+                name: "a.parquet".into(),
+                size: 10,
+                etag: None,
+                samples: 1 << 40,
+                kind: ShardKind::RowGroup(group),
+            }],
+            classes: Vec::new(),
+        };
+        let written = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(write_index(
+                &store,
+                &DatasetLocation::prefix(""),
+                &index,
+                &[ShardIndex::default()],
+            ));
+        written.unwrap();
+        assert!(index.shards[0].indexes_itself());
+    }
+
     fn read(part_size: u64, flag: Option<usize>) -> ReadConfig {
         ReadConfig {
             part_size,
