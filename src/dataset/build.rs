@@ -1,4 +1,5 @@
-//! Building a dataset's index: scanning shards once, or turning a listing
+//! Building a dataset's index: scanning shards once (each format by its
+//! scan, [`super::scan`]), or turning a listing
 //! (or a manifest) of loose objects into virtual shards; writing it beside
 //! the shards.
 
@@ -6,50 +7,17 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::charge::{entry_bytes, shard_index_bytes, FooterBytes, IndexCharge};
-use super::format::ShardKind;
+use super::charge::IndexCharge;
 use super::index::{
     shard_index_key, summary_key, to_json, DatasetError, DatasetIndex, DatasetLayout,
-    DatasetLocation, ShardEntry, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
+    DatasetLocation, ShardIndex, CLASSES_FILE, INDEX_DIR, INDEX_VERSION,
 };
+use super::scan::{scan_every_object, IndexProgress, Listed, Scanned};
 use super::{loose, manifest};
-use crate::shard::splitter::SampleSplitter;
-use crate::shard::{
-    BadShardPolicy, SampleLayout, ShardError, ShardFormat, DEFAULT_MAX_MEMBER_BYTES,
-};
-use crate::store::read::{get_all, read_parts, ReadConfig};
-use crate::store::{ObjectStore, StoreError};
+use crate::shard::{BadShardPolicy, ShardFormat};
+use crate::store::read::{get_all, ReadConfig};
+use crate::store::ObjectStore;
 
-/// Bytes an index build may hold in shard parts at once: it runs beside
-/// streams, in the quarter of the memory limit the budget leaves to the
-/// runtime and indexes (`engine::budget`), so its window is fixed here
-/// rather than following the streams' sized part counts.
-const INDEX_SCAN_BYTES: u64 = 256 << 20;
-/// Shards scanned at once when building an index, at most.
-const INDEX_CONCURRENCY: usize = 8;
-/// Ranged GETs in flight per shard scan: eight scans already keep sixteen
-/// GETs going.
-const INDEX_PARTS_IN_FLIGHT: usize = 2;
-
-/// How an index build reads: `(shards at once, read config of each scan)`.
-/// A scan holds at most `INDEX_PARTS_IN_FLIGHT + 2` parts (those in flight,
-/// the one being parsed, the one being handed over, as a stream's readers),
-/// so the build holds at most `max(INDEX_SCAN_BYTES, 4 × part_size)`.
-fn index_scan_window(read: &ReadConfig) -> (usize, ReadConfig) {
-    let parts = read.parts_per_reader().min(INDEX_PARTS_IN_FLIGHT);
-    let per_scan = (parts as u64 + 2).saturating_mul(read.part_size.max(1));
-    let scans = ((INDEX_SCAN_BYTES / per_scan) as usize).clamp(1, INDEX_CONCURRENCY);
-    let scan = ReadConfig {
-        parts_in_flight: parts,
-        parts_sized: false,
-        ..read.clone()
-    };
-    (scans, scan)
-}
-/// Parquet footers read at once when indexing a dataset of Parquet files:
-/// each scan holds a 256 KiB tail and one parsed footer, all of them
-/// together held to [`super::charge::FOOTER_SCAN_BYTES`].
-const FOOTER_SCANS: usize = 64;
 /// HEADs in flight for a listing without ETags (small requests: latency-bound).
 const HEAD_CONCURRENCY: usize = 32;
 
@@ -63,15 +31,6 @@ pub async fn build_index(
     on_bad_shard: BadShardPolicy,
 ) -> Result<(DatasetIndex, Vec<ShardIndex>), DatasetError> {
     build_index_reporting(store, location, read, on_bad_shard, u64::MAX, &|_| {}).await
-}
-
-/// Progress of an index build: shards scanned of all, and their bytes.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct IndexProgress {
-    pub shards_done: u64,
-    pub shards: u64,
-    pub bytes_done: u64,
-    pub bytes: u64,
 }
 
 /// [`build_index`], calling `progress` as each shard's scan ends (the
@@ -91,19 +50,22 @@ pub async fn build_index_reporting(
     }
     let mut objects = store.list(prefix).await?;
     versions_from_head(&store, prefix, &mut objects).await?;
-    let shards: Vec<_> = objects
+    let shards: Vec<Listed> = objects
         .iter()
-        .filter(|o| {
-            ShardFormat::from_name(&o.key).is_some()
-                && !o.key[prefix.len()..].starts_with(INDEX_DIR)
+        .filter(|o| !o.key[prefix.len()..].starts_with(INDEX_DIR))
+        .filter_map(|o| {
+            let format = ShardFormat::from_name(&o.key)?;
+            Some(Listed {
+                object: o.clone(),
+                format,
+            })
         })
-        .cloned()
         .collect();
     let (images, classes) = loose::from_class_folders(&objects, prefix);
     if let (Some(shard), Some(image)) = (shards.first(), images.first()) {
         return Err(DatasetError::MixedLayout {
             location: store.location(prefix),
-            shard: shard.key.clone(),
+            shard: shard.object.key.clone(),
             image: format!("{prefix}{}", image.key),
         });
     }
@@ -143,121 +105,6 @@ pub async fn build_index_reporting(
     Ok(merged(scans, classes))
 }
 
-/// Scans every shard, several at once, each charging what it keeps to
-/// `charge`; `progress` is told as each scan ends.
-async fn scan_every_object(
-    store: &Arc<dyn ObjectStore>,
-    shards: Vec<crate::store::ObjectMeta>,
-    prefix: &str,
-    (read, on_bad_shard): (&ReadConfig, BadShardPolicy),
-    charge: &Arc<IndexCharge>,
-    progress: &(dyn Fn(IndexProgress) + Send + Sync),
-) -> Result<Vec<Scanned>, DatasetError> {
-    let mut done = IndexProgress {
-        shards: shards.len() as u64,
-        bytes: shards.iter().map(|s| s.size).sum(),
-        ..IndexProgress::default()
-    };
-    progress(done);
-    let (concurrent_scans, scan_read) = index_scan_window(read);
-    // A Parquet file's scan is one small GET of its tail (FOOTER_SCANS of
-    // them hold ~16 MiB): latency-bound, so many run at once.
-    let concurrent_scans = if shards
-        .iter()
-        .all(|o| ShardFormat::from_name(&o.key) == Some(ShardFormat::Parquet))
-    {
-        FOOTER_SCANS
-    } else {
-        concurrent_scans
-    };
-    let footers = FooterBytes::default();
-    futures::stream::iter(shards.into_iter().map(|object| {
-        let name = object.key[prefix.len()..].to_string();
-        let scan = ScanOf {
-            store: store.clone(),
-            read: scan_read.clone(),
-            on_bad_shard,
-            footers: footers.clone(),
-            charge: charge.clone(),
-        };
-        async move {
-            let scanned = scan.object(&object, name).await?;
-            Ok::<_, DatasetError>((object.size, scanned))
-        }
-    }))
-    .buffered(concurrent_scans)
-    .map_ok(|(size, scanned)| {
-        done.shards_done += 1;
-        done.bytes_done += size;
-        progress(done);
-        scanned
-    })
-    .try_collect()
-    .await
-}
-
-/// What one object's scan is given.
-struct ScanOf {
-    store: Arc<dyn ObjectStore>,
-    read: ReadConfig,
-    on_bad_shard: BadShardPolicy,
-    footers: FooterBytes,
-    charge: Arc<IndexCharge>,
-}
-
-impl ScanOf {
-    /// A Parquet file's row groups from its footer, or a tar or TFRecord
-    /// shard's samples from its bytes.
-    async fn object(
-        self,
-        object: &crate::store::ObjectMeta,
-        name: String,
-    ) -> Result<Scanned, DatasetError> {
-        if ShardFormat::from_name(&object.key) == Some(ShardFormat::Parquet) {
-            // Planned from the footer: no byte of row data is read.
-            let file = super::parquet::scan_file(
-                self.store.as_ref(),
-                object,
-                name,
-                (&self.footers, &self.charge),
-            )
-            .await?;
-            return Ok(Scanned {
-                indexes: vec![ShardIndex::default(); file.entries.len()],
-                entries: file.entries,
-                classes: file.classes,
-                label_names: file.label_names,
-            });
-        }
-        let index = scan_shard(
-            self.store,
-            &object.key,
-            object.size,
-            object.etag.clone(),
-            self.read,
-            self.on_bad_shard,
-        )
-        .await?;
-        self.charge.charge(
-            1,
-            entry_bytes(&name, object.etag.as_deref()) + shard_index_bytes(&index),
-        )?;
-        let entry = ShardEntry {
-            name,
-            size: object.size,
-            etag: object.etag.clone(),
-            samples: index.keys.len() as u64,
-            kind: ShardKind::streamed(&object.key).unwrap_or(ShardKind::Streamed(ShardFormat::Tar)),
-        };
-        Ok(Scanned {
-            entries: vec![entry],
-            indexes: vec![index],
-            classes: Vec::new(),
-            label_names: Default::default(),
-        })
-    }
-}
-
 /// The scans' entries and indexes in listing order, and the dataset's
 /// classes: a `classes.txt` beside the files wins over their own metadata;
 /// else the first file that names its classes names them; else string
@@ -286,16 +133,6 @@ fn merged(scans: Vec<Scanned>, mut classes: Vec<String>) -> (DatasetIndex, Vec<S
         },
         indexes,
     )
-}
-
-/// What scanning one object gave: a tar or TFRecord shard's entry and
-/// index, or a Parquet file's row groups (their indexes empty: each is
-/// made from its entry when read) and class names.
-struct Scanned {
-    entries: Vec<ShardEntry>,
-    indexes: Vec<ShardIndex>,
-    classes: Vec<String>,
-    label_names: std::collections::BTreeSet<String>,
 }
 
 /// Objects whose listing named no version (some S3-compatible servers'
@@ -399,98 +236,6 @@ async fn manifest_index(
     Ok(loose_index(listed, parsed.classes))
 }
 
-async fn scan_shard(
-    store: Arc<dyn ObjectStore>,
-    key: &str,
-    size: u64,
-    etag: Option<String>,
-    read: ReadConfig,
-    on_bad_shard: BadShardPolicy,
-) -> Result<ShardIndex, DatasetError> {
-    let location = store.location(key);
-    let mut index = ShardIndex {
-        version: INDEX_VERSION,
-        etag: etag.clone(),
-        ..ShardIndex::default()
-    };
-    match scan_into(&mut index, store, key, size, etag, read).await {
-        Ok(()) => Ok(index),
-        Err(ScanError::Shard(source)) if on_bad_shard == BadShardPolicy::Skip => {
-            // The samples before the damage are whole (a sample is only
-            // emitted once the next one starts): keep them.
-            crate::metrics::bad_shard();
-            tracing::warn!(
-                shard = %location,
-                error = %source,
-                kept = index.keys.len(),
-                "indexing a damaged shard: kept the samples before the damage (--on-bad-shard skip)"
-            );
-            Ok(index)
-        }
-        Err(ScanError::Shard(source)) => Err(DatasetError::Shard { location, source }),
-        Err(ScanError::Store(error)) => Err(error.into()),
-    }
-}
-
-enum ScanError {
-    Shard(ShardError),
-    Store(StoreError),
-}
-
-async fn scan_into(
-    index: &mut ShardIndex,
-    store: Arc<dyn ObjectStore>,
-    key: &str,
-    size: u64,
-    etag: Option<String>,
-    read: ReadConfig,
-) -> Result<(), ScanError> {
-    let format = ShardFormat::from_name(key).unwrap_or(ShardFormat::Tar);
-    // Only keys and ranges are kept: the default layout reads nothing more.
-    let layout = Arc::new(SampleLayout::default());
-    let mut splitter =
-        SampleSplitter::for_format(format, 0, 0, DEFAULT_MAX_MEMBER_BYTES, layout).frames_only();
-    let mut parts = std::pin::pin!(read_parts(store, key.to_string(), 0..size, etag, &read));
-    while let Some(part) = parts.next().await {
-        let (_, bytes) = part.map_err(ScanError::Store)?;
-        splitter.push(&bytes);
-        while let Some(sample) = splitter.next_sample().map_err(ScanError::Shard)? {
-            index.keys.push(sample.key);
-            index.starts.push(sample.start);
-            index.ends.push(sample.end);
-        }
-    }
-    while let Some(sample) = splitter.finish().map_err(ScanError::Shard)? {
-        index.keys.push(sample.key);
-        index.starts.push(sample.start);
-        index.ends.push(sample.end);
-    }
-    Ok(())
-}
-
-/// The index of a whole shard held in memory (as `shardfeed pack` writes it):
-/// the same parse as a scan, so the two always agree.
-pub fn index_shard_bytes(tar: &[u8], etag: Option<String>) -> Result<ShardIndex, ShardError> {
-    let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
-    splitter.push(tar);
-    let mut index = ShardIndex {
-        version: INDEX_VERSION,
-        etag,
-        ..ShardIndex::default()
-    };
-    loop {
-        let sample = match splitter.next_sample()? {
-            Some(sample) => Some(sample),
-            None => splitter.finish()?,
-        };
-        let Some(sample) = sample else { break };
-        index.keys.push(sample.key);
-        index.starts.push(sample.start);
-        index.ends.push(sample.end);
-    }
-    Ok(index)
-}
-
 /// Writes the index beside the shards (see [`DatasetLocation::index_root`]).
 pub async fn write_index(
     store: &dyn ObjectStore,
@@ -515,6 +260,8 @@ pub async fn write_index(
 
 #[cfg(test)]
 mod tests {
+    use super::super::format::{RowGroupRef, ShardKind};
+    use super::super::index::ShardEntry;
     use super::*;
 
     /// A row group's index is its entry: writing the index asks whether an
@@ -524,7 +271,7 @@ mod tests {
     fn writing_the_index_makes_no_row_group_index() {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::local::LocalStore::new(dir.path());
-        let group = super::super::format::RowGroupRef {
+        let group = RowGroupRef {
             group: 0,
             first_row: 0,
             offset: 4,
@@ -553,49 +300,5 @@ mod tests {
             ));
         written.unwrap();
         assert!(index.shards[0].indexes_itself());
-    }
-
-    fn read(part_size: u64, flag: Option<usize>) -> ReadConfig {
-        ReadConfig {
-            part_size,
-            parts_in_flight: flag.unwrap_or(2),
-            parts_sized: flag.is_none(),
-            ..ReadConfig::default()
-        }
-    }
-
-    #[test]
-    fn an_index_build_holds_its_stated_bytes_whatever_the_streams_read_with() {
-        // Streams keep 4 sized parts of 8 MiB; a scan keeps 2, eight at once.
-        let (scans, scan) = index_scan_window(&ReadConfig::default());
-        assert_eq!((scans, scan.parts_per_reader()), (8, 2));
-        // Large parts: fewer scans, never none.
-        assert_eq!(index_scan_window(&read(32 << 20, None)).0, 2);
-        assert_eq!(index_scan_window(&read(64 << 20, Some(16))).0, 1);
-        // A flag below the scan's window lowers it.
-        assert_eq!(
-            index_scan_window(&read(8 << 20, Some(1)))
-                .1
-                .parts_per_reader(),
-            1
-        );
-        for part_size in [
-            64 << 10,
-            1 << 20,
-            5 << 20,
-            8 << 20,
-            48 << 20,
-            64 << 20,
-            1 << 30,
-        ] {
-            for flag in [None, Some(1), Some(2), Some(16), Some(64)] {
-                let (scans, scan) = index_scan_window(&read(part_size, flag));
-                let held = scans as u64 * (scan.parts_per_reader() as u64 + 2) * part_size;
-                assert!(
-                    held <= INDEX_SCAN_BYTES.max(4 * part_size),
-                    "{part_size} B parts, flag {flag:?}: {held} B"
-                );
-            }
-        }
     }
 }

@@ -16,14 +16,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::shard::ShardFormat;
+use crate::shard::{ShardFormat, StreamedFormat};
 
 /// A shard's format, and the part of its object it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShardKind {
     /// A whole `*.tar` or `*.tfrecord(s)` object, read in large sequential
     /// ranges through the splitter.
-    Streamed(ShardFormat),
+    Streamed(StreamedFormat),
     /// A row group of a Parquet file (the entry's `name`): the entry's
     /// `size` its column chunks' bytes, `samples` its rows, planned from
     /// the file's footer.
@@ -54,7 +54,7 @@ impl ShardKind {
     /// A listed shard's kind from its name (`None`: not a streamed shard).
     pub fn streamed(name: &str) -> Option<Self> {
         match ShardFormat::from_name(name)? {
-            format @ (ShardFormat::Tar | ShardFormat::TfRecord) => Some(Self::Streamed(format)),
+            ShardFormat::Streamed(format) => Some(Self::Streamed(format)),
             ShardFormat::Parquet => None,
         }
     }
@@ -170,8 +170,8 @@ mod tests {
         }
         let index: DatasetIndex = serde_json::from_str(shards).unwrap();
         let kinds: Vec<_> = index.shards.iter().map(|s| s.kind.clone()).collect();
-        assert_eq!(kinds[0], ShardKind::Streamed(ShardFormat::Tar));
-        assert_eq!(kinds[1], ShardKind::Streamed(ShardFormat::TfRecord));
+        assert_eq!(kinds[0], ShardKind::Streamed(StreamedFormat::Tar));
+        assert_eq!(kinds[1], ShardKind::Streamed(StreamedFormat::TfRecord));
         assert!(matches!(
             kinds[2],
             ShardKind::RowGroup(RowGroupRef { group: 1, .. })

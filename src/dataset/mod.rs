@@ -18,12 +18,10 @@ pub mod manifest;
 mod opened;
 pub mod parquet;
 mod registry;
+mod scan;
 mod uri;
 
-pub use build::{
-    build_index, build_index_reporting, index_shard_bytes, parse_classes, write_index,
-    IndexProgress,
-};
+pub use build::{build_index, build_index_reporting, parse_classes, write_index};
 pub use format::{RowGroupRef, ShardKind};
 pub use index::{
     parse_shard_index, parse_summary, DatasetError, DatasetIndex, DatasetLayout, DatasetLocation,
@@ -31,4 +29,5 @@ pub use index::{
 };
 pub use opened::Dataset;
 pub use registry::DatasetRegistry;
+pub use scan::{index_shard_bytes, IndexProgress};
 pub use uri::DatasetUri;

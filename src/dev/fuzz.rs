@@ -13,7 +13,7 @@ use crate::plan::{self, ShuffleConfig};
 use crate::server::pb;
 use crate::shard::splitter::SampleSplitter;
 use crate::shard::tf_example::{parse_example, FeatureNames};
-use crate::shard::{ImageFormat, SampleLayout, ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{ImageFormat, SampleLayout, StreamedFormat, DEFAULT_MAX_MEMBER_BYTES};
 
 /// Tar bytes of a shard, pushed in chunks whose sizes come from the input's
 /// first byte, through the sample splitter; then the whole shard at once
@@ -66,7 +66,8 @@ pub fn tfrecord_splitter(data: &[u8]) {
     let chunk = usize::from(chunking).max(1) * 5;
     let read = |frames_only: bool| -> Result<usize, crate::shard::ShardError> {
         let layout = Arc::new(SampleLayout::default());
-        let mut splitter = SampleSplitter::for_format(ShardFormat::TfRecord, 0, 0, 1 << 20, layout);
+        let mut splitter =
+            SampleSplitter::for_format(StreamedFormat::TfRecord, 0, 0, 1 << 20, layout);
         if frames_only {
             splitter = splitter.frames_only();
         }

@@ -16,7 +16,7 @@ use super::error::PackError;
 use super::input::{sample_key, unique_key, Input, Listing, Skipped};
 use crate::dataset::manifest::parse_manifest;
 use crate::shard::tfrecord::{self, FeatureNames, RecordParser};
-use crate::shard::{ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{ShardFormat, StreamedFormat, DEFAULT_MAX_MEMBER_BYTES};
 
 /// Files with their labels, class names (empty for integer labels), and
 /// what the walk refused.
@@ -39,7 +39,8 @@ pub(super) fn list_inputs(source: &Path, manifest: Option<&Path>) -> Result<List
             let files: Vec<PathBuf> = found.into_iter().map(|(path, _)| path).collect();
             let (records, images): (Vec<PathBuf>, Vec<PathBuf>) =
                 files.into_iter().partition(|path| {
-                    ShardFormat::from_name(&path.to_string_lossy()) == Some(ShardFormat::TfRecord)
+                    ShardFormat::from_name(&path.to_string_lossy())
+                        == Some(ShardFormat::Streamed(StreamedFormat::TfRecord))
                 });
             if let (Some(record), Some(image)) =
                 (records.first(), images.iter().find(|p| is_image_name(p)))

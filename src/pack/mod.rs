@@ -34,7 +34,7 @@ use crate::dataset::{index_shard_bytes, write_index, Dataset, DatasetIndex, Shar
 use crate::dataset::{DatasetLayout, DatasetLocation, ShardIndex, ShardKind, INDEX_VERSION};
 use crate::plan::rng::Rng;
 use crate::shard::tar::TarWriter;
-use crate::shard::{ImageFormat, ShardFormat, DEFAULT_MAX_MEMBER_BYTES};
+use crate::shard::{ImageFormat, StreamedFormat, DEFAULT_MAX_MEMBER_BYTES};
 use crate::store::read::read_object;
 use crate::store::{ObjectStore, StoreError};
 use folder::{list_inputs, read_record_image};
@@ -229,7 +229,7 @@ async fn pack_shard(
                 size: tar.len() as u64,
                 etag,
                 samples: index.keys.len() as u64,
-                kind: ShardKind::Streamed(ShardFormat::Tar),
+                kind: ShardKind::Streamed(StreamedFormat::Tar),
             };
             Some((entry, index))
         }

@@ -117,21 +117,30 @@ impl ImageFormat {
 /// How a shard's bytes are laid out, from its file name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShardFormat {
+    /// A whole object read as one byte stream through the splitter.
+    Streamed(StreamedFormat),
+    /// `*.parquet`: each row group a shard of the index, each row a sample,
+    /// read by row group ([`parquet`]), never streamed.
+    Parquet,
+}
+
+/// The formats the splitter reads as a stream of bytes: only these can be
+/// asked of it, so it has no format to refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamedFormat {
     /// WebDataset: `*.tar`.
     Tar,
     /// `*.tfrecord` / `*.tfrecords`, uncompressed.
     TfRecord,
-    /// `*.parquet`: each row group a shard of the index, each row a sample.
-    Parquet,
 }
 
 impl ShardFormat {
     /// `None` for objects that are not shards (they are not listed).
     pub fn from_name(name: &str) -> Option<Self> {
         if name.ends_with(".tar") {
-            Some(Self::Tar)
+            Some(Self::Streamed(StreamedFormat::Tar))
         } else if name.ends_with(".tfrecord") || name.ends_with(".tfrecords") {
-            Some(Self::TfRecord)
+            Some(Self::Streamed(StreamedFormat::TfRecord))
         } else if name.ends_with(".parquet") {
             Some(Self::Parquet)
         } else {

@@ -8,7 +8,7 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use super::tar::{Parsed, TarError, TarParser};
 use super::tfrecord::{self, RecordParser, TfRecordError};
-use super::{split_key, ImageFormat, Label, RawSample, SampleLayout, ShardError, ShardFormat};
+use super::{split_key, ImageFormat, Label, RawSample, SampleLayout, ShardError, StreamedFormat};
 
 /// Streams samples out of shard bytes pushed in arbitrary chunks.
 #[derive(Debug)]
@@ -41,9 +41,6 @@ enum Framing {
         skip: u64,
         record_start: u64,
     },
-    /// Parquet files are read by row group ([`super::parquet`]), never
-    /// streamed: a splitter asked for one says so instead of guessing.
-    NotStreamed,
 }
 
 impl SampleSplitter {
@@ -51,7 +48,7 @@ impl SampleSplitter {
     /// (a header boundary).
     pub fn new(offset: u64, max_member: u64) -> Self {
         Self::for_format(
-            ShardFormat::Tar,
+            StreamedFormat::Tar,
             offset,
             0,
             max_member,
@@ -63,25 +60,24 @@ impl SampleSplitter {
     /// `offset`, the start of sample number `first_sample` of the shard,
     /// reading what `layout` asks of each sample.
     pub fn for_format(
-        format: ShardFormat,
+        format: StreamedFormat,
         offset: u64,
         first_sample: u64,
         max_member: u64,
         layout: Arc<SampleLayout>,
     ) -> Self {
         let framing = match format {
-            ShardFormat::Tar => Framing::Tar {
+            StreamedFormat::Tar => Framing::Tar {
                 parser: TarParser::new(offset, max_member),
                 current: None,
             },
-            ShardFormat::TfRecord => Framing::TfRecord {
+            StreamedFormat::TfRecord => Framing::TfRecord {
                 parser: RecordParser::new(offset, max_member),
                 next_record: first_sample,
                 frames_only: false,
                 skip: 0,
                 record_start: offset,
             },
-            ShardFormat::Parquet => Framing::NotStreamed,
         };
         Self {
             framing,
@@ -190,7 +186,6 @@ impl SampleSplitter {
                     example_sample(key, start..end, data_ok, record, &self.layout).map(Some)
                 }
             },
-            Framing::NotStreamed => Err(not_streamed()),
         }
     }
 
@@ -223,16 +218,8 @@ impl SampleSplitter {
                 self.ended = true;
                 Ok(None)
             }
-            Framing::NotStreamed => Err(not_streamed()),
         }
     }
-}
-
-fn not_streamed() -> ShardError {
-    super::parquet::ParquetError::Internal(
-        "a Parquet file is read by row group, not split as a stream".into(),
-    )
-    .into()
 }
 
 /// Adds a tar member to the sample being gathered; returns the previous
@@ -354,6 +341,7 @@ mod tests {
     use super::super::tar::TarWriter;
     use super::super::DEFAULT_MAX_MEMBER_BYTES;
     use super::*;
+    use crate::shard::ShardFormat;
 
     fn collect(bytes: &[u8], chunk: usize) -> Vec<RawSample> {
         let mut splitter = SampleSplitter::new(0, DEFAULT_MAX_MEMBER_BYTES);
@@ -462,7 +450,7 @@ mod tests {
     fn tfrecord_splitter(offset: u64, first_sample: u64) -> SampleSplitter {
         let layout = Arc::new(SampleLayout::default());
         SampleSplitter::for_format(
-            ShardFormat::TfRecord,
+            StreamedFormat::TfRecord,
             offset,
             first_sample,
             DEFAULT_MAX_MEMBER_BYTES,
@@ -537,15 +525,15 @@ mod tests {
     fn formats_follow_the_shard_name() {
         assert_eq!(
             ShardFormat::from_name("a/b-000.tar"),
-            Some(ShardFormat::Tar)
+            Some(ShardFormat::Streamed(StreamedFormat::Tar))
         );
         assert_eq!(
             ShardFormat::from_name("train-1.tfrecord"),
-            Some(ShardFormat::TfRecord)
+            Some(ShardFormat::Streamed(StreamedFormat::TfRecord))
         );
         assert_eq!(
             ShardFormat::from_name("x.tfrecords"),
-            Some(ShardFormat::TfRecord)
+            Some(ShardFormat::Streamed(StreamedFormat::TfRecord))
         );
         assert_eq!(
             ShardFormat::from_name("data/train-00000-of-00042.parquet"),

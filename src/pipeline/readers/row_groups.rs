@@ -8,8 +8,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::{ReadJob, SampleResult};
-use crate::dataset::ShardKind;
+use super::job::{ReadJob, SampleResult, SegmentReader};
+use crate::dataset::{RowGroupRef, ShardIndex};
 use crate::pipeline::error::PipelineError;
 use crate::shard::parquet::{
     fetch_ranges, read_rows, row_group_cost, row_group_limit, ChunkBytes, ParquetError, Projection,
@@ -18,28 +18,32 @@ use crate::shard::parquet::{
 use crate::shard::ShardError;
 use crate::store::read::read_parts;
 
-impl ReadJob {
-    /// Sends rows `[*next, end)` of the row group, advancing `*next` past
-    /// each one sent.
-    pub(super) async fn read_row_group(
+/// A Parquet file's row group ([`crate::dataset::ShardKind::RowGroup`]).
+pub(super) struct RowGroup(pub RowGroupRef);
+
+impl SegmentReader for RowGroup {
+    /// Pages past damage cannot be decoded.
+    const DAMAGE_ENDS_SEGMENT: bool = true;
+
+    async fn read(
         &self,
+        job: &ReadJob,
+        _index: &ShardIndex,
         tx: &mpsc::Sender<SampleResult>,
         next: &mut u64,
     ) -> Result<(), PipelineError> {
-        let entry = &self.dataset.index.shards[self.shard as usize];
-        let ShardKind::RowGroup(group_ref) = entry.kind else {
-            return Err(PipelineError::Internal("not a row group".into()));
-        };
-        let key = self.dataset.shard_key(self.shard);
-        let location = self.dataset.store.location(&key);
+        let group_ref = self.0;
+        let entry = &job.dataset.index.shards[job.shard as usize];
+        let key = job.dataset.shard_key(job.shard);
+        let location = job.dataset.store.location(&key);
         let shard_error = |source: ParquetError| PipelineError::Shard {
             location: location.clone(),
             source: ShardError::Parquet(source),
         };
-        let footer = self.dataset.parquet_footer(self.shard).await?;
+        let footer = job.dataset.parquet_footer(job.shard).await?;
         let group = group_ref.group as usize;
         let schema = footer.metadata.file_metadata().schema_descr();
-        let projection = Projection::resolve(schema, &self.layout.columns, &self.layout.fields)
+        let projection = Projection::resolve(schema, &job.layout.columns, &job.layout.fields)
             .map_err(shard_error)?;
         let mut chunks = Vec::new();
         let (mut compressed, mut uncompressed) = (0u64, 0u64);
@@ -51,7 +55,7 @@ impl ReadJob {
             chunks.push((column, range));
         }
         let cost = row_group_cost(compressed, uncompressed, entry.samples);
-        let limit = row_group_limit(self.max_member);
+        let limit = row_group_limit(job.max_member);
         if cost > limit {
             return Err(shard_error(ParquetError::RowGroupTooLarge {
                 group,
@@ -64,16 +68,16 @@ impl ReadJob {
         // Each range's parts as they arrived: pages are sliced out of them.
         let mut parts: Vec<(u64, Bytes)> = Vec::new();
         for range in ranges {
-            self.fetch(&key, range, &mut parts).await?;
+            job.fetch(&key, range, &mut parts).await?;
         }
         let chunks = chunks
             .into_iter()
             .map(|(column, range)| (column, chunk_of(&parts, range)))
             .collect::<Vec<_>>();
         drop(parts);
-        let (from, to) = (*next, self.end);
-        let layout = self.layout.clone();
-        let classes = self.dataset.class_names();
+        let (from, to) = (*next, job.end);
+        let layout = job.layout.clone();
+        let classes = job.dataset.class_names();
         let decoded = tokio::task::spawn_blocking(move || {
             let input = RowGroupInput {
                 footer: &footer,
@@ -106,7 +110,7 @@ impl ReadJob {
             }
             *next += 1;
         }
-        if *next < self.end {
+        if *next < job.end {
             return Err(PipelineError::StaleIndex {
                 location,
                 index: *next,
@@ -116,7 +120,9 @@ impl ReadJob {
         }
         Ok(())
     }
+}
 
+impl ReadJob {
     /// One range of the file, read as the stream's parts (several GETs in
     /// flight), each appended to `parts` with its file offset.
     async fn fetch(
