@@ -6,7 +6,7 @@ use std::cell::RefCell;
 
 use fast_image_resize as fir;
 
-use super::augment::{CropBox, OutputSpec};
+use super::augment::{Crop, CropBox, Ops, OutputSpec, Resample};
 use super::error::{DecodeError, MAX_SOURCE_PIXELS};
 use super::jpeg::{check_jpeg_complete, check_jpeg_tables};
 use crate::shard::ImageFormat;
@@ -23,6 +23,19 @@ pub trait Decoder: Send + Sync + std::fmt::Debug {
         crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError>;
+
+    /// Decodes `data` once and writes each view's box, resized to its
+    /// spec, to its output (the views' ops are the caller's to run). The
+    /// default decodes the whole image; a decoder that can decode a region
+    /// decodes one covering every box ([`covering`]).
+    fn decode_views_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        views: &mut [ViewOut<'_>],
+    ) -> Result<(), DecodeError> {
+        decode_views_whole(format, data, views)
+    }
 
     /// What decodes JPEGs, for logs, benchmarks and `Describe` (pixels from
     /// different decoders differ within the stated tolerances).
@@ -152,4 +165,74 @@ pub fn resize_with(
     resizer
         .resize(&source, &mut target, &options)
         .map_err(|e| resize_error(&e))
+}
+
+/// One view to make: its spec, its decided box, and where its pixels go
+/// (`spec.bytes()` long).
+pub struct ViewOut<'a> {
+    pub spec: &'a OutputSpec,
+    pub crop: &'a CropBox,
+    pub out: &'a mut [u8],
+}
+
+/// Every view resized from one full-size decode: the portable path, and
+/// the fallback of decoders that can decode a region.
+pub fn decode_views_whole(
+    format: ImageFormat,
+    data: &[u8],
+    views: &mut [ViewOut<'_>],
+) -> Result<(), DecodeError> {
+    let rgb = decode_rgb(format, data)?;
+    let (width, height) = rgb.dimensions();
+    for view in views.iter_mut() {
+        resize_rgb(rgb.as_raw(), width, height, view.crop, view.spec, view.out)?;
+    }
+    Ok(())
+}
+
+/// The one box a region decode covers for `views`, and a spec whose size
+/// asks of it what the most demanding view asks of its own box: the union
+/// of the boxes, widened by the largest resize filter's reach (a view
+/// downscaled `r` times reads `r × support` source pixels past its edges;
+/// a scaled pixel's rounding adds at most 8), so each view's resize sees
+/// the pixels it would in a decode of the whole image at that scale.
+pub fn covering(views: &[ViewOut<'_>]) -> (CropBox, OutputSpec) {
+    let (mut left, mut top) = (f64::INFINITY, f64::INFINITY);
+    let (mut right, mut bottom) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+    let (mut need, mut reach) = (0.0f64, 0.0f64);
+    let mut resample = Resample::Bilinear;
+    for view in views {
+        let crop = view.crop;
+        left = left.min(crop.left);
+        top = top.min(crop.top);
+        right = right.max(crop.left + crop.width);
+        bottom = bottom.max(crop.top + crop.height);
+        let ratio = (crop.width / f64::from(view.spec.width))
+            .max(crop.height / f64::from(view.spec.height));
+        need = need.max(
+            (f64::from(view.spec.width) / crop.width)
+                .max(f64::from(view.spec.height) / crop.height),
+        );
+        reach = reach.max(ratio.max(1.0) * view.spec.resample.support());
+        if view.spec.resample.support() > resample.support() {
+            resample = view.spec.resample;
+        }
+    }
+    let margin = reach.ceil() + 9.0;
+    let cover = CropBox {
+        left: left - margin,
+        top: top - margin,
+        width: right - left + 2.0 * margin,
+        height: bottom - top + 2.0 * margin,
+        drawn: Default::default(),
+    };
+    let side = |length: f64| ((length * need).ceil() as u32).max(1);
+    let spec = OutputSpec {
+        height: side(cover.height),
+        width: side(cover.width),
+        crop: Crop::Stretch,
+        resample,
+        ops: Ops::NONE,
+    };
+    (cover, spec)
 }

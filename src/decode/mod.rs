@@ -13,6 +13,8 @@ mod jpeg;
 pub mod source;
 #[cfg(feature = "turbojpeg")]
 pub mod turbo;
+#[cfg(test)]
+mod views_tests;
 
 pub use augment::{
     set_augment_simd, AffineDrawn, AugmentError, AutoAugment, Autocontrast, Coin, ColorJitter,
@@ -22,9 +24,11 @@ pub use augment::{
     RandomErasing, RandomPhotometricDistort, RandomResizedCrop, RandomRotation, Resample,
     SampleKey, Sharpness, Solarize, VerticalFlip, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
 };
+pub use augment::{view_key, ViewGroup, Views, ViewsPlan};
 pub use augment::{PilResample, TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
 pub use decoder::{
-    decode_rgb, resize_rgb, resize_with, Decoder, ImageCrateDecoder, IMAGE_CRATE_DECODER,
+    covering, decode_rgb, decode_views_whole, resize_rgb, resize_with, Decoder, ImageCrateDecoder,
+    ViewOut, IMAGE_CRATE_DECODER,
 };
 pub use error::{DecodeError, MAX_SOURCE_PIXELS};
 
@@ -186,6 +190,45 @@ pub fn decode_bounded(
         decoder.decode_into(format, data, spec, &crop, out)?;
         spec.finish(&crop, out);
         Ok(crop)
+    })
+}
+
+/// Decodes one sample once within the budgets and writes each of its views
+/// (`outs[i]` is view `i`, group by group, each `spec.bytes()` long), each
+/// view's ops run; returns the plan (the boxes and decisions to send).
+pub fn decode_views_bounded(
+    decoder: &dyn Decoder,
+    budget: &ScratchBudget,
+    format: ImageFormat,
+    data: &[u8],
+    views: &Views,
+    key: &SampleKey,
+    outs: &mut [&mut [u8]],
+) -> Result<ViewsPlan, DecodeError> {
+    full_size_bounded(budget, format, data, |width, height| {
+        let plan = views.plan(width, height, key);
+        let specs = views.groups.iter().flat_map(|g| &g.views);
+        let mut made: Vec<ViewOut<'_>> = specs
+            .zip(&plan.boxes)
+            .zip(outs.iter_mut())
+            .map(|((spec, crop), out)| ViewOut {
+                spec,
+                crop,
+                out: &mut out[..],
+            })
+            .collect();
+        if made.len() != plan.boxes.len() {
+            return Err(DecodeError::Resize(format!(
+                "{} outputs for {} views",
+                made.len(),
+                plan.boxes.len()
+            )));
+        }
+        decoder.decode_views_into(format, data, &mut made)?;
+        for view in made {
+            view.spec.finish(view.crop, view.out);
+        }
+        Ok(plan)
     })
 }
 

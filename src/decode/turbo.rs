@@ -21,6 +21,7 @@ use std::ffi::CStr;
 use turbojpeg_sys as tj;
 
 use super::augment::{CropBox, OutputSpec};
+use super::decoder::{covering, decode_views_whole, ViewOut};
 use super::decoder::{resize_rgb, Decoder, ImageCrateDecoder};
 use super::error::{DecodeError, MAX_SOURCE_PIXELS};
 use super::jpeg::JpegTables;
@@ -224,8 +225,8 @@ impl TurboJpegDecoder {
         crop: &CropBox,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
-        self.with_region(data, spec, crop, |region, width, height, inner| {
-            resize_rgb(region, width, height, inner, spec, out)
+        self.with_region(data, spec, crop, |region, map| {
+            resize_rgb(region, map.width, map.height, &map.inner(crop), spec, out)
         })
     }
 
@@ -238,18 +239,18 @@ impl TurboJpegDecoder {
         spec: &OutputSpec,
         crop: &CropBox,
     ) -> Result<(), DecodeError> {
-        self.with_region(data, spec, crop, |_, _, _, _| Ok(()))
+        self.with_region(data, spec, crop, |_, _| Ok(()))
     }
 
     /// Decodes `crop`'s region of the JPEG `data` (plus the resize filter's
     /// margin) at the smallest scale that covers `spec`, into this thread's
-    /// scratch, and hands `then` its RGB rows, size and the box within it.
+    /// scratch, and hands `then` its RGB rows and where they lie.
     fn with_region<T>(
         &self,
         data: &[u8],
         spec: &OutputSpec,
         crop: &CropBox,
-        then: impl FnOnce(&[u8], u32, u32, &CropBox) -> Result<T, DecodeError>,
+        then: impl FnOnce(&[u8], &RegionMap) -> Result<T, DecodeError>,
     ) -> Result<T, DecodeError> {
         STATE.with(|state| {
             let mut state = state.borrow_mut();
@@ -279,29 +280,18 @@ impl TurboJpegDecoder {
             // (which it only recognizes in lowest terms).
             handle.check(unsafe { tj::tj3SetScalingFactor(handle.0, scale.lowest_terms()) })?;
             let scaled = (scale.apply(width), scale.apply(height));
-            let (region, inner) = match usize::try_from(subsamp) {
+            let region = match usize::try_from(subsamp) {
                 Ok(index) if self.region && index < MCU_WIDTH.len() => {
                     let align = scale.apply(MCU_WIDTH[index]);
-                    decode_region(crop, spec, scale, scaled, align)
+                    decode_region(crop, spec, scale, scaled, align).0
                 }
                 // Unknown subsampling cannot be cropped: decode it all.
-                _ => {
-                    let whole = tj::tjregion {
-                        x: 0,
-                        y: 0,
-                        w: scaled.0 as i32,
-                        h: scaled.1 as i32,
-                    };
-                    let (left, top) = (scale.map(crop.left), scale.map(crop.top));
-                    let inner = CropBox {
-                        left,
-                        top,
-                        width: scale.map(crop.width).min(f64::from(scaled.0) - left),
-                        height: scale.map(crop.height).min(f64::from(scaled.1) - top),
-                        drawn: crop.drawn,
-                    };
-                    (whole, inner)
-                }
+                _ => tj::tjregion {
+                    x: 0,
+                    y: 0,
+                    w: scaled.0 as i32,
+                    h: scaled.1 as i32,
+                },
             };
             let whole = region.x == 0
                 && region.y == 0
@@ -334,7 +324,56 @@ impl TurboJpegDecoder {
                     tj::TJPF_TJPF_RGB,
                 )
             })?;
-            then(scratch, region_w as u32, region_h as u32, &inner)
+            let map = RegionMap {
+                scale,
+                x0: f64::from(region.x),
+                y0: f64::from(region.y),
+                width: region_w as u32,
+                height: region_h as u32,
+            };
+            then(scratch, &map)
+        })
+    }
+}
+
+/// Where a decoded region lies in the source: its scale and its first
+/// pixel in the scaled image, and its size.
+struct RegionMap {
+    scale: Scale,
+    x0: f64,
+    y0: f64,
+    width: u32,
+    height: u32,
+}
+
+impl RegionMap {
+    /// `crop` in the region's pixels, cut at the region's edges.
+    fn inner(&self, crop: &CropBox) -> CropBox {
+        let left = self.scale.map(crop.left) - self.x0;
+        let top = self.scale.map(crop.top) - self.y0;
+        CropBox {
+            left,
+            top,
+            width: self.scale.map(crop.width).min(f64::from(self.width) - left),
+            height: self
+                .scale
+                .map(crop.height)
+                .min(f64::from(self.height) - top),
+            drawn: crop.drawn,
+        }
+    }
+}
+
+impl TurboJpegDecoder {
+    /// Every view from one region decode covering all their boxes.
+    fn decode_jpeg_views(&self, data: &[u8], views: &mut [ViewOut<'_>]) -> Result<(), DecodeError> {
+        let (cover, cover_spec) = covering(views);
+        self.with_region(data, &cover_spec, &cover, |region, map| {
+            for view in views.iter_mut() {
+                let inner = map.inner(view.crop);
+                resize_rgb(region, map.width, map.height, &inner, view.spec, view.out)?;
+            }
+            Ok(())
         })
     }
 }
@@ -369,6 +408,28 @@ impl Decoder for TurboJpegDecoder {
             // CMYK, unusual sampling: a format libjpeg-turbo cannot take; the
             // other decoder decides.
             Err(_) => ImageCrateDecoder.decode_into(format, data, spec, crop, out),
+        }
+    }
+
+    fn decode_views_into(
+        &self,
+        format: ImageFormat,
+        data: &[u8],
+        views: &mut [ViewOut<'_>],
+    ) -> Result<(), DecodeError> {
+        // As `decode_into`: what libjpeg-turbo cannot take, or must not
+        // with a reused handle, the whole-image path decodes.
+        if format != ImageFormat::Jpeg {
+            return decode_views_whole(format, data, views);
+        }
+        super::jpeg::check_jpeg_complete(data)?;
+        if super::jpeg::check_jpeg_tables(data)? == JpegTables::DefaultHuffman {
+            return decode_views_whole(format, data, views);
+        }
+        match self.decode_jpeg_views(data, views) {
+            Ok(()) => Ok(()),
+            Err(error) if error_is_data(&error) => Err(error),
+            Err(_) => decode_views_whole(format, data, views),
         }
     }
 }
@@ -603,6 +664,74 @@ mod tests {
             let quality = psnr(&scaled, &reference);
             assert!(quality > floor, "{expected:?}: {quality:.1} dB");
         }
+    }
+
+    /// DINOv2's views from one region decode: each as its own decode at its
+    /// own scale would make it (the most demanding at the same scale,
+    /// the others from more pixels than they need), and as the whole
+    /// image's decode.
+    #[cfg(feature = "dev")]
+    #[test]
+    fn views_from_one_region_are_each_views_own_decode() {
+        use crate::decode::augment::{Resample, ViewGroup, Views};
+        use crate::dev::kernel::psnr;
+        let (_, jpeg) = synthetic_photo(7, 1, 500, 375);
+        let view = |side, scale| OutputSpec {
+            crop: Crop::RandomResized(RandomResizedCrop {
+                scale,
+                ..RandomResizedCrop::default()
+            }),
+            resample: Resample::Bicubic,
+            ..OutputSpec::center(side, side)
+        };
+        let views = Views {
+            groups: vec![
+                ViewGroup::repeated(2, view(224, (0.32, 1.0))),
+                ViewGroup::repeated(8, view(96, (0.05, 0.32))),
+            ],
+        };
+        let specs: Vec<OutputSpec> = views.groups.iter().flat_map(|g| g.views.clone()).collect();
+        let (mut worst_own, mut worst_whole) = (f64::INFINITY, f64::INFINITY);
+        for sample in 0..16 {
+            let key = SampleKey {
+                seed: 3,
+                epoch: 0,
+                sample,
+                copy: 0,
+            };
+            let plan = views.plan(500, 375, &key);
+            let mut outs: Vec<Vec<u8>> = specs.iter().map(|s| vec![0u8; s.bytes()]).collect();
+            let mut made: Vec<ViewOut<'_>> = specs
+                .iter()
+                .zip(&plan.boxes)
+                .zip(outs.iter_mut())
+                .map(|((spec, crop), out)| ViewOut {
+                    spec,
+                    crop,
+                    out: out.as_mut_slice(),
+                })
+                .collect();
+            let decoder = TurboJpegDecoder::default();
+            decoder.decode_jpeg_views(&jpeg, &mut made).unwrap();
+            for (i, (spec, crop)) in specs.iter().zip(&plan.boxes).enumerate() {
+                let mut own = vec![0u8; spec.bytes()];
+                let mut whole = vec![0u8; spec.bytes()];
+                decoder.decode_jpeg(&jpeg, spec, crop, &mut own).unwrap();
+                ImageCrateDecoder
+                    .decode_into(ImageFormat::Jpeg, &jpeg, spec, crop, &mut whole)
+                    .unwrap();
+                worst_own = worst_own.min(psnr(&outs[i], &own));
+                worst_whole = worst_whole.min(psnr(&outs[i], &whole));
+            }
+        }
+        assert!(
+            worst_own > 30.0,
+            "vs each view's own decode: {worst_own:.1} dB"
+        );
+        assert!(
+            worst_whole > 30.0,
+            "vs the whole image's decode: {worst_whole:.1} dB"
+        );
     }
 
     /// One of the demo's photos (fine grain) and its JPEG at quality 90.

@@ -3,7 +3,8 @@
 //! each op in its own file there, behind [`op::Op`]), each drawn from a
 //! generator keyed by the sample and its own name (`key.rs`), run by the
 //! pixel kernels (`kernels/`), and the stream's spec that holds them
-//! (`spec.rs`).
+//! (`spec.rs`); several views of one sample, each group with a spec of
+//! its own, decided together (`views.rs`).
 
 mod crop;
 #[cfg(test)]
@@ -13,6 +14,7 @@ mod key;
 mod op;
 mod ops;
 mod spec;
+mod views;
 mod wire;
 
 pub use crop::{Crop, RandomResizedCrop};
@@ -28,3 +30,4 @@ pub use ops::{
 };
 pub use ops::{PilResample, TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
 pub use spec::{CropBox, OutputSpec, Resample, DEFAULT_SIZE, MAX_SIZE};
+pub use views::{view_key, ViewGroup, Views, ViewsPlan, MAX_VIEWS_PER_GROUP, MAX_VIEW_GROUPS};
