@@ -145,8 +145,7 @@ fn pass(make: &Make, decoder: &dyn Decoder, photos: &[bytes::Bytes]) -> f64 {
     let views = match make {
         Make::EachAlone(v) | Make::Together(v) | Make::Whole(v) => v,
     };
-    let specs: Vec<&OutputSpec> = views.groups.iter().flat_map(|g| &g.views).collect();
-    let mut outs: Vec<Vec<u8>> = specs.iter().map(|s| vec![0u8; s.bytes()]).collect();
+    let mut outs: Vec<Vec<u8>> = views.specs().map(|s| vec![0u8; s.bytes()]).collect();
     let whole = WholeImage;
     let started = Instant::now();
     for (i, jpeg) in photos.iter().enumerate() {

@@ -175,6 +175,22 @@ pub struct ViewOut<'a> {
     pub out: &'a mut [u8],
 }
 
+impl<'a> ViewOut<'a> {
+    /// Views' specs, boxes and outputs paired in order.
+    pub fn paired(
+        specs: impl IntoIterator<Item = &'a OutputSpec>,
+        boxes: &'a [CropBox],
+        outs: impl IntoIterator<Item = &'a mut [u8]>,
+    ) -> Vec<Self> {
+        specs
+            .into_iter()
+            .zip(boxes)
+            .zip(outs)
+            .map(|((spec, crop), out)| ViewOut { spec, crop, out })
+            .collect()
+    }
+}
+
 /// Every view resized from one full-size decode: the portable path, and
 /// the fallback of decoders that can decode a region.
 pub fn decode_views_whole(

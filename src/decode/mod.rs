@@ -207,16 +207,11 @@ pub fn decode_views_bounded(
 ) -> Result<ViewsPlan, DecodeError> {
     full_size_bounded(budget, format, data, |width, height| {
         let plan = views.plan(width, height, key);
-        let specs = views.groups.iter().flat_map(|g| &g.views);
-        let mut made: Vec<ViewOut<'_>> = specs
-            .zip(&plan.boxes)
-            .zip(outs.iter_mut())
-            .map(|((spec, crop), out)| ViewOut {
-                spec,
-                crop,
-                out: &mut out[..],
-            })
-            .collect();
+        let mut made = ViewOut::paired(
+            views.specs(),
+            &plan.boxes,
+            outs.iter_mut().map(|out| &mut **out),
+        );
         if made.len() != plan.boxes.len() {
             return Err(DecodeError::Resize(format!(
                 "{} outputs for {} views",

@@ -690,7 +690,7 @@ mod tests {
                 ViewGroup::repeated(8, view(96, (0.05, 0.32))),
             ],
         };
-        let specs: Vec<OutputSpec> = views.groups.iter().flat_map(|g| g.views.clone()).collect();
+        let specs: Vec<OutputSpec> = views.specs().copied().collect();
         let (mut worst_own, mut worst_whole) = (f64::INFINITY, f64::INFINITY);
         for sample in 0..16 {
             let key = SampleKey {
@@ -701,16 +701,8 @@ mod tests {
             };
             let plan = views.plan(500, 375, &key);
             let mut outs: Vec<Vec<u8>> = specs.iter().map(|s| vec![0u8; s.bytes()]).collect();
-            let mut made: Vec<ViewOut<'_>> = specs
-                .iter()
-                .zip(&plan.boxes)
-                .zip(outs.iter_mut())
-                .map(|((spec, crop), out)| ViewOut {
-                    spec,
-                    crop,
-                    out: out.as_mut_slice(),
-                })
-                .collect();
+            let mut made =
+                ViewOut::paired(&specs, &plan.boxes, outs.iter_mut().map(Vec::as_mut_slice));
             let decoder = TurboJpegDecoder::default();
             decoder.decode_jpeg_views(&jpeg, &mut made).unwrap();
             for (i, (spec, crop)) in specs.iter().zip(&plan.boxes).enumerate() {

@@ -87,12 +87,7 @@ fn key(sample: u64) -> SampleKey {
 }
 
 fn outputs(views: &Views) -> Vec<Vec<u8>> {
-    views
-        .groups
-        .iter()
-        .flat_map(|g| &g.views)
-        .map(|spec| vec![0u8; spec.bytes()])
-        .collect()
+    views.specs().map(|spec| vec![0u8; spec.bytes()]).collect()
 }
 
 /// Each view decoded together is, byte for byte, the view decoded alone
@@ -149,17 +144,11 @@ fn the_cover_holds_every_box_at_the_largest_scale_needed() {
     let views = dino();
     let plan = views.plan(800, 600, &key(1));
     let mut outs = outputs(&views);
-    let specs: Vec<&OutputSpec> = views.groups.iter().flat_map(|g| &g.views).collect();
-    let made: Vec<ViewOut<'_>> = specs
-        .iter()
-        .zip(&plan.boxes)
-        .zip(outs.iter_mut())
-        .map(|((spec, crop), out)| ViewOut {
-            spec,
-            crop,
-            out: out.as_mut_slice(),
-        })
-        .collect();
+    let made = ViewOut::paired(
+        views.specs(),
+        &plan.boxes,
+        outs.iter_mut().map(Vec::as_mut_slice),
+    );
     let (cover, spec) = covering(&made);
     for crop in &plan.boxes {
         assert!(cover.left + 9.0 < crop.left && cover.top + 9.0 < crop.top);

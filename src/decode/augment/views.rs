@@ -157,11 +157,12 @@ impl Views {
 
     /// Output bytes of one sample's views, all groups.
     pub fn bytes_per_sample(&self) -> usize {
-        self.groups
-            .iter()
-            .flat_map(|g| &g.views)
-            .map(OutputSpec::bytes)
-            .sum()
+        self.specs().map(OutputSpec::bytes).sum()
+    }
+
+    /// Every view's spec, group by group.
+    pub fn specs(&self) -> impl Iterator<Item = &OutputSpec> {
+        self.groups.iter().flat_map(|g| &g.views)
     }
 
     /// Views per sample, all groups.
