@@ -1,6 +1,9 @@
 //! CPU per sample of the self-supervised recipes' views against one crop,
 //! on one thread, on synthetic ~110 KB photos (about ImageNet's mean):
-//! `cargo run --release --features turbojpeg --example views_cost [-- ROUNDS]`.
+//! `cargo run --release --features turbojpeg --example views_cost [-- ROUNDS [FOLDER]]`
+//! (FOLDER: measure its JPEGs, or write the synthetic photos there first;
+//! `python -m shardfeed_benchmarks.views` runs DINOv2's and SimCLR's own
+//! PIL pipelines on them against these rows).
 //!
 //! Rows, each a whole sample made (decode, resizes, ops):
 //! - `one global crop`: one 224² RandomResizedCrop(0.32, 1), bicubic, with
@@ -242,12 +245,43 @@ fn median(values: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
+/// Photos measured on (about ImageNet's mean: 500x375, ~110 KB).
+const PHOTOS: usize = 48;
+
+/// The JPEGs of `folder`, in name order; a missing or empty folder gets
+/// the synthetic photos written first (so another process, the Python
+/// baseline, measures the same bytes).
+fn photos_in(folder: &std::path::Path) -> Vec<bytes::Bytes> {
+    let listed = |folder: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut names: Vec<_> = std::fs::read_dir(folder)
+            .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        names.retain(|p| p.extension().is_some_and(|e| e == "jpg"));
+        names.sort();
+        names
+    };
+    if listed(folder).is_empty() {
+        std::fs::create_dir_all(folder).expect("makes the photos' folder");
+        let photos = shardfeed::dev::synthetic::photos(&Default::default(), PHOTOS);
+        for (i, jpeg) in photos.iter().enumerate() {
+            std::fs::write(folder.join(format!("photo-{i:04}.jpg")), jpeg).expect("writes");
+        }
+    }
+    listed(folder)
+        .iter()
+        .map(|path| std::fs::read(path).expect("reads a photo").into())
+        .collect()
+}
+
 fn main() {
     let rounds: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(7);
-    let photos = shardfeed::dev::synthetic::photos(&Default::default(), 48);
+    let photos = match std::env::args().nth(2) {
+        Some(folder) => photos_in(std::path::Path::new(&folder)),
+        None => shardfeed::dev::synthetic::photos(&Default::default(), PHOTOS),
+    };
     let decoder = default_decoder();
     let one = Views {
         groups: vec![ViewGroup::repeated(
