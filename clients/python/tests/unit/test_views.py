@@ -14,46 +14,11 @@ from shardfeed._views import MAX_VIEW_BYTES_PER_SAMPLE, views, views_from_torchv
 torch = pytest.importorskip("torch")
 T = pytest.importorskip("torchvision.transforms")
 
+# DataAugmentationDINO written out from dinov2's published values (the
+# benchmark runs the same transforms on PIL).
+from shardfeed_benchmarks.views import dinov2_transforms  # noqa: E402
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def dinov2_transforms() -> dict[str, Any]:
-    """facebookresearch/dinov2 ``DataAugmentationDINO`` with its published
-    defaults (global crops 224, scale 0.32-1; 8 local crops 96, scale
-    0.05-0.32), written out: its ``GaussianBlur(p)`` is a ``RandomApply`` of
-    torchvision's blur with kernel 9 and sigma 0.1-2."""
-
-    def blur(p: float) -> Any:
-        return T.RandomApply([T.GaussianBlur(kernel_size=9, sigma=(0.1, 2.0))], p=p)
-
-    def geometric(size: int, scale: tuple[float, float]) -> Any:
-        return T.Compose(
-            [
-                T.RandomResizedCrop(size, scale=scale, interpolation=T.InterpolationMode.BICUBIC),
-                T.RandomHorizontalFlip(p=0.5),
-            ]
-        )
-
-    jitter = T.Compose(
-        [
-            T.RandomApply(
-                [T.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)], p=0.8
-            ),
-            T.RandomGrayscale(p=0.2),
-        ]
-    )
-    normalize = T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
-    first = T.Compose([geometric(224, (0.32, 1.0)), jitter, blur(1.0), normalize])
-    second = T.Compose(
-        [
-            geometric(224, (0.32, 1.0)),
-            jitter,
-            T.Compose([blur(0.1), T.RandomSolarize(threshold=128, p=0.2)]),
-            normalize,
-        ]
-    )
-    local = T.Compose([geometric(96, (0.05, 0.32)), jitter, blur(0.5), normalize])
-    return {"global": [first, second], "local": (local, 8)}
 
 
 def test_dinov2s_views_convert_view_by_view() -> None:

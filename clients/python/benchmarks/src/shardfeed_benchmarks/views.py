@@ -37,10 +37,12 @@ STD = (0.229, 0.224, 0.225)
 ROWS = {"dinov2": "dinov2 2 global + 8 local", "simclr": "simclr 2 views"}
 
 
-def dinov2_views() -> Any:
-    """DINOv2's ``DataAugmentationDINO`` with its published defaults,
-    written out (its ``GaussianBlur(p)`` is a ``RandomApply`` of
-    torchvision's blur, kernel 9, sigma 0.1-2)."""
+def dinov2_transforms() -> dict[str, Any]:
+    """DINOv2's ``DataAugmentationDINO`` with its published defaults
+    (dinov2/data/augmentations.py: global crops 224, scale 0.32-1; 8 local
+    crops 96, scale 0.05-0.32), written out as ``views_from_torchvision``
+    takes them; its ``GaussianBlur(p)`` is a ``RandomApply`` of
+    torchvision's blur, kernel 9, sigma 0.1-2."""
     from torchvision import transforms as T
 
     def blur(p: float) -> Any:
@@ -67,15 +69,21 @@ def dinov2_views() -> Any:
         [
             geometric(224, (0.32, 1.0)),
             jitter,
-            blur(0.1),
-            T.RandomSolarize(threshold=128, p=0.2),
+            T.Compose([blur(0.1), T.RandomSolarize(threshold=128, p=0.2)]),
             normalize,
         ]
     )
     local = T.Compose([geometric(96, (0.05, 0.32)), jitter, blur(0.5), normalize])
+    return {"global": [first, second], "local": (local, 8)}
+
+
+def dinov2_views() -> Any:
+    """Every view of one decoded image, as ``DataAugmentationDINO`` makes them."""
+    groups = dinov2_transforms()
+    (first, second), (local, count) = groups["global"], groups["local"]
 
     def views(image: Any) -> list[Any]:
-        return [first(image), second(image)] + [local(image) for _ in range(8)]
+        return [first(image), second(image)] + [local(image) for _ in range(count)]
 
     return views
 
