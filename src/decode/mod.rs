@@ -24,7 +24,7 @@ pub use augment::{
     RandomErasing, RandomPhotometricDistort, RandomResizedCrop, RandomRotation, Resample,
     SampleKey, Sharpness, Solarize, VerticalFlip, CHANNELS, DEFAULT_SIZE, MAX_SIZE,
 };
-pub use augment::{view_key, ViewGroup, Views, ViewsPlan};
+pub use augment::{view_key, ViewGroup, Views, ViewsPlan, MAX_VIEWS_PER_GROUP, MAX_VIEW_GROUPS};
 pub use augment::{PilResample, TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
 pub use decoder::{
     covering, decode_rgb, decode_views_whole, resize_rgb, resize_with, Decoder, ImageCrateDecoder,

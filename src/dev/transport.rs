@@ -109,6 +109,7 @@ async fn produce(context: &StreamContext, tx: &BatchSender) -> Result<(), Pipeli
             padded: Vec::new(),
             copies: Vec::new(),
             crops: vec![CropBox::default(); size],
+            view_crops: Vec::new(),
             substituted: Vec::new(),
             fields: Vec::new(),
             ready_at: Instant::now(),

@@ -118,6 +118,8 @@ pub struct OpenStream {
     pub epoch: u64,
     pub first_index: u64,
     pub output: OutputSpec,
+    /// The stream's view groups, when it serves several views per sample.
+    pub views: Option<Arc<crate::decode::Views>>,
     /// The names of the fields every batch carries.
     pub field_names: Vec<String>,
 }

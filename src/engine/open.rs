@@ -60,7 +60,13 @@ impl Engine {
                 tier: self.tier(&request.output),
                 delivery: request.output.delivery,
                 metrics: metrics.clone(),
-                remote: self.remote.clone(),
+                // A unit carries one spec: a stream of views decodes here
+                // (the same pixels, as a unit's are a function of it alone).
+                remote: self
+                    .remote
+                    .clone()
+                    .filter(|_| request.output.views.is_none()),
+                views: request.output.views.clone(),
             },
             planned,
         };
@@ -76,6 +82,7 @@ impl Engine {
             epoch: request.plan.epoch,
             first_index: request.plan.start_batch,
             output: request.output.spec,
+            views: request.output.views.clone(),
             field_names: request.field_names().to_vec(),
         })
     }
@@ -86,6 +93,18 @@ impl Engine {
     async fn check(&self, request: &StreamRequest) -> Result<Vec<Arc<Dataset>>, EngineError> {
         plan::validate_shuffle(request.plan.shuffle)?;
         request.output.spec.validate()?;
+        if let Some(views) = &request.output.views {
+            views.validate()?;
+            if request.output.delivery != crate::pipeline::encoded::Delivery::Decoded
+                || request.output.decoded_source.is_some()
+            {
+                return Err(EngineError::Unsupported(
+                    "several views per sample are delivered decoded, from the original \
+                     image: not with an encoded delivery or the decoded-source tier"
+                        .into(),
+                ));
+            }
+        }
         let mut datasets = Vec::new();
         for (uri, layout) in request.each_source() {
             let dataset = self.registry.open(uri).await?;
@@ -169,11 +188,13 @@ impl Engine {
     /// A decoded stream whose request names no tier uses this server's
     /// default form, where it keeps a tier directory: its first epoch costs
     /// what the tier off does, later epochs read the tier. Not with a
-    /// decode pool, which decodes what the tier would serve.
+    /// decode pool, which decodes what the tier would serve, nor for a
+    /// stream of views (the tier stores one output's source).
     fn with_default_tier(&self, mut request: StreamRequest) -> StreamRequest {
         let output = &mut request.output;
         let defaultable = output.decoded_by_default
             && output.delivery == crate::pipeline::encoded::Delivery::Decoded
+            && output.views.is_none()
             && self.remote.is_none();
         output.decoded_source = self.tier.form(output.decoded_source, defaultable);
         request

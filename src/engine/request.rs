@@ -3,7 +3,9 @@
 //! same for both; only the sources differ.
 
 use crate::decode::source::SourceForm;
-use crate::decode::OutputSpec;
+use std::sync::Arc;
+
+use crate::decode::{OutputSpec, Views};
 use crate::pipeline::Delivery;
 use crate::plan::{Phase, PlanRequest};
 use crate::shard::SampleLayout;
@@ -70,6 +72,9 @@ pub struct OutputRequest {
     pub decoded_by_default: bool,
     /// Pixels, or baseline JPEGs for the client to decode.
     pub delivery: Delivery,
+    /// Several views of each sample in place of `spec`'s one output
+    /// (checked: decoded delivery, no tier); `spec` is then the first view's.
+    pub views: Option<Arc<Views>>,
 }
 
 impl OutputRequest {
@@ -82,6 +87,15 @@ impl OutputRequest {
             decoded_from_epoch: crate::tier::output::DEFAULT_FROM_EPOCH,
             decoded_by_default: false,
             delivery: Delivery::Decoded,
+            views: None,
+        }
+    }
+
+    /// Output bytes of one sample: its one output, or all its views.
+    pub fn sample_bytes(&self) -> usize {
+        match &self.views {
+            Some(views) => views.bytes_per_sample(),
+            None => self.spec.bytes(),
         }
     }
 }
@@ -125,6 +139,6 @@ impl StreamRequest {
 
     /// The batch bytes of the stream's output.
     pub fn batch_bytes(&self) -> usize {
-        self.output.spec.bytes() * self.plan.batch_size as usize
+        self.output.sample_bytes() * self.plan.batch_size as usize
     }
 }

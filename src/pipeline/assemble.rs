@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use rayon::prelude::*;
 use tokio::sync::oneshot;
 
@@ -14,13 +13,12 @@ use super::buffers::BufferPool;
 use super::context::StreamCommon;
 use super::encoded::{self, BatchShare, Placement};
 use super::sample::EmittedSample;
-use super::substitute::{batch_fields, copy_placed_image, substitute_failures};
+use super::substitute::copy_placed_image;
 use super::{remote, shm};
 use crate::dataset::Dataset;
 use crate::decode::{self, CropBox};
 use crate::metrics;
 use crate::pool::wire::SampleAnswer;
-use crate::shard::Label;
 
 /// A sample's versioned identity for the decoded-source tier: its shard's
 /// location and version (ETag, or a loose group's digest of its members'
@@ -256,64 +254,26 @@ impl BatchWork {
                 self.remote as u64,
             );
         }
-        let mut labels = batch_labels(&samples);
         let mut placements = std::mem::take(&mut self.placements);
         let length = self.length;
         let images = self.images();
-        let substituted = substitute_failures(
-            &failures,
-            &samples,
-            &mut labels,
-            &mut crops,
-            |slot, from| copy_placed_image(images, &mut placements, slot, from),
-        );
-        let sample_fields: Vec<&[Option<Bytes>]> =
-            samples.iter().map(|e| e.sample.fields.as_slice()).collect();
-        let fields = batch_fields(&sample_fields, &substituted);
-        let encoded = match share {
-            None => Vec::new(),
-            Some(_) => {
-                let (server, client) = (server_decoded, placements.len() - server_decoded);
-                metrics::delivered(server, client);
-                stream_metrics.server_decoded(server as f64 / placements.len().max(1) as f64);
-                placements
-            }
-        };
-        DecodedBatch {
-            index,
-            size: samples.len(),
-            image_bytes: length,
-            images: match self.lease {
-                Some(lease) => BatchImages::Shared(lease),
-                None => BatchImages::Inline(buffers.share(self.heap).slice(..length)),
-            },
-            encoded,
-            labels,
-            shards: samples
-                .iter()
-                .map(|e| e.origin.dataset.index.shards[e.shard as usize].name.clone())
-                .collect(),
-            sources: samples.iter().map(|e| e.origin.source).collect(),
-            source_epochs: samples.iter().map(|e| e.origin.epoch).collect(),
-            padded: (0..samples.len() as u32)
-                .filter(|&slot| samples[slot as usize].padding)
-                .collect(),
-            copies: if samples.iter().any(|e| e.copy != 0) {
-                samples.iter().map(|e| e.copy).collect()
-            } else {
-                Vec::new()
-            },
-            // The samples are done with: move their keys rather than copy them.
-            keys: samples
-                .into_iter()
-                .map(|e| e.sample.name.unwrap_or(e.sample.key))
-                .collect(),
-            crops,
-            substituted,
-            fields,
-            ready_at: Instant::now(),
-            search: None,
+        let mut batch =
+            DecodedBatch::settle(index, samples, &failures, &mut crops, |slot, from| {
+                copy_placed_image(images, &mut placements, slot, from)
+            });
+        batch.crops = crops;
+        if share.is_some() {
+            let (server, client) = (server_decoded, placements.len() - server_decoded);
+            metrics::delivered(server, client);
+            stream_metrics.server_decoded(server as f64 / placements.len().max(1) as f64);
+            batch.encoded = placements;
         }
+        batch.image_bytes = length;
+        batch.images = match self.lease {
+            Some(lease) => BatchImages::Shared(lease),
+            None => BatchImages::Inline(buffers.share(self.heap).slice(..length)),
+        };
+        batch
     }
 }
 
@@ -330,6 +290,18 @@ pub(super) fn decode_batch(
     index: u64,
     shared_slot: Option<shm::SlotLease>,
 ) -> oneshot::Receiver<DecodedBatch> {
+    if let Some(views) = &common.views {
+        // Decoded here, from the original: a views stream has no share,
+        // pool or tier (the engine's checks).
+        return super::views::decode_batch(
+            common,
+            views.clone(),
+            buffers,
+            samples,
+            index,
+            shared_slot,
+        );
+    }
     let (tx, rx) = oneshot::channel();
     let sample_decoder = SampleDecoder {
         decoder: common.decoder.clone(),
@@ -385,27 +357,4 @@ pub(super) fn decode_batch(
         });
     });
     rx
-}
-
-/// Each sample's label after the origin's offset (-1: unlabelled).
-fn batch_labels(samples: &[EmittedSample]) -> Vec<i64> {
-    samples
-        .iter()
-        .map(|emitted| {
-            if let Label::Invalid(text) = &emitted.sample.label {
-                metrics::invalid_label();
-                tracing::warn!(
-                    shard = %emitted.origin.dataset.shard_key(emitted.shard),
-                    key = %emitted.sample.key,
-                    label = %text,
-                    "label is not an integer or not a class; sent as -1"
-                );
-            }
-            match &emitted.sample.label {
-                // Below 0 after the offset: unlabelled, as -1 always means.
-                Label::Value(label) => label.saturating_add(emitted.origin.label_offset).max(-1),
-                _ => -1,
-            }
-        })
-        .collect()
 }

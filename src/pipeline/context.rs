@@ -10,7 +10,7 @@ use super::error::PipelineError;
 use super::sample::SampleOrigin;
 use super::shm;
 use crate::dataset::Dataset;
-use crate::decode::{Decoder, OutputSpec, ScratchBudget};
+use crate::decode::{Decoder, OutputSpec, ScratchBudget, Views};
 use crate::metrics;
 use crate::plan::mix::MixPlan;
 use crate::plan::StreamPlan;
@@ -45,6 +45,8 @@ pub struct StreamCommon {
     pub metrics: metrics::StreamMetrics,
     /// The decode pool, where the server has one.
     pub remote: Option<crate::pool::PoolClient>,
+    /// Several views per sample in place of `spec`'s one output.
+    pub views: Option<Arc<Views>>,
 }
 
 /// A dataset a stream reads, and what it reads of each sample.

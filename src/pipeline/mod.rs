@@ -77,6 +77,7 @@ mod remote;
 mod sample;
 pub mod shm;
 mod substitute;
+mod views;
 mod walk;
 
 use tokio::sync::mpsc;
@@ -90,6 +91,7 @@ pub use context::{CacheHints, Planned, SharedTarget, Source, StreamCommon, Strea
 pub use encoded::{Delivery, Placement, SearchState};
 pub use error::PipelineError;
 pub use substitute::{substitute_source, Substitution};
+pub use views::{GroupPlace, ViewLayout};
 
 /// Starts the stream's producer task and returns its ready queue. Dropping
 /// the receiver stops the stream and frees its resources.

@@ -5,7 +5,6 @@ use bytes::Bytes;
 
 use super::encoded::Placement;
 use super::sample::EmittedSample;
-use crate::decode::CropBox;
 use crate::metrics;
 
 /// A sample that could not be decoded, and what was sent in its place.
@@ -59,11 +58,11 @@ pub(super) fn batch_fields(
 /// and label), so training never sees a blank image with a class; counts
 /// and logs each failure with its shard and key. `copy_image(slot, from)`
 /// puts the image of slot `from` in `slot`, or zeros when `from` is None.
-pub(super) fn substitute_failures(
+pub(super) fn substitute_failures<Crops: Clone + Default>(
     failures: &[Option<(&'static str, String)>],
     samples: &[EmittedSample],
     labels: &mut [i64],
-    crops: &mut [CropBox],
+    crops: &mut [Crops],
     mut copy_image: impl FnMut(usize, Option<usize>),
 ) -> Vec<Substitution> {
     let good: Vec<u32> = (0..failures.len() as u32)
@@ -87,11 +86,11 @@ pub(super) fn substitute_failures(
         match source {
             Some(from) => {
                 labels[slot] = labels[from as usize];
-                crops[slot] = crops[from as usize];
+                crops[slot] = crops[from as usize].clone();
             }
             None => {
                 labels[slot] = -1;
-                crops[slot] = CropBox::default();
+                crops[slot] = Crops::default();
             }
         }
         substituted.push(Substitution {

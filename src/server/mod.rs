@@ -27,6 +27,7 @@ mod request;
 pub mod service;
 pub mod shm;
 pub mod status;
+mod views;
 
 pub use allow::rule_allows;
 pub use client::{check_health, connect};

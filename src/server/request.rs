@@ -51,10 +51,17 @@ pub fn stream_request(
         super::mix::check_counts(request)?;
     }
     let batch_size = request.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
-    let spec = output_spec(request, batch_size)?;
+    let views = views(request, batch_size)?;
+    let spec = match &views {
+        // The stream's one spec where the pipeline asks one (its crop's
+        // kind): the first view's. Every view's output is its own.
+        Some(views) => views.groups[0].views[0],
+        None => output_spec(request, batch_size)?,
+    };
     let plan = plan_request(request, defaults, batch_size)?;
     let layout = sample_layout(request.layout.as_ref())?;
-    let output = output_request(request, spec)?;
+    let mut output = output_request(request, spec)?;
+    output.views = views.map(std::sync::Arc::new);
     let sources = if mixed {
         Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)
     } else {
@@ -111,6 +118,71 @@ fn output_spec(
         ));
     }
     Ok(output)
+}
+
+/// The request's view groups, checked: none, or views in place of the
+/// one output (its size and augmentation unset), delivered decoded from
+/// the original image, a batch of them within the largest batch a stream
+/// may send.
+fn views(
+    request: &pb::StreamBatchesRequest,
+    batch_size: u32,
+) -> Result<Option<decode::Views>, ServiceError> {
+    if request.views.is_empty() {
+        return Ok(None);
+    }
+    let conflict = [
+        ("height", request.height != 0),
+        ("width", request.width != 0),
+        (
+            "resize",
+            request.resize != pb::ResizeMode::CenterCrop as i32,
+        ),
+        ("augmentation", request.augmentation.is_some()),
+    ]
+    .into_iter()
+    .find(|(_, set)| *set);
+    if let Some((field, _)) = conflict {
+        return Err(ServiceError::invalid(
+            field,
+            format!(
+                "{field} is set with views: each view group names its own size and \
+                 augmentation (ViewGroup.height, .width, .views); leave {field} unset"
+            ),
+        ));
+    }
+    if request.delivery != pb::Delivery::Decoded as i32 {
+        return Err(ServiceError::invalid(
+            "delivery",
+            "views are delivered decoded: a client decode of several views is not served \
+             yet; leave delivery unset (DELIVERY_DECODED)",
+        ));
+    }
+    if request
+        .decoded_source
+        .as_ref()
+        .is_some_and(|source| source.shorter_side != 0)
+    {
+        return Err(ServiceError::invalid(
+            "decoded_source",
+            "views are defined from the original image: the decoded-source tier does not \
+             store sources for several views yet; leave decoded_source unset",
+        ));
+    }
+    let invalid = |e: decode::AugmentError| ServiceError::invalid(e.field, e.to_string());
+    let views = super::views::views_from_wire(&request.views).map_err(invalid)?;
+    views.validate().map_err(invalid)?;
+    let bytes = views.bytes_per_sample() as u64 * u64::from(batch_size);
+    if bytes > MAX_BATCH_BYTES {
+        return Err(ServiceError::invalid(
+            "views",
+            format!(
+                "a batch of {batch_size} samples' views is {bytes} bytes, over \
+                 {MAX_BATCH_BYTES}: fewer or smaller views, or a smaller batch_size"
+            ),
+        ));
+    }
+    Ok(Some(views))
 }
 
 /// The plan's parameters: the order, the partition and where the stream
@@ -170,6 +242,7 @@ fn output_request(
         decoded_source,
         decoded_from_epoch,
         decoded_by_default: request.decoded_source.is_none(),
+        views: None,
         delivery: super::delivery::delivery_from_wire(request)
             .map_err(|e| ServiceError::invalid(e.field, e.message))?
             .for_ops(client_replays),

@@ -23,6 +23,7 @@ use super::request::partition;
 pub use super::request::stream_request;
 use super::shm::RingRegistry;
 use super::status::{self, ServiceError};
+use super::views::StreamViews;
 use crate::decode::{self, OutputSpec};
 pub use crate::engine::EngineDropped;
 use crate::engine::{Engine, StreamGeometry};
@@ -201,6 +202,7 @@ impl ShardfeedService {
             receiver: stream.batches,
             shape: stream.shape,
             output: stream.output,
+            views: stream.views.map(StreamViews::new),
             field_names: stream.field_names,
             epoch: stream.epoch,
             metrics: stream.metrics,
@@ -237,6 +239,7 @@ pub struct BatchStream {
     /// Where its batches fall in the epoch (and, mixed, its sources).
     shape: StreamGeometry,
     output: OutputSpec,
+    views: Option<StreamViews>,
     /// The request's `layout.fields`, which name the batches' fields.
     field_names: Vec<String>,
     epoch: u64,
@@ -283,6 +286,10 @@ enum StreamState {
 
 impl BatchStream {
     fn to_message(&self, batch: DecodedBatch) -> pb::Batch {
+        let views = self
+            .views
+            .as_ref()
+            .map_or_else(Vec::new, |views| views.to_wire(&batch));
         let position = self.shape.position_after(batch.index);
         let (sample_sources, sample_source_epochs) = if self.shape.is_mixed() {
             self.shape.count_samples(&batch.sources);
@@ -290,16 +297,22 @@ impl BatchStream {
         } else {
             Default::default()
         };
+        // A stream of views has no one output size: each group says its own.
+        let (height, width) = match self.views {
+            Some(_) => (0, 0),
+            None => (self.output.height, self.output.width),
+        };
         let (images, shared) = super::shm::images_to_wire(batch.images, batch.image_bytes);
         pb::Batch {
             epoch: self.epoch,
             index: batch.index,
             shape: Some(pb::Shape {
                 n: batch.size as u32,
-                height: self.output.height,
-                width: self.output.width,
+                height,
+                width,
                 channels: decode::CHANNELS as u32,
             }),
+            views,
             images,
             shared,
             labels: batch.labels,
@@ -339,9 +352,7 @@ impl BatchStream {
             encoded: super::delivery::placements_to_wire(&batch.encoded),
             server_decode_settled: batch.search.map(|search| search.center),
             server_decode_search: batch.search.as_ref().map(super::delivery::search_to_wire),
-            augmentation: self
-                .output
-                .is_random()
+            augmentation: (self.views.is_none() && self.output.is_random())
                 .then(|| self.output.augmentation_to_wire()),
         }
     }

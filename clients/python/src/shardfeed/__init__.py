@@ -22,7 +22,8 @@ from ._server import PackReport, Server, SkippedFile, pack, serve
 from ._stats import InputStats
 from ._timm import TimmRandAugment
 from ._torchvision import from_torchvision
-from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError
+from ._views import ViewGroup, Views, views, views_from_torchvision
+from ._wire import Batch, DatasetInfo, EpochPosition, ShardfeedError, ViewImages
 
 __all__ = [
     "Augment",
@@ -40,6 +41,9 @@ __all__ = [
     "RandomSolarize",
     "TimmRandAugment",
     "TrivialAugmentWide",
+    "ViewGroup",
+    "ViewImages",
+    "Views",
     "Batch",
     "Client",
     "DatasetInfo",
@@ -60,5 +64,7 @@ __all__ = [
     "pack",
     "replay",
     "serve",
+    "views",
+    "views_from_torchvision",
 ]
 __version__ = "0.2.0"

@@ -19,6 +19,7 @@ from ._request import (
     stream_request,
 )
 from ._stream import Reconnect, stream
+from ._views import Views
 from ._wire import Batch, DatasetInfo, EpochPosition, _error
 
 __all__ = [
@@ -225,6 +226,7 @@ class Client:
         start_batch: int = 0,
         resume_from: EpochPosition | None = None,
         augment: AugmentSpec = None,
+        views: Views | None = None,
         options: StreamOptions | None = None,
         **keywords: Any,
     ) -> Iterator[Batch]:
@@ -320,6 +322,17 @@ class Client:
         ``world_size >= k``. The epoch is ``k`` passes over the data (where
         torchvision's ``RASampler`` keeps one pass's length: see
         docs/AUGMENTATION.md). Resume and elastic resume stay exact.
+
+        ``views``: several views of each sample, decoded once (DINO's global
+        and local crops, SimCLR's two views), from :func:`views_from_torchvision`
+        or :func:`views`, in place of ``augment`` and ``image_size``: each
+        batch's ``views[g]`` is group ``g``'s ``[views × batch, H, W, 3]``
+        array, view-major (``views[g].view(v)`` is view ``v`` of every
+        sample), with each row's box and ops. Each view draws from its own
+        key (seed, epoch, sample, copy, group, view), so views are
+        independent of each other and of the world size and resume point.
+        Delivered decoded, from the original image (not with
+        ``delivery="encoded"`` or ``decoded_source``).
         """
         settings = stream_options(options, **keywords)
         request = stream_request(
@@ -336,6 +349,7 @@ class Client:
             start_batch=start_batch,
             resume_from=resume_from,
             augment=augment,
+            views=views,
         )
         return stream(
             self._channel,

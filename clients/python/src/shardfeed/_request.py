@@ -13,6 +13,7 @@ from . import _shm
 from ._augment import AugmentSpec, ImageSize, _augment, _image_size, resolve_image_size
 from ._options import StreamOptions
 from ._proto import shardfeed_pb2 as pb
+from ._views import Views
 from ._wire import EpochPosition
 
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
@@ -72,6 +73,7 @@ def stream_request(
     start_batch: int,
     resume_from: EpochPosition | None,
     augment: AugmentSpec,
+    views: Views | None = None,
 ) -> Any:
     """The request ``Client.batches`` sends to ``target`` (see there)."""
     transport = stream.transport
@@ -81,8 +83,10 @@ def stream_request(
         default_rank, default_world = distributed_rank_and_world()
         rank = default_rank if rank is None else rank
         world_size = default_world if world_size is None else world_size
+    if views is not None:
+        _check_views(views, stream, image_size, augment)
     image_size = resolve_image_size(image_size, augment)
-    height, width = _image_size(image_size)
+    height, width = (0, 0) if views is not None else _image_size(image_size)
     if (dataset is None) == (sources is None):
         raise ValueError("pass dataset or sources, one of them")
     request = pb.StreamBatchesRequest(
@@ -98,13 +102,14 @@ def stream_request(
         shuffle=stream.shuffle.enabled,
         partition=_PARTITIONS[stream.partition],
         resize=_RESIZE[stream.resize],
+        views=views.to_messages() if views is not None else [],
         shuffle_buffer=stream.shuffle.buffer,
         interleave=stream.shuffle.interleave,
         transport=_TRANSPORTS[transport],
         layout=stream.layout.to_message(),
         repeats=stream.repeats,
     )
-    augmentation = _augment(augment, image_size)
+    augmentation = None if views is not None else _augment(augment, image_size)
     if augmentation is not None:
         request.augmentation.CopyFrom(augmentation.to_message())
     if stream.decoded_source is not None:
@@ -125,6 +130,32 @@ def stream_request(
     if resume_from is not None:
         resume_from.to_message(request.resume_from)
     return request
+
+
+def _check_views(
+    views: Views, stream: StreamOptions, image_size: ImageSize | None, augment: AugmentSpec
+) -> None:
+    """What a stream of views cannot be asked with, refused by name."""
+    if not isinstance(views, Views):
+        raise ValueError(
+            f"views: a shardfeed Views (shardfeed.views or views_from_torchvision), not "
+            f"{type(views).__name__}"
+        )
+    conflicts = {
+        "augment": augment is not None,
+        "image_size": image_size is not None,
+        "resize": stream.resize != "center_crop",
+        "delivery": stream.delivery.mode != "decoded",
+        "decoded_source": bool(stream.decoded_source),
+    }
+    for name, conflicting in conflicts.items():
+        if conflicting:
+            raise ValueError(
+                f"{name} is set with views: each view group names its own size and "
+                "augmentation, and views are delivered decoded from the original image "
+                f"(a client decode or the decoded-source tier of several views is not "
+                f"served yet); leave {name} unset"
+            )
 
 
 def _source_message(source: SourceSpec) -> Any:

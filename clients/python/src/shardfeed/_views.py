@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._augment import Augment
+from ._proto import shardfeed_pb2 as pb
 from ._torchvision import from_torchvision
 
 MAX_VIEW_GROUPS = 8
@@ -67,6 +68,24 @@ class Views:
     def bytes_per_sample(self) -> int:
         """Output bytes of one sample's views (uint8 RGB)."""
         return _bytes(self.groups)
+
+    def to_messages(self) -> list[Any]:
+        """The request's ``ViewGroup``s: a group of one view repeated is
+        sent once with its count."""
+        messages = []
+        for group in self.groups:
+            height, width = group.size
+            augmentations = [view.to_message() for view in group.views]
+            alike = all(a == augmentations[0] for a in augmentations[1:])
+            messages.append(
+                pb.ViewGroup(
+                    height=height,
+                    width=width,
+                    views=augmentations[:1] if alike else augmentations,
+                    count=group.count,
+                )
+            )
+        return messages
 
 
 def views(groups: Mapping[str, Sequence[Augment] | tuple[Augment, int] | Augment]) -> Views:

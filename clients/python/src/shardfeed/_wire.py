@@ -220,6 +220,48 @@ def _merged(segments: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...
 
 
 @dataclass(frozen=True)
+class ViewImages:
+    """One view group of a batch (``views=``): ``images`` is ``[views ×
+    batch, H, W, 3]`` ``uint8``, view-major, as DINO's collate stacks its
+    crops: rows ``v*B:(v+1)*B`` are view ``v`` of every sample
+    (:meth:`view`), so the group goes to its forward pass whole."""
+
+    images: npt.NDArray[np.uint8]
+    # Views of each sample in the group.
+    count: int
+    # Per row, as ``images``: the source-pixel box (left, top, width,
+    # height), shape (rows, 4), and whether it was mirrored, shape (rows,).
+    crop_boxes: npt.NDArray[np.float32]
+    flipped: npt.NDArray[np.bool_]
+    # The wire's per-row decisions and each view's augmentation.
+    decisions: tuple[Any, Any] = field(default=((), ()), repr=False, compare=False)
+
+    @property
+    def batch(self) -> int:
+        """Samples in the batch."""
+        return len(self.images) // max(self.count, 1)
+
+    def view(self, index: int) -> npt.NDArray[np.uint8]:
+        """View ``index`` of every sample, ``[batch, H, W, 3]`` (no copy)."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"view {index} of a group of {self.count}")
+        return self.images[index * self.batch : (index + 1) * self.batch]
+
+    @property
+    def ops(self) -> list[SampleOps]:
+        """Per row (as ``images``), the ops the server ran after the view's
+        crop, as ``Batch.ops`` gives them (``shardfeed.replay`` replays
+        one)."""
+        crops, augmentations = self.decisions
+        batch = self.batch
+        return [
+            op
+            for view, augmentation in enumerate(augmentations)
+            for op in batch_ops(crops[view * batch : (view + 1) * batch], augmentation)
+        ]
+
+
+@dataclass(frozen=True)
 class Batch:
     epoch: int
     index: int
@@ -266,6 +308,9 @@ class Batch:
     # The wire's per-sample decisions and the stream's augmentation, which
     # `ops` reads (kept raw: most trainers never ask).
     decisions: tuple[Any, Any] | None = field(default=None, repr=False, compare=False)
+    # views=: one per group, in the request's order (then `images` is empty,
+    # shape (0, 0, 0, 3), and `crop_boxes` and `ops` hold nothing).
+    views: list[ViewImages] = field(default_factory=list)
 
     @property
     def ops(self) -> list[SampleOps]:
@@ -457,13 +502,18 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
     if len(message.encoded):
         encoded = _encoded_images(message, flat)
         flat = flat[:0]
+    views: list[ViewImages] = []
+    if len(message.views):
+        views = _view_images(message, flat)
+        flat = flat[:0]
     expected = shape.n * shape.height * shape.width * shape.channels
-    if encoded is None and flat.size != expected:
+    if encoded is None and not views and flat.size != expected:
         raise ValueError(
             f"batch {message.index}: {flat.size} image bytes for shape "
             f"{shape.n}x{shape.height}x{shape.width}x{shape.channels}"
         )
-    images = flat.reshape(-1, shape.height, shape.width, shape.channels)
+    # A stream of views has no one size (0x0): its images are the groups'.
+    images = flat.reshape(0 if views else -1, shape.height, shape.width, shape.channels)
     return Batch(
         epoch=message.epoch,
         index=message.index,
@@ -492,11 +542,45 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
         source_epochs=list(message.sample_source_epochs),
         encoded=encoded,
         copies=list(message.copies),
+        views=views,
         decisions=(
             message.crops,
             message.augmentation if message.HasField("augmentation") else None,
         ),
     )
+
+
+def _view_images(message: Any, flat: npt.NDArray[np.uint8]) -> list[ViewImages]:
+    """Each view group's array: a view of the batch's bytes, no copy."""
+    groups = []
+    for g, group in enumerate(message.views):
+        shape = group.shape
+        length = shape.n * shape.height * shape.width * shape.channels
+        if group.length != length or group.offset + length > flat.size:
+            raise ValueError(
+                f"batch {message.index}: view group {g} claims bytes "
+                f"{group.offset}..{group.offset + group.length} for shape "
+                f"{shape.n}x{shape.height}x{shape.width}x{shape.channels} in {flat.size}"
+            )
+        count = len(group.augmentations)
+        if count == 0 or shape.n % count or len(group.crops) != shape.n:
+            raise ValueError(
+                f"batch {message.index}: view group {g} has {shape.n} rows, "
+                f"{count} views and {len(group.crops)} boxes"
+            )
+        images = flat[group.offset : group.offset + length]
+        groups.append(
+            ViewImages(
+                images=images.reshape(shape.n, shape.height, shape.width, shape.channels),
+                count=count,
+                crop_boxes=np.array(
+                    [(c.left, c.top, c.width, c.height) for c in group.crops], dtype=np.float32
+                ).reshape(-1, 4),
+                flipped=np.array([c.flipped for c in group.crops], dtype=np.bool_),
+                decisions=(group.crops, list(group.augmentations)),
+            )
+        )
+    return groups
 
 
 def _field_values(values: Any) -> list[bytes | None]:

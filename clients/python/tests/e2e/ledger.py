@@ -93,8 +93,13 @@ class Ledger:
         samples = list(labels_list)
         for slot in substituted:
             samples[slot] = label_of_key(batch["keys"][slot])
+        # A batch of views: every group's pixels, in order.
+        pixels = b"".join(
+            group.cpu().contiguous().numpy().tobytes()
+            for group in (images if isinstance(images, list) else [images])
+        )
         digest = hashlib.blake2b(
-            images.cpu().contiguous().numpy().tobytes() + bytes(json.dumps(labels_list), "ascii"),
+            pixels + bytes(json.dumps(labels_list), "ascii"),
             digest_size=12,
         ).hexdigest()
         line = {

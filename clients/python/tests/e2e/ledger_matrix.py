@@ -3,6 +3,7 @@ each feature asks of the dataset. test_ledger.py runs them."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from shardfeed import (
     RandomSolarize,
     TimmRandAugment,
     TrivialAugmentWide,
+    views,
 )
 
 # Rows marked full_only run only with SHARDFEED_LEDGER=full.
@@ -83,7 +85,24 @@ GROUPS = Augment.train(
         OpGroup("apply", ("equalize", "invert"), p=0.5),
     ),
 )
-MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix")
+# Several views per sample (DINO's shape, small): two global views whose
+# ops differ and three local ones of one transform.
+VIEWS = views(
+    {
+        "global": [
+            dataclasses.replace(BICUBIC_COLOUR, size=(32, 32), gaussian_blur=None),
+            dataclasses.replace(BICUBIC_COLOUR, size=(32, 32)),
+        ],
+        "local": (
+            dataclasses.replace(
+                Augment.train(scale=(0.05, 0.32), interpolation="bicubic", grayscale=0.2),
+                size=(16, 16),
+            ),
+            3,
+        ),
+    }
+)
+MIXED = ("mix", "recipe_mix", "repeats_mix", "parquet_mix", "views_mix")
 POOLED = (
     "pool",
     "recipe_pool",
@@ -153,6 +172,10 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "groups_pool": dict(augment=GROUPS),
     # The client's decoder runs no groups: the sidecar decodes the stream.
     "groups_encoded": dict(augment=GROUPS, decode="client", image_size=ENCODED_SIZE),
+    # Every view of a sample keyed by (sample, copy, group, view): a kill or
+    # a resume repeats the same pixels of every view, in a mix too.
+    "views": dict(views=VIEWS, augment=None, image_size=None),
+    "views_mix": dict(views=VIEWS, augment=None, image_size=None),
 }
 
 
@@ -310,6 +333,13 @@ MATRIX = [
     Row("plain", "groups", "kill"),
     Row("plain", "groups_pool", "worker"),
     Row("stateful", "groups_encoded", "break", full_only=True),
+    # Several views per sample, each group one array: exactly once per
+    # sample, every view's pixels the same across a kill or a resume.
+    Row("plain", "views", "kill"),
+    Row("stateful", "views", "break"),
+    Row("plain", "views_mix", "kill"),
+    Row("workers", "views", "none", full_only=True),
+    Row("stateful", "views_mix", "break", full_only=True),
 ]
 
 

@@ -162,7 +162,7 @@ SAMPLE_FORM_PIXELS: SampleForm
 SAMPLE_FORM_JPEG: SampleForm
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source", "delivery", "server_decode_fraction", "tune_server_decode", "weights_from_step", "server_decode_search", "repeats", "client_ops")
+    __slots__ = ("dataset", "seed", "epoch", "rank", "world_size", "batch_size", "height", "width", "start_batch", "shuffle", "partition", "resize", "shuffle_buffer", "interleave", "resume_from", "augmentation", "transport", "layout", "sources", "weight_changes", "decoded_source", "delivery", "server_decode_fraction", "tune_server_decode", "weights_from_step", "server_decode_search", "repeats", "client_ops", "views")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class StreamBatchesRequest(_message.Message):
     SERVER_DECODE_SEARCH_FIELD_NUMBER: _ClassVar[int]
     REPEATS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_OPS_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     seed: int
     epoch: int
@@ -219,7 +220,34 @@ class StreamBatchesRequest(_message.Message):
     server_decode_search: ShareSearch
     repeats: int
     client_ops: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., repeats: _Optional[int] = ..., client_ops: _Optional[_Iterable[str]] = ...) -> None: ...
+    views: _containers.RepeatedCompositeFieldContainer[ViewGroup]
+    def __init__(self, dataset: _Optional[str] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_size: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., start_batch: _Optional[int] = ..., shuffle: _Optional[bool] = ..., partition: _Optional[_Union[Partition, str]] = ..., resize: _Optional[_Union[ResizeMode, str]] = ..., shuffle_buffer: _Optional[int] = ..., interleave: _Optional[int] = ..., resume_from: _Optional[_Union[EpochPosition, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., layout: _Optional[_Union[SampleLayout, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[MixSource, _Mapping]]] = ..., weight_changes: _Optional[_Iterable[_Union[WeightChange, _Mapping]]] = ..., decoded_source: _Optional[_Union[DecodedSource, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., server_decode_fraction: _Optional[float] = ..., tune_server_decode: _Optional[bool] = ..., weights_from_step: _Optional[int] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., repeats: _Optional[int] = ..., client_ops: _Optional[_Iterable[str]] = ..., views: _Optional[_Iterable[_Union[ViewGroup, _Mapping]]] = ...) -> None: ...
+
+class ViewGroup(_message.Message):
+    __slots__ = ("height", "width", "views", "count")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    width: int
+    views: _containers.RepeatedCompositeFieldContainer[Augmentation]
+    count: int
+    def __init__(self, height: _Optional[int] = ..., width: _Optional[int] = ..., views: _Optional[_Iterable[_Union[Augmentation, _Mapping]]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ViewBatch(_message.Message):
+    __slots__ = ("shape", "offset", "length", "crops", "augmentations")
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CROPS_FIELD_NUMBER: _ClassVar[int]
+    AUGMENTATIONS_FIELD_NUMBER: _ClassVar[int]
+    shape: Shape
+    offset: int
+    length: int
+    crops: _containers.RepeatedCompositeFieldContainer[CropBox]
+    augmentations: _containers.RepeatedCompositeFieldContainer[Augmentation]
+    def __init__(self, shape: _Optional[_Union[Shape, _Mapping]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., augmentations: _Optional[_Iterable[_Union[Augmentation, _Mapping]]] = ...) -> None: ...
 
 class ShareSearch(_message.Message):
     __slots__ = ("center", "step", "hold", "next_hold", "loop_id", "noise")
@@ -712,7 +740,7 @@ class Shape(_message.Message):
     def __init__(self, n: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled", "server_decode_search", "augmentation", "copies")
+    __slots__ = ("epoch", "index", "shape", "images", "labels", "keys", "substituted", "substitution_reasons", "position", "global_samples", "shards", "substitute_sources", "crops", "shared", "fields", "padded", "epoch_steps", "sample_sources", "sample_source_epochs", "encoded", "server_decode_settled", "server_decode_search", "augmentation", "copies", "views")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -737,6 +765,7 @@ class Batch(_message.Message):
     SERVER_DECODE_SEARCH_FIELD_NUMBER: _ClassVar[int]
     AUGMENTATION_FIELD_NUMBER: _ClassVar[int]
     COPIES_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     index: int
     shape: Shape
@@ -761,7 +790,8 @@ class Batch(_message.Message):
     server_decode_search: ShareSearch
     augmentation: Augmentation
     copies: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., copies: _Optional[_Iterable[int]] = ...) -> None: ...
+    views: _containers.RepeatedCompositeFieldContainer[ViewBatch]
+    def __init__(self, epoch: _Optional[int] = ..., index: _Optional[int] = ..., shape: _Optional[_Union[Shape, _Mapping]] = ..., images: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[str]] = ..., substituted: _Optional[_Iterable[int]] = ..., substitution_reasons: _Optional[_Iterable[str]] = ..., position: _Optional[_Union[EpochPosition, _Mapping]] = ..., global_samples: _Optional[int] = ..., shards: _Optional[_Iterable[str]] = ..., substitute_sources: _Optional[_Iterable[int]] = ..., crops: _Optional[_Iterable[_Union[CropBox, _Mapping]]] = ..., shared: _Optional[_Union[SharedImages, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldValues, _Mapping]]] = ..., padded: _Optional[_Iterable[int]] = ..., epoch_steps: _Optional[int] = ..., sample_sources: _Optional[_Iterable[int]] = ..., sample_source_epochs: _Optional[_Iterable[int]] = ..., encoded: _Optional[_Iterable[_Union[EncodedSample, _Mapping]]] = ..., server_decode_settled: _Optional[float] = ..., server_decode_search: _Optional[_Union[ShareSearch, _Mapping]] = ..., augmentation: _Optional[_Union[Augmentation, _Mapping]] = ..., copies: _Optional[_Iterable[int]] = ..., views: _Optional[_Iterable[_Union[ViewBatch, _Mapping]]] = ...) -> None: ...
 
 class EncodedSample(_message.Message):
     __slots__ = ("offset", "length", "decoded", "source_width", "source_height", "form")

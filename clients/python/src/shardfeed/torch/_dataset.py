@@ -18,6 +18,7 @@ from .._augment import AugmentSpec, ImageSize, _augment, resolve_image_size
 from .._client import Client, Source, SourceSpec
 from .._options import Partition
 from .._stats import InputStats, WaitMeter
+from .._views import Views
 from .._wire import EpochPosition
 from ._arguments import Decode, Layout, Output, as_source, check_arguments
 from ._delivery import ShareCarry
@@ -30,6 +31,31 @@ from ._progress import MAX_FETCH_AHEAD, STATE_VERSION, MixWeights, Progress, che
 from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
 __all__ = ["MAX_FETCH_AHEAD", "BatchDict", "Output", "ShardfeedDataset"]
+
+
+def _check_views(
+    views: Views, augment: AugmentSpec, image_size: Any, decode: str, mixing: Any
+) -> None:
+    """What a dataset of views cannot be made with, refused by name."""
+    if not isinstance(views, Views):
+        raise ValueError(
+            f"views: a shardfeed Views (shardfeed.views_from_torchvision), not "
+            f"{type(views).__name__}"
+        )
+    conflicts = {
+        "augment": augment is not None,
+        "image_size": image_size is not None,
+        "decode": decode != "server",
+        "mixing": mixing is not None,
+    }
+    for name, conflicting in conflicts.items():
+        if conflicting:
+            raise ValueError(
+                f"{name} is set with views: each view group names its own size and "
+                "transforms, views are decoded by the sidecar (a client decode of "
+                "several views is not served yet) and not mixed (MixUp/CutMix pair "
+                f"one image per sample); leave {name} unset"
+            )
 
 
 def _layout(layout: Layout | None, augment: AugmentSpec) -> Layout:
@@ -70,6 +96,16 @@ class ShardfeedDataset(IterableDataset[Sample]):
     targets ``(N, num_classes)``; its draws come from (seed, epoch, rank,
     batch's step), so a resumed run mixes alike. An ``augment`` made by
     :func:`shardfeed.from_torchvision` brings its Normalize and dtype.
+
+    ``views=`` (:func:`shardfeed.views_from_torchvision` or
+    :func:`shardfeed.views`), in place of ``augment`` and ``image_size``:
+    several views of each sample, decoded once (DINO's global and local
+    crops, SimCLR's two views); ``images`` is then a list with one tensor
+    per group, ``[views × N, H, W, 3]`` view-major as DINO's collate stacks
+    them (rows ``v*N:(v+1)*N`` are view ``v`` of every sample), made as the
+    group's transforms say (their Normalize and dtype; ``normalize`` and
+    ``dtype`` apply to every group) and ``labels`` one per sample. Decoded
+    by the sidecar; no ``mixing``.
 
     ``sources=[("s3://a/", 0.7), ("s3://b/", 0.3)]`` (or
     :class:`shardfeed.Source` items) instead of ``dataset`` mixes datasets:
@@ -171,8 +207,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
         dtype: torch.dtype | None = None,
         mixing: Mixing | None = None,
+        views: Views | None = None,
         **options: Any,
     ) -> None:
+        if views is not None:
+            _check_views(views, augment, image_size, decode, mixing)
         # A converted transform brings its output size and layout; one
         # that disagrees with the arguments is refused, never overridden.
         image_size = resolve_image_size(image_size, augment)
@@ -205,6 +244,11 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self.seed = seed
         self.augment = augment
         self.model_input = ModelInput.of(augment, mixing, normalize=normalize, dtype=dtype)
+        self.views = views
+        self._view_inputs = tuple(
+            ModelInput.of(group.views[0], normalize=normalize, dtype=dtype)
+            for group in (views.groups if views is not None else ())
+        )
         self.layout = layout
         self.output = output
         self.rank, self.world_size = checked.rank, checked.world_size
@@ -306,6 +350,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
             model_input=self.model_input,
             layout=self.layout,
             output=self.output,
+            views=self.views,
+            view_inputs=self._view_inputs,
         )
         return iter(
             Pass(

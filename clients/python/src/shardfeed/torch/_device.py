@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import warnings
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 import torch
@@ -24,12 +24,23 @@ from .._wire import Batch
 _log = logging.getLogger("shardfeed")
 
 
+# A batch's images: one tensor, or with views one per group.
+Images = Union[torch.Tensor, list[torch.Tensor]]
+
+
+def images_to(images: Images, device: torch.device, non_blocking: bool = False) -> Images:
+    """``images`` (one tensor, or a group's each) on ``device``."""
+    if isinstance(images, list):
+        return [group.to(device, non_blocking=non_blocking) for group in images]
+    return images.to(device, non_blocking=non_blocking)
+
+
 class Delivered(NamedTuple):
     """A batch as the dataset yields it: images and labels where training
     wants them, and what substitution decided (on either side)."""
 
     batch: Batch
-    images: torch.Tensor
+    images: Images
     labels: torch.Tensor
     crop_boxes: Any
     flipped: Any
@@ -44,7 +55,9 @@ def materialize(batch: Batch, decoder: Any) -> Delivered:
             # Received batches are read-only; torch warns about writes that
             # would be undefined. Training reads them (e.g. copies to the GPU).
             warnings.simplefilter("ignore", UserWarning)
-            images = torch.from_numpy(batch.images)
+            images: Images = torch.from_numpy(batch.images)
+            if batch.views:
+                images = [torch.from_numpy(group.images) for group in batch.views]
         return Delivered(
             batch,
             images,
@@ -70,7 +83,8 @@ def ready_on(device: torch.device, delivered: Delivered, done: Any) -> Delivered
     allocator must not reuse its memory before that stream is done."""
     current = torch.cuda.current_stream(device)
     current.wait_event(done)
-    delivered.images.record_stream(current)
+    for images in delivered.images if isinstance(delivered.images, list) else [delivered.images]:
+        images.record_stream(current)
     delivered.labels.record_stream(current)
     return delivered
 
@@ -83,7 +97,11 @@ def without_host_views(batch: Batch) -> Batch:
     encoded = batch.encoded
     if encoded is not None:
         encoded = dataclasses.replace(encoded, data=np.empty(0, dtype=np.uint8))
-    return dataclasses.replace(batch, images=images, encoded=encoded)
+    views = [
+        dataclasses.replace(group, images=np.empty((0, *group.images.shape[1:]), dtype=np.uint8))
+        for group in batch.views
+    ]
+    return dataclasses.replace(batch, images=images, encoded=encoded, views=views)
 
 
 class CudaHostPinning:
@@ -169,7 +187,7 @@ def on_device(
             delivered = materialize(batch, decoder)
             if device is not None:
                 delivered = delivered._replace(
-                    images=delivered.images.to(device), labels=delivered.labels.to(device)
+                    images=images_to(delivered.images, device), labels=delivered.labels.to(device)
                 )
             yield delivered
     finally:
@@ -190,7 +208,7 @@ def made_on_cuda(
             with torch.cuda.device(device), torch.cuda.stream(side):
                 delivered = materialize(batch, decoder)
                 delivered = delivered._replace(
-                    images=delivered.images.to(device, non_blocking=True),
+                    images=images_to(delivered.images, device, non_blocking=True),
                     labels=delivered.labels.to(device, non_blocking=True),
                 )
                 done = torch.cuda.Event()  # type: ignore[no-untyped-call]

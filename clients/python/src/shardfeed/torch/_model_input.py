@@ -158,12 +158,18 @@ def model_batch(
     dataset train on the same inputs. An encoded batch
     (``delivery="encoded"``) is decoded by ``decoder``, a
     :class:`shardfeed.decode.BatchDecoder` on the device wanted."""
+    if batch.views:
+        raise ValueError(
+            "model_batch takes a batch of one output; a batch of views is one tensor per "
+            "group (ShardfeedDataset(views=...) makes each as its group's transforms say)"
+        )
     if batch.encoded is not None and decoder is None:
         raise ValueError(
             "the batch was delivered encoded: pass decoder=BatchDecoder(device) to decode it"
         )
     delivered = materialize(batch, decoder)
     images, labels = delivered.images, delivered.labels
+    assert isinstance(images, torch.Tensor)  # a batch of one output (checked above)
     if device is not None:
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)

@@ -20,9 +20,10 @@ from .._augment import AugmentSpec, ImageSize
 from .._client import Client
 from .._options import Partition, StreamOptions
 from .._stats import WaitMeter
+from .._views import Views
 from .._wire import EpochPosition
 from ._delivery import ShareCarry, stream_options
-from ._device import on_device
+from ._device import Images, on_device
 from ._frameworks import in_step
 from ._model_input import ModelInput, to_model
 from ._output import Sample, as_dict
@@ -47,6 +48,25 @@ class StreamSpec:
     model_input: ModelInput
     layout: str
     output: str
+    # Several views per sample: the groups, and what each group's tensor
+    # is made into (its views' Normalize and dtype).
+    views: Views | None = None
+    view_inputs: tuple[ModelInput, ...] = ()
+
+    def to_model(self, images: Images, labels: Any, key: tuple[int, int, int, int]) -> Any:
+        """A batch's images and labels as the model takes them."""
+        if isinstance(images, list):
+            return [self._group(g, images[g], labels, key) for g in range(len(images))], labels
+        if self.model_input.active:
+            return to_model(images, labels, self.model_input, key)
+        if self.layout == "NCHW":
+            images = images.permute(0, 3, 1, 2)
+        return images, labels
+
+    def _group(self, g: int, images: Any, labels: Any, key: tuple[int, int, int, int]) -> Any:
+        if self.view_inputs[g].active:
+            return to_model(images, labels, self.view_inputs[g], key)[0]
+        return images.permute(0, 3, 1, 2) if self.layout == "NCHW" else images
 
 
 @dataclass
@@ -100,8 +120,9 @@ class Pass:
                     rank=stream_rank,
                     world_size=world,
                     batch_size=spec.batch_size,
-                    image_size=spec.image_size,
-                    augment=spec.augment,
+                    image_size=None if spec.views is not None else spec.image_size,
+                    augment=None if spec.views is not None else spec.augment,
+                    views=spec.views,
                     partition=spec.partition,
                     resume_from=resume,
                     options=options,
@@ -141,12 +162,9 @@ class Pass:
                     steps = batch.epoch_steps or self.epoch_steps(world)
                 if tuned:
                     self.share.observe(batch)
-                if spec.model_input.active:
-                    step = sum(batches for _, batches in batch.position.segments) - 1
-                    key = (spec.seed, batch.epoch, stream_rank, step)
-                    images, labels = to_model(images, labels, spec.model_input, key)
-                elif spec.layout == "NCHW":
-                    images = images.permute(0, 3, 1, 2)
+                step = sum(batches for _, batches in batch.position.segments) - 1
+                key = (spec.seed, batch.epoch, stream_rank, step)
+                images, labels = spec.to_model(images, labels, key)
                 progress.handed_out(batch.position)
                 if sum(batches for _, batches in batch.position.segments) >= steps:
                     progress.set_completed()

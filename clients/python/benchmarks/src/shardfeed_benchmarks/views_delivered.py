@@ -1,0 +1,193 @@
+"""Several views delivered into Python: the sidecar serving DINOv2's (or
+SimCLR's) views against the recipe's own augmentation in DataLoader
+workers, on the same cores, in one run.
+
+    SHARDFEED_BIN=target/release/shardfeed python -m shardfeed_benchmarks.views_delivered \
+        [--recipe dinov2|simclr] [--shards 4 --samples-per-shard 128 --batch-size 64]
+
+Both read the same tar shards of the demo's ~110 KB photos from one
+``shardfeed dev-s3`` on loopback:
+
+- shardfeed: ``Client.batches(views=views_from_torchvision(...))`` from a
+  ``shardfeed serve`` on a Unix socket, through shared memory (each group
+  one ``uint8`` array; a trainer normalizes on its GPU);
+- the recipe: a ``DataLoader`` with one worker per core, each streaming its
+  share of the shards with boto3, decoding each photo once with Pillow and
+  making every view with the recipe's torchvision transforms
+  (``DataAugmentationDINO``'s: ``ToTensor`` and ``Normalize`` included),
+  collated per view as DINOv2's loader stacks them.
+
+Rounds alternate (``--repeats``); the medians of samples/s and of CPU-ms
+per sample (the server's CPU, or the workers', with this process's) are
+printed with their ratio, then as one JSON line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from .delivered import _process_cpu, _s3_client, synthetic_setup
+from .training import (
+    _IterableBase,
+    _shard_keys,
+    _worker_cpu,
+    medians,
+    recipe_arguments,
+    run_interleaved,
+)
+from .views import dinov2_transforms, dinov2_views, simclr_views
+
+
+def recipe_views(name: str) -> tuple[Any, dict[str, Any]]:
+    """The recipe's per-image views function (the Python side) and its
+    groups as ``views_from_torchvision`` takes them (the sidecar's)."""
+    if name == "dinov2":
+        return dinov2_views(), dinov2_transforms()
+    from torchvision import transforms as T
+
+    simclr = T.Compose(
+        [
+            T.RandomResizedCrop(224),
+            T.RandomHorizontalFlip(),
+            T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8),
+            T.RandomGrayscale(p=0.2),
+            T.RandomApply([T.GaussianBlur(kernel_size=23, sigma=(0.1, 2.0))], p=0.5),
+            T.ToTensor(),
+        ]
+    )
+    return simclr_views(), {"views": (simclr, 2)}
+
+
+class _RecipeShards(_IterableBase):
+    """The shards from S3, split among workers: each photo decoded once
+    and made into every view of the recipe."""
+
+    def __init__(self, endpoint: str, bucket: str, keys: list[str], recipe: str) -> None:
+        self.endpoint, self.bucket, self.keys, self.recipe = endpoint, bucket, keys, recipe
+
+    def __iter__(self) -> Iterator[tuple[list[Any], int]]:
+        import torch.utils.data
+        from PIL import Image
+
+        views, _ = recipe_views(self.recipe)
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        client = _s3_client(self.endpoint)
+        for key in self.keys[worker::workers]:
+            body = client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            with tarfile.open(fileobj=body, mode="r|") as tar:
+                label, image = -1, None
+                for member in tar:
+                    handle = tar.extractfile(member)
+                    if handle is None:
+                        continue
+                    data = handle.read()
+                    if member.name.endswith(".jpg"):
+                        image = views(Image.open(io.BytesIO(data)).convert("RGB"))
+                    elif member.name.endswith(".cls"):
+                        label = int(data)
+                    if image is not None and label >= 0:
+                        yield image, label
+                        image, label = None, -1
+
+
+class _RecipeLoader:
+    """The recipe's DataLoader, workers started and warmed up untimed."""
+
+    def __init__(self, dataset: Any, batch_size: int, workers: int) -> None:
+        import torch.utils.data
+
+        self.loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=workers,
+            multiprocessing_context="spawn",
+            persistent_workers=True,
+            drop_last=True,
+        )
+        self.run()
+
+    def run(self) -> int:
+        samples, checksum = 0, 0.0
+        for views, labels in self.loader:
+            checksum += float(views[0][0, 0, 0, 0])  # touch it, as a trainer would
+            samples += len(labels)
+        return samples
+
+
+def sidecar_run(target: str, dataset: str, batch_size: int, views: Any) -> int:
+    from shardfeed import Client
+
+    samples = checksum = 0
+    for batch in Client(target).batches(
+        dataset, batch_size=batch_size, rank=0, world_size=1, views=views
+    ):
+        if not batch.shared:
+            raise RuntimeError("asked for shared memory, got inline")
+        checksum += sum(int(group.images[0, 0, 0, 0]) for group in batch.views)
+        samples += len(batch.labels)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument("--recipe", choices=("dinov2", "simclr"), default="dinov2")
+    chosen, rest = chooser.parse_known_args(argv)
+    recipe = chosen.recipe
+    args = recipe_arguments(__doc__, rest)
+    from shardfeed import views_from_torchvision
+
+    views = views_from_torchvision(recipe_views(recipe)[1])
+    socket_dir = tempfile.TemporaryDirectory(prefix="sf-")
+    setup = synthetic_setup(
+        args.binary, args.shards, args.samples_per_shard, 0, f"{socket_dir.name}/sf.sock"
+    )
+    try:
+        endpoint, dataset = setup["endpoint"], setup["dataset"]
+        bucket, keys = _shard_keys(endpoint, dataset)
+        loader = _RecipeLoader(
+            _RecipeShards(endpoint, bucket, keys, recipe), args.batch_size, args.workers
+        )
+        server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
+        contenders = {
+            "shardfeed": (
+                lambda: sidecar_run(setup["target"], dataset, args.batch_size, views),
+                server_cpu,
+            ),
+            f"{recipe} loader": (loader.run, _worker_cpu),
+        }
+        # One untimed pass of the sidecar too (its first batches start the
+        # stream's readers).
+        sidecar_run(setup["target"], dataset, args.batch_size, views)
+        results = run_interleaved(contenders, args.repeats)
+    finally:
+        for process in setup["processes"]:
+            process.terminate()
+            process.wait()
+    summary = medians(results)
+    ours, theirs = summary["shardfeed"], summary[f"{recipe} loader"]
+    print(
+        f"\n{recipe} views, batch {args.batch_size}, {args.workers} cores, "
+        f"median of {args.repeats}:"
+    )
+    for name, figures in summary.items():
+        print(
+            f"  {name:<16} {figures['samples_per_second']:>7.1f} samples/s  "
+            f"{figures['cpu_ms_per_sample']:>7.2f} CPU-ms/sample"
+        )
+    ratio = ours["samples_per_second"] / theirs["samples_per_second"]
+    cpu_ratio = theirs["cpu_ms_per_sample"] / ours["cpu_ms_per_sample"]
+    print(f"  shardfeed / the recipe: {ratio:.2f}x samples/s, {cpu_ratio:.2f}x less CPU per sample")
+    print(json.dumps({"recipe": recipe, **summary, "ratio": ratio, "cpu_ratio": cpu_ratio}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+//! A batch of several views per sample: where each view of each sample
+//! lies in the batch's bytes, and the batch decoded there, each sample
+//! once for all its views.
+//!
+//! The bytes hold the groups one after another, each group one array
+//! `[views × batch, height, width, 3]`, view-major: rows `v*B .. v*B+B`
+//! are view `v` of every sample, as DINO's collate stacks its crops (a
+//! model's forward pass per resolution takes the group whole; one view of
+//! every sample is a contiguous slice). Each view is written once, in its
+//! place, by the thread that decoded its sample.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use tokio::sync::oneshot;
+
+use super::batch::{BatchImages, DecodedBatch};
+use super::buffers::BufferPool;
+use super::context::StreamCommon;
+use super::sample::EmittedSample;
+use super::shm;
+use crate::decode::{self, CropBox, Views};
+use crate::metrics;
+
+/// One group's place in a batch's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupPlace {
+    pub offset: usize,
+    pub views: usize,
+    pub view_bytes: usize,
+}
+
+impl GroupPlace {
+    pub fn length(&self, batch: usize) -> usize {
+        self.views * batch * self.view_bytes
+    }
+}
+
+/// Where every view of every sample of a `batch`-sample batch lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewLayout {
+    pub batch: usize,
+    pub groups: Vec<GroupPlace>,
+}
+
+impl ViewLayout {
+    pub fn new(views: &Views, batch: usize) -> Self {
+        let mut offset = 0;
+        let groups = views
+            .groups
+            .iter()
+            .map(|group| {
+                let place = GroupPlace {
+                    offset,
+                    views: group.views.len(),
+                    view_bytes: group.views.first().map_or(0, decode::OutputSpec::bytes),
+                };
+                offset += place.length(batch);
+                place
+            })
+            .collect();
+        Self { batch, groups }
+    }
+
+    /// The batch's bytes.
+    pub fn length(&self) -> usize {
+        self.groups.iter().map(|g| g.length(self.batch)).sum()
+    }
+
+    /// Each view's byte range of `sample`, group by group, view by view
+    /// (the order of [`Views::specs`]).
+    pub fn ranges(&self, sample: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        self.groups.iter().flat_map(move |group| {
+            (0..group.views).map(move |view| {
+                let start = group.offset + (view * self.batch + sample) * group.view_bytes;
+                start..start + group.view_bytes
+            })
+        })
+    }
+
+    /// The batch's bytes cut into each sample's view outputs, sample by
+    /// sample, each sample's in the order of [`Views::specs`].
+    pub fn split<'b>(&self, mut images: &'b mut [u8]) -> Vec<Vec<&'b mut [u8]>> {
+        let mut samples: Vec<Vec<&mut [u8]>> = (0..self.batch)
+            .map(|_| Vec::with_capacity(self.groups.iter().map(|g| g.views).sum()))
+            .collect();
+        for group in &self.groups {
+            let (region, rest) = std::mem::take(&mut images).split_at_mut(group.length(self.batch));
+            images = rest;
+            if group.view_bytes == 0 {
+                continue;
+            }
+            for (row, out) in region.chunks_exact_mut(group.view_bytes).enumerate() {
+                samples[row % self.batch].push(out);
+            }
+        }
+        samples
+    }
+
+    /// Puts sample `from`'s views in place of `to`'s (zeros when None).
+    pub fn copy_sample(&self, images: &mut [u8], to: usize, from: Option<usize>) {
+        let targets: Vec<_> = self.ranges(to).collect();
+        match from {
+            Some(from) => {
+                for (target, source) in targets.into_iter().zip(self.ranges(from)) {
+                    images.copy_within(source, target.start);
+                }
+            }
+            None => targets
+                .into_iter()
+                .for_each(|target| images[target].fill(0)),
+        }
+    }
+}
+
+type ViewsOutcome = Result<Vec<CropBox>, (&'static str, String)>;
+
+/// Decodes one sample once into each of its views' outputs.
+fn decode_sample(
+    common: &ViewsDecoder,
+    emitted: &EmittedSample,
+    outs: &mut [&mut [u8]],
+) -> ViewsOutcome {
+    let (format, data) = match (&emitted.sample.unreadable, &emitted.sample.image) {
+        (Some(unreadable), _) => return Err((unreadable.reason, unreadable.message.clone())),
+        (None, Some((format, data))) => (*format, data),
+        (None, None) => {
+            return Err((
+                "no_image",
+                "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
+            ))
+        }
+    };
+    decode::decode_views_bounded(
+        &*common.decoder,
+        &common.scratch,
+        format,
+        data,
+        &common.views,
+        &emitted.augment_key(),
+        outs,
+    )
+    .map(|plan| plan.boxes)
+    .map_err(|e| (e.reason(), e.to_string()))
+}
+
+struct ViewsDecoder {
+    decoder: Arc<dyn decode::Decoder>,
+    scratch: Arc<decode::ScratchBudget>,
+    views: Arc<Views>,
+}
+
+/// Decodes a batch of views on the pool, each sample once, its views
+/// straight into their places (process memory, or the ring slot).
+pub(super) fn decode_batch(
+    common: &StreamCommon,
+    views: Arc<Views>,
+    buffers: &BufferPool,
+    samples: Vec<EmittedSample>,
+    index: u64,
+    shared_slot: Option<shm::SlotLease>,
+) -> oneshot::Receiver<DecodedBatch> {
+    let (tx, rx) = oneshot::channel();
+    let decoder = ViewsDecoder {
+        decoder: common.decoder.clone(),
+        scratch: common.scratch.clone(),
+        views,
+    };
+    let stream_metrics = common.metrics.clone();
+    let buffers = buffers.clone();
+    let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
+    common.pool.spawn(move || {
+        let layout = ViewLayout::new(&decoder.views, samples.len());
+        let length = layout.length();
+        let (mut heap, mut lease) = match shared_slot {
+            Some(lease) => (Vec::new(), Some(lease)),
+            None => (buffers.take(length), None),
+        };
+        let images: &mut [u8] = match &mut lease {
+            Some(lease) => &mut lease.as_mut_slice()[..length],
+            None => &mut heap[..length],
+        };
+        let outcomes: Vec<ViewsOutcome> = layout
+            .split(images)
+            .into_par_iter()
+            .zip(&samples)
+            .map(|(mut outs, emitted)| {
+                let started = Instant::now();
+                let outcome = decode_sample(&decoder, emitted, &mut outs);
+                stream_metrics.decode_time(started.elapsed().as_secs_f64());
+                outcome
+            })
+            .collect();
+        crate::metrics::pool::samples(samples.len() as u64, 0);
+        let mut crops: Vec<Vec<CropBox>> = outcomes
+            .iter()
+            .map(|outcome| outcome.clone().unwrap_or_default())
+            .collect();
+        let failures: Vec<_> = outcomes.into_iter().map(Result::err).collect();
+        let images: &mut [u8] = match &mut lease {
+            Some(lease) => &mut lease.as_mut_slice()[..length],
+            None => &mut heap[..length],
+        };
+        let mut batch =
+            DecodedBatch::settle(index, samples, &failures, &mut crops, |slot, from| {
+                layout.copy_sample(images, slot, from)
+            });
+        batch.view_crops = crops;
+        batch.image_bytes = length;
+        batch.images = match lease {
+            Some(lease) => BatchImages::Shared(lease),
+            None => BatchImages::Inline(buffers.share(heap).slice(..length)),
+        };
+        drop(queued);
+        let _ = tx.send(batch);
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{Crop, Ops, OutputSpec, Resample, ViewGroup};
+
+    fn views() -> Views {
+        let spec = |side| OutputSpec {
+            height: side,
+            width: side,
+            crop: Crop::Center { resize: None },
+            resample: Resample::Bilinear,
+            ops: Ops::NONE,
+        };
+        Views {
+            groups: vec![
+                ViewGroup::repeated(2, spec(4)),
+                ViewGroup::repeated(3, spec(2)),
+            ],
+        }
+    }
+
+    /// The views of a sample are where `ranges` says, view-major in each
+    /// group, and `split` hands each sample exactly those bytes.
+    #[test]
+    fn each_view_lies_view_major_in_its_group() {
+        let layout = ViewLayout::new(&views(), 5);
+        let global = 4 * 4 * 3;
+        let local = 2 * 2 * 3;
+        assert_eq!(layout.length(), 5 * (2 * global + 3 * local));
+        assert_eq!(layout.groups[1].offset, 5 * 2 * global);
+        let ranges: Vec<_> = layout.ranges(3).collect();
+        assert_eq!(ranges[0].start, 3 * global);
+        assert_eq!(ranges[1].start, (5 + 3) * global);
+        assert_eq!(ranges[4].start, 10 * global + (2 * 5 + 3) * local);
+        let mut bytes = vec![0u8; layout.length()];
+        for (sample, outs) in layout.split(&mut bytes).into_iter().enumerate() {
+            assert_eq!(outs.len(), 5);
+            for (view, out) in outs.into_iter().enumerate() {
+                out.fill((sample * 10 + view + 1) as u8);
+            }
+        }
+        for sample in 0..5 {
+            for (view, range) in layout.ranges(sample).enumerate() {
+                assert!(bytes[range]
+                    .iter()
+                    .all(|&b| b == (sample * 10 + view + 1) as u8));
+            }
+        }
+        assert!(bytes.iter().all(|&b| b != 0), "every byte is some view's");
+        layout.copy_sample(&mut bytes, 1, Some(4));
+        layout.copy_sample(&mut bytes, 2, None);
+        for (view, range) in layout.ranges(1).enumerate() {
+            assert!(bytes[range].iter().all(|&b| b == (40 + view + 1) as u8));
+        }
+        assert!(layout
+            .ranges(2)
+            .all(|range| bytes[range].iter().all(|&b| b == 0)));
+    }
+}
