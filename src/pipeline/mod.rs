@@ -24,8 +24,9 @@
 //!   buffer, mirrored here on real bytes).
 //! * **Batches.** `decode_ahead` batches being decoded plus `ready_batches`
 //!   decoded batches waiting for the client, each
-//!   `batch_size * height * width * 3` bytes (an encoded delivery's batch
-//!   is at most as long: see [`encoded`]).
+//!   `batch_size * height * width * 3` bytes, or with several views per
+//!   sample `batch_size` times every view's `height * width * 3` (an
+//!   encoded delivery's batch is at most as long: see [`encoded`]).
 //!
 //! Peak per stream ≈
 //!

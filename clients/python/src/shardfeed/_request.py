@@ -13,7 +13,7 @@ from . import _shm
 from ._augment import AugmentSpec, ImageSize, _augment, _image_size, resolve_image_size
 from ._options import StreamOptions
 from ._proto import shardfeed_pb2 as pb
-from ._views import Views
+from ._views import Views, refuse_conflicts
 from ._wire import EpochPosition
 
 _PARTITIONS = {"drop_last": pb.PARTITION_DROP_LAST, "pad": pb.PARTITION_PAD}
@@ -136,11 +136,6 @@ def _check_views(
     views: Views, stream: StreamOptions, image_size: ImageSize | None, augment: AugmentSpec
 ) -> None:
     """What a stream of views cannot be asked with, refused by name."""
-    if not isinstance(views, Views):
-        raise ValueError(
-            f"views: a shardfeed Views (shardfeed.views or views_from_torchvision), not "
-            f"{type(views).__name__}"
-        )
     conflicts = {
         "augment": augment is not None,
         "image_size": image_size is not None,
@@ -148,14 +143,13 @@ def _check_views(
         "delivery": stream.delivery.mode != "decoded",
         "decoded_source": bool(stream.decoded_source),
     }
-    for name, conflicting in conflicts.items():
-        if conflicting:
-            raise ValueError(
-                f"{name} is set with views: each view group names its own size and "
-                "augmentation, and views are delivered decoded from the original image "
-                f"(a client decode or the decoded-source tier of several views is not "
-                f"served yet); leave {name} unset"
-            )
+    refuse_conflicts(
+        views,
+        conflicts,
+        "each view group names its own size and augmentation, and views are delivered "
+        "decoded from the original image (a client decode or the decoded-source tier of "
+        "several views is not served yet)",
+    )
 
 
 def _source_message(source: SourceSpec) -> Any:

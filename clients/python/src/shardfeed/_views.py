@@ -106,6 +106,19 @@ def views_from_torchvision(groups: Mapping[str, Any]) -> Views:
     return views(converted)
 
 
+def refuse_conflicts(views: Any, conflicts: dict[str, bool], why: str) -> None:
+    """A stream of ``views`` asked with what it cannot be, refused naming
+    the first conflicting argument (``conflicts``: name -> whether set)."""
+    if not isinstance(views, Views):
+        raise ValueError(
+            f"views: a shardfeed Views (shardfeed.views or views_from_torchvision), not "
+            f"{type(views).__name__}"
+        )
+    for name, conflicting in conflicts.items():
+        if conflicting:
+            raise ValueError(f"{name} is set with views: {why}; leave {name} unset")
+
+
 def _expanded(name: str, given: Any) -> tuple[Any, ...]:
     """A group's views as given: a list, ``(view, count)``, or one view."""
     if isinstance(given, tuple) and len(given) == 2 and isinstance(given[1], int):

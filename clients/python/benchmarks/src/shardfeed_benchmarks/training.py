@@ -132,8 +132,6 @@ class _TorchvisionShards(_IterableBase):
         self.endpoint, self.bucket, self.keys, self.size = endpoint, bucket, keys, size
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
-        import torch.utils.data
-        from PIL import Image
         from torchvision.transforms import v2
 
         # The usual recipe: crop, resize and flip the PIL image, then a tensor.
@@ -144,26 +142,37 @@ class _TorchvisionShards(_IterableBase):
                 v2.PILToTensor(),
             ]
         )
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        client = _s3_client(self.endpoint)
-        for key in self.keys[worker::workers]:
-            body = client.get_object(Bucket=self.bucket, Key=key)["Body"]
-            with tarfile.open(fileobj=body, mode="r|") as tar:
-                label = -1
-                image = None
-                for member in tar:
-                    handle = tar.extractfile(member)
-                    if handle is None:
-                        continue
-                    data = handle.read()
-                    if member.name.endswith(".jpg"):
-                        image = transform(Image.open(io.BytesIO(data)).convert("RGB"))
-                    elif member.name.endswith(".cls"):
-                        label = int(data)
-                    if image is not None and label >= 0:
-                        yield image, label
-                        image, label = None, -1
+        return worker_shard_samples(self.endpoint, self.bucket, self.keys, transform)
+
+
+def worker_shard_samples(
+    endpoint: str, bucket: str, keys: list[str], transform: Callable[[Any], Any]
+) -> Iterator[tuple[Any, int]]:
+    """This DataLoader worker's share of the shards, streamed from S3 with
+    boto3: each photo decoded with Pillow and given to ``transform``."""
+    import torch.utils.data
+    from PIL import Image
+
+    info = torch.utils.data.get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info else (0, 1)
+    client = _s3_client(endpoint)
+    for key in keys[worker::workers]:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        with tarfile.open(fileobj=body, mode="r|") as tar:
+            label = -1
+            image = None
+            for member in tar:
+                handle = tar.extractfile(member)
+                if handle is None:
+                    continue
+                data = handle.read()
+                if member.name.endswith(".jpg"):
+                    image = transform(Image.open(io.BytesIO(data)).convert("RGB"))
+                elif member.name.endswith(".cls"):
+                    label = int(data)
+                if image is not None and label >= 0:
+                    yield image, label
+                    image, label = None, -1
 
 
 class LoaderContender:

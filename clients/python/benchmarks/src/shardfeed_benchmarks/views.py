@@ -88,11 +88,11 @@ def dinov2_views() -> Any:
     return views
 
 
-def simclr_views() -> Any:
-    """SimCLR's two views of one pipeline (blur kernel ~10% of 224)."""
+def simclr_transform() -> Any:
+    """SimCLR's one pipeline (blur kernel ~10% of 224)."""
     from torchvision import transforms as T
 
-    pipeline = T.Compose(
+    return T.Compose(
         [
             T.RandomResizedCrop(224),
             T.RandomHorizontalFlip(),
@@ -102,6 +102,11 @@ def simclr_views() -> Any:
             T.ToTensor(),
         ]
     )
+
+
+def simclr_views() -> Any:
+    """SimCLR's two views of one pipeline."""
+    pipeline = simclr_transform()
 
     def views(image: Any) -> list[Any]:
         return [pipeline(image), pipeline(image)]

@@ -24,14 +24,13 @@ printed with their ratio, then as one JSON line.
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from .delivered import _process_cpu, _s3_client, synthetic_setup
+from .delivered import _process_cpu, synthetic_setup
+from .memory import _status_kib
 from .training import (
     _IterableBase,
     _shard_keys,
@@ -39,8 +38,9 @@ from .training import (
     medians,
     recipe_arguments,
     run_interleaved,
+    worker_shard_samples,
 )
-from .views import dinov2_transforms, dinov2_views, simclr_views
+from .views import dinov2_transforms, dinov2_views, simclr_transform, simclr_views
 
 
 def recipe_views(name: str) -> tuple[Any, dict[str, Any]]:
@@ -48,19 +48,7 @@ def recipe_views(name: str) -> tuple[Any, dict[str, Any]]:
     groups as ``views_from_torchvision`` takes them (the sidecar's)."""
     if name == "dinov2":
         return dinov2_views(), dinov2_transforms()
-    from torchvision import transforms as T
-
-    simclr = T.Compose(
-        [
-            T.RandomResizedCrop(224),
-            T.RandomHorizontalFlip(),
-            T.RandomApply([T.ColorJitter(0.8, 0.8, 0.8, 0.2)], p=0.8),
-            T.RandomGrayscale(p=0.2),
-            T.RandomApply([T.GaussianBlur(kernel_size=23, sigma=(0.1, 2.0))], p=0.5),
-            T.ToTensor(),
-        ]
-    )
-    return simclr_views(), {"views": (simclr, 2)}
+    return simclr_views(), {"views": (simclr_transform(), 2)}
 
 
 class _RecipeShards(_IterableBase):
@@ -71,29 +59,8 @@ class _RecipeShards(_IterableBase):
         self.endpoint, self.bucket, self.keys, self.recipe = endpoint, bucket, keys, recipe
 
     def __iter__(self) -> Iterator[tuple[list[Any], int]]:
-        import torch.utils.data
-        from PIL import Image
-
         views, _ = recipe_views(self.recipe)
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        client = _s3_client(self.endpoint)
-        for key in self.keys[worker::workers]:
-            body = client.get_object(Bucket=self.bucket, Key=key)["Body"]
-            with tarfile.open(fileobj=body, mode="r|") as tar:
-                label, image = -1, None
-                for member in tar:
-                    handle = tar.extractfile(member)
-                    if handle is None:
-                        continue
-                    data = handle.read()
-                    if member.name.endswith(".jpg"):
-                        image = views(Image.open(io.BytesIO(data)).convert("RGB"))
-                    elif member.name.endswith(".cls"):
-                        label = int(data)
-                    if image is not None and label >= 0:
-                        yield image, label
-                        image, label = None, -1
+        return worker_shard_samples(self.endpoint, self.bucket, self.keys, views)
 
 
 class _RecipeLoader:
@@ -167,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         # stream's readers).
         sidecar_run(setup["target"], dataset, args.batch_size, views)
         results = run_interleaved(contenders, args.repeats)
+        # The sidecar's peak resident memory, against the formula's batch
+        # term: (decode_ahead 2 + ready_batches 2 + 3) batches of every view.
+        peak = _status_kib(setup["server_pid"], "VmHWM") * 1024
+        batch_bytes = args.batch_size * views.bytes_per_sample()
     finally:
         for process in setup["processes"]:
             process.terminate()
@@ -185,7 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     ratio = ours["samples_per_second"] / theirs["samples_per_second"]
     cpu_ratio = theirs["cpu_ms_per_sample"] / ours["cpu_ms_per_sample"]
     print(f"  shardfeed / the recipe: {ratio:.2f}x samples/s, {cpu_ratio:.2f}x less CPU per sample")
-    print(json.dumps({"recipe": recipe, **summary, "ratio": ratio, "cpu_ratio": cpu_ratio}))
+    print(
+        f"  sidecar peak RSS {peak / 2**20:.0f} MiB; a batch of views {batch_bytes / 2**20:.1f} "
+        f"MiB, the formula's batch term 7 x that = {7 * batch_bytes / 2**20:.0f} MiB"
+    )
+    memory = {"peak_rss_bytes": peak, "batch_bytes": batch_bytes}
+    print(
+        json.dumps({"recipe": recipe, **summary, "ratio": ratio, "cpu_ratio": cpu_ratio, **memory})
+    )
     return 0
 
 

@@ -18,7 +18,7 @@ from .._augment import AugmentSpec, ImageSize, _augment, resolve_image_size
 from .._client import Client, Source, SourceSpec
 from .._options import Partition
 from .._stats import InputStats, WaitMeter
-from .._views import Views
+from .._views import Views, refuse_conflicts
 from .._wire import EpochPosition
 from ._arguments import Decode, Layout, Output, as_source, check_arguments
 from ._delivery import ShareCarry
@@ -37,25 +37,19 @@ def _check_views(
     views: Views, augment: AugmentSpec, image_size: Any, decode: str, mixing: Any
 ) -> None:
     """What a dataset of views cannot be made with, refused by name."""
-    if not isinstance(views, Views):
-        raise ValueError(
-            f"views: a shardfeed Views (shardfeed.views_from_torchvision), not "
-            f"{type(views).__name__}"
-        )
     conflicts = {
         "augment": augment is not None,
         "image_size": image_size is not None,
         "decode": decode != "server",
         "mixing": mixing is not None,
     }
-    for name, conflicting in conflicts.items():
-        if conflicting:
-            raise ValueError(
-                f"{name} is set with views: each view group names its own size and "
-                "transforms, views are decoded by the sidecar (a client decode of "
-                "several views is not served yet) and not mixed (MixUp/CutMix pair "
-                f"one image per sample); leave {name} unset"
-            )
+    refuse_conflicts(
+        views,
+        conflicts,
+        "each view group names its own size and transforms, views are decoded by the "
+        "sidecar (a client decode of several views is not served yet) and not mixed "
+        "(MixUp/CutMix pair one image per sample)",
+    )
 
 
 def _layout(layout: Layout | None, augment: AugmentSpec) -> Layout:
