@@ -176,6 +176,8 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     # a resume repeats the same pixels of every view, in a mix too.
     "views": dict(views=VIEWS, augment=None, image_size=None),
     "views_mix": dict(views=VIEWS, augment=None, image_size=None),
+    # Each copy's views keyed by its copy index too.
+    "views_repeats": dict(views=VIEWS, augment=None, image_size=None, repeats=REPEATS),
 }
 
 
@@ -338,6 +340,7 @@ MATRIX = [
     Row("plain", "views", "kill"),
     Row("stateful", "views", "break"),
     Row("plain", "views_mix", "kill"),
+    Row("stateful", "views_repeats", "break"),
     Row("workers", "views", "none", full_only=True),
     Row("stateful", "views_mix", "break", full_only=True),
 ]

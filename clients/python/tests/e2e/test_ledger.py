@@ -389,7 +389,7 @@ def _expected(row: Row, data: Data) -> Expected:
     if "max_steps" in options:
         # 6 batches an epoch: epoch 0 whole, epoch 1's first 3.
         whole = False
-    repeats = REPEATS if row.feature.startswith("repeats") else 1
+    repeats = REPEATS if "repeats" in row.feature else 1
     return Expected(sources, WORLD, epochs, whole, batches, corrupt, repeats)
 
 
