@@ -337,6 +337,7 @@ def synthetic_setup(
     env = _shardfeed_env(endpoint)
     listen = f"unix:{unix_socket}" if unix_socket else f"127.0.0.1:{_free_port()}"
     target = f"unix://{unix_socket}" if unix_socket else listen
+    metrics = f"127.0.0.1:{_free_port()}"
     server = subprocess.Popen(
         [
             binary,
@@ -344,7 +345,7 @@ def synthetic_setup(
             "--listen",
             listen,
             "--metrics-listen",
-            f"127.0.0.1:{_free_port()}",
+            metrics,
         ],
         env=dict(env, SHARDFEED_LOG=os.environ.get("SHARDFEED_BENCH_SERVER_LOG", "warn")),
     )
@@ -356,6 +357,7 @@ def synthetic_setup(
         "endpoint": endpoint,
         "dataset": "s3://demo/photos/",
         "target": target,
+        "metrics_url": f"http://{metrics}/metrics",
         "processes": [server, s3],
         "server_pid": server.pid,
         "s3_pid": s3.pid,

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .delivered import _process_cpu, synthetic_setup
-from .memory import _status_kib
+from .memory import _scrape_metric, _status_kib
 from .training import (
     _IterableBase,
     _shard_keys,
@@ -41,6 +41,8 @@ from .training import (
     worker_shard_samples,
 )
 from .views import dinov2_transforms, dinov2_views, simclr_transform, simclr_views
+
+RESERVED = "shardfeed_stream_memory_reserved_bytes"
 
 
 def recipe_views(name: str) -> tuple[Any, dict[str, Any]]:
@@ -87,7 +89,8 @@ class _RecipeLoader:
         return samples
 
 
-def sidecar_run(target: str, dataset: str, batch_size: int, views: Any) -> int:
+def sidecar_run(target: str, dataset: str, batch_size: int, views: Any, during: Any = None) -> int:
+    """One epoch of views; ``during()`` is called once a batch has come."""
     from shardfeed import Client
 
     samples = checksum = 0
@@ -98,6 +101,9 @@ def sidecar_run(target: str, dataset: str, batch_size: int, views: Any) -> int:
             raise RuntimeError("asked for shared memory, got inline")
         checksum += sum(int(group.images[0, 0, 0, 0]) for group in batch.views)
         samples += len(batch.labels)
+        if during is not None:
+            during()
+            during = None
     return samples
 
 
@@ -132,7 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         }
         # One untimed pass of the sidecar too (its first batches start the
         # stream's readers).
-        sidecar_run(setup["target"], dataset, args.batch_size, views)
+        reserved: list[float] = []
+        sidecar_run(
+            setup["target"],
+            dataset,
+            args.batch_size,
+            views,
+            lambda: reserved.append(_scrape_metric(setup["metrics_url"], RESERVED)),
+        )
         results = run_interleaved(contenders, args.repeats)
         # The sidecar's peak resident memory, against the formula's batch
         # term: (decode_ahead 2 + ready_batches 2 + 3) batches of every view.
@@ -160,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  sidecar peak RSS {peak / 2**20:.0f} MiB; a batch of views {batch_bytes / 2**20:.1f} "
         f"MiB, the formula's batch term 7 x that = {7 * batch_bytes / 2**20:.0f} MiB"
     )
-    memory = {"peak_rss_bytes": peak, "batch_bytes": batch_bytes}
+    print(f"  the stream's reservation (its whole formula) {reserved[0] / 2**20:.0f} MiB")
+    memory = {"peak_rss_bytes": peak, "batch_bytes": batch_bytes, "reserved_bytes": reserved[0]}
     print(
         json.dumps({"recipe": recipe, **summary, "ratio": ratio, "cpu_ratio": cpu_ratio, **memory})
     )
