@@ -340,7 +340,7 @@ MATRIX = [
     Row("plain", "views", "kill"),
     Row("stateful", "views", "break"),
     Row("plain", "views_mix", "kill"),
-    Row("stateful", "views_repeats", "break"),
+    Row("stateful", "views_repeats", "break", full_only=True),
     Row("workers", "views", "none", full_only=True),
     Row("stateful", "views_mix", "break", full_only=True),
 ]
