@@ -66,16 +66,7 @@ impl SampleDecoder {
     /// Decodes `emitted` into `out`, or, for a client slot, fills it in its
     /// mode's form and decides its box and flip as a decode would.
     fn run(&self, emitted: &EmittedSample, placement: &Placement, out: &mut [u8]) -> SampleOutcome {
-        let (format, data) = match (&emitted.sample.unreadable, &emitted.sample.image) {
-            (Some(unreadable), _) => return Err((unreadable.reason, unreadable.message.clone())),
-            (None, Some((format, data))) => (*format, data),
-            (None, None) => {
-                return Err((
-                    "no_image",
-                    "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
-                ))
-            }
-        };
+        let (format, data) = emitted.image()?;
         let origin = &emitted.origin;
         let key = emitted.augment_key();
         if let Some(slot) = placement.client {

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::dataset::Dataset;
-use crate::shard::RawSample;
+use crate::shard::{ImageFormat, RawSample};
 
 /// Where emitted samples come from, and what keys their augmentation: one
 /// per stream, or per part of a source of a mixed stream.
@@ -50,6 +52,20 @@ impl EmittedSample {
             epoch: self.origin.epoch,
             sample: self.identity(),
             copy: self.copy,
+        }
+    }
+
+    /// The sample's compressed image, or why there is none to decode (its
+    /// reader's reason, or no image member): a substitution's reason and
+    /// message.
+    pub fn image(&self) -> Result<(ImageFormat, &Bytes), (&'static str, String)> {
+        match (&self.sample.unreadable, &self.sample.image) {
+            (Some(unreadable), _) => Err((unreadable.reason, unreadable.message.clone())),
+            (None, Some((format, data))) => Ok((*format, data)),
+            (None, None) => Err((
+                "no_image",
+                "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
+            )),
         }
     }
 }

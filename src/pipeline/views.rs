@@ -122,16 +122,7 @@ fn decode_sample(
     emitted: &EmittedSample,
     outs: &mut [&mut [u8]],
 ) -> ViewsOutcome {
-    let (format, data) = match (&emitted.sample.unreadable, &emitted.sample.image) {
-        (Some(unreadable), _) => return Err((unreadable.reason, unreadable.message.clone())),
-        (None, Some((format, data))) => (*format, data),
-        (None, None) => {
-            return Err((
-                "no_image",
-                "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
-            ))
-        }
-    };
+    let (format, data) = emitted.image()?;
     decode::decode_views_bounded(
         &*common.decoder,
         &common.scratch,

@@ -32,6 +32,7 @@ from typing import Any
 from .delivered import _process_cpu, synthetic_setup
 from .memory import _scrape_metric, _status_kib
 from .training import (
+    LoaderContender,
     _IterableBase,
     _shard_keys,
     _worker_cpu,
@@ -63,30 +64,6 @@ class _RecipeShards(_IterableBase):
     def __iter__(self) -> Iterator[tuple[list[Any], int]]:
         views, _ = recipe_views(self.recipe)
         return worker_shard_samples(self.endpoint, self.bucket, self.keys, views)
-
-
-class _RecipeLoader:
-    """The recipe's DataLoader, workers started and warmed up untimed."""
-
-    def __init__(self, dataset: Any, batch_size: int, workers: int) -> None:
-        import torch.utils.data
-
-        self.loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=batch_size,
-            num_workers=workers,
-            multiprocessing_context="spawn",
-            persistent_workers=True,
-            drop_last=True,
-        )
-        self.run()
-
-    def run(self) -> int:
-        samples, checksum = 0, 0.0
-        for views, labels in self.loader:
-            checksum += float(views[0][0, 0, 0, 0])  # touch it, as a trainer would
-            samples += len(labels)
-        return samples
 
 
 def sidecar_run(target: str, dataset: str, batch_size: int, views: Any, during: Any = None) -> int:
@@ -125,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         endpoint, dataset = setup["endpoint"], setup["dataset"]
         bucket, keys = _shard_keys(endpoint, dataset)
-        loader = _RecipeLoader(
+        loader = LoaderContender(
             _RecipeShards(endpoint, bucket, keys, recipe), args.batch_size, args.workers
         )
         server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
