@@ -144,6 +144,53 @@ def test_a_view_is_its_box_resized_then_its_ops(
     assert 0 < flips < len(augmented)
 
 
+def _without_ops(spec: Views) -> Views:
+    """The same views with only their crops (no flip, no ops after it)."""
+    stripped = {
+        "horizontal_flip": 0.0,
+        "color_jitter": None,
+        "grayscale": 0.0,
+        "gaussian_blur": None,
+        "solarize": None,
+    }
+    return views(
+        {
+            group.name: [dataclasses.replace(view, **stripped) for view in group.views]
+            for group in spec.groups
+        }
+    )
+
+
+def test_dinov2s_own_transforms_replay_view_by_view_with_torchvision(
+    server: Server,
+    photos: tuple[str, dict[str, bytes]],  # noqa: F811
+) -> None:
+    """DataAugmentationDINO's transforms as dinov2 writes them, converted
+    and served: each view's reported decisions, replayed by torchvision on
+    the same view without its ops, give the pixels the sidecar sent."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    from shardfeed import replay, views_from_torchvision
+    from shardfeed_benchmarks.views import dinov2_transforms
+
+    uri, _ = photos
+    client = Client(server.target)
+    dinov2 = views_from_torchvision(dinov2_transforms())
+    augmented = _rows(client, uri, dinov2)
+    plain = _rows(client, uri, _without_ops(dinov2))
+    assert len(augmented) == 16 * 10
+    ran = set()
+    for row, (image, box, _, ops) in augmented.items():
+        source, plain_box, _, _ = plain[row]
+        np.testing.assert_array_equal(box, plain_box)
+        chw = torch.from_numpy(source.transpose(2, 0, 1).copy())
+        theirs = replay(chw, ops).permute(1, 2, 0).numpy()
+        diff = np.abs(image.astype(np.int16) - theirs.astype(np.int16))
+        assert np.mean(diff <= 1) >= 0.99, (row, ops)
+        ran.update(name for name, _ in ops)
+    assert {"horizontal_flip", "adjust_brightness", "gaussian_blur"} <= ran, ran
+
+
 def test_views_are_the_samples_own_at_any_world_size_and_over_shared_memory(
     server: Server,
     unix_server: Server,
