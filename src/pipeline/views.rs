@@ -184,11 +184,13 @@ pub(super) fn decode_batch(
             })
             .collect();
         crate::metrics::pool::samples(samples.len() as u64, 0);
-        let mut crops: Vec<Vec<CropBox>> = outcomes
-            .iter()
-            .map(|outcome| outcome.clone().unwrap_or_default())
-            .collect();
-        let failures: Vec<_> = outcomes.into_iter().map(Result::err).collect();
+        let (mut crops, failures): (Vec<Vec<CropBox>>, Vec<_>) = outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Ok(boxes) => (boxes, None),
+                Err(failure) => (Vec::new(), Some(failure)),
+            })
+            .unzip();
         let images: &mut [u8] = match &mut lease {
             Some(lease) => &mut lease.as_mut_slice()[..length],
             None => &mut heap[..length],
