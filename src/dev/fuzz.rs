@@ -189,13 +189,17 @@ pub fn pool_unit(data: &[u8]) {
                 &unit,
                 &|| false,
             );
-            let checked = wire::answers_from_wire(&answer, unit.samples.len(), spec.bytes());
+            let checked = wire::answers_from_wire(&answer, unit.samples.len(), &spec);
             assert!(checked.is_some(), "a worker's own answer is refused");
         }
     }
     if let Some((&samples, rest)) = data.split_first() {
         if let Ok(answer) = pool_pb::DecodedUnit::decode(rest) {
-            let _ = wire::answers_from_wire(&answer, usize::from(samples % 8), 48);
+            let _ = wire::answers_from_wire(
+                &answer,
+                usize::from(samples % 8),
+                &crate::decode::OutputSpec::center(4, 4).into(),
+            );
         }
     }
 }

@@ -45,7 +45,7 @@ fn wire_bytes(jpegs: &[bytes::Bytes], unit_samples: usize) -> (f64, f64) {
         .collect();
     let (mut out, mut back, mut count) = (0usize, 0usize, 0usize);
     for unit in samples.chunks(unit_samples.max(1)) {
-        out += wire::unit_to_wire(0, &TRAIN, unit).encoded_len();
+        out += wire::unit_to_wire(0, TRAIN, unit).encoded_len();
         let answer = wire::pb::DecodedUnit {
             unit_id: 0,
             pixels: vec![0u8; TRAIN.bytes() * unit.len()].into(),

@@ -60,12 +60,7 @@ impl Engine {
                 tier: self.tier(&request.output),
                 delivery: request.output.delivery,
                 metrics: metrics.clone(),
-                // A unit carries one spec: a stream of views decodes here
-                // (the same pixels, as a unit's are a function of it alone).
-                remote: self
-                    .remote
-                    .clone()
-                    .filter(|_| request.output.views.is_none()),
+                remote: self.remote.clone(),
                 views: request.output.views.clone(),
             },
             planned,

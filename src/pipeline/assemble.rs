@@ -282,12 +282,13 @@ pub(super) fn decode_batch(
     shared_slot: Option<shm::SlotLease>,
 ) -> oneshot::Receiver<DecodedBatch> {
     if let Some(views) = &common.views {
-        // Decoded here, from the original: a views stream has no share,
-        // pool or tier (the engine's checks).
+        // From the original, here or on the decode pool: a views stream
+        // has no share or tier (the engine's checks).
         return super::views::decode_batch(
             common,
             views.clone(),
             buffers,
+            remote,
             samples,
             index,
             shared_slot,
@@ -316,7 +317,7 @@ pub(super) fn decode_batch(
     };
     // The pool's units leave first; local cores decode the rest meanwhile,
     // then place the answers and decode whatever the pool did not answer.
-    let answers = remote.send(&common.spec, &samples);
+    let answers = remote.send(common.spec.into(), &samples);
     let started = Instant::now();
     let (local_tx, local_rx) = oneshot::channel();
     let local_decoder = sample_decoder.clone();

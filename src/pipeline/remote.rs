@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 use super::context::StreamCommon;
 use super::encoded::Delivery;
 use super::sample::EmittedSample;
-use crate::decode::OutputSpec;
 use crate::metrics::pool as pool_metrics;
 use crate::pool::client::UnitAnswer;
-use crate::pool::wire::UnitSample;
+use crate::pool::wire::{UnitOutput, UnitSample};
 use crate::pool::{PoolClient, PoolShareSetting};
 
 /// Waits on the client shorter than this (scheduling noise) count as none.
@@ -78,7 +77,7 @@ impl RemotePart {
     /// the last came.
     pub fn send(
         &self,
-        spec: &OutputSpec,
+        output: UnitOutput,
         samples: &[EmittedSample],
     ) -> tokio::task::JoinHandle<(Vec<UnitResult>, Instant)> {
         let units: Vec<(Vec<usize>, Vec<UnitSample>)> = self
@@ -92,9 +91,11 @@ impl RemotePart {
                 (slots.clone(), unit)
             })
             .collect();
-        let (client, spec) = (self.client.clone(), *spec);
+        let client = self.client.clone();
         tokio::spawn(async move {
-            let answers = units.iter().map(|(_, unit)| client.decode(&spec, unit));
+            let answers = units
+                .iter()
+                .map(|(_, unit)| client.decode(output.clone(), unit));
             let answers = futures::future::join_all(answers).await;
             let answered = Instant::now();
             let results = units

@@ -19,9 +19,10 @@ use super::batch::{BatchImages, DecodedBatch};
 use super::buffers::BufferPool;
 use super::context::StreamCommon;
 use super::sample::EmittedSample;
-use super::shm;
+use super::{remote, shm};
 use crate::decode::{self, CropBox, Views};
 use crate::metrics;
+use crate::pool::wire::{SampleAnswer, UnitOutput};
 
 /// One group's place in a batch's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,11 @@ impl ViewLayout {
             })
             .collect();
         Self { batch, groups }
+    }
+
+    /// Bytes of one sample's views.
+    pub fn sample_bytes(&self) -> usize {
+        self.groups.iter().map(|g| g.views * g.view_bytes).sum()
     }
 
     /// The batch's bytes.
@@ -136,18 +142,173 @@ fn decode_sample(
     .map_err(|e| (e.reason(), e.to_string()))
 }
 
+#[derive(Clone)]
 struct ViewsDecoder {
     decoder: Arc<dyn decode::Decoder>,
     scratch: Arc<decode::ScratchBudget>,
     views: Arc<Views>,
 }
 
-/// Decodes a batch of views on the pool, each sample once, its views
-/// straight into their places (process memory, or the ring slot).
+/// A batch of views being decoded: its bytes, and each sample's outcome
+/// once it has one (decoded here, or answered by the decode pool).
+struct ViewsWork {
+    layout: ViewLayout,
+    samples: Vec<EmittedSample>,
+    outcomes: Vec<Option<ViewsOutcome>>,
+    heap: Vec<u8>,
+    lease: Option<shm::SlotLease>,
+    /// Samples whose views the pool decoded.
+    remote: usize,
+}
+
+impl ViewsWork {
+    fn new(
+        views: &Views,
+        samples: Vec<EmittedSample>,
+        buffers: &BufferPool,
+        lease: Option<shm::SlotLease>,
+    ) -> Self {
+        let layout = ViewLayout::new(views, samples.len());
+        let heap = match lease {
+            Some(_) => Vec::new(),
+            None => buffers.take(layout.length()),
+        };
+        Self {
+            layout,
+            outcomes: vec![None; samples.len()],
+            samples,
+            heap,
+            lease,
+            remote: 0,
+        }
+    }
+
+    fn images(&mut self) -> &mut [u8] {
+        images_of(&mut self.heap, &mut self.lease, self.layout.length())
+    }
+
+    /// Decodes every sample with no outcome yet, except those `reserved`
+    /// (the pool's), each once, its views straight into their places.
+    fn decode_rest(
+        &mut self,
+        decoder: &ViewsDecoder,
+        stream_metrics: &metrics::StreamMetrics,
+        reserved: &[bool],
+    ) {
+        let Self {
+            layout,
+            samples,
+            outcomes,
+            heap,
+            lease,
+            ..
+        } = self;
+        let images = images_of(heap, lease, layout.length());
+        let pending: Vec<_> = layout
+            .split(images)
+            .into_iter()
+            .zip(samples.iter())
+            .enumerate()
+            .filter(|(slot, _)| {
+                outcomes[*slot].is_none() && !reserved.get(*slot).copied().unwrap_or(false)
+            })
+            .collect();
+        let decoded: Vec<(usize, ViewsOutcome)> = pending
+            .into_par_iter()
+            .map(|(slot, (mut outs, emitted))| {
+                let started = Instant::now();
+                let outcome = decode_sample(decoder, emitted, &mut outs);
+                stream_metrics.decode_time(started.elapsed().as_secs_f64());
+                (slot, outcome)
+            })
+            .collect();
+        for (slot, outcome) in decoded {
+            outcomes[slot] = Some(outcome);
+        }
+    }
+
+    /// Writes each sample the pool decoded into its views' places (the
+    /// unit holds a sample's views one after another, in the order of
+    /// [`Views::specs`]); one it failed, or a unit it never answered,
+    /// stays for local decode.
+    fn place_answers(&mut self, answers: Vec<remote::UnitResult>) {
+        for (slots, answer) in answers {
+            let Some(answer) = answer else {
+                continue;
+            };
+            let sample_bytes = self.layout.sample_bytes();
+            for (i, (&slot, sample)) in slots.iter().zip(answer.samples).enumerate() {
+                let SampleAnswer::DecodedViews(boxes) = sample else {
+                    continue;
+                };
+                let mut pixels = &answer.pixels[i * sample_bytes..(i + 1) * sample_bytes];
+                let ranges: Vec<_> = self.layout.ranges(slot).collect();
+                let images = self.images();
+                for range in ranges {
+                    let (view, rest) = pixels.split_at(range.len());
+                    images[range].copy_from_slice(view);
+                    pixels = rest;
+                }
+                self.outcomes[slot] = Some(Ok(boxes));
+                self.remote += 1;
+            }
+        }
+    }
+
+    /// The batch, with failures substituted (every view of a failed
+    /// sample from the same source) and labels and fields gathered.
+    fn finish(mut self, buffers: &BufferPool, index: u64) -> DecodedBatch {
+        let length = self.layout.length();
+        crate::metrics::pool::samples(
+            (self.samples.len() - self.remote) as u64,
+            self.remote as u64,
+        );
+        let (mut crops, failures): (Vec<Vec<CropBox>>, Vec<_>) = std::mem::take(&mut self.outcomes)
+            .into_iter()
+            .map(|outcome| {
+                match outcome.unwrap_or_else(|| Err(("internal", "sample left undecoded".into()))) {
+                    Ok(boxes) => (boxes, None),
+                    Err(failure) => (Vec::new(), Some(failure)),
+                }
+            })
+            .unzip();
+        let samples = std::mem::take(&mut self.samples);
+        let layout = self.layout.clone();
+        let images = self.images();
+        let mut batch =
+            DecodedBatch::settle(index, samples, &failures, &mut crops, |slot, from| {
+                layout.copy_sample(images, slot, from)
+            });
+        batch.view_crops = crops;
+        batch.image_bytes = length;
+        batch.images = match self.lease {
+            Some(lease) => BatchImages::Shared(lease),
+            None => BatchImages::Inline(buffers.share(self.heap).slice(..length)),
+        };
+        batch
+    }
+}
+
+fn images_of<'a>(
+    heap: &'a mut [u8],
+    lease: &'a mut Option<shm::SlotLease>,
+    length: usize,
+) -> &'a mut [u8] {
+    match lease {
+        Some(lease) => &mut lease.as_mut_slice()[..length],
+        None => &mut heap[..length],
+    }
+}
+
+/// Decodes a batch of views, each sample once, its views straight into
+/// their places (process memory, or the ring slot). With `remote`, the
+/// samples it names go to the decode pool first (a unit of views), and
+/// only those it does not answer are decoded here.
 pub(super) fn decode_batch(
     common: &StreamCommon,
     views: Arc<Views>,
     buffers: &BufferPool,
+    remote: Option<remote::RemotePart>,
     samples: Vec<EmittedSample>,
     index: u64,
     shared_slot: Option<shm::SlotLease>,
@@ -161,52 +322,49 @@ pub(super) fn decode_batch(
     let stream_metrics = common.metrics.clone();
     let buffers = buffers.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
-    common.pool.spawn(move || {
-        let layout = ViewLayout::new(&decoder.views, samples.len());
-        let length = layout.length();
-        let (mut heap, mut lease) = match shared_slot {
-            Some(lease) => (Vec::new(), Some(lease)),
-            None => (buffers.take(length), None),
+    let pool = common.pool.clone();
+    let Some(remote) = remote else {
+        pool.spawn(move || {
+            let mut work = ViewsWork::new(&decoder.views, samples, &buffers, shared_slot);
+            work.decode_rest(&decoder, &stream_metrics, &[]);
+            let batch = work.finish(&buffers, index);
+            drop(queued);
+            let _ = tx.send(batch);
+        });
+        return rx;
+    };
+    // As a batch of one output each: the pool's units leave first, local
+    // cores decode the rest meanwhile, then place the answers and decode
+    // whatever the pool did not answer.
+    let answers = remote.send(UnitOutput::Views(decoder.views.clone()), &samples);
+    let started = Instant::now();
+    let (local_tx, local_rx) = oneshot::channel();
+    let (local_decoder, local_metrics, local_buffers) =
+        (decoder.clone(), stream_metrics.clone(), buffers.clone());
+    let mut reserved = vec![false; samples.len()];
+    for slot in remote.slots() {
+        reserved[slot] = true;
+    }
+    pool.spawn(move || {
+        let mut work = ViewsWork::new(&local_decoder.views, samples, &local_buffers, shared_slot);
+        work.decode_rest(&local_decoder, &local_metrics, &reserved);
+        let _ = local_tx.send((work, Instant::now()));
+    });
+    tokio::spawn(async move {
+        let (Ok((mut work, local_done)), answers) = (local_rx.await, answers.await) else {
+            return;
         };
-        let images: &mut [u8] = match &mut lease {
-            Some(lease) => &mut lease.as_mut_slice()[..length],
-            None => &mut heap[..length],
-        };
-        let outcomes: Vec<ViewsOutcome> = layout
-            .split(images)
-            .into_par_iter()
-            .zip(&samples)
-            .map(|(mut outs, emitted)| {
-                let started = Instant::now();
-                let outcome = decode_sample(&decoder, emitted, &mut outs);
-                stream_metrics.decode_time(started.elapsed().as_secs_f64());
-                outcome
-            })
-            .collect();
-        crate::metrics::pool::samples(samples.len() as u64, 0);
-        let (mut crops, failures): (Vec<Vec<CropBox>>, Vec<_>) = outcomes
-            .into_iter()
-            .map(|outcome| match outcome {
-                Ok(boxes) => (boxes, None),
-                Err(failure) => (Vec::new(), Some(failure)),
-            })
-            .unzip();
-        let images: &mut [u8] = match &mut lease {
-            Some(lease) => &mut lease.as_mut_slice()[..length],
-            None => &mut heap[..length],
-        };
-        let mut batch =
-            DecodedBatch::settle(index, samples, &failures, &mut crops, |slot, from| {
-                layout.copy_sample(images, slot, from)
-            });
-        batch.view_crops = crops;
-        batch.image_bytes = length;
-        batch.images = match lease {
-            Some(lease) => BatchImages::Shared(lease),
-            None => BatchImages::Inline(buffers.share(heap).slice(..length)),
-        };
-        drop(queued);
-        let _ = tx.send(batch);
+        // A unit task that panicked answered nothing: all decoded here.
+        let (answers, remote_done) = answers.unwrap_or_else(|_| (Vec::new(), Instant::now()));
+        let nanos = |at: Instant| at.duration_since(started).as_nanos() as i64;
+        remote.finished(nanos(remote_done) - nanos(local_done));
+        pool.spawn(move || {
+            work.place_answers(answers);
+            work.decode_rest(&decoder, &stream_metrics, &[]);
+            let batch = work.finish(&buffers, index);
+            drop(queued);
+            let _ = tx.send(batch);
+        });
     });
     rx
 }

@@ -37,8 +37,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use super::link::{Connector, GrpcConnector};
-use super::wire::{self, pb, SampleAnswer, UnitSample};
-use crate::decode::OutputSpec;
+use super::wire::{self, pb, SampleAnswer, UnitOutput, UnitSample};
 use crate::hash::fmix64;
 use crate::metrics::log_gate::LogGate;
 use crate::metrics::pool as pool_metrics;
@@ -326,7 +325,12 @@ impl PoolClient {
     /// Decodes `samples` on the pool. `None`: no worker answered in time
     /// (none live, all refused or failed, or the deadline passed); the
     /// caller decodes them itself.
-    pub async fn decode(&self, spec: &OutputSpec, samples: &[UnitSample]) -> Option<UnitAnswer> {
+    pub async fn decode(
+        &self,
+        output: impl Into<UnitOutput>,
+        samples: &[UnitSample],
+    ) -> Option<UnitAnswer> {
+        let output = output.into();
         let affinity = samples.first().map_or(0, |sample| sample.key.sample);
         let ranked = self.ranked(affinity);
         if ranked.is_empty() {
@@ -334,21 +338,21 @@ impl PoolClient {
             return None;
         }
         let unit_id = self.inner.next_unit.fetch_add(1, Ordering::Relaxed);
-        let request = wire::unit_to_wire(unit_id, spec, samples);
-        let sample_bytes = spec.bytes();
+        let request = wire::unit_to_wire(unit_id, output.clone(), samples);
         let started = Instant::now();
         let deadline = started + self.inner.config.deadline;
         let mut attempts = FuturesUnordered::new();
         let mut next = 0usize;
         // Which of the ranked workers' attempts have come back.
         let mut returned = [false; MAX_ATTEMPTS];
+        let output = &output;
         let attempt = |order: usize| {
             let worker = ranked[order].clone();
             let request = request.clone();
             let identity = self.inner.identity.clone();
             let token = self.inner.config.token.clone();
             async move {
-                let outcome = attempt(&worker, request, &identity, &token, sample_bytes).await;
+                let outcome = attempt(&worker, request, &identity, &token, output).await;
                 (order, worker, outcome)
             }
         };
@@ -556,7 +560,7 @@ async fn attempt(
     unit: pb::DecodeUnit,
     identity: &str,
     token: &str,
-    sample_bytes: usize,
+    output: &UnitOutput,
 ) -> Result<UnitAnswer, AttemptError> {
     let _slot = worker
         .in_flight
@@ -589,7 +593,7 @@ async fn attempt(
             answer.unit_id
         )));
     }
-    let answers = wire::answers_from_wire(&answer, samples, sample_bytes)
+    let answers = wire::answers_from_wire(&answer, samples, output)
         .ok_or_else(|| AttemptError::Failed("malformed answer".into()))?;
     Ok(UnitAnswer {
         pixels: answer.pixels,

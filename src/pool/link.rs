@@ -86,8 +86,8 @@ impl WorkerLink for GrpcLink {
         token: &str,
     ) -> BoxFuture<'static, Result<pb::DecodedUnit, tonic::Status>> {
         // No answer longer than this unit's can be is read at all.
-        let bound = wire::spec_from_wire(unit.spec.as_ref())
-            .map(|spec| wire::answer_bound(unit.samples.len(), spec.bytes()))
+        let bound = wire::output_from_wire(&unit)
+            .map(|output| wire::answer_bound(unit.samples.len(), &output))
             .map_err(|error| tonic::Status::internal(error.to_string()));
         let mut request = tonic::Request::new(unit);
         let metadata = request.metadata_mut();

@@ -222,7 +222,7 @@ impl Gate {
 }
 
 impl WorkerService {
-    fn check_unit(&self, unit: &pb::DecodeUnit) -> Result<decode::OutputSpec, Status> {
+    fn check_unit(&self, unit: &pb::DecodeUnit) -> Result<wire::UnitOutput, Status> {
         check_unit(unit, self.max_unit_samples, self.max_unit_output_bytes).map_err(|error| {
             pool_metrics::worker_unit("invalid");
             Status::invalid_argument(error.to_string())
@@ -230,15 +230,15 @@ impl WorkerService {
     }
 }
 
-/// A unit's spec, if the unit is one a worker of these bounds decodes: its
-/// spec sound, 1 to `max_samples` samples whose outputs fit
+/// A unit's output, if the unit is one a worker of these bounds decodes:
+/// its spec (or views) sound, 1 to `max_samples` samples whose outputs fit
 /// `max_output_bytes`, every sample's format known.
 pub(crate) fn check_unit(
     unit: &pb::DecodeUnit,
     max_samples: usize,
     max_output_bytes: usize,
-) -> Result<decode::OutputSpec, wire::UnitError> {
-    let spec = wire::spec_from_wire(unit.spec.as_ref())?;
+) -> Result<wire::UnitOutput, wire::UnitError> {
+    let output = wire::output_from_wire(unit)?;
     let samples = unit.samples.len();
     if samples == 0 || samples > max_samples {
         return Err(wire::UnitError {
@@ -248,21 +248,21 @@ pub(crate) fn check_unit(
             ),
         });
     }
-    let output = spec.bytes().saturating_mul(samples);
-    if output > max_output_bytes {
+    let bytes = output.sample_bytes().saturating_mul(samples);
+    if bytes > max_output_bytes {
         return Err(wire::UnitError {
             field: "samples",
             message: format!(
-                "{samples} outputs of {}x{} are {output} bytes, over the worker's \
-                 --max-unit-output-bytes {max_output_bytes}",
-                spec.height, spec.width
+                "{samples} samples of {} output bytes each are {bytes} bytes, over the \
+                 worker's --max-unit-output-bytes {max_output_bytes}",
+                output.sample_bytes()
             ),
         });
     }
     for sample in &unit.samples {
         wire::format_from_wire(sample.format)?;
     }
-    Ok(spec)
+    Ok(output)
 }
 
 #[tonic::async_trait]
@@ -288,7 +288,7 @@ impl pb::decode_pool_server::DecodePool for WorkerService {
             )));
         };
         let unit = request.into_inner();
-        let spec = self.check_unit(&unit)?;
+        let output = self.check_unit(&unit)?;
         let started = Instant::now();
         let busy = pool_metrics::WorkerBusy::enter(self.max_units);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -296,7 +296,7 @@ impl pb::decode_pool_server::DecodePool for WorkerService {
         self.pool.spawn(move || {
             // A unit whose sender has gone (answered by a hedge, or given
             // back to local decode) is not worth a slot's time.
-            let answer = decode_unit(&*decoder, &scratch, &spec, &unit, &|| tx.is_closed());
+            let answer = decode_unit(&*decoder, &scratch, &output, &unit, &|| tx.is_closed());
             let _ = tx.send(answer);
             drop(permit);
         });
@@ -315,15 +315,16 @@ impl pb::decode_pool_server::DecodePool for WorkerService {
     }
 }
 
-/// Decodes every sample of `unit` into one buffer, as a local stream would.
+/// Decodes every sample of `unit` into one buffer, as a local stream would
+/// (each sample once, however many views it has).
 pub(crate) fn decode_unit(
     decoder: &dyn Decoder,
     scratch: &ScratchBudget,
-    spec: &decode::OutputSpec,
+    output: &wire::UnitOutput,
     unit: &pb::DecodeUnit,
     abandoned: &(dyn Fn() -> bool + Sync),
 ) -> pb::DecodedUnit {
-    let sample_bytes = spec.bytes();
+    let sample_bytes = output.sample_bytes();
     let mut pixels = vec![0u8; sample_bytes * unit.samples.len()];
     let answers: Vec<SampleAnswer> = pixels
         .par_chunks_mut(sample_bytes)
@@ -350,8 +351,27 @@ pub(crate) fn decode_unit(
                 sample: sample.sample,
                 copy: sample.copy,
             };
-            match decode::decode_bounded(decoder, scratch, format, &sample.data, spec, &key, out) {
-                Ok(crop) => SampleAnswer::Decoded(crop),
+            let decoded = match output {
+                wire::UnitOutput::One(spec) => {
+                    decode::decode_bounded(decoder, scratch, format, &sample.data, spec, &key, out)
+                        .map(SampleAnswer::Decoded)
+                }
+                wire::UnitOutput::Views(views) => {
+                    let mut outs = views_outputs(views, out);
+                    decode::decode_views_bounded(
+                        decoder,
+                        scratch,
+                        format,
+                        &sample.data,
+                        views,
+                        &key,
+                        &mut outs,
+                    )
+                    .map(|plan| SampleAnswer::DecodedViews(plan.boxes))
+                }
+            };
+            match decoded {
+                Ok(answer) => answer,
                 Err(error) => {
                     out.fill(0);
                     SampleAnswer::Failed {
@@ -367,6 +387,19 @@ pub(crate) fn decode_unit(
         pixels: Bytes::from(pixels),
         results: answers.iter().map(wire::answer_to_wire).collect(),
     }
+}
+
+/// One sample's bytes in a unit's answer cut into its views' outputs, one
+/// after another in the views' order.
+fn views_outputs<'o>(views: &decode::Views, mut out: &'o mut [u8]) -> Vec<&'o mut [u8]> {
+    views
+        .specs()
+        .map(|spec| {
+            let (view, rest) = std::mem::take(&mut out).split_at_mut(spec.bytes());
+            out = rest;
+            view
+        })
+        .collect()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -67,7 +67,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let spec = shardfeed::decode::OutputSpec::center(16, 16);
     let unit = wire::unit_to_wire(
         7,
-        &spec,
+        spec,
         &[wire::UnitSample {
             key: shardfeed::decode::SampleKey {
                 seed: 1,

@@ -209,7 +209,7 @@ impl Target {
                     data: common::jpeg(64, 48, 1).into(),
                 };
                 let spec = shardfeed::decode::OutputSpec::center(32, 32);
-                let mut request = tonic::Request::new(wire::unit_to_wire(1, &spec, &[sample]));
+                let mut request = tonic::Request::new(wire::unit_to_wire(1, spec, &[sample]));
                 let build = wire::build_identity(shardfeed::decode::default_decoder_name());
                 let metadata = request.metadata_mut();
                 metadata.insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());

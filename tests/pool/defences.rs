@@ -40,11 +40,7 @@ async fn hostile_units_are_refused_with_the_field_named() {
             .unwrap();
     let build = wire::build_identity(decode::default_decoder_name());
     let sample = one_sample();
-    let good = wire::unit_to_wire(
-        9,
-        &OutputSpec::center(32, 32),
-        std::slice::from_ref(&sample),
-    );
+    let good = wire::unit_to_wire(9, OutputSpec::center(32, 32), std::slice::from_ref(&sample));
 
     let answer = client
         .decode(call(good.clone(), TOKEN, &build))
@@ -62,7 +58,7 @@ async fn hostile_units_are_refused_with_the_field_named() {
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(status.message().contains("0.0.1"), "{}", status.message());
 
-    let too_many = wire::unit_to_wire(9, &OutputSpec::center(32, 32), &vec![sample.clone(); 65]);
+    let too_many = wire::unit_to_wire(9, OutputSpec::center(32, 32), &vec![sample.clone(); 65]);
     let status = refusal(&mut client, call(too_many, TOKEN, &build)).await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(
@@ -73,7 +69,7 @@ async fn hostile_units_are_refused_with_the_field_named() {
 
     let huge = wire::unit_to_wire(
         9,
-        &OutputSpec::center(4096, 4096),
+        OutputSpec::center(4096, 4096),
         std::slice::from_ref(&sample),
     );
     let status = refusal(&mut client, call(huge, TOKEN, &build)).await;
@@ -99,14 +95,14 @@ async fn hostile_units_are_refused_with_the_field_named() {
     corrupt.data = bytes::Bytes::from_static(b"\xff\xd8 not a jpeg");
     let answer = client
         .decode(call(
-            wire::unit_to_wire(10, &OutputSpec::center(32, 32), &[corrupt]),
+            wire::unit_to_wire(10, OutputSpec::center(32, 32), &[corrupt]),
             TOKEN,
             &build,
         ))
         .await
         .unwrap()
         .into_inner();
-    let answers = wire::answers_from_wire(&answer, 1, 32 * 32 * 3).unwrap();
+    let answers = wire::answers_from_wire(&answer, 1, &OutputSpec::center(32, 32).into()).unwrap();
     assert!(matches!(answers[0], wire::SampleAnswer::Failed { .. }));
 }
 
@@ -227,7 +223,7 @@ async fn calls_are_refused_on_their_headers_before_any_body_is_buffered() {
             .await
             .unwrap();
     let build = wire::build_identity(decode::default_decoder_name());
-    let unit = wire::unit_to_wire(3, &OutputSpec::center(32, 32), &[one_sample()]);
+    let unit = wire::unit_to_wire(3, OutputSpec::center(32, 32), &[one_sample()]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let answer = loop {
         match client.decode(call(unit.clone(), TOKEN, &build)).await {
@@ -289,7 +285,7 @@ async fn a_worker_holds_its_connection_limit_and_closes_idle_connections() {
     .await
     .unwrap();
     let build = shardfeed::pool::wire::build_identity(decode::default_decoder_name());
-    let unit = shardfeed::pool::wire::unit_to_wire(3, &OutputSpec::center(32, 32), &[one_sample()]);
+    let unit = shardfeed::pool::wire::unit_to_wire(3, OutputSpec::center(32, 32), &[one_sample()]);
     let answer = client.decode(call(unit, TOKEN, &build)).await.unwrap();
     assert_eq!(answer.get_ref().pixels.len(), 32 * 32 * 3);
 }
@@ -315,7 +311,7 @@ async fn pool_traffic_is_tls_and_both_ends_must_hold_the_pools_certificates() {
             config.tls = tls;
             let client = PoolClient::start(config, decode::default_decoder_name());
             client.wait_for_workers(1, Duration::from_secs(10)).await;
-            let answer = client.decode(&spec, std::slice::from_ref(&sample)).await;
+            let answer = client.decode(spec, std::slice::from_ref(&sample)).await;
             (answer, client.counts())
         }
     };
@@ -365,7 +361,7 @@ async fn pool_traffic_is_tls_and_both_ends_must_hold_the_pools_certificates() {
         status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
-    let unit = shardfeed::pool::wire::unit_to_wire(1, &spec, std::slice::from_ref(&sample));
+    let unit = shardfeed::pool::wire::unit_to_wire(1, spec, std::slice::from_ref(&sample));
     let build = shardfeed::pool::wire::build_identity(decode::default_decoder_name());
     let refused = shardfeed::pool::wire::pb::decode_pool_client::DecodePoolClient::new(channel)
         .decode(call(unit, TOKEN, &build))
@@ -421,7 +417,7 @@ async fn stalled_handshakes_take_no_connection_places() {
     let client = PoolClient::start(config, decode::default_decoder_name());
     client.wait_for_workers(1, Duration::from_secs(10)).await;
     let spec = OutputSpec::center(32, 32);
-    let answer = client.decode(&spec, &[one_sample()]).await;
+    let answer = client.decode(spec, &[one_sample()]).await;
     assert!(answer.is_some(), "an honest sidecar was kept out");
     drop(strangers);
 }

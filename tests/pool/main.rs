@@ -347,6 +347,118 @@ async fn pooled_batches_equal_local_ones_at_world_one_and_four_and_after_a_resum
     }
 }
 
+/// DINO's shape at test size: two global views that differ in their blur
+/// and solarize, and three local views of one spec.
+fn views_request(dataset: &str) -> pb::StreamBatchesRequest {
+    let crop = |scale_min, scale_max| {
+        Some(pb::augmentation::Crop::RandomResizedCrop(
+            pb::RandomResizedCrop {
+                scale_min: Some(scale_min),
+                scale_max: Some(scale_max),
+                ..Default::default()
+            },
+        ))
+    };
+    let blur = |p| {
+        Some(pb::GaussianBlur {
+            kernel_width: 5,
+            kernel_height: 5,
+            sigma: Some(pb::Range { min: 0.1, max: 2.0 }),
+            p: Some(p),
+        })
+    };
+    let global = |blur_p, solarize| pb::Augmentation {
+        crop: crop(0.32, 1.0),
+        horizontal_flip: 0.5,
+        grayscale: 0.2,
+        gaussian_blur: blur(blur_p),
+        solarize: Some(pb::RandomSolarize {
+            threshold: 128.0,
+            p: solarize,
+        }),
+        ..Default::default()
+    };
+    pb::StreamBatchesRequest {
+        height: 0,
+        width: 0,
+        seed: 5,
+        views: vec![
+            pb::ViewGroup {
+                height: 32,
+                width: 32,
+                views: vec![global(1.0, 0.0), global(0.1, 0.2)],
+                count: 0,
+            },
+            pb::ViewGroup {
+                height: 16,
+                width: 16,
+                views: vec![pb::Augmentation {
+                    crop: crop(0.05, 0.32),
+                    horizontal_flip: 0.5,
+                    gaussian_blur: blur(0.5),
+                    ..Default::default()
+                }],
+                count: 3,
+            },
+        ],
+        ..request(dataset)
+    }
+}
+
+/// The batches' pixels, keys, labels, substitutions and every view's
+/// place, box and decisions.
+fn views_digest(batches: &[pb::Batch]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    digest(batches).hash(&mut hasher);
+    for batch in batches {
+        assert_eq!(batch.views.len(), 2, "a batch of views has both groups");
+        format!("{:?}", batch.views).hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// A unit of views carries the stream's groups; a worker decodes each
+/// sample once into all its views, as the sidecar would: the batches
+/// (every view's pixels, box and decisions, the corrupt sample's every
+/// view substituted) are the same whoever decoded which sample.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_views_equal_local_ones_at_world_one_and_two() {
+    let shards = photos();
+    let local = Harness::start(Options::default()).await;
+    let local_uri = upload(&local.s3, "data", "train/", &shards).await;
+    let workers = [
+        Worker::start([127, 0, 0, 1], TOKEN, None).await,
+        Worker::start([127, 0, 0, 2], TOKEN, None).await,
+    ];
+    for share in [1.0, 0.5] {
+        let (harness, client) =
+            pooled(pool_config(&workers.iter().collect::<Vec<_>>(), share), 2).await;
+        let uri = upload(&harness.s3, "data", "train/", &shards).await;
+        for world_size in [1, 2] {
+            let expected = every_rank(&local, &local_uri, views_request(""), world_size).await;
+            let pooled = every_rank(&harness, &uri, views_request(""), world_size).await;
+            no_repeats(&pooled);
+            assert_eq!(pooled.len(), expected.len());
+            assert!(
+                pooled.iter().any(|b| !b.substituted.is_empty()),
+                "the corrupt sample is in the epoch"
+            );
+            assert_eq!(
+                views_digest(&pooled),
+                views_digest(&expected),
+                "share {share}, world size {world_size}: pooled views differ"
+            );
+        }
+        let counts = client.counts();
+        assert!(counts.answered > 0 && counts.local == 0, "{counts:?}");
+        harness.shutdown().await;
+    }
+    for worker in &workers {
+        assert!(worker.samples() > 0, "{} decoded nothing", worker.addr);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_and_absent_workers_leave_the_epoch_to_local_decode() {
     let shards = photos();

@@ -26,7 +26,7 @@ pub use ops::{
     EraseValue, ErasedBox, Fill, GaussianBlur, Grayscale, HorizontalFlip, Invert, JitterDrawn,
     JitterOp, Kernel, Ops, PhotometricDrawn, Policy, PolicyDrawn, PolicyOp, PolicyStep, Posterize,
     RandomAffine, RandomErasing, RandomPhotometricDistort, RandomRotation, Sharpness, Slot,
-    Solarize, VerticalFlip, MAX_POLICY_OPS,
+    Solarize, VerticalFlip, MAX_JITTER_STEPS, MAX_POLICY_OPS, MAX_TIMM_LAYERS,
 };
 pub use ops::{PilResample, TimmDrawn, TimmOp, TimmRandAugment, TimmStep};
 pub use spec::{CropBox, OutputSpec, Resample, DEFAULT_SIZE, MAX_SIZE};

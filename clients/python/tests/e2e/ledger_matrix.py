@@ -112,6 +112,7 @@ POOLED = (
     "single_ops_pool",
     "timm_deit_pool",
     "groups_pool",
+    "views_pool",
 )
 # Repeated augmentation: every sample twice an epoch, each copy its own crop.
 REPEATS = 2
@@ -176,6 +177,8 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     # a resume repeats the same pixels of every view, in a mix too.
     "views": dict(views=VIEWS, augment=None, image_size=None),
     "views_mix": dict(views=VIEWS, augment=None, image_size=None),
+    # A unit of views: the worker decodes each sample once for all its views.
+    "views_pool": dict(views=VIEWS, augment=None, image_size=None),
     # Each copy's views keyed by its copy index too.
     "views_repeats": dict(views=VIEWS, augment=None, image_size=None, repeats=REPEATS),
 }
@@ -336,10 +339,12 @@ MATRIX = [
     Row("plain", "groups_pool", "worker"),
     Row("stateful", "groups_encoded", "break", full_only=True),
     # Several views per sample, each group one array: exactly once per
-    # sample, every view's pixels the same across a kill or a resume.
+    # sample, every view's pixels the same across a kill or a resume, and
+    # whether a sample's views were decoded here or by a pool worker.
     Row("plain", "views", "kill"),
     Row("stateful", "views", "break"),
     Row("plain", "views_mix", "kill"),
+    Row("plain", "views_pool", "worker"),
     Row("stateful", "views_repeats", "break", full_only=True),
     Row("workers", "views", "none", full_only=True),
     Row("stateful", "views_mix", "break", full_only=True),

@@ -42,7 +42,7 @@ pub use policy::{
     AutoAugment, Fill, Policy, PolicyDrawn, PolicyOp, PolicyStep, DEFAULT_BINS, MAX_POLICY_OPS,
 };
 pub use rotation::RandomRotation;
-pub use timm::{TimmDrawn, TimmOp, TimmRandAugment, TimmStep, MAX_TIMM_OPS};
+pub use timm::{TimmDrawn, TimmOp, TimmRandAugment, TimmStep, MAX_TIMM_LAYERS, MAX_TIMM_OPS};
 
 use super::op::{AugmentError, DrawAt, Op};
 use crate::plan::rng::Rng;
