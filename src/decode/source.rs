@@ -9,7 +9,9 @@
 //! a miss derives the source and crops from it exactly as a hit does, so a
 //! batch is the same bytes whatever the cache holds.
 
-use super::{decode_rgb, resize_rgb, CropBox, DecodeError, OutputSpec, CHANNELS};
+use std::borrow::Cow;
+
+use super::{decode_rgb, resize_rgb, CropBox, DecodeError, OutputSpec, Views, CHANNELS};
 use crate::shard::ImageFormat;
 
 /// How a stored source keeps its pixels.
@@ -141,17 +143,43 @@ pub fn output_from_source(
     crop: &CropBox,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
-    let decoded;
-    let converted;
-    let pixels: &[u8] = match source.kind {
-        SourceKind::Raw => &source.bytes,
+    let pixels = source_rgb(source)?;
+    output_from_pixels(source, &pixels, spec, crop, out)
+}
+
+/// Each view of a sample from its stored source, the source brought to
+/// RGB once for all of them: view `i` is `views`' `i`-th spec cropped at
+/// `crops[i]` (boxes in the original's coordinates, as for one output).
+pub fn views_from_source(
+    source: &StoredSource,
+    views: &Views,
+    crops: &[CropBox],
+    outs: &mut [&mut [u8]],
+) -> Result<(), DecodeError> {
+    if crops.len() != outs.len() || crops.len() != views.count() {
+        return Err(DecodeError::Resize(format!(
+            "{} boxes and {} outputs for {} views",
+            crops.len(),
+            outs.len(),
+            views.count()
+        )));
+    }
+    let pixels = source_rgb(source)?;
+    for ((spec, crop), out) in views.specs().zip(crops).zip(outs.iter_mut()) {
+        output_from_pixels(source, &pixels, spec, crop, out)?;
+    }
+    Ok(())
+}
+
+/// A stored source's packed RGB: borrowed when kept raw, else converted.
+fn source_rgb(source: &StoredSource) -> Result<Cow<'_, [u8]>, DecodeError> {
+    let pixels = match source.kind {
+        SourceKind::Raw => Cow::Borrowed(&source.bytes[..]),
         SourceKind::Yuv420 => {
-            converted = yuv420_to_rgb(&source.bytes, source.width, source.height)?;
-            &converted
+            Cow::Owned(yuv420_to_rgb(&source.bytes, source.width, source.height)?)
         }
         SourceKind::Jpeg { .. } => {
-            decoded = decode_rgb(ImageFormat::Jpeg, &source.bytes)?;
-            decoded.as_raw()
+            Cow::Owned(decode_rgb(ImageFormat::Jpeg, &source.bytes)?.into_raw())
         }
     };
     let expected = source.width as usize * source.height as usize * CHANNELS;
@@ -163,6 +191,16 @@ pub fn output_from_source(
             source.height
         )));
     }
+    Ok(pixels)
+}
+
+fn output_from_pixels(
+    source: &StoredSource,
+    pixels: &[u8],
+    spec: &OutputSpec,
+    crop: &CropBox,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
     resize_rgb(
         pixels,
         source.width,
@@ -337,6 +375,54 @@ mod tests {
             let mut again = vec![0u8; spec.bytes()];
             output_from_source(&source, &spec, &crop, &mut again).unwrap();
             assert_eq!(out, again);
+        }
+    }
+
+    /// Each view from the source is the output one spec of it would be:
+    /// the source is brought to RGB once, in every stored form.
+    #[test]
+    fn each_view_from_a_source_is_its_own_output() {
+        let jpeg = photo(300, 200);
+        let train = |side| OutputSpec {
+            crop: Crop::RandomResized(RandomResizedCrop::default()),
+            ops: Ops::default().with(HorizontalFlip(0.5)),
+            ..OutputSpec::center(side, side)
+        };
+        let views = Views {
+            groups: vec![
+                crate::decode::ViewGroup {
+                    views: vec![train(32), OutputSpec::center(32, 32)],
+                },
+                crate::decode::ViewGroup::repeated(3, train(16)),
+            ],
+        };
+        let key = SampleKey {
+            seed: 3,
+            epoch: 1,
+            sample: 9,
+            copy: 0,
+        };
+        for kind in [
+            SourceKind::Raw,
+            SourceKind::Yuv420,
+            SourceKind::Jpeg { quality: 90 },
+        ] {
+            let form = SourceForm {
+                shorter_side: 100,
+                kind,
+            };
+            let decoder = crate::decode::ImageCrateDecoder;
+            let source = derive_source_with(&decoder, ImageFormat::Jpeg, &jpeg, &form).unwrap();
+            let boxes = views.plan(300, 200, &key).boxes;
+            let mut bytes: Vec<Vec<u8>> = views.specs().map(|s| vec![0; s.bytes()]).collect();
+            let mut outs: Vec<&mut [u8]> = bytes.iter_mut().map(Vec::as_mut_slice).collect();
+            assert!(views_from_source(&source, &views, &boxes[1..], &mut outs).is_err());
+            views_from_source(&source, &views, &boxes, &mut outs).unwrap();
+            for ((spec, crop), got) in views.specs().zip(&boxes).zip(&bytes) {
+                let mut one = vec![0; spec.bytes()];
+                output_from_source(&source, spec, crop, &mut one).unwrap();
+                assert_eq!(&one, got, "{kind:?}");
+            }
         }
     }
 

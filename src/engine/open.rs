@@ -90,12 +90,10 @@ impl Engine {
         request.output.spec.validate()?;
         if let Some(views) = &request.output.views {
             views.validate()?;
-            if request.output.delivery != crate::pipeline::encoded::Delivery::Decoded
-                || request.output.decoded_source.is_some()
-            {
+            if request.output.delivery != crate::pipeline::encoded::Delivery::Decoded {
                 return Err(EngineError::Unsupported(
-                    "several views per sample are delivered decoded, from the original \
-                     image: not with an encoded delivery or the decoded-source tier"
+                    "several views per sample are delivered decoded: not with an encoded \
+                     delivery"
                         .into(),
                 ));
             }
@@ -182,14 +180,13 @@ impl Engine {
 
     /// A decoded stream whose request names no tier uses this server's
     /// default form, where it keeps a tier directory: its first epoch costs
-    /// what the tier off does, later epochs read the tier. Not with a
-    /// decode pool, which decodes what the tier would serve, nor for a
-    /// stream of views (the tier stores one output's source).
+    /// what the tier off does, later epochs read the tier (a stream of
+    /// views too: each view from the one stored source). Not with a
+    /// decode pool, which decodes what the tier would serve.
     fn with_default_tier(&self, mut request: StreamRequest) -> StreamRequest {
         let output = &mut request.output;
         let defaultable = output.decoded_by_default
             && output.delivery == crate::pipeline::encoded::Delivery::Decoded
-            && output.views.is_none()
             && self.remote.is_none();
         output.decoded_source = self.tier.form(output.decoded_source, defaultable);
         request

@@ -39,6 +39,22 @@ fn tier_sample<'a>(
     })
 }
 
+/// Runs `with` given the sample's namer for the tier: the shard's location
+/// is made once, and only when the tier asks.
+pub(super) fn with_tier_name<R>(
+    emitted: &EmittedSample,
+    with: impl for<'n> FnOnce(&'n dyn Fn() -> Option<crate::tier::output::SampleVersion<'n>>) -> R,
+) -> R {
+    let dataset = &emitted.origin.dataset;
+    let location = std::cell::OnceCell::new();
+    let name = || {
+        let location =
+            location.get_or_init(|| dataset.store.location(&dataset.shard_key(emitted.shard)));
+        tier_sample(dataset, location, emitted)
+    };
+    with(&name)
+}
+
 /// Splits the batch's bytes into each slot's region, in slot order.
 fn regions<'b>(mut images: &'b mut [u8], placements: &[Placement]) -> Vec<&'b mut [u8]> {
     placements
@@ -67,7 +83,6 @@ impl SampleDecoder {
     /// mode's form and decides its box and flip as a decode would.
     fn run(&self, emitted: &EmittedSample, placement: &Placement, out: &mut [u8]) -> SampleOutcome {
         let (format, data) = emitted.image()?;
-        let origin = &emitted.origin;
         let key = emitted.augment_key();
         if let Some(slot) = placement.client {
             slot.mode.fill(data, out);
@@ -86,16 +101,7 @@ impl SampleDecoder {
                 &key,
                 out,
             ),
-            Some(tier) => {
-                // Named only when the tier asks: the shard's location is
-                // made once, and only then.
-                let dataset = &origin.dataset;
-                let location = std::cell::OnceCell::new();
-                let name = || {
-                    let location = location
-                        .get_or_init(|| dataset.store.location(&dataset.shard_key(emitted.shard)));
-                    tier_sample(dataset, location, emitted)
-                };
+            Some(tier) => with_tier_name(emitted, |name| {
                 tier.sample_output(
                     &*self.decoder,
                     &self.scratch,
@@ -106,7 +112,7 @@ impl SampleDecoder {
                     name,
                     out,
                 )
-            }
+            }),
         }
         .map_err(|e| (e.reason(), e.to_string()))
     }

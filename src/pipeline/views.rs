@@ -129,16 +129,31 @@ fn decode_sample(
     outs: &mut [&mut [u8]],
 ) -> ViewsOutcome {
     let (format, data) = emitted.image()?;
-    decode::decode_views_bounded(
-        &*common.decoder,
-        &common.scratch,
-        format,
-        data,
-        &common.views,
-        &emitted.augment_key(),
-        outs,
-    )
-    .map(|plan| plan.boxes)
+    let key = emitted.augment_key();
+    match &common.tier {
+        None => decode::decode_views_bounded(
+            &*common.decoder,
+            &common.scratch,
+            format,
+            data,
+            &common.views,
+            &key,
+            outs,
+        )
+        .map(|plan| plan.boxes),
+        Some(tier) => super::assemble::with_tier_name(emitted, |name| {
+            tier.sample_views(
+                &*common.decoder,
+                &common.scratch,
+                format,
+                data,
+                &common.views,
+                &key,
+                name,
+                outs,
+            )
+        }),
+    }
     .map_err(|e| (e.reason(), e.to_string()))
 }
 
@@ -147,6 +162,8 @@ struct ViewsDecoder {
     decoder: Arc<dyn decode::Decoder>,
     scratch: Arc<decode::ScratchBudget>,
     views: Arc<Views>,
+    /// The decoded-source tier: every view from the one stored source.
+    tier: Option<crate::tier::output::TierRequest>,
 }
 
 /// A batch of views being decoded: its bytes, and each sample's outcome
@@ -318,6 +335,7 @@ pub(super) fn decode_batch(
         decoder: common.decoder.clone(),
         scratch: common.scratch.clone(),
         views,
+        tier: common.tier.clone(),
     };
     let stream_metrics = common.metrics.clone();
     let buffers = buffers.clone();

@@ -158,17 +158,6 @@ fn views(
              yet; leave delivery unset (DELIVERY_DECODED)",
         ));
     }
-    if request
-        .decoded_source
-        .as_ref()
-        .is_some_and(|source| source.shorter_side != 0)
-    {
-        return Err(ServiceError::invalid(
-            "decoded_source",
-            "views are defined from the original image: the decoded-source tier does not \
-             store sources for several views yet; leave decoded_source unset",
-        ));
-    }
     let invalid = |e: decode::AugmentError| ServiceError::invalid(e.field, e.to_string());
     let views = super::views::views_from_wire(&request.views).map_err(invalid)?;
     views.validate().map_err(invalid)?;

@@ -19,9 +19,12 @@
 
 use std::sync::Arc;
 
-use crate::decode::source::{derive_source_with, output_from_source, SourceForm, StoredSource};
+use crate::decode::source::{
+    derive_source_with, output_from_source, views_from_source, SourceForm, StoredSource,
+};
 use crate::decode::{
-    decode_bounded, full_size_bounded, CropBox, DecodeError, OutputSpec, SampleKey,
+    decode_bounded, decode_views_bounded, full_size_bounded, CropBox, DecodeError, OutputSpec,
+    SampleKey, Views,
 };
 use crate::decode::{Decoder, ScratchBudget, MAX_SIZE};
 use crate::metrics;
@@ -135,7 +138,9 @@ pub struct FillJob {
     tier: TierRequest,
     source_key: SourceKey,
     format: ImageFormat,
-    spec: OutputSpec,
+    /// The stream's one output (kept too where it is the same every
+    /// epoch); `None` for a stream of views, which keeps the source alone.
+    spec: Option<OutputSpec>,
     key: SampleKey,
 }
 
@@ -150,12 +155,16 @@ impl FillJob {
         budget: &ScratchBudget,
         data: &[u8],
     ) -> Result<bool, DecodeError> {
-        let (tier, spec, source_key) = (&self.tier, &self.spec, &self.source_key);
+        let (tier, source_key) = (&self.tier, &self.source_key);
         let Some(cache) = &tier.cache else {
             return Ok(false);
         };
-        let output_key = is_deterministic(spec).then(|| source_key.output(spec));
-        let output_missing = output_key.filter(|name| !cache.holds(name));
+        let output_missing = self
+            .spec
+            .as_ref()
+            .filter(|spec| is_deterministic(spec))
+            .map(|spec| (spec, source_key.output(spec)))
+            .filter(|(_, name)| !cache.holds(name));
         let source_held = cache.holds(source_key);
         if source_held && output_missing.is_none() {
             return Ok(false);
@@ -166,7 +175,7 @@ impl FillJob {
                 Some(source) => source,
                 None => tier.derive(decoder, self.format, data, Some((cache, source_key)))?,
             };
-            if let Some(name) = output_missing {
+            if let Some((spec, name)) = output_missing {
                 let crop = spec.crop_box(source.original_width, source.original_height, &self.key);
                 let mut out = vec![0u8; spec.bytes()];
                 output_from_source(&source, spec, &crop, &mut out)?;
@@ -217,7 +226,7 @@ impl TierRequest {
             let decoded = decode_bounded(decoder, budget, format, data, spec, key, out);
             if decoded.is_ok() && self.filler.is_some() {
                 if let Some(sample) = named() {
-                    self.offer(format, data, spec, key, &sample);
+                    self.offer(format, data, Some(spec), key, &sample);
                 }
             }
             return decoded;
@@ -235,13 +244,65 @@ impl TierRequest {
         )
     }
 
+    /// A sample's views with the tier on, as [`Self::sample_output`] is
+    /// one output: before `from_epoch` decoded from the original (once for
+    /// all views) and offered to the fill; from then on every view defined
+    /// from the one stored source, read (or derived and stored) once. A
+    /// stream of views keeps no outputs, only the source.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_views<'v>(
+        &self,
+        decoder: &dyn Decoder,
+        budget: &ScratchBudget,
+        format: ImageFormat,
+        data: &[u8],
+        views: &Views,
+        key: &SampleKey,
+        name: impl Fn() -> Option<SampleVersion<'v>>,
+        outs: &mut [&mut [u8]],
+    ) -> Result<Vec<CropBox>, DecodeError> {
+        let named = || {
+            let sample = name();
+            if sample.is_none() {
+                metrics::decoded_tier("unversioned");
+            }
+            sample
+        };
+        if !self.defines(key.epoch) {
+            let decoded = decode_views_bounded(decoder, budget, format, data, views, key, outs);
+            if decoded.is_ok() && self.filler.is_some() {
+                if let Some(sample) = named() {
+                    self.offer(format, data, None, key, &sample);
+                }
+            }
+            return decoded.map(|plan| plan.boxes);
+        }
+        let sample = self.cache.as_ref().and_then(|_| named());
+        let source_key = sample.map(|sample| SourceKey::new(&sample, self.form));
+        let cache = self.cache.as_ref().zip(source_key.as_ref());
+        // Within the scratch budget a decode of the original takes, as a
+        // stored output is read (see `stored_output`).
+        full_size_bounded(budget, format, data, |_, _| {
+            let source = match cache.and_then(|(cache, source_key)| cache.get(source_key)) {
+                Some(source) => source,
+                None => self.derive(decoder, format, data, cache)?,
+            };
+            let boxes = views
+                .plan(source.original_width, source.original_height, key)
+                .boxes;
+            views_from_source(&source, views, &boxes, outs)?;
+            Ok(boxes)
+        })
+    }
+
     /// A sample of an epoch before `from_epoch`, decoded from the original:
-    /// offers it to the background fill unless the tier holds it already.
+    /// offers it to the background fill unless the tier holds it already
+    /// (its source, and its output where `spec` is the same every epoch).
     pub(super) fn offer(
         &self,
         format: ImageFormat,
         data: &[u8],
-        spec: &OutputSpec,
+        spec: Option<&OutputSpec>,
         key: &SampleKey,
         sample: &SampleVersion<'_>,
     ) {
@@ -249,7 +310,8 @@ impl TierRequest {
             return;
         };
         let source_key = SourceKey::new(sample, self.form);
-        let output_held = !is_deterministic(spec) || cache.holds(&source_key.output(spec));
+        let output_held = spec
+            .is_none_or(|spec| !is_deterministic(spec) || cache.holds(&source_key.output(spec)));
         if output_held && cache.holds(&source_key) {
             return;
         }
@@ -262,7 +324,7 @@ impl TierRequest {
             },
             source_key,
             format,
-            spec: *spec,
+            spec: spec.copied(),
             key: *key,
         };
         filler.offer(job, data);

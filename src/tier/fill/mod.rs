@@ -402,7 +402,7 @@ mod tests {
                 sample: i as u64,
                 copy: 0,
             };
-            tier.offer(ImageFormat::Jpeg, image, &spec, &augment, &sample);
+            tier.offer(ImageFormat::Jpeg, image, Some(&spec), &augment, &sample);
         }
         assert_eq!(filler.queued(), 3, "one held, two on disk, two dropped");
         assert_eq!(

@@ -141,14 +141,12 @@ def _check_views(
         "image_size": image_size is not None,
         "resize": stream.resize != "center_crop",
         "delivery": stream.delivery.mode != "decoded",
-        "decoded_source": bool(stream.decoded_source),
     }
     refuse_conflicts(
         views,
         conflicts,
         "each view group names its own size and augmentation, and views are delivered "
-        "decoded from the original image (a client decode or the decoded-source tier of "
-        "several views is not served yet)",
+        "decoded (a client decode of several views is not served yet)",
     )
 
 

@@ -178,6 +178,8 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "views": dict(views=VIEWS, augment=None, image_size=None),
     "views_mix": dict(views=VIEWS, augment=None, image_size=None),
     # A unit of views: the worker decodes each sample once for all its views.
+    # Through the tier: one stored source per sample, every view from it.
+    "views_tier": dict(views=VIEWS, augment=None, image_size=None, decoded_source=64),
     "views_pool": dict(views=VIEWS, augment=None, image_size=None),
     # Each copy's views keyed by its copy index too.
     "views_repeats": dict(views=VIEWS, augment=None, image_size=None, repeats=REPEATS),
@@ -340,11 +342,13 @@ MATRIX = [
     Row("stateful", "groups_encoded", "break", full_only=True),
     # Several views per sample, each group one array: exactly once per
     # sample, every view's pixels the same across a kill or a resume, and
-    # whether a sample's views were decoded here or by a pool worker.
+    # whether a sample's views were decoded here or by a pool worker, or
+    # cropped from the tier's stored source.
     Row("plain", "views", "kill"),
     Row("stateful", "views", "break"),
     Row("plain", "views_mix", "kill"),
     Row("plain", "views_pool", "worker"),
+    Row("plain", "views_tier", "kill"),
     Row("stateful", "views_repeats", "break", full_only=True),
     Row("workers", "views", "none", full_only=True),
     Row("stateful", "views_mix", "break", full_only=True),

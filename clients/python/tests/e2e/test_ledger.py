@@ -467,7 +467,11 @@ def test_every_sample_exactly_once(
             if line.startswith("shardfeed_pool_worker_samples_total")
         )
         assert decoded > 0, "the pool decoded nothing"
-    if row.feature.startswith("tier") or row.feature in ("recipe_tier", "parquet_tier"):
+    if row.feature.startswith("tier") or row.feature in (
+        "recipe_tier",
+        "parquet_tier",
+        "views_tier",
+    ):
         # The tier did its work (in the sidecar now running: a kill resets
         # its counters, not its records): samples filled or served, none
         # left out for want of a version.

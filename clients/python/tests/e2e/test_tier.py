@@ -82,6 +82,79 @@ def test_the_tier_gives_the_same_batches_cold_warm_damaged_and_absent(
         stop(tiered.process)
 
 
+def _views(
+    server: Server, uri: str, epoch: int = 1, **options: Any
+) -> list[tuple[list[np.ndarray], list[np.ndarray], list[int]]]:
+    """Each batch's groups' pixels and boxes, and its labels."""
+    from .test_views import dino_like
+
+    options.setdefault("decoded_source", 64)
+    client = Client(server.target)
+    return [
+        (
+            [group.images.copy() for group in b.views],
+            [group.crop_boxes.copy() for group in b.views],
+            b.labels.tolist(),
+        )
+        for b in client.batches(
+            uri, batch_size=4, views=dino_like(), seed=4, epoch=epoch, **options
+        )
+    ]
+
+
+def _same_views(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        x[2] == y[2]
+        and all(np.array_equal(p, q) for p, q in zip(x[0], y[0]))
+        and all(np.array_equal(p, q) for p, q in zip(x[1], y[1]))
+        for x, y in zip(a, b)
+    )
+
+
+def test_views_from_the_tier_store_each_source_once_and_match_cold_warm_damaged_and_absent(
+    s3: S3, unix_server: Server
+) -> None:
+    """A stream of views through the tier: one stored source per sample
+    (not per view), every view cropped from it, the same bytes and boxes
+    whatever the tier holds; the epochs before the first stored one are the
+    original's."""
+    shards = [
+        write_tar(
+            [
+                (f"v{s}{i:02d}", {"jpg": noise_jpeg(900 + s * 10 + i, 90, 120), "cls": b"%d" % i})
+                for i in range(8)
+            ]
+        )
+        for s in range(2)
+    ]
+    uri = upload(s3, "tierviews", "", shards)
+    expected = _views(unix_server, uri)
+    assert len(expected) == 4 and len(expected[0][0]) == 2
+    original = _views(unix_server, uri, decoded_source=None)
+    assert not _same_views(expected, original), "the stored source defines other bytes"
+    assert _same_views(
+        _views(unix_server, uri, epoch=0), _views(unix_server, uri, epoch=0, decoded_source=None)
+    )
+
+    directory = Path(tempfile.mkdtemp(prefix="sf-tier-views-"))
+    tiered = start_server(
+        s3, f"unix:{directory}/sf.sock", "--decoded-cache-dir", str(directory / "decoded")
+    )
+    try:
+        for attempt in ("cold", "warm"):
+            assert _same_views(_views(tiered, uri), expected), attempt
+        records = sorted((directory / "decoded").glob("*/*.src"))
+        assert len(records) == 16, "one source per sample, whatever its views"
+        for record in records[::3]:
+            record.write_bytes(record.read_bytes()[:-7])
+        assert _same_views(_views(tiered, uri), expected), "damaged"
+        # The server's default tier applies to a stream of views too.
+        _views(tiered, uri, decoded_source=None)
+        assert len(sorted((directory / "decoded").glob("*/*.src"))) == 32
+    finally:
+        stop(tiered.process)
+
+
 def test_epochs_before_the_first_stored_one_are_the_originals_bytes(
     s3: S3, unix_server: Server
 ) -> None:

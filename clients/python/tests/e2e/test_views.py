@@ -218,7 +218,6 @@ def test_what_views_cannot_be_asked_with_is_refused_by_name(
         ("augment", "train"),
         ("image_size", 64),
         ("delivery", "encoded"),
-        ("decoded_source", 256),
     ):
         with pytest.raises(ValueError, match=f"^{keyword} is set with views"):
             client.batches(uri, views=dino_like(), **{keyword: value})
