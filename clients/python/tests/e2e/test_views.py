@@ -7,6 +7,7 @@ cannot be served is refused naming the field."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any
 
@@ -248,6 +249,7 @@ def test_what_views_cannot_be_asked_with_is_refused_by_name(
 def test_the_dataset_yields_each_group_as_its_transforms_make_it(
     server: Server,
     photos: tuple[str, dict[str, bytes]],  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     torch = pytest.importorskip("torch")
     T = pytest.importorskip("torchvision.transforms")
@@ -283,5 +285,16 @@ def test_the_dataset_yields_each_group_as_its_transforms_make_it(
         )
         torch.testing.assert_close(global_crops, expected, atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(local_crops.numpy(), batch.views[1].images)
-    with pytest.raises(ValueError, match="^decode is set with views"):
-        ShardfeedDataset(uri, target=server.target, views=spec, decode="client")
+    # decode="client": the sidecar decodes every view (the same tensors),
+    # and says so once.
+    with caplog.at_level(logging.WARNING, logger="shardfeed"):
+        client_side = ShardfeedDataset(
+            uri, target=server.target, views=spec, batch_size=8, seed=5, decode="client"
+        )
+    assert [r.getMessage() for r in caplog.records if "decodes every view" in r.getMessage()]
+    for (groups, labels), (theirs, their_labels) in zip(client_side, got):
+        assert torch.equal(labels, their_labels)
+        for mine, other in zip(groups, theirs):
+            assert torch.equal(mine, other)
+    with pytest.raises(ValueError, match="^image_size is set with views"):
+        ShardfeedDataset(uri, target=server.target, views=spec, image_size=64)

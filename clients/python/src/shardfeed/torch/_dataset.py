@@ -8,6 +8,7 @@ them (``_device``), and its DataLoader (``_loader``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,24 +33,36 @@ from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
 __all__ = ["MAX_FETCH_AHEAD", "BatchDict", "Output", "ShardfeedDataset"]
 
+_log = logging.getLogger("shardfeed")
+
 
 def _check_views(
     views: Views, augment: AugmentSpec, image_size: Any, decode: str, mixing: Any
-) -> None:
-    """What a dataset of views cannot be made with, refused by name."""
+) -> str:
+    """What a dataset of views cannot be made with, refused by name; the
+    decode its streams use: the sidecar's, whatever ``decode`` asks."""
     conflicts = {
         "augment": augment is not None,
         "image_size": image_size is not None,
-        "decode": decode != "server",
         "mixing": mixing is not None,
     }
     refuse_conflicts(
         views,
         conflicts,
-        "each view group names its own size and transforms, views are decoded by the "
-        "sidecar (a client decode of several views is not served yet) and not mixed "
+        "each view group names its own size and transforms, and views are not mixed "
         "(MixUp/CutMix pair one image per sample)",
     )
+    if decode != "server":
+        # The same pixels as a decode here would give (the views are the
+        # sidecar's either way); only where the decode runs differs, so it
+        # is said, once per dataset, rather than refused.
+        _log.warning(
+            "views with decode=%r: the sidecar decodes every view, each sample once, and "
+            "the groups are moved to the device; a decode of several views in this process "
+            "is not served. Pass decode='server' to keep this quiet.",
+            decode,
+        )
+    return "server"
 
 
 def _layout(layout: Layout | None, augment: AugmentSpec) -> Layout:
@@ -99,7 +112,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
     them (rows ``v*N:(v+1)*N`` are view ``v`` of every sample), made as the
     group's transforms say (their Normalize and dtype; ``normalize`` and
     ``dtype`` apply to every group) and ``labels`` one per sample. Decoded
-    by the sidecar; no ``mixing``.
+    by the sidecar, whatever ``decode`` says (with ``"client"`` or
+    ``"gpu"`` a warning says so once; the groups go to ``device``); no
+    ``mixing``.
 
     ``sources=[("s3://a/", 0.7), ("s3://b/", 0.3)]`` (or
     :class:`shardfeed.Source` items) instead of ``dataset`` mixes datasets:
@@ -204,8 +219,9 @@ class ShardfeedDataset(IterableDataset[Sample]):
         views: Views | None = None,
         **options: Any,
     ) -> None:
+        stream_decode = decode
         if views is not None:
-            _check_views(views, augment, image_size, decode, mixing)
+            stream_decode = _check_views(views, augment, image_size, decode, mixing)
         # A converted transform brings its output size and layout; one
         # that disagrees with the arguments is refused, never overridden.
         image_size = resolve_image_size(image_size, augment)
@@ -249,6 +265,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self.device_mesh = device_mesh
         self.partition = partition
         self.decode = decode
+        self._stream_decode = stream_decode
         self.device = checked.device
         self.options = checked.options
         self._progress = Progress()
@@ -339,7 +356,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
             augment=self.augment,
             partition=self.partition,
             options=self.options,
-            decode=self.decode,
+            decode=self._stream_decode,
             device=self.device,
             model_input=self.model_input,
             layout=self.layout,
