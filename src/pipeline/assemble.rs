@@ -15,45 +15,9 @@ use super::encoded::{self, BatchShare, Placement};
 use super::sample::EmittedSample;
 use super::substitute::copy_placed_image;
 use super::{remote, shm};
-use crate::dataset::Dataset;
 use crate::decode::{self, CropBox};
 use crate::metrics;
 use crate::pool::wire::SampleAnswer;
-
-/// A sample's versioned identity for the decoded-source tier: its shard's
-/// location and version (ETag, or a loose group's digest of its members'
-/// ETags) and its key, so a changed object is derived anew. `None` (not
-/// kept) when the shard has no version to tell a change by.
-fn tier_sample<'a>(
-    dataset: &'a Dataset,
-    location: &'a str,
-    emitted: &'a EmittedSample,
-) -> Option<crate::tier::output::SampleVersion<'a>> {
-    let shard = &dataset.index.shards[emitted.shard as usize];
-    let version = shard.version()?;
-    Some(crate::tier::output::SampleVersion {
-        location,
-        version,
-        size: shard.size,
-        key: &emitted.sample.key,
-    })
-}
-
-/// Runs `with` given the sample's namer for the tier: the shard's location
-/// is made once, and only when the tier asks.
-pub(super) fn with_tier_name<R>(
-    emitted: &EmittedSample,
-    with: impl for<'n> FnOnce(&'n dyn Fn() -> Option<crate::tier::output::SampleVersion<'n>>) -> R,
-) -> R {
-    let dataset = &emitted.origin.dataset;
-    let location = std::cell::OnceCell::new();
-    let name = || {
-        let location =
-            location.get_or_init(|| dataset.store.location(&dataset.shard_key(emitted.shard)));
-        tier_sample(dataset, location, emitted)
-    };
-    with(&name)
-}
 
 /// Splits the batch's bytes into each slot's region, in slot order.
 fn regions<'b>(mut images: &'b mut [u8], placements: &[Placement]) -> Vec<&'b mut [u8]> {
@@ -101,7 +65,7 @@ impl SampleDecoder {
                 &key,
                 out,
             ),
-            Some(tier) => with_tier_name(emitted, |name| {
+            Some(tier) => emitted.with_tier_name(|name| {
                 tier.sample_output(
                     &*self.decoder,
                     &self.scratch,

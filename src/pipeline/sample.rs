@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use crate::dataset::Dataset;
 use crate::shard::{ImageFormat, RawSample};
+use crate::tier::output::SampleVersion;
 
 /// Where emitted samples come from, and what keys their augmentation: one
 /// per stream, or per part of a source of a mixed stream.
@@ -67,5 +68,30 @@ impl EmittedSample {
                 "sample has no .jpg/.jpeg/.png/.webp member".to_string(),
             )),
         }
+    }
+
+    /// Runs `with` given the sample's namer for the decoded-source tier:
+    /// its shard's location and version (ETag, or a loose group's digest
+    /// of its members' ETags) and its key, so a changed object is derived
+    /// anew; `None` (not kept) when the shard has no version to tell a
+    /// change by. The location is made once, and only when the tier asks.
+    pub fn with_tier_name<R>(
+        &self,
+        with: impl for<'n> FnOnce(&'n dyn Fn() -> Option<SampleVersion<'n>>) -> R,
+    ) -> R {
+        let dataset: &Dataset = &self.origin.dataset;
+        let location = std::cell::OnceCell::new();
+        let name = || {
+            let location =
+                location.get_or_init(|| dataset.store.location(&dataset.shard_key(self.shard)));
+            let shard = &dataset.index.shards[self.shard as usize];
+            Some(SampleVersion {
+                location,
+                version: shard.version()?,
+                size: shard.size,
+                key: &self.sample.key,
+            })
+        };
+        with(&name)
     }
 }

@@ -141,7 +141,7 @@ fn decode_sample(
             outs,
         )
         .map(|plan| plan.boxes),
-        Some(tier) => super::assemble::with_tier_name(emitted, |name| {
+        Some(tier) => emitted.with_tier_name(|name| {
             tier.sample_views(
                 &*common.decoder,
                 &common.scratch,
