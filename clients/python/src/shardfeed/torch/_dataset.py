@@ -37,8 +37,8 @@ _log = logging.getLogger("shardfeed")
 
 
 def _check_views(
-    views: Views, augment: AugmentSpec, image_size: Any, decode: str, mixing: Any
-) -> str:
+    views: Views, augment: AugmentSpec, image_size: Any, decode: Decode, mixing: Any
+) -> Decode:
     """What a dataset of views cannot be made with, refused by name; the
     decode its streams use: the sidecar's, whatever ``decode`` asks."""
     conflicts = {
