@@ -215,13 +215,7 @@ impl TierRequest {
         name: impl Fn() -> Option<SampleVersion<'v>>,
         out: &mut [u8],
     ) -> Result<CropBox, DecodeError> {
-        let named = || {
-            let sample = name();
-            if sample.is_none() {
-                metrics::decoded_tier("unversioned");
-            }
-            sample
-        };
+        let named = || counted(name());
         if !self.defines(key.epoch) {
             let decoded = decode_bounded(decoder, budget, format, data, spec, key, out);
             if decoded.is_ok() && self.filler.is_some() {
@@ -261,13 +255,7 @@ impl TierRequest {
         name: impl Fn() -> Option<SampleVersion<'v>>,
         outs: &mut [&mut [u8]],
     ) -> Result<Vec<CropBox>, DecodeError> {
-        let named = || {
-            let sample = name();
-            if sample.is_none() {
-                metrics::decoded_tier("unversioned");
-            }
-            sample
-        };
+        let named = || counted(name());
         if !self.defines(key.epoch) {
             let decoded = decode_views_bounded(decoder, budget, format, data, views, key, outs);
             if decoded.is_ok() && self.filler.is_some() {
@@ -283,10 +271,7 @@ impl TierRequest {
         // Within the scratch budget a decode of the original takes, as a
         // stored output is read (see `stored_output`).
         full_size_bounded(budget, format, data, |_, _| {
-            let source = match cache.and_then(|(cache, source_key)| cache.get(source_key)) {
-                Some(source) => source,
-                None => self.derive(decoder, format, data, cache)?,
-            };
+            let source = self.source(decoder, format, data, cache)?;
             let boxes = views
                 .plan(source.original_width, source.original_height, key)
                 .boxes;
@@ -365,10 +350,7 @@ impl TierRequest {
         // decode scratch budget (sized by the original, which a stored form
         // never exceeds): a hit holds as much memory as a decode would.
         let crop = full_size_bounded(budget, format, data, |_, _| {
-            let source = match cache.and_then(|(cache, source_key)| cache.get(source_key)) {
-                Some(source) => source,
-                None => self.derive(decoder, format, data, cache)?,
-            };
+            let source = self.source(decoder, format, data, cache)?;
             let crop = spec.crop_box(source.original_width, source.original_height, key);
             output_from_source(&source, spec, &crop, out)?;
             Ok((crop, source.original_width, source.original_height))
@@ -379,6 +361,21 @@ impl TierRequest {
             cache.put(name, &self.output_record(spec, original, out.to_vec()));
         }
         Ok(crop)
+    }
+
+    /// The sample's stored source, or, missing, derived from the original
+    /// and stored where `cache` names a store.
+    fn source(
+        &self,
+        decoder: &dyn Decoder,
+        format: ImageFormat,
+        data: &[u8],
+        cache: Option<(&Arc<dyn SourceStore>, &SourceKey)>,
+    ) -> Result<StoredSource, DecodeError> {
+        match cache.and_then(|(cache, source_key)| cache.get(source_key)) {
+            Some(source) => Ok(source),
+            None => self.derive(decoder, format, data, cache),
+        }
     }
 
     /// The sample's source derived from the original, and stored where
@@ -414,6 +411,15 @@ impl TierRequest {
             bytes,
         }
     }
+}
+
+/// A sample's versioned identity as named, counted where it has none (the
+/// tier then keeps nothing of it).
+fn counted<'v>(sample: Option<SampleVersion<'v>>) -> Option<SampleVersion<'v>> {
+    if sample.is_none() {
+        metrics::decoded_tier("unversioned");
+    }
+    sample
 }
 
 /// Whether `spec` gives a sample the same output every epoch.
