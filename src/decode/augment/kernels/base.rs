@@ -77,14 +77,29 @@ pub(super) fn clamp_cast(value: f32) -> u8 {
     unsafe { clamped.to_int_unchecked::<i32>() as u8 }
 }
 
-/// `x.floor()` for `|x| < 2^31` without a library call (NaN gives 0).
+/// `x.floor()` for every finite `x` without a library call (NaN gives 0).
 #[inline(always)]
+#[allow(clippy::manual_clamp)] // `clamp` keeps a NaN, which the cast must not see
 pub(super) fn floor(x: f32) -> f32 {
-    let truncated = x as i32 as f32;
-    if truncated > x {
+    // Past 2^23 every float is whole. Clamped into that range first, the
+    // value takes the plain truncation the compiler vectorizes: `as i32`'s
+    // saturation is a compare and branch per lane, which kept the hue's
+    // blocks scalar.
+    const WHOLE_PAST: f32 = 8_388_608.0;
+    let bounded = x.max(-WHOLE_PAST).min(WHOLE_PAST);
+    // SAFETY: `bounded` is finite and within ±2^23.
+    let truncated = unsafe { bounded.to_int_unchecked::<i32>() } as f32;
+    let floored = if truncated > x {
         truncated - 1.0
     } else {
         truncated
+    };
+    if x.abs() < WHOLE_PAST {
+        floored
+    } else if x.is_nan() {
+        0.0
+    } else {
+        x
     }
 }
 

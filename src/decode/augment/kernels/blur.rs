@@ -76,14 +76,48 @@ fn reflect(i: isize, n: usize) -> usize {
     }
 }
 
+/// What the taps a blur leaves out may add to a value, at most, in levels:
+/// half a float32 ulp of 255 (2^-17), below what the float32 sums
+/// themselves round away. A Gaussian of a small sigma in a wide kernel
+/// (SimCLR's 23 pixels, sigma from 0.1) puts weights of 1e-20 on its outer
+/// taps: summing them changes no value, and costs most of the time.
+const DROPPED_TAPS_LEVELS: f64 = 1.0 / 131_072.0;
+
+/// The largest level a tap multiplies.
+const LARGEST_LEVEL: f64 = 255.0;
+
+/// The half of a symmetric `kernel` the passes read, written into `half`:
+/// the centre weight, then each pair's weight outward, up to the radius
+/// past which every remaining pair's weights together move a value by at
+/// most [`DROPPED_TAPS_LEVELS`] (each pass leaves out at most that much).
+fn half_kernel_into(half: &mut Vec<f32>, kernel: &[f32]) {
+    let centre = kernel.len() / 2;
+    let mut radius = centre;
+    let mut dropped = 0.0f64;
+    while radius > 0 {
+        let pair = 2.0 * f64::from(kernel[centre + radius]);
+        if (dropped + pair) * LARGEST_LEVEL > DROPPED_TAPS_LEVELS {
+            break;
+        }
+        dropped += pair;
+        radius -= 1;
+    }
+    half.clear();
+    half.extend_from_slice(&kernel[centre..=centre + radius]);
+}
+
 /// What a blur works in, per decode thread, reused: the row pass's
-/// float32 output, one padded source row, the two kernels.
+/// float32 output, one padded source row, the kernels and their halves,
+/// where each pair of taps reads.
 #[derive(Default)]
 struct Scratch {
     rows: Vec<f32>,
     line: Vec<f32>,
     kx: Vec<f32>,
     ky: Vec<f32>,
+    half_x: Vec<f32>,
+    half_y: Vec<f32>,
+    pairs: Vec<(usize, usize)>,
 }
 
 thread_local! {
@@ -98,68 +132,95 @@ pub fn gaussian_blur(pixels: &mut [u8], width: u32, (kernel_x, kernel_y): (u32, 
         return;
     }
     SCRATCH.with(|scratch| {
-        let Scratch { rows, line, kx, ky } = &mut *scratch.borrow_mut();
+        let Scratch {
+            rows,
+            line,
+            kx,
+            ky,
+            half_x,
+            half_y,
+            pairs,
+        } = &mut *scratch.borrow_mut();
         gaussian_kernel_into(kx, kernel_x as usize, sigma);
         gaussian_kernel_into(ky, kernel_y as usize, sigma);
-        blur_passes(pixels, w, kx, ky, rows, line);
+        half_kernel_into(half_x, kx);
+        half_kernel_into(half_y, ky);
+        blur_passes(pixels, w, half_x, half_y, rows, line, pairs);
     });
 }
 
-/// Output values a pass sums at once, in registers: each tap's weight is
+/// Output values a pass sums at once, in registers: each pair's weight is
 /// multiplied into a block of this many and added to their running sums,
-/// which are stored once after the last tap (instead of read and written
-/// back at every tap).
+/// which are stored once after the centre tap.
 const BLOCK: usize = 16;
 
-/// Sums `taps` of the rows `sources` (one per tap) into `out`, block by
-/// block: each value `0 + w0·v0 + w1·v1 + …`, in tap order, in float32,
-/// as a pass that adds one tap at a time over the whole row computes it.
+/// `out[j]`: the symmetric taps around `source[centre + j]`, each pair
+/// `(left, right)` of `pairs` the offsets of a tap and its mirror, of
+/// weight `half[1 + i]`. Summed outward in, the pair's two values added
+/// before their shared weight multiplies them, the centre last: the
+/// smallest terms first, and half the products of a tap at a time.
 #[inline(always)]
-fn weighted_sum(out: &mut [f32], taps: &[f32], sources: &[&[f32]]) {
+fn symmetric_sum(
+    out: &mut [f32],
+    source: &[f32],
+    centre: usize,
+    pairs: &[(usize, usize)],
+    half: &[f32],
+) {
     let len = out.len();
     let blocks = len / BLOCK * BLOCK;
+    let block_at = |offset: usize, start: usize| -> &[f32; BLOCK] {
+        source[offset + start..offset + start + BLOCK]
+            .try_into()
+            .expect("a block of the row")
+    };
     for start in (0..blocks).step_by(BLOCK) {
         let mut sums = [0.0f32; BLOCK];
-        for (&weight, source) in taps.iter().zip(sources) {
-            let values: &[f32; BLOCK] = source[start..start + BLOCK]
-                .try_into()
-                .expect("a block of the row");
-            for (sum, &value) in sums.iter_mut().zip(values) {
-                *sum += weight * value;
+        for (&(left, right), &weight) in pairs.iter().zip(&half[1..]).rev() {
+            let (lefts, rights) = (block_at(left, start), block_at(right, start));
+            for ((sum, &l), &r) in sums.iter_mut().zip(lefts).zip(rights) {
+                *sum += weight * (l + r);
             }
+        }
+        for (sum, &value) in sums.iter_mut().zip(block_at(centre, start)) {
+            *sum += half[0] * value;
         }
         out[start..start + BLOCK].copy_from_slice(&sums);
     }
     for at in blocks..len {
         let mut sum = 0.0f32;
-        for (&weight, source) in taps.iter().zip(sources) {
-            sum += weight * source[at];
+        for (&(left, right), &weight) in pairs.iter().zip(&half[1..]).rev() {
+            sum += weight * (source[left + at] + source[right + at]);
         }
-        out[at] = sum;
+        out[at] = sum + half[0] * source[centre + at];
     }
 }
 
 simd_kernel! {
-/// The two passes, each output's taps summed in registers a block at a
-/// time ([`weighted_sum`]): every output still sums its taps in ascending
-/// order, from zero, in float32.
+/// The two passes, rows then columns, each output's taps summed in
+/// registers a block at a time ([`symmetric_sum`]).
 fn blur_passes(
     pixels: &mut [u8],
     w: usize,
-    kx: &[f32],
-    ky: &[f32],
+    half_x: &[f32],
+    half_y: &[f32],
     rows: &mut Vec<f32>,
     line: &mut Vec<f32>,
+    pairs: &mut Vec<(usize, usize)>,
 ) {
     let stride = w * CHANNELS;
     let h = pixels.len() / stride;
-    let (rx, ry) = ((kx.len() / 2) as isize, (ky.len() / 2) as isize);
+    let (rx, ry) = (half_x.len() - 1, half_y.len() - 1);
     rows.clear();
     rows.resize(pixels.len(), 0.0);
     line.clear();
-    line.resize((w + 2 * rx as usize) * CHANNELS + stride, 0.0);
-    let pad = rx as usize * CHANNELS;
-    let (padded, column) = line.split_at_mut((w + 2 * rx as usize) * CHANNELS);
+    line.resize((w + 2 * rx) * CHANNELS + stride, 0.0);
+    let pad = rx * CHANNELS;
+    let (padded, column) = line.split_at_mut((w + 2 * rx) * CHANNELS);
+    // Along a padded row, a tap `i` pixels left of the centre reads `i`
+    // pixels before it: the same offsets for every row.
+    pairs.clear();
+    pairs.extend((1..=rx).map(|i| (pad - i * CHANNELS, pad + i * CHANNELS)));
     for y in 0..h {
         let source = &pixels[y * stride..(y + 1) * stride];
         // The row itself as one conversion the compiler vectorizes; only
@@ -168,29 +229,22 @@ fn blur_passes(
         for (value, &level) in padded[pad..pad + stride].iter_mut().zip(source) {
             *value = f32::from(level);
         }
-        let padding = (0..rx).chain(w as isize + rx..w as isize + 2 * rx);
+        let padding = (0..rx).chain(w + rx..w + 2 * rx);
         for at in padding {
-            let x = reflect(at - rx, w);
-            let at = at as usize * CHANNELS;
+            let x = reflect(at as isize - rx as isize, w);
+            let at = at * CHANNELS;
             for c in 0..CHANNELS {
                 padded[at + c] = f32::from(source[x * CHANNELS + c]);
             }
         }
-        let padded: &[f32] = padded;
-        let shifted: Vec<&[f32]> = (0..kx.len())
-            .map(|tap| &padded[tap * CHANNELS..tap * CHANNELS + stride])
-            .collect();
-        weighted_sum(&mut rows[y * stride..(y + 1) * stride], kx, &shifted);
+        symmetric_sum(&mut rows[y * stride..(y + 1) * stride], padded, pad, pairs, half_x);
     }
     let rows: &[f32] = rows;
     for y in 0..h {
-        let above_and_below: Vec<&[f32]> = (0..ky.len())
-            .map(|tap| {
-                let source = reflect(y as isize + tap as isize - ry, h);
-                &rows[source * stride..(source + 1) * stride]
-            })
-            .collect();
-        weighted_sum(column, ky, &above_and_below);
+        let row_at = |offset: isize| reflect(y as isize + offset, h) * stride;
+        pairs.clear();
+        pairs.extend((1..=ry as isize).map(|i| (row_at(-i), row_at(i))));
+        symmetric_sum(column, rows, y * stride, pairs, half_y);
         for (out, &value) in pixels[y * stride..(y + 1) * stride].iter_mut().zip(column.iter()) {
             // Rounded half to even, then clamped and cast as a whole number.
             *out = clamp_cast(round_even(value));
@@ -255,50 +309,65 @@ mod tests {
         assert_eq!(reflect(7, 1), 0);
     }
 
-    /// The passes as they were, one tap at a time over the whole row: the
-    /// blocked passes must give the same bits.
-    fn tap_by_tap(pixels: &mut [u8], w: usize, kx: &[f32], ky: &[f32]) {
+    /// The passes' arithmetic one whole row at a time, pair by pair (no
+    /// blocks): the blocked passes must give the same bits.
+    fn pair_by_pair(pixels: &mut [u8], w: usize, half_x: &[f32], half_y: &[f32]) {
         let stride = w * 3;
         let h = pixels.len() / stride;
-        let (rx, ry) = ((kx.len() / 2) as isize, (ky.len() / 2) as isize);
         let mut rows = vec![0.0f32; pixels.len()];
+        let at =
+            |y: usize, x: isize, c: usize| f32::from(pixels[y * stride + reflect(x, w) * 3 + c]);
         for y in 0..h {
-            let out = &mut rows[y * stride..(y + 1) * stride];
-            for (tap, &weight) in kx.iter().enumerate() {
-                for x in 0..w {
-                    let sx = reflect(x as isize + tap as isize - rx, w);
-                    for c in 0..3 {
-                        out[x * 3 + c] += weight * f32::from(pixels[y * stride + sx * 3 + c]);
+            for x in 0..w as isize {
+                for c in 0..3 {
+                    let mut sum = 0.0f32;
+                    for i in (1..half_x.len()).rev() {
+                        let i_ = i as isize;
+                        sum += half_x[i] * (at(y, x - i_, c) + at(y, x + i_, c));
                     }
+                    rows[y * stride + x as usize * 3 + c] = sum + half_x[0] * at(y, x, c);
                 }
             }
         }
-        for y in 0..h {
-            let mut column = vec![0.0f32; stride];
-            for (tap, &weight) in ky.iter().enumerate() {
-                let sy = reflect(y as isize + tap as isize - ry, h);
-                for (sum, &value) in column.iter_mut().zip(&rows[sy * stride..(sy + 1) * stride]) {
-                    *sum += weight * value;
+        for y in 0..h as isize {
+            let row = |offset: isize| reflect(y + offset, h) * stride;
+            for j in 0..stride {
+                let mut sum = 0.0f32;
+                for i in (1..half_y.len()).rev() {
+                    let i_ = i as isize;
+                    sum += half_y[i] * (rows[row(-i_) + j] + rows[row(i_) + j]);
                 }
-            }
-            for (out, value) in pixels[y * stride..(y + 1) * stride].iter_mut().zip(column) {
-                *out = clamp_cast(round_even(value));
+                let value = sum + half_y[0] * rows[row(0) + j];
+                pixels[y as usize * stride + j] = clamp_cast(round_even(value));
             }
         }
     }
 
+    fn half_kernel(size: usize, sigma: f32) -> Vec<f32> {
+        let mut half = Vec::new();
+        half_kernel_into(&mut half, &gaussian_kernel(size, sigma));
+        half
+    }
+
     #[test]
-    fn blocked_passes_give_the_bits_of_one_tap_at_a_time() {
+    fn blocked_passes_give_the_bits_of_pair_by_pair() {
         for (width, height) in [(224usize, 224usize), (96, 96), (37, 23), (5, 1), (1, 7)] {
             let pixels: Vec<u8> = (0..width * height * 3)
                 .map(|i| (crate::hash::fmix64(i as u64 * 7 + 3) % 256) as u8)
                 .collect();
-            for (k, sigma) in [(9u32, 0.1f32), (9, 1.7), (23, 2.0), (3, 0.8), (1, 0.5)] {
+            for (k, sigma) in [
+                (9u32, 0.1f32),
+                (9, 1.7),
+                (23, 2.0),
+                (23, 0.9),
+                (3, 0.8),
+                (1, 0.5),
+            ] {
                 let mut blocked = pixels.clone();
                 gaussian_blur(&mut blocked, width as u32, (k, k), sigma);
                 let mut reference = pixels.clone();
-                let kernel = gaussian_kernel(k as usize, sigma);
-                tap_by_tap(&mut reference, width, &kernel, &kernel);
+                let half = half_kernel(k as usize, sigma);
+                pair_by_pair(&mut reference, width, &half, &half);
                 assert!(
                     blocked == reference,
                     "{width}x{height}, k {k}, sigma {sigma}"
@@ -308,12 +377,51 @@ mod tests {
     }
 
     #[test]
+    fn only_taps_that_cannot_move_a_value_are_left_out() {
+        for k in [3usize, 9, 23, 127] {
+            for step in 1..=60 {
+                let sigma = step as f32 * 0.05;
+                let kernel = gaussian_kernel(k, sigma);
+                let half = half_kernel(k, sigma);
+                let (centre, radius) = (k / 2, half.len() - 1);
+                assert_eq!(half[..], kernel[centre..=centre + radius]);
+                let dropped: f64 = kernel[centre + radius + 1..]
+                    .iter()
+                    .map(|&w| 2.0 * f64::from(w))
+                    .sum();
+                assert!(
+                    dropped * LARGEST_LEVEL <= DROPPED_TAPS_LEVELS,
+                    "k {k} sigma {sigma}"
+                );
+                if radius > 0 {
+                    // The innermost kept pair would have passed the bound.
+                    let kept = 2.0 * f64::from(kernel[centre + radius]);
+                    assert!((dropped + kept) * LARGEST_LEVEL > DROPPED_TAPS_LEVELS);
+                }
+            }
+        }
+        // SimCLR's kernel: nearly whole at sigma 2, a third of it at 0.6,
+        // the centre alone at 0.1.
+        assert_eq!(half_kernel(23, 2.0).len(), 12);
+        assert!(half_kernel(23, 0.6).len() <= 5);
+        assert_eq!(half_kernel(23, 0.1).len(), 1);
+    }
+
+    #[test]
     fn the_two_passes_equal_the_direct_convolution() {
         let (width, height) = (37usize, 23usize);
         let pixels: Vec<u8> = (0..width * height * 3)
             .map(|i| (crate::hash::fmix64(i as u64 / 5) % 256) as u8)
             .collect();
-        for (k, sigma) in [(9, 0.1f32), (9, 2.0), (3, 0.8), (23, 5.0)] {
+        for (k, sigma) in [
+            (9, 0.1f32),
+            (9, 2.0),
+            (3, 0.8),
+            (23, 5.0),
+            (23, 2.0),
+            (23, 0.7),
+            (9, 0.45),
+        ] {
             let mut blurred = pixels.clone();
             gaussian_blur(&mut blurred, width as u32, (k, k), sigma);
             let reference = direct(&pixels, width, k as usize, sigma);

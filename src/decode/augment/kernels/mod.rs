@@ -47,6 +47,21 @@ mod tests {
             }
             x += 0.37;
         }
+        for v in [
+            8_388_607.5f32,
+            8_388_608.0,
+            -8_388_609.0,
+            3e9,
+            -3e9,
+            f32::MAX,
+            f32::MIN,
+        ] {
+            assert_eq!(floor(v), v.floor(), "{v}");
+        }
+        for v in [f32::INFINITY, f32::NEG_INFINITY] {
+            assert_eq!(floor(v), v);
+        }
+        assert_eq!(floor(f32::NAN), 0.0);
     }
 }
 
