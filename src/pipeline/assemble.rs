@@ -86,6 +86,11 @@ impl SampleDecoder {
 /// bytes themselves (process memory or a ring slot), and each sample's
 /// outcome once decoded here or answered by the pool.
 pub(super) struct BatchWork {
+    decoder: SampleDecoder,
+    stream_metrics: metrics::StreamMetrics,
+    buffers: BufferPool,
+    share: Option<BatchShare>,
+    index: u64,
     samples: Vec<EmittedSample>,
     placements: Vec<Placement>,
     length: usize,
@@ -98,10 +103,10 @@ pub(super) struct BatchWork {
 
 impl BatchWork {
     fn new(
-        samples: Vec<EmittedSample>,
+        (decoder, stream_metrics, buffers): (SampleDecoder, metrics::StreamMetrics, BufferPool),
         share: Option<BatchShare>,
-        decoder: &SampleDecoder,
-        buffers: &BufferPool,
+        index: u64,
+        samples: Vec<EmittedSample>,
         shared_slot: Option<shm::SlotLease>,
     ) -> Self {
         let slot = decoder.spec.bytes();
@@ -114,6 +119,11 @@ impl BatchWork {
         };
         let outcomes = vec![None; samples.len()];
         Self {
+            decoder,
+            stream_metrics,
+            buffers,
+            share,
+            index,
             samples,
             placements,
             length,
@@ -130,15 +140,13 @@ impl BatchWork {
             None => &mut self.heap[..self.length],
         }
     }
+}
 
+impl remote::SplitDecode for BatchWork {
     /// Decodes here every sample without an outcome yet, but those
     /// `reserved` (for the pool's answers).
-    fn decode_rest(
-        &mut self,
-        decoder: &SampleDecoder,
-        stream_metrics: &metrics::StreamMetrics,
-        reserved: &[bool],
-    ) {
+    fn decode_rest(&mut self, reserved: &[bool]) {
+        let (decoder, stream_metrics) = (&self.decoder, &self.stream_metrics);
         let (samples, placements, outcomes) = (&self.samples, &self.placements, &self.outcomes);
         let length = self.length;
         let images: &mut [u8] = match &mut self.lease {
@@ -188,13 +196,8 @@ impl BatchWork {
     }
 
     /// The batch, with failures substituted and labels and fields gathered.
-    fn finish(
-        mut self,
-        share: Option<BatchShare>,
-        buffers: &BufferPool,
-        stream_metrics: &metrics::StreamMetrics,
-        index: u64,
-    ) -> DecodedBatch {
+    fn finish(mut self) -> DecodedBatch {
+        let (share, index) = (self.share, self.index);
         let outcomes: Vec<SampleOutcome> = std::mem::take(&mut self.outcomes)
             .into_iter()
             .map(|outcome| {
@@ -226,13 +229,14 @@ impl BatchWork {
         if share.is_some() {
             let (server, client) = (server_decoded, placements.len() - server_decoded);
             metrics::delivered(server, client);
-            stream_metrics.server_decoded(server as f64 / placements.len().max(1) as f64);
+            self.stream_metrics
+                .server_decoded(server as f64 / placements.len().max(1) as f64);
             batch.encoded = placements;
         }
         batch.image_bytes = length;
         batch.images = match self.lease {
             Some(lease) => BatchImages::Shared(lease),
-            None => BatchImages::Inline(buffers.share(self.heap).slice(..length)),
+            None => BatchImages::Inline(self.buffers.share(self.heap).slice(..length)),
         };
         batch
     }
@@ -264,59 +268,20 @@ pub(super) fn decode_batch(
             shared_slot,
         );
     }
-    let (tx, rx) = oneshot::channel();
     let sample_decoder = SampleDecoder {
         decoder: common.decoder.clone(),
         scratch: common.scratch.clone(),
         spec: common.spec,
         tier: common.tier.clone(),
     };
-    let stream_metrics = common.metrics.clone();
-    let buffers = buffers.clone();
+    let parts = (sample_decoder, common.metrics.clone(), buffers.clone());
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
-    let pool = common.pool.clone();
-    let Some(remote) = remote else {
-        pool.spawn(move || {
-            let mut work = BatchWork::new(samples, share, &sample_decoder, &buffers, shared_slot);
-            work.decode_rest(&sample_decoder, &stream_metrics, &[]);
-            let batch = work.finish(share, &buffers, &stream_metrics, index);
-            drop(queued);
-            let _ = tx.send(batch);
-        });
-        return rx;
-    };
-    // The pool's units leave first; local cores decode the rest meanwhile,
-    // then place the answers and decode whatever the pool did not answer.
-    let answers = remote.send(common.spec.into(), &samples);
-    let started = Instant::now();
-    let (local_tx, local_rx) = oneshot::channel();
-    let local_decoder = sample_decoder.clone();
-    let local_metrics = stream_metrics.clone();
-    let local_buffers = buffers.clone();
-    let mut reserved = vec![false; samples.len()];
-    for slot in remote.slots() {
-        reserved[slot] = true;
-    }
-    pool.spawn(move || {
-        let mut work = BatchWork::new(samples, share, &local_decoder, &local_buffers, shared_slot);
-        work.decode_rest(&local_decoder, &local_metrics, &reserved);
-        let _ = local_tx.send((work, Instant::now()));
-    });
-    tokio::spawn(async move {
-        let (Ok((mut work, local_done)), answers) = (local_rx.await, answers.await) else {
-            return;
-        };
-        // A unit task that panicked answered nothing: all decoded here.
-        let (answers, remote_done) = answers.unwrap_or_else(|_| (Vec::new(), Instant::now()));
-        let nanos = |at: Instant| at.duration_since(started).as_nanos() as i64;
-        remote.finished(nanos(remote_done) - nanos(local_done));
-        pool.spawn(move || {
-            work.place_answers(answers);
-            work.decode_rest(&sample_decoder, &stream_metrics, &[]);
-            let batch = work.finish(share, &buffers, &stream_metrics, index);
-            drop(queued);
-            let _ = tx.send(batch);
-        });
-    });
-    rx
+    let remote = remote.map(|part| (part, common.spec.into()));
+    remote::decode_split(
+        common.pool.clone(),
+        queued,
+        remote,
+        samples,
+        move |samples| BatchWork::new(parts, share, index, samples, shared_slot),
+    )
 }

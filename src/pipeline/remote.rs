@@ -15,10 +15,14 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
+
+use super::batch::DecodedBatch;
 use super::context::StreamCommon;
 use super::encoded::Delivery;
 use super::sample::EmittedSample;
 use crate::metrics::pool as pool_metrics;
+use crate::metrics::GaugeGuard;
 use crate::pool::client::UnitAnswer;
 use crate::pool::wire::{UnitOutput, UnitSample};
 use crate::pool::{PoolClient, PoolShareSetting};
@@ -106,6 +110,74 @@ impl RemotePart {
             (results, answered)
         })
     }
+}
+
+/// A batch's decode that the decode pool may take part of (one output per
+/// sample, or several views): what [`decode_split`] drives.
+pub(super) trait SplitDecode: Send + 'static {
+    /// Decodes here every sample without an outcome yet, but those
+    /// `reserved` (the pool's).
+    fn decode_rest(&mut self, reserved: &[bool]);
+    /// Writes each sample the pool decoded into its place; one it failed,
+    /// or a unit it never answered, stays for local decode.
+    fn place_answers(&mut self, answers: Vec<UnitResult>);
+    /// The batch, with failures substituted.
+    fn finish(self) -> DecodedBatch;
+}
+
+/// Decodes a batch on the stream's cores, begun by `begin`. With `remote`,
+/// its units leave first (asking for `output`), local cores decode the rest
+/// meanwhile, then the answers are placed and whatever the pool did not
+/// answer is decoded here; how much later either part finished feeds the
+/// share.
+pub(super) fn decode_split<W: SplitDecode>(
+    cores: Arc<rayon::ThreadPool>,
+    queued: GaugeGuard,
+    remote: Option<(RemotePart, UnitOutput)>,
+    samples: Vec<EmittedSample>,
+    begin: impl FnOnce(Vec<EmittedSample>) -> W + Send + 'static,
+) -> oneshot::Receiver<DecodedBatch> {
+    let (tx, rx) = oneshot::channel();
+    let Some((remote, output)) = remote else {
+        cores.spawn(move || {
+            let mut work = begin(samples);
+            work.decode_rest(&[]);
+            let batch = work.finish();
+            drop(queued);
+            let _ = tx.send(batch);
+        });
+        return rx;
+    };
+    let answers = remote.send(output, &samples);
+    let started = Instant::now();
+    let (local_tx, local_rx) = oneshot::channel();
+    let mut reserved = vec![false; samples.len()];
+    for slot in remote.slots() {
+        reserved[slot] = true;
+    }
+    let local_cores = cores.clone();
+    local_cores.spawn(move || {
+        let mut work = begin(samples);
+        work.decode_rest(&reserved);
+        let _ = local_tx.send((work, Instant::now()));
+    });
+    tokio::spawn(async move {
+        let (Ok((mut work, local_done)), answers) = (local_rx.await, answers.await) else {
+            return;
+        };
+        // A unit task that panicked answered nothing: all decoded here.
+        let (answers, remote_done) = answers.unwrap_or_else(|_| (Vec::new(), Instant::now()));
+        let nanos = |at: Instant| at.duration_since(started).as_nanos() as i64;
+        remote.finished(nanos(remote_done) - nanos(local_done));
+        cores.spawn(move || {
+            work.place_answers(answers);
+            work.decode_rest(&[]);
+            let batch = work.finish();
+            drop(queued);
+            let _ = tx.send(batch);
+        });
+    });
+    rx
 }
 
 /// What the pool needs of a sample; None for one it has nothing to decode.

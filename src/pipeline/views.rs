@@ -169,6 +169,10 @@ struct ViewsDecoder {
 /// A batch of views being decoded: its bytes, and each sample's outcome
 /// once it has one (decoded here, or answered by the decode pool).
 struct ViewsWork {
+    decoder: ViewsDecoder,
+    stream_metrics: metrics::StreamMetrics,
+    buffers: BufferPool,
+    index: u64,
     layout: ViewLayout,
     samples: Vec<EmittedSample>,
     outcomes: Vec<Option<ViewsOutcome>>,
@@ -180,17 +184,21 @@ struct ViewsWork {
 
 impl ViewsWork {
     fn new(
-        views: &Views,
+        (decoder, stream_metrics, buffers): (ViewsDecoder, metrics::StreamMetrics, BufferPool),
+        index: u64,
         samples: Vec<EmittedSample>,
-        buffers: &BufferPool,
         lease: Option<shm::SlotLease>,
     ) -> Self {
-        let layout = ViewLayout::new(views, samples.len());
+        let layout = ViewLayout::new(&decoder.views, samples.len());
         let heap = match lease {
             Some(_) => Vec::new(),
             None => buffers.take(layout.length()),
         };
         Self {
+            decoder,
+            stream_metrics,
+            buffers,
+            index,
             layout,
             outcomes: vec![None; samples.len()],
             samples,
@@ -203,16 +211,15 @@ impl ViewsWork {
     fn images(&mut self) -> &mut [u8] {
         images_of(&mut self.heap, &mut self.lease, self.layout.length())
     }
+}
 
+impl remote::SplitDecode for ViewsWork {
     /// Decodes every sample with no outcome yet, except those `reserved`
     /// (the pool's), each once, its views straight into their places.
-    fn decode_rest(
-        &mut self,
-        decoder: &ViewsDecoder,
-        stream_metrics: &metrics::StreamMetrics,
-        reserved: &[bool],
-    ) {
+    fn decode_rest(&mut self, reserved: &[bool]) {
         let Self {
+            decoder,
+            stream_metrics,
             layout,
             samples,
             outcomes,
@@ -259,9 +266,8 @@ impl ViewsWork {
                     continue;
                 };
                 let mut pixels = &answer.pixels[i * sample_bytes..(i + 1) * sample_bytes];
-                let ranges: Vec<_> = self.layout.ranges(slot).collect();
-                let images = self.images();
-                for range in ranges {
+                let images = images_of(&mut self.heap, &mut self.lease, self.layout.length());
+                for range in self.layout.ranges(slot) {
                     let (view, rest) = pixels.split_at(range.len());
                     images[range].copy_from_slice(view);
                     pixels = rest;
@@ -274,7 +280,8 @@ impl ViewsWork {
 
     /// The batch, with failures substituted (every view of a failed
     /// sample from the same source) and labels and fields gathered.
-    fn finish(mut self, buffers: &BufferPool, index: u64) -> DecodedBatch {
+    fn finish(mut self) -> DecodedBatch {
+        let index = self.index;
         let length = self.layout.length();
         crate::metrics::pool::samples(
             (self.samples.len() - self.remote) as u64,
@@ -300,7 +307,7 @@ impl ViewsWork {
         batch.image_bytes = length;
         batch.images = match self.lease {
             Some(lease) => BatchImages::Shared(lease),
-            None => BatchImages::Inline(buffers.share(self.heap).slice(..length)),
+            None => BatchImages::Inline(self.buffers.share(self.heap).slice(..length)),
         };
         batch
     }
@@ -330,61 +337,23 @@ pub(super) fn decode_batch(
     index: u64,
     shared_slot: Option<shm::SlotLease>,
 ) -> oneshot::Receiver<DecodedBatch> {
-    let (tx, rx) = oneshot::channel();
     let decoder = ViewsDecoder {
         decoder: common.decoder.clone(),
         scratch: common.scratch.clone(),
         views,
         tier: common.tier.clone(),
     };
-    let stream_metrics = common.metrics.clone();
-    let buffers = buffers.clone();
     let queued = metrics::GaugeGuard::new(metrics::DECODE_QUEUE, samples.len() as f64);
-    let pool = common.pool.clone();
-    let Some(remote) = remote else {
-        pool.spawn(move || {
-            let mut work = ViewsWork::new(&decoder.views, samples, &buffers, shared_slot);
-            work.decode_rest(&decoder, &stream_metrics, &[]);
-            let batch = work.finish(&buffers, index);
-            drop(queued);
-            let _ = tx.send(batch);
-        });
-        return rx;
-    };
-    // As a batch of one output each: the pool's units leave first, local
-    // cores decode the rest meanwhile, then place the answers and decode
-    // whatever the pool did not answer.
-    let answers = remote.send(UnitOutput::Views(decoder.views.clone()), &samples);
-    let started = Instant::now();
-    let (local_tx, local_rx) = oneshot::channel();
-    let (local_decoder, local_metrics, local_buffers) =
-        (decoder.clone(), stream_metrics.clone(), buffers.clone());
-    let mut reserved = vec![false; samples.len()];
-    for slot in remote.slots() {
-        reserved[slot] = true;
-    }
-    pool.spawn(move || {
-        let mut work = ViewsWork::new(&local_decoder.views, samples, &local_buffers, shared_slot);
-        work.decode_rest(&local_decoder, &local_metrics, &reserved);
-        let _ = local_tx.send((work, Instant::now()));
-    });
-    tokio::spawn(async move {
-        let (Ok((mut work, local_done)), answers) = (local_rx.await, answers.await) else {
-            return;
-        };
-        // A unit task that panicked answered nothing: all decoded here.
-        let (answers, remote_done) = answers.unwrap_or_else(|_| (Vec::new(), Instant::now()));
-        let nanos = |at: Instant| at.duration_since(started).as_nanos() as i64;
-        remote.finished(nanos(remote_done) - nanos(local_done));
-        pool.spawn(move || {
-            work.place_answers(answers);
-            work.decode_rest(&decoder, &stream_metrics, &[]);
-            let batch = work.finish(&buffers, index);
-            drop(queued);
-            let _ = tx.send(batch);
-        });
-    });
-    rx
+    // As a batch of one output each: the pool's units ask for the views.
+    let remote = remote.map(|part| (part, UnitOutput::Views(decoder.views.clone())));
+    let parts = (decoder, common.metrics.clone(), buffers.clone());
+    remote::decode_split(
+        common.pool.clone(),
+        queued,
+        remote,
+        samples,
+        move |samples| ViewsWork::new(parts, index, samples, shared_slot),
+    )
 }
 
 #[cfg(test)]
