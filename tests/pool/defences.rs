@@ -80,6 +80,41 @@ async fn hostile_units_are_refused_with_the_field_named() {
         status.message()
     );
 
+    // A unit of views counts every view: five 1024² views (15 MiB) fit
+    // the worker's 16 MiB, a sixth of 600² takes them past it.
+    let views = |extra: Option<OutputSpec>| {
+        let mut groups = vec![shardfeed::decode::ViewGroup::repeated(
+            5,
+            OutputSpec::center(1024, 1024),
+        )];
+        groups.extend(extra.map(|spec| shardfeed::decode::ViewGroup::repeated(1, spec)));
+        wire::UnitOutput::Views(Arc::new(shardfeed::decode::Views { groups }))
+    };
+    let fitting = wire::unit_to_wire(11, views(None), std::slice::from_ref(&sample));
+    let answer = client
+        .clone()
+        .max_decoding_message_size(32 << 20)
+        .decode(call(fitting, TOKEN, &build))
+        .await
+        .unwrap();
+    assert_eq!(answer.get_ref().pixels.len(), 5 * 1024 * 1024 * 3);
+    let over = wire::unit_to_wire(
+        12,
+        views(Some(OutputSpec::center(600, 600))),
+        std::slice::from_ref(&sample),
+    );
+    let status = refusal(&mut client, call(over, TOKEN, &build)).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("samples:")
+            && status.message().contains("max-unit-output-bytes")
+            && status
+                .message()
+                .contains(&(5 * 1024 * 1024 * 3 + 600 * 600 * 3).to_string()),
+        "{}",
+        status.message()
+    );
+
     let mut no_spec = good.clone();
     no_spec.spec = None;
     let status = refusal(&mut client, call(no_spec, TOKEN, &build)).await;
