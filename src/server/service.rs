@@ -352,7 +352,11 @@ impl BatchStream {
             encoded: super::delivery::placements_to_wire(&batch.encoded),
             server_decode_settled: batch.search.map(|search| search.center),
             server_decode_search: batch.search.as_ref().map(super::delivery::search_to_wire),
-            augmentation: (self.views.is_none() && self.output.is_random())
+            // A client that decodes reads the resize's interpolation here
+            // too, so a bicubic stream says so even with nothing random.
+            augmentation: (self.views.is_none()
+                && (self.output.is_random()
+                    || self.output.resample != crate::decode::Resample::Bilinear))
                 .then(|| self.output.augmentation_to_wire()),
         }
     }

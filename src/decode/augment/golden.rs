@@ -323,7 +323,7 @@ fn write_golden_vectors() {
         writer.case(name, &spec(224, 224, Ops::NONE.with(erasing(value))), crop);
     }
     // Whole recipes as drawn: several ops in sequence per sample.
-    let recipes: [(&str, Ops); 5] = [
+    let recipes: [(&str, Ops); 7] = [
         (
             "RecipeTrivialAugment",
             Ops::NONE
@@ -359,6 +359,33 @@ fn write_golden_vectors() {
             Ops::NONE
                 .with(ColorJitter::symmetric(0.4, 0.4, 0.4, 0.1))
                 .with(Grayscale.coin(0.2)),
+        ),
+        (
+            // SimCLR's view: jitter 0.8 of strength 0.8, grayscale, a blur
+            // of 10% of the side (23 taps at 224) on half the samples.
+            "RecipeSimCLR",
+            Ops::NONE
+                .with(ColorJitter::symmetric(0.8, 0.8, 0.8, 0.2).with_p(0.8))
+                .with(Grayscale.coin(0.2))
+                .with(row::GaussianBlur {
+                    kernel: (23, 23),
+                    sigma: (0.1, 2.0),
+                    p: 0.5,
+                }),
+        ),
+        (
+            // DINOv2's second global view (BYOL's second view alike): its
+            // blur's p raised from 0.1 so the cases see it often.
+            "RecipeDinoGlobal2",
+            Ops::NONE
+                .with(ColorJitter::symmetric(0.4, 0.4, 0.2, 0.1).with_p(0.8))
+                .with(Grayscale.coin(0.2))
+                .with(row::GaussianBlur {
+                    kernel: (9, 9),
+                    sigma: (0.1, 2.0),
+                    p: 0.5,
+                })
+                .with(row::Solarize { threshold: 128.0 }.coin(0.2)),
         ),
         (
             "RecipeSingleOps",

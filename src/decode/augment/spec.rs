@@ -134,21 +134,28 @@ impl OutputSpec {
     /// Whether a sample's own decisions make it the server's to decode when
     /// delivered encoded: another decoder's pixels differ from the
     /// server's by about a level, which an op with a threshold (Solarize,
-    /// Posterize, Equalize: [`super::PolicyOp::amplifies_level_differences`])
-    /// can turn into up to 255, past the stated tolerance. A function of
-    /// the sample alone (the policy draws from its own key), so which side
-    /// decodes it stays the same at any world size and resume point.
+    /// Posterize, Equalize: [`super::PolicyOp::amplifies_level_differences`];
+    /// RandomSolarize at a threshold other than 128:
+    /// [`super::Solarize::amplifies_level_differences`]) can turn into up
+    /// to 255, past the stated tolerance. A function of the sample alone
+    /// (each op draws from its own key), so which side decodes it stays
+    /// the same at any world size and resume point.
     pub fn decoded_by_server_alone(&self, key: &SampleKey) -> bool {
         use super::op::Op;
-        let policy = &self.ops.auto_augment;
-        if !policy.is_random() {
-            return false;
-        }
         let at = DrawAt {
             key,
             width: self.width,
             height: self.height,
         };
+        let solarize = &self.ops.solarize;
+        if solarize.kernel.amplifies_level_differences() && solarize.draw(&mut key.generator(), &at)
+        {
+            return true;
+        }
+        let policy = &self.ops.auto_augment;
+        if !policy.is_random() {
+            return false;
+        }
         policy
             .draw(&mut key.generator(), &at)
             .steps()
@@ -325,6 +332,47 @@ mod tests {
         }
         // 3 of TrivialAugmentWide's 14 ops: 429 of 2000 +- 61 (99.9%).
         assert!((368..=490).contains(&by_server), "{by_server}");
+    }
+
+    /// RandomSolarize leaves a sample it solarized to the server unless
+    /// its threshold keeps levels a level apart (128: 127 and 128 both
+    /// give 127); the samples it skipped stay the client's.
+    #[test]
+    fn a_solarize_that_jumps_leaves_its_samples_to_the_server() {
+        use crate::decode::augment::ops::RandomSolarize;
+        use crate::decode::augment::Solarize;
+        let with = |threshold: f64| OutputSpec {
+            ops: train(224, 224).ops.with(RandomSolarize {
+                kernel: Solarize { threshold },
+                p: 0.3,
+            }),
+            ..train(224, 224)
+        };
+        for (threshold, jumps) in [
+            (128.0, false),
+            (127.5, false),
+            (0.0, false),
+            (127.0, true),
+            (128.5, true),
+            (200.0, true),
+            (255.0, true),
+        ] {
+            assert_eq!(
+                Solarize { threshold }.amplifies_level_differences(),
+                jumps,
+                "{threshold}"
+            );
+            let spec = with(threshold);
+            let mut by_server = 0;
+            for sample in 0..2000u64 {
+                let k = key(sample_identity("s.tar", &sample.to_string()));
+                let solarized = spec.crop_box(500, 375, &k).drawn.solarize;
+                assert_eq!(spec.decoded_by_server_alone(&k), jumps && solarized);
+                by_server += usize::from(solarized);
+            }
+            // p 0.3: 600 of 2000 +- 67 (99.9%).
+            assert!((533..=667).contains(&by_server), "{by_server}");
+        }
     }
 
     #[test]

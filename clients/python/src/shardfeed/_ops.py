@@ -26,7 +26,18 @@ SampleOps = list[tuple[str, dict[str, Any]]]
 # (``shardfeed.decode.BatchDecoder``, through ``shardfeed.torch.ops``)
 # applies itself: named in an encoded stream's request, so the server
 # leaves those streams' JPEGs to the client.
-CLIENT_OPS = ("horizontal_flip", "auto_augment", "color_jitter", "grayscale", "random_erasing")
+CLIENT_OPS = (
+    "horizontal_flip",
+    "auto_augment",
+    "color_jitter",
+    "grayscale",
+    "gaussian_blur",
+    "solarize",
+    "random_erasing",
+)
+# The resizes past the bilinear default this client's decoder makes as the
+# server does (``shardfeed._resize``), as ``client_ops`` names them.
+CLIENT_RESIZES = ("resize_bicubic",)
 
 # The server's generator (SplitMix64, src/plan/rng.rs), written once for
 # the client: its increment and its finalizer's multipliers. numpy uses

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args
 
 from ._modes import DELIVERY_VALUES, DeliveryMode
-from ._ops import CLIENT_OPS
+from ._ops import CLIENT_OPS, CLIENT_RESIZES
 from ._proto import shardfeed_pb2 as pb
 from ._shm import HostPinning
 from ._wire import ShareSearch
@@ -119,7 +119,7 @@ class Delivery:
         if self.mode == "encoded":
             # BatchDecoder applies every op the server reports; a decoder of
             # one's own applies `Batch.ops` (torchvision replays them).
-            request.client_ops.extend(CLIENT_OPS)
+            request.client_ops.extend(CLIENT_OPS + CLIENT_RESIZES)
         if self.tuned:
             request.tune_server_decode = True
             if self.server_start is not None:

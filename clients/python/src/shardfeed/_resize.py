@@ -1,9 +1,10 @@
 """The server's crop and resize, for a whole batch at once on the decoder's
 device.
 
-The filter is the server's: a separable triangle (bilinear) filter whose
-support widens with the downscale factor, so it antialiases, reading the
-pixels just outside the box at its edges. Per image it is two matrix
+The filter is the server's: a separable triangle (bilinear) or cubic
+(bicubic, Pillow's and the server's a = -0.5) filter whose support widens
+with the downscale factor, so it antialiases, reading the pixels just
+outside the box at its edges. Per image it is two matrix
 products over the window the filter reads; here the windows of many images
 are padded into one tensor and the weights of all of them are built on the
 device from a handful of numbers per image, so a batch costs one small
@@ -45,11 +46,34 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-__all__ = ["crop_resize", "crop_resize_batch", "MAX_WINDOW_PIXELS", "Method"]
+__all__ = ["crop_resize", "crop_resize_batch", "MAX_WINDOW_PIXELS", "Interpolation", "Method"]
 
 # "matmul": the batched products (any device); "pillow": Pillow's resize,
 # image by image (CPU); "auto": the faster one for the images' device.
 Method = Literal["auto", "matmul", "pillow"]
+
+# The resize's filter, as a stream's `resize_interpolation` names it.
+Interpolation = Literal["bilinear", "bicubic"]
+
+# Each filter's support (in source pixels at no downscale) and Pillow's
+# enum for it.
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
+_PILLOW_FILTER = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
+# Pillow's bicubic: Keys' cubic with a = -0.5 (Catmull-Rom).
+_CUBIC_A = -0.5
+
+
+def _filter(x: Any, interpolation: Interpolation) -> Any:
+    """The filter's weight at distance ``x`` (numpy or torch, any sign),
+    operation for operation as Pillow's ``bilinear_filter`` and
+    ``bicubic_filter``, 0 past the support."""
+    x = abs(x)
+    if interpolation == "bilinear":
+        return (x < 1.0) * (1.0 - x)
+    near = ((_CUBIC_A + 2.0) * x - (_CUBIC_A + 3.0)) * x * x + 1.0
+    far = (((x - 5.0) * x + 8.0) * x - 4.0) * _CUBIC_A
+    return (x < 1.0) * near + ((x >= 1.0) & (x < 2.0)) * far
+
 
 # Padded window pixels (per channel) in one chunk: 8 Mpx, 192 MiB of
 # float64 windows. ~45 windows of a ~500x375 photo fit in one chunk; a
@@ -63,23 +87,31 @@ _UNIT = float(1 << _PRECISION_BITS)
 _HALF_UNIT = float(1 << (_PRECISION_BITS - 1))
 
 
-def _weights(start: float, length: float, out_size: int, full: int) -> tuple[int, npt.NDArray[Any]]:
+def _weights(
+    start: float, length: float, out_size: int, full: int, interpolation: Interpolation
+) -> tuple[int, npt.NDArray[Any]]:
     """Resampling weights along one axis: the first source index the filter
     reads and an ``(out_size, window)`` matrix over the window it reads."""
     scale = length / out_size
     filter_scale = max(scale, 1.0)
+    support = _SUPPORT[interpolation] * filter_scale
     centers = start + (np.arange(out_size) + 0.5) * scale
-    low = max(int(np.floor(centers[0] - filter_scale)), 0)
-    high = min(int(np.ceil(centers[-1] + filter_scale)), full)
+    low = max(int(np.floor(centers[0] - support)), 0)
+    high = min(int(np.ceil(centers[-1] + support)), full)
     positions = np.arange(low, high) + 0.5
-    weights = np.clip(1.0 - np.abs(positions[None, :] - centers[:, None]) / filter_scale, 0, None)
+    weights = _filter((positions[None, :] - centers[:, None]) / filter_scale, interpolation)
     totals = weights.sum(axis=1, keepdims=True)
     np.divide(weights, totals, out=weights, where=totals > 0)
     return low, weights.astype(np.float32)
 
 
 def crop_resize(
-    image: torch.Tensor, box: Sequence[float], flipped: bool, height: int, width: int
+    image: torch.Tensor,
+    box: Sequence[float],
+    flipped: bool,
+    height: int,
+    width: int,
+    interpolation: Interpolation = "bilinear",
 ) -> torch.Tensor:
     """``image`` (uint8 ``(3, h, w)``) cropped to ``box`` (left, top,
     width, height in its pixels), resized to ``height`` x ``width`` with the
@@ -88,24 +120,33 @@ def crop_resize(
     reference for :func:`crop_resize_batch`."""
     left, top, box_width, box_height = (float(v) for v in box)
     _, rows, cols = image.shape
-    y0, wy = _weights(top, box_height, height, rows)
-    x0, wx = _weights(left, box_width, width, cols)
+    y0, wy = _weights(top, box_height, height, rows, interpolation)
+    x0, wx = _weights(left, box_width, width, cols, interpolation)
     device = image.device
     window = image[:, y0 : y0 + wy.shape[1], x0 : x0 + wx.shape[1]].float()
     vertical = torch.from_numpy(wy).to(device)
     horizontal = torch.from_numpy(wx).to(device)
-    out = torch.matmul(torch.matmul(vertical, window), horizontal.T)
+    # Pillow's order, clipped to 8 bits between the passes (the cubic's
+    # lobes overshoot, and where the clip falls matters; its rounding there
+    # is within the level this reference is held to).
+    across = torch.matmul(window, horizontal.T).clamp_(0, 255)
+    out = torch.matmul(vertical, across)
     pixels = out.round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0)
     return pixels.flip(1) if flipped else pixels
 
 
 def _crop_resize_pillow(
-    image: torch.Tensor, box: Sequence[float], flipped: bool, height: int, width: int
+    image: torch.Tensor,
+    box: Sequence[float],
+    flipped: bool,
+    height: int,
+    width: int,
+    interpolation: Interpolation,
 ) -> torch.Tensor:
     """:func:`crop_resize` by Pillow (its ``resize(box=...)`` is the same
-    triangle filter, in fixed point, rounding between passes as the server
-    does): an image costs its taps, not a dense product over its window,
-    which on CPU is several times faster."""
+    filter, in fixed point, rounding between passes as the server does): an
+    image costs its taps, not a dense product over its window, which on CPU
+    is several times faster."""
     from PIL import Image
 
     _, rows, cols = image.shape
@@ -114,9 +155,16 @@ def _crop_resize_pillow(
     # Pillow refuses a box past the image by a float32 rounding's width.
     left, top = min(max(left, 0.0), cols), min(max(top, 0.0), rows)
     right, bottom = min(left + box_width, cols), min(top + box_height, rows)
-    resized = picture.resize(
-        (width, height), Image.Resampling.BILINEAR, box=(left, top, right, bottom)
-    )
+    resample = getattr(Image.Resampling, _PILLOW_FILTER[interpolation])
+    if interpolation == "bilinear":
+        resized = picture.resize((width, height), resample, box=(left, top, right, bottom))
+    else:
+        # Pillow picks its passes' order by shape; the server runs the
+        # horizontal one first and clips to 8 bits between, which the
+        # cubic's overshoot makes matter (by up to ~20 levels at an edge):
+        # two calls of one pass each, in the server's order.
+        across = picture.resize((width, rows), resample, box=(left, 0, right, rows))
+        resized = across.resize((width, height), resample, box=(0, top, width, bottom))
     if flipped:
         resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return torch.from_numpy(np.array(resized))
@@ -143,6 +191,7 @@ def _axis(
     length: npt.NDArray[np.float64],
     out_size: int,
     full: npt.NDArray[np.int64],
+    filter_support: float,
 ) -> _Axis:
     """Every image's window along one axis (on the host, a few numbers per
     image); the box clamped as :func:`_crop_resize_pillow` clamps it and
@@ -153,7 +202,7 @@ def _axis(
     span = (end32 - begin32).astype(np.float64)
     begin = begin32.astype(np.float64)
     scale = span / out_size
-    support = np.maximum(scale, 1.0)
+    support = np.maximum(scale, 1.0) * filter_support
     first = begin + 0.5 * scale
     last = begin + (out_size - 0.5) * scale
     # Pillow's bounds for the first and last outputs, a pixel wider each
@@ -191,7 +240,12 @@ def _chunks(
 
 
 def _axis_weights(
-    params: torch.Tensor, out_size: int, window: int, taps: int, mirror: torch.Tensor | None
+    params: torch.Tensor,
+    out_size: int,
+    window: int,
+    taps: int,
+    mirror: torch.Tensor | None,
+    interpolation: Interpolation,
 ) -> torch.Tensor:
     """``(count, out_size, window)`` float64 weights, integers of 2**22 a
     unit, built on the device from ``params`` columns (begin, span, full,
@@ -203,23 +257,28 @@ def _axis_weights(
     begin, span, full, low = (params[:, i : i + 1] for i in range(4))
     device = params.device
     scale = span / out_size
-    support = torch.clamp(scale, min=1.0)
-    inverse = 1.0 / support
+    filter_scale = torch.clamp(scale, min=1.0)
+    support = filter_scale * _SUPPORT[interpolation]
+    inverse = 1.0 / filter_scale
     outputs = torch.arange(out_size, device=device, dtype=torch.float64) + 0.5
     centers = begin + outputs * scale
     first = torch.clamp(torch.trunc((centers - support) + 0.5), min=0.0)
     last = torch.minimum(torch.trunc((centers + support) + 0.5), full)
     tap = torch.arange(taps, device=device, dtype=torch.float64)
     distance = ((first[..., None] + tap) - centers[..., None]) + 0.5
-    x = (distance * inverse[..., None]).abs()
-    reads = (x < 1.0) & (tap < (last - first)[..., None])
-    weights = torch.where(reads, 1.0 - x, torch.zeros_like(x))
+    x = distance * inverse[..., None]
+    reads = tap < (last - first)[..., None]
+    weights = torch.where(reads, _filter(x, interpolation), torch.zeros_like(x))
     total = weights[..., 0]
     for k in range(1, taps):
         total = total + weights[..., k]
     total = total[..., None]
     weights = torch.where(total != 0, weights / torch.where(total != 0, total, 1.0), weights)
-    fixed = torch.floor(weights * _UNIT + 0.5)
+    # Pillow's (int) casts: a negative weight (the cubic's lobes) rounds
+    # half away from zero, as a positive one does.
+    fixed = torch.where(
+        weights < 0, torch.trunc(weights * _UNIT - 0.5), torch.floor(weights * _UNIT + 0.5)
+    )
     # Taps past an output's last read none (weight 0): clamped into the
     # window, they add nothing.
     index = (first[..., None] + tap - low[..., None]).clamp_(0, window - 1).long()
@@ -246,6 +305,7 @@ def crop_resize_batch(
     slots: Sequence[int] | None = None,
     max_window_pixels: int = MAX_WINDOW_PIXELS,
     method: Method = "auto",
+    interpolation: Interpolation = "bilinear",
 ) -> torch.Tensor:
     """Every ``images[i]`` (uint8 ``(3, h, w)``, all on one device) cropped
     to ``boxes[i]`` (left, top, width, height), resized to ``height`` x
@@ -270,14 +330,15 @@ def crop_resize_batch(
     if method == "pillow":
         for index, image in enumerate(images):
             out[slots[index]] = _crop_resize_pillow(
-                image, boxes[index], bool(flipped[index]), height, width
+                image, boxes[index], bool(flipped[index]), height, width, interpolation
             )
         return out
     rows = np.array([image.shape[1] for image in images], dtype=np.int64)
     cols = np.array([image.shape[2] for image in images], dtype=np.int64)
     boxes64 = np.asarray(boxes, dtype=np.float32).astype(np.float64).reshape(count, 4)
-    along_y = _axis(boxes64[:, 1], boxes64[:, 3], height, rows)
-    along_x = _axis(boxes64[:, 0], boxes64[:, 2], width, cols)
+    support = _SUPPORT[interpolation]
+    along_y = _axis(boxes64[:, 1], boxes64[:, 3], height, rows, support)
+    along_x = _axis(boxes64[:, 0], boxes64[:, 2], width, cols, support)
     groups = _chunks(along_y.size, along_x.size, max_window_pixels)
     order = np.array([index for group in groups for index in group], dtype=np.int64)
     # Every image's numbers in chunk order, and their slots: two
@@ -313,10 +374,20 @@ def crop_resize_batch(
             windows[at, :, :ky, :kx].copy_(images[index][:, y0 : y0 + ky, x0 : x0 + kx])
         chosen = params[start:end]
         vertical = _axis_weights(
-            chosen[:, 0:4], height, window_rows, int(along_y.taps[group].max()), None
+            chosen[:, 0:4],
+            height,
+            window_rows,
+            int(along_y.taps[group].max()),
+            None,
+            interpolation,
         )
         horizontal = _axis_weights(
-            chosen[:, 4:8], width, window_cols, int(along_x.taps[group].max()), chosen[:, 8] > 0.5
+            chosen[:, 4:8],
+            width,
+            window_cols,
+            int(along_x.taps[group].max()),
+            chosen[:, 8] > 0.5,
+            interpolation,
         )
         # Pillow's order, rounding to 8 bits between the passes.
         across = _round_pass(torch.matmul(windows, horizontal.transpose(1, 2)[:, None]))

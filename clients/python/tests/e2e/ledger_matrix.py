@@ -154,8 +154,9 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     "parquet_encoded": dict(decode="client", image_size=ENCODED_SIZE),
     "parquet_tier": dict(decoded_source=64),
     "bicubic": dict(augment=BICUBIC_COLOUR),
-    # The trainer's decoder resizes bilinear only: every sample is the
-    # sidecar's to decode, whatever the share.
+    # The trainer's decoder resizes bicubic, blurs and solarizes (at 128)
+    # as the sidecar does: the samples it decodes are its own, each with
+    # the sidecar's decisions.
     "bicubic_encoded": dict(augment=BICUBIC_COLOUR, decode="client", image_size=ENCODED_SIZE),
     # The unit carries the resize's interpolation (pool wire revision 5).
     "bicubic_pool": dict(augment=BICUBIC_COLOUR),
@@ -329,8 +330,8 @@ MATRIX = [
     Row("plain", "parquet_pool", "worker"),
     # A bicubic crop and a jitter applied to a share p of the samples: the
     # apply-or-not keyed by the sample like every decision, so a kill or a
-    # resume repeats the same pixels; a client decoder without the bicubic
-    # resize leaves every sample to the sidecar; the pool resizes alike.
+    # resume repeats the same pixels; a client decoder resizes, blurs and
+    # solarizes them with the sidecar's decisions; the pool resizes alike.
     Row("plain", "bicubic", "kill"),
     Row("stateful", "bicubic", "break"),
     Row("plain", "bicubic_encoded", "break"),

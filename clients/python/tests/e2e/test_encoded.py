@@ -20,7 +20,9 @@ from shardfeed import (  # noqa: E402
     Augment,
     Client,
     ColorJitter,
+    GaussianBlur,
     RandomErasing,
+    RandomSolarize,
     TrivialAugmentWide,
 )
 from shardfeed.decode import BatchDecoder, crop_resize, substitute_source  # noqa: E402
@@ -132,12 +134,30 @@ RECIPE = Augment.train(
 )
 
 
+# The self-supervised recipes' view (DINOv2's second global view, BYOL's
+# second view): a bicubic crop, jitter, grey, blur and solarize, each drawn
+# often. At 128 a solarize keeps levels a level apart: the client decodes
+# the samples it solarized; at 200 they are the sidecar's.
+SELF_SUPERVISED = Augment.train(
+    interpolation="bicubic",
+    color_jitter=ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8),
+    grayscale=0.2,
+    gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=0.5),
+    solarize=RandomSolarize(128, 0.5),
+)
+SOLARIZE_200 = Augment.train(solarize=RandomSolarize(200, 0.5))
+
+
 # torchvision's names of the ops with a threshold (Solarize, Posterize,
 # Equalize).
 THRESHOLD_OPS = {"solarize", "posterize", "equalize"}
 
 
-@pytest.mark.parametrize("augment", ["train", "eval", RECIPE], ids=["train", "eval", "recipe"])
+@pytest.mark.parametrize(
+    "augment",
+    ["train", "eval", RECIPE, SELF_SUPERVISED, SOLARIZE_200],
+    ids=["train", "eval", "recipe", "self_supervised", "solarize_200"],
+)
 def test_client_decodes_match_the_servers_within_the_tolerance(
     unix_server: Server, dataset: str, augment: Any
 ) -> None:
@@ -173,7 +193,26 @@ def test_client_decodes_match_the_servers_within_the_tolerance(
             for slot, ops in enumerate(batch.ops):
                 if {name for name, _ in ops} & THRESHOLD_OPS:
                     assert batch.encoded.decoded[slot], (batch.keys[slot], ops)
-    name = augment if isinstance(augment, str) else "recipe"
+    if augment is SELF_SUPERVISED:
+        assert compressed >= 15
+        drawn = {name for batch in encoded for ops in batch.ops for name, _ in ops}
+        assert {"gaussian_blur", "solarize", "adjust_hue"} <= drawn, drawn
+        solarized_here = [
+            batch.keys[slot]
+            for batch in encoded
+            for slot, ops in enumerate(batch.ops)
+            if "solarize" in {name for name, _ in ops} and not batch.encoded.decoded[slot]  # type: ignore[union-attr]
+        ]
+        assert solarized_here, "no solarized sample was the client's to decode"
+    if augment is SOLARIZE_200:
+        for batch in encoded:
+            assert batch.encoded is not None
+            for slot, ops in enumerate(batch.ops):
+                solarized = "solarize" in {name for name, _ in ops}
+                assert not solarized or batch.encoded.decoded[slot], batch.keys[slot]
+        assert compressed >= 4
+    names = {id(RECIPE): "recipe", id(SELF_SUPERVISED): "self_supervised"}
+    name = augment if isinstance(augment, str) else names.get(id(augment), "solarize_200")
     print(f"{name}: {compressed} decoded by the client, worst PSNR {worst:.1f} dB")
 
 

@@ -1,5 +1,6 @@
 """The batched crop/resize against the per-image reference: every box shape
-the plan makes, both recipes, any output size, within one level."""
+the plan makes, both recipes, any output size, both filters, within one
+level."""
 
 from __future__ import annotations
 
@@ -53,11 +54,16 @@ CASES = [
 
 
 def _reference(
-    images: list[torch.Tensor], boxes: np.ndarray, flipped: np.ndarray, height: int, width: int
+    images: list[torch.Tensor],
+    boxes: np.ndarray,
+    flipped: np.ndarray,
+    height: int,
+    width: int,
+    interpolation: str = "bilinear",
 ) -> torch.Tensor:
     return torch.stack(
         [
-            crop_resize(image, box, bool(flip), height, width)
+            crop_resize(image, box, bool(flip), height, width, interpolation)  # type: ignore[arg-type]
             for image, box, flip in zip(images, boxes, flipped)
         ]
     )
@@ -69,22 +75,33 @@ def _assert_within_a_level(got: torch.Tensor, want: torch.Tensor) -> None:
     assert int(difference.max()) <= 1, f"max difference {int(difference.max())}"
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("method", ["matmul", "pillow"])
 @pytest.mark.parametrize("size", [(224, 224), (17, 31), (1, 1), (96, 64)])
 def test_every_box_shape_within_a_level_of_the_reference(
-    size: tuple[int, int], method: str
+    size: tuple[int, int], method: str, interpolation: str
 ) -> None:
     height, width = size
     images = [_image(rows, cols, seed) for seed, (rows, cols, _) in enumerate(CASES)]
     boxes = np.array([box for _, _, box in CASES], dtype=np.float32)
     flipped = np.array([i % 2 == 1 for i in range(len(CASES))])
-    got = crop_resize_batch(images, boxes, flipped, height, width, method=method)  # type: ignore[arg-type]
-    _assert_within_a_level(got, _reference(images, boxes, flipped, height, width))
+    got = crop_resize_batch(
+        images,
+        boxes,
+        flipped,
+        height,
+        width,
+        method=method,  # type: ignore[arg-type]
+        interpolation=interpolation,  # type: ignore[arg-type]
+    )
+    want = _reference(images, boxes, flipped, height, width, interpolation)
+    _assert_within_a_level(got, want)
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("method", ["matmul", "pillow"])
 @pytest.mark.parametrize("recipe", ["train", "eval"])
-def test_both_recipes_on_photo_sized_images(recipe: str, method: str) -> None:
+def test_both_recipes_on_photo_sized_images(recipe: str, method: str, interpolation: str) -> None:
     rng = np.random.default_rng(5)
     shapes = [(int(rng.integers(200, 700)), int(rng.integers(200, 700))) for _ in range(24)]
     images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
@@ -94,8 +111,32 @@ def test_both_recipes_on_photo_sized_images(recipe: str, method: str) -> None:
     else:
         boxes = np.array([_center(r, c) for r, c in shapes], dtype=np.float32)
         flipped = np.zeros(len(shapes), dtype=bool)
-    got = crop_resize_batch(images, boxes, flipped, 224, 224, method=method)  # type: ignore[arg-type]
-    _assert_within_a_level(got, _reference(images, boxes, flipped, 224, 224))
+    got = crop_resize_batch(
+        images,
+        boxes,
+        flipped,
+        224,
+        224,
+        method=method,  # type: ignore[arg-type]
+        interpolation=interpolation,  # type: ignore[arg-type]
+    )
+    _assert_within_a_level(got, _reference(images, boxes, flipped, 224, 224, interpolation))
+
+
+def test_the_batched_bicubic_is_pillows_to_the_level() -> None:
+    """The cubic's fixed-point weights, negative lobes included, are
+    Pillow's: the batched products give Pillow's bytes (both passes in
+    Pillow's order), not merely bytes within a level."""
+    rng = np.random.default_rng(11)
+    shapes = [(int(rng.integers(200, 700)), int(rng.integers(200, 700))) for _ in range(12)]
+    images = [_image(rows, cols, seed) for seed, (rows, cols) in enumerate(shapes)]
+    boxes = np.array([_random_resized(r, c, rng) for r, c in shapes], dtype=np.float32)
+    flipped = rng.random(len(shapes)) < 0.5
+    kwargs = dict(interpolation="bicubic")
+    batched = crop_resize_batch(images, boxes, flipped, 224, 224, method="matmul", **kwargs)  # type: ignore[arg-type]
+    pillow = crop_resize_batch(images, boxes, flipped, 224, 224, method="pillow", **kwargs)  # type: ignore[arg-type]
+    difference = (batched.int() - pillow.int()).abs()
+    assert float((difference > 0).float().mean()) < 1e-3, int(difference.max())
 
 
 def _random_batch(count: int, seed: int) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray]:

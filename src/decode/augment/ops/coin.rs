@@ -150,6 +150,18 @@ impl Kernel for Solarize {
     }
 }
 
+impl Solarize {
+    /// Whether two inputs a level apart can come out more than a level
+    /// apart: the levels from `ceil(threshold)` up are inverted, so the
+    /// pair straddling it lands `|256 - 2 ceil(threshold)|` apart, which is
+    /// 0 only at 128 (the recipes' threshold) and when nothing or
+    /// everything is inverted.
+    pub fn amplifies_level_differences(&self) -> bool {
+        let first_inverted = self.threshold.ceil();
+        first_inverted > 0.0 && first_inverted != 128.0
+    }
+}
+
 /// RandomAdjustSharpness: torchvision's `adjust_sharpness(factor)`, a
 /// blend with the 3x3 smoothed sample (0 smooths, 1 leaves, 2 sharpens).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -15,7 +15,8 @@ import numpy.typing as npt
 import torch
 
 from .._modes import FORM_DECODERS, decode_forms
-from .._resize import crop_resize, crop_resize_batch
+from .._proto import shardfeed_pb2 as pb
+from .._resize import Interpolation, crop_resize, crop_resize_batch
 from .._wire import Batch
 from ._substitute import fill_substitutes, substitute_source
 from .ops import apply_decisions
@@ -23,6 +24,25 @@ from .ops import apply_decisions
 __all__ = ["BatchDecoder", "ClientDecoded", "crop_resize", "substitute_source"]
 
 _log = logging.getLogger("shardfeed")
+
+_INTERPOLATIONS: dict[int, Interpolation] = {
+    pb.INTERPOLATION_BILINEAR: "bilinear",
+    pb.INTERPOLATION_BICUBIC: "bicubic",
+}
+
+
+def resize_interpolation(augmentation: Any) -> Interpolation:
+    """The filter a stream's samples are resized with (bilinear unless its
+    reported augmentation names another)."""
+    if augmentation is None or not augmentation.HasField("resize_interpolation"):
+        return "bilinear"
+    value = augmentation.resize_interpolation
+    if value not in _INTERPOLATIONS:
+        raise ValueError(
+            f"the stream resizes with interpolation {value}, which this client's decoder "
+            "does not make: upgrade the client"
+        )
+    return _INTERPOLATIONS[value]
 
 
 @dataclass
@@ -120,6 +140,7 @@ class BatchDecoder:
                 width,
                 out=out,
                 slots=decoded_slots,
+                interpolation=resize_interpolation(augmentation),
             )
             apply_decisions(out, decoded_slots, crops, augmentation)
         fill_substitutes(out, labels, (boxes, flipped), keys, server, {slot for slot, _ in failed})

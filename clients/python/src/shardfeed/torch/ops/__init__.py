@@ -5,10 +5,11 @@ whole batch at once, each op a kernel with an argument per sample.
 
 One file per row of the server's op table (``src/decode/augment/ops/``),
 named by the row (``auto_augment``, ``color_jitter``, ``grayscale``,
-``random_erasing``) and applied in the order ``shardfeed._ops.CLIENT_OPS``
-names them, the table's; the flip, its first row, is part of the resize
-(``shardfeed._resize``). A new op's mirror is its file here and its name
-in ``CLIENT_OPS``. ``_colour`` and
+``gaussian_blur``, ``solarize``, ``random_erasing``) and applied in the
+order ``shardfeed._ops.CLIENT_OPS`` names them, the table's; the flip, its
+first row, is part of the resize (``shardfeed._resize``, which also makes
+the bicubic resize the client names in ``CLIENT_RESIZES``). A new op's
+mirror is its file here and its name in ``CLIENT_OPS``. ``_colour`` and
 ``_geometry`` hold the kernels the rows share, ``_batched`` the grouping.
 Each kernel follows torchvision's tensor kernel on ``uint8``, so the
 output is the server's within a level or two where they round apart
