@@ -90,13 +90,6 @@ impl Engine {
         request.output.spec.validate()?;
         if let Some(views) = &request.output.views {
             views.validate()?;
-            if request.output.delivery != crate::pipeline::encoded::Delivery::Decoded {
-                return Err(EngineError::Unsupported(
-                    "several views per sample are delivered decoded: not with an encoded \
-                     delivery"
-                        .into(),
-                ));
-            }
         }
         let mut datasets = Vec::new();
         for (uri, layout) in request.each_source() {

@@ -227,11 +227,7 @@ impl remote::SplitDecode for BatchWork {
             });
         batch.crops = crops;
         if share.is_some() {
-            let (server, client) = (server_decoded, placements.len() - server_decoded);
-            metrics::delivered(server, client);
-            self.stream_metrics
-                .server_decoded(server as f64 / placements.len().max(1) as f64);
-            batch.encoded = placements;
+            batch.deliver_placed(placements, &self.stream_metrics);
         }
         batch.image_bytes = length;
         batch.images = match self.lease {
@@ -256,11 +252,9 @@ pub(super) fn decode_batch(
     shared_slot: Option<shm::SlotLease>,
 ) -> oneshot::Receiver<DecodedBatch> {
     if let Some(views) = &common.views {
-        // From the original, here or on the decode pool: a views stream
-        // has no share or tier (the engine's checks).
         return super::views::decode_batch(
             common,
-            views.clone(),
+            (views.clone(), share),
             buffers,
             remote,
             samples,

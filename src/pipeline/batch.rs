@@ -69,6 +69,19 @@ pub struct DecodedBatch {
 }
 
 impl DecodedBatch {
+    /// Hands an encoded batch's placements on with it, counting which side
+    /// decodes how many (the share's metrics).
+    pub(super) fn deliver_placed(
+        &mut self,
+        placements: Vec<Placement>,
+        stream_metrics: &metrics::StreamMetrics,
+    ) {
+        let server = placements.iter().filter(|p| p.decoded()).count();
+        metrics::delivered(server, placements.len() - server);
+        stream_metrics.server_decoded(server as f64 / placements.len().max(1) as f64);
+        self.encoded = placements;
+    }
+
     /// A batch's parts its samples give, once each has its outcome: labels,
     /// keys, origins and fields, every failure substituted (`copy_image(slot,
     /// from)` puts good slot `from`'s image in failed `slot`, zeros when None;

@@ -8,6 +8,12 @@
 //! model's forward pass per resolution takes the group whole; one view of
 //! every sample is a contiguous slice). Each view is written once, in its
 //! place, by the thread that decoded its sample.
+//!
+//! Delivered encoded, a sample the client decodes is sent compressed in
+//! the place of one of its views (the first of the group with the largest
+//! views, [`ViewLayout::widest`]), with every view's box and decisions
+//! planned from its header; the client decodes it once and fills every
+//! view's place. The batch is as long as a decoded one.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +24,7 @@ use tokio::sync::oneshot;
 use super::batch::{BatchImages, DecodedBatch};
 use super::buffers::BufferPool;
 use super::context::StreamCommon;
+use super::encoded::{self, BatchShare, ClientSlot, Placement};
 use super::sample::EmittedSample;
 use super::{remote, shm};
 use crate::decode::{self, CropBox, Views};
@@ -64,6 +71,21 @@ impl ViewLayout {
         Self { batch, groups }
     }
 
+    /// The view whose place holds a sample sent compressed, by its index in
+    /// [`Views::specs`]' order: the first view of the first group whose
+    /// views are the largest (a compressed image rarely outgrows it).
+    pub fn widest(&self) -> (usize, usize) {
+        let mut best = (0, 0);
+        let mut index = 0;
+        for group in &self.groups {
+            if group.views > 0 && group.view_bytes > best.1 {
+                best = (index, group.view_bytes);
+            }
+            index += group.views;
+        }
+        best
+    }
+
     /// Bytes of one sample's views.
     pub fn sample_bytes(&self) -> usize {
         self.groups.iter().map(|g| g.views * g.view_bytes).sum()
@@ -104,6 +126,26 @@ impl ViewLayout {
         samples
     }
 
+    /// Puts sample `from`'s views in place of the failed sample `to`'s
+    /// (zeros when None). Delivered encoded (`placements` not empty), a
+    /// `from` sent compressed is shared instead: `to` points at its bytes
+    /// and its own places are zeroed.
+    fn copy_placed(
+        &self,
+        images: &mut [u8],
+        placements: &mut [Placement],
+        to: usize,
+        from: Option<usize>,
+    ) {
+        match from.and_then(|from| placements.get(from).copied()) {
+            Some(source) if !source.decoded() => {
+                self.copy_sample(images, to, None);
+                placements[to] = source;
+            }
+            _ => self.copy_sample(images, to, from),
+        }
+    }
+
     /// Puts sample `from`'s views in place of `to`'s (zeros when None).
     pub fn copy_sample(&self, images: &mut [u8], to: usize, from: Option<usize>) {
         let targets: Vec<_> = self.ranges(to).collect();
@@ -121,6 +163,21 @@ impl ViewLayout {
 }
 
 type ViewsOutcome = Result<Vec<CropBox>, (&'static str, String)>;
+
+/// A sample the client decodes: its bytes in its mode's form at the start
+/// of `out` (its widest view's place), and every view's box and decisions
+/// planned from its header, as a decode here would draw them.
+fn client_sample(
+    views: &Views,
+    emitted: &EmittedSample,
+    slot: ClientSlot,
+    out: &mut [u8],
+) -> ViewsOutcome {
+    let (_, data) = emitted.image()?;
+    slot.mode.fill(data, &mut out[..slot.sample.length]);
+    let (width, height) = (slot.sample.source_width, slot.sample.source_height);
+    Ok(views.plan(width, height, &emitted.augment_key()).boxes)
+}
 
 /// Decodes one sample once into each of its views' outputs.
 fn decode_sample(
@@ -180,16 +237,30 @@ struct ViewsWork {
     lease: Option<shm::SlotLease>,
     /// Samples whose views the pool decoded.
     remote: usize,
+    /// Delivered encoded: each sample's placement (empty when decoded).
+    placements: Vec<Placement>,
+    /// The index, in [`Views::specs`]' order, of the view whose place
+    /// holds a compressed sample.
+    widest: usize,
 }
 
 impl ViewsWork {
     fn new(
         (decoder, stream_metrics, buffers): (ViewsDecoder, metrics::StreamMetrics, BufferPool),
-        index: u64,
+        (index, share): (u64, Option<BatchShare>),
         samples: Vec<EmittedSample>,
         lease: Option<shm::SlotLease>,
     ) -> Self {
         let layout = ViewLayout::new(&decoder.views, samples.len());
+        let (widest, place_bytes) = layout.widest();
+        let placements = share.map_or_else(Vec::new, |share| {
+            let places = (0..samples.len()).map(|slot| {
+                let place = layout.ranges(slot).nth(widest);
+                place.map_or(0, |range| range.start)
+            });
+            let limit = decoder.scratch.limit();
+            encoded::place_views(&samples, share, &decoder.views, places, place_bytes, limit)
+        });
         let heap = match lease {
             Some(_) => Vec::new(),
             None => buffers.take(layout.length()),
@@ -205,6 +276,8 @@ impl ViewsWork {
             heap,
             lease,
             remote: 0,
+            placements,
+            widest,
         }
     }
 
@@ -225,8 +298,11 @@ impl remote::SplitDecode for ViewsWork {
             outcomes,
             heap,
             lease,
+            placements,
+            widest,
             ..
         } = self;
+        let widest = *widest;
         let images = images_of(heap, lease, layout.length());
         let pending: Vec<_> = layout
             .split(images)
@@ -240,6 +316,10 @@ impl remote::SplitDecode for ViewsWork {
         let decoded: Vec<(usize, ViewsOutcome)> = pending
             .into_par_iter()
             .map(|(slot, (mut outs, emitted))| {
+                if let Some(client) = placements.get(slot).and_then(|p| p.client) {
+                    let out = &mut *outs[widest];
+                    return (slot, client_sample(&decoder.views, emitted, client, out));
+                }
                 let started = Instant::now();
                 let outcome = decode_sample(decoder, emitted, &mut outs);
                 stream_metrics.decode_time(started.elapsed().as_secs_f64());
@@ -283,10 +363,13 @@ impl remote::SplitDecode for ViewsWork {
     fn finish(mut self) -> DecodedBatch {
         let index = self.index;
         let length = self.layout.length();
-        crate::metrics::pool::samples(
-            (self.samples.len() - self.remote) as u64,
-            self.remote as u64,
-        );
+        let mut placements = std::mem::take(&mut self.placements);
+        if placements.is_empty() {
+            crate::metrics::pool::samples(
+                (self.samples.len() - self.remote) as u64,
+                self.remote as u64,
+            );
+        }
         let (mut crops, failures): (Vec<Vec<CropBox>>, Vec<_>) = std::mem::take(&mut self.outcomes)
             .into_iter()
             .map(|outcome| {
@@ -301,9 +384,12 @@ impl remote::SplitDecode for ViewsWork {
         let images = self.images();
         let mut batch =
             DecodedBatch::settle(index, samples, &failures, &mut crops, |slot, from| {
-                layout.copy_sample(images, slot, from)
+                layout.copy_placed(images, &mut placements, slot, from)
             });
         batch.view_crops = crops;
+        if !placements.is_empty() {
+            batch.deliver_placed(placements, &self.stream_metrics);
+        }
         batch.image_bytes = length;
         batch.images = match self.lease {
             Some(lease) => BatchImages::Shared(lease),
@@ -327,10 +413,12 @@ fn images_of<'a>(
 /// Decodes a batch of views, each sample once, its views straight into
 /// their places (process memory, or the ring slot). With `remote`, the
 /// samples it names go to the decode pool first (a unit of views), and
-/// only those it does not answer are decoded here.
+/// only those it does not answer are decoded here. With `share` (an
+/// encoded delivery), the samples the client decodes are placed
+/// compressed instead.
 pub(super) fn decode_batch(
     common: &StreamCommon,
-    views: Arc<Views>,
+    (views, share): (Arc<Views>, Option<BatchShare>),
     buffers: &BufferPool,
     remote: Option<remote::RemotePart>,
     samples: Vec<EmittedSample>,
@@ -352,7 +440,7 @@ pub(super) fn decode_batch(
         queued,
         remote,
         samples,
-        move |samples| ViewsWork::new(parts, index, samples, shared_slot),
+        move |samples| ViewsWork::new(parts, (index, share), samples, shared_slot),
     )
 }
 

@@ -60,7 +60,7 @@ pub fn stream_request(
     };
     let plan = plan_request(request, defaults, batch_size)?;
     let layout = sample_layout(request.layout.as_ref())?;
-    let mut output = output_request(request, spec)?;
+    let mut output = output_request(request, spec, views.as_ref())?;
     output.views = views.map(std::sync::Arc::new);
     let sources = if mixed {
         Sources::Mix(super::mix::mix_sources(request, &plan, layout)?)
@@ -121,9 +121,8 @@ fn output_spec(
 }
 
 /// The request's view groups, checked: none, or views in place of the
-/// one output (its size and augmentation unset), delivered decoded from
-/// the original image, a batch of them within the largest batch a stream
-/// may send.
+/// one output (its size and augmentation unset), a batch of them within
+/// the largest batch a stream may send.
 fn views(
     request: &pb::StreamBatchesRequest,
     batch_size: u32,
@@ -149,13 +148,6 @@ fn views(
                 "{field} is set with views: each view group names its own size and \
                  augmentation (ViewGroup.height, .width, .views); leave {field} unset"
             ),
-        ));
-    }
-    if request.delivery != pb::Delivery::Decoded as i32 {
-        return Err(ServiceError::invalid(
-            "delivery",
-            "views are delivered decoded: a client decode of several views is not served \
-             yet; leave delivery unset (DELIVERY_DECODED)",
         ));
     }
     let invalid = |e: decode::AugmentError| ServiceError::invalid(e.field, e.to_string());
@@ -216,15 +208,21 @@ fn plan_request(
     })
 }
 
-/// What the stream delivers of `spec`: the decoded-source form, and which
-/// side decodes (a stream with an op the client's decoder does not name
-/// is the server's to decode, whatever the share).
+/// What the stream delivers of `spec` (or of `views`): the decoded-source
+/// form, and which side decodes (a stream with an op or a resize the
+/// client's decoder does not name, in any view, is the server's to
+/// decode, whatever the share).
 fn output_request(
     request: &pb::StreamBatchesRequest,
     spec: OutputSpec,
+    views: Option<&decode::Views>,
 ) -> Result<OutputRequest, ServiceError> {
     let (decoded_source, decoded_from_epoch) = decoded_source(request.decoded_source.as_ref())?;
-    let client_replays = spec.client_replays(client_ops(request)?);
+    let client_ops = client_ops(request)?;
+    let client_replays = match views {
+        Some(views) => views.client_replays(client_ops),
+        None => spec.client_replays(client_ops),
+    };
     Ok(OutputRequest {
         spec,
         shared_memory: None,

@@ -170,6 +170,25 @@ impl Views {
         self.groups.iter().map(ViewGroup::count).sum()
     }
 
+    /// Whether any view's decisions make the sample the server's to decode
+    /// when delivered encoded ([`OutputSpec::decoded_by_server_alone`], each
+    /// view with its own key).
+    pub fn decoded_by_server_alone(&self, key: &SampleKey) -> bool {
+        self.groups.iter().enumerate().any(|(g, group)| {
+            group
+                .views
+                .iter()
+                .enumerate()
+                .any(|(v, spec)| spec.decoded_by_server_alone(&view_key(key, g as u32, v as u32)))
+        })
+    }
+
+    /// Whether a client that decodes, naming `client_ops`, makes every
+    /// view's pixels (else the server decodes every sample).
+    pub fn client_replays(&self, client_ops: &[String]) -> bool {
+        self.specs().all(|spec| spec.client_replays(client_ops))
+    }
+
     /// Every view's box and decisions for one sample of a `width x height`
     /// image, and the region decoded for them.
     pub fn plan(&self, width: u32, height: u32, key: &SampleKey) -> ViewsPlan {

@@ -32,7 +32,7 @@ mod seek;
 mod share;
 
 use super::sample::EmittedSample;
-use crate::decode::OutputSpec;
+use crate::decode::{OutputSpec, Views};
 use crate::hash::fmix64;
 
 pub use delivery::Delivery;
@@ -89,6 +89,43 @@ pub(super) fn place(
         })
         .collect();
     (placements, offset)
+}
+
+/// Where every sample of a batch of views goes, by the same rules as
+/// [`place`]: a sample the client decodes has its compressed bytes at the
+/// start of `places[slot]` (one view's place, at most `place_bytes` long,
+/// the client form bounded by it), its other views' places left for the
+/// client to fill; a sample the server decodes points at that same place,
+/// its views all final in the batch. A sample with any view whose
+/// decisions are the server's alone ([`Views::decoded_by_server_alone`])
+/// is the server's.
+pub(super) fn place_views(
+    samples: &[EmittedSample],
+    share: BatchShare,
+    views: &Views,
+    places: impl Iterator<Item = usize>,
+    place_bytes: usize,
+    scratch_limit: u64,
+) -> Vec<Placement> {
+    let limits = FormLimits {
+        slot_bytes: place_bytes,
+        scratch_limit,
+    };
+    samples
+        .iter()
+        .zip(places)
+        .map(|(emitted, offset)| {
+            let client = (!server_decodes(emitted.identity(), share.server_fraction)
+                && !views.decoded_by_server_alone(&emitted.augment_key()))
+            .then(|| client_slot(emitted, share.mode, limits))
+            .flatten();
+            Placement {
+                offset,
+                length: client.map_or(place_bytes, |slot| slot.sample.length),
+                client,
+            }
+        })
+        .collect()
 }
 
 /// The sample in `mode`'s client form, else None: one that could not be

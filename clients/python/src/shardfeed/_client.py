@@ -331,8 +331,11 @@ class Client:
         sample), with each row's box and ops. Each view draws from its own
         key (seed, epoch, sample, copy, group, view), so views are
         independent of each other and of the world size and resume point.
-        Delivered decoded, from the original image (not with
-        ``delivery="encoded"`` or ``decoded_source``).
+        From the original image (not with ``decoded_source``). With
+        ``delivery="encoded"``, a sample the trainer decodes arrives once,
+        compressed, with every view's box and decisions:
+        :class:`shardfeed.decode.BatchDecoder` decodes it once and makes
+        every view (until then its rows in ``views[g]`` are not pixels).
         """
         settings = stream_options(options, **keywords)
         request = stream_request(

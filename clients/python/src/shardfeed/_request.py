@@ -140,14 +140,8 @@ def _check_views(
         "augment": augment is not None,
         "image_size": image_size is not None,
         "resize": stream.resize != "center_crop",
-        "delivery": stream.delivery.mode != "decoded",
     }
-    refuse_conflicts(
-        views,
-        conflicts,
-        "each view group names its own size and augmentation, and views are delivered "
-        "decoded (a client decode of several views is not served yet)",
-    )
+    refuse_conflicts(views, conflicts, "each view group names its own size and augmentation")
 
 
 def _source_message(source: SourceSpec) -> Any:

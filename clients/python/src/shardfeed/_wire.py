@@ -443,6 +443,13 @@ def _batch_from_wire(data: bytes) -> Batch:
 
 def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
     shape = message.shape
+    if len(message.views):
+        # A server-decoded sample's range is one view's place: the first
+        # of the first group whose views are the largest.
+        shape = max(
+            (group.shape for group in message.views),
+            key=lambda s: s.height * s.width * s.channels,
+        )
     table = message.encoded
     offsets = np.array([e.offset for e in table], dtype=np.int64)
     lengths = np.array([e.length for e in table], dtype=np.int64)
@@ -454,7 +461,7 @@ def _encoded_images(message: Any, flat: npt.NDArray[np.uint8]) -> EncodedImages:
         dtype=np.int32,
     )
     pixels = shape.height * shape.width * shape.channels
-    if len(table) != shape.n or np.any(offsets + lengths > flat.size):
+    if len(table) != len(message.keys) or np.any(offsets + lengths > flat.size):
         raise ValueError(
             f"batch {message.index}: its encoded table does not fit its {flat.size} bytes"
         )
@@ -501,10 +508,12 @@ def _batch_with_images(message: Any, flat: npt.NDArray[np.uint8]) -> Batch:
     encoded = None
     if len(message.encoded):
         encoded = _encoded_images(message, flat)
-        flat = flat[:0]
     views: list[ViewImages] = []
     if len(message.views):
+        # Delivered encoded, the rows of the samples sent compressed are
+        # for BatchDecoder to fill.
         views = _view_images(message, flat)
+    if encoded is not None or views:
         flat = flat[:0]
     expected = shape.n * shape.height * shape.width * shape.channels
     if encoded is None and not views and flat.size != expected:

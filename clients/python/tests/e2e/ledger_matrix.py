@@ -182,6 +182,10 @@ FEATURE_OPTIONS: dict[str, dict[str, Any]] = {
     # Through the tier: one stored source per sample, every view from it.
     "views_tier": dict(views=VIEWS, augment=None, image_size=None, decoded_source=64),
     "views_pool": dict(views=VIEWS, augment=None, image_size=None),
+    # The trainer's decoder takes each sample sent compressed once and makes
+    # every view from it (bicubic, jitter, blur, solarize at 128) with the
+    # sidecar's decisions; the rest arrive as the sidecar's views.
+    "views_encoded": dict(views=VIEWS, augment=None, image_size=None, decode="client"),
     # Each copy's views keyed by its copy index too.
     "views_repeats": dict(views=VIEWS, augment=None, image_size=None, repeats=REPEATS),
 }
@@ -360,6 +364,9 @@ MATRIX = [
     Row("plain", "views_mix", "kill"),
     Row("plain", "views_pool", "worker"),
     Row("plain", "views_tier", "kill"),
+    Row("plain", "views_encoded", "break"),
+    Row("stateful", "views_encoded", "break", full_only=True),
+    Row("workers", "views_encoded", "none", full_only=True),
     Row("stateful", "views_repeats", "break", full_only=True),
     Row("workers", "views", "none", full_only=True),
     Row("stateful", "views_mix", "break", full_only=True),

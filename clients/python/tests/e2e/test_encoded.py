@@ -406,3 +406,69 @@ def test_a_jpeg_cut_short_and_one_over_the_budget_are_substituted_in_both_delive
     decoder = BatchDecoder("cpu")
     assert decoder.decode(got).substituted == want.substituted
     assert decoder.failures == 0
+
+
+# DINO's shape at small sizes, every op the client mirrors: two bicubic
+# global views whose ops differ, three local ones.
+def _views() -> Any:
+    import dataclasses
+
+    from shardfeed import views
+
+    def view(side: int, scale: tuple[float, float], **ops: Any) -> Augment:
+        base = Augment.train(scale=scale, interpolation="bicubic", **ops)
+        return dataclasses.replace(base, size=(side, side))
+
+    jitter = ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8)
+    first = view(48, (0.32, 1.0), color_jitter=jitter, grayscale=0.2)
+    second = view(
+        48,
+        (0.32, 1.0),
+        color_jitter=jitter,
+        gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=0.5),
+        solarize=RandomSolarize(128, 0.5),
+    )
+    local = view(24, (0.05, 0.32), gaussian_blur=GaussianBlur(9, (0.1, 2.0), p=0.5))
+    return views({"global": [first, second], "local": (local, 3)})
+
+
+def test_views_decoded_here_match_the_sidecars_view_by_view(
+    unix_server: Server, dataset: str
+) -> None:
+    """Each compressed sample decoded once in this process, every view made
+    from that decode with the sidecar's box and ops: each row within the
+    tolerance of the sidecar's own view; the undecodable JPEG fails here
+    and is substituted (every view) by the server's rule."""
+    client = Client(unix_server.target)
+    spec = _views()
+    ask = dict(batch_size=8, seed=3, epoch=2, views=spec)
+    reference = list(client.batches(dataset, **ask))
+    encoded = list(client.batches(dataset, delivery="encoded", **ask))
+    decoder = BatchDecoder("cpu")
+    assert len(reference) == len(encoded) == 3
+    worst, compressed = math.inf, 0
+    for want, got in zip(reference, encoded):
+        assert got.encoded is not None and got.keys == want.keys
+        compressed += int((~got.encoded.decoded).sum())
+        decoded = decoder.decode(got)
+        assert decoded.substituted == want.substituted
+        np.testing.assert_array_equal(decoded.labels.numpy(), want.labels)
+        assert isinstance(decoded.images, list) and len(decoded.images) == 2
+        # A slot that failed here reports its own planned boxes; its
+        # pixels are its substitute's, as the sidecar's are.
+        failed_here = {slot for slot, _ in decoded.failed}
+        for g, (mine, theirs) in enumerate(zip(decoded.images, want.views)):
+            assert tuple(mine.shape) == theirs.images.shape
+            rows = [row for row in range(len(theirs.images)) if row % 8 not in failed_here]
+            np.testing.assert_array_equal(got.views[g].crop_boxes[rows], theirs.crop_boxes[rows])
+            np.testing.assert_array_equal(got.views[g].flipped[rows], theirs.flipped[rows])
+            for row in range(len(theirs.images)):
+                quality = psnr(mine[row].numpy(), theirs.images[row])
+                assert quality >= TOLERANCE_DB, (g, row, quality)
+                worst = min(worst, quality)
+    # 24 samples: a PNG and a progressive JPEG are the sidecar's.
+    assert compressed >= 18, compressed
+    assert decoder.decoded == compressed - 1 and decoder.failures == 1
+    drawn = {name for batch in encoded for g in batch.views for ops in g.ops for name, _ in ops}
+    assert {"gaussian_blur", "solarize", "adjust_hue"} <= drawn, drawn
+    print(f"views: {compressed} samples decoded by the client, worst PSNR {worst:.1f} dB")

@@ -481,7 +481,7 @@ def test_every_sample_exactly_once(
             for event in ("fill", "hit", "unversioned")
         }
         assert tier["fill"] + tier["hit"] > 0 and tier["unversioned"] == 0, tier
-    if row.feature in ("recipe_encoded", "bicubic_encoded"):
+    if row.feature in ("recipe_encoded", "bicubic_encoded", "views_encoded"):
         events = scrape(sidecar.servers[-1].metrics_url)
         by_client = events['shardfeed_delivered_samples_total{decoded_by="client"}']
         by_server = events['shardfeed_delivered_samples_total{decoded_by="server"}']

@@ -7,7 +7,6 @@ cannot be served is refused naming the field."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from typing import Any
 
@@ -218,7 +217,7 @@ def test_what_views_cannot_be_asked_with_is_refused_by_name(
     for keyword, value in (
         ("augment", "train"),
         ("image_size", 64),
-        ("delivery", "encoded"),
+        ("resize", "stretch"),
     ):
         with pytest.raises(ValueError, match=f"^{keyword} is set with views"):
             client.batches(uri, views=dino_like(), **{keyword: value})
@@ -238,7 +237,10 @@ def test_what_views_cannot_be_asked_with_is_refused_by_name(
     assert "views.count" in refused(views=[pb.ViewGroup(count=33, views=group[1].views)])
     assert "views.count" in refused(views=[pb.ViewGroup(count=2**32 - 1)])
     assert "height is set with views" in refused(views=group, height=64)
-    assert "delivery" in refused(views=group, delivery=pb.DELIVERY_ENCODED)
+    tier = pb.DecodedSource(shorter_side=64)
+    assert "decoded_source" in refused(
+        views=group, delivery=pb.DELIVERY_ENCODED, decoded_source=tier
+    )
     assert "views" in refused(views=[pb.ViewGroup(height=4096, width=4096, count=2)])
     huge = [pb.ViewGroup(height=1024, width=1024, count=16)]
     message = refused(views=huge, batch_size=128)
@@ -249,7 +251,6 @@ def test_what_views_cannot_be_asked_with_is_refused_by_name(
 def test_the_dataset_yields_each_group_as_its_transforms_make_it(
     server: Server,
     photos: tuple[str, dict[str, bytes]],  # noqa: F811
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     torch = pytest.importorskip("torch")
     T = pytest.importorskip("torchvision.transforms")
@@ -285,16 +286,24 @@ def test_the_dataset_yields_each_group_as_its_transforms_make_it(
         )
         torch.testing.assert_close(global_crops, expected, atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(local_crops.numpy(), batch.views[1].images)
-    # decode="client": the sidecar decodes every view (the same tensors),
-    # and says so once.
-    with caplog.at_level(logging.WARNING, logger="shardfeed"):
-        client_side = ShardfeedDataset(
-            uri, target=server.target, views=spec, batch_size=8, seed=5, decode="client"
-        )
-    assert [r.getMessage() for r in caplog.records if "decodes every view" in r.getMessage()]
+    # decode="client": this process decodes each sample once and makes
+    # every view (the sidecar's boxes and ops; pixels within the decoders'
+    # tolerance), each group made into its model input alike.
+    client_side = ShardfeedDataset(
+        uri, target=server.target, views=spec, batch_size=8, seed=5, decode="client"
+    )
+    levels = torch.tensor(std).view(1, 3, 1, 1) * 255
     for (groups, labels), (theirs, their_labels) in zip(client_side, got):
         assert torch.equal(labels, their_labels)
-        for mine, other in zip(groups, theirs):
-            assert torch.equal(mine, other)
+        (mine_global, mine_local), (their_global, their_local) = groups, theirs
+        assert mine_global.shape == their_global.shape and mine_global.dtype == torch.float32
+        assert mine_local.shape == their_local.shape and mine_local.dtype == torch.uint8
+        for mine, other in (
+            (mine_global * levels, their_global * levels),
+            (mine_local, their_local),
+        ):
+            for row in range(len(mine)):
+                error = float(((mine[row].double() - other[row].double()) ** 2).mean())
+                assert error == 0 or 10 * math.log10(255.0**2 / error) >= 35.0, row
     with pytest.raises(ValueError, match="^image_size is set with views"):
         ShardfeedDataset(uri, target=server.target, views=spec, image_size=64)

@@ -8,7 +8,6 @@ them (``_device``), and its DataLoader (``_loader``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,14 +32,9 @@ from ._ranks import EpochSteps, rank_and_world, worker_sub_rank
 
 __all__ = ["MAX_FETCH_AHEAD", "BatchDict", "Output", "ShardfeedDataset"]
 
-_log = logging.getLogger("shardfeed")
 
-
-def _check_views(
-    views: Views, augment: AugmentSpec, image_size: Any, decode: Decode, mixing: Any
-) -> Decode:
-    """What a dataset of views cannot be made with, refused by name; the
-    decode its streams use: the sidecar's, whatever ``decode`` asks."""
+def _check_views(views: Views, augment: AugmentSpec, image_size: Any, mixing: Any) -> None:
+    """What a dataset of views cannot be made with, refused by name."""
     conflicts = {
         "augment": augment is not None,
         "image_size": image_size is not None,
@@ -52,17 +46,6 @@ def _check_views(
         "each view group names its own size and transforms, and views are not mixed "
         "(MixUp/CutMix pair one image per sample)",
     )
-    if decode != "server":
-        # The same pixels as a decode here would give (the views are the
-        # sidecar's either way); only where the decode runs differs, so it
-        # is said, once per dataset, rather than refused.
-        _log.warning(
-            "views with decode=%r: the sidecar decodes every view, each sample once, and "
-            "the groups are moved to the device; a decode of several views in this process "
-            "is not served. Pass decode='server' to keep this quiet.",
-            decode,
-        )
-    return "server"
 
 
 def _layout(layout: Layout | None, augment: AugmentSpec) -> Layout:
@@ -111,10 +94,10 @@ class ShardfeedDataset(IterableDataset[Sample]):
     per group, ``[views × N, H, W, 3]`` view-major as DINO's collate stacks
     them (rows ``v*N:(v+1)*N`` are view ``v`` of every sample), made as the
     group's transforms say (their Normalize and dtype; ``normalize`` and
-    ``dtype`` apply to every group) and ``labels`` one per sample. Decoded
-    by the sidecar, whatever ``decode`` says (with ``"client"`` or
-    ``"gpu"`` a warning says so once; the groups go to ``device``); no
-    ``mixing``.
+    ``dtype`` apply to every group) and ``labels`` one per sample. With
+    ``decode="client"`` or ``"gpu"`` each sample sent compressed is decoded
+    once here and every view made from it (the sidecar's boxes and ops);
+    no ``mixing``.
 
     ``sources=[("s3://a/", 0.7), ("s3://b/", 0.3)]`` (or
     :class:`shardfeed.Source` items) instead of ``dataset`` mixes datasets:
@@ -219,9 +202,8 @@ class ShardfeedDataset(IterableDataset[Sample]):
         views: Views | None = None,
         **options: Any,
     ) -> None:
-        stream_decode = decode
         if views is not None:
-            stream_decode = _check_views(views, augment, image_size, decode, mixing)
+            _check_views(views, augment, image_size, mixing)
         # A converted transform brings its output size and layout; one
         # that disagrees with the arguments is refused, never overridden.
         image_size = resolve_image_size(image_size, augment)
@@ -265,7 +247,6 @@ class ShardfeedDataset(IterableDataset[Sample]):
         self.device_mesh = device_mesh
         self.partition = partition
         self.decode = decode
-        self._stream_decode = stream_decode
         self.device = checked.device
         self.options = checked.options
         self._progress = Progress()
@@ -356,7 +337,7 @@ class ShardfeedDataset(IterableDataset[Sample]):
             augment=self.augment,
             partition=self.partition,
             options=self.options,
-            decode=self._stream_decode,
+            decode=self.decode,
             device=self.device,
             model_input=self.model_input,
             layout=self.layout,

@@ -35,6 +35,25 @@ def substitute_source(key: str, good: Sequence[int]) -> int | None:
     return good[_fmix64(value) % len(good)]
 
 
+def substitutions(
+    keys: Sequence[str], server: tuple[Sequence[int], Sequence[int]], failed_here: set[int]
+) -> list[tuple[int, int | None]]:
+    """Each failed slot and the slot standing in for it (None: zeros, no
+    sample decoded), by the server's rule. With no failure here the
+    server's choices stand (``server``: the slots it substituted and each
+    one's source, -1 where none decoded); otherwise every failed slot
+    (either side's) is chosen again among the slots that decoded, as the
+    server would have had it decoded them all."""
+    substituted, sources = server
+    if not failed_here:
+        return [
+            (slot, source if source >= 0 else None) for slot, source in zip(substituted, sources)
+        ]
+    bad = set(substituted) | failed_here
+    good = [slot for slot in range(len(keys)) if slot not in bad]
+    return [(slot, substitute_source(keys[slot], good)) for slot in sorted(bad)]
+
+
 def fill_substitutes(
     out: torch.Tensor,
     labels: torch.Tensor,
@@ -43,24 +62,10 @@ def fill_substitutes(
     server: tuple[Sequence[int], Sequence[int]],
     failed_here: set[int],
 ) -> None:
-    """Fills the failed slots by the server's rule. With no failure here
-    the server's choices stand (``server``: the slots it substituted and
-    each one's source, -1 where none decoded); otherwise every failed slot
-    (either side's) is chosen again among the slots that decoded, as the
-    server would have had it decoded them all."""
-    substituted, sources = server
-    if not failed_here:
-        for slot, source in zip(substituted, sources):
-            if source >= 0:
-                out[slot] = out[source]
-            else:
-                out[slot].zero_()
-        return
+    """Fills the failed slots (image, label, box and flip) by the server's
+    rule (:func:`substitutions`)."""
     boxes, flipped = crops
-    bad = set(substituted) | failed_here
-    good = [slot for slot in range(len(keys)) if slot not in bad]
-    for slot in sorted(bad):
-        chosen = substitute_source(keys[slot], good)
+    for slot, chosen in substitutions(keys, server, failed_here):
         if chosen is None:
             out[slot].zero_()
             labels[slot] = -1
@@ -69,3 +74,24 @@ def fill_substitutes(
             out[slot] = out[chosen]
             labels[slot] = labels[chosen]
             boxes[slot], flipped[slot] = boxes[chosen], flipped[chosen]
+
+
+def fill_view_substitutes(
+    groups: Sequence[torch.Tensor],
+    labels: torch.Tensor,
+    keys: Sequence[str],
+    server: tuple[Sequence[int], Sequence[int]],
+    failed_here: set[int],
+) -> None:
+    """Fills every view of the failed slots, and their labels, by the
+    server's rule: ``groups`` view-major, ``[views × N, H, W, 3]`` each."""
+    count = len(keys)
+    for slot, chosen in substitutions(keys, server, failed_here):
+        for group in groups:
+            for view in range(len(group) // max(count, 1)):
+                row = view * count + slot
+                if chosen is None:
+                    group[row].zero_()
+                else:
+                    group[row] = group[view * count + chosen]
+        labels[slot] = -1 if chosen is None else labels[chosen]

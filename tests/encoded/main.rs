@@ -3,7 +3,10 @@
 //! same pixels, every sample in its slot, at any world size and after a
 //! resume; batches never outgrow a decoded one.
 
+#[path = "../common/mod.rs"]
 mod common;
+// Several views of each sample, delivered encoded.
+mod views;
 
 use std::collections::HashMap;
 
