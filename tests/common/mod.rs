@@ -519,6 +519,17 @@ pub fn trivial_augment_recipe() -> pb::Augmentation {
 }
 
 /// A training stream of `dataset` with `seed`.
+/// A RandomResizedCrop of the area scale `min` to `max`, default ratios.
+pub fn random_resized(min: f64, max: f64) -> Option<pb::augmentation::Crop> {
+    Some(pb::augmentation::Crop::RandomResizedCrop(
+        pb::RandomResizedCrop {
+            scale_min: Some(min),
+            scale_max: Some(max),
+            ..Default::default()
+        },
+    ))
+}
+
 pub fn train_request(dataset: &str, seed: u64) -> pb::StreamBatchesRequest {
     pb::StreamBatchesRequest {
         seed,

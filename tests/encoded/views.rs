@@ -12,15 +12,7 @@ use shardfeed::server::pb;
 /// SimCLR-like global views and DINO-like local ones, each with a flip
 /// and colour ops, the globals bicubic.
 fn views_request(dataset: &str) -> pb::StreamBatchesRequest {
-    let crop = |min, max| {
-        Some(pb::augmentation::Crop::RandomResizedCrop(
-            pb::RandomResizedCrop {
-                scale_min: Some(min),
-                scale_max: Some(max),
-                ..Default::default()
-            },
-        ))
-    };
+    let crop = random_resized;
     let jitter = Some(pb::ColorJitter {
         brightness: Some(pb::Range { min: 0.6, max: 1.4 }),
         hue: Some(pb::Range {

@@ -350,15 +350,7 @@ async fn pooled_batches_equal_local_ones_at_world_one_and_four_and_after_a_resum
 /// DINO's shape at test size: two global views that differ in their blur
 /// and solarize, and three local views of one spec.
 fn views_request(dataset: &str) -> pb::StreamBatchesRequest {
-    let crop = |scale_min, scale_max| {
-        Some(pb::augmentation::Crop::RandomResizedCrop(
-            pb::RandomResizedCrop {
-                scale_min: Some(scale_min),
-                scale_max: Some(scale_max),
-                ..Default::default()
-            },
-        ))
-    };
+    let crop = random_resized;
     let blur = |p| {
         Some(pb::GaussianBlur {
             kernel_width: 5,

@@ -125,17 +125,7 @@ class BatchDecoder:
                     out[slot] = pixels.view(height, width, 3).to(self.device, non_blocking=True)
         decoded_slots, decoded_images, failed = self._decode_compressed(encoded, compressed)
         if decoded_images:
-            crop_resize_batch(
-                decoded_images,
-                boxes[decoded_slots],
-                flipped[decoded_slots],
-                height,
-                width,
-                out=out,
-                slots=decoded_slots,
-                interpolation=resize_interpolation(augmentation),
-            )
-            apply_decisions(out, decoded_slots, crops, augmentation)
+            _make(out, decoded_slots, decoded_images, (boxes, flipped), crops, augmentation)
         fill_substitutes(out, labels, (boxes, flipped), keys, server, {slot for slot, _ in failed})
         return self._settled(batch, out, labels, (boxes, flipped), len(compressed), failed)
 
@@ -166,20 +156,10 @@ class BatchDecoder:
         if decoded_images:
             for group, out in zip(batch.views, groups):
                 crops, augmentations = group.decisions
-                height, width = out.shape[1], out.shape[2]
+                boxes = (group.crop_boxes, group.flipped)
                 for view, augmentation in enumerate(augmentations):
                     rows = [view * n + slot for slot in decoded_slots]
-                    crop_resize_batch(
-                        decoded_images,
-                        group.crop_boxes[rows],
-                        group.flipped[rows],
-                        height,
-                        width,
-                        out=out,
-                        slots=rows,
-                        interpolation=resize_interpolation(augmentation),
-                    )
-                    apply_decisions(out, rows, crops, augmentation)
+                    _make(out, rows, decoded_images, boxes, crops, augmentation)
         server = (batch.substituted, batch.substitute_sources)
         fill_view_substitutes(groups, labels, batch.keys, server, {slot for slot, _ in failed})
         no_boxes = (batch.crop_boxes, batch.flipped)
@@ -265,3 +245,28 @@ def _compressed(encoded: EncodedImages, count: int, server_failed: set[int]) -> 
     return [
         slot for slot in range(count) if not encoded.decoded[slot] and slot not in server_failed
     ]
+
+
+def _make(
+    out: torch.Tensor,
+    rows: list[int],
+    images: list[torch.Tensor],
+    boxes: tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]],
+    crops: Any,
+    augmentation: Any,
+) -> None:
+    """``images`` made into ``out[rows]`` as the sidecar makes outputs:
+    each cropped to its row's box, resized by the stream's filter and
+    mirrored where its row says, then its row's ops applied."""
+    crop_boxes, flipped = boxes
+    crop_resize_batch(
+        images,
+        crop_boxes[rows],
+        flipped[rows],
+        out.shape[1],
+        out.shape[2],
+        out=out,
+        slots=rows,
+        interpolation=resize_interpolation(augmentation),
+    )
+    apply_decisions(out, rows, crops, augmentation)
