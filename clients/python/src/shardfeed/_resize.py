@@ -150,11 +150,20 @@ def _crop_resize_pillow(
     from PIL import Image
 
     _, rows, cols = image.shape
-    picture = Image.fromarray(image.permute(1, 2, 0).contiguous().numpy(), mode="RGB")
     left, top, box_width, box_height = (float(v) for v in box)
     # Pillow refuses a box past the image by a float32 rounding's width.
     left, top = min(max(left, 0.0), cols), min(max(top, 0.0), rows)
     right, bottom = min(left + box_width, cols), min(top + box_height, rows)
+    # Only the window the filter reads goes to Pillow (a pixel past its
+    # taps each way, so no tap is clipped that the whole image would not
+    # clip): several views of one decode each copy their window, not the
+    # image. Shifting the box by whole pixels moves no weight.
+    y0, y1 = _window(top, bottom, height, rows, interpolation)
+    x0, x1 = _window(left, right, width, cols, interpolation)
+    window = image[:, y0:y1, x0:x1].permute(1, 2, 0).contiguous().numpy()
+    picture = Image.fromarray(window, mode="RGB")
+    rows = y1 - y0
+    left, right, top, bottom = left - x0, right - x0, top - y0, bottom - y0
     resample = getattr(Image.Resampling, _PILLOW_FILTER[interpolation])
     if interpolation == "bilinear":
         resized = picture.resize((width, height), resample, box=(left, top, right, bottom))
@@ -168,6 +177,17 @@ def _crop_resize_pillow(
     if flipped:
         resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return torch.from_numpy(np.array(resized))
+
+
+def _window(
+    begin: float, end: float, out_size: int, full: int, interpolation: Interpolation
+) -> tuple[int, int]:
+    """The source pixels one axis's pass reads for the box ``begin..end``,
+    a pixel to spare each way, within ``0..full``."""
+    support = _SUPPORT[interpolation] * max((end - begin) / out_size, 1.0)
+    low = max(int(np.floor(begin - support)) - 1, 0)
+    high = min(int(np.ceil(end + support)) + 1, full)
+    return low, max(high, low + 1)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ SimCLR's) views against the recipe's own augmentation in DataLoader
 workers, on the same cores, in one run.
 
     SHARDFEED_BIN=target/release/shardfeed python -m shardfeed_benchmarks.views_delivered \
-        [--recipe dinov2|simclr] [--shards 4 --samples-per-shard 128 --batch-size 64]
+        [--recipe dinov2|simclr] [--trainer-decode] \
+        [--shards 4 --samples-per-shard 128 --batch-size 64]
 
 Both read the same tar shards of the demo's ~110 KB photos from one
 ``shardfeed dev-s3`` on loopback:
@@ -17,6 +18,13 @@ Both read the same tar shards of the demo's ~110 KB photos from one
   (``DataAugmentationDINO``'s: ``ToTensor`` and ``Normalize`` included),
   collated per view as DINOv2's loader stacks them.
 
+With ``--trainer-decode``, a third contender: the same views delivered
+encoded (``delivery="encoded"``, share 0), every sample decoded once in
+this process with ``BatchDecoder("cpu")`` and its views made there; its
+CPU counts both processes, and the sidecar's own CPU per sample is printed
+beside the decoded delivery's (what a GPU decode in the trainer leaves on
+the sidecar's cores).
+
 Rounds alternate (``--repeats``); the medians of samples/s and of CPU-ms
 per sample (the server's CPU, or the workers', with this process's) are
 printed with their ratio, then as one JSON line.
@@ -25,6 +33,7 @@ printed with their ratio, then as one JSON line.
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -66,17 +75,31 @@ class _RecipeShards(_IterableBase):
         return worker_shard_samples(self.endpoint, self.bucket, self.keys, views)
 
 
-def sidecar_run(target: str, dataset: str, batch_size: int, views: Any, during: Any = None) -> int:
-    """One epoch of views; ``during()`` is called once a batch has come."""
+def sidecar_run(
+    target: str,
+    dataset: str,
+    batch_size: int,
+    views: Any,
+    during: Any = None,
+    decoder: Any = None,
+) -> int:
+    """One epoch of views; ``during()`` is called once a batch has come.
+    With ``decoder`` (a BatchDecoder), delivered encoded and decoded by it."""
     from shardfeed import Client
 
+    encoded: dict[str, Any] = {}
+    if decoder is not None:
+        encoded = dict(delivery="encoded", server_decode_fraction=0.0)
     samples = checksum = 0
     for batch in Client(target).batches(
-        dataset, batch_size=batch_size, rank=0, world_size=1, views=views
+        dataset, batch_size=batch_size, rank=0, world_size=1, views=views, **encoded
     ):
         if not batch.shared:
             raise RuntimeError("asked for shared memory, got inline")
-        checksum += sum(int(group.images[0, 0, 0, 0]) for group in batch.views)
+        if decoder is not None:
+            checksum += sum(int(group[0, 0, 0, 0]) for group in decoder.decode(batch).images)
+        else:
+            checksum += sum(int(group.images[0, 0, 0, 0]) for group in batch.views)
         samples += len(batch.labels)
         if during is not None:
             during()
@@ -89,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     chooser = argparse.ArgumentParser(add_help=False)
     chooser.add_argument("--recipe", choices=("dinov2", "simclr"), default="dinov2")
+    chooser.add_argument("--trainer-decode", action="store_true")
     chosen, rest = chooser.parse_known_args(argv)
     recipe = chosen.recipe
     args = recipe_arguments(__doc__, rest)
@@ -105,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         loader = LoaderContender(
             _RecipeShards(endpoint, bucket, keys, recipe), args.batch_size, args.workers
         )
-        server_cpu = lambda: _process_cpu(setup["server_pid"])  # noqa: E731
+
+        def server_cpu() -> float:
+            return float(_process_cpu(setup["server_pid"]))
+
         contenders = {
             "shardfeed": (
                 lambda: sidecar_run(setup["target"], dataset, args.batch_size, views),
@@ -113,6 +140,21 @@ def main(argv: list[str] | None = None) -> int:
             ),
             f"{recipe} loader": (loader.run, _worker_cpu),
         }
+        # The sidecar's own CPU per sample while the trainer decodes.
+        sidecar_alone: list[float] = []
+        if chosen.trainer_decode:
+            from shardfeed.decode import BatchDecoder
+
+            def trainer_decodes() -> int:
+                before = server_cpu()
+                decoder = BatchDecoder("cpu")
+                samples = sidecar_run(
+                    setup["target"], dataset, args.batch_size, views, None, decoder
+                )
+                sidecar_alone.append(1e3 * (server_cpu() - before) / max(samples, 1))
+                return samples
+
+            contenders["trainer decodes"] = (trainer_decodes, server_cpu)
         # One untimed pass of the sidecar too (its first batches start the
         # stream's readers).
         reserved: list[float] = []
@@ -152,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  the stream's reservation (its whole formula) {reserved[0] / 2**20:.0f} MiB")
     memory = {"peak_rss_bytes": peak, "batch_bytes": batch_bytes, "reserved_bytes": reserved[0]}
+    if sidecar_alone:
+        alone = statistics.median(sidecar_alone)
+        print(
+            f"  trainer decodes: the sidecar's own CPU {alone:.3f} ms/sample, against "
+            f"{ours['cpu_ms_per_sample']:.2f} decoding the views itself "
+            f"({ours['cpu_ms_per_sample'] / alone:.0f}x less)"
+        )
+        memory["sidecar_cpu_ms_per_sample_trainer_decodes"] = alone
     print(
         json.dumps({"recipe": recipe, **summary, "ratio": ratio, "cpu_ratio": cpu_ratio, **memory})
     )
