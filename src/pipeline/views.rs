@@ -502,4 +502,66 @@ mod tests {
             .ranges(2)
             .all(|range| bytes[range].iter().all(|&b| b == 0)));
     }
+
+    /// A compressed sample goes in the first view of the first group whose
+    /// views are the largest, whatever the groups' order.
+    #[test]
+    fn the_widest_place_is_the_first_of_the_largest_views() {
+        let spec = |side| OutputSpec {
+            height: side,
+            width: side,
+            crop: Crop::Center { resize: None },
+            resample: Resample::Bilinear,
+            ops: Ops::NONE,
+        };
+        let of = |groups: Vec<ViewGroup>| ViewLayout::new(&Views { groups }, 5).widest();
+        assert_eq!(of(views().groups), (0, 4 * 4 * 3));
+        let local_first = vec![
+            ViewGroup::repeated(3, spec(2)),
+            ViewGroup::repeated(2, spec(4)),
+            ViewGroup::repeated(1, spec(4)),
+        ];
+        assert_eq!(of(local_first), (3, 4 * 4 * 3));
+    }
+
+    /// A failed sample's substitute: a compressed source is shared (the
+    /// slot points at its bytes, its own places zeroed); a decoded one has
+    /// every view copied, the slot's placement its own.
+    #[test]
+    fn a_substitute_shares_a_compressed_source_and_copies_a_decoded_one() {
+        use crate::pipeline::encoded::{ClientForm, ClientMode, ClientSample, ClientSlot};
+        let layout = ViewLayout::new(&views(), 4);
+        let mut bytes: Vec<u8> = (0..layout.length()).map(|i| (i % 251 + 1) as u8).collect();
+        let place = |slot: usize, client: bool| {
+            let range = layout.ranges(slot).next().unwrap();
+            Placement {
+                offset: range.start,
+                length: if client { 10 } else { range.len() },
+                client: client.then_some(ClientSlot {
+                    mode: ClientMode::BaselineJpeg,
+                    sample: ClientSample {
+                        form: ClientForm::Jpeg,
+                        source_width: 9,
+                        source_height: 9,
+                        length: 10,
+                    },
+                }),
+            }
+        };
+        let mut placements = vec![
+            place(0, true),
+            place(1, false),
+            place(2, false),
+            place(3, false),
+        ];
+        let before = bytes.clone();
+        layout.copy_placed(&mut bytes, &mut placements, 2, Some(0));
+        assert_eq!(placements[2], placements[0], "points at the source's bytes");
+        assert!(layout.ranges(2).all(|r| bytes[r].iter().all(|&b| b == 0)));
+        layout.copy_placed(&mut bytes, &mut placements, 3, Some(1));
+        assert_eq!(placements[3], place(3, false), "its own place");
+        for (to, from) in layout.ranges(3).zip(layout.ranges(1)) {
+            assert_eq!(bytes[to], before[from]);
+        }
+    }
 }

@@ -37,7 +37,7 @@ use crate::hash::fmix64;
 
 pub use delivery::Delivery;
 pub use error::DeliveryError;
-pub use mode::ClientForm;
+pub use mode::{ClientForm, ClientSample};
 pub use modes::ClientMode;
 pub use placement::{ClientSlot, Placement};
 pub use seek::SearchState;
