@@ -54,11 +54,10 @@ class ClientDecoded:
     decoder's device (with views: one tensor per group, ``[views × N, H,
     W, 3]`` view-major as ``Batch.views``); ``labels`` int64 ``(N,)``,
     ``crop_boxes`` and ``flipped`` as in :class:`shardfeed.Batch` (a
-    substituted slot carries its source's; empty with views, whose boxes
-    are each group's ``crop_boxes``, where a slot that failed here keeps
-    its own planned boxes); the slots substituted on either side
-    (``substituted``), and those of this process's failures (``failed``)
-    with what its decoder said."""
+    substituted slot carries its source's; empty with views, whose rows'
+    boxes and flips are ``view_boxes``, one pair per group); the slots
+    substituted on either side (``substituted``), and those of this
+    process's failures (``failed``) with what its decoder said."""
 
     images: Images
     labels: torch.Tensor
@@ -66,6 +65,9 @@ class ClientDecoded:
     flipped: npt.NDArray[np.bool_]
     substituted: list[int]
     failed: list[tuple[int, str]] = field(default_factory=list)
+    view_boxes: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]] = field(
+        default_factory=list
+    )
 
 
 class BatchDecoder:
@@ -161,9 +163,13 @@ class BatchDecoder:
                     rows = [view * n + slot for slot in decoded_slots]
                     _make(out, rows, decoded_images, boxes, crops, augmentation)
         server = (batch.substituted, batch.substitute_sources)
-        fill_view_substitutes(groups, labels, batch.keys, server, {slot for slot, _ in failed})
+        view_boxes = [(group.crop_boxes.copy(), group.flipped.copy()) for group in batch.views]
+        failed_here = {slot for slot, _ in failed}
+        fill_view_substitutes(groups, view_boxes, labels, batch.keys, server, failed_here)
         no_boxes = (batch.crop_boxes, batch.flipped)
-        return self._settled(batch, groups, labels, no_boxes, len(compressed), failed)
+        decoded = self._settled(batch, groups, labels, no_boxes, len(compressed), failed)
+        decoded.view_boxes = view_boxes
+        return decoded
 
     def _decode_compressed(
         self, encoded: EncodedImages, compressed: list[int]

@@ -78,20 +78,25 @@ def fill_substitutes(
 
 def fill_view_substitutes(
     groups: Sequence[torch.Tensor],
+    boxes: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]],
     labels: torch.Tensor,
     keys: Sequence[str],
     server: tuple[Sequence[int], Sequence[int]],
     failed_here: set[int],
 ) -> None:
-    """Fills every view of the failed slots, and their labels, by the
-    server's rule: ``groups`` view-major, ``[views × N, H, W, 3]`` each."""
+    """Fills every view of the failed slots (pixels, box and flip), and
+    their labels, by the server's rule: ``groups`` view-major, ``[views ×
+    N, H, W, 3]`` each, ``boxes`` each group's rows' boxes and flips."""
     count = len(keys)
     for slot, chosen in substitutions(keys, server, failed_here):
-        for group in groups:
+        for group, (crop_boxes, flipped) in zip(groups, boxes):
             for view in range(len(group) // max(count, 1)):
                 row = view * count + slot
                 if chosen is None:
                     group[row].zero_()
+                    crop_boxes[row], flipped[row] = 0, False
                 else:
-                    group[row] = group[view * count + chosen]
+                    source = view * count + chosen
+                    group[row] = group[source]
+                    crop_boxes[row], flipped[row] = crop_boxes[source], flipped[source]
         labels[slot] = -1 if chosen is None else labels[chosen]
