@@ -449,14 +449,18 @@ mod tests {
     use super::*;
     use crate::decode::{Crop, Ops, OutputSpec, Resample, ViewGroup};
 
-    fn views() -> Views {
-        let spec = |side| OutputSpec {
+    /// A `side`² center crop without ops.
+    fn spec(side: u32) -> OutputSpec {
+        OutputSpec {
             height: side,
             width: side,
             crop: Crop::Center { resize: None },
             resample: Resample::Bilinear,
             ops: Ops::NONE,
-        };
+        }
+    }
+
+    fn views() -> Views {
         Views {
             groups: vec![
                 ViewGroup::repeated(2, spec(4)),
@@ -507,13 +511,6 @@ mod tests {
     /// views are the largest, whatever the groups' order.
     #[test]
     fn the_widest_place_is_the_first_of_the_largest_views() {
-        let spec = |side| OutputSpec {
-            height: side,
-            width: side,
-            crop: Crop::Center { resize: None },
-            resample: Resample::Bilinear,
-            ops: Ops::NONE,
-        };
         let of = |groups: Vec<ViewGroup>| ViewLayout::new(&Views { groups }, 5).widest();
         assert_eq!(of(views().groups), (0, 4 * 4 * 3));
         let local_first = vec![

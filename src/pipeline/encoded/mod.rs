@@ -73,12 +73,9 @@ pub(super) fn place(
     let placements = samples
         .iter()
         .map(|emitted| {
-            // The share's draw first: it is cheaper than the ops' draw and
-            // the mode's checks.
-            let client = (!server_decodes(emitted.identity(), share.server_fraction)
-                && !spec.decoded_by_server_alone(&emitted.augment_key()))
-            .then(|| client_slot(emitted, share.mode, limits))
-            .flatten();
+            let client = chosen_client(emitted, share, limits, |key| {
+                spec.decoded_by_server_alone(key)
+            });
             let placement = Placement {
                 offset,
                 length: client.map_or(slot_bytes, |slot| slot.sample.length),
@@ -115,10 +112,9 @@ pub(super) fn place_views(
         .iter()
         .zip(places)
         .map(|(emitted, offset)| {
-            let client = (!server_decodes(emitted.identity(), share.server_fraction)
-                && !views.decoded_by_server_alone(&emitted.augment_key()))
-            .then(|| client_slot(emitted, share.mode, limits))
-            .flatten();
+            let client = chosen_client(emitted, share, limits, |key| {
+                views.decoded_by_server_alone(key)
+            });
             Placement {
                 offset,
                 length: client.map_or(place_bytes, |slot| slot.sample.length),
@@ -126,6 +122,23 @@ pub(super) fn place_views(
             }
         })
         .collect()
+}
+
+/// The sample in the share's client form when the client decodes it: not
+/// drawn for the server by the share, not the server's by its own
+/// decisions (`server_alone`), and taken by the mode.
+fn chosen_client(
+    emitted: &EmittedSample,
+    share: BatchShare,
+    limits: FormLimits,
+    server_alone: impl FnOnce(&crate::decode::SampleKey) -> bool,
+) -> Option<ClientSlot> {
+    // The share's draw first: it is cheaper than the ops' draw and the
+    // mode's checks.
+    (!server_decodes(emitted.identity(), share.server_fraction)
+        && !server_alone(&emitted.augment_key()))
+    .then(|| client_slot(emitted, share.mode, limits))
+    .flatten()
 }
 
 /// The sample in `mode`'s client form, else None: one that could not be

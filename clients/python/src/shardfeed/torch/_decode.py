@@ -139,7 +139,8 @@ class BatchDecoder:
         labels = torch.from_numpy(batch.labels.copy())
         server_failed = set(batch.substituted)
         compressed = _compressed(encoded, n, server_failed)
-        as_sent = [slot for slot in range(n) if slot not in set(compressed)]
+        client_side = set(compressed)
+        as_sent = [slot for slot in range(n) if slot not in client_side]
         groups: list[torch.Tensor] = []
         with warnings.catch_warnings():
             # Received bytes are read-only; nothing here writes to them.
